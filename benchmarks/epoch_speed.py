@@ -1,0 +1,140 @@
+"""Seconds per training epoch: our Neural Laplace against the reference ``torchlaplace`` package.
+
+Paper configuration (GRU 2 × 21, K = 2, g hidden 64, 33 terms, Fourier ILT), float64, one thread,
+800 trajectories of 2 dims, 100 observed + 100 predicted points, batch 128, Adam (lr 1e-3) with
+gradient-norm clipping at 1. Both models train in the SAME process, epochs interleaved, on the same
+data; the script prints the median epoch time of each and the ratio, and checks that the two models
+compute the same function (our weights copied from the reference's, outputs compared).
+
+The reference must be importable: run this script with the interpreter of a separate benchmark
+environment that has it (never a runtime dependency of the platform):
+
+    python3 -m venv .venv-bench && .venv-bench/bin/pip install torch==2.13.0 torchlaplace==0.0.4
+    PYTHONPATH=. .venv-bench/bin/python benchmarks/epoch_speed.py
+
+Without the reference it times our model alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from nlmodels import NeuralLaplace  # noqa: E402
+
+
+def make_data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Damped 2-D oscillators with random frequency, damping and phase: [n, 200, 2] on (0, 20]."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.linspace(0.1, 20.0, 200, dtype=torch.float64)
+    omega = 0.5 + torch.rand(n, 1, generator=g, dtype=torch.float64)
+    decay = 0.05 * torch.rand(n, 1, generator=g, dtype=torch.float64)
+    phase = 2 * math.pi * torch.rand(n, 1, generator=g, dtype=torch.float64)
+    env = torch.exp(-decay * t)
+    x = torch.stack((env * torch.cos(omega * t + phase), env * torch.sin(omega * t + phase)), -1)
+    return t, x
+
+
+def reference_model():
+    try:
+        from experiments.baseline_models.neural_laplace import NeuralLaplace as RefNL
+    except ImportError:
+        return None
+    # exp_all_baselines.py: hidden_units=42 (-> GRU 21), g keeps its default width 64.
+    return RefNL(2, 2, latent_dim=2, hidden_units=42, s_recon_terms=33,
+                 use_sphere_projection=True, encode_obs_time=False, ilt_algorithm="fourier")
+
+
+def copy_reference_weights(ours: NeuralLaplace, ref: torch.nn.Module) -> None:
+    ref_state = ref.state_dict()
+    mapping = {"laplace.first": "laplace_rep_func.linear_tanh_stack.0",
+               "laplace.hidden": "laplace_rep_func.linear_tanh_stack.2",
+               "laplace.out": "laplace_rep_func.linear_tanh_stack.4"}
+    new_state = {}
+    for key in ours.state_dict():
+        src = key
+        for a, b in mapping.items():
+            if key.startswith(a):
+                src = key.replace(a, b)
+        new_state[key] = ref_state[src].clone()
+    ours.load_state_dict(new_state)
+
+
+class Trainer:
+    def __init__(self, model, forward, t, x, batch: int, seed: int) -> None:
+        self.model, self.forward = model, forward
+        self.t, self.x, self.batch = t, x, batch
+        self.opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.loss = float("nan")
+
+    def epoch(self) -> float:
+        start = time.perf_counter()
+        order = torch.randperm(self.x.shape[0], generator=self.gen)
+        obs_t, query_t = self.t[:100], self.t[100:]
+        for i in range(0, len(order), self.batch):
+            xb = self.x[order[i : i + self.batch]]
+            self.opt.zero_grad()
+            pred = self.forward(obs_t, xb[:, :100], query_t)
+            loss = torch.nn.functional.mse_loss(pred, xb[:, 100:])
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.opt.step()
+            self.loss = loss.item()
+        return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--epochs", type=int, default=6, help="timed epochs per model")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--trajectories", type=int, default=800)
+    parser.add_argument("--batch", type=int, default=128)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    t, x = make_data(args.trajectories, seed=0)
+
+    torch.manual_seed(0)
+    ours = NeuralLaplace(2).double()
+    trainers = {"ours": Trainer(ours, ours, t, x, args.batch, 1)}
+    ref = reference_model()
+    if ref is not None:
+        ref = ref.double()
+        copy_reference_weights(ours, ref)
+        with torch.no_grad():
+            a = ours(t[:100], x[:64, :100], t[100:])
+            b = ref(x[:64, :100], t[:100], t[100:])
+        print(f"same weights, max |ours - reference| prediction difference: "
+              f"{(a - b).abs().max().item():.2e} (max |prediction| {b.abs().max().item():.2f})")
+        trainers["reference"] = Trainer(ref, lambda ot, ox, qt: ref(ox, ot, qt), t, x,
+                                        args.batch, 1)
+    else:
+        print("reference torchlaplace not importable: timing our model only")
+
+    times: dict[str, list[float]] = {k: [] for k in trainers}
+    for name, tr in trainers.items():  # warm-up epoch, not timed
+        tr.epoch()
+    for _ in range(args.epochs):
+        for name, tr in trainers.items():
+            times[name].append(tr.epoch())
+
+    print(f"\nepoch of {args.trajectories} trajectories x 2 dims, 100 obs + 100 pred points, "
+          f"batch {args.batch}, float64, {args.threads} thread(s), median of {args.epochs}:")
+    for name, ts in times.items():
+        print(f"  {name:10s} {statistics.median(ts):7.3f} s/epoch   "
+              f"(min {min(ts):.3f}, last train loss {trainers[name].loss:.4f})")
+    if "reference" in times:
+        ratio = statistics.median(times["reference"]) / statistics.median(times["ours"])
+        print(f"  speed-up ours vs reference: {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,253 @@
+"""Train/validation/test split, observed/predicted windows and normalisation (issue 3).
+
+Spec ``datasets.md``: observed half = first T//2 points, predicted half = last T - T//2 points; the
+observation-size study varies only the number of observed points (those right before the
+prediction window), the sample-size study sub-samples the training split, and per-dimension
+z-scores are fitted on the training split only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from datasets._simulate import Dataset, _check_int, _frozen
+
+_MIN_STD = 1e-12  # a constant dimension keeps std 1 instead of dividing by ~0
+
+
+@dataclass(frozen=True, eq=False)
+class Normaliser:
+    """Per-dimension z-score ``(x - mean) / std``; works on numpy arrays and torch tensors.
+
+    Attributes:
+        mean: ``[D]`` float64.
+        std: ``[D]`` float64, > 0.
+    """
+
+    mean: np.ndarray
+    std: np.ndarray
+
+    def __post_init__(self) -> None:
+        mean = np.asarray(self.mean, dtype=np.float64)
+        std = np.asarray(self.std, dtype=np.float64)
+        if mean.ndim != 1 or mean.shape != std.shape:
+            raise ValueError(
+                f"mean and std must be 1-D of equal length, got {mean.shape}, {std.shape}"
+            )
+        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std)) and np.all(std > 0)):
+            raise ValueError("mean must be finite and std finite and > 0")
+        object.__setattr__(self, "mean", _frozen(mean))
+        object.__setattr__(self, "std", _frozen(std))
+
+    def _params(self, x: Any) -> tuple[Any, Any]:
+        if type(x).__module__.split(".")[0] == "torch":  # avoid importing torch for numpy users
+            import torch
+
+            # np.array copies: torch refuses to wrap the read-only arrays without a warning
+            return (
+                torch.as_tensor(np.array(self.mean), dtype=x.dtype, device=x.device),
+                torch.as_tensor(np.array(self.std), dtype=x.dtype, device=x.device),
+            )
+        return self.mean, self.std
+
+    def transform(self, x: Any) -> Any:
+        """Physical units -> normalised; the last axis is the state dimension."""
+        mean, std = self._params(x)
+        return (x - mean) / std
+
+    def inverse_transform(self, x: Any) -> Any:
+        """Normalised -> physical units (maps model predictions back)."""
+        mean, std = self._params(x)
+        return x * std + mean
+
+    def to_dict(self) -> dict[str, list[float]]:
+        """JSON-ready form for logging."""
+        return {"mean": self.mean.tolist(), "std": self.std.tolist()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Sequence[float]]) -> Normaliser:
+        """Inverse of :meth:`to_dict`."""
+        if not isinstance(d, dict) or set(d) != {"mean", "std"}:
+            raise ValueError(f"expected a dict with keys 'mean' and 'std', got {d!r}")
+        return cls(mean=np.asarray(d["mean"]), std=np.asarray(d["std"]))
+
+
+@dataclass(frozen=True, eq=False)
+class SplitData:
+    """One split, normalised, float64 numpy.
+
+    Attributes:
+        obs_t: ``[T_o]`` observed times. obs_x: ``[n, T_o, D]`` observed (noisy) values.
+        query_t: ``[T_q]`` prediction times. target: ``[n, T_q, D]`` values to predict (noisy).
+        target_clean: ``[n, T_q, D]`` noise-free values to predict.
+        index: ``[n]`` rows of the source ``Dataset``. ic: ``[n, k]`` their initial conditions.
+    """
+
+    obs_t: np.ndarray
+    obs_x: np.ndarray
+    query_t: np.ndarray
+    target: np.ndarray
+    target_clean: np.ndarray
+    index: np.ndarray
+    ic: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return self.index.shape[0]
+
+
+@dataclass(frozen=True, eq=False)
+class Prepared:
+    """A data set ready for training: splits, normaliser and provenance.
+
+    Attributes:
+        train, val, test: the splits. normaliser: fitted on ``train`` only.
+        n_observed: observed points per trajectory. seed, fractions, n_train: the split parameters.
+        dataset_fingerprint: ``Dataset.fingerprint``.
+        fingerprint: hash of the dataset fingerprint and the split parameters.
+    """
+
+    train: SplitData
+    val: SplitData
+    test: SplitData
+    normaliser: Normaliser
+    system: str
+    n_observed: int
+    seed: int
+    fractions: tuple[float, float, float]
+    n_train: int | None
+    dataset_fingerprint: str
+    fingerprint: str
+
+
+def _fractions(fractions) -> tuple[float, float, float]:
+    try:
+        fr = tuple(float(f) for f in fractions)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"fractions must be three numbers (train, val, test), got {fractions!r}"
+        ) from None
+    if len(fr) != 3 or not all(math.isfinite(f) and f >= 0 for f in fr) or fr[0] <= 0:
+        raise ValueError(
+            "fractions must be three finite numbers >= 0 (train > 0) summing to 1, "
+            f"got {fractions!r}"
+        )
+    if abs(sum(fr) - 1.0) > 1e-9:
+        raise ValueError(f"fractions must sum to 1, got {fractions!r} (sum {sum(fr)})")
+    return fr  # type: ignore[return-value]
+
+
+def _split_sizes(n: int, fr: tuple[float, float, float]) -> tuple[int, int, int]:
+    # Round half up; a split with a positive fraction gets at least one trajectory.
+    n_val, n_test = (max(1 if f > 0 else 0, math.floor(f * n + 0.5)) for f in fr[1:])
+    n_tr = n - n_val - n_test
+    if n_tr < 1:
+        raise ValueError(
+            f"{n} trajectories are too few for fractions {fr}: the training split would be empty"
+        )
+    return n_tr, n_val, n_test
+
+
+def prepare(
+    ds: Dataset,
+    *,
+    seed: int = 0,
+    fractions: Sequence[float] = (0.8, 0.1, 0.1),
+    n_observed: int | None = None,
+    n_train: int | None = None,
+) -> Prepared:
+    """Split ``ds`` into normalised train/val/test sets with observed and predicted windows.
+
+    Args:
+        ds: the data set.
+        seed: seed of the trajectory permutation (and of the ``n_train`` sub-sample).
+        fractions: (train, val, test) shares of the N trajectories, summing to 1.
+        n_observed: observed points, 1..T//2 (default T//2): the ``n_observed`` points right before
+            the prediction window, which is always the last T - T//2 points.
+        n_train: keep this many training trajectories (1..size of the training split); validation
+            and test are unchanged.  Sub-samples are nested: a smaller ``n_train`` keeps a subset of
+            a larger one for the same seed.
+
+    Raises:
+        ValueError: bad seed, fractions, ``n_observed`` or ``n_train``.
+    """
+    seed = _check_int("seed", seed, 0)
+    fr = _fractions(fractions)
+    n_all, n_pts = ds.n_trajectories, ds.n_points
+    half = n_pts // 2
+    if n_observed is None:
+        n_observed = half
+    if (
+        isinstance(n_observed, bool)
+        or not isinstance(n_observed, numbers.Integral)
+        or not (1 <= n_observed <= half)
+    ):
+        raise ValueError(
+            f"n_observed must be an integer in [1, {half}] (T = {n_pts}), got {n_observed!r}"
+        )
+    n_observed = int(n_observed)
+    sizes = _split_sizes(n_all, fr)
+
+    split_seq, sub_seq = np.random.SeedSequence(seed).spawn(2)
+    perm = np.random.default_rng(split_seq).permutation(n_all)
+    tr, va, te = np.split(perm, np.cumsum(sizes)[:2])
+    if n_train is not None:
+        if (
+            isinstance(n_train, bool)
+            or not isinstance(n_train, numbers.Integral)
+            or not (1 <= n_train <= tr.size)
+        ):
+            raise ValueError(f"n_train must be an integer in [1, {tr.size}], got {n_train!r}")
+        n_train = int(n_train)
+        tr = tr[np.random.default_rng(sub_seq).permutation(tr.size)[:n_train]]
+    tr, va, te = np.sort(tr), np.sort(va), np.sort(te)
+
+    # Statistics of the observations the model will train on (noisy x, all T points).
+    train_x = ds.x[tr].reshape(-1, ds.state_dim)
+    std = train_x.std(axis=0)
+    norm = Normaliser(mean=train_x.mean(axis=0), std=np.where(std > _MIN_STD, std, 1.0))
+
+    obs = slice(half - n_observed, half)
+    query = slice(half, n_pts)
+
+    def split(idx: np.ndarray) -> SplitData:
+        idx.flags.writeable = False
+        return SplitData(
+            obs_t=_frozen(ds.t[obs]),
+            obs_x=_frozen(norm.transform(ds.x[idx, obs])),
+            query_t=_frozen(ds.t[query]),
+            target=_frozen(norm.transform(ds.x[idx, query])),
+            target_clean=_frozen(norm.transform(ds.x_clean[idx, query])),
+            index=idx,
+            ic=_frozen(ds.ic[idx]),
+        )
+
+    params = {
+        "dataset": ds.fingerprint,
+        "seed": seed,
+        "fractions": [f.hex() for f in fr],
+        "n_observed": n_observed,
+        "n_train": n_train,
+    }
+    fingerprint = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()
+    return Prepared(
+        train=split(tr),
+        val=split(va),
+        test=split(te),
+        normaliser=norm,
+        system=ds.system,
+        n_observed=n_observed,
+        seed=seed,
+        fractions=fr,
+        n_train=n_train,
+        dataset_fingerprint=ds.fingerprint,
+        fingerprint=fingerprint,
+    )

@@ -1,0 +1,28 @@
+"""Neural Laplace Lab models: ILT algorithms, the stereographic map, Neural Laplace, baselines.
+
+    from nlmodels import build_model, MODELS, NeuralLaplace, get_ilt
+    model = build_model("neural_laplace", state_dim=2)   # or node, anode, latent_ode, nf_coupling, nf_resnet
+    y = model(obs_t, obs_x, query_t)                      # [B, T_q, D]
+
+Pure torch: this package never imports prefect, mlflow or optuna.
+"""
+
+from nlmodels import baselines as _baselines  # noqa: F401  (registers the baseline models)
+from nlmodels.base import ForecastModel
+from nlmodels.ilt import ILT_ALGORITHMS, ILTAlgorithm, get_ilt
+from nlmodels.neural_laplace import NeuralLaplace
+from nlmodels.registry import MODELS, build_model, register_model
+from nlmodels.stereographic import from_sphere, to_sphere
+
+__all__ = [
+    "ILT_ALGORITHMS",
+    "MODELS",
+    "ForecastModel",
+    "ILTAlgorithm",
+    "NeuralLaplace",
+    "build_model",
+    "from_sphere",
+    "get_ilt",
+    "register_model",
+    "to_sphere",
+]

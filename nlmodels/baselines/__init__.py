@@ -1,0 +1,11 @@
+"""The paper's five baselines (Neural Laplace paper, Appendix D), registered by name.
+
+Importing this package registers ``node``, ``anode``, ``latent_ode``, ``nf_coupling`` and
+``nf_resnet`` in :data:`nlmodels.registry.MODELS`.
+"""
+
+from nlmodels.baselines.latent_ode import LatentODE
+from nlmodels.baselines.neural_flows import CouplingFlow, NFCoupling, NFResNet, ResNetFlow
+from nlmodels.baselines.ode import ANODE, NODE
+
+__all__ = ["ANODE", "NODE", "CouplingFlow", "LatentODE", "NFCoupling", "NFResNet", "ResNetFlow"]

@@ -1,0 +1,53 @@
+"""Process environment for the platform, applied before mlflow or prefect is imported.
+
+Nothing may reach the network at run time, so telemetry and analytics are forced off; the
+Prefect home and start-up timeout default to values that work on a small offline machine.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dotenv import dotenv_values
+
+#: Telemetry switches: forced, because the platform promises to stay offline.
+_OFFLINE = {
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "true",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_CLOUD_ENABLE_ORCHESTRATION_TELEMETRY": "false",
+    "HF_HUB_OFFLINE": "1",
+}
+
+#: The settings file shipped at the top of the repository (embedded tracking defaults).
+MLFLOW_ENV_FILE = Path(__file__).resolve().parent.parent / "mlflow.env"
+
+
+def _data_home() -> Path:
+    # Mirrors datasets.data_home() without importing the data stack this early.
+    home = os.environ.get("NLLAB_HOME")
+    return Path(home).expanduser().resolve() if home else Path.home() / ".nllab"
+
+
+def configure_environment() -> None:
+    """Apply offline switches, ``mlflow.env`` (environment variables win) and Prefect defaults."""
+    os.environ.update(_OFFLINE)
+    env_file = Path(os.environ.get("NLLAB_MLFLOW_ENV", MLFLOW_ENV_FILE))
+    if env_file.is_file():
+        # Same as load_dotenv(override=False), but blank values mean "use the embedded default".
+        for key, value in dotenv_values(env_file).items():
+            if value and key not in os.environ:
+                os.environ[key] = value
+    os.environ.setdefault("PREFECT_HOME", str(_data_home() / "prefect"))
+    # Prefect creates only the last folder level; a fresh NLLAB_HOME needs its parents too.
+    try:
+        Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass  # Prefect itself then reports the unusable folder
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    # The ephemeral server's log chatter goes to the same terminal as the progress bars.
+    os.environ.setdefault("PREFECT_LOGGING_SERVER_LEVEL", "WARNING")
+
+
+configure_environment()

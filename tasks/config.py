@@ -1,0 +1,345 @@
+"""Typed run configuration: defaults ← profile ← config file ← command-line flags.
+
+A :class:`RunConfig` describes a whole benchmark (systems × methods × seeds); :meth:`RunConfig.cells`
+expands it into :class:`CellConfig` objects, one per training run. A cell's
+:meth:`~CellConfig.config_hash` covers everything that changes its result (and nothing that does
+not, such as the device or the profile name), so a finished cell can be recognised and skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+__all__ = [
+    "MAIN_SYSTEMS",
+    "METHODS",
+    "PROFILES",
+    "CellConfig",
+    "ConfigError",
+    "DataConfig",
+    "RunConfig",
+    "TrackingConfig",
+    "TrainConfig",
+    "known_methods",
+    "known_systems",
+    "load_config_file",
+    "resolve_config",
+]
+
+#: Systems of the paper's main table (Table 3), in its column order.
+MAIN_SYSTEMS: tuple[str, ...] = (
+    "spiral_dde",
+    "lotka_volterra_dde",
+    "mackey_glass_dde",
+    "stiff_van_der_pol",
+    "piecewise_forcing_ode",
+    "integro_de",
+)
+#: Methods of the main table, in its row order.
+METHODS: tuple[str, ...] = (
+    "node",
+    "anode",
+    "latent_ode",
+    "nf_coupling",
+    "nf_resnet",
+    "neural_laplace",
+)
+PROFILES: tuple[str, ...] = ("smoke", "quick", "paper")
+
+#: Bumped when the meaning of a cell's fields changes, so old hashes stop matching.
+_HASH_SCHEMA = 1
+
+Scalar = bool | int | float | str
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the problem and the valid choices."""
+
+
+def known_systems() -> tuple[str, ...]:
+    from datasets import SYSTEMS
+
+    return tuple(sorted(SYSTEMS))
+
+
+def ensure_models_registered() -> None:
+    """Import the model modules, which add themselves to ``nlmodels.MODELS``."""
+    import nlmodels.baselines  # noqa: F401
+    import nlmodels.neural_laplace  # noqa: F401
+
+
+def known_methods() -> tuple[str, ...]:
+    from nlmodels import MODELS
+
+    ensure_models_registered()
+
+    # The registry fills as model modules are imported; the paper's names are always valid.
+    return tuple(sorted(set(METHODS) | set(MODELS)))
+
+
+def _check_names(kind: str, names: tuple[str, ...], valid: tuple[str, ...]) -> tuple[str, ...]:
+    if not names:
+        raise ValueError(f"at least one {kind} is required; valid {kind}s: {', '.join(valid)}")
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise ValueError(f"unknown {kind} {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate {kind} in {list(names)}")
+    return names
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class DataConfig(_Frozen):
+    """How each cell's data set is simulated and split (see ``datasets.load_or_simulate``)."""
+
+    n_trajectories: int | None = Field(None, ge=10, description="None: the system's default")
+    n_points: int | None = Field(None, ge=4, description="None: the system's default (200)")
+    noise_std: float = Field(0.0, ge=0.0)
+    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    n_observed: int | None = Field(None, ge=1, description="None: the first half")
+    n_train: int | None = Field(None, ge=1, description="None: all training trajectories")
+
+    @field_validator("fractions")
+    @classmethod
+    def _fractions_sum_to_one(cls, v: tuple[float, float, float]) -> tuple[float, float, float]:
+        if any(f <= 0 for f in v) or abs(sum(v) - 1.0) > 1e-9:
+            raise ValueError(f"train/val/test fractions must be positive and sum to 1, got {v}")
+        return v
+
+
+class TrainConfig(_Frozen):
+    """Optimisation protocol (paper: Adam 1e-3, batch 128, clipping 1, float64, patience 100)."""
+
+    epochs: int = Field(1000, ge=1)
+    patience: int | None = Field(100, ge=1, description="None: no early stopping")
+    batch_size: int = Field(128, ge=1)
+    lr: float = Field(1e-3, gt=0.0)
+    grad_clip: float | None = Field(1.0, gt=0.0)
+    dtype: Literal["float64", "float32"] = "float64"
+    max_train_seconds: float | None = Field(
+        None, gt=0.0, description="stop training after this long (keeps a profile's time budget)"
+    )
+
+
+class TrackingConfig(_Frozen):
+    """Where runs go. ``tracking_uri=None``: ``MLFLOW_TRACKING_URI``, else the embedded store."""
+
+    tracking_uri: str | None = None
+    experiment: str | None = Field(None, description="None: NLLAB_EXPERIMENT, else 'nllab'")
+    register_models: bool = True
+
+
+class CellConfig(_Frozen):
+    """One training run: a method on a system with a seed. Its hash identifies its result."""
+
+    system: str
+    method: str
+    seed: int = Field(ge=0)
+    data: DataConfig = DataConfig()
+    training: TrainConfig = TrainConfig()
+    model: dict[str, Scalar] = Field(default_factory=dict, description="build_model overrides")
+
+    @property
+    def key(self) -> str:
+        return f"{self.system}/{self.method}/seed{self.seed}"
+
+    def canonical_json(self) -> str:
+        payload = {"schema": _HASH_SCHEMA, **self.model_dump(mode="json")}
+        return json.dumps(payload, sort_keys=True, separators=(",", ":"))
+
+    def config_hash(self) -> str:
+        """sha256 of the canonical JSON of everything that determines this cell's result."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    def flat_params(self) -> dict[str, str]:
+        """The cell as flat ``section.key -> value`` strings, for MLflow params."""
+        out: dict[str, str] = {}
+
+        def walk(prefix: str, value: Any) -> None:
+            if isinstance(value, Mapping):
+                for k, v in value.items():
+                    walk(f"{prefix}.{k}" if prefix else str(k), v)
+            else:
+                out[prefix] = json.dumps(value) if isinstance(value, list | tuple) else str(value)
+
+        walk("", self.model_dump(mode="json"))
+        return out
+
+
+class RunConfig(_Frozen):
+    """A whole benchmark: every system × method × seed, and how to run and track it."""
+
+    profile: Literal["smoke", "quick", "paper"] = "quick"
+    systems: tuple[str, ...] = MAIN_SYSTEMS
+    methods: tuple[str, ...] = METHODS
+    seeds: tuple[int, ...] = (0,)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    data: DataConfig = DataConfig()
+    training: TrainConfig = TrainConfig()
+    models: dict[str, dict[str, Scalar]] = Field(
+        default_factory=dict, description="per-method build_model overrides"
+    )
+    tracking: TrackingConfig = TrackingConfig()
+    max_workers: int = Field(2, ge=1, description="cells trained at the same time")
+    torch_threads: int | None = Field(1, ge=1, description="torch CPU threads; None: torch's")
+    task_runner: Literal["thread", "dask"] = "thread"
+    dask_address: str | None = None
+    progress: bool = True
+
+    @field_validator("systems")
+    @classmethod
+    def _valid_systems(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return _check_names("system", v, known_systems())
+
+    @field_validator("methods")
+    @classmethod
+    def _valid_methods(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return _check_names("method", v, known_methods())
+
+    @field_validator("models")
+    @classmethod
+    def _valid_model_keys(cls, v: dict[str, dict[str, Scalar]]) -> dict[str, dict[str, Scalar]]:
+        _check_names("method", tuple(v), known_methods()) if v else None
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _valid_seeds(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v or any(s < 0 for s in v) or len(set(v)) != len(v):
+            raise ValueError(f"seeds must be distinct non-negative integers, got {list(v)}")
+        return v
+
+    def cells(self) -> list[CellConfig]:
+        """Cells in a stable order: system, then method, then seed."""
+        return [
+            CellConfig(
+                system=system,
+                method=method,
+                seed=seed,
+                data=self.data,
+                training=self.training,
+                model=self.models.get(method, {}),
+            )
+            for system in self.systems
+            for method in self.methods
+            for seed in self.seeds
+        ]
+
+
+#: Profile layers over the defaults. ``quick`` is sized to finish the whole main table in
+#: under 10 minutes on a 2-core CPU (measured; see the README).
+_PROFILES: dict[str, dict[str, Any]] = {
+    "smoke": {
+        "seeds": [0],
+        "data": {"n_trajectories": 40},
+        "training": {"epochs": 2, "patience": None, "batch_size": 16},
+        "max_workers": 2,
+        "torch_threads": 1,
+    },
+    "quick": {
+        "seeds": [0],
+        "data": {"n_trajectories": 200},
+        "training": {"epochs": 30, "patience": 10, "max_train_seconds": 45.0},
+        "max_workers": 2,
+        "torch_threads": 1,
+    },
+    "paper": {
+        "seeds": [0, 1, 2, 3, 4],
+        "data": {"n_trajectories": 1000},
+        "training": {"epochs": 1000, "patience": 100},
+        "max_workers": 4,
+        "torch_threads": None,
+    },
+}
+
+
+def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) and k != "models":
+            out[k] = _deep_merge(dict(out[k]), v)
+        elif isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            # per-method overrides merge one level deeper (method -> keyword)
+            merged = dict(out[k])
+            for method, kw in v.items():
+                merged[method] = {**merged.get(method, {}), **kw}
+            out[k] = merged
+        else:
+            out[k] = v
+    return out
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a TOML, JSON or YAML config file into plain data (validated by :func:`resolve_config`)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    suffix = p.suffix.lower()
+    try:
+        if suffix == ".toml":
+            data = tomllib.loads(p.read_text())
+        elif suffix == ".json":
+            data = json.loads(p.read_text())
+        elif suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(p.read_text()) or {}
+        else:
+            raise ConfigError(
+                f"config file {p.name!r}: unknown format {suffix!r}; valid: .toml, .json, .yaml, .yml"
+            )
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"config file {str(p)!r} is not valid {suffix[1:].upper()}: {e}") from e
+    except ImportError as e:  # pragma: no cover - yaml ships with mlflow/prefect
+        raise ConfigError("YAML config files need PyYAML installed") from e
+    except Exception as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"config file {str(p)!r} could not be parsed: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a table/mapping at the top level")
+    return data
+
+
+def _format_validation(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(x) for x in e["loc"]) or "config"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown setting"
+        lines.append(f"  {where}: {msg}")
+    return "invalid configuration:\n" + "\n".join(lines)
+
+
+def resolve_config(
+    profile: str | None = None,
+    config_file: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> RunConfig:
+    """Resolve defaults ← profile ← config file ← ``overrides`` (command-line flags).
+
+    The profile is chosen by ``profile`` if given, else by the file's ``profile`` key, else
+    ``quick``. Raises :class:`ConfigError` with every problem listed.
+    """
+    file_layer = load_config_file(config_file) if config_file is not None else {}
+    cli_layer = {k: v for k, v in (overrides or {}).items() if v is not None}
+    name = profile or cli_layer.get("profile") or file_layer.get("profile") or "quick"
+    if name not in _PROFILES:
+        raise ConfigError(f"unknown profile {name!r}; valid profiles: {', '.join(PROFILES)}")
+    merged = _deep_merge(_deep_merge(_PROFILES[name], file_layer), cli_layer)
+    merged["profile"] = name
+    try:
+        return RunConfig.model_validate(merged)
+    except ValidationError as e:
+        raise ConfigError(_format_validation(e)) from None

@@ -1,0 +1,137 @@
+"""Test-set evaluation and the two per-run figures (extrapolation, loss curves)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: figures are files, never windows
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from nlmodels import ForecastModel  # noqa: E402
+from tasks.training import EpochRecord, predict  # noqa: E402
+
+__all__ = ["Evaluation", "evaluate", "plot_extrapolation", "plot_loss_curves", "rmse"]
+
+
+def rmse(pred: np.ndarray, target: np.ndarray, axis: int | tuple[int, ...] | None = None):
+    """Root mean squared error, over everything or over ``axis``."""
+    return np.sqrt(np.mean((np.asarray(pred) - np.asarray(target)) ** 2, axis=axis))
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Test RMSE on the normalised scale over the predicted half (the paper's metric) and more."""
+
+    test_rmse: float
+    rmse_per_dim: tuple[float, ...]
+    test_rmse_physical: float
+    rmse_physical_per_dim: tuple[float, ...]
+    nfe: int
+
+    def metrics(self) -> dict[str, float]:
+        out = {
+            "test_rmse": self.test_rmse,
+            "test_rmse_physical": self.test_rmse_physical,
+            "test_nfe": float(self.nfe),
+        }
+        for d, (v, p) in enumerate(zip(self.rmse_per_dim, self.rmse_physical_per_dim)):
+            out[f"test_rmse_dim{d}"] = v
+            out[f"test_rmse_physical_dim{d}"] = p
+        return out
+
+
+def evaluate(
+    model: ForecastModel,
+    split,
+    normaliser,
+    *,
+    device: torch.device | str | None = None,
+    dtype: str = "float64",
+    batch_size: int = 128,
+) -> tuple[Evaluation, np.ndarray]:
+    """Evaluate on ``split`` (a normalised ``SplitData``); returns the scores and the predictions."""
+    dev = torch.device(device) if device is not None else None
+    model.reset_nfe()
+    pred = predict(model, split, device=dev, dtype=dtype, batch_size=batch_size)
+    nfe = model.nfe
+    target = np.asarray(split.target)
+    if not np.all(np.isfinite(pred)):
+        raise FloatingPointError("the model predicts NaN or infinite values on the test set")
+    pred_phys = np.asarray(normaliser.inverse_transform(pred))
+    target_phys = np.asarray(normaliser.inverse_transform(target))
+    ev = Evaluation(
+        test_rmse=float(rmse(pred, target)),
+        rmse_per_dim=tuple(float(v) for v in rmse(pred, target, axis=(0, 1))),
+        test_rmse_physical=float(rmse(pred_phys, target_phys)),
+        rmse_physical_per_dim=tuple(float(v) for v in rmse(pred_phys, target_phys, axis=(0, 1))),
+        nfe=int(nfe),
+    )
+    return ev, pred
+
+
+def _times(t: np.ndarray, i: int) -> np.ndarray:
+    t = np.asarray(t)
+    return t[i] if t.ndim == 2 else t
+
+
+def plot_extrapolation(
+    split,
+    pred: np.ndarray,
+    normaliser,
+    path: str | Path,
+    *,
+    title: str = "",
+    n_trajectories: int = 4,
+) -> Path:
+    """Observed prefix, true continuation and prediction of a few test trajectories (physical units)."""
+    obs = np.asarray(normaliser.inverse_transform(np.asarray(split.obs_x)))
+    tgt = np.asarray(normaliser.inverse_transform(np.asarray(split.target)))
+    prd = np.asarray(normaliser.inverse_transform(pred))
+    n = min(n_trajectories, obs.shape[0])
+    dims = obs.shape[-1]
+    fig, axes = plt.subplots(dims, n, figsize=(3.2 * n, 2.4 * dims), squeeze=False)
+    for j in range(n):
+        for d in range(dims):
+            ax = axes[d][j]
+            ax.plot(_times(split.obs_t, j), obs[j, :, d], color="0.4", lw=1.2, label="observed")
+            ax.plot(_times(split.query_t, j), tgt[j, :, d], color="C0", lw=1.2, label="truth")
+            ax.plot(_times(split.query_t, j), prd[j, :, d], "--", color="C3", lw=1.2, label="model")
+            if j == 0:
+                ax.set_ylabel(f"x{d}")
+            if d == dims - 1:
+                ax.set_xlabel("t")
+    axes[0][0].legend(fontsize=7, loc="best")
+    fig.suptitle(title or "extrapolation")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_loss_curves(history: Sequence[EpochRecord], path: str | Path, *, title: str = "") -> Path:
+    """Training loss, validation loss and validation RMSE per epoch (log scale)."""
+    epochs = [r.epoch for r in history]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for name, colour in (("train_loss", "C0"), ("val_loss", "C1"), ("val_rmse", "C2")):
+        values = np.array([getattr(r, name) for r in history])
+        # ELBO-type losses may be negative: a log axis would hide them.
+        ax.plot(epochs, values, color=colour, label=name.replace("_", " "))
+    if all(getattr(r, k) > 0 for r in history for k in ("train_loss", "val_loss", "val_rmse")):
+        ax.set_yscale("log")
+    ax.set_xlabel("epoch")
+    ax.legend(fontsize=8)
+    ax.set_title(title or "loss curves", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return p

@@ -1,0 +1,41 @@
+"""Thin Prefect tasks over the plain functions of this package.
+
+Inputs hold live objects (a tracker, a stop event), so Prefect's input-hash caching is off: a
+finished cell is recognised by its config hash in MLflow instead.
+"""
+
+from __future__ import annotations
+
+import tasks._env  # noqa: F401  (offline switches before prefect is imported)
+
+from prefect import task  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+from tasks.cell import CellRuntime, run_cell, simulate_data  # noqa: E402
+from tasks.config import CellConfig, DataConfig  # noqa: E402
+from tasks.reporting import CellResult  # noqa: E402
+
+__all__ = ["cell_task", "simulate_task"]
+
+
+@task(name="simulate", task_run_name="simulate {system} seed {seed}", cache_policy=NO_CACHE)
+def simulate_task(system: str, data: DataConfig, seed: int) -> str:
+    """Simulate (or load from the cache) one data set; returns its fingerprint."""
+    return simulate_data(system, data, seed).fingerprint
+
+
+@task(name="cell", task_run_name="{cell.system}/{cell.method}/seed{cell.seed}", cache_policy=NO_CACHE)
+def cell_task(cell: CellConfig, runtime: CellRuntime) -> CellResult:
+    """Train, evaluate and track one cell. A failed cell fails this task run, with its error."""
+    result = run_cell(cell, runtime)
+    if result.status == "failed":
+        raise CellFailed(result)
+    return result
+
+
+class CellFailed(RuntimeError):
+    """A cell ended in error; ``result`` holds what the report needs."""
+
+    def __init__(self, result: CellResult) -> None:
+        super().__init__(f"{result.system}/{result.method}/seed{result.seed}: {result.error}")
+        self.result = result

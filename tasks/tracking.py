@@ -1,0 +1,385 @@
+"""The one MLflow adapter of the platform: every MLflow call goes through this module.
+
+It uses ``MlflowClient`` with explicit run ids only (no fluent "active run"), so concurrently
+running cells in threads can never log into each other's runs. Settings come from the environment,
+seeded by ``mlflow.env`` (see :mod:`tasks._env`); the embedded default is a sqlite store and an
+artifact folder under ``data_home()/"mlflow"``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import tasks._env  # noqa: F401  (offline switches before mlflow is imported)
+
+import mlflow  # noqa: E402
+from mlflow import MlflowClient  # noqa: E402
+from mlflow.entities import (  # noqa: E402
+    Dataset as MlflowDataset,
+    DatasetInput,
+    InputTag,
+    Metric,
+    Param,
+    RunTag,
+)
+from mlflow.exceptions import MlflowException  # noqa: E402
+
+from datasets import data_home  # noqa: E402
+from tasks.config import TrackingConfig  # noqa: E402
+
+__all__ = [
+    "CHAMPION",
+    "Promotion",
+    "RunRecord",
+    "Tracker",
+    "TrackingSettings",
+    "TrackingUnavailable",
+    "embedded_tracking_uri",
+    "git_commit",
+]
+
+CHAMPION = "champion"
+RunStatus = Literal["FINISHED", "FAILED", "KILLED"]
+# MLflow limits: param values 6000 chars, tag values 8000; a batch holds 1000 metrics / 100 params.
+_MAX_TAG = 5000
+_PARAM_BATCH = 100
+_METRIC_BATCH = 1000
+
+
+class TrackingUnavailable(RuntimeError):
+    """The tracking store cannot be reached or used."""
+
+
+def embedded_tracking_uri() -> str:
+    return f"sqlite:///{(data_home() / 'mlflow' / 'mlflow.db').resolve()}"
+
+
+def _embedded_artifact_root() -> str:
+    return str((data_home() / "mlflow" / "artifacts").resolve())
+
+
+def git_commit() -> str:
+    """The commit of the source tree the platform runs from, or ``unknown``."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+@dataclass(frozen=True)
+class TrackingSettings:
+    """Resolved tracking location. ``artifact_root`` is ``None`` when a server decides it."""
+
+    tracking_uri: str
+    artifact_root: str | None
+    experiment: str
+
+    @classmethod
+    def resolve(cls, config: TrackingConfig | None = None) -> TrackingSettings:
+        config = config or TrackingConfig()
+        uri = config.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or embedded_tracking_uri()
+        root = os.environ.get("NLLAB_ARTIFACT_ROOT") or None
+        if root is None and uri.startswith("sqlite:"):
+            # Without an absolute location MLflow would write ./mlruns next to the caller's cwd.
+            root = _embedded_artifact_root()
+        if root is not None and "://" not in root:
+            root = str(Path(root).expanduser().resolve())
+        experiment = config.experiment or os.environ.get("NLLAB_EXPERIMENT") or "nllab"
+        return cls(tracking_uri=uri, artifact_root=root, experiment=experiment)
+
+    @property
+    def is_embedded(self) -> bool:
+        return self.tracking_uri.startswith("sqlite:")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A finished cell found in the store."""
+
+    run_id: str
+    config_hash: str
+    test_rmse: float | None
+    tags: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """Outcome of a champion check in the model registry."""
+
+    name: str
+    promoted: bool
+    version: str | None
+    test_rmse: float
+    previous_rmse: float | None
+
+
+class Tracker:
+    """Connection to one experiment of one tracking store."""
+
+    def __init__(self, settings: TrackingSettings) -> None:
+        self.settings = settings
+        self.client = MlflowClient(tracking_uri=settings.tracking_uri)
+        self._experiment_id: str | None = None
+
+    # -- connection -------------------------------------------------------------------------
+    @classmethod
+    def connect(cls, config: TrackingConfig | None = None) -> Tracker:
+        """Open (and, for the embedded store, create) the store and the experiment.
+
+        Called once, before any parallel writer starts: creating the sqlite schema from several
+        threads at once is what corrupts it. Raises :class:`TrackingUnavailable`.
+        """
+        settings = TrackingSettings.resolve(config)
+        if settings.is_embedded:
+            db_path = Path(settings.tracking_uri.removeprefix("sqlite:///"))
+            db_path.parent.mkdir(parents=True, exist_ok=True)
+        # Registry calls made through the fluent helpers must hit the same store.
+        mlflow.set_tracking_uri(settings.tracking_uri)
+        mlflow.set_registry_uri(settings.tracking_uri)
+        tracker = cls(settings)
+        try:
+            tracker._experiment_id = tracker._ensure_experiment()
+        except Exception as e:
+            raise TrackingUnavailable(
+                f"cannot use the MLflow tracking store at {settings.tracking_uri!r}: "
+                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}\n"
+                "Check MLFLOW_TRACKING_URI (or mlflow.env); unset it to use the embedded store "
+                f"under {data_home()}."
+            ) from e
+        return tracker
+
+    def _ensure_experiment(self) -> str:
+        name = self.settings.experiment
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            if exp.lifecycle_stage == "deleted":
+                raise TrackingUnavailable(
+                    f"experiment {name!r} is deleted; restore it in the MLflow UI or choose "
+                    "another name (NLLAB_EXPERIMENT)"
+                )
+            return exp.experiment_id
+        try:
+            return self.client.create_experiment(name, artifact_location=self.settings.artifact_root)
+        except MlflowException:
+            # Another process created it between our lookup and create.
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+    @property
+    def experiment_id(self) -> str:
+        if self._experiment_id is None:
+            raise RuntimeError("Tracker is not connected; use Tracker.connect()")
+        return self._experiment_id
+
+    # -- runs -------------------------------------------------------------------------------
+    def create_run(
+        self, name: str, tags: Mapping[str, str], parent_run_id: str | None = None
+    ) -> str:
+        all_tags = {**{k: str(v) for k, v in tags.items()}, "mlflow.source.git.commit": git_commit()}
+        if parent_run_id is not None:
+            all_tags["mlflow.parentRunId"] = parent_run_id
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
+        return run.info.run_id
+
+    def end_run(self, run_id: str, status: RunStatus) -> None:
+        self.client.set_terminated(run_id, status=status)
+
+    @contextmanager
+    def run(
+        self, name: str, tags: Mapping[str, str], parent_run_id: str | None = None
+    ) -> Iterator[str]:
+        """A run that ends FINISHED only if the block completes.
+
+        An exception ends it FAILED with the error as tag ``error``; Ctrl-C or an interruption
+        (exceptions named ``*Interrupted``) ends it KILLED. The exception propagates.
+        """
+        run_id = self.create_run(name, tags, parent_run_id)
+        try:
+            yield run_id
+        except BaseException as e:
+            interrupted = isinstance(e, KeyboardInterrupt) or type(e).__name__.endswith(
+                "Interrupted"
+            )
+            try:
+                self.set_tags(run_id, {"error": f"{type(e).__name__}: {e}"[:_MAX_TAG]})
+            finally:
+                self.end_run(run_id, "KILLED" if interrupted else "FAILED")
+            raise
+        self.end_run(run_id, "FINISHED")
+
+    def set_tags(self, run_id: str, tags: Mapping[str, object]) -> None:
+        self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def log_params(self, run_id: str, params: Mapping[str, object]) -> None:
+        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), _PARAM_BATCH):
+            self.client.log_batch(run_id, params=items[i : i + _PARAM_BATCH])
+
+    def log_metrics(
+        self, run_id: str, metrics: Mapping[str, float], step: int | None = None
+    ) -> None:
+        import time
+
+        ts = int(time.time() * 1000)
+        items = [Metric(k, float(v), ts, step or 0) for k, v in metrics.items()]
+        for i in range(0, len(items), _METRIC_BATCH):
+            self.client.log_batch(run_id, metrics=items[i : i + _METRIC_BATCH])
+
+    def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
+        p = Path(path)
+        if p.is_dir():
+            self.client.log_artifacts(run_id, str(p), artifact_path)
+        else:
+            self.client.log_artifact(run_id, str(p), artifact_path)
+
+    def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
+        self.client.log_text(run_id, text, artifact_file)
+
+    def log_dataset(
+        self,
+        run_id: str,
+        *,
+        name: str,
+        digest: str,
+        source: str,
+        profile: Mapping[str, object],
+        context: str = "training",
+    ) -> None:
+        """Record a data set as an MLflow dataset input of the run."""
+        ds = MlflowDataset(
+            name=name,
+            digest=digest[:36],
+            source_type="local",
+            source=json.dumps({"uri": source}),
+            profile=json.dumps(dict(profile)),
+        )
+        tags = [InputTag("mlflow.data.context", context)]
+        self.client.log_inputs(run_id, datasets=[DatasetInput(ds, tags=tags)])
+
+    def get_run_data(self, run_id: str):
+        """Status, tags, params and latest metrics of a run (``mlflow.entities.Run``)."""
+        return self.client.get_run(run_id)
+
+    def download(self, run_id: str, path: str, dst: str | Path) -> Path:
+        return Path(self.client.download_artifacts(run_id, path, str(dst)))
+
+    # -- queries ----------------------------------------------------------------------------
+    def _search(self, filter_string: str, order_by: list[str] | None = None) -> Iterator:
+        token = None
+        while True:
+            page = self.client.search_runs(
+                [self.experiment_id],
+                filter_string=filter_string,
+                max_results=1000,
+                order_by=order_by,
+                page_token=token,
+            )
+            yield from page
+            token = page.token
+            if not token:
+                return
+
+    def finished_cells(self, hashes: Iterable[str]) -> dict[str, RunRecord]:
+        """Finished cell runs with one of these config hashes (the newest per hash)."""
+        wanted = set(hashes)
+        found: dict[str, RunRecord] = {}
+        runs = self._search(
+            "tags.`nllab.kind` = 'cell' and attributes.status = 'FINISHED'",
+            order_by=["attributes.start_time DESC"],
+        )
+        for r in runs:
+            h = r.data.tags.get("config_hash")
+            if h in wanted and h not in found:
+                found[h] = RunRecord(
+                    r.info.run_id, h, r.data.metrics.get("test_rmse"), dict(r.data.tags)
+                )
+        return found
+
+    def child_runs(self, parent_run_id: str) -> list:
+        return list(self._search(f"tags.`mlflow.parentRunId` = '{parent_run_id}'"))
+
+    def latest_run(self, kind: str) -> str | None:
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`nllab.kind` = '{kind}'",
+            max_results=1,
+            order_by=["attributes.start_time DESC"],
+        )
+        return runs[0].info.run_id if runs else None
+
+    # -- model registry ---------------------------------------------------------------------
+    def promote_if_better(
+        self, name: str, run_id: str, test_rmse: float, artifact_path: str = "model"
+    ) -> Promotion:
+        """Register ``run_id``'s model as a new version of ``name`` and move the champion alias
+        to it, only if it beats the current champion's test RMSE (lower is better).
+
+        Existing versions are never deleted or overwritten.
+        """
+        try:
+            self.client.create_registered_model(
+                name, description="Best Neural Laplace model of this system (lowest test RMSE)."
+            )
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        aliases = self.client.get_registered_model(name).aliases
+        previous: float | None = None
+        if CHAMPION in aliases:
+            current = self.client.get_model_version(name, aliases[CHAMPION])
+            if current.run_id == run_id:
+                return Promotion(name, False, current.version, test_rmse, test_rmse)
+            previous = float(current.tags.get("test_rmse", "inf"))
+            if not test_rmse < previous:
+                return Promotion(name, False, None, test_rmse, previous)
+        source = f"{self.client.get_run(run_id).info.artifact_uri}/{artifact_path}"
+        mv = self.client.create_model_version(
+            name, source=source, run_id=run_id, tags={"test_rmse": repr(float(test_rmse))}
+        )
+        self.client.set_registered_model_alias(name, CHAMPION, mv.version)
+        return Promotion(name, True, mv.version, test_rmse, previous)
+
+    def champion(self, name: str) -> tuple[str, str] | None:
+        """``(version, run_id)`` of the champion of ``name``, or ``None``."""
+        try:
+            mv = self.client.get_model_version_by_alias(name, CHAMPION)
+        except MlflowException:
+            return None
+        return mv.version, mv.run_id
+
+    def download_model(self, uri: str, dst: str | Path | None = None) -> Path:
+        """Download a registered model (``models:/name@alias`` or ``models:/name/version``)."""
+        if not uri.startswith("models:/"):
+            raise ValueError(
+                f"models are loaded only from the registry: expected 'models:/NAME@ALIAS' or "
+                f"'models:/NAME/VERSION', got {uri!r}"
+            )
+        dst = Path(dst) if dst is not None else Path(tempfile.mkdtemp(prefix="nllab-model-"))
+        try:
+            path = mlflow.artifacts.download_artifacts(
+                artifact_uri=uri,
+                dst_path=str(dst),
+                tracking_uri=self.settings.tracking_uri,
+                registry_uri=self.settings.tracking_uri,
+            )
+        except MlflowException as e:
+            raise LookupError(f"no registered model at {uri!r}: {e.message}") from e
+        return Path(path)
