@@ -20,12 +20,18 @@ from prefect.futures import PrefectFuture, wait  # noqa: E402
 
 from flows._runtime import flow_settings, make_task_runner  # noqa: E402
 from tasks.cell import CellRuntime  # noqa: E402
-from tasks.config import RunConfig  # noqa: E402
+from tasks.config import CellConfig, RunConfig  # noqa: E402
 from tasks.prefect_tasks import CellFailed, cell_task, simulate_task  # noqa: E402
 from tasks.reporting import CellResult, ResultsTable, results_table  # noqa: E402
 from tasks.tracking import Promotion, Tracker  # noqa: E402
 
-__all__ = ["BenchmarkSummary", "benchmark_flow", "registry_name", "run_benchmark"]
+__all__ = [
+    "BenchmarkSummary",
+    "benchmark_flow",
+    "registry_name",
+    "run_benchmark",
+    "stored_results",
+]
 
 #: The method whose best run per system is kept in the model registry.
 REGISTERED_METHOD = "neural_laplace"
@@ -78,6 +84,23 @@ def _promote(tracker: Tracker, results: list[CellResult]) -> list[Promotion]:
     ]
 
 
+def stored_results(
+    tracker: Tracker, cells: list[CellConfig]
+) -> tuple[list[CellResult], list[CellConfig]]:
+    """Split cells into those with a finished run in the store (as results) and those to run."""
+    done = tracker.finished_cells(c.config_hash() for c in cells)
+    reused, todo = [], []
+    for c in cells:
+        rec = done.get(c.config_hash())
+        if rec is None:
+            todo.append(c)
+        else:
+            reused.append(
+                CellResult(c.system, c.method, c.seed, "reused", rec.test_rmse, rec.run_id, rec.config_hash)
+            )
+    return reused, todo
+
+
 @flow(name="nllab-benchmark", log_prints=True)
 def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
     """Run (or reuse) every cell of ``config`` and log the results table to a parent run."""
@@ -87,13 +110,7 @@ def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
     tracker = Tracker.connect(config.tracking)
     cells = config.cells()
     hashes = {c.key: c.config_hash() for c in cells}
-    done = tracker.finished_cells(hashes.values())
-    todo = [c for c in cells if hashes[c.key] not in done]
-    reused = [
-        CellResult(c.system, c.method, c.seed, "reused", done[h].test_rmse, done[h].run_id, h)
-        for c in cells
-        if (h := hashes[c.key]) in done
-    ]
+    reused, todo = stored_results(tracker, cells)
     logger.info(
         "%d cells: %d already finished (reused), %d to run, %d at a time; tracking at %s",
         len(cells), len(reused), len(todo), config.max_workers, tracker.settings.tracking_uri,

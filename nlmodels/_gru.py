@@ -1,15 +1,20 @@
-"""A multi-layer GRU that returns only its final output, with hand-written backpropagation.
+"""A stacked GRU returning only its final output, run as one wavefront with explicit backprop.
 
 Neural Laplace's encoder needs the top layer's output at the last step alone. ``nn.GRU`` on the CPU
-records ~10 autograd nodes per layer and step; this function keeps the same maths (PyTorch's gate
-layout and equations, the same parameters) but runs the recurrences as a few in-place kernels per
-step, hoists everything that does not depend on the recurrence (input projections, gate derivatives,
-weight gradients) out of the time loop as single batched matrix products, and back-propagates
-through time explicitly. Used on the CPU; ``nn.GRU`` (cuDNN) serves CUDA.
+records ~10 autograd nodes per layer and step and runs the layers one after another. Here the L
+layers advance together as a wavefront (at step k, layer l processes time k − l), so one step of
+ALL layers is one matrix product with a block weight matrix and four elementwise kernels, over
+T + L − 1 steps instead of L·T; backpropagation through time is written out by hand with the same
+economy. The maths and parameters are exactly ``nn.GRU``'s (tested against it), so the module, its
+state dict and its CUDA path (cuDNN) stay ``nn.GRU``.
 
-GRU (Cho et al. 2014, PyTorch convention):
+GRU (Cho et al. 2014, PyTorch's convention), per layer:
     r = σ(W_ir x + b_ir + W_hr h + b_hr),  z = σ(W_iz x + b_iz + W_hz h + b_hz),
     n = tanh(W_in x + b_in + r ⊙ (W_hn h + b_hn)),  h' = n + z ⊙ (h − n).
+
+The state of all layers is one row [h_0 | h_1 | ... | h_{L−1}] (width L·H). Pre-activation columns
+are grouped by gate, then layer: [r_0..r_{L−1} | z_0.. | n^in_0.. | n^hid_0..] (width 4·L·H), so that
+σ, tanh and the update act on all layers at once and the update's output IS the next state row.
 """
 
 from __future__ import annotations
@@ -20,105 +25,115 @@ from torch.autograd.function import once_differentiable
 __all__ = ["gru_final_output"]
 
 
-def _layer_forward(inputs: torch.Tensor, w_ih, w_hh, b_ih, b_hh):
-    """One layer over time-major ``inputs`` [T, B, I]; returns states [T+1, B, H] and saved gates."""
-    n_time, batch = inputs.shape[:2]
-    units = w_hh.shape[1]
-    gi = torch.addmm(b_ih, inputs.flatten(0, 1), w_ih.T).view(n_time, batch, 3 * units)
-    states = inputs.new_zeros(n_time + 1, batch, units)
-    rz = inputs.new_empty(n_time, batch, 2 * units)
-    n = inputs.new_empty(n_time, batch, units)
-    ghn = inputs.new_empty(n_time, batch, units)
-    w_hh_t = w_hh.T
-    for t in range(n_time):
-        gh = torch.addmm(b_hh, states[t], w_hh_t)
-        torch.sigmoid(gi[t, :, : 2 * units] + gh[:, : 2 * units], out=rz[t])
-        ghn[t] = gh[:, 2 * units :]
-        torch.tanh(torch.addcmul(gi[t, :, 2 * units :], rz[t, :, :units], ghn[t]), out=n[t])
-        torch.lerp(n[t], states[t], rz[t, :, units:], out=states[t + 1])
-    return states, rz, n, ghn
+def _block_weights(weights, n_layers: int, units: int, n_inputs: int) -> torch.Tensor:
+    """The block matrix M [L·H + I + 1, 4·L·H] acting on the row [h_0 .. h_{L−1} | x | 1].
+
+    Rows of layer l's state feed layer l's hidden side and layer l+1's input side; the x rows
+    carry the first layer's input weights and the constant row all biases (input and hidden biases
+    of r and z simply add).
+    """
+    h, big = units, n_layers * units
+    m = weights[0].new_zeros(big + n_inputs + 1, 4 * big)
+    ones = big + n_inputs
+    for layer in range(n_layers):
+        w_ih, w_hh, b_ih, b_hh = weights[4 * layer : 4 * layer + 4]
+        rows_h = slice(layer * h, (layer + 1) * h)
+        rows_x = slice((layer - 1) * h, layer * h) if layer else slice(big, big + n_inputs)
+        cols = [slice(g * big + layer * h, g * big + (layer + 1) * h) for g in range(4)]
+        for gate in range(3):  # r, z, n^in: the input side
+            m[rows_x, cols[gate]] = w_ih[gate * h : (gate + 1) * h].T
+            m[ones, cols[gate]] = b_ih[gate * h : (gate + 1) * h]
+        for gate, col in ((0, 0), (1, 1), (2, 3)):  # r, z, n^hid: the hidden side
+            m[rows_h, cols[col]] = w_hh[gate * h : (gate + 1) * h].T
+            m[ones, cols[col]] += b_hh[gate * h : (gate + 1) * h]
+    return m
 
 
-def _layer_backward(d_out: torch.Tensor, last_only: bool, saved, inputs, w_ih, w_hh, need_input):
-    """Back-propagate one layer; ``d_out`` is dL/dh_t [T, B, H] (or [B, H] for the last step only)."""
-    states, rz, n, ghn = saved
-    n_time, batch, units = n.shape
-    z = rz[..., units:]
-    # Everything that does not depend on the backward recurrence, for all steps at once.
-    sig_grad = rz * (1.0 - rz)  # σ' for r and z
-    dn_factor = (1.0 - z) * (1.0 - n.square())  # ∂h'/∂n · tanh'
-    h_minus_n = states[:-1] - n
-    d_gi = inputs.new_empty(n_time, batch, 3 * units)
-    d_ghn = inputs.new_empty(n_time, batch, units)
-    w_hh_rz, w_hh_n = w_hh[: 2 * units], w_hh[2 * units :]
-    dh = d_out.clone() if last_only else torch.zeros_like(d_out[0])
-    for t in range(n_time - 1, -1, -1):
-        if not last_only:
-            dh += d_out[t]
-        dn_pre = torch.mul(dh, dn_factor[t], out=d_gi[t, :, 2 * units :])
-        torch.mul(dn_pre * ghn[t], sig_grad[t, :, :units], out=d_gi[t, :, :units])
-        torch.mul(dh * h_minus_n[t], sig_grad[t, :, units:], out=d_gi[t, :, units : 2 * units])
-        torch.mul(dn_pre, rz[t, :, :units], out=d_ghn[t])
-        dh = torch.addmm(dh * z[t], d_gi[t, :, : 2 * units], w_hh_rz)
-        dh.addmm_(d_ghn[t], w_hh_n)
-    d_gh = torch.cat((d_gi[..., : 2 * units], d_ghn), dim=-1).flatten(0, 1)
-    d_gi_flat = d_gi.flatten(0, 1)
-    grads = (
-        d_gi_flat.T @ inputs.flatten(0, 1),  # W_ih
-        d_gh.T @ states[:-1].flatten(0, 1),  # W_hh
-        d_gi_flat.sum(0),  # b_ih
-        d_gh.sum(0),  # b_hh
-    )
-    d_inputs = (d_gi @ w_ih) if need_input else None
-    return d_inputs, grads
-
-
-class _GRUFinal(torch.autograd.Function):
+class _WavefrontGRU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, n_layers: int, *weights):  # type: ignore[override]
-        inputs = x.transpose(0, 1).contiguous()  # time-major [T, B, I]
-        layer_inputs, saved = [], []
-        for layer in range(n_layers):
-            w_ih, w_hh, b_ih, b_hh = weights[4 * layer : 4 * layer + 4]
-            layer_inputs.append(inputs)
-            states, rz, n, ghn = _layer_forward(inputs, w_ih, w_hh, b_ih, b_hh)
-            saved.append((states, rz, n, ghn))
-            inputs = states[1:]
-        ctx.n_layers = n_layers
-        ctx.layer_inputs = layer_inputs
-        ctx.saved_layers = saved
-        ctx.save_for_backward(*weights)
-        return inputs[-1].clone()
+        batch, n_time, n_inputs = x.shape
+        units = weights[1].shape[1]
+        big = n_layers * units
+        n_steps = n_time + n_layers - 1
+        m = _block_weights(weights, n_layers, units, n_inputs)
+        # rows[k] = [states after step k−1 | x_k | 1]; x and the constant are known in advance.
+        rows = x.new_zeros(n_steps + 1, batch, big + n_inputs + 1)
+        rows[:n_time, :, big : big + n_inputs] = x.transpose(0, 1)
+        rows[..., -1] = 1.0
+        gates = x.new_empty(n_steps, batch, 4 * big)  # σ(r, z) | n | n^hid, per step
+        for k in range(n_steps):
+            a = rows[k] @ m
+            rz, n_new, n_hid = gates[k, :, : 2 * big], gates[k, :, 2 * big : 3 * big], gates[k, :, 3 * big :]
+            torch.sigmoid(a[:, : 2 * big], out=rz)
+            n_hid.copy_(a[:, 3 * big :])
+            torch.tanh(torch.addcmul(a[:, 2 * big : 3 * big], rz[:, :big], n_hid), out=n_new)
+            torch.lerp(n_new, rows[k, :, :big], rz[:, big:], out=rows[k + 1, :, :big])
+            if k < n_layers - 1:  # layers above k have not started: keep their zero state
+                rows[k + 1, :, (k + 1) * units : big] = 0.0
+        ctx.shape = (n_layers, units, n_time)
+        ctx.save_for_backward(x, m, rows, gates, *weights)
+        return rows[-1, :, (n_layers - 1) * units : big].clone()
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_final):  # type: ignore[override]
-        weights = ctx.saved_tensors
-        grads: list[torch.Tensor | None] = [None] * len(weights)
-        d_out, last_only = grad_final, True
-        d_x = None
-        for layer in range(ctx.n_layers - 1, -1, -1):
-            w_ih, w_hh = weights[4 * layer], weights[4 * layer + 1]
-            need_input = layer > 0 or ctx.needs_input_grad[0]
-            d_in, layer_grads = _layer_backward(
-                d_out, last_only, ctx.saved_layers[layer], ctx.layer_inputs[layer], w_ih, w_hh,
-                need_input,
-            )
-            grads[4 * layer : 4 * layer + 4] = layer_grads
-            d_out, last_only = d_in, False
-            d_x = d_in
-        if d_x is not None and ctx.needs_input_grad[0]:
-            d_x = d_x.transpose(0, 1)
-        else:
-            d_x = None
-        return (d_x, None, *grads)
+    def backward(ctx, grad_out):  # type: ignore[override]
+        x, m, rows, gates, *weights = ctx.saved_tensors
+        n_layers, units, n_time = ctx.shape
+        big = n_layers * units
+        n_steps, batch = gates.shape[:2]
+        m_state_t = m[:big].T.contiguous()  # only the state rows carry gradient backwards
+        g_m = torch.zeros_like(m)
+        d_pre = x.new_empty(batch, 4 * big)
+        d_r, d_z = d_pre[:, :big], d_pre[:, big : 2 * big]
+        d_nin, d_nhid = d_pre[:, 2 * big : 3 * big], d_pre[:, 3 * big :]
+        g_x = x.new_zeros(n_time, batch, x.shape[-1]) if ctx.needs_input_grad[0] else None
+        m_x_t = m[big : big + x.shape[-1]].T
+        dh = x.new_zeros(batch, big)
+        dh[:, (n_layers - 1) * units :] = grad_out
+        for k in range(n_steps - 1, -1, -1):
+            if k < n_layers - 1:  # those states were reset to constants in the forward
+                dh[:, (k + 1) * units :] = 0.0
+            g = gates[k]
+            r, z, n, n_hid = g[:, :big], g[:, big : 2 * big], g[:, 2 * big : 3 * big], g[:, 3 * big :]
+            # n: ∂h'/∂n = 1 − z, tanh' = 1 − n²;  r: ∂n_pre/∂r = n^hid, σ' = r(1 − r)
+            torch.mul(dh, 1.0 - z, out=d_nin).mul_(1.0 - n.square())
+            torch.mul(d_nin, n_hid, out=d_r).mul_(r - r.square())
+            # z: ∂h'/∂z = h − n, σ' = z(1 − z)
+            torch.mul(dh, rows[k, :, :big] - n, out=d_z).mul_(z - z.square())
+            torch.mul(d_nin, r, out=d_nhid)
+            g_m.addmm_(rows[k].T, d_pre)
+            if g_x is not None and k < n_time:
+                torch.mm(d_pre, m_x_t, out=g_x[k])
+            dh = torch.addmm(dh * z, d_pre, m_state_t)
+        # Read the weight gradients back out of the block layout (the inverse of _block_weights).
+        grads: list[torch.Tensor] = []
+        h, n_in = units, x.shape[-1]
+        ones = big + n_in
+        for layer in range(n_layers):
+            rows_h = slice(layer * h, (layer + 1) * h)
+            rows_x = slice((layer - 1) * h, layer * h) if layer else slice(big, big + n_in)
+            cols = [slice(g * big + layer * h, g * big + (layer + 1) * h) for g in range(4)]
+            grads += [
+                torch.cat([g_m[rows_x, cols[g]].T for g in range(3)]),  # W_ih
+                torch.cat([g_m[rows_h, cols[g]].T for g in (0, 1, 3)]),  # W_hh
+                torch.cat([g_m[ones, cols[g]] for g in range(3)]),  # b_ih
+                torch.cat([g_m[ones, cols[g]] for g in (0, 1, 3)]),  # b_hh
+            ]
+        if g_x is not None:
+            g_x = g_x.transpose(0, 1)
+        return (g_x, None, *grads)
 
 
 def gru_final_output(x: torch.Tensor, gru: torch.nn.GRU) -> torch.Tensor:
     """``gru(x)[0][:, -1]`` for a batch-first, unidirectional, dropout-free ``nn.GRU`` with zero
-    initial state, computed with explicit backpropagation through time."""
+    initial state: the last output of the top layer, ``[B, H]``."""
+    if not gru.batch_first or gru.bidirectional or gru.dropout or gru.proj_size:
+        raise ValueError("gru_final_output needs a batch-first, unidirectional GRU without dropout")
     weights = []
     for layer in range(gru.num_layers):
-        weights += [getattr(gru, f"{name}_l{layer}") for name in
-                    ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
-    return _GRUFinal.apply(x, gru.num_layers, *weights)
+        weights += [
+            getattr(gru, f"{name}_l{layer}")
+            for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+        ]
+    return _WavefrontGRU.apply(x, gru.num_layers, *weights)

@@ -8,7 +8,8 @@ of order n is
 
 a non-negative matrix-exponential density. Each factor is (1 + cos(ωx − φ_i))/2, so the product
 is a trigonometric polynomial Σ_{k=−n}^{n} p_k e^{ikωx}; its coefficients follow from a DFT of
-the pointwise product (exact for degree n, and stable where expanding the product is not). All moments are then closed form,
+the pointwise product (exact for degree n, and stable where expanding the product is not).
+All moments are then closed form,
 ∫ x^j e^{−x} e^{ikωx} dx = j!/(1 − ikω)^{j+1}, and so is the squared coefficient of variation
 cv² = m₂/m₁² − 1, which this script minimises over (φ, ω) with L-BFGS-B (float64, exact
 gradients by autograd) from several seeded starts plus a continuation from the previous order.
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
     payload = {
-        "method": "CME ILT parameters fitted by scripts/fit_cme.py (min cv^2 over phases and omega)",
+        "method": "CME ILT parameters by scripts/fit_cme.py (min cv^2 over phases and omega)",
         "seed": args.seed,
         "starts": args.starts,
         "orders": records,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,9 @@ from nlmodels import ForecastModel  # noqa: E402
 from tasks.training import EpochRecord, predict  # noqa: E402
 
 __all__ = ["Evaluation", "evaluate", "plot_extrapolation", "plot_loss_curves", "rmse"]
+
+# pyplot and mathtext are not thread-safe: concurrent cells draw one figure at a time.
+_PLOT_LOCK = threading.RLock()
 
 
 def rmse(pred: np.ndarray, target: np.ndarray, axis: int | tuple[int, ...] | None = None):
@@ -90,6 +94,11 @@ def plot_extrapolation(
     n_trajectories: int = 4,
 ) -> Path:
     """Observed prefix, true continuation and prediction of a few test trajectories (physical units)."""
+    with _PLOT_LOCK:
+        return _plot_extrapolation(split, pred, normaliser, path, title, n_trajectories)
+
+
+def _plot_extrapolation(split, pred, normaliser, path, title: str, n_trajectories: int) -> Path:
     obs = np.asarray(normaliser.inverse_transform(np.asarray(split.obs_x)))
     tgt = np.asarray(normaliser.inverse_transform(np.asarray(split.target)))
     prd = np.asarray(normaliser.inverse_transform(pred))
@@ -114,6 +123,11 @@ def plot_extrapolation(
 
 def plot_loss_curves(history: Sequence[EpochRecord], path: str | Path, *, title: str = "") -> Path:
     """Training loss, validation loss and validation RMSE per epoch (log scale)."""
+    with _PLOT_LOCK:
+        return _plot_loss_curves(history, path, title)
+
+
+def _plot_loss_curves(history: Sequence[EpochRecord], path: str | Path, title: str) -> Path:
     epochs = [r.epoch for r in history]
     fig, ax = plt.subplots(figsize=(5, 3.2))
     for name, colour in (("train_loss", "C0"), ("val_loss", "C1"), ("val_rmse", "C2")):

@@ -20,7 +20,7 @@ __all__ = [
     "results_table",
 ]
 
-CellStatus = Literal["finished", "reused", "failed", "interrupted"]
+CellStatus = Literal["finished", "reused", "failed", "interrupted", "missing"]
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ def results_table(results: Iterable[CellResult]) -> ResultsTable:
                 "method": method,
                 "system": system,
                 "n_seeds": len(values),
-                "n_failed": sum(not c.ok for c in cells),
+                "n_failed": sum(c.status in ("failed", "interrupted") for c in cells),
                 "mean": float(values.mean()) if len(values) else float("nan"),
                 "std": float(values.std()) if len(values) else float("nan"),
                 "paper_mean": paper.mean if paper else float("nan"),

@@ -12,6 +12,8 @@ import json
 import os
 import subprocess
 import tempfile
+import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -136,6 +138,7 @@ class Tracker:
         self.settings = settings
         self.client = MlflowClient(tracking_uri=settings.tracking_uri)
         self._experiment_id: str | None = None
+        self._dataset_lock = threading.Lock()
 
     # -- connection -------------------------------------------------------------------------
     @classmethod
@@ -236,8 +239,6 @@ class Tracker:
     def log_metrics(
         self, run_id: str, metrics: Mapping[str, float], step: int | None = None
     ) -> None:
-        import time
-
         ts = int(time.time() * 1000)
         items = [Metric(k, float(v), ts, step or 0) for k, v in metrics.items()]
         for i in range(0, len(items), _METRIC_BATCH):
@@ -271,8 +272,15 @@ class Tracker:
             source=json.dumps({"uri": source}),
             profile=json.dumps(dict(profile)),
         )
-        tags = [InputTag("mlflow.data.context", context)]
-        self.client.log_inputs(run_id, datasets=[DatasetInput(ds, tags=tags)])
+        inputs = [DatasetInput(ds, tags=[InputTag("mlflow.data.context", context)])]
+        # The first run to log a data set creates its row; a writer racing it (another cell,
+        # another process) hits the unique constraint once and then just links the row.
+        with self._dataset_lock:
+            try:
+                self.client.log_inputs(run_id, datasets=inputs)
+            except MlflowException:
+                time.sleep(0.2)
+                self.client.log_inputs(run_id, datasets=inputs)
 
     def get_run_data(self, run_id: str):
         """Status, tags, params and latest metrics of a run (``mlflow.entities.Run``)."""
@@ -346,7 +354,7 @@ class Tracker:
         if CHAMPION in aliases:
             current = self.client.get_model_version(name, aliases[CHAMPION])
             if current.run_id == run_id:
-                return Promotion(name, False, current.version, test_rmse, test_rmse)
+                return Promotion(name, False, str(current.version), test_rmse, test_rmse)
             previous = float(current.tags.get("test_rmse", "inf"))
             if not test_rmse < previous:
                 return Promotion(name, False, None, test_rmse, previous)
@@ -355,7 +363,7 @@ class Tracker:
             name, source=source, run_id=run_id, tags={"test_rmse": repr(float(test_rmse))}
         )
         self.client.set_registered_model_alias(name, CHAMPION, mv.version)
-        return Promotion(name, True, mv.version, test_rmse, previous)
+        return Promotion(name, True, str(mv.version), test_rmse, previous)
 
     def champion(self, name: str) -> tuple[str, str] | None:
         """``(version, run_id)`` of the champion of ``name``, or ``None``."""
@@ -363,7 +371,7 @@ class Tracker:
             mv = self.client.get_model_version_by_alias(name, CHAMPION)
         except MlflowException:
             return None
-        return mv.version, mv.run_id
+        return str(mv.version), mv.run_id
 
     def download_model(self, uri: str, dst: str | Path | None = None) -> Path:
         """Download a registered model (``models:/name@alias`` or ``models:/name/version``)."""

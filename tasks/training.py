@@ -95,7 +95,8 @@ def select_device(name: str) -> torch.device:
 
 
 def _as_tensor(a: np.ndarray, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    return torch.as_tensor(np.asarray(a), dtype=dtype, device=device)
+    # A copy: cached data sets are read-only arrays, and torch wants writable memory.
+    return torch.tensor(np.asarray(a), dtype=dtype, device=device)
 
 
 def _rows(t: torch.Tensor, idx: torch.Tensor | slice) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import mpmath as mp
@@ -34,18 +35,38 @@ PAIRS = {
 # known character: de Hoog/Euler near machine precision on smooth F, FSI/CME ~1e-2..1e-3,
 # Talbot exact unless x oscillates, Stehfest exact-ish for monotone x only.
 TOL = {
-    "fourier": dict(exp=3e-2, cos=5e-2, sin=3e-2, branch=1e-2, ramp=0.5, double_pole=2e-2,
-                    log=0.15, step=6e-2),  # ramp/log grow: beyond FSI's assumed e^{αt} bound
-    "dehoog": dict(exp=1e-9, cos=5e-9, sin=5e-9, branch=2e-9, ramp=1e-7, double_pole=3e-9,
-                   log=2e-8, step=5e-9),
-    "talbot": dict(exp=1e-10, cos=3e-5, sin=1e-5, branch=1e-9, ramp=1e-10, double_pole=1e-10,
-                   log=3e-10, step=None),  # e^{-s} overflows on Talbot's left-reaching contour
-    "stehfest": dict(exp=5e-5, cos=None, sin=None, branch=2e-6, ramp=1e-6, double_pole=1e-4,
-                     log=2e-6, step=0.2),  # real nodes cannot resolve oscillation
-    "cme": dict(exp=1e-3, cos=2e-2, sin=1e-2, branch=3e-3, ramp=1e-3, double_pole=1e-3,
-                log=3e-3, step=1e-3),
-    "euler": dict(exp=1e-10, cos=2e-10, sin=2e-10, branch=2e-10, ramp=2e-9, double_pole=2e-10,
-                  log=5e-10, step=0.15),
+    "fourier": dict(
+        exp=3e-2, cos=5e-2, sin=3e-2, branch=1e-2, ramp=0.5, double_pole=2e-2, log=0.15, step=6e-2
+    ),  # ramp/log grow: beyond FSI's assumed e^{αt} bound
+    "dehoog": dict(
+        exp=1e-9, cos=5e-9, sin=5e-9, branch=2e-9, ramp=1e-7, double_pole=3e-9, log=2e-8, step=5e-9
+    ),
+    "talbot": dict(
+        exp=1e-10,
+        cos=3e-5,
+        sin=1e-5,
+        branch=1e-9,
+        ramp=1e-10,
+        double_pole=1e-10,
+        log=3e-10,
+        step=None,
+    ),  # e^{-s} overflows on Talbot's left-reaching contour
+    "stehfest": dict(
+        exp=5e-5, cos=None, sin=None, branch=2e-6, ramp=1e-6, double_pole=1e-4, log=2e-6, step=0.2
+    ),  # real nodes cannot resolve oscillation
+    "cme": dict(
+        exp=3e-4, cos=2e-2, sin=1e-2, branch=5e-4, ramp=1e-6, double_pole=5e-4, log=6e-4, step=1e-4
+    ),
+    "euler": dict(
+        exp=1e-10,
+        cos=2e-10,
+        sin=2e-10,
+        branch=2e-10,
+        ramp=2e-9,
+        double_pole=2e-10,
+        log=5e-10,
+        step=0.15,
+    ),
 }
 CASES = [(n, p) for n in NAMES for p in PAIRS if TOL[n][p] is not None]
 
@@ -66,8 +87,8 @@ def test_accuracy_on_exact_pairs(name, pair):
 def test_step_needs_points_away_from_the_jump():
     # near t = 1 the Gibbs-like error is large: the tolerance above is not vacuous
     F, x, _ = PAIRS["step"]
-    t = torch.tensor([0.97, 1.03], dtype=torch.float64)
-    assert (get_ilt("fourier").invert(F, t) - x(t)).abs().max() > 0.1
+    t = torch.tensor([0.99, 1.01], dtype=torch.float64)
+    assert (get_ilt("fourier").invert(F, t) - x(t)).abs().min() > 0.2
 
 
 @pytest.mark.parametrize("name", ["fourier", "dehoog", "talbot", "euler", "cme"])
@@ -94,7 +115,7 @@ def test_fourier_error_falls_with_terms():
             torch.sqrt(torch.mean((get_ilt("fourier", terms=n).invert(F, t) - exact) ** 2))
             for n in (9, 17, 33, 65, 129)
         ]
-        assert all(a > b for a, b in zip(rmse, rmse[1:])), rmse
+        assert all(a > b for a, b in itertools.pairwise(rmse)), rmse
 
 
 def test_fourier_gamma_conventions_differ_and_reference_is_better():
@@ -149,7 +170,9 @@ def test_weights_equal_reconstruct(name):
     fs = torch.sin(ilt.query(t)) / ilt.query(t) ** 2
     w = ilt.weights(t)
     assert w.shape == fs.shape and w.dtype == torch.complex128
-    torch.testing.assert_close((fs * w).real.sum(-1), ilt.reconstruct(fs, t), rtol=1e-12, atol=0)
+    # equal up to rounding of the sum (Stehfest/Euler weights alternate and cancel)
+    scale = (fs * w).abs().sum(-1)
+    assert ((fs * w).real.sum(-1) - ilt.reconstruct(fs, t)).abs().le(1e-14 * scale).all()
 
 
 def test_dehoog_is_nonlinear_and_has_no_weights():
@@ -165,7 +188,12 @@ def test_query_shapes_and_dtypes_from_float32_input():
         s = ilt.query(torch.tensor([1.0, 2.0]))  # float32 in: promoted, never computed in 32 bit
         assert s.dtype == torch.complex128 and s.shape == (2, ilt.n_query)
     assert {n: get_ilt(n).n_query for n in NAMES} == {
-        "fourier": 33, "dehoog": 33, "talbot": 16, "stehfest": 16, "cme": 33, "euler": 33,
+        "fourier": 33,
+        "dehoog": 33,
+        "talbot": 16,
+        "stehfest": 16,
+        "cme": 33,
+        "euler": 33,
     }
 
 
@@ -180,10 +208,18 @@ def test_query_shapes_and_dtypes_from_float32_input():
         (lambda: get_ilt("fourier").query(torch.tensor([1.0, 0.0])), "> 0"),
         (lambda: get_ilt("euler").query(torch.tensor([1.0, -2.0])), "> 0"),
         (lambda: get_ilt("cme").query(torch.tensor([1.0, float("nan")])), "finite"),
-        (lambda: get_ilt("talbot").reconstruct(torch.ones(4, 5, dtype=torch.complex128),
-                                               torch.ones(4)), "query points"),
-        (lambda: get_ilt("fourier", terms=5).reconstruct(
-            torch.ones(4, 5, dtype=torch.complex128), torch.ones(3)), "broadcast"),
+        (
+            lambda: get_ilt("talbot").reconstruct(
+                torch.ones(4, 5, dtype=torch.complex128), torch.ones(4)
+            ),
+            "query points",
+        ),
+        (
+            lambda: get_ilt("fourier", terms=5).reconstruct(
+                torch.ones(4, 5, dtype=torch.complex128), torch.ones(3)
+            ),
+            "broadcast",
+        ),
     ],
 )
 def test_bad_input_raises_value_error(call, match):
@@ -192,11 +228,14 @@ def test_bad_input_raises_value_error(call, match):
 
 
 def test_stehfest_weights_sum_to_zero_and_reproduce_constants():
-    # Σ V_k = 0 (F = 1 has inverse δ(t), zero for t > 0) and 1/s -> 1 exactly
+    # Σ V_k = 0 (F = 1 has inverse δ(t), zero for t > 0) and 1/s -> 1, up to the float64
+    # rounding of weights as large as ~1e9 (exact in rationals)
     ilt = get_ilt("stehfest")
     t = torch.tensor([0.5, 2.0], dtype=torch.float64)
-    assert ilt.invert(lambda s: torch.ones_like(s), t).abs().max() < 1e-8
-    torch.testing.assert_close(ilt.invert(lambda s: 1 / s, t), torch.ones(2, dtype=torch.float64))
+    assert ilt.invert(lambda s: torch.ones_like(s), t).abs().max() < 2e-6
+    torch.testing.assert_close(
+        ilt.invert(lambda s: 1 / s, t), torch.ones(2, dtype=torch.float64), rtol=0, atol=2e-6
+    )
 
 
 def _cme_moments(p: dict) -> tuple[float, float, float, float]:
@@ -204,8 +243,12 @@ def _cme_moments(p: dict) -> tuple[float, float, float, float]:
     x = np.linspace(0.0, 150.0, 300_001)
     k = np.arange(1, p["n"] + 1)[:, None]
     wx = p["omega"] * k * x
-    f = np.exp(-x) * (p["c"] + (np.asarray(p["a"])[:, None] * np.cos(wx)
-                                + np.asarray(p["b"])[:, None] * np.sin(wx)).sum(0))
+    f = np.exp(-x) * (
+        p["c"]
+        + (np.asarray(p["a"])[:, None] * np.cos(wx) + np.asarray(p["b"])[:, None] * np.sin(wx)).sum(
+            0
+        )
+    )
     m = [np.trapezoid(x**j * f, x) for j in range(3)]
     return m[0], m[1] / m[0], m[2] * m[0] / m[1] ** 2 - 1, f.min() / f.max()
 
@@ -224,7 +267,7 @@ def test_cme_parameters_independently_checked(order):
 
 def test_cme_cv2_decreases_with_order():
     cv2 = [cme_parameters()[n]["cv2"] for n in (1, 2, 4, 8, 16, 32)]
-    assert all(a > b for a, b in zip(cv2, cv2[1:]))
+    assert all(a > b for a, b in itertools.pairwise(cv2))
 
 
 @pytest.mark.gpu

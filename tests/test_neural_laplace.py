@@ -1,6 +1,5 @@
 """Neural Laplace model: shapes, the fused decoder against the plain path, gradients, fitting."""
 
-import math
 
 import pytest
 import torch
@@ -54,9 +53,13 @@ def test_fused_decoder_equals_plain_ilt_path(stereographic):
     model = NeuralLaplace(3, latent_dim=4, stereographic=stereographic).double()
     p = torch.randn(11, 4, dtype=torch.float64)
     t = torch.linspace(0.05, 30.0, 37, dtype=torch.float64)
-    torch.testing.assert_close(model.decode(p, t), _plain_decode(model, p, t), rtol=1e-11, atol=1e-11)
+    torch.testing.assert_close(
+        model.decode(p, t), _plain_decode(model, p, t), rtol=1e-11, atol=1e-11
+    )
     t_b = t.expand(11, -1) * torch.linspace(0.5, 1.5, 11, dtype=torch.float64)[:, None]
-    torch.testing.assert_close(model.decode(p, t_b), _plain_decode(model, p, t_b), rtol=1e-11, atol=1e-11)
+    torch.testing.assert_close(
+        model.decode(p, t_b), _plain_decode(model, p, t_b), rtol=1e-11, atol=1e-11
+    )
 
 
 @pytest.mark.parametrize("per_sample", [False, True])

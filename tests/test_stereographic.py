@@ -34,7 +34,9 @@ def test_round_trip_v_of_u_is_identity():
 
 
 def test_unit_circle_is_the_equator_and_limits_are_the_poles():
-    s = torch.polar(torch.ones(8, dtype=torch.float64), torch.linspace(-3, 3, 8, dtype=torch.float64))
+    s = torch.polar(
+        torch.ones(8, dtype=torch.float64), torch.linspace(-3, 3, 8, dtype=torch.float64)
+    )
     _, phi = to_sphere(s)
     torch.testing.assert_close(phi, torch.zeros_like(phi), atol=1e-15, rtol=0)
     inf = torch.tensor([complex(math.inf, 0.0), complex(0.0, math.inf)], dtype=torch.complex128)
@@ -58,7 +60,7 @@ def test_reciprocal_maps_to_negated_coordinates():
 
 def test_real_input_and_gradients():
     x = torch.tensor([0.5, 2.0, -3.0], dtype=torch.float64)
-    theta, phi = to_sphere(x)
+    theta, _ = to_sphere(x)
     torch.testing.assert_close(theta, torch.tensor([0.0, 0.0, math.pi], dtype=torch.float64))
     th = torch.tensor([0.3, -1.2], dtype=torch.float64, requires_grad=True)
     ph = torch.tensor([0.1, -0.7], dtype=torch.float64, requires_grad=True)
@@ -67,8 +69,9 @@ def test_real_input_and_gradients():
 
 def test_max_modulus_phi_bounds_the_modulus():
     phi_max = max_modulus_phi(3.0)
-    radius = from_sphere(torch.tensor([0.0], dtype=torch.float64),
-                         torch.tensor([phi_max], dtype=torch.float64)).abs()
+    radius = from_sphere(
+        torch.tensor([0.0], dtype=torch.float64), torch.tensor([phi_max], dtype=torch.float64)
+    ).abs()
     assert abs(radius.item() - 3.0) < 1e-12
     assert max_modulus_phi(None) == math.pi / 2
     with pytest.raises(ValueError, match="max_frequency"):

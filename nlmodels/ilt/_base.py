@@ -148,9 +148,7 @@ class ILTAlgorithm:
             ) from err
         return self._reconstruct(fs.to(torch.complex128), t)
 
-    def invert(
-        self, F: Callable[[torch.Tensor], torch.Tensor], t: torch.Tensor
-    ) -> torch.Tensor:
+    def invert(self, F: Callable[[torch.Tensor], torch.Tensor], t: torch.Tensor) -> torch.Tensor:
         """x(t) for a transform ``F`` applied elementwise to complex tensors."""
         t = check_times(t)
         return self.reconstruct(F(self._query(t)), t)

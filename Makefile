@@ -1,0 +1,35 @@
+# Neural Laplace Lab: every set-up step is a dependency of the two user-facing targets.
+#   make benchmark   the main job: every system x every model, quick profile, embedded MLflow store
+#   make test        the default test suite (what CI runs through .ci/run)
+# GPU users: install your CUDA build of torch into $(VENV) first (see README), or set TORCH_SPEC.
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup benchmark test test-slow lint bench clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+benchmark: $(STAMP)
+	$(VENV)/bin/nllab benchmark --profile quick
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,44 @@
+"""Shared test setup: an isolated data folder and MLflow store, offline, before anything imports
+mlflow or prefect; a session-wide Prefect test server for flow tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Module level on purpose: these must hold before tasks/flows (and so mlflow/prefect) are imported.
+_SESSION_HOME = Path(tempfile.mkdtemp(prefix="nllab-test-home-"))
+os.environ["NLLAB_HOME"] = str(_SESSION_HOME)
+os.environ["PREFECT_HOME"] = str(_SESSION_HOME / "prefect")
+for _var in ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT", "NLLAB_EXPERIMENT", "PREFECT_API_URL"):
+    os.environ.pop(_var, None)
+os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
+os.environ["DO_NOT_TRACK"] = "true"
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+
+
+def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001
+    shutil.rmtree(_SESSION_HOME, ignore_errors=True)
+
+
+@pytest.fixture
+def mlflow_store(tmp_path, monkeypatch) -> Path:
+    """A fresh sqlite MLflow store and artifact folder for one test (via the environment)."""
+    folder = tmp_path / "mlflow"
+    folder.mkdir()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'mlflow.db'}")
+    monkeypatch.setenv("NLLAB_ARTIFACT_ROOT", str(folder / "artifacts"))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """One temporary Prefect API for every flow test of the session (~10 s to start)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=60):
+        yield

@@ -1,0 +1,142 @@
+"""The ``nllab`` command line: help, exit codes, error messages, the commands themselves."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flows.cli import build_parser, main, ui_command
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("command", ["simulate", "benchmark", "report", "ui"])
+def test_subcommand_help(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert f"usage: nllab {command}" in out
+    if command != "ui":
+        assert "--profile" in out and "--systems" in out and "--config" in out
+    if command == "benchmark":
+        for flag in ("--methods", "--seeds", "--device", "--max-workers", "--task-runner"):
+            assert flag in out
+
+
+def test_top_level_help_lists_commands(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("simulate", "benchmark", "report", "ui"):
+        assert command in out
+
+
+def test_console_entry_point_runs():
+    r = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "benchmark", "--help"],
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "NLLAB_HOME": "/tmp/nllab-cli"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "--profile {smoke,quick,paper}" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["benchmark", "--systems", "spiral"], "unknown system 'spiral'; valid: "),
+        (["benchmark", "--methods", "node,laplace"], "unknown method 'laplace'; valid: "),
+        (["report", "--seeds", "one"], "--seeds takes non-negative integers"),
+        (["simulate", "--seeds", "-1"], "seeds must be distinct non-negative integers"),
+    ],
+)
+def test_bad_names_exit_2_with_choices(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    if "unknown system" in message:
+        assert "spiral_dde" in err and "integro_de" in err
+    if "unknown method" in message:
+        assert "neural_laplace" in err
+
+
+def test_argparse_usage_errors_exit_2(capsys):
+    for argv in (["benchmark", "--profile", "huge"], ["frobnicate"], []):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+    assert "invalid choice: 'huge'" in capsys.readouterr().err
+
+
+def test_bad_config_file_exits_2(tmp_path, capsys):
+    f = tmp_path / "c.toml"
+    f.write_text("[training]\nepochs = -3\n")
+    assert main(["benchmark", "--config", str(f)]) == 2
+    assert "training.epochs" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_cuda_request_without_gpu_exits_2(capsys):
+    assert main(["benchmark", "--profile", "smoke", "--device", "cuda"]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_unreachable_tracking_exits_3(monkeypatch, capsys):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    assert main(["report", "--profile", "smoke", "--systems", "integro_de"]) == 3
+    assert "cannot use the MLflow tracking store at 'http://127.0.0.1:9'" in capsys.readouterr().err
+
+
+def test_simulate_prints_data_sets(capsys):
+    assert main(["simulate", "--profile", "smoke", "--systems", "integro_de", "--seeds", "0,1"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and all("N=40 T=200 D=1" in line for line in lines)
+
+
+def test_report_on_empty_store(mlflow_store, tmp_path, capsys):
+    out = tmp_path / "rep"
+    assert main(["report", "--profile", "smoke", "--systems", "integro_de", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "0 of 6 cells have finished runs" in text
+    assert (out / "results.md").read_text().count("| –") == 6
+    assert {p.name for p in out.iterdir()} == {"results.csv", "results.md", "results.tex"}
+
+
+def test_benchmark_command_and_exit_codes(mlflow_store, prefect_server, tmp_path, capsys):
+    args = ["benchmark", "--profile", "smoke", "--systems", "integro_de", "--no-progress"]
+    assert main([*args, "--methods", "neural_laplace"]) == 0
+    out = capsys.readouterr().out
+    assert "1 cells: 1 finished, 0 reused, 0 failed" in out
+    assert "neural-laplace-integro_de version 1 is now @champion" in out
+    assert "nllab ui" in out
+    # a failing cell: exit 1 and a hint to re-run
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[models.node]\nno_such_option = 1\n")
+    assert main([*args, "--methods", "neural_laplace,node", "--config", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "1 reused, 1 failed" in out and "run the same command again" in out
+    # the report now finds the finished cell
+    assert main(["report", "--profile", "smoke", "--systems", "integro_de",
+                 "--methods", "neural_laplace", "--out", str(tmp_path / "r")]) == 0
+    assert "1 of 1 cells have finished runs" in capsys.readouterr().out
+
+
+def test_ui_binds_localhost_by_default():
+    args = build_parser().parse_args(["ui"])
+    assert args.host == "127.0.0.1"
+    cmd, address = ui_command(args.host, args.port)
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and address == "http://127.0.0.1:5000"
+    assert cmd[cmd.index("--backend-store-uri") + 1].startswith("sqlite:///")
+    assert Path(cmd[cmd.index("--default-artifact-root") + 1]).is_absolute()
+    cmd, _ = ui_command("0.0.0.0", 8080)
+    assert cmd[cmd.index("--host") + 1] == "0.0.0.0"

@@ -1,0 +1,123 @@
+"""Evaluation (RMSE against hand computations), figures, and the results table."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from datasets import load_or_simulate, prepare
+from nlmodels import ForecastModel
+from tasks.evaluation import evaluate, plot_extrapolation, plot_loss_curves
+from tasks.reporting import PAPER_MAIN_TABLE, CellResult, results_table
+from tasks.training import EpochRecord
+
+
+class Constant(ForecastModel):
+    """Predicts ``c`` everywhere (normalised scale)."""
+
+    def __init__(self, c: float) -> None:
+        super().__init__()
+        self.c = torch.nn.Parameter(torch.tensor(float(c), dtype=torch.float64))
+
+    def forward(self, obs_t, obs_x, query_t):
+        self.count_nfe()
+        n_q = query_t.shape[-1]
+        return self.c * torch.ones(obs_x.shape[0], n_q, obs_x.shape[2], dtype=obs_x.dtype)
+
+
+@pytest.fixture(scope="module")
+def prepared():
+    return prepare(load_or_simulate("lotka_volterra_dde", n_trajectories=50, seed=0), seed=0)
+
+
+def test_rmse_equals_hand_computation(prepared):
+    test, norm = prepared.test, prepared.normaliser
+    ev, pred = evaluate(Constant(0.25), test, norm, batch_size=2)
+    y = np.asarray(test.target)
+    n, t, d = y.shape
+    by_hand = np.sqrt(sum((0.25 - v) ** 2 for v in y.ravel()) / (n * t * d))
+    assert ev.test_rmse == pytest.approx(by_hand, rel=1e-12)
+    for k in range(d):
+        assert ev.rmse_per_dim[k] == pytest.approx(np.sqrt(np.mean((0.25 - y[..., k]) ** 2)))
+    # physical units: undo the z-score of each dimension by hand
+    mean, std = np.asarray(norm.mean), np.asarray(norm.std)
+    y_phys = y * std + mean
+    p_phys = 0.25 * std + mean
+    assert ev.rmse_physical_per_dim[1] == pytest.approx(
+        np.sqrt(np.mean((p_phys[1] - y_phys[..., 1]) ** 2)), rel=1e-10
+    )
+    assert ev.test_rmse_physical == pytest.approx(np.sqrt(np.mean((p_phys - y_phys) ** 2)))
+    assert pred.shape == y.shape
+    assert ev.nfe == int(np.ceil(n / 2))  # one call per batch of 2
+    assert set(ev.metrics()) >= {"test_rmse", "test_rmse_dim0", "test_rmse_physical_dim1"}
+
+
+def test_nan_predictions_are_refused(prepared):
+    with pytest.raises(FloatingPointError, match="NaN"):
+        evaluate(Constant(float("nan")), prepared.test, prepared.normaliser)
+
+
+def _is_png(path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+def test_figures_are_written(prepared, tmp_path):
+    _, pred = evaluate(Constant(0.0), prepared.test, prepared.normaliser)
+    p = plot_extrapolation(prepared.test, pred, prepared.normaliser, tmp_path / "a" / "x.png")
+    assert _is_png(p)
+    hist = [EpochRecord(i, 1.0 / (i + 1), 1.2 / (i + 1), 0.9 / (i + 1), 0.1, 3) for i in range(5)]
+    assert _is_png(plot_loss_curves(hist, tmp_path / "loss.png"))
+    neg = [EpochRecord(i, -1.0 - i, -0.5, 0.9, 0.1, 3) for i in range(3)]  # ELBO can be < 0
+    assert _is_png(plot_loss_curves(neg, tmp_path / "elbo.png"))
+
+
+def _results():
+    rs = []
+    for seed, (a, b) in enumerate([(0.10, 0.05), (0.20, 0.07)]):
+        rs.append(CellResult("integro_de", "node", seed, "finished", a))
+        rs.append(CellResult("integro_de", "neural_laplace", seed, "reused", b))
+    rs.append(CellResult("spiral_dde", "node", 0, "failed", error="boom"))
+    rs.append(CellResult("spiral_dde", "neural_laplace", 0, "finished", 0.3))
+    rs.append(CellResult("spiral_dde", "neural_laplace", 1, "failed", error="nan"))
+    return rs
+
+
+def test_results_table_statistics():
+    t = results_table(_results())
+    f = t.frame.set_index(["method", "system"])
+    assert f.loc[("node", "integro_de"), "mean"] == pytest.approx(0.15)
+    assert f.loc[("node", "integro_de"), "std"] == pytest.approx(np.std([0.1, 0.2]))
+    assert f.loc[("neural_laplace", "spiral_dde"), "n_seeds"] == 1
+    assert f.loc[("neural_laplace", "spiral_dde"), "n_failed"] == 1
+    assert np.isnan(f.loc[("node", "spiral_dde"), "mean"])
+    paper = PAPER_MAIN_TABLE[("neural_laplace", "integro_de")]
+    assert f.loc[("neural_laplace", "integro_de"), "paper_mean"] == paper.mean == 0.0014
+    assert t.methods == ["node", "neural_laplace"]  # the paper's row order
+    assert t.systems == ["spiral_dde", "integro_de"]  # the paper's column order
+    back = pd.read_csv(io.StringIO(t.to_csv()))
+    assert len(back) == 4 and set(back.columns) >= {"mean", "std", "paper_mean"}
+
+
+def test_markdown_and_latex_mark_the_best():
+    t = results_table(_results())
+    md = t.to_markdown()
+    nl_row = next(line for line in md.splitlines() if line.startswith("| neural_laplace"))
+    node_row = next(line for line in md.splitlines() if line.startswith("| node"))
+    assert "**0.0600 ± 0.0100**" in nl_row  # best on integro_de
+    assert "**0.3000 ± 0.0000**" in nl_row  # only result on spiral_dde
+    assert "failed" in node_row and "**" not in node_row
+    assert "(paper 0.0014 ± 0.0005)" in nl_row
+    tex = t.to_latex()
+    assert r"\textbf{0.0600 $\pm$ 0.0100}" in tex
+    assert r"neural\_laplace" in tex and tex.count(r"\\") == 3
+    assert r"\begin{tabular}{lcc}" in tex
+
+
+def test_paper_table_is_complete():
+    assert len(PAPER_MAIN_TABLE) == 36
+    assert PAPER_MAIN_TABLE[("node", "mackey_glass_dde")].mean == 0.8225
+    assert PAPER_MAIN_TABLE[("nf_resnet", "stiff_van_der_pol")].std == 0.0396

@@ -1,0 +1,167 @@
+"""The smoke benchmark end to end: Prefect flow, MLflow runs, registry, skipping and redoing."""
+
+from __future__ import annotations
+
+import pytest
+
+from datasets import load_or_simulate, prepare
+from flows import registry_name, run_benchmark
+from tasks import load_registered_model
+from tasks.cell import CellRuntime, run_cell
+from tasks.config import CellConfig, TrainConfig, resolve_config
+from tasks.evaluation import evaluate
+from tasks.tracking import Tracker
+
+SYSTEMS = ["integro_de", "spiral_dde"]
+METHODS = ["neural_laplace", "node"]
+
+
+def _config(**over):
+    base = {"systems": SYSTEMS, "methods": METHODS, "seeds": [0, 1], "progress": False}
+    return resolve_config("smoke", overrides={**base, **over})
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("flowstore")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'mlflow.db'}")
+        mp.setenv("NLLAB_ARTIFACT_ROOT", str(folder / "artifacts"))
+        yield folder
+
+
+@pytest.fixture(scope="module")
+def first(store, prefect_server):
+    return run_benchmark(_config())
+
+
+def _cell_runs(tracker: Tracker):
+    return tracker.client.search_runs(
+        [tracker.experiment_id], "tags.`nllab.kind` = 'cell'", max_results=1000
+    )
+
+
+def test_every_cell_finishes_with_a_result(first):
+    assert first.ok and first.count("finished") == 8 and first.count("reused") == 0
+    assert {r.key for r in first.results} == {c.key for c in _config().cells()}
+    assert all(0 < r.test_rmse < 10 for r in first.results)
+    assert set(first.table.frame["n_seeds"]) == {2}
+
+
+def test_child_runs_hold_params_metrics_tags_artifacts(first):
+    t = Tracker.connect()
+    parent = t.get_run_data(first.parent_run_id)
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["nllab.kind"] == "benchmark" and parent.data.tags["profile"] == "smoke"
+    assert parent.data.tags["cells_failed"] == "0"
+    parent_files = {f.path for f in t.client.list_artifacts(first.parent_run_id, "results")}
+    assert parent_files == {"results/results.csv", "results/results.md", "results/results.tex"}
+    children = t.child_runs(first.parent_run_id)
+    assert len(children) == 8
+    hashes = {c.key: c.config_hash() for c in _config().cells()}
+    for run in children:
+        tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
+        key = f"{tags['system']}/{tags['method']}/seed{tags['seed']}"
+        assert run.info.status == "FINISHED"
+        assert tags["config_hash"] == hashes[key] and tags["profile"] == "smoke"
+        assert len(tags["dataset_hash"]) == 64 and tags["mlflow.source.git.commit"]
+        assert params["training.epochs"] == "2" and params["data.n_trajectories"] == "40"
+        assert params["device"] == "auto" and int(params["n_parameters"]) > 100
+        for name in ("train_loss", "val_loss", "val_rmse", "epoch_seconds", "nfe"):
+            steps = [m.step for m in t.client.get_metric_history(run.info.run_id, name)]
+            assert steps == [0, 1], name
+        assert metrics["test_rmse"] == pytest.approx(
+            next(r.test_rmse for r in first.results if r.run_id == run.info.run_id)
+        )
+        files = {f.path for f in t.client.list_artifacts(run.info.run_id)}
+        assert {"config.json", "plots", "model"} <= files
+        plots = {f.path for f in t.client.list_artifacts(run.info.run_id, "plots")}
+        assert plots == {"plots/loss_curves.png", "plots/extrapolation.png"}
+        model = {f.path for f in t.client.list_artifacts(run.info.run_id, "model")}
+        assert model == {"model/model.json", "model/state_dict.pt"}
+        (ds,) = run.inputs.dataset_inputs
+        assert tags["dataset_hash"].startswith(ds.dataset.digest)
+
+
+def test_registry_champion_is_the_best_neural_laplace(first):
+    t = Tracker.connect()
+    for system in SYSTEMS:
+        nl = [r for r in first.results if r.system == system and r.method == "neural_laplace"]
+        best = min(nl, key=lambda r: r.test_rmse)
+        version, run_id = t.champion(registry_name(system))
+        assert run_id == best.run_id
+    # Loading the champion back gives a working model with the logged score.
+    model, spec = load_registered_model(f"models:/{registry_name('integro_de')}@champion")
+    cell = CellConfig.model_validate(spec.cell)
+    ds = load_or_simulate("integro_de", n_trajectories=cell.data.n_trajectories, seed=cell.seed)
+    assert ds.fingerprint == spec.dataset_fingerprint
+    ev, _ = evaluate(model, prepare(ds, seed=cell.seed).test, prepare(ds, seed=cell.seed).normaliser)
+    assert ev.test_rmse == pytest.approx(spec.test_rmse, abs=1e-9)
+
+
+def test_second_run_skips_every_finished_cell(first):
+    t = Tracker.connect()
+    n_before = len(_cell_runs(t))
+    versions_before = len(t.client.search_model_versions(""))
+    again = run_benchmark(_config())
+    assert again.count("reused") == 8 and again.count("finished") == 0
+    assert len(_cell_runs(t)) == n_before
+    assert len(t.client.search_model_versions("")) == versions_before
+    by_key = {r.key: r.test_rmse for r in first.results}
+    assert {r.key: r.test_rmse for r in again.results} == by_key
+
+
+def test_interrupted_cell_is_redone(first):
+    t = Tracker.connect()
+    new_cell = next(c for c in _config(seeds=[2]).cells() if c.method == "node")
+    # A crash mid-cell leaves a RUNNING run (and a failed attempt a FAILED one) with the hash.
+    stale = t.create_run("crashed", {"nllab.kind": "cell", "config_hash": new_cell.config_hash()})
+    failed = t.create_run("failed", {"nllab.kind": "cell", "config_hash": new_cell.config_hash()})
+    t.end_run(failed, "FAILED")
+    summary = run_benchmark(_config(seeds=[0, 1, 2], methods=["node"]))
+    assert summary.count("reused") == 4 and summary.count("finished") == 2
+    redone = next(r for r in summary.results if r.key == new_cell.key)
+    assert redone.status == "finished" and redone.run_id not in (stale, failed)
+    assert t.get_run_data(stale).info.status == "RUNNING"  # nothing is rewritten
+
+
+def test_failed_cell_is_recorded_and_others_finish(first):
+    cfg = _config(systems=["integro_de"], seeds=[0], models={"node": {"no_such_option": 1}})
+    summary = run_benchmark(cfg)
+    by_method = {r.method: r for r in summary.results}
+    assert not summary.ok
+    assert by_method["neural_laplace"].ok  # unchanged config: reused
+    bad = by_method["node"]
+    assert bad.status == "failed" and "no_such_option" in bad.error
+    t = Tracker.connect()
+    (run,) = [
+        r for r in t.child_runs(summary.parent_run_id) if r.data.tags["method"] == "node"
+    ]
+    assert run.info.status == "FAILED" and "no_such_option" in run.data.tags["error"]
+    assert "error.txt" in {f.path for f in t.client.list_artifacts(run.info.run_id)}
+    assert t.get_run_data(summary.parent_run_id).data.tags["cells_failed"] == "1"
+    # Running it again redoes only the failed cell.
+    again = run_benchmark(cfg)
+    assert {r.method: r.status for r in again.results} == {
+        "neural_laplace": "reused",
+        "node": "failed",
+    }
+
+
+def test_same_config_and_seed_same_run(mlflow_store):
+    cell = CellConfig(
+        system="integro_de",
+        method="neural_laplace",
+        seed=3,
+        data={"n_trajectories": 30},
+        training=TrainConfig(epochs=2, batch_size=8),
+    )
+    t = Tracker.connect()
+    rt = CellRuntime(tracker=t, parent_run_id=None, profile="smoke", device="cpu")
+    a, b = run_cell(cell, rt), run_cell(cell, rt)
+    assert a.ok and b.ok and a.run_id != b.run_id
+    assert a.test_rmse == b.test_rmse
+    hist = [
+        [m.value for m in t.client.get_metric_history(r.run_id, "train_loss")] for r in (a, b)
+    ]
+    assert hist[0] == hist[1]

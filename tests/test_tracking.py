@@ -1,0 +1,157 @@
+"""The MLflow adapter: store creation, run states, lookups, the registry, concurrent writers."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from nlmodels import build_model
+from tasks.config import TrackingConfig, ensure_models_registered
+from tasks.modelio import ModelSpec, load_model, save_model
+from tasks.tracking import Tracker, TrackingSettings, TrackingUnavailable
+from tasks.training import TrainingInterrupted, seeded
+
+
+def test_embedded_default_lives_under_data_home(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("NLLAB_ARTIFACT_ROOT", raising=False)
+    monkeypatch.setenv("NLLAB_HOME", str(tmp_path / "home"))
+    s = TrackingSettings.resolve()
+    assert s.tracking_uri == f"sqlite:///{tmp_path / 'home' / 'mlflow' / 'mlflow.db'}"
+    assert s.artifact_root == str(tmp_path / "home" / "mlflow" / "artifacts")
+    # explicit config beats the environment
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////elsewhere.db")
+    s2 = TrackingSettings.resolve(TrackingConfig(tracking_uri=f"sqlite:///{tmp_path}/x.db"))
+    assert s2.tracking_uri == f"sqlite:///{tmp_path}/x.db"
+
+
+def test_connect_creates_store_and_experiment(mlflow_store):
+    t = Tracker.connect(TrackingConfig(experiment="exp-a"))
+    assert (mlflow_store / "mlflow.db").is_file()
+    exp = t.client.get_experiment(t.experiment_id)
+    assert exp.name == "exp-a"
+    assert exp.artifact_location == str(mlflow_store / "artifacts")
+    assert Tracker.connect(TrackingConfig(experiment="exp-a")).experiment_id == t.experiment_id
+
+
+def test_unreachable_server_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    t0 = time.perf_counter()
+    with pytest.raises(TrackingUnavailable, match=r"(?s)http://127.0.0.1:9.*Connection refused.*MLFLOW_TRACKING_URI"):
+        Tracker.connect()
+    assert time.perf_counter() - t0 < 30
+
+
+def test_run_states(mlflow_store):
+    t = Tracker.connect()
+    with t.run("ok", {"nllab.kind": "cell"}) as ok:
+        t.log_metrics(ok, {"m": 1.0}, step=3)
+    with pytest.raises(ValueError), t.run("bad", {"nllab.kind": "cell"}) as bad:
+        raise ValueError("broken cell")
+    with pytest.raises(TrainingInterrupted), t.run("int", {}) as stopped:
+        raise TrainingInterrupted("stop")
+    with pytest.raises(KeyboardInterrupt), t.run("ctrl-c", {}) as killed:
+        raise KeyboardInterrupt
+    status = {r: t.get_run_data(r).info.status for r in (ok, bad, stopped, killed)}
+    assert status == {ok: "FINISHED", bad: "FAILED", stopped: "KILLED", killed: "KILLED"}
+    assert t.get_run_data(bad).data.tags["error"] == "ValueError: broken cell"
+    hist = t.client.get_metric_history(ok, "m")
+    assert [(m.step, m.value) for m in hist] == [(3, 1.0)]
+
+
+def test_finished_cells_ignore_unfinished_runs(mlflow_store):
+    t = Tracker.connect()
+    with t.run("a", {"nllab.kind": "cell", "config_hash": "h1"}) as old:
+        t.log_metrics(old, {"test_rmse": 0.5})
+    with t.run("b", {"nllab.kind": "cell", "config_hash": "h1"}) as new:
+        t.log_metrics(new, {"test_rmse": 0.4})
+    t.create_run("c", {"nllab.kind": "cell", "config_hash": "h2"})  # left RUNNING
+    with pytest.raises(RuntimeError), t.run("d", {"nllab.kind": "cell", "config_hash": "h3"}):
+        raise RuntimeError
+    with t.run("e", {"nllab.kind": "benchmark", "config_hash": "h4"}):
+        pass
+    found = t.finished_cells(["h1", "h2", "h3", "h4", "h5"])
+    assert set(found) == {"h1"}
+    assert found["h1"].run_id == new and found["h1"].test_rmse == 0.4
+
+
+def _model_run(t: Tracker, rmse: float, tmp: Path) -> str:
+    ensure_models_registered()
+    with seeded(int(rmse * 1000)):
+        model = build_model("node", 1)
+    spec = ModelSpec(method="node", state_dim=1, test_rmse=rmse)
+    with t.run(f"m{rmse}", {"nllab.kind": "cell"}) as run_id:
+        save_model(model, spec, tmp / run_id)
+        t.log_artifact(run_id, tmp / run_id, "model")
+    return run_id
+
+
+def test_champion_moves_only_when_beaten(mlflow_store, tmp_path):
+    t = Tracker.connect()
+    name = "neural-laplace-test"
+    first = _model_run(t, 0.30, tmp_path)
+    p1 = t.promote_if_better(name, first, 0.30)
+    assert p1.promoted and p1.version == "1" and p1.previous_rmse is None
+    worse = _model_run(t, 0.35, tmp_path)
+    p2 = t.promote_if_better(name, worse, 0.35)
+    assert not p2.promoted and p2.previous_rmse == 0.30
+    assert t.champion(name) == ("1", first)
+    assert t.promote_if_better(name, first, 0.30).promoted is False  # idempotent re-run
+    better = _model_run(t, 0.10, tmp_path)
+    p3 = t.promote_if_better(name, better, 0.10)
+    assert p3.promoted and t.champion(name) == (p3.version, better)
+    versions = t.client.search_model_versions(f"name = '{name}'")
+    assert sorted(v.run_id for v in versions) == sorted([first, better])  # nothing deleted
+    model, spec = load_model(t.download_model(f"models:/{name}@champion", tmp_path / "dl"))
+    assert spec.test_rmse == 0.10
+    ref, _ = load_model(tmp_path / better)
+    for a, b in zip(model.parameters(), ref.parameters()):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="only from the registry"):
+        t.download_model("runs:/abc/model")
+    with pytest.raises(LookupError, match="no registered model"):
+        t.download_model("models:/no-such-model@champion", tmp_path / "dl2")
+
+
+def test_concurrent_writers_keep_sqlite_intact(mlflow_store):
+    shared = Tracker.connect()
+    n_threads, n_steps = 6, 40
+    runs: list[str] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def writer(i: int) -> None:
+        # half share one client (as flow cells do), half open their own (as other processes)
+        t = shared if i % 2 else Tracker.connect()
+        try:
+            with t.run(f"w{i}", {"nllab.kind": "cell", "config_hash": f"h{i}"}) as rid:
+                t.log_params(rid, {f"p{k}": k for k in range(30)})
+                for s in range(n_steps):
+                    t.log_metrics(rid, {"a": s, "b": i}, step=s)
+                t.log_text(rid, f"writer {i}", "note.txt")
+                t.log_dataset(rid, name="same", digest="d" * 36, source="/x", profile={"n": 1})
+            with lock:
+                runs.append(rid)
+        except BaseException as e:  # noqa: BLE001 - collected and asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(n_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    assert len(runs) == n_threads
+    for rid in runs:
+        r = shared.get_run_data(rid)
+        assert r.info.status == "FINISHED" and len(r.data.params) == 30
+        assert len(shared.client.get_metric_history(rid, "a")) == n_steps
+        assert len(r.inputs.dataset_inputs) == 1
+    with sqlite3.connect(mlflow_store / "mlflow.db") as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

@@ -1,0 +1,159 @@
+"""The training loop, without Prefect or MLflow."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from datasets import load_or_simulate, prepare
+from nlmodels import ForecastModel, build_model
+from nlmodels.base import batch_times
+from tasks.config import TrainConfig, ensure_models_registered
+from tasks.training import (
+    TrainingDiverged,
+    TrainingInterrupted,
+    seeded,
+    select_device,
+    train,
+)
+
+
+class Linear(ForecastModel):
+    """x(t_q) ≈ a · x(last observed) + b · t_q: learnable, tiny, deterministic."""
+
+    def __init__(self, state_dim: int) -> None:
+        super().__init__()
+        self.a = nn.Parameter(torch.randn(state_dim))
+        self.b = nn.Parameter(torch.randn(state_dim))
+
+    def forward(self, obs_t, obs_x, query_t):
+        self.count_nfe()
+        qt = batch_times(query_t, obs_x.shape[0]).to(obs_x.dtype)
+        return obs_x[:, -1:, :] * self.a + qt[..., None] * self.b * 0.1
+
+
+class NaNModel(Linear):
+    def forward(self, obs_t, obs_x, query_t):
+        return super().forward(obs_t, obs_x, query_t) * float("nan")
+
+
+@pytest.fixture(scope="module")
+def data():
+    return prepare(load_or_simulate("integro_de", n_trajectories=60, seed=0), seed=0)
+
+
+def _cfg(**kw) -> TrainConfig:
+    base = {"epochs": 20, "patience": None, "batch_size": 16, "lr": 0.05}
+    return TrainConfig(**{**base, **kw})
+
+
+def test_training_reduces_validation_error(data):
+    torch.manual_seed(0)
+    model = Linear(1)
+    r = train(model, data.train, data.val, _cfg())
+    assert len(r.history) == 20 and r.stopped == "epochs"
+    assert r.history[-1].val_rmse < 0.7 * r.history[0].val_rmse
+    assert r.history[-1].train_loss < r.history[0].train_loss
+    assert all(h.nfe == 3 for h in r.history)  # 48 training trajectories / 16 = 3 batches
+    assert r.best_val_rmse == min(h.val_rmse for h in r.history)
+    # val_loss of an MSE model is the square of val RMSE
+    assert r.history[0].val_loss == pytest.approx(r.history[0].val_rmse ** 2)
+    assert next(model.parameters()).dtype == torch.float64
+
+
+def test_early_stopping_waits_patience_epochs(data):
+    torch.manual_seed(0)
+    r = train(Linear(1), data.train, data.val, _cfg(lr=1e-300, patience=3))
+    # Steps of 1e-300 leave float64 weights unchanged: only epoch 0 counts as an improvement,
+    # so training stops after `patience` more epochs.
+    assert r.stopped == "early_stopping"
+    assert r.best_epoch == 0
+    assert len(r.history) == 1 + 3
+
+
+def test_best_validation_weights_are_restored(data):
+    torch.manual_seed(1)
+    model = Linear(1)
+    snapshots = {}
+
+    def sabotage(rec):
+        snapshots[rec.epoch] = copy.deepcopy(model.state_dict())
+        if rec.epoch == 4:  # wreck the weights: later epochs validate far worse
+            with torch.no_grad():
+                model.a.mul_(50.0)
+                model.b.add_(30.0)
+
+    r = train(model, data.train, data.val, _cfg(epochs=7, lr=1e-3), on_epoch=sabotage)
+    assert r.history[5].val_rmse > r.history[4].val_rmse
+    assert r.best_epoch <= 4
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, snapshots[r.best_epoch][k])
+    assert not torch.equal(model.a, snapshots[6]["a"])
+
+
+def test_nan_loss_is_a_clear_failure(data):
+    with pytest.raises(TrainingDiverged, match=r"training loss is nan at epoch 0, batch 0"):
+        train(NaNModel(1), data.train, data.val, _cfg(), label="x")
+
+
+def test_exploding_weights_are_a_clear_failure(data):
+    torch.manual_seed(0)
+    with pytest.raises(TrainingDiverged, match="diverged|gradient norm|validation RMSE"):
+        train(Linear(1), data.train, data.val, _cfg(lr=1e300, grad_clip=None))
+
+
+def test_stop_event_interrupts(data):
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(TrainingInterrupted):
+        train(Linear(1), data.train, data.val, _cfg(), stop=stop)
+
+
+def test_time_budget_stops_training(data):
+    r = train(Linear(1), data.train, data.val, _cfg(epochs=500, max_train_seconds=1e-6))
+    assert r.stopped == "time_budget" and len(r.history) == 1
+
+
+def test_same_seed_same_model(data):
+    def run(seed):
+        with seeded(seed):
+            m = Linear(1)
+        train(m, data.train, data.val, _cfg(epochs=3), seed=seed)
+        return torch.cat([p.detach().flatten() for p in m.parameters()])
+
+    assert torch.equal(run(3), run(3))
+    assert not torch.equal(run(3), run(4))
+
+
+def test_device_selection():
+    assert select_device("cpu").type == "cpu"
+    assert select_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="valid devices: auto, cpu, cuda"):
+        select_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA is not available.*--device cpu"):
+            select_device("cuda")
+
+
+def test_neural_laplace_learns_a_little(data):
+    ensure_models_registered()
+    with seeded(0):
+        model = build_model("neural_laplace", 1)
+    r = train(model, data.train, data.val, _cfg(epochs=4, lr=1e-2))
+    assert r.history[-1].train_loss < r.history[0].train_loss
+    assert r.history[0].nfe > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_training_on_cuda(data):
+    ensure_models_registered()
+    with seeded(0):
+        model = build_model("neural_laplace", 1)
+    r = train(model, data.train, data.val, _cfg(epochs=3, lr=1e-2), device="cuda")
+    assert next(model.parameters()).device.type == "cuda"
+    assert r.history[-1].train_loss < r.history[0].train_loss
