@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
+
 import tasks._env  # noqa: F401  (offline switches and PREFECT_HOME before prefect is imported)
-
-from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings  # noqa: E402
-from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner  # noqa: E402
-
-from tasks.config import RunConfig  # noqa: E402
+from tasks.config import RunConfig
 
 __all__ = ["flow_settings", "make_task_runner"]
 

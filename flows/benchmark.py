@@ -13,17 +13,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from prefect import flow, get_run_logger
+from prefect.futures import PrefectFuture, wait
+
 import tasks._env  # noqa: F401
-
-from prefect import flow, get_run_logger  # noqa: E402
-from prefect.futures import PrefectFuture, wait  # noqa: E402
-
-from flows._runtime import flow_settings, make_task_runner  # noqa: E402
-from tasks.cell import CellRuntime  # noqa: E402
-from tasks.config import CellConfig, RunConfig  # noqa: E402
-from tasks.prefect_tasks import CellFailed, cell_task, simulate_task  # noqa: E402
-from tasks.reporting import CellResult, ResultsTable, results_table  # noqa: E402
-from tasks.tracking import Promotion, Tracker  # noqa: E402
+from flows._runtime import flow_settings, make_task_runner
+from tasks.cell import CellRuntime
+from tasks.config import CellConfig, RunConfig
+from tasks.prefect_tasks import CellFailed, cell_task, simulate_task
+from tasks.reporting import CellResult, ResultsTable, results_table
+from tasks.tracking import Promotion, Tracker
 
 __all__ = [
     "BenchmarkSummary",
@@ -57,7 +56,9 @@ class BenchmarkSummary:
         return all(r.ok for r in self.results)
 
 
-def _collect(futures: dict[str, PrefectFuture], fallback: dict[str, CellResult]) -> list[CellResult]:
+def _collect(
+    futures: dict[str, PrefectFuture], fallback: dict[str, CellResult]
+) -> list[CellResult]:
     out = []
     for key, fut in futures.items():
         state = fut.state
@@ -69,7 +70,16 @@ def _collect(futures: dict[str, PrefectFuture], fallback: dict[str, CellResult])
         else:
             # The task itself broke (e.g. the tracking store went away mid-cell).
             r = fallback[key]
-            out.append(CellResult(r.system, r.method, r.seed, "failed", config_hash=r.config_hash, error=str(value)))
+            out.append(
+                CellResult(
+                    r.system,
+                    r.method,
+                    r.seed,
+                    "failed",
+                    config_hash=r.config_hash,
+                    error=str(value),
+                )
+            )
     return out
 
 
@@ -96,7 +106,9 @@ def stored_results(
             todo.append(c)
         else:
             reused.append(
-                CellResult(c.system, c.method, c.seed, "reused", rec.test_rmse, rec.run_id, rec.config_hash)
+                CellResult(
+                    c.system, c.method, c.seed, "reused", rec.test_rmse, rec.run_id, rec.config_hash
+                )
             )
     return reused, todo
 
@@ -113,7 +125,11 @@ def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
     reused, todo = stored_results(tracker, cells)
     logger.info(
         "%d cells: %d already finished (reused), %d to run, %d at a time; tracking at %s",
-        len(cells), len(reused), len(todo), config.max_workers, tracker.settings.tracking_uri,
+        len(cells),
+        len(reused),
+        len(todo),
+        config.max_workers,
+        tracker.settings.tracking_uri,
     )
     stop = threading.Event()
     tags = {"nllab.kind": "benchmark", "profile": config.profile}
@@ -173,7 +189,9 @@ def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
         )
         for r in failed:
             logger.error("cell %s/%s/seed%d %s: %s", r.system, r.method, r.seed, r.status, r.error)
-    return BenchmarkSummary(parent, tuple(results), table, tuple(promotions), time.perf_counter() - t0)
+    return BenchmarkSummary(
+        parent, tuple(results), table, tuple(promotions), time.perf_counter() - t0
+    )
 
 
 def run_benchmark(config: RunConfig) -> BenchmarkSummary:

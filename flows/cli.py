@@ -40,10 +40,14 @@ def _seeds(values: Sequence[str] | None) -> list[int] | None:
     try:
         return [int(n) for n in names]
     except ValueError:
-        raise _UsageError(f"--seeds takes non-negative integers, got {' '.join(values)!r}") from None
+        raise _UsageError(
+            f"--seeds takes non-negative integers, got {' '.join(values)!r}"
+        ) from None
 
 
-def _add_selection(p: argparse.ArgumentParser, *, methods: bool = True, device: bool = True) -> None:
+def _add_selection(
+    p: argparse.ArgumentParser, *, methods: bool = True, device: bool = True
+) -> None:
     from tasks.config import PROFILES
 
     p.add_argument("--profile", choices=PROFILES, help="size preset (default: quick)")
@@ -150,7 +154,10 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
     print(summary.table.to_markdown())
     for p in summary.promotions:
         if p.promoted:
-            print(f"registry: {p.name} version {p.version} is now @champion (test RMSE {p.test_rmse:.4f})")
+            print(
+                f"registry: {p.name} version {p.version} is now @champion "
+                f"(test RMSE {p.test_rmse:.4f})"
+            )
     counts = ", ".join(
         f"{summary.count(s)} {s}" for s in ("finished", "reused", "failed", "interrupted")
     )
@@ -176,8 +183,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else data_home() / "reports" / config.profile
     paths = table.write(out)
     print(table.to_markdown())
-    print(f"{len(found)} of {len(results)} cells have finished runs; written: "
-          + ", ".join(str(p) for p in paths))
+    print(
+        f"{len(found)} of {len(results)} cells have finished runs; written: "
+        + ", ".join(str(p) for p in paths)
+    )
     return 0
 
 

@@ -1,8 +1,8 @@
 """Neural Laplace Lab models: ILT algorithms, the stereographic map, Neural Laplace, baselines.
 
     from nlmodels import build_model, MODELS, NeuralLaplace, get_ilt
-    model = build_model("neural_laplace", state_dim=2)   # or node, anode, latent_ode, nf_coupling, nf_resnet
-    y = model(obs_t, obs_x, query_t)                      # [B, T_q, D]
+    model = build_model("neural_laplace", state_dim=2)  # or node, anode, latent_ode, nf_coupling,
+    y = model(obs_t, obs_x, query_t)                     # nf_resnet; y is [B, T_q, D]
 
 Pure torch: this package never imports prefect, mlflow or optuna.
 """

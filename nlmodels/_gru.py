@@ -12,9 +12,10 @@ GRU (Cho et al. 2014, PyTorch's convention), per layer:
     r = σ(W_ir x + b_ir + W_hr h + b_hr),  z = σ(W_iz x + b_iz + W_hz h + b_hz),
     n = tanh(W_in x + b_in + r ⊙ (W_hn h + b_hn)),  h' = n + z ⊙ (h − n).
 
-The state of all layers is one row [h_0 | h_1 | ... | h_{L−1}] (width L·H). Pre-activation columns
-are grouped by gate, then layer: [r_0..r_{L−1} | z_0.. | n^in_0.. | n^hid_0..] (width 4·L·H), so that
-σ, tanh and the update act on all layers at once and the update's output IS the next state row.
+The state of all layers is one row [h_0 | h_1 | ... | h_{L−1}] (width L·H). Pre-activation
+columns are grouped by gate, then layer: [r_0..r_{L−1} | z_0.. | n^in_0.. | n^hid_0..] (width
+4·L·H), so σ, tanh and the update act on all layers at once and the update's output IS the next
+state row.
 """
 
 from __future__ import annotations
@@ -61,24 +62,24 @@ class _WavefrontGRU(torch.autograd.Function):
         rows = x.new_zeros(n_steps + 1, batch, big + n_inputs + 1)
         rows[:n_time, :, big : big + n_inputs] = x.transpose(0, 1)
         rows[..., -1] = 1.0
-        gates = x.new_empty(n_steps, batch, 4 * big)  # σ(r, z) | n | n^hid, per step
+        # per step: σ(r, z) | n^in pre-activation | n^hid (kept for the backward) ...
+        gates = x.new_empty(n_steps, batch, 4 * big)
+        new_n = x.new_empty(n_steps, batch, big)  # ... and n
         for k in range(n_steps):
-            a = rows[k] @ m
-            rz, n_new, n_hid = gates[k, :, : 2 * big], gates[k, :, 2 * big : 3 * big], gates[k, :, 3 * big :]
-            torch.sigmoid(a[:, : 2 * big], out=rz)
-            n_hid.copy_(a[:, 3 * big :])
-            torch.tanh(torch.addcmul(a[:, 2 * big : 3 * big], rz[:, :big], n_hid), out=n_new)
-            torch.lerp(n_new, rows[k, :, :big], rz[:, big:], out=rows[k + 1, :, :big])
+            a = torch.mm(rows[k], m, out=gates[k])
+            rz = a[:, : 2 * big].sigmoid_()
+            n = torch.addcmul(a[:, 2 * big : 3 * big], rz[:, :big], a[:, 3 * big :], out=new_n[k])
+            torch.lerp(n.tanh_(), rows[k, :, :big], rz[:, big:], out=rows[k + 1, :, :big])
             if k < n_layers - 1:  # layers above k have not started: keep their zero state
                 rows[k + 1, :, (k + 1) * units : big] = 0.0
         ctx.shape = (n_layers, units, n_time)
-        ctx.save_for_backward(x, m, rows, gates, *weights)
+        ctx.save_for_backward(x, m, rows, gates, new_n)
         return rows[-1, :, (n_layers - 1) * units : big].clone()
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):  # type: ignore[override]
-        x, m, rows, gates, *weights = ctx.saved_tensors
+        x, m, rows, gates, new_n = ctx.saved_tensors
         n_layers, units, n_time = ctx.shape
         big = n_layers * units
         n_steps, batch = gates.shape[:2]
@@ -95,7 +96,7 @@ class _WavefrontGRU(torch.autograd.Function):
             if k < n_layers - 1:  # those states were reset to constants in the forward
                 dh[:, (k + 1) * units :] = 0.0
             g = gates[k]
-            r, z, n, n_hid = g[:, :big], g[:, big : 2 * big], g[:, 2 * big : 3 * big], g[:, 3 * big :]
+            r, z, n, n_hid = g[:, :big], g[:, big : 2 * big], new_n[k], g[:, 3 * big :]
             # n: ∂h'/∂n = 1 − z, tanh' = 1 − n²;  r: ∂n_pre/∂r = n^hid, σ' = r(1 − r)
             torch.mul(dh, 1.0 - z, out=d_nin).mul_(1.0 - n.square())
             torch.mul(d_nin, n_hid, out=d_r).mul_(r - r.square())

@@ -2,30 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
+from nlmodels._registry import name_registrar
 from nlmodels.base import ForecastModel
 
 __all__ = ["MODELS", "build_model", "register_model"]
 
-M = TypeVar("M", bound=type[ForecastModel])
-
 #: registry name -> model class; each class takes ``state_dim`` first and paper sizes by default.
 MODELS: dict[str, type[ForecastModel]] = {}
 
-
-def register_model(name: str) -> Callable[[M], M]:
-    """Class decorator adding a :class:`ForecastModel` subclass to :data:`MODELS`."""
-
-    def decorate(cls: M) -> M:
-        if name in MODELS and MODELS[name] is not cls:
-            raise ValueError(f"model name {name!r} is already registered")
-        cls.registry_name = name
-        MODELS[name] = cls
-        return cls
-
-    return decorate
+#: ``@register_model("name")``: class decorator adding a :class:`ForecastModel` to :data:`MODELS`
+register_model = name_registrar(MODELS, "model", "registry_name")
 
 
 def build_model(name: str, state_dim: int, **overrides: Any) -> ForecastModel:

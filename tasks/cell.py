@@ -30,7 +30,9 @@ _DATA_LOCKS: dict[tuple, threading.Lock] = {}
 _DATA_LOCKS_GUARD = threading.Lock()
 
 
-def simulate_data(system: str, data: DataConfig, seed: int, cache_dir: Path | None = None) -> Dataset:
+def simulate_data(
+    system: str, data: DataConfig, seed: int, cache_dir: Path | None = None
+) -> Dataset:
     """The cell's data set, simulated once and then read from the on-disk cache."""
     key = (system, data.n_trajectories, data.n_points, seed, data.noise_std, cache_dir)
     with _DATA_LOCKS_GUARD:
@@ -82,7 +84,9 @@ def run_cell(cell: CellConfig, rt: CellRuntime) -> CellResult:
         with rt.tracker.run(cell.key, _tags(cell, rt, h), rt.parent_run_id) as run_id:
             test_rmse = _train_and_log(cell, rt, run_id, h)
     except TrainingInterrupted as e:
-        return CellResult(cell.system, cell.method, cell.seed, "interrupted", config_hash=h, error=str(e))
+        return CellResult(
+            cell.system, cell.method, cell.seed, "interrupted", config_hash=h, error=str(e)
+        )
     except Exception as e:
         return CellResult(
             cell.system,
@@ -188,7 +192,10 @@ def _fit(cell: CellConfig, rt: CellRuntime, run_id: str, config_hash: str) -> No
         folder = Path(tmp)
         plot_loss_curves(result.history, folder / "plots" / "loss_curves.png", title=cell.key)
         plot_extrapolation(
-            prepared.test, pred, prepared.normaliser, folder / "plots" / "extrapolation.png",
+            prepared.test,
+            pred,
+            prepared.normaliser,
+            folder / "plots" / "extrapolation.png",
             title=f"{cell.key}: test RMSE {ev.test_rmse:.4f}",
         )
         spec = ModelSpec(

@@ -1,7 +1,7 @@
 """Typed run configuration: defaults ← profile ← config file ← command-line flags.
 
-A :class:`RunConfig` describes a whole benchmark (systems × methods × seeds); :meth:`RunConfig.cells`
-expands it into :class:`CellConfig` objects, one per training run. A cell's
+A :class:`RunConfig` describes a whole benchmark (systems × methods × seeds);
+:meth:`RunConfig.cells` expands it into :class:`CellConfig` objects, one per training run. A cell's
 :meth:`~CellConfig.config_hash` covers everything that changes its result (and nothing that does
 not, such as the device or the profile name), so a finished cell can be recognised and skipped.
 """
@@ -71,7 +71,7 @@ def known_systems() -> tuple[str, ...]:
 
 def ensure_models_registered() -> None:
     """Import the model modules, which add themselves to ``nlmodels.MODELS``."""
-    import nlmodels.baselines  # noqa: F401
+    import nlmodels.baselines
     import nlmodels.neural_laplace  # noqa: F401
 
 
@@ -89,7 +89,9 @@ def _check_names(kind: str, names: tuple[str, ...], valid: tuple[str, ...]) -> t
         raise ValueError(f"at least one {kind} is required; valid {kind}s: {', '.join(valid)}")
     unknown = [n for n in names if n not in valid]
     if unknown:
-        raise ValueError(f"unknown {kind} {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}")
+        raise ValueError(
+            f"unknown {kind} {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}"
+        )
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate {kind} in {list(names)}")
     return names
@@ -280,7 +282,7 @@ def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a TOML, JSON or YAML config file into plain data (validated by :func:`resolve_config`)."""
+    """Read a TOML, JSON or YAML config file (validated later by :func:`resolve_config`)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
@@ -296,7 +298,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
             data = yaml.safe_load(p.read_text()) or {}
         else:
             raise ConfigError(
-                f"config file {p.name!r}: unknown format {suffix!r}; valid: .toml, .json, .yaml, .yml"
+                f"config file {p.name!r}: unknown format {suffix!r}; "
+                "valid: .toml, .json, .yaml, .yml"
             )
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"config file {str(p)!r} is not valid {suffix[1:].upper()}: {e}") from e

@@ -10,12 +10,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # headless: figures are files, never windows
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
 
-from nlmodels import ForecastModel  # noqa: E402
-from tasks.training import EpochRecord, predict  # noqa: E402
+from nlmodels import ForecastModel
+from tasks.training import EpochRecord, predict
 
 __all__ = ["Evaluation", "evaluate", "plot_extrapolation", "plot_loss_curves", "rmse"]
 
@@ -59,7 +59,7 @@ def evaluate(
     dtype: str = "float64",
     batch_size: int = 128,
 ) -> tuple[Evaluation, np.ndarray]:
-    """Evaluate on ``split`` (a normalised ``SplitData``); returns the scores and the predictions."""
+    """Evaluate on ``split`` (a normalised ``SplitData``); returns scores and predictions."""
     dev = torch.device(device) if device is not None else None
     model.reset_nfe()
     pred = predict(model, split, device=dev, dtype=dtype, batch_size=batch_size)
@@ -93,7 +93,7 @@ def plot_extrapolation(
     title: str = "",
     n_trajectories: int = 4,
 ) -> Path:
-    """Observed prefix, true continuation and prediction of a few test trajectories (physical units)."""
+    """Observed prefix, truth and prediction of a few test trajectories (physical units)."""
     with _PLOT_LOCK:
         return _plot_extrapolation(split, pred, normaliser, path, title, n_trajectories)
 

@@ -46,7 +46,9 @@ def save_model(model: ForecastModel, spec: ModelSpec, folder: str | Path) -> Pat
     return out
 
 
-def load_model(folder: str | Path, device: str | torch.device = "cpu") -> tuple[ForecastModel, ModelSpec]:
+def load_model(
+    folder: str | Path, device: str | torch.device = "cpu"
+) -> tuple[ForecastModel, ModelSpec]:
     """Rebuild a model saved by :func:`save_model` (weights-only load)."""
     folder = Path(folder)
     if not (folder / _SPEC).is_file() or not (folder / _WEIGHTS).is_file():

@@ -6,14 +6,13 @@ finished cell is recognised by its config hash in MLflow instead.
 
 from __future__ import annotations
 
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
 import tasks._env  # noqa: F401  (offline switches before prefect is imported)
-
-from prefect import task  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-from tasks.cell import CellRuntime, run_cell, simulate_data  # noqa: E402
-from tasks.config import CellConfig, DataConfig  # noqa: E402
-from tasks.reporting import CellResult  # noqa: E402
+from tasks.cell import CellRuntime, run_cell, simulate_data
+from tasks.config import CellConfig, DataConfig
+from tasks.reporting import CellResult
 
 __all__ = ["cell_task", "simulate_task"]
 
@@ -24,7 +23,9 @@ def simulate_task(system: str, data: DataConfig, seed: int) -> str:
     return simulate_data(system, data, seed).fingerprint
 
 
-@task(name="cell", task_run_name="{cell.system}/{cell.method}/seed{cell.seed}", cache_policy=NO_CACHE)
+@task(
+    name="cell", task_run_name="{cell.system}/{cell.method}/seed{cell.seed}", cache_policy=NO_CACHE
+)
 def cell_task(cell: CellConfig, runtime: CellRuntime) -> CellResult:
     """Train, evaluate and track one cell. A failed cell fails this task run, with its error."""
     result = run_cell(cell, runtime)

@@ -20,22 +20,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import tasks._env  # noqa: F401  (offline switches before mlflow is imported)
-
-import mlflow  # noqa: E402
-from mlflow import MlflowClient  # noqa: E402
-from mlflow.entities import (  # noqa: E402
+import mlflow
+from mlflow import MlflowClient
+from mlflow.entities import (
     Dataset as MlflowDataset,
+)
+from mlflow.entities import (
     DatasetInput,
     InputTag,
     Metric,
     Param,
     RunTag,
 )
-from mlflow.exceptions import MlflowException  # noqa: E402
+from mlflow.exceptions import MlflowException
 
-from datasets import data_home  # noqa: E402
-from tasks.config import TrackingConfig  # noqa: E402
+import tasks._env  # noqa: F401  (offline switches before mlflow is imported)
+from datasets import data_home
+from tasks.config import TrackingConfig
 
 __all__ = [
     "CHAMPION",
@@ -95,7 +96,9 @@ class TrackingSettings:
     @classmethod
     def resolve(cls, config: TrackingConfig | None = None) -> TrackingSettings:
         config = config or TrackingConfig()
-        uri = config.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or embedded_tracking_uri()
+        uri = (
+            config.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or embedded_tracking_uri()
+        )
         root = os.environ.get("NLLAB_ARTIFACT_ROOT") or None
         if root is None and uri.startswith("sqlite:"):
             # Without an absolute location MLflow would write ./mlruns next to the caller's cwd.
@@ -178,7 +181,9 @@ class Tracker:
                 )
             return exp.experiment_id
         try:
-            return self.client.create_experiment(name, artifact_location=self.settings.artifact_root)
+            return self.client.create_experiment(
+                name, artifact_location=self.settings.artifact_root
+            )
         except MlflowException:
             # Another process created it between our lookup and create.
             exp = self.client.get_experiment_by_name(name)
@@ -196,7 +201,10 @@ class Tracker:
     def create_run(
         self, name: str, tags: Mapping[str, str], parent_run_id: str | None = None
     ) -> str:
-        all_tags = {**{k: str(v) for k, v in tags.items()}, "mlflow.source.git.commit": git_commit()}
+        all_tags = {
+            **{k: str(v) for k, v in tags.items()},
+            "mlflow.source.git.commit": git_commit(),
+        }
         if parent_run_id is not None:
             all_tags["mlflow.parentRunId"] = parent_run_id
         run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)

@@ -21,7 +21,7 @@ os.environ["DO_NOT_TRACK"] = "true"
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 
 
-def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001
+def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_SESSION_HOME, ignore_errors=True)
 
 

@@ -98,7 +98,9 @@ def test_unreachable_tracking_exits_3(monkeypatch, capsys):
 
 
 def test_simulate_prints_data_sets(capsys):
-    assert main(["simulate", "--profile", "smoke", "--systems", "integro_de", "--seeds", "0,1"]) == 0
+    assert (
+        main(["simulate", "--profile", "smoke", "--systems", "integro_de", "--seeds", "0,1"]) == 0
+    )
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2 and all("N=40 T=200 D=1" in line for line in lines)
 
@@ -126,8 +128,22 @@ def test_benchmark_command_and_exit_codes(mlflow_store, prefect_server, tmp_path
     out = capsys.readouterr().out
     assert "1 reused, 1 failed" in out and "run the same command again" in out
     # the report now finds the finished cell
-    assert main(["report", "--profile", "smoke", "--systems", "integro_de",
-                 "--methods", "neural_laplace", "--out", str(tmp_path / "r")]) == 0
+    assert (
+        main(
+            [
+                "report",
+                "--profile",
+                "smoke",
+                "--systems",
+                "integro_de",
+                "--methods",
+                "neural_laplace",
+                "--out",
+                str(tmp_path / "r"),
+            ]
+        )
+        == 0
+    )
     assert "1 of 1 cells have finished runs" in capsys.readouterr().out
 
 

@@ -83,7 +83,7 @@ def test_bad_values_and_unknown_keys(tmp_path):
         resolve_config(config_file=bad)
     with pytest.raises(ConfigError, match="does not exist"):
         resolve_config(config_file=tmp_path / "missing.toml")
-    with pytest.raises(ConfigError, match="unknown format '.ini'"):
+    with pytest.raises(ConfigError, match=r"unknown format '\.ini'"):
         (tmp_path / "c.ini").write_text("x")
         resolve_config(config_file=tmp_path / "c.ini")
 

@@ -88,14 +88,16 @@ def test_registry_champion_is_the_best_neural_laplace(first):
     for system in SYSTEMS:
         nl = [r for r in first.results if r.system == system and r.method == "neural_laplace"]
         best = min(nl, key=lambda r: r.test_rmse)
-        version, run_id = t.champion(registry_name(system))
+        _, run_id = t.champion(registry_name(system))
         assert run_id == best.run_id
     # Loading the champion back gives a working model with the logged score.
     model, spec = load_registered_model(f"models:/{registry_name('integro_de')}@champion")
     cell = CellConfig.model_validate(spec.cell)
     ds = load_or_simulate("integro_de", n_trajectories=cell.data.n_trajectories, seed=cell.seed)
     assert ds.fingerprint == spec.dataset_fingerprint
-    ev, _ = evaluate(model, prepare(ds, seed=cell.seed).test, prepare(ds, seed=cell.seed).normaliser)
+    ev, _ = evaluate(
+        model, prepare(ds, seed=cell.seed).test, prepare(ds, seed=cell.seed).normaliser
+    )
     assert ev.test_rmse == pytest.approx(spec.test_rmse, abs=1e-9)
 
 
@@ -134,9 +136,7 @@ def test_failed_cell_is_recorded_and_others_finish(first):
     bad = by_method["node"]
     assert bad.status == "failed" and "no_such_option" in bad.error
     t = Tracker.connect()
-    (run,) = [
-        r for r in t.child_runs(summary.parent_run_id) if r.data.tags["method"] == "node"
-    ]
+    (run,) = [r for r in t.child_runs(summary.parent_run_id) if r.data.tags["method"] == "node"]
     assert run.info.status == "FAILED" and "no_such_option" in run.data.tags["error"]
     assert "error.txt" in {f.path for f in t.client.list_artifacts(run.info.run_id)}
     assert t.get_run_data(summary.parent_run_id).data.tags["cells_failed"] == "1"
@@ -161,7 +161,5 @@ def test_same_config_and_seed_same_run(mlflow_store):
     a, b = run_cell(cell, rt), run_cell(cell, rt)
     assert a.ok and b.ok and a.run_id != b.run_id
     assert a.test_rmse == b.test_rmse
-    hist = [
-        [m.value for m in t.client.get_metric_history(r.run_id, "train_loss")] for r in (a, b)
-    ]
+    hist = [[m.value for m in t.client.get_metric_history(r.run_id, "train_loss")] for r in (a, b)]
     assert hist[0] == hist[1]

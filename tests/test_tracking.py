@@ -43,7 +43,10 @@ def test_unreachable_server_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     t0 = time.perf_counter()
-    with pytest.raises(TrackingUnavailable, match=r"(?s)http://127.0.0.1:9.*Connection refused.*MLFLOW_TRACKING_URI"):
+    with pytest.raises(
+        TrackingUnavailable,
+        match=r"(?s)http://127.0.0.1:9.*Connection refused.*MLFLOW_TRACKING_URI",
+    ):
         Tracker.connect()
     assert time.perf_counter() - t0 < 30
 
@@ -138,7 +141,7 @@ def test_concurrent_writers_keep_sqlite_intact(mlflow_store):
                 t.log_dataset(rid, name="same", digest="d" * 36, source="/x", profile={"n": 1})
             with lock:
                 runs.append(rid)
-        except BaseException as e:  # noqa: BLE001 - collected and asserted below
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(n_threads)]

@@ -102,7 +102,7 @@ def test_nan_loss_is_a_clear_failure(data):
 
 def test_exploding_weights_are_a_clear_failure(data):
     torch.manual_seed(0)
-    with pytest.raises(TrainingDiverged, match="diverged|gradient norm|validation RMSE"):
+    with pytest.raises(TrainingDiverged, match=r"diverged|gradient norm|validation RMSE"):
         train(Linear(1), data.train, data.val, _cfg(lr=1e300, grad_clip=None))
 
 
@@ -135,7 +135,7 @@ def test_device_selection():
     with pytest.raises(ValueError, match="valid devices: auto, cpu, cuda"):
         select_device("tpu")
     if not torch.cuda.is_available():
-        with pytest.raises(RuntimeError, match="CUDA is not available.*--device cpu"):
+        with pytest.raises(RuntimeError, match=r"CUDA is not available.*--device cpu"):
             select_device("cuda")
 
 

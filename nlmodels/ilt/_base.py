@@ -11,10 +11,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
+
+from nlmodels._registry import name_registrar
 
 __all__ = ["ILT_ALGORITHMS", "ILTAlgorithm", "get_ilt", "register_ilt"]
 
@@ -23,20 +25,8 @@ MIN_TERMS = 3
 #: registry name -> algorithm class
 ILT_ALGORITHMS: dict[str, type[ILTAlgorithm]] = {}
 
-A = TypeVar("A", bound="type[ILTAlgorithm]")
-
-
-def register_ilt(name: str) -> Callable[[A], A]:
-    """Class decorator adding an :class:`ILTAlgorithm` subclass to :data:`ILT_ALGORITHMS`."""
-
-    def decorate(cls: A) -> A:
-        if name in ILT_ALGORITHMS and ILT_ALGORITHMS[name] is not cls:
-            raise ValueError(f"ILT name {name!r} is already registered")
-        cls.name = name
-        ILT_ALGORITHMS[name] = cls
-        return cls
-
-    return decorate
+#: ``@register_ilt("name")``: class decorator adding an algorithm to :data:`ILT_ALGORITHMS`
+register_ilt = name_registrar(ILT_ALGORITHMS, "ILT", "name")
 
 
 def get_ilt(name: str = "fourier", terms: int = 33, **options: Any) -> ILTAlgorithm:

@@ -1,0 +1,27 @@
+"""One name-registry helper shared by the model and ILT registries."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+C = TypeVar("C", bound=type)
+
+
+def name_registrar(
+    table: dict[str, type], kind: str, attribute: str
+) -> Callable[[str], Callable[[C], C]]:
+    """``register(name)`` class decorators that add a class to ``table`` under ``name`` and store
+    the name in the class attribute ``attribute``; two classes under one name is an error."""
+
+    def register(name: str) -> Callable[[C], C]:
+        def decorate(cls: C) -> C:
+            if name in table and table[name] is not cls:
+                raise ValueError(f"{kind} name {name!r} is already registered")
+            setattr(cls, attribute, name)
+            table[name] = cls
+            return cls
+
+        return decorate
+
+    return register
