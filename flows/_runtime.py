@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import tasks._env  # noqa: F401  (offline switches before mlflow/prefect load)
+
+# isort: split
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
-import tasks._env  # noqa: F401  (offline switches and PREFECT_HOME before prefect is imported)
 from tasks.config import RunConfig
 
 __all__ = ["flow_settings", "make_task_runner"]

@@ -10,14 +10,18 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+import tasks._env  # noqa: F401  (offline switches before mlflow/prefect load)
+
+# isort: split
 from prefect import flow, get_run_logger
 from prefect.futures import PrefectFuture, wait
 
-import tasks._env  # noqa: F401
 from flows._runtime import flow_settings, make_task_runner
+from tasks._workers import worker_processes
 from tasks.cell import CellRuntime
 from tasks.config import CellConfig, RunConfig
 from tasks.prefect_tasks import CellFailed, cell_task, simulate_task
@@ -147,8 +151,8 @@ def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
             },
         )
         tracker.log_text(parent, config.model_dump_json(indent=2), "run_config.json")
-        runtime = CellRuntime(
-            tracker=tracker,
+        runtime = CellRuntime.for_tracker(
+            tracker,
             parent_run_id=parent,
             profile=config.profile,
             device=config.device,
@@ -160,8 +164,11 @@ def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
             # One simulation per data set before training, so cells never wait on each other.
             data_keys = sorted({(c.system, c.seed) for c in todo})
             wait([simulate_task.submit(s, config.data, seed) for s, seed in data_keys])
-            futures = {c.key: cell_task.submit(c, runtime) for c in todo}
-            wait(list(futures.values()))
+            isolated = config.isolation == "process" and config.task_runner == "thread" and todo
+            pool = worker_processes(config.max_workers) if isolated else nullcontext()
+            with pool:
+                futures = {c.key: cell_task.submit(c, runtime) for c in todo}
+                wait(list(futures.values()))
         except BaseException:
             # Ctrl-C: running cells stop at their next batch and end KILLED; finished ones stay.
             stop.set()
@@ -196,5 +203,7 @@ def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
 
 def run_benchmark(config: RunConfig) -> BenchmarkSummary:
     """Call :func:`benchmark_flow` with the configured task runner and flow settings."""
+    # Fail on an unusable tracking store before starting Prefect (and create sqlite once).
+    Tracker.connect(config.tracking)
     with flow_settings():
         return benchmark_flow.with_options(task_runner=make_task_runner(config))(config)

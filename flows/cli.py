@@ -94,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ui", help="start the MLflow UI on the tracking store")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=5000)
+    p.add_argument(
+        "--allowed-hosts",
+        metavar="HOSTS",
+        help="host names the UI answers to when bound beyond localhost (MLflow's security check)",
+    )
     # Later subcommands (study, tune, reproduce, serve) register here.
     return parser
 
@@ -190,7 +195,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def ui_command(host: str, port: int) -> tuple[list[str], str]:
+def ui_command(host: str, port: int, allowed_hosts: str | None = None) -> tuple[list[str], str]:
     """The ``mlflow ui`` command for the configured store, and the address it will serve."""
     from tasks.tracking import TrackingSettings
 
@@ -199,6 +204,8 @@ def ui_command(host: str, port: int) -> tuple[list[str], str]:
     if s.artifact_root:
         cmd += ["--default-artifact-root", s.artifact_root]
     cmd += ["--host", host, "--port", str(port)]
+    if allowed_hosts:
+        cmd += ["--allowed-hosts", allowed_hosts]
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     return cmd, f"http://{shown}:{port}"
 
@@ -211,7 +218,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         print(f"runs are tracked on the server {settings.tracking_uri}: open it in a browser")
         return 0
     Tracker.connect()  # creates the embedded store if needed; fails clearly if unusable
-    cmd, address = ui_command(args.host, args.port)
+    cmd, address = ui_command(args.host, args.port, args.allowed_hosts)
     print(f"MLflow UI on {settings.tracking_uri}\n  open {address}  (Ctrl-C to stop)", flush=True)
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     return subprocess.call(cmd, env=env)

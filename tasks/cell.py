@@ -15,13 +15,13 @@ from pathlib import Path
 
 import torch
 
-from datasets import Dataset, load_or_simulate, prepare
+from datasets import Dataset, data_home, load_or_simulate, prepare
 from nlmodels import build_model
 from tasks.config import CellConfig, DataConfig, ensure_models_registered
 from tasks.evaluation import evaluate, plot_extrapolation, plot_loss_curves
 from tasks.modelio import ModelSpec, save_model
 from tasks.reporting import CellResult
-from tasks.tracking import Tracker
+from tasks.tracking import Tracker, TrackingSettings
 from tasks.training import EpochRecord, TrainingInterrupted, seeded, select_device, train
 
 __all__ = ["CellRuntime", "run_cell", "simulate_data"]
@@ -51,9 +51,11 @@ def simulate_data(
 
 @dataclass(frozen=True)
 class CellRuntime:
-    """How a cell runs (none of it enters the config hash)."""
+    """How a cell runs (none of it enters the config hash). Picklable except ``stop``, so it
+    can travel to Dask workers (which then get ``stop=None``)."""
 
-    tracker: Tracker
+    tracking: TrackingSettings
+    experiment_id: str
     parent_run_id: str | None
     profile: str
     device: str = "auto"
@@ -61,6 +63,14 @@ class CellRuntime:
     stop: threading.Event | None = None
     cache_dir: Path | None = None
     torch_threads: int | None = None
+
+    @classmethod
+    def for_tracker(cls, tracker: Tracker, **kw) -> CellRuntime:
+        return cls(tracking=tracker.settings, experiment_id=tracker.experiment_id, **kw)
+
+    @property
+    def tracker(self) -> Tracker:
+        return Tracker.attach(self.tracking, self.experiment_id)
 
 
 def _tags(cell: CellConfig, rt: CellRuntime, config_hash: str) -> dict[str, str]:
@@ -137,7 +147,7 @@ def _fit(cell: CellConfig, rt: CellRuntime, run_id: str, config_hash: str) -> No
         run_id,
         name=f"{cell.system}-n{ds.x.shape[0]}-seed{cell.seed}",
         digest=ds.fingerprint,
-        source=str(rt.cache_dir or "nllab-cache"),
+        source=str(rt.cache_dir or data_home() / "cache"),
         profile={
             "system": cell.system,
             "n_trajectories": int(ds.x.shape[0]),

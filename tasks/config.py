@@ -195,6 +195,9 @@ class RunConfig(_Frozen):
     max_workers: int = Field(2, ge=1, description="cells trained at the same time")
     torch_threads: int | None = Field(1, ge=1, description="torch CPU threads; None: torch's")
     task_runner: Literal["thread", "dask"] = "thread"
+    isolation: Literal["process", "thread"] = Field(
+        "process", description="train each cell in a worker process (thread: in the runner's)"
+    )
     dask_address: str | None = None
     progress: bool = True
 
@@ -246,12 +249,22 @@ _PROFILES: dict[str, dict[str, Any]] = {
         "data": {"n_trajectories": 40},
         "training": {"epochs": 2, "patience": None, "batch_size": 16},
         "max_workers": 2,
+        "isolation": "thread",  # seconds matter more than isolation for a smoke run
         "torch_threads": 1,
     },
+    # quick: a few hundred optimiser steps instead of the paper's ~7000, so smaller batches and
+    # a larger step than the paper (measured: LV/spiral val RMSE 1.1 → 0.65 at 30 epochs); the
+    # per-cell time cap bounds the whole run at ~10 minutes even on a busy machine.
     "quick": {
         "seeds": [0],
         "data": {"n_trajectories": 200},
-        "training": {"epochs": 30, "patience": 10, "max_train_seconds": 45.0},
+        "training": {
+            "epochs": 30,
+            "patience": 10,
+            "batch_size": 32,
+            "lr": 3e-3,
+            "max_train_seconds": 30.0,
+        },
         "max_workers": 2,
         "torch_threads": 1,
     },

@@ -6,10 +6,15 @@ finished cell is recognised by its config hash in MLflow instead.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import tasks._env  # noqa: F401  (offline switches before mlflow/prefect load)
+
+# isort: split
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-import tasks._env  # noqa: F401  (offline switches before prefect is imported)
+from tasks._workers import run_in_worker, worker_pool_active
 from tasks.cell import CellRuntime, run_cell, simulate_data
 from tasks.config import CellConfig, DataConfig
 from tasks.reporting import CellResult
@@ -28,7 +33,10 @@ def simulate_task(system: str, data: DataConfig, seed: int) -> str:
 )
 def cell_task(cell: CellConfig, runtime: CellRuntime) -> CellResult:
     """Train, evaluate and track one cell. A failed cell fails this task run, with its error."""
-    result = run_cell(cell, runtime)
+    if worker_pool_active():
+        # A stop event cannot cross processes; Ctrl-C reaches the workers directly.
+        runtime = replace(runtime, stop=None)
+    result = run_in_worker(run_cell, cell, runtime)
     if result.status == "failed":
         raise CellFailed(result)
     return result

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import tasks._env  # noqa: F401  (offline switches before mlflow is imported)
+
+# isort: split
 import mlflow
 from mlflow import MlflowClient
 from mlflow.entities import (
@@ -34,7 +37,6 @@ from mlflow.entities import (
 )
 from mlflow.exceptions import MlflowException
 
-import tasks._env  # noqa: F401  (offline switches before mlflow is imported)
 from datasets import data_home
 from tasks.config import TrackingConfig
 
@@ -134,6 +136,10 @@ class Promotion:
     previous_rmse: float | None
 
 
+_ATTACHED: dict[tuple[TrackingSettings, str], Tracker] = {}
+_ATTACHED_LOCK = threading.Lock()
+
+
 class Tracker:
     """Connection to one experiment of one tracking store."""
 
@@ -190,6 +196,20 @@ class Tracker:
             if exp is None:
                 raise
             return exp.experiment_id
+
+    @classmethod
+    def attach(cls, settings: TrackingSettings, experiment_id: str) -> Tracker:
+        """The process's tracker for an experiment that :meth:`connect` already opened.
+
+        Used inside task workers (threads or Dask processes): only settings travel to them.
+        """
+        key = (settings, experiment_id)
+        with _ATTACHED_LOCK:
+            if key not in _ATTACHED:
+                tracker = cls(settings)
+                tracker._experiment_id = experiment_id
+                _ATTACHED[key] = tracker
+            return _ATTACHED[key]
 
     @property
     def experiment_id(self) -> str:

@@ -37,11 +37,11 @@ def test_top_level_help_lists_commands(capsys):
         assert command in out
 
 
-def test_console_entry_point_runs():
+def test_console_entry_point_runs(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "flows.cli", "benchmark", "--help"],
         cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "NLLAB_HOME": "/tmp/nllab-cli"},
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "NLLAB_HOME": str(tmp_path)},
         capture_output=True,
         text=True,
         timeout=120,
@@ -95,6 +95,13 @@ def test_unreachable_tracking_exits_3(monkeypatch, capsys):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     assert main(["report", "--profile", "smoke", "--systems", "integro_de"]) == 3
     assert "cannot use the MLflow tracking store at 'http://127.0.0.1:9'" in capsys.readouterr().err
+
+
+def test_unreachable_tracking_stops_benchmark_before_any_run(monkeypatch, capsys):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    assert main(["benchmark", "--profile", "smoke", "--systems", "integro_de"]) == 3
+    assert "Check MLFLOW_TRACKING_URI" in capsys.readouterr().err
 
 
 def test_simulate_prints_data_sets(capsys):
@@ -154,5 +161,7 @@ def test_ui_binds_localhost_by_default():
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and address == "http://127.0.0.1:5000"
     assert cmd[cmd.index("--backend-store-uri") + 1].startswith("sqlite:///")
     assert Path(cmd[cmd.index("--default-artifact-root") + 1]).is_absolute()
-    cmd, _ = ui_command("0.0.0.0", 8080)
+    assert "--allowed-hosts" not in cmd
+    cmd, _ = ui_command("0.0.0.0", 8080, "lab.example.org")
     assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
+    assert cmd[cmd.index("--allowed-hosts") + 1] == "lab.example.org"

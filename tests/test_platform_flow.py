@@ -157,9 +157,19 @@ def test_same_config_and_seed_same_run(mlflow_store):
         training=TrainConfig(epochs=2, batch_size=8),
     )
     t = Tracker.connect()
-    rt = CellRuntime(tracker=t, parent_run_id=None, profile="smoke", device="cpu")
+    rt = CellRuntime.for_tracker(t, parent_run_id=None, profile="smoke", device="cpu")
     a, b = run_cell(cell, rt), run_cell(cell, rt)
     assert a.ok and b.ok and a.run_id != b.run_id
     assert a.test_rmse == b.test_rmse
     hist = [[m.value for m in t.client.get_metric_history(r.run_id, "train_loss")] for r in (a, b)]
     assert hist[0] == hist[1]
+
+
+def test_worker_processes_give_the_same_results(first):
+    # Cells trained in spawned worker processes (the quick/paper default) match in-thread ones.
+    cfg = _config(seeds=[0], isolation="process", tracking={"experiment": "isolated"})
+    summary = run_benchmark(cfg)
+    assert summary.count("finished") == 4 and summary.ok
+    ref = {r.key: r.test_rmse for r in first.results}
+    for r in summary.results:
+        assert r.test_rmse == pytest.approx(ref[r.key], rel=1e-9, abs=1e-12)

@@ -1,0 +1,85 @@
+"""Scale-out of any flow's cells on Dask, through ``prefect_dask.DaskTaskRunner``.
+
+* No address: a local cluster of ``n_workers`` single-threaded workers with ``processes=False``.
+  Worker *processes* on the temporary Prefect server each start their own server on the same
+  sqlite file (slow, failing runs; see the platform notes), so the local default uses threads.
+* ``--dask-address tcp://HOST:8786``: the given cluster (``dask scheduler`` + ``dask worker``
+  on any machines; see ``docs/scale-out.md``). Workers then need the project installed, a
+  Prefect server (``PREFECT_API_URL``) and a tracking store they can reach: an MLflow server, not
+  the embedded sqlite file of the submitting machine.
+
+Cell tasks carry the resolved tracking settings (``CellRuntime.tracking``), not a live client,
+so every worker logs to the tracking store configured where the flow was started.
+"""
+
+from __future__ import annotations
+
+import os
+
+import tasks._env  # noqa: F401
+from tasks.tracking import TrackingSettings
+
+__all__ = [
+    "DaskSetupError",
+    "check_cluster_tracking",
+    "dask_task_runner",
+    "is_local_address",
+]
+
+
+class DaskSetupError(RuntimeError):
+    """The Dask setup cannot work as configured; the message says what to change."""
+
+
+def is_local_address(address: str) -> bool:
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1", "0.0.0.0")
+
+
+def check_cluster_tracking(address: str | None, settings: TrackingSettings) -> None:
+    """Refuse a remote cluster with the embedded sqlite store: remote workers cannot reach it."""
+    if address and settings.is_embedded and not is_local_address(address):
+        raise DaskSetupError(
+            f"the Dask cluster at {address} runs tasks on other machines, but runs are tracked "
+            f"in the local file {settings.tracking_uri!r}, which they cannot reach. Start an "
+            "MLflow server (docs/scale-out.md) and set MLFLOW_TRACKING_URI=http://HOST:5000."
+        )
+    if address and not os.environ.get("PREFECT_API_URL"):
+        # Not fatal for in-process work, but remote workers report task states to Prefect.
+        import warnings
+
+        warnings.warn(
+            f"Dask cluster {address} with no PREFECT_API_URL: workers report task runs to a "
+            "temporary Prefect server of their own; start `prefect server start` and set "
+            "PREFECT_API_URL on the submitting machine and on every worker",
+            stacklevel=2,
+        )
+
+
+def dask_task_runner(
+    n_workers: int, address: str | None = None, tracking: TrackingSettings | None = None
+):
+    """A ``DaskTaskRunner`` on ``address``, or on a local ``n_workers``-thread cluster.
+
+    With ``tracking``, a remote cluster is refused when its workers could not reach the store.
+    """
+    try:
+        from prefect_dask import DaskTaskRunner
+    except ImportError as e:  # pragma: no cover - prefect-dask is a dependency
+        raise DaskSetupError("--task-runner dask needs prefect-dask installed") from e
+    if address:
+        if not address.startswith(("tcp://", "tls://", "inproc://", "ucx://")):
+            raise DaskSetupError(
+                f"--dask-address must be a scheduler address like tcp://HOST:8786, got {address!r}"
+            )
+        if tracking is not None:
+            check_cluster_tracking(address, tracking)
+        return DaskTaskRunner(address=address)
+    return DaskTaskRunner(
+        cluster_kwargs={
+            "n_workers": n_workers,
+            "processes": False,
+            "threads_per_worker": 1,
+            "dashboard_address": None,
+        }
+    )

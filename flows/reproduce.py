@@ -1,0 +1,433 @@
+"""``nllab reproduce MODEL_URI [--ablation NAME]``: re-check a registered model, then ablate it.
+
+1. Resolve ``models:/NAME@ALIAS`` (or ``models:/NAME/VERSION``) to its model version and run.
+2. Read the run's recorded cell config and data set hash; rebuild the same data (an error if its
+   fingerprint no longer matches: the simulator changed) and the same split.
+3. Re-evaluate the registered weights on the test split: the test RMSE must equal the logged one
+   to ``1e-9`` (else :class:`ReproductionMismatch`).
+4. Optionally re-run one ablation from that config (cells as in the benchmark) as runs nested
+   under a ``reproduce`` run, which is itself nested under the source run and tagged with it.
+
+Only reads the model registry: no model version is created, changed or deleted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.futures import wait
+
+import tasks._env  # noqa: F401
+from datasets import prepare
+from flows._runtime import flow_settings, make_task_runner
+from tasks.cell import CellRuntime, simulate_data
+from tasks.config import CellConfig, RunConfig, TrackingConfig
+from tasks.evaluation import evaluate
+from tasks.modelio import load_model
+from tasks.prefect_tasks import CellFailed, cell_task
+from tasks.reporting import CellResult
+from tasks.tracking import Tracker
+
+__all__ = [
+    "ABLATIONS",
+    "Ablation",
+    "DataMismatch",
+    "ModelRef",
+    "ReproduceResult",
+    "ReproductionMismatch",
+    "Verification",
+    "ablation_cells",
+    "add_reproduce_parser",
+    "cmd_reproduce",
+    "reproduce",
+    "reproduce_flow",
+    "resolve_model",
+    "verify_registered",
+]
+
+#: The logged and re-evaluated test RMSE must agree to this.
+TOLERANCE = 1e-9
+
+
+class DataMismatch(RuntimeError):
+    """The registered run's data set can no longer be rebuilt identically."""
+
+
+class ReproductionMismatch(RuntimeError):
+    """The registered weights do not give the logged test RMSE."""
+
+
+# -- registry lookup (proposed as Tracker.model_version(uri); see the report) -------------------
+@dataclass(frozen=True)
+class ModelRef:
+    uri: str
+    name: str
+    version: str
+    run_id: str
+
+
+def resolve_model(tracker: Tracker, uri: str) -> ModelRef:
+    """The model version and source run of ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``."""
+    from mlflow.exceptions import MlflowException
+
+    if not uri.startswith("models:/") or not uri.removeprefix("models:/").strip("/"):
+        raise LookupError(
+            f"expected a registry URI 'models:/NAME@ALIAS' or 'models:/NAME/VERSION', got {uri!r}"
+        )
+    ref = uri.removeprefix("models:/")
+    client = tracker.client
+    try:
+        if "@" in ref:
+            name, alias = ref.split("@", 1)
+            mv = client.get_model_version_by_alias(name, alias)
+        elif "/" in ref:
+            name, version = ref.rsplit("/", 1)
+            mv = client.get_model_version(name, version)
+        else:
+            raise LookupError(
+                f"{uri!r} names no version: use models:/{ref}@champion or models:/{ref}/1"
+            )
+    except MlflowException as e:
+        names = sorted(m.name for m in client.search_registered_models())
+        known = ", ".join(names) if names else "none"
+        raise LookupError(
+            f"no registered model version at {uri!r} in {tracker.settings.tracking_uri} "
+            f"({e.message.splitlines()[0]}); registered models: {known}"
+        ) from None
+    if not mv.run_id:
+        raise LookupError(f"{uri!r} (version {mv.version}) has no source run to reproduce")
+    return ModelRef(uri, mv.name, str(mv.version), mv.run_id)
+
+
+# -- verification -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Verification:
+    ref: ModelRef
+    cell: CellConfig
+    profile: str
+    dataset_hash: str
+    logged_rmse: float
+    test_rmse: float
+
+    @property
+    def difference(self) -> float:
+        return abs(self.test_rmse - self.logged_rmse)
+
+
+def _recorded_cell(
+    spec_cell: Mapping[str, Any], tags: Mapping[str, str], run_id: str
+) -> CellConfig:
+    cell = CellConfig.model_validate(dict(spec_cell))
+    recorded = tags.get("config_hash")
+    if recorded and cell.config_hash() != recorded:
+        raise DataMismatch(
+            f"run {run_id}: its recorded config no longer hashes to {recorded[:12]} "
+            f"(now {cell.config_hash()[:12]}): the config schema changed since it was trained"
+        )
+    return cell
+
+
+def verify_registered(
+    uri: str, tracking: TrackingConfig | None = None, *, fresh_data: bool = False
+) -> Verification:
+    """Rebuild the data of a registered model and check its logged test RMSE (to 1e-9).
+
+    ``fresh_data``: simulate into an empty folder instead of reading the data cache.
+    """
+    tracker = Tracker.connect(tracking)
+    ref = resolve_model(tracker, uri)
+    run = tracker.get_run_data(ref.run_id)
+    tags, metrics = run.data.tags, run.data.metrics
+    if "test_rmse" not in metrics:
+        raise LookupError(f"source run {ref.run_id} of {uri!r} has no logged test_rmse")
+    with tempfile.TemporaryDirectory(prefix="nllab-reproduce-") as tmp:
+        model, spec = load_model(tracker.download_model(uri, Path(tmp) / "model"))
+        cell = _recorded_cell(spec.cell, tags, ref.run_id)
+        recorded_hash = tags.get("dataset_hash") or spec.dataset_fingerprint
+        cache = Path(tmp) / "data" if fresh_data else None
+        ds = simulate_data(cell.system, cell.data, cell.seed, cache)
+        if ds.fingerprint != recorded_hash:
+            raise DataMismatch(
+                f"the data set of {uri!r} (run {ref.run_id}) can no longer be rebuilt: it was "
+                f"{recorded_hash[:16]}…, the same request now gives {ds.fingerprint[:16]}… "
+                "(the simulator or DATA_VERSION changed). Check out the source commit "
+                f"{tags.get('mlflow.source.git.commit', 'unknown')} to reproduce it."
+            )
+        prepared = prepare(
+            ds,
+            seed=cell.seed,
+            fractions=cell.data.fractions,
+            n_observed=cell.data.n_observed,
+            n_train=cell.data.n_train,
+        )
+        if tags.get("split_hash") and prepared.fingerprint != tags["split_hash"]:
+            raise DataMismatch(
+                f"run {ref.run_id}: the train/val/test split changed (was "
+                f"{tags['split_hash'][:16]}…, now {prepared.fingerprint[:16]}…)"
+            )
+        ev, _ = evaluate(
+            model,
+            prepared.test,
+            prepared.normaliser,
+            device="cpu",
+            dtype=cell.training.dtype,
+            batch_size=cell.training.batch_size,
+        )
+    return Verification(
+        ref=ref,
+        cell=cell,
+        profile=tags.get("profile", "quick"),
+        dataset_hash=ds.fingerprint,
+        logged_rmse=float(metrics["test_rmse"]),
+        test_rmse=float(ev.test_rmse),
+    )
+
+
+# -- ablations ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Ablation:
+    """One factor varied from the source config: ``section`` is ``model`` or ``data``."""
+
+    name: str
+    section: str
+    key: str
+    values: tuple[Any, ...]
+    methods: tuple[str, ...] | None  # None: every method
+
+    def default(self, cell: CellConfig) -> Any:
+        """The source cell's value (a model's own default when it has no override)."""
+        if self.section == "data":
+            return getattr(cell.data, self.key)
+        if self.key in cell.model:
+            return cell.model[self.key]
+        import inspect
+
+        from nlmodels import MODELS
+
+        param = inspect.signature(MODELS[cell.method]).parameters.get(self.key)
+        return None if param is None else param.default
+
+
+def _ilts() -> tuple[str, ...]:
+    from nlmodels import ILT_ALGORITHMS
+
+    return tuple(ILT_ALGORITHMS)
+
+
+ABLATIONS: dict[str, Ablation] = {
+    "stereographic": Ablation(
+        "stereographic", "model", "stereographic", (True, False), ("neural_laplace",)
+    ),
+    "latent-dim": Ablation(
+        "latent-dim",
+        "model",
+        "latent_dim",
+        (1, 2, 4, 8),
+        ("neural_laplace", "latent_ode", "nf_coupling", "nf_resnet"),
+    ),
+    "ilt": Ablation("ilt", "model", "ilt", _ilts(), ("neural_laplace",)),
+    "noise": Ablation("noise", "data", "noise_std", (0.0, 0.01, 0.05, 0.1), None),
+}
+
+
+def ablation_cells(cell: CellConfig, ablation: str) -> list[tuple[Any, CellConfig]]:
+    """``(value, cell)`` for every value of the ablation, the source's own value included."""
+    if ablation not in ABLATIONS:
+        raise ValueError(f"unknown ablation {ablation!r}; valid: {', '.join(ABLATIONS)}")
+    a = ABLATIONS[ablation]
+    if a.methods is not None and cell.method not in a.methods:
+        raise ValueError(
+            f"ablation {ablation!r} applies to {', '.join(a.methods)}, not to {cell.method!r}"
+        )
+    own = a.default(cell)
+    values = a.values if own in a.values else (own, *a.values)
+    out = []
+    for v in values:
+        data = cell.model_dump(mode="json")
+        data[a.section] = {**data[a.section], a.key: v}
+        variant = CellConfig.model_validate(data)
+        # The source's own value keeps the source config exactly (same hash), not an override.
+        out.append((v, cell if v == own else variant))
+    return out
+
+
+@dataclass(frozen=True)
+class ReproduceResult:
+    verification: Verification
+    ablation: str | None
+    run_id: str | None  # the reproduce run (parent of the ablation cells)
+    cells: tuple[tuple[Any, CellResult], ...]
+    seconds: float
+
+
+def _run_config(v: Verification, max_workers: int, task_runner: str, address: str | None):
+    return RunConfig(
+        profile=v.profile,
+        systems=(v.cell.system,),
+        methods=(v.cell.method,),
+        seeds=(v.cell.seed,),
+        max_workers=max_workers,
+        task_runner=task_runner,
+        dask_address=address,
+        progress=False,
+        tracking=TrackingConfig(register_models=False),
+    )
+
+
+@flow(name="nllab-reproduce", log_prints=True)
+def reproduce_flow(
+    uri: str,
+    ablation: str | None = None,
+    max_workers: int = 2,
+    task_runner: str = "thread",
+    dask_address: str | None = None,
+    fresh_data: bool = False,
+) -> ReproduceResult:
+    """Verify a registered model, then re-run ``ablation`` from its config, linked to its run."""
+    logger = get_run_logger()
+    t0 = time.perf_counter()
+    v = verify_registered(uri, fresh_data=fresh_data)
+    if v.difference > TOLERANCE:
+        raise ReproductionMismatch(
+            f"{uri} (run {v.ref.run_id}): re-evaluated test RMSE {v.test_rmse!r} differs from "
+            f"the logged {v.logged_rmse!r} by {v.difference:.3g} (> {TOLERANCE})"
+        )
+    logger.info("%s: test RMSE %.12g reproduced (logged %.12g)", uri, v.test_rmse, v.logged_rmse)
+    variants = ablation_cells(v.cell, ablation) if ablation else []
+    tracker = Tracker.connect()
+    link = {"nllab.source_run_id": v.ref.run_id, "nllab.source_model": uri}
+    tags = {
+        **link,
+        "nllab.kind": "reproduce",
+        "registered_model": v.ref.name,
+        "model_version": v.ref.version,
+        "dataset_hash": v.dataset_hash,
+        "ablation": ablation or "none",
+    }
+    results: list[tuple[Any, CellResult]] = []
+    with tracker.run(f"reproduce-{v.ref.name}-v{v.ref.version}", tags, v.ref.run_id) as run_id:
+        tracker.log_metrics(
+            run_id,
+            {
+                "test_rmse": v.test_rmse,
+                "logged_test_rmse": v.logged_rmse,
+                "abs_difference": v.difference,
+            },
+        )
+        if variants:
+            runtime = CellRuntime.for_tracker(
+                tracker, parent_run_id=run_id, profile=v.profile, device="cpu"
+            )
+            config = _run_config(v, max_workers, task_runner, dask_address)
+            source = CellResult(
+                v.cell.system,
+                v.cell.method,
+                v.cell.seed,
+                "reused",
+                v.logged_rmse,
+                v.ref.run_id,
+                v.cell.config_hash(),
+            )
+            todo = {i: c for i, (_, c) in enumerate(variants) if c is not v.cell}
+            futures = _submit(todo, runtime, config)
+            for i, (value, c) in enumerate(variants):
+                if i not in futures:
+                    results.append((value, source))
+                    continue
+                r = _result(futures[i], c)
+                if r.run_id:
+                    tracker.set_tags(r.run_id, {**link, "ablation": ablation, "value": value})
+                results.append((value, r))
+            tracker.log_text(run_id, _ablation_table(ablation, results), "ablation.md")
+    return ReproduceResult(v, ablation, run_id, tuple(results), time.perf_counter() - t0)
+
+
+def _submit(todo: dict[int, CellConfig], runtime: CellRuntime, config: RunConfig):
+    # Submitted from a subflow so the ablation cells use the configured task runner.
+    @flow(name="nllab-reproduce-ablation", task_runner=make_task_runner(config))
+    def ablation_subflow() -> dict[int, Any]:
+        futures = {i: cell_task.submit(c, runtime) for i, c in todo.items()}
+        wait(list(futures.values()))
+        return {i: f.state for i, f in futures.items()}
+
+    return ablation_subflow()
+
+
+def _result(state, cell: CellConfig) -> CellResult:
+    value = state.result(raise_on_failure=False)
+    if isinstance(value, CellResult):
+        return value
+    if isinstance(value, CellFailed):
+        return value.result
+    return CellResult(cell.system, cell.method, cell.seed, "failed", error=str(value))
+
+
+def _ablation_table(name: str | None, rows: list[tuple[Any, CellResult]]) -> str:
+    lines = [f"| {name} | status | test RMSE | run |", "|---|---|---|---|"]
+    for value, r in rows:
+        rmse = "" if r.test_rmse is None else f"{r.test_rmse:.6g}"
+        lines.append(f"| {value} | {r.status} | {rmse} | {r.run_id or ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def reproduce(uri: str, ablation: str | None = None, **kwargs: Any) -> ReproduceResult:
+    with flow_settings():
+        return reproduce_flow(uri, ablation, **kwargs)
+
+
+# -- command line -------------------------------------------------------------------------------
+def add_reproduce_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "reproduce",
+        help="re-evaluate a registered model from its recorded config, then ablate it",
+        description="Rebuild the data of a registered model's run, check that its weights give "
+        "the logged test RMSE (to 1e-9), and optionally re-run an ablation from its config. "
+        "The registry is only read.",
+    )
+    p.add_argument("model_uri", metavar="MODEL_URI", help="e.g. models:/neural-laplace-X@champion")
+    p.add_argument("--ablation", choices=tuple(ABLATIONS), help="factor to vary")
+    p.add_argument("--max-workers", type=int, default=2, metavar="N")
+    p.add_argument("--task-runner", choices=("thread", "dask"), default="thread")
+    p.add_argument("--dask-address", metavar="tcp://HOST:PORT")
+    p.add_argument(
+        "--fresh-data", action="store_true", help="re-simulate instead of reading the data cache"
+    )
+    return p
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    """Handler of ``nllab reproduce``: 0 reproduced, 1 mismatch, 2 unknown URI or ablation."""
+    try:
+        result = reproduce(
+            args.model_uri,
+            args.ablation,
+            max_workers=args.max_workers,
+            task_runner=args.task_runner,
+            dask_address=args.dask_address,
+            fresh_data=args.fresh_data,
+        )
+    except (LookupError, ValueError) as e:
+        print(f"nllab reproduce: error: {e}", file=sys.stderr)
+        return 2
+    except (DataMismatch, ReproductionMismatch) as e:
+        print(f"nllab reproduce: error: {e}", file=sys.stderr)
+        return 1
+    v = result.verification
+    print(
+        f"{v.ref.uri} = {v.ref.name} version {v.ref.version} (run {v.ref.run_id}): "
+        f"test RMSE {v.test_rmse:.12g}, logged {v.logged_rmse:.12g} "
+        f"(|diff| {v.difference:.2g}) - reproduced"
+    )
+    if result.ablation:
+        print(_ablation_table(result.ablation, list(result.cells)))
+        print(f"ablation runs are nested under run {result.run_id} (linked to {v.ref.run_id})")
+    failed = [r for _, r in result.cells if not r.ok]
+    return 1 if failed else 0

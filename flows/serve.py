@@ -1,0 +1,348 @@
+"""``nllab serve [--config FILE]``: Prefect deployments of the benchmark and of studies on cron.
+
+The schedules come from a TOML file (default: ``flows/schedules.toml``: the smoke benchmark
+nightly, chosen studies weekly). Every entry is validated before anything is served; a malformed
+entry is a :class:`ScheduleError` naming it.
+
+Schedules need a Prefect server: the temporary server that flows start on their own cannot
+schedule ("Cannot schedule flows on an ephemeral server"). With ``PREFECT_API_URL`` set, the
+deployments are served against that server; without it, ``--start-server`` starts
+``prefect server start`` (offline, 127.0.0.1) for the lifetime of the command, otherwise the
+command explains how to start one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.request
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from prefect import flow
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+import tasks._env  # noqa: F401
+
+__all__ = [
+    "DEFAULT_SCHEDULES",
+    "BenchmarkEntry",
+    "ScheduleError",
+    "ServerMissing",
+    "TuneEntry",
+    "add_serve_parser",
+    "build_deployments",
+    "cmd_serve",
+    "load_schedules",
+    "scheduled_benchmark",
+    "scheduled_tune",
+]
+
+DEFAULT_SCHEDULES = Path(__file__).resolve().parent / "schedules.toml"
+
+
+class ScheduleError(ValueError):
+    """A schedules file or entry is malformed; the message names the entry."""
+
+
+class ServerMissing(RuntimeError):
+    """No Prefect server to schedule on; the message says how to start one."""
+
+
+# -- deployable flows (resolved at run time, so each run reads the current settings) ----------
+@flow(name="nllab-scheduled-benchmark", log_prints=True)
+def scheduled_benchmark(profile: str = "smoke", config: dict[str, Any] | None = None) -> str:
+    """The benchmark at ``profile`` with run-config overrides ``config``; returns a summary."""
+    from flows.benchmark import run_benchmark
+    from tasks.config import resolve_config
+
+    summary = run_benchmark(
+        resolve_config(profile, overrides={"progress": False, **(config or {})})
+    )
+    return f"{len(summary.results)} cells, {summary.count('failed')} failed"
+
+
+@flow(name="nllab-scheduled-tune", log_prints=True)
+def scheduled_tune(study: dict[str, Any]) -> str:
+    """One study (``StudySpec`` fields); resumes the stored study and adds trials up to its size."""
+    from flows.tune import run_tune
+    from tasks.tuning import StudySpec
+
+    result = run_tune(StudySpec.model_validate(study))
+    return f"{result.study_name}: best {result.best_value:.6g} (trial {result.best_trial})"
+
+
+# -- the schedules file -------------------------------------------------------------------------
+class _Entry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    cron: str
+    timezone: str = "UTC"
+    paused: bool = False
+    description: str | None = None
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_timezone(cls, v: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown timezone {v!r} (use an IANA name such as UTC)") from None
+        return v
+
+    @field_validator("cron")
+    @classmethod
+    def _valid_cron(cls, v: str) -> str:
+        from prefect.client.schemas.schedules import CronSchedule
+
+        try:
+            CronSchedule(cron=v)
+        except ValidationError:
+            raise ValueError(
+                f"invalid cron string {v!r}: expected 5 fields "
+                "'minute hour day-of-month month day-of-week', e.g. '0 2 * * *'"
+            ) from None
+        return v
+
+    def schedule(self):
+        from prefect.schedules import Cron
+
+        return Cron(self.cron, timezone=self.timezone)
+
+
+class BenchmarkEntry(_Entry):
+    flow: Literal["benchmark"]
+    profile: Literal["smoke", "quick", "paper"] = "smoke"
+    config: dict[str, Any] = Field(default_factory=dict, description="run-config overrides")
+
+    def parameters(self) -> dict[str, Any]:
+        from tasks.config import resolve_config
+
+        resolve_config(self.profile, overrides=self.config)  # validate now, not at 2 a.m.
+        return {"profile": self.profile, "config": self.config}
+
+
+class TuneEntry(_Entry):
+    flow: Literal["tune"]
+    method: str
+    system: str
+    trials: int = Field(ge=1)
+    profile: Literal["smoke", "quick", "paper"] = "quick"
+    storage: str | None = None
+    pruner: Literal["median", "hyperband"] = "median"
+    n_jobs: int = Field(1, ge=1)
+    seed: int = Field(0, ge=0)
+    study_name: str | None = None
+
+    def parameters(self) -> dict[str, Any]:
+        from tasks.tuning import StudySpec
+
+        spec = StudySpec(
+            method=self.method,
+            system=self.system,
+            n_trials=self.trials,
+            profile=self.profile,
+            storage=self.storage,
+            pruner=self.pruner,
+            n_jobs=self.n_jobs,
+            seed=self.seed,
+            name=self.study_name,
+            overrides={"progress": False},
+        )
+        spec.run_config()  # unknown method or system: an error now
+        from tasks.search_spaces import search_space
+
+        search_space(self.method)
+        return {"study": spec.model_dump(mode="json")}
+
+
+Entry = Annotated[BenchmarkEntry | TuneEntry, Field(discriminator="flow")]
+
+
+class _EntryAdapter(BaseModel):
+    entry: Entry
+
+
+def _describe(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        where = ".".join(str(x) for x in e["loc"] if x not in ("entry", "benchmark", "tune"))
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown setting"
+        parts.append(f"{where or 'entry'}: {msg}")
+    return "; ".join(parts)
+
+
+def load_schedules(path: str | Path | None = None) -> list[BenchmarkEntry | TuneEntry]:
+    """Read and validate every entry of a schedules file (default: ``flows/schedules.toml``)."""
+    p = Path(path) if path is not None else DEFAULT_SCHEDULES
+    if not p.is_file():
+        raise ScheduleError(f"schedules file {str(p)!r} does not exist")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ScheduleError(f"schedules file {str(p)!r} is not valid TOML: {e}") from None
+    unknown = set(data) - {"schedule"}
+    if unknown:
+        raise ScheduleError(
+            f"schedules file {str(p)!r}: unknown top-level key(s) {sorted(unknown)}; "
+            "entries go in [[schedule]] tables"
+        )
+    raw = data.get("schedule", [])
+    if not isinstance(raw, list) or not raw:
+        raise ScheduleError(f"schedules file {str(p)!r} has no [[schedule]] entries")
+    entries: list[BenchmarkEntry | TuneEntry] = []
+    for i, item in enumerate(raw, start=1):
+        label = f"schedule entry {i}" + (
+            f" ({item['name']!r})" if isinstance(item, dict) and "name" in item else ""
+        )
+        if not isinstance(item, dict) or item.get("flow") not in ("benchmark", "tune"):
+            got = item.get("flow") if isinstance(item, dict) else item
+            raise ScheduleError(
+                f"{str(p)!r}: {label}: flow must be 'benchmark' or 'tune', got {got!r}"
+            )
+        try:
+            entry = _EntryAdapter.model_validate({"entry": item}).entry
+            entry.parameters()
+        except ValidationError as e:
+            raise ScheduleError(f"{str(p)!r}: {label}: {_describe(e)}") from None
+        except ValueError as e:  # ConfigError, unknown search space
+            raise ScheduleError(f"{str(p)!r}: {label}: {e}") from None
+        if entry.name in {x.name for x in entries}:
+            raise ScheduleError(f"{str(p)!r}: {label}: duplicate name {entry.name!r}")
+        entries.append(entry)
+    return entries
+
+
+def build_deployments(entries: list[BenchmarkEntry | TuneEntry]) -> list:
+    """Prefect ``RunnerDeployment`` objects with the entries' cron schedules (nothing served)."""
+    flows = {"benchmark": scheduled_benchmark, "tune": scheduled_tune}
+    return [
+        flows[e.flow].to_deployment(
+            name=e.name,
+            schedules=[e.schedule()],
+            paused=e.paused,
+            parameters=e.parameters(),
+            description=e.description or f"nllab {e.flow} on '{e.cron}' ({e.timezone})",
+            tags=["nllab", e.flow],
+        )
+        for e in entries
+    ]
+
+
+# -- the Prefect server -------------------------------------------------------------------------
+def _api_url() -> str | None:
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value() or None
+
+
+def require_server(api_url: str | None) -> str:
+    if api_url:
+        return api_url
+    raise ServerMissing(
+        "schedules need a Prefect server; the temporary one that flows start on their own "
+        "cannot schedule. Either\n"
+        "  1. start one (offline; UI on http://127.0.0.1:4200):\n"
+        "       prefect server start --host 127.0.0.1 --port 4200\n"
+        "     then, in this shell:\n"
+        "       export PREFECT_API_URL=http://127.0.0.1:4200/api\n"
+        "       nllab serve\n"
+        "  2. or let this command start one for as long as it runs:\n"
+        "       nllab serve --start-server"
+    )
+
+
+def _healthy(api_url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=timeout) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def start_server(port: int = 4200, timeout: float = 90.0) -> tuple[subprocess.Popen, str]:
+    """Start ``prefect server start`` on 127.0.0.1:``port``; returns the process and API URL."""
+    api = f"http://127.0.0.1:{port}/api"
+    if _healthy(api):
+        raise ServerMissing(f"a server already answers on {api}: export PREFECT_API_URL={api}")
+    exe = Path(sys.executable).with_name("prefect")
+    cmd = [str(exe) if exe.exists() else "prefect", "server", "start"]
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.Popen(
+        [*cmd, "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServerMissing(f"`prefect server start` exited with code {proc.returncode}")
+        if _healthy(api):
+            return proc, api
+        time.sleep(1.0)
+    proc.terminate()
+    raise ServerMissing(f"the Prefect server did not answer on {api} within {timeout:.0f} s")
+
+
+# -- command line -------------------------------------------------------------------------------
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "serve",
+        help="serve scheduled deployments (benchmark nightly, studies weekly)",
+        description="Build Prefect deployments with cron schedules from a schedules file and "
+        "serve them until Ctrl-C. Needs a Prefect server (PREFECT_API_URL) or --start-server.",
+    )
+    p.add_argument("--config", metavar="FILE", help=f"schedules file (default {DEFAULT_SCHEDULES})")
+    p.add_argument(
+        "--start-server", action="store_true", help="start a local Prefect server if none is set"
+    )
+    p.add_argument("--port", type=int, default=4200, help="port for --start-server")
+    p.add_argument("--check", action="store_true", help="validate and list, do not serve")
+    return p
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Handler of ``nllab serve``: 2 on a malformed schedule or no server, else serves."""
+    try:
+        entries = load_schedules(args.config)
+    except ScheduleError as e:
+        print(f"nllab serve: error: {e}", file=sys.stderr)
+        return 2
+    for e in entries:
+        state = " (paused)" if e.paused else ""
+        print(f"  {e.name:<44} {e.flow:<9} cron '{e.cron}' {e.timezone}{state}")
+    if args.check:
+        return 0
+    server = None
+    api = _api_url()
+    try:
+        if not api and args.start_server:
+            server, api = start_server(args.port)
+            print(f"started a Prefect server: {api} (UI http://127.0.0.1:{args.port})")
+        require_server(api)
+    except ServerMissing as e:
+        print(f"nllab serve: error: {e}", file=sys.stderr)
+        return 2
+    from prefect import serve
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    try:
+        with temporary_settings({PREFECT_API_URL: api}):
+            print(f"serving {len(entries)} deployments on {api} (Ctrl-C to stop)", flush=True)
+            serve(*build_deployments(entries))
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=30)
+    return 0

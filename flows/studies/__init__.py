@@ -1,0 +1,79 @@
+"""Every study of the paper as a Prefect flow tracked in MLflow (issue 6).
+
+    from flows.studies import run_study, study_config
+    summary = run_study(study_config("noise", "smoke"))
+
+:data:`STUDIES` maps the command-line names to :class:`~flows.studies._core.Study` objects (spec +
+flow); :func:`get_study` raises a ``ValueError`` listing the valid names for an unknown one.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from flows.studies import (
+    cmi,
+    frequency_filter,
+    ilt,
+    latent_dim,
+    nfe,
+    noise,
+    observation_size,
+    sample_size,
+    solvers,
+    stereographic,
+    wallclock,
+    waveforms,
+)
+from flows.studies._core import (
+    Study,
+    StudyConfig,
+    StudySpec,
+    StudySummary,
+    study_config,
+)
+
+__all__ = [
+    "STUDIES",
+    "Study",
+    "StudyConfig",
+    "StudySpec",
+    "StudySummary",
+    "get_study",
+    "run_study",
+    "study_config",
+]
+
+#: Study name (as ``nllab study NAME``) -> study, in the paper's order.
+STUDIES = MappingProxyType(
+    {
+        m.STUDY.spec.name: m.STUDY
+        for m in (
+            stereographic,
+            latent_dim,
+            noise,
+            sample_size,
+            observation_size,
+            ilt,
+            solvers,
+            nfe,
+            wallclock,
+            cmi,
+            waveforms,
+            frequency_filter,
+        )
+    }
+)
+
+
+def get_study(name: str) -> Study:
+    """The study called ``name``; an unknown name raises ``ValueError`` with the valid ones."""
+    try:
+        return STUDIES[name]
+    except KeyError:
+        raise ValueError(f"unknown study {name!r}; valid studies: {', '.join(STUDIES)}") from None
+
+
+def run_study(config: StudyConfig) -> StudySummary:
+    """Run the study named by ``config.study`` (its flow, with a capped task runner)."""
+    return get_study(config.study).run(config)

@@ -1,0 +1,54 @@
+"""``nllab study latent-dim``: sensitivity to the latent size K of p (paper Table 5,
+``Table:ablate``, bottom block; Lotka–Volterra)."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from flows.studies._core import (
+    Study,
+    StudyConfig,
+    StudyContext,
+    StudyOutput,
+    StudySpec,
+    StudySummary,
+    execute_study,
+    plot_lines,
+    rmse_table,
+)
+
+K_VALUES = (1, 2, 4, 8, 16, 32)
+_PAPER = (0.4416, 0.0405, 0.0427, 0.0408, 0.0380, 0.0398)
+SPEC = StudySpec(
+    name="latent-dim",
+    title="Latent size K of Neural Laplace",
+    paper_ref="Table 5 (Table:ablate): latent dimension K on Lotka–Volterra",
+    paper={("lotka_volterra_dde", str(k)): v for k, v in zip(K_VALUES, _PAPER, strict=True)},
+)
+KEYS = ("system", "latent_dim")
+
+
+def _body(ctx: StudyContext) -> StudyOutput:
+    systems = ctx.systems(("lotka_volterra_dde",))
+    ks = ctx.pick(smoke=(1, 2), quick=K_VALUES, paper=K_VALUES)
+    entries = [
+        (
+            {"system": s, "latent_dim": k},
+            ctx.cell(s, "neural_laplace", seed, model={"latent_dim": k}),
+        )
+        for s in systems
+        for k in ks
+        for seed in ctx.seeds
+    ]
+    table = rmse_table(ctx, entries, KEYS)
+    plot_lines(table, "latent_dim", "system", ctx.figure("latent_dim"), title=SPEC.title, logx=True)
+    return StudyOutput({"latent_dim": table})
+
+
+@flow(name="nllab-study-latent-dim")
+def latent_dim_flow(config: StudyConfig) -> StudySummary:
+    """Table 5: test RMSE for K ∈ {1, 2, 4, 8, 16, 32}."""
+    return execute_study(SPEC, config, _body)
+
+
+STUDY = Study(SPEC, latent_dim_flow)

@@ -1,0 +1,68 @@
+"""``nllab study noise``: Gaussian observation noise σ ∈ {0.01, 0.1}, all models (paper
+``Table:AdditionalNoiseResult``, σ = 0.1; σ = 0.01 as in Appendix D)."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from flows.studies._core import (
+    Study,
+    StudyConfig,
+    StudyContext,
+    StudyOutput,
+    StudySpec,
+    StudySummary,
+    execute_study,
+    plot_bars,
+    rmse_table,
+)
+from tasks.config import METHODS
+
+SYSTEMS = ("lotka_volterra_dde", "integro_de", "piecewise_forcing_ode")
+SIGMAS = (0.01, 0.1)
+SPEC = StudySpec(
+    name="noise",
+    title="Noisy observations",
+    paper_ref="Table:AdditionalNoiseResult (σ = 0.1, 3 seeds)",
+    paper={
+        ("lotka_volterra_dde", "0.1", "neural_laplace"): 0.1328,
+        ("integro_de", "0.1", "neural_laplace"): 0.0996,
+        ("piecewise_forcing_ode", "0.1", "neural_laplace"): 0.1006,
+    },
+)
+KEYS = ("system", "noise_std", "method")
+
+
+def _body(ctx: StudyContext) -> StudyOutput:
+    systems = ctx.systems(ctx.pick(smoke=SYSTEMS[2:], quick=SYSTEMS, paper=SYSTEMS))
+    methods = ctx.methods(ctx.pick(smoke=("node", "neural_laplace"), quick=METHODS, paper=METHODS))
+    sigmas = ctx.pick(smoke=(0.1,), quick=SIGMAS, paper=SIGMAS)
+    entries = [
+        (
+            {"system": s, "noise_std": sigma, "method": m},
+            ctx.cell(s, m, seed, data={"noise_std": sigma}),
+        )
+        for s in systems
+        for sigma in sigmas
+        for m in methods
+        for seed in ctx.seeds
+    ]
+    table = rmse_table(ctx, entries, KEYS)
+    for sigma in sigmas:
+        plot_bars(
+            table[table.noise_std == sigma],
+            "system",
+            "method",
+            ctx.figure(f"noise_{sigma:g}"),
+            title=f"{SPEC.title}, σ = {sigma:g}",
+        )
+    return StudyOutput({"noise": table})
+
+
+@flow(name="nllab-study-noise")
+def noise_flow(config: StudyConfig) -> StudySummary:
+    """Appendix D: test RMSE of every model under Gaussian noise."""
+    return execute_study(SPEC, config, _body)
+
+
+STUDY = Study(SPEC, noise_flow)

@@ -1,0 +1,59 @@
+"""``nllab study observation-size``: number of observed points on stiff Van der Pol with noise
+σ = 0.01, same extrapolation points, all models (paper figure ``ObservationSizeScaling``;
+the paper shows it as a figure only, so the table has no published numbers)."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from flows.studies._core import (
+    Study,
+    StudyConfig,
+    StudyContext,
+    StudyOutput,
+    StudySpec,
+    StudySummary,
+    execute_study,
+    plot_lines,
+    rmse_table,
+)
+from tasks.config import METHODS
+
+N_OBSERVED = (5, 10, 25, 50, 100)
+NOISE_STD = 0.01
+SPEC = StudySpec(
+    name="observation-size",
+    title="Observation size (stiff Van der Pol, σ = 0.01)",
+    paper_ref="Figure ObservationSizeScaling (200 epochs, 5 seeds; figure only)",
+)
+KEYS = ("system", "n_observed", "method")
+
+
+def _body(ctx: StudyContext) -> StudyOutput:
+    systems = ctx.systems(("stiff_van_der_pol",))
+    methods = ctx.methods(ctx.pick(smoke=("node", "neural_laplace"), quick=METHODS, paper=METHODS))
+    sizes = ctx.pick(smoke=(10, 100), quick=(10, 50, 100), paper=N_OBSERVED)
+    training = ctx.pick(smoke={}, quick={}, paper={"epochs": 200})
+    entries = [
+        (
+            {"system": s, "n_observed": k, "method": m},
+            ctx.cell(s, m, seed, data={"noise_std": NOISE_STD, "n_observed": k}, training=training),
+        )
+        for s in systems
+        for k in sizes
+        for m in methods
+        for seed in ctx.seeds
+    ]
+    table = rmse_table(ctx, entries, KEYS)
+    plot_lines(table, "n_observed", "method", ctx.figure("observation_size"), title=SPEC.title,
+               logx=True, panel="system")  # fmt: skip
+    return StudyOutput({"observation_size": table})
+
+
+@flow(name="nllab-study-observation-size")
+def observation_size_flow(config: StudyConfig) -> StudySummary:
+    """Figure ObservationSizeScaling: test RMSE against the number of observed points."""
+    return execute_study(SPEC, config, _body)
+
+
+STUDY = Study(SPEC, observation_size_flow)

@@ -1,0 +1,61 @@
+"""``nllab study stereographic``: Neural Laplace with and without the Riemann-sphere map
+(paper Table 5, ``Table:ablate``, top block)."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from flows.studies._core import (
+    Study,
+    StudyConfig,
+    StudyContext,
+    StudyOutput,
+    StudySpec,
+    StudySummary,
+    execute_study,
+    plot_bars,
+    rmse_table,
+)
+
+SYSTEMS = ("lotka_volterra_dde", "stiff_van_der_pol", "piecewise_forcing_ode", "integro_de")
+SPEC = StudySpec(
+    name="stereographic",
+    title="Stereographic map ablation",
+    paper_ref="Table 5 (Table:ablate): stereographic projection off/on",
+    paper={
+        ("lotka_volterra_dde", "off"): 0.1617,
+        ("lotka_volterra_dde", "on"): 0.0614,
+        ("stiff_van_der_pol", "off"): 0.1836,
+        ("stiff_van_der_pol", "on"): 0.1286,
+        ("piecewise_forcing_ode", "off"): 0.0249,
+        ("piecewise_forcing_ode", "on"): 0.0036,
+        ("integro_de", "off"): 0.0048,
+        ("integro_de", "on"): 0.0013,
+    },
+)
+KEYS = ("system", "stereographic")
+
+
+def _body(ctx: StudyContext) -> StudyOutput:
+    systems = ctx.systems(ctx.pick(smoke=SYSTEMS[2:3], quick=SYSTEMS, paper=SYSTEMS))
+    entries = [
+        (
+            {"system": s, "stereographic": "on" if on else "off"},
+            ctx.cell(s, "neural_laplace", seed, model={"stereographic": on}),
+        )
+        for s in systems
+        for on in (False, True)
+        for seed in ctx.seeds
+    ]
+    table = rmse_table(ctx, entries, KEYS)
+    plot_bars(table, "system", "stereographic", ctx.figure("stereographic"), title=SPEC.title)
+    return StudyOutput({"stereographic": table})
+
+
+@flow(name="nllab-study-stereographic")
+def stereographic_flow(config: StudyConfig) -> StudySummary:
+    """Table 5: the Riemann-sphere map on/off for Neural Laplace."""
+    return execute_study(SPEC, config, _body)
+
+
+STUDY = Study(SPEC, stereographic_flow)

@@ -1,0 +1,114 @@
+"""``nllab study wallclock``: seconds per training epoch of every model on Lotka–Volterra
+(paper Table 11, ``wallclocktime``; the paper timed 1000 trajectories on a V100 GPU, so the gap
+column compares different hardware). Reuses ``benchmarks/models.py`` (``epoch_seconds``)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import torch
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from flows.studies._bench import benchmark_module
+from flows.studies._core import (
+    Study,
+    StudyConfig,
+    StudyContext,
+    StudyOutput,
+    StudySpec,
+    StudySummary,
+    add_paper,
+    execute_study,
+    plot_bars,
+)
+from tasks.cell import simulate_data
+from tasks.training import seeded
+
+#: (method, solver) as in Table 11; solver "–" for models without one.
+VARIANTS = (
+    ("node", "euler"),
+    ("node", "dopri5"),
+    ("anode", "euler"),
+    ("latent_ode", "–"),
+    ("nf_coupling", "–"),
+    ("nf_resnet", "–"),
+    ("neural_laplace", "–"),
+)
+_PAPER = (1.92, 13.78, 4.56, 3.56, 10.83, 0.1, 0.1)
+SPEC = StudySpec(
+    name="wallclock",
+    title="Seconds per training epoch (Lotka–Volterra)",
+    paper_ref="Table 11 (wallclocktime; 1000 trajectories, V100 GPU)",
+    paper={v: p for v, p in zip(VARIANTS, _PAPER, strict=True)},
+    metric="seconds per epoch",
+)
+KEYS = ("method", "solver")
+
+
+@task(name="epoch-seconds", cache_policy=NO_CACHE)
+def epoch_seconds(
+    method: str, solver: str, x: np.ndarray, t: np.ndarray, epochs: int, batch: int, seed: int
+) -> dict:
+    """Mean seconds per epoch (and NFE per batch) of one freshly built model, float64."""
+    from nlmodels import build_model
+
+    bench = benchmark_module("models")
+    overrides = {} if solver == "–" else {"solver": solver}
+    with seeded(seed):
+        model = build_model(method, x.shape[-1], **overrides).double()
+    tt = torch.tensor(np.array(t), dtype=torch.float64)
+    xx = torch.tensor(np.array(x), dtype=torch.float64)
+    secs, nfe = bench.epoch_seconds(model, tt, xx, epochs, batch)
+    return {"method": method, "solver": solver, "value": secs, "nfe_per_batch": nfe}
+
+
+def _body(ctx: StudyContext) -> StudyOutput:
+    system = ctx.systems(("lotka_volterra_dde",))[0]
+    n = ctx.pick(smoke=40, quick=1000, paper=1000)
+    epochs = ctx.pick(smoke=1, quick=1, paper=5)
+    methods = ctx.config.methods
+    variants = [v for v in VARIANTS if methods is None or v[0] in methods]
+    if ctx.profile == "smoke" and methods is None:
+        variants = [("node", "euler"), ("neural_laplace", "–")]
+    data = ctx.run.data.model_copy(update={"n_trajectories": n, "noise_std": 0.0})
+    ds = simulate_data(system, data, ctx.seeds[0])
+    x = (ds.x - ds.x.mean(axis=(0, 1))) / ds.x.std(axis=(0, 1))
+    threads = torch.get_num_threads()
+    if ctx.run.torch_threads:
+        torch.set_num_threads(ctx.run.torch_threads)
+    try:
+        rows = [
+            epoch_seconds(m, s, x, np.asarray(ds.t), epochs, ctx.run.training.batch_size, seed)
+            for m, s in variants
+            for seed in ctx.seeds
+        ]
+    finally:
+        torch.set_num_threads(threads)
+    frame = pd.DataFrame(rows)
+    g = frame.groupby(list(KEYS), sort=False)
+    table = g.agg(value=("value", "mean"), std=("value", "std"), n=("value", "size"),
+                  nfe_per_batch=("nfe_per_batch", "mean")).reset_index()  # fmt: skip
+    table["std"] = table["std"].fillna(0.0)
+    table = add_paper(table, KEYS, SPEC.paper)
+    nl = table.loc[table.method == "neural_laplace", "value"]
+    table["x_neural_laplace"] = table["value"] / float(nl.iloc[0]) if len(nl) else math.nan
+    table["n_trajectories"] = n
+    plot_bars(table.assign(model=table.method + " " + table.solver, group="epoch"), "model",
+              "group", ctx.figure("wallclock"), title=SPEC.title, ylabel="s / epoch")  # fmt: skip
+    return StudyOutput(
+        {"wallclock": table},
+        notes=f"{n} trajectories, batch {ctx.run.training.batch_size}, {epochs} epoch(s), CPU, "
+        f"{ctx.run.torch_threads or 'all'} torch thread(s); the paper used a V100 GPU.",
+    )
+
+
+@flow(name="nllab-study-wallclock")
+def wallclock_flow(config: StudyConfig) -> StudySummary:
+    """Table 11: seconds per training epoch for every model."""
+    return execute_study(SPEC, config, _body)
+
+
+STUDY = Study(SPEC, wallclock_flow)

@@ -1,0 +1,55 @@
+"""``nllab study waveforms``: sine, square and sawtooth extrapolation, all models (paper
+``Table:toywaveforms``)."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from flows.studies._core import (
+    Study,
+    StudyConfig,
+    StudyContext,
+    StudyOutput,
+    StudySpec,
+    StudySummary,
+    execute_study,
+    plot_bars,
+    rmse_table,
+)
+from tasks.config import METHODS
+
+SYSTEMS = ("sine", "square", "sawtooth")
+SPEC = StudySpec(
+    name="waveforms",
+    title="Toy waveforms",
+    paper_ref="Table:toywaveforms (5 seeds)",
+    paper={
+        ("sine", "neural_laplace"): 0.0063,
+        ("square", "neural_laplace"): 0.1678,
+        ("sawtooth", "neural_laplace"): 0.1600,
+    },
+)
+KEYS = ("system", "method")
+
+
+def _body(ctx: StudyContext) -> StudyOutput:
+    systems = ctx.systems(ctx.pick(smoke=SYSTEMS[:1], quick=SYSTEMS, paper=SYSTEMS))
+    methods = ctx.methods(ctx.pick(smoke=("node", "neural_laplace"), quick=METHODS, paper=METHODS))
+    entries = [
+        ({"system": s, "method": m}, ctx.cell(s, m, seed))
+        for s in systems
+        for m in methods
+        for seed in ctx.seeds
+    ]
+    table = rmse_table(ctx, entries, KEYS)
+    plot_bars(table, "system", "method", ctx.figure("waveforms"), title=SPEC.title)
+    return StudyOutput({"waveforms": table})
+
+
+@flow(name="nllab-study-waveforms")
+def waveforms_flow(config: StudyConfig) -> StudySummary:
+    """Table:toywaveforms: test RMSE on sine, square and sawtooth."""
+    return execute_study(SPEC, config, _body)
+
+
+STUDY = Study(SPEC, waveforms_flow)

@@ -1,0 +1,167 @@
+"""``nllab tune``: an Optuna study as a Prefect flow (plain functions in :mod:`tasks.tuning`).
+
+With the default thread runner the trials run in this process (``--n-jobs`` Optuna threads).
+With ``--task-runner dask`` the study is opened here and ``--n-jobs`` shards of its trials run
+as Prefect tasks on the Dask cluster, all sharing the study's RDB storage (use Postgres when the
+workers are on other machines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from optuna.trial import TrialState
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.futures import wait
+
+import tasks._env  # noqa: F401
+from flows._runtime import flow_settings
+from tasks.tuning import (
+    StudySpec,
+    TuneResult,
+    TuningError,
+    open_session,
+    run_study,
+    run_trials,
+)
+
+__all__ = ["add_tune_parser", "cmd_tune", "run_tune", "split_trials", "tune_flow"]
+
+
+def split_trials(n_trials: int, shards: int) -> list[int]:
+    """``n_trials`` spread over at most ``shards`` shards, none empty: 5, 2 → [3, 2]."""
+    base, extra = divmod(n_trials, shards)
+    return [n for n in (base + (i < extra) for i in range(shards)) if n > 0]
+
+
+@task(name="tune-trials", task_run_name="trials x{n_trials}", cache_policy=NO_CACHE)
+def trials_task(spec: StudySpec, parent_run_id: str, n_trials: int) -> int:
+    return run_trials(spec, parent_run_id, n_trials)
+
+
+@flow(name="nllab-tune", log_prints=True)
+def tune_flow(spec: StudySpec) -> TuneResult:
+    """Run (or resume) the study of ``spec`` until it holds ``spec.n_trials`` trials."""
+    logger = get_run_logger()
+    if spec.task_runner == "thread":
+        result = run_study(spec)
+    else:
+        session = open_session(spec)
+        # Queued trials (the paper point, retries of stale ones) run here first: claiming a
+        # WAITING trial is not atomic on sqlite, so two shards could both take the same one.
+        queued = session.counts()[TrialState.WAITING]
+        session.optimize(min(queued, session.remaining()), 1)
+        shards = split_trials(session.remaining(), spec.n_jobs)
+        logger.info("study %s: %s trials on Dask", spec.study_name, shards)
+        wait([trials_task.submit(spec, session.parent_run_id, n) for n in shards])
+        result = session.finish()
+    logger.info(
+        "study %s: best trial %d, validation RMSE %.6g; %s",
+        result.study_name,
+        result.best_trial,
+        result.best_value,
+        result.dashboard,
+    )
+    return result
+
+
+def run_tune(spec: StudySpec) -> TuneResult:
+    """Call :func:`tune_flow` with the spec's task runner and the platform's flow settings."""
+    runner = None
+    if spec.task_runner == "dask":
+        from flows._dask import dask_task_runner
+        from tasks.tracking import TrackingSettings
+
+        tracking = TrackingSettings.resolve(spec.run_config().tracking)
+        runner = dask_task_runner(spec.n_jobs, spec.dask_address, tracking)
+    with flow_settings():
+        f = tune_flow.with_options(task_runner=runner) if runner is not None else tune_flow
+        return f(spec)
+
+
+# -- command line -------------------------------------------------------------------------------
+def add_tune_parser(subparsers) -> argparse.ArgumentParser:
+    from tasks.config import PROFILES
+
+    p = subparsers.add_parser(
+        "tune",
+        help="hyperparameter search (Optuna) for one method on one system",
+        description="An Optuna study (TPE, seeded; median or Hyperband pruning on validation "
+        "RMSE) whose trials are nested MLflow runs. Interrupted studies resume: run the same "
+        "command again. The best configuration is used by `nllab benchmark --tuned`.",
+    )
+    p.add_argument("--method", required=True, help="model to tune, e.g. neural_laplace")
+    p.add_argument("--system", required=True, help="system, e.g. lotka_volterra_dde")
+    p.add_argument("--trials", type=int, required=True, metavar="N", help="trials in the study")
+    p.add_argument("--profile", choices=PROFILES, default="smoke", help="budget of each trial")
+    p.add_argument("--config", metavar="FILE", help="TOML, JSON or YAML run config file")
+    p.add_argument(
+        "--storage",
+        metavar="URL",
+        help="Optuna storage (default: sqlite under $NLLAB_HOME/optuna), "
+        "e.g. postgresql+psycopg2://USER:PASS@HOST/optuna",
+    )
+    p.add_argument("--study-name", metavar="NAME", help="default: METHOD-SYSTEM-PROFILE")
+    p.add_argument("--n-jobs", type=int, default=1, metavar="N", help="parallel trials")
+    p.add_argument("--pruner", choices=("median", "hyperband"), default="median")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    p.add_argument("--epochs", type=int, metavar="N", help="override the profile's epochs")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu")
+    p.add_argument("--task-runner", choices=("thread", "dask"), default="thread")
+    p.add_argument("--dask-address", metavar="tcp://HOST:PORT")
+    return p
+
+
+def spec_from_args(args: argparse.Namespace) -> StudySpec:
+    overrides = {"progress": False}
+    if args.epochs is not None:
+        overrides["training"] = {"epochs": args.epochs}
+    return StudySpec(
+        method=args.method,
+        system=args.system,
+        profile=args.profile,
+        n_trials=args.trials,
+        n_jobs=args.n_jobs,
+        storage=args.storage,
+        name=args.study_name,
+        seed=args.seed,
+        pruner=args.pruner,
+        config_file=args.config,
+        overrides=overrides,
+        device=args.device,
+        task_runner=args.task_runner,
+        dask_address=args.dask_address,
+    )
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Handler of ``nllab tune``: 0 done, 1 no trial completed, 2 bad arguments."""
+    from pydantic import ValidationError
+
+    try:
+        spec = spec_from_args(args)
+        spec.run_config()  # unknown system/method, bad profile: a usage error before any work
+    except ValidationError as e:
+        print(f"nllab tune: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        result = run_tune(spec)
+    except TuningError as e:
+        print(f"nllab tune: error: {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:  # e.g. no search space for the method
+        print(f"nllab tune: error: {e}", file=sys.stderr)
+        return 2
+    b = result.best
+    print(
+        f"study {result.study_name}: {result.n_complete} complete, {result.n_pruned} pruned, "
+        f"{result.n_failed} failed trials"
+    )
+    first = f" (first trial: {result.first_value:.6g})" if result.first_value is not None else ""
+    print(f"best trial {result.best_trial}: validation RMSE {result.best_value:.6g}{first}")
+    print(f"  model overrides {b.model}; training overrides {b.training}")
+    print(f"MLflow parent run {result.parent_run_id}; use it with: nllab benchmark --tuned")
+    print(f"dashboard: {result.dashboard}")
+    return 0

@@ -1,0 +1,46 @@
+"""Optional worker processes for training cells.
+
+Threads of one process share the GIL, torch's global RNG and some process-global torch state
+(``torch.nn.utils.parametrize.cached`` keeps one module-level cache, so two models using it in
+two threads corrupt each other's autograd graphs). Cells therefore train in a small pool of
+spawned processes by default; the Prefect task (a thread) just waits for its cell's result.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from typing import TypeVar
+
+__all__ = ["run_in_worker", "worker_pool_active", "worker_processes"]
+
+T = TypeVar("T")
+_POOL: ProcessPoolExecutor | None = None
+
+
+@contextmanager
+def worker_processes(n: int) -> Iterator[None]:
+    """Run :func:`run_in_worker` calls in ``n`` spawned processes while the block runs."""
+    global _POOL
+    if _POOL is not None:
+        raise RuntimeError("worker processes are already running in this process")
+    # 'spawn': the caller has threads (Prefect), which 'fork' does not copy safely.
+    _POOL = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        yield
+    finally:
+        pool, _POOL = _POOL, None
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def worker_pool_active() -> bool:
+    return _POOL is not None
+
+
+def run_in_worker(fn: Callable[..., T], *args: object) -> T:
+    """``fn(*args)`` in a worker process if a pool is running, else in the calling thread."""
+    if _POOL is None:
+        return fn(*args)
+    return _POOL.submit(fn, *args).result()

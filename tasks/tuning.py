@@ -1,0 +1,557 @@
+"""Hyperparameter search with Optuna, as plain functions (the Prefect flow is ``flows.tune``).
+
+A study tunes one method on one system at one profile's budget. Trials train on the cell's
+training split and are scored by their best validation RMSE (the test split is never looked at);
+every epoch is reported to Optuna, so the pruner (median or Hyperband) can stop bad trials early.
+A trial whose training diverges (NaN) is pruned and the study goes on.
+
+Studies live in an Optuna RDB storage: an embedded sqlite file under ``data_home()/"optuna"`` by
+default, any SQLAlchemy URL (Postgres for several machines) otherwise. Trials send heartbeats,
+so the trial of a killed process (``kill -9``) is marked FAIL when the study is next opened and
+retried (``RetryFailedTrialCallback``); ``load_if_exists`` resumes the study where it stopped.
+Each trial is a nested MLflow run under the study's parent run (explicit ``parent_run_id``, so
+parallel trials never mix runs). The best configuration is stored in the study's user attributes
+and as ``best_config.json`` on the parent run; :func:`tuned_overrides` reads it back.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import threading
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import optuna
+import torch
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.trial import TrialState
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+import tasks._env  # noqa: F401  (offline switches first)
+from datasets import data_home, prepare
+from nlmodels import build_model
+from tasks.cell import simulate_data
+from tasks.config import (
+    CellConfig,
+    ConfigError,
+    RunConfig,
+    TrainConfig,
+    ensure_models_registered,
+    resolve_config,
+)
+from tasks.search_spaces import Suggestion, paper_params, search_space, suggest
+from tasks.tracking import Tracker
+from tasks.training import EpochRecord, TrainingDiverged, seeded, select_device, train
+
+__all__ = [
+    "StudySpec",
+    "TuneResult",
+    "TunedCells",
+    "TunedOverrides",
+    "TuningError",
+    "apply_tuned",
+    "dashboard_command",
+    "default_storage_url",
+    "open_storage",
+    "redact",
+    "run_study",
+    "run_trials",
+    "study_name",
+    "tuned_overrides",
+]
+
+#: Study user attribute holding the best configuration (see :func:`tuned_overrides`).
+BEST_ATTR = "best"
+PARENT_ATTR = "mlflow_parent_run_id"
+
+
+class TuningError(RuntimeError):
+    """A study cannot be opened or has no usable result; the message says why."""
+
+
+class StudySpec(BaseModel):
+    """What to tune and how (validated at the edge: CLI, schedules, flows)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    method: str
+    system: str
+    profile: Literal["smoke", "quick", "paper"] = "smoke"
+    n_trials: int = Field(20, ge=1, description="trials (complete or pruned) the study should hold")
+    n_jobs: int = Field(1, ge=1, description="trials run at the same time")
+    storage: str | None = Field(None, description="SQLAlchemy URL; None: sqlite under data_home()")
+    name: str | None = Field(None, description="study name; None: METHOD-SYSTEM-PROFILE")
+    seed: int = Field(0, ge=0, description="TPE sampler seed")
+    pruner: Literal["median", "hyperband"] = "median"
+    startup_trials: int = Field(5, ge=1, description="random trials before TPE models the space")
+    start_from_paper: bool = Field(True, description="first trial: the paper's configuration")
+    heartbeat_seconds: int = Field(30, ge=1)
+    grace_seconds: int | None = Field(None, ge=1, description="None: 2 x heartbeat")
+    config_file: str | None = None
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description="RunConfig overrides (data, training, tracking, ...)"
+    )
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
+    task_runner: Literal["thread", "dask"] = "thread"
+    dask_address: str | None = None
+
+    @property
+    def study_name(self) -> str:
+        return self.name or study_name(self.method, self.system, self.profile)
+
+    def run_config(self) -> RunConfig:
+        """The profile's run configuration narrowed to this study's system and method."""
+        over = {**self.overrides, "systems": [self.system], "methods": [self.method]}
+        return resolve_config(self.profile, self.config_file, over)
+
+    def base_cell(self) -> CellConfig:
+        return self.run_config().cells()[0]
+
+
+def study_name(method: str, system: str, profile: str) -> str:
+    return f"{method}-{system}-{profile}"
+
+
+# -- storage ------------------------------------------------------------------------------------
+def default_storage_url() -> str:
+    return f"sqlite:///{(data_home() / 'optuna' / 'optuna.db').resolve()}"
+
+
+def redact(url: str) -> str:
+    """The URL with any password hidden (for logs, tags and printed commands)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url
+
+
+def open_storage(
+    url: str | None = None, *, heartbeat_seconds: int = 30, grace_seconds: int | None = None
+) -> RDBStorage:
+    """An RDB storage with heartbeats; stale trials are failed and retried once.
+
+    sqlite waits up to 60 s for a lock instead of failing (parallel trials, several processes).
+    """
+    url = url or default_storage_url()
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}}
+    else:
+        engine_kwargs = {"pool_pre_ping": True}
+    try:
+        with warnings.catch_warnings():
+            # Heartbeats are marked experimental since Optuna 2.9; they are what resumes a study.
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return RDBStorage(
+                url,
+                engine_kwargs=engine_kwargs,
+                heartbeat_interval=heartbeat_seconds,
+                grace_period=grace_seconds,
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),
+            )
+    except Exception as e:
+        raise TuningError(
+            f"cannot open the Optuna storage {redact(url)!r}: {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}\n"
+            "Use an SQLAlchemy URL such as sqlite:////ABS/PATH/optuna.db or "
+            "postgresql+psycopg2://USER:PASSWORD@HOST:5432/optuna (with the driver installed)."
+        ) from e
+
+
+def dashboard_command(url: str) -> str:
+    """The command that opens the Optuna dashboard on ``url`` (password hidden)."""
+    return f"optuna-dashboard {shlex.quote(redact(url))}"
+
+
+def _pruner(spec: StudySpec, epochs: int) -> optuna.pruners.BasePruner:
+    if spec.pruner == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max(epochs, 1))
+    # Not before a quarter of the epochs: early curves of good and bad trials cross.
+    return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=epochs // 4)
+
+
+# -- results ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TuneResult:
+    study_name: str
+    storage: str  # redacted
+    parent_run_id: str
+    best_trial: int
+    best_value: float
+    best: Suggestion
+    first_value: float | None  # value of the study's first finished trial (the paper point)
+    n_complete: int
+    n_pruned: int
+    n_failed: int
+    dashboard: str
+
+
+@dataclass(frozen=True)
+class TunedOverrides:
+    """The best configuration of a study, as read back from its storage."""
+
+    study_name: str
+    best_value: float
+    best_trial: int
+    model: dict[str, Any]
+    training: dict[str, Any]
+
+
+# -- one study session --------------------------------------------------------------------------
+def _flat(prefix: str, value: Any, out: dict[str, str]) -> dict[str, str]:
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = json.dumps(value) if isinstance(value, list | tuple) else str(value)
+    return out
+
+
+@contextmanager
+def _trial_run(tracker: Tracker, name: str, tags: Mapping[str, str], parent: str) -> Iterator[str]:
+    """A nested MLflow run that ends FINISHED (complete), KILLED (pruned) or FAILED."""
+    run_id = tracker.create_run(name, tags, parent)
+    try:
+        yield run_id
+    except optuna.TrialPruned as e:
+        tracker.set_tags(run_id, {"optuna.state": "PRUNED", "pruned_reason": str(e)[:4000]})
+        tracker.end_run(run_id, "KILLED")
+        raise
+    except BaseException as e:
+        tracker.set_tags(run_id, {"optuna.state": "FAIL", "error": f"{type(e).__name__}: {e}"})
+        tracker.end_run(run_id, "FAILED")
+        raise
+    tracker.set_tags(run_id, {"optuna.state": "COMPLETE"})
+    tracker.end_run(run_id, "FINISHED")
+
+
+class _Session:
+    """An opened study with its data, tracker and parent run (one per process)."""
+
+    def __init__(self, spec: StudySpec, parent_run_id: str | None = None) -> None:
+        ensure_models_registered()
+        search_space(spec.method)  # unknown method: clear error before anything is created
+        self.spec = spec
+        self.config = spec.run_config()
+        self.cell = self.config.cells()[0]
+        self.storage_url = spec.storage or default_storage_url()
+        self.storage = open_storage(
+            self.storage_url,
+            heartbeat_seconds=spec.heartbeat_seconds,
+            grace_seconds=spec.grace_seconds,
+        )
+        existing = self._n_existing()
+        self.study = optuna.create_study(
+            storage=self.storage,
+            study_name=spec.study_name,
+            direction="minimize",
+            # Offset by the history so a resumed study does not redraw its first points.
+            sampler=optuna.samplers.TPESampler(
+                seed=spec.seed + existing, n_startup_trials=spec.startup_trials
+            ),
+            pruner=_pruner(spec, self.cell.training.epochs),
+            load_if_exists=True,
+        )
+        self.device = select_device(spec.device)
+        ds = simulate_data(self.cell.system, self.cell.data, self.cell.seed)
+        self.data = prepare(
+            ds,
+            seed=self.cell.seed,
+            fractions=self.cell.data.fractions,
+            n_observed=self.cell.data.n_observed,
+            n_train=self.cell.data.n_train,
+        )
+        self.dataset_hash = ds.fingerprint
+        self.state_dim = int(ds.x.shape[-1])
+        self.tracker = Tracker.connect(self.config.tracking)
+        self.parent_run_id = parent_run_id or self._parent_run()
+        self._attr_lock = threading.Lock()
+
+    def _n_existing(self) -> int:
+        try:
+            study = optuna.load_study(study_name=self.spec.study_name, storage=self.storage)
+        except KeyError:
+            return 0
+        return len(study.trials)
+
+    def _parent_run(self) -> str:
+        """The study's MLflow parent run: the one recorded in the study, else a new one."""
+        recorded = self.study.user_attrs.get(PARENT_ATTR)
+        if recorded:
+            try:
+                run = self.tracker.get_run_data(recorded)
+                if run.info.experiment_id == self.tracker.experiment_id:
+                    self.tracker.set_tags(recorded, {"resumed": "true"})
+                    return recorded
+            except Exception:
+                pass  # another tracking store: start a parent there
+        tags = {
+            "nllab.kind": "tune",
+            "method": self.spec.method,
+            "system": self.spec.system,
+            "profile": self.spec.profile,
+            "optuna.study": self.spec.study_name,
+            "optuna.storage": redact(self.storage_url),
+            "dataset_hash": self.dataset_hash,
+        }
+        run_id = self.tracker.create_run(f"tune-{self.spec.study_name}", tags)
+        self.tracker.log_params(
+            run_id,
+            {
+                **self.cell.flat_params(),
+                "sampler": "TPE",
+                "sampler_seed": self.spec.seed,
+                "pruner": self.spec.pruner,
+                "n_trials": self.spec.n_trials,
+            },
+        )
+        self.study.set_user_attr(PARENT_ATTR, run_id)
+        return run_id
+
+    # -- trials -------------------------------------------------------------------------------
+    def counts(self) -> dict[TrialState, int]:
+        trials = self.study.get_trials(deepcopy=False)
+        return {s: sum(t.state == s for t in trials) for s in TrialState}
+
+    def remaining(self) -> int:
+        c = self.counts()
+        return max(0, self.spec.n_trials - c[TrialState.COMPLETE] - c[TrialState.PRUNED])
+
+    def enqueue_paper_point(self) -> None:
+        if self.spec.start_from_paper and not self.study.trials:
+            self.study.enqueue_trial(paper_params(self.spec.method), user_attrs={"origin": "paper"})
+
+    def objective(self, trial: optuna.Trial) -> float:
+        s = suggest(trial, self.spec.method)
+        model_kw = {**self.cell.model, **s.model}
+        training = TrainConfig.model_validate({**self.cell.training.model_dump(), **s.training})
+        trial.set_user_attr("overrides", s.as_json())
+        tags = {
+            "nllab.kind": "trial",
+            "method": self.spec.method,
+            "system": self.spec.system,
+            "profile": self.spec.profile,
+            "optuna.study": self.spec.study_name,
+            "optuna.trial": str(trial.number),
+            "origin": str(trial.user_attrs.get("origin", "sampler")),
+            "dataset_hash": self.dataset_hash,
+        }
+        with _trial_run(self.tracker, f"trial-{trial.number}", tags, self.parent_run_id) as run:
+            trial.set_user_attr("mlflow_run_id", run)
+            config = {
+                **self.cell.model_dump(mode="json"),
+                "model": model_kw,
+                "training": training.model_dump(mode="json"),
+            }
+            self.tracker.log_params(
+                run, {**_flat("", config, {}), **{f"hp.{k}": v for k, v in trial.params.items()}}
+            )
+            with seeded(self.cell.seed):
+                model = build_model(self.spec.method, self.state_dim, **model_kw)
+
+            def report(r: EpochRecord) -> None:
+                self.tracker.log_metrics(
+                    run,
+                    {"train_loss": r.train_loss, "val_loss": r.val_loss, "val_rmse": r.val_rmse},
+                    step=r.epoch,
+                )
+                trial.report(r.val_rmse, r.epoch)
+                if trial.should_prune():
+                    raise optuna.TrialPruned(f"pruned at epoch {r.epoch}: val_rmse {r.val_rmse}")
+
+            try:
+                result = train(
+                    model,
+                    self.data.train,
+                    self.data.val,
+                    training,
+                    device=self.device,
+                    seed=self.cell.seed,
+                    on_epoch=report,
+                    label=f"{self.spec.study_name}#{trial.number}",
+                )
+            except TrainingDiverged as e:
+                # Pruned, not failed: the sampler then learns that this region is bad.
+                trial.set_user_attr("diverged", str(e))
+                raise optuna.TrialPruned(f"diverged: {e}") from e
+            self.tracker.log_metrics(
+                run,
+                {
+                    "best_val_rmse": result.best_val_rmse,
+                    "best_epoch": result.best_epoch,
+                    "train_seconds": result.seconds,
+                },
+            )
+            return result.best_val_rmse
+
+    def optimize(self, n_trials: int, n_jobs: int) -> None:
+        if n_trials <= 0:
+            return
+        threads = self.config.torch_threads
+        if threads is not None and torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        # Fail (and re-enqueue) the trials of a killed process before drawing new ones.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.study)
+        self.study.optimize(
+            self.objective,
+            n_trials=n_trials,
+            n_jobs=n_jobs,
+            # Any other error fails only its trial; the study goes on (the run keeps the error).
+            catch=(Exception,),
+            gc_after_trial=False,
+        )
+
+    def finish(self) -> TuneResult:
+        done = [t for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()]
+        complete = [t for t in done if t.state == TrialState.COMPLETE]
+        if not complete:
+            self.tracker.set_tags(self.parent_run_id, {"error": "no trial completed"})
+            self.tracker.end_run(self.parent_run_id, "FAILED")
+            raise TuningError(
+                f"study {self.spec.study_name!r} has no completed trial "
+                f"({len(done)} finished: all pruned or failed); see the trial runs under "
+                f"MLflow parent run {self.parent_run_id}"
+            )
+        best = min(complete, key=lambda t: t.value)
+        first = min(complete, key=lambda t: t.number)
+        overrides = best.user_attrs["overrides"]
+        record = {
+            "study": self.spec.study_name,
+            "method": self.spec.method,
+            "system": self.spec.system,
+            "profile": self.spec.profile,
+            "trial": best.number,
+            "value": best.value,
+            "params": best.params,
+            "overrides": overrides,
+            "mlflow_run_id": best.user_attrs.get("mlflow_run_id"),
+        }
+        self.study.set_user_attr(BEST_ATTR, record)
+        c = self.counts()
+        self.tracker.log_text(
+            self.parent_run_id, json.dumps(record, indent=2, sort_keys=True), "best_config.json"
+        )
+        self.tracker.log_metrics(
+            self.parent_run_id,
+            {"best_val_rmse": best.value, "first_val_rmse": first.value, "n_trials": len(done)},
+        )
+        self.tracker.set_tags(
+            self.parent_run_id,
+            {
+                "best_trial": best.number,
+                "trials_complete": c[TrialState.COMPLETE],
+                "trials_pruned": c[TrialState.PRUNED],
+                "trials_failed": c[TrialState.FAIL],
+            },
+        )
+        self.tracker.end_run(self.parent_run_id, "FINISHED")
+        return TuneResult(
+            study_name=self.spec.study_name,
+            storage=redact(self.storage_url),
+            parent_run_id=self.parent_run_id,
+            best_trial=best.number,
+            best_value=float(best.value),
+            best=Suggestion.from_json(overrides),
+            first_value=float(first.value),
+            n_complete=c[TrialState.COMPLETE],
+            n_pruned=c[TrialState.PRUNED],
+            n_failed=c[TrialState.FAIL],
+            dashboard=dashboard_command(self.storage_url),
+        )
+
+
+def open_session(spec: StudySpec, parent_run_id: str | None = None) -> _Session:
+    """Open (or create) the study of ``spec``; the paper point is enqueued in a new study."""
+    session = _Session(spec, parent_run_id)
+    session.enqueue_paper_point()
+    return session
+
+
+def run_study(spec: StudySpec) -> TuneResult:
+    """Run the study until it holds ``spec.n_trials`` complete or pruned trials; resumable."""
+    session = open_session(spec)
+    session.optimize(session.remaining(), spec.n_jobs)
+    return session.finish()
+
+
+def run_trials(spec: StudySpec, parent_run_id: str, n_trials: int) -> int:
+    """Run ``n_trials`` trials of an opened study in this process (a shard on a Dask worker)."""
+    session = _Session(spec, parent_run_id)
+    session.optimize(n_trials, 1)
+    return n_trials
+
+
+# -- reading the result back ---------------------------------------------------------------------
+def tuned_overrides(
+    method: str, system: str, profile: str, storage: str | None = None, name: str | None = None
+) -> TunedOverrides | None:
+    """The best configuration of a finished study, or ``None`` if there is no such study."""
+    url = storage or default_storage_url()
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        return None
+    name = name or study_name(method, system, profile)
+    try:
+        study = optuna.load_study(study_name=name, storage=open_storage(url))
+    except KeyError:
+        return None
+    best = study.user_attrs.get(BEST_ATTR)
+    if not best:
+        return None
+    return TunedOverrides(
+        study_name=name,
+        best_value=float(best["value"]),
+        best_trial=int(best["trial"]),
+        model=dict(best["overrides"]["model"]),
+        training=dict(best["overrides"].get("training", {})),
+    )
+
+
+@dataclass(frozen=True)
+class TunedCells:
+    cells: tuple[CellConfig, ...]
+    tuned: tuple[str, ...]  # cell keys that use a study's best configuration
+    untuned: tuple[str, ...]  # cell keys with no finished study (paper configuration)
+
+
+def apply_tuned(
+    config: RunConfig, storage: str | None = None, profile: str | None = None
+) -> TunedCells:
+    """``config``'s cells with the best configuration of the study of their (method, system).
+
+    Studies are looked up at ``profile`` (default: the config's own). A cell with no finished
+    study keeps its configuration. Explicit per-method overrides of ``config`` win over tuned ones.
+    """
+    profile = profile or config.profile
+    cache: dict[tuple[str, str], TunedOverrides | None] = {}
+    cells, tuned, untuned = [], [], []
+    for cell in config.cells():
+        k = (cell.method, cell.system)
+        if k not in cache:
+            cache[k] = tuned_overrides(cell.method, cell.system, profile, storage)
+        best = cache[k]
+        if best is None:
+            cells.append(cell)
+            untuned.append(cell.key)
+            continue
+        data = cell.model_dump(mode="json")
+        data["model"] = {**best.model, **cell.model}
+        data["training"] = {**data["training"], **best.training}
+        try:
+            cells.append(CellConfig.model_validate(data))
+        except ValidationError as e:
+            raise ConfigError(
+                f"the tuned configuration of study {best.study_name!r} does not fit a cell "
+                f"config: {e.errors()[0]['msg']} (sequence-valued model overrides such as "
+                "hidden=[64, 64] need CellConfig.model to accept tuple[int, ...])"
+            ) from None
+        tuned.append(cell.key)
+    return TunedCells(tuple(cells), tuple(tuned), tuple(untuned))

@@ -1,0 +1,70 @@
+"""Scale-out on Dask: the smoke benchmark on a local 2-worker cluster (threads) gives the same
+per-cell test RMSE as the default thread runner; runner construction and setup checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flows import run_benchmark
+from flows._dask import DaskSetupError, check_cluster_tracking, dask_task_runner
+from tasks.config import resolve_config
+from tasks.tracking import Tracker, TrackingSettings
+
+
+def _config(runner: str):
+    return resolve_config(
+        "smoke",
+        overrides={
+            "systems": ["integro_de", "spiral_dde"],
+            "methods": ["neural_laplace", "node"],
+            "progress": False,
+            "max_workers": 2,
+            "task_runner": runner,
+            "tracking": {"register_models": False},
+        },
+    )
+
+
+def _use_store(monkeypatch, folder):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'mlflow.db'}")
+    monkeypatch.setenv("NLLAB_ARTIFACT_ROOT", str(folder / "artifacts"))
+
+
+def test_dask_runner_gives_the_same_results(tmp_path, monkeypatch, prefect_server):
+    torch.set_num_threads(1)
+    results = {}
+    for runner in ("thread", "dask"):
+        # Separate stores: in one store the second run would reuse the first run's cells.
+        _use_store(monkeypatch, tmp_path / runner)
+        summary = run_benchmark(_config(runner))
+        assert summary.ok and summary.count("finished") == 4, [r.error for r in summary.results]
+        results[runner] = {r.key: r.test_rmse for r in summary.results}
+        # Workers logged to the configured store: every cell has its child run there.
+        children = Tracker.connect().child_runs(summary.parent_run_id)
+        assert len(children) == 4
+    assert results["dask"].keys() == results["thread"].keys()
+    for key, rmse in results["thread"].items():
+        assert results["dask"][key] == pytest.approx(rmse, rel=1e-12, abs=1e-12), key
+
+
+def test_local_cluster_uses_threads_and_addresses_are_checked():
+    runner = dask_task_runner(3)
+    assert runner.cluster_kwargs["processes"] is False
+    assert runner.cluster_kwargs["n_workers"] == 3
+    assert dask_task_runner(2, "tcp://10.0.0.5:8786").address == "tcp://10.0.0.5:8786"
+    with pytest.raises(DaskSetupError, match="tcp://HOST:8786"):
+        dask_task_runner(2, "10.0.0.5")
+
+
+def test_remote_cluster_needs_a_reachable_tracking_store():
+    embedded = TrackingSettings("sqlite:////tmp/x/mlflow.db", "/tmp/x/artifacts", "nllab")
+    server = TrackingSettings("http://mlflow.internal:5000", None, "nllab")
+    with pytest.raises(DaskSetupError, match="MLflow server"):
+        check_cluster_tracking("tcp://10.0.0.5:8786", embedded)
+    check_cluster_tracking(None, embedded)  # local threads: fine
+    # A cluster's worker processes need a Prefect server to report to.
+    with pytest.warns(UserWarning, match="PREFECT_API_URL"):
+        check_cluster_tracking("tcp://127.0.0.1:8786", embedded)  # same machine: store reachable
+    with pytest.warns(UserWarning, match="PREFECT_API_URL"):
+        check_cluster_tracking("tcp://10.0.0.5:8786", server)

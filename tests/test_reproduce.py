@@ -1,0 +1,130 @@
+"""Reproduce from the registry: same data, same test RMSE to 1e-9, ablations linked to the
+source run, clear errors, and a registry that is only read."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from flows.reproduce import (
+    DataMismatch,
+    ablation_cells,
+    add_reproduce_parser,
+    cmd_reproduce,
+    reproduce,
+    verify_registered,
+)
+from tasks.cell import CellRuntime, run_cell
+from tasks.config import CellConfig, TrainConfig
+from tasks.tracking import Tracker
+
+NAME = "neural-laplace-integro_de"
+URI = f"models:/{NAME}@champion"
+
+
+@pytest.fixture(scope="module")
+def registered(tmp_path_factory):
+    """A smoke cell trained, logged and registered as champion in a module-wide store."""
+    folder = tmp_path_factory.mktemp("repro")
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'mlflow.db'}")
+        mp.setenv("NLLAB_ARTIFACT_ROOT", str(folder / "artifacts"))
+        cell = CellConfig(
+            system="integro_de",
+            method="neural_laplace",
+            seed=1,
+            data={"n_trajectories": 30, "n_points": 40},
+            training=TrainConfig(epochs=2, batch_size=8),
+        )
+        t = Tracker.connect()
+        result = run_cell(cell, CellRuntime.for_tracker(t, parent_run_id=None, profile="smoke"))
+        assert result.ok, result.error
+        promo = t.promote_if_better(NAME, result.run_id, result.test_rmse)
+        assert promo.promoted
+        yield cell, result
+
+
+def _registry_state(t: Tracker):
+    return sorted(
+        (v.name, v.version, v.run_id, v.source) for v in t.client.search_model_versions("")
+    ), dict(t.client.get_registered_model(NAME).aliases)
+
+
+def test_registered_model_reproduces_the_logged_test_rmse(registered):
+    cell, result = registered
+    v = verify_registered(URI)
+    assert v.ref.run_id == result.run_id and v.cell == cell
+    assert v.logged_rmse == result.test_rmse
+    assert abs(v.test_rmse - v.logged_rmse) <= 1e-9
+    # By version number too, and from freshly simulated data (no cache).
+    again = verify_registered(f"models:/{NAME}/1", fresh_data=True)
+    assert abs(again.test_rmse - result.test_rmse) <= 1e-9
+
+
+def test_changed_simulator_is_a_clear_data_error(registered, monkeypatch):
+    import datasets._simulate
+
+    monkeypatch.setattr(datasets._simulate, "DATA_VERSION", "changed")
+    with pytest.raises(DataMismatch, match="can no longer be rebuilt"):
+        verify_registered(URI)
+
+
+@pytest.mark.parametrize(
+    "uri, match",
+    [
+        ("models:/no-such-model@champion", "no registered model version"),
+        (f"models:/{NAME}/99", "no registered model version"),
+        (f"models:/{NAME}@no-such-alias", "no registered model version"),
+        ("runs:/abc/model", "expected a registry URI"),
+    ],
+)
+def test_unknown_uri_is_a_clear_error(registered, uri, match):
+    with pytest.raises(LookupError, match=match):
+        verify_registered(uri)
+
+
+def test_ablation_variants_keep_the_source_config():
+    cell = CellConfig(system="integro_de", method="neural_laplace", seed=0)
+    variants = ablation_cells(cell, "stereographic")
+    assert [v for v, _ in variants] == [True, False]
+    assert variants[0][1] is cell and variants[1][1].model == {"stereographic": False}
+    latent = ablation_cells(cell, "latent-dim")
+    assert [v for v, _ in latent] == [2, 1, 4, 8] or [v for v, _ in latent] == [1, 2, 4, 8]
+    noise = ablation_cells(cell, "noise")
+    assert {c.data.noise_std for _, c in noise} == {0.0, 0.01, 0.05, 0.1}
+    with pytest.raises(ValueError, match="applies to neural_laplace"):
+        ablation_cells(cell.model_copy(update={"method": "node"}), "ilt")
+    with pytest.raises(ValueError, match="unknown ablation"):
+        ablation_cells(cell, "dropout")
+
+
+def test_ablation_runs_are_linked_and_the_registry_is_untouched(registered, prefect_server):
+    _, result = registered
+    t = Tracker.connect()
+    before = _registry_state(t)
+    out = reproduce(URI, "stereographic")
+    assert _registry_state(t) == before  # nothing registered, moved or deleted
+    values = {v: r for v, r in out.cells}
+    assert values[True].run_id == result.run_id and values[True].status == "reused"
+    new = values[False]
+    assert new.ok and new.run_id != result.run_id
+    run = t.get_run_data(new.run_id)
+    assert run.data.tags["nllab.source_run_id"] == result.run_id
+    assert run.data.tags["mlflow.parentRunId"] == out.run_id
+    assert run.data.params["model.stereographic"] == "False"
+    parent = t.get_run_data(out.run_id)
+    assert parent.data.tags["mlflow.parentRunId"] == result.run_id
+    assert parent.data.tags["nllab.kind"] == "reproduce"
+    assert parent.data.metrics["abs_difference"] <= 1e-9
+
+
+def test_cli_reproduce_exit_codes(registered, prefect_server, capsys):
+    parser = argparse.ArgumentParser()
+    add_reproduce_parser(parser.add_subparsers())
+    assert cmd_reproduce(parser.parse_args(["reproduce", URI])) == 0
+    assert "reproduced" in capsys.readouterr().out
+    assert cmd_reproduce(parser.parse_args(["reproduce", "models:/nope@champion"])) == 2
+    assert "no registered model version" in capsys.readouterr().err

@@ -1,0 +1,90 @@
+"""Schedules: the default file builds deployments with its cron schedules; malformed entries
+are errors naming the entry; serving without a Prefect server explains how to get one."""
+
+from __future__ import annotations
+
+import argparse
+import tomllib
+
+import pytest
+
+from flows.serve import (
+    DEFAULT_SCHEDULES,
+    ScheduleError,
+    ServerMissing,
+    add_serve_parser,
+    build_deployments,
+    cmd_serve,
+    load_schedules,
+    require_server,
+)
+
+
+def test_default_schedules_become_deployments_with_their_crons():
+    raw = tomllib.loads(DEFAULT_SCHEDULES.read_text())["schedule"]
+    deployments = build_deployments(load_schedules())
+    assert [d.name for d in deployments] == [e["name"] for e in raw]
+    for d, e in zip(deployments, raw):
+        (schedule,) = d.schedules
+        assert schedule.schedule.cron == e["cron"]
+        assert schedule.schedule.timezone == "UTC"
+    nightly = deployments[0]
+    assert nightly.entrypoint.endswith("flows/serve.py:scheduled_benchmark")
+    assert nightly.parameters == {"profile": "smoke", "config": {}}
+    study = deployments[1].parameters["study"]
+    assert study["method"] == "neural_laplace" and study["n_trials"] == raw[1]["trials"]
+    assert any(e["flow"] == "tune" for e in raw) and raw[0]["profile"] == "smoke"
+
+
+def _write(tmp_path, body: str):
+    p = tmp_path / "schedules.toml"
+    p.write_text(body)
+    return p
+
+
+GOOD = 'name = "b"\nflow = "benchmark"\ncron = "0 2 * * *"\n'
+
+
+@pytest.mark.parametrize(
+    "body, match",
+    [
+        (
+            '[[schedule]]\nname = "bad-cron"\nflow = "benchmark"\ncron = "61 * * * *"\n',
+            r"entry 1 \('bad-cron'\): cron: invalid cron string '61 \* \* \* \*'",
+        ),
+        (
+            f'[[schedule]]\n{GOOD}\n[[schedule]]\nname = "t"\nflow = "tune"\ncron = "0 3 * * 0"\n'
+            'method = "node"\nsystem = "nowhere"\ntrials = 3\n',
+            r"(?s)entry 2 \('t'\): .*unknown system 'nowhere'",
+        ),
+        (
+            '[[schedule]]\nname = "x"\nflow = "train"\ncron = "0 2 * * *"\n',
+            r"entry 1 \('x'\): flow must be 'benchmark' or 'tune'",
+        ),
+        (f'[[schedule]]\n{GOOD}timezone = "Mars/Olympus"\n', r"entry 1 \('b'\): timezone"),
+        (f'[[schedule]]\n{GOOD}colour = "red"\n', r"entry 1 \('b'\): colour: unknown setting"),
+        (f"[[schedule]]\n{GOOD}\n[[schedule]]\n{GOOD}", r"entry 2 \('b'\): duplicate name"),
+        (f'[[schedule]]\n{GOOD}config = {{ epochs = "many" }}\n', r"entry 1 \('b'\)"),
+        ("", "no \\[\\[schedule\\]\\] entries"),
+        ("[[schedule]\n", "not valid TOML"),
+    ],
+)
+def test_malformed_schedule_is_an_error_naming_the_entry(tmp_path, body, match):
+    with pytest.raises(ScheduleError, match=match):
+        load_schedules(_write(tmp_path, body))
+
+
+def test_no_server_explains_how_to_start_one(tmp_path, capsys, monkeypatch):
+    with pytest.raises(ServerMissing, match="prefect server start"):
+        require_server(None)
+    assert require_server("http://127.0.0.1:4200/api") == "http://127.0.0.1:4200/api"
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers())
+    monkeypatch.setattr("flows.serve._api_url", lambda: None)
+    assert cmd_serve(parser.parse_args(["serve"])) == 2
+    err = capsys.readouterr().err
+    assert "PREFECT_API_URL" in err and "--start-server" in err
+    assert cmd_serve(parser.parse_args(["serve", "--check"])) == 0
+    assert "benchmark-nightly" in capsys.readouterr().out
+    bad = _write(tmp_path, '[[schedule]]\nname = "z"\nflow = "benchmark"\ncron = "bad"\n')
+    assert cmd_serve(parser.parse_args(["serve", "--config", str(bad)])) == 2

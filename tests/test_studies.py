@@ -1,0 +1,163 @@
+"""Every study's smoke run: its tables and figures land as artifacts of one MLflow parent run,
+with the expected rows and columns; cells are reused by config hash; the NFE and frequency-filter
+claims hold."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+#: study -> table -> (key columns, extra columns, number of rows in the smoke profile)
+EXPECTED: dict[str, dict[str, tuple[tuple[str, ...], tuple[str, ...], int]]] = {
+    "stereographic": {"stereographic": (("system", "stereographic"), (), 2)},
+    "latent-dim": {"latent_dim": (("system", "latent_dim"), (), 2)},
+    "noise": {"noise": (("system", "noise_std", "method"), (), 2)},
+    "sample-size": {"sample_size": (("system", "N", "n_train", "method"), (), 4)},
+    "observation-size": {"observation_size": (("system", "n_observed", "method"), (), 4)},
+    "ilt": {
+        "ilt_accuracy": (("algorithm",), ("us_per_point",), 6),
+        "ilt_training": (("system", "ilt"), (), 2),
+    },
+    "solvers": {"solvers": (("system", "method", "solver"), (), 3)},
+    "nfe": {
+        "nfe_horizon": (("method", "dt"), ("seconds",), 9),
+        "nfe_points": (("method", "n_points"), ("seconds",), 9),
+    },
+    "wallclock": {"wallclock": (("method", "solver"), ("nfe_per_batch", "x_neural_laplace"), 2)},
+    "cmi": {"cmi": (("system", "method"), (), 2)},
+    "waveforms": {"waveforms": (("system", "method"), (), 2)},
+    "frequency-filter": {"frequency_filter": (("system", "variant"), ("rmse_to_corrupted",), 2)},
+}
+VALUE_COLUMNS = ["value", "std", "n", "paper", "gap", "verdict"]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One MLflow store for every smoke study of this module (cells shared between studies)."""
+    folder = tmp_path_factory.mktemp("studies-mlflow")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'mlflow.db'}")
+        mp.setenv("NLLAB_ARTIFACT_ROOT", str(folder / "artifacts"))
+        yield folder
+
+
+@pytest.fixture(scope="module")
+def smoke(store):
+    """Every study run once with the smoke profile (≈40 s in all)."""
+    import torch
+
+    from flows.studies import STUDIES, run_study, study_config
+
+    torch.set_num_threads(1)
+    return {name: run_study(study_config(name, "smoke")) for name in STUDIES}
+
+
+def _tracker():
+    from tasks.tracking import Tracker
+
+    return Tracker.connect()
+
+
+def test_registry_and_unknown_name():
+    from flows.studies import STUDIES, get_study, study_config
+
+    assert list(STUDIES) == list(EXPECTED)
+    with pytest.raises(ValueError, match="valid studies: stereographic, latent-dim"):
+        get_study("stereo")
+    with pytest.raises(ValueError, match="unknown system"):
+        study_config("noise", "smoke", systems=["nope"])
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_smoke_artifacts(smoke, name, tmp_path):
+    summary = smoke[name]
+    tracker = _tracker()
+    run_id = tracker.latest_run(f"study:{name}")
+    assert run_id == summary.parent_run_id
+    run = tracker.get_run_data(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["nllab.study"] == name and run.data.tags["profile"] == "smoke"
+    root = tracker.download(run_id, "study", tmp_path)
+    meta = json.loads((root / "study.json").read_text())
+    paper = json.loads((root / "paper.json").read_text())
+    assert meta["study"] == name and paper["paper_ref"]
+    assert sorted(meta["tables"]) == sorted(EXPECTED[name])
+    for table, (keys, extra, n_rows) in EXPECTED[name].items():
+        frame = pd.read_csv(root / "tables" / f"{table}.csv")
+        assert set([*keys, *VALUE_COLUMNS, *extra]) <= set(frame.columns), frame.columns
+        assert list(frame.columns[: len(keys)]) == list(keys)
+        assert len(frame) == n_rows
+        assert frame["value"].notna().all(), frame
+        assert (root / "tables" / f"{table}.md").read_text().startswith("| " + keys[0])
+    pngs = sorted((root / "figures").glob("*.png"))
+    assert pngs and [p.name for p in pngs] == list(meta["figures"])
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    # Training studies: their cells are child runs of the study's parent run.
+    if summary.cells:
+        assert all(c.ok for c in summary.cells)
+        children = {r.info.run_id for r in tracker.child_runs(run_id)}
+        assert {c.run_id for c in summary.cells if c.status == "finished"} <= children
+
+
+def test_paper_numbers_beside_ours(smoke):
+    frame = smoke["stereographic"].tables["stereographic"]
+    assert frame.set_index("stereographic").loc["on", "paper"] == pytest.approx(0.0036)
+    row = frame.iloc[0]
+    assert row["gap"] == pytest.approx(row["value"] - row["paper"])
+    acc = smoke["ilt"].tables["ilt_accuracy"].set_index("algorithm")
+    # Table 12 is deterministic: our ILTs match the paper's RMSE.
+    assert (acc.loc[["fourier", "talbot", "stehfest", "cme"], "verdict"] == "match").all()
+
+
+def test_cells_are_reused(smoke):
+    from flows.studies import run_study, study_config
+
+    again = run_study(study_config("stereographic", "smoke"))
+    assert again.cells and all(c.status == "reused" for c in again.cells)
+    first = {c.config_hash: c.run_id for c in smoke["stereographic"].cells}
+    assert {c.config_hash: c.run_id for c in again.cells} == first
+
+
+def test_nfe_constant_for_neural_laplace_growing_for_node(smoke):
+    frame = smoke["nfe"].tables["nfe_horizon"]
+    nl = frame[frame.method == "neural_laplace"].sort_values("dt")["value"].to_numpy()
+    assert len(set(nl)) == 1 and nl[0] >= 1
+    for method in ("node", "anode"):
+        v = frame[frame.method == method].sort_values("dt")["value"].to_numpy()
+        assert all(b >= a for a, b in itertools.pairwise(v)), v  # non-decreasing in Δt
+        assert v[-1] > v[-2] and v[-1] > nl[-1], v  # strictly more at the longest horizon
+
+
+def test_cli_runs_a_study_and_rejects_unknown(smoke, capsys):
+    from flows.studies.cli import main
+
+    assert main(["waveforms", "--profile", "smoke", "--seeds", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "## waveforms" in out and "2 reused, 0 failed" in out  # the smoke cells, reused
+    assert main(["nope", "--profile", "smoke"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown study 'nope'" in err and "frequency-filter" in err
+
+
+def test_frequency_filter_recovers_clean_signal(store):
+    """Appendix C: trained on the corrupted signal, the low-pass model is closer to the clean
+    one than the unfiltered model (real training, seeded)."""
+    from flows.studies import run_study, study_config
+
+    config = study_config(
+        "frequency-filter",
+        "smoke",
+        seeds=[0],
+        overrides=FILTER_BUDGET,
+    )
+    frame = run_study(config).tables["frequency_filter"].set_index("variant")
+    filtered, unfiltered = frame.loc["low-pass s≤3", "value"], frame.loc["unfiltered", "value"]
+    assert filtered < unfiltered, frame
+
+
+FILTER_BUDGET = {"data": {"n_trajectories": 100}, "training": {"epochs": 80, "lr": 0.01}}
