@@ -25,17 +25,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from nlmodels.diagnostics import ILT_ORDER as ORDER
+from nlmodels.diagnostics import ILT_PAIRS as PAIRS
+from nlmodels.diagnostics import PAPER_ILT_RMSE as PAPER_RMSE
+from nlmodels.diagnostics import ilt_accuracy as measure_ours
+from nlmodels.diagnostics import rmse as _rmse
 from nlmodels.ilt import ILT_ALGORITHMS, get_ilt
 
-ORDER = ["fourier", "dehoog", "talbot", "stehfest", "cme", "euler"]
-PAPER_RMSE = {
-    "fourier": 0.0171,
-    "dehoog": 7.056e-10,
-    "talbot": 0.4365,
-    "stehfest": 0.2842,
-    "cme": 0.0069,
-    "euler": None,
-}
 REFERENCE_CLASS = {
     "fourier": "Fourier",
     "dehoog": "DeHoog",
@@ -44,27 +40,6 @@ REFERENCE_CLASS = {
     "cme": "CME",
     "euler": "Euler",
 }
-# (label, F(s), x(t), t grid): torch expressions, evaluated the same way in both interpreters.
-PAIRS = [
-    ("s/(s^2+1)", "s / (s**2 + 1)", "torch.cos(t)", "torch.linspace(0, 10, 1000)[1:]"),
-    ("1/(s+1)", "1 / (s + 1)", "torch.exp(-t)", "torch.linspace(0, 10, 1000)[1:]"),
-    ("1/(s^2+1)", "1 / (s**2 + 1)", "torch.sin(t)", "torch.linspace(0, 10, 1000)[1:]"),
-    (
-        "1/sqrt(s)",
-        "1 / torch.sqrt(s)",
-        "1 / torch.sqrt(torch.pi * t)",
-        "torch.linspace(0.1, 10, 100)",
-    ),
-    ("1/s^2", "1 / s**2", "t", "torch.linspace(0.1, 10, 100)"),
-    (
-        "e^{-s}/s",
-        "torch.exp(-s) / s",
-        "(t > 1).double()",
-        "torch.cat([torch.linspace(0.1, 0.8, 50), torch.linspace(1.3, 5, 50)])",
-    ),
-    ("1/(s+1/2)^2", "1 / (s + 0.5)**2", "t * torch.exp(-t / 2)", "torch.linspace(0.1, 10, 100)"),
-]
-
 REFERENCE_SCRIPT = textwrap.dedent(
     """
     import json, sys, time, statistics
@@ -96,34 +71,6 @@ REFERENCE_SCRIPT = textwrap.dedent(
     print(json.dumps(out))
     """
 )
-
-
-def _rmse(est: torch.Tensor, exact: torch.Tensor) -> float:
-    return float(torch.sqrt(torch.mean((est - exact) ** 2)))
-
-
-def measure_ours(terms: int, repeats: int) -> dict[str, dict]:
-    """RMSE on every pair and µs per time point on the first (Table 12) pair."""
-    import statistics
-    import time
-
-    out: dict[str, dict] = {}
-    for name in ORDER:
-        ilt = get_ilt(name, terms=terms)
-        for label, f_expr, x_expr, t_expr in PAIRS:
-            t = eval(t_expr).double()
-            F = eval("lambda s: " + f_expr)
-            x = eval(x_expr)
-            rec = {"rmse": _rmse(ilt.invert(F, t), x), "us": None}
-            if label == PAIRS[0][0]:
-                times = []
-                for _ in range(repeats):
-                    t0 = time.perf_counter()
-                    ilt.invert(F, t)
-                    times.append(time.perf_counter() - t0)
-                rec["us"] = statistics.median(times) / t.numel() * 1e6
-            out[f"{name}|{label}"] = rec
-    return out
 
 
 def measure_reference(python: str, terms: int, repeats: int) -> dict[str, dict]:

@@ -12,9 +12,7 @@ evaluations needed to extrapolate one point Δt ahead of the last observation fo
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -22,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import nlmodels.baselines
-from nlmodels.base import ForecastModel
+from nlmodels.diagnostics import epoch_seconds, horizon_nfe, trajectories
 from nlmodels.registry import MODELS, build_model
 
 try:  # the unit of every ratio; the benchmark still runs while it is being written
@@ -34,55 +32,6 @@ TABLE7 = {"neural_laplace": 17194, "node": 17025, "anode": 17282, "latent_ode": 
           "nf_coupling": 18307, "nf_resnet": 18307}  # fmt: skip
 ORDER = list(TABLE7)
 HORIZONS = (1.0, 10.0, 100.0)
-
-
-def trajectories(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """``n`` damped spirals with random frequency, decay, phase and amplitude on t ∈ [0, 20]."""
-    g = torch.Generator().manual_seed(seed)
-    t = torch.linspace(0.0, 20.0, 200, dtype=torch.float64)
-    omega, decay, phase, amp = (torch.rand(4, n, 1, generator=g, dtype=torch.float64)).unbind(0)
-    omega, decay, phase, amp = 0.5 + omega, 0.1 * decay, 2 * math.pi * phase, 0.5 + amp
-    envelope = amp * torch.exp(-decay * t)
-    x = torch.stack(
-        [envelope * torch.cos(omega * t + phase), envelope * torch.sin(omega * t + phase)], -1
-    )
-    return t, x
-
-
-def epoch_seconds(model: ForecastModel, t: torch.Tensor, x: torch.Tensor, epochs: int, batch: int):
-    """Mean seconds per training epoch and mean NFE per training batch."""
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    ot, qt = t[:100], t[100:]
-    g = torch.Generator().manual_seed(1)
-    times, nfes = [], []
-    for _ in range(epochs):
-        order = torch.randperm(x.shape[0], generator=g)
-        model.reset_nfe()
-        start = time.perf_counter()
-        for i in range(0, x.shape[0], batch):
-            xb = x[order[i : i + batch]]
-            opt.zero_grad()
-            model.training_loss(ot, xb[:, :100], qt, xb[:, 100:]).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-        times.append(time.perf_counter() - start)
-        nfes.append(model.nfe / math.ceil(x.shape[0] / batch))
-    return sum(times) / len(times), sum(nfes) / len(nfes)
-
-
-def horizon_nfe(model: ForecastModel, t: torch.Tensor, x: torch.Tensor, dt: float) -> int:
-    """NFEs to predict one point ``dt`` after the last observation (encoder NFEs excluded)."""
-    ot, ox = t[:100], x[:8, :100]
-    query = ot[-1:] + dt
-    with torch.no_grad():
-        encode_nfe = 0
-        if hasattr(model, "encode") and model.registry_name != "neural_laplace":
-            model.reset_nfe()
-            model.encode(ot, ox)
-            encode_nfe = model.nfe
-        model.reset_nfe()
-        model(ot, ox, query)
-    return model.nfe - encode_nfe
 
 
 def ratio(value: float | None, unit: float | None) -> str:

@@ -14,7 +14,6 @@ import pandas as pd
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.studies._bench import benchmark_module
 from flows.studies._core import (
     Study,
     StudyConfig,
@@ -32,8 +31,9 @@ TRAINED = ("fourier", "dehoog", "talbot", "stehfest", "cme")
 
 
 def _paper() -> dict[tuple[str, ...], float]:
-    bench = benchmark_module("ilt_table")
-    return {(name,): v for name, v in bench.PAPER_RMSE.items() if v is not None}
+    from nlmodels import diagnostics as bench
+
+    return {(name,): v for name, v in bench.PAPER_ILT_RMSE.items() if v is not None}
 
 
 SPEC = StudySpec(
@@ -49,14 +49,15 @@ def ilt_accuracy(terms: int, repeats: int) -> pd.DataFrame:
     """RMSE against cos t and µs per time point of every algorithm (one torch thread)."""
     import torch
 
-    bench = benchmark_module("ilt_table")
+    from nlmodels import diagnostics as bench
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        ours = bench.measure_ours(terms, repeats)
+        ours = bench.ilt_accuracy(terms, repeats)
     finally:
         torch.set_num_threads(threads)
-    first = bench.PAIRS[0][0]
+    first = bench.ILT_PAIRS[0][0]
     rows = [
         {
             "algorithm": name,
@@ -65,7 +66,7 @@ def ilt_accuracy(terms: int, repeats: int) -> pd.DataFrame:
             "n": 1,
             "us_per_point": ours[f"{name}|{first}"]["us"],
         }
-        for name in bench.ORDER
+        for name in bench.ILT_ORDER
     ]
     return pd.DataFrame(rows)
 

@@ -18,7 +18,6 @@ import torch
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.studies._bench import benchmark_module
 from flows.studies._core import (
     Study,
     StudyConfig,
@@ -63,7 +62,8 @@ def measure_nfe(
     model, method: str, obs_t: np.ndarray, obs_x: np.ndarray, dts: tuple, points: tuple
 ) -> tuple[list[dict], list[dict]]:
     """Rows of (a) NFE/seconds against Δt and (b) NFE/seconds against N points."""
-    bench = benchmark_module("models")
+    from nlmodels import diagnostics as bench
+
     t = torch.tensor(np.array(obs_t), dtype=torch.float64)
     x = torch.tensor(np.array(obs_x), dtype=torch.float64)
     model = model.double()

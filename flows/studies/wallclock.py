@@ -12,7 +12,6 @@ import torch
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.studies._bench import benchmark_module
 from flows.studies._core import (
     Study,
     StudyConfig,
@@ -54,8 +53,8 @@ def epoch_seconds(
 ) -> dict:
     """Mean seconds per epoch (and NFE per batch) of one freshly built model, float64."""
     from nlmodels import build_model
+    from nlmodels import diagnostics as bench
 
-    bench = benchmark_module("models")
     overrides = {} if solver == "–" else {"solver": solver}
     with seeded(seed):
         model = build_model(method, x.shape[-1], **overrides).double()

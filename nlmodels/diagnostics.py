@@ -1,0 +1,136 @@
+"""Measurements shared by the benchmark scripts and the studies (pure torch).
+
+* :func:`ilt_accuracy`: RMSE of every ILT on transform pairs with exact inverses, and µs per time
+  point on the paper's Table 12 pair (F(s) = s/(s²+1) → cos t on 999 points of (0, 10]);
+* :func:`trajectories`, :func:`epoch_seconds`: seconds per training epoch of a model;
+* :func:`horizon_nfe`: function evaluations to extrapolate one point Δt ahead (paper Fig. NFE).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import torch
+
+from nlmodels.base import ForecastModel
+from nlmodels.ilt import get_ilt
+
+__all__ = [
+    "ILT_ORDER",
+    "ILT_PAIRS",
+    "PAPER_ILT_RMSE",
+    "epoch_seconds",
+    "horizon_nfe",
+    "ilt_accuracy",
+    "rmse",
+    "trajectories",
+]
+
+ILT_ORDER = ["fourier", "dehoog", "talbot", "stehfest", "cme", "euler"]
+PAPER_ILT_RMSE = {
+    "fourier": 0.0171,
+    "dehoog": 7.056e-10,
+    "talbot": 0.4365,
+    "stehfest": 0.2842,
+    "cme": 0.0069,
+    "euler": None,
+}
+# (label, F(s), x(t), t grid): torch expressions (strings, so that the benchmark can evaluate
+# them the same way in the reference package's interpreter).
+ILT_PAIRS = [
+    ("s/(s^2+1)", "s / (s**2 + 1)", "torch.cos(t)", "torch.linspace(0, 10, 1000)[1:]"),
+    ("1/(s+1)", "1 / (s + 1)", "torch.exp(-t)", "torch.linspace(0, 10, 1000)[1:]"),
+    ("1/(s^2+1)", "1 / (s**2 + 1)", "torch.sin(t)", "torch.linspace(0, 10, 1000)[1:]"),
+    (
+        "1/sqrt(s)",
+        "1 / torch.sqrt(s)",
+        "1 / torch.sqrt(torch.pi * t)",
+        "torch.linspace(0.1, 10, 100)",
+    ),
+    ("1/s^2", "1 / s**2", "t", "torch.linspace(0.1, 10, 100)"),
+    (
+        "e^{-s}/s",
+        "torch.exp(-s) / s",
+        "(t > 1).double()",
+        "torch.cat([torch.linspace(0.1, 0.8, 50), torch.linspace(1.3, 5, 50)])",
+    ),
+    ("1/(s+1/2)^2", "1 / (s + 0.5)**2", "t * torch.exp(-t / 2)", "torch.linspace(0.1, 10, 100)"),
+]
+
+
+def rmse(est: torch.Tensor, exact: torch.Tensor) -> float:
+    """Root-mean-square error."""
+    return float(torch.sqrt(torch.mean((est - exact) ** 2)))
+
+
+def ilt_accuracy(terms: int = 33, repeats: int = 30) -> dict[str, dict]:
+    """``{"name|pair": {"rmse": ..., "us": ...}}``: RMSE of every algorithm on every pair and µs
+    per time point (median of ``repeats``) on the first, Table 12, pair."""
+    out: dict[str, dict] = {}
+    for name in ILT_ORDER:
+        ilt = get_ilt(name, terms=terms)
+        for label, f_expr, x_expr, t_expr in ILT_PAIRS:
+            t = eval(t_expr).double()
+            F = eval("lambda s: " + f_expr)
+            x = eval(x_expr)
+            rec = {"rmse": rmse(ilt.invert(F, t), x), "us": None}
+            if label == ILT_PAIRS[0][0]:
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    ilt.invert(F, t)
+                    times.append(time.perf_counter() - t0)
+                rec["us"] = statistics.median(times) / t.numel() * 1e6
+            out[f"{name}|{label}"] = rec
+    return out
+
+
+def trajectories(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` damped spirals with random frequency, decay, phase and amplitude on t ∈ [0, 20]."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.linspace(0.0, 20.0, 200, dtype=torch.float64)
+    omega, decay, phase, amp = (torch.rand(4, n, 1, generator=g, dtype=torch.float64)).unbind(0)
+    omega, decay, phase, amp = 0.5 + omega, 0.1 * decay, 2 * math.pi * phase, 0.5 + amp
+    envelope = amp * torch.exp(-decay * t)
+    x = torch.stack(
+        [envelope * torch.cos(omega * t + phase), envelope * torch.sin(omega * t + phase)], -1
+    )
+    return t, x
+
+
+def epoch_seconds(model: ForecastModel, t: torch.Tensor, x: torch.Tensor, epochs: int, batch: int):
+    """Mean seconds per training epoch and mean NFE per training batch."""
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    ot, qt = t[:100], t[100:]
+    g = torch.Generator().manual_seed(1)
+    times, nfes = [], []
+    for _ in range(epochs):
+        order = torch.randperm(x.shape[0], generator=g)
+        model.reset_nfe()
+        start = time.perf_counter()
+        for i in range(0, x.shape[0], batch):
+            xb = x[order[i : i + batch]]
+            opt.zero_grad()
+            model.training_loss(ot, xb[:, :100], qt, xb[:, 100:]).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+        times.append(time.perf_counter() - start)
+        nfes.append(model.nfe / math.ceil(x.shape[0] / batch))
+    return sum(times) / len(times), sum(nfes) / len(nfes)
+
+
+def horizon_nfe(model: ForecastModel, t: torch.Tensor, x: torch.Tensor, dt: float) -> int:
+    """NFEs to predict one point ``dt`` after the last observation (encoder NFEs excluded)."""
+    ot, ox = t[:100], x[:8, :100]
+    query = ot[-1:] + dt
+    with torch.no_grad():
+        encode_nfe = 0
+        if hasattr(model, "encode") and model.registry_name != "neural_laplace":
+            model.reset_nfe()
+            model.encode(ot, ox)
+            encode_nfe = model.nfe
+        model.reset_nfe()
+        model(ot, ox, query)
+    return model.nfe - encode_nfe
