@@ -69,5 +69,9 @@ __all__ = [
 
 def load_registered_model(uri: str, tracking: TrackingConfig | None = None, device: str = "cpu"):
     """Load ``models:/NAME@ALIAS`` from the configured registry as ``(model, ModelSpec)``."""
+    import tempfile
+
     tracker = Tracker.connect(tracking)
-    return load_model(tracker.download_model(uri), device=device)
+    # The weights are in memory once loaded: the downloaded copy is not kept.
+    with tempfile.TemporaryDirectory(prefix="nllab-model-") as tmp:
+        return load_model(tracker.download_model(uri, tmp), device=device)

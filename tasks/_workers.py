@@ -14,10 +14,23 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import TypeVar
 
-__all__ = ["run_in_worker", "worker_pool_active", "worker_processes"]
+__all__ = ["run_in_worker", "worker_pool_active", "worker_processes", "worker_stop_event"]
 
 T = TypeVar("T")
 _POOL: ProcessPoolExecutor | None = None
+# In a worker: set by the parent when the flow is interrupted, so running cells stop and end
+# KILLED (a signal sent to the parent alone never reaches the workers).
+_WORKER_STOP = None
+
+
+def _init_worker(stop) -> None:
+    global _WORKER_STOP
+    _WORKER_STOP = stop
+
+
+def worker_stop_event():
+    """The interruption event of this worker process, or ``None`` outside workers."""
+    return _WORKER_STOP
 
 
 @contextmanager
@@ -27,9 +40,16 @@ def worker_processes(n: int) -> Iterator[None]:
     if _POOL is not None:
         raise RuntimeError("worker processes are already running in this process")
     # 'spawn': the caller has threads (Prefect), which 'fork' does not copy safely.
-    _POOL = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"))
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    _POOL = ProcessPoolExecutor(
+        max_workers=n, mp_context=ctx, initializer=_init_worker, initargs=(stop,)
+    )
     try:
         yield
+    except BaseException:
+        stop.set()
+        raise
     finally:
         pool, _POOL = _POOL, None
         pool.shutdown(wait=True, cancel_futures=True)

@@ -17,6 +17,7 @@ import torch
 
 from datasets import Dataset, data_home, load_or_simulate, prepare
 from nlmodels import build_model
+from tasks._workers import worker_stop_event
 from tasks.config import CellConfig, DataConfig, ensure_models_registered
 from tasks.evaluation import evaluate, plot_extrapolation, plot_loss_curves
 from tasks.modelio import ModelSpec, save_model
@@ -185,7 +186,7 @@ def _fit(cell: CellConfig, rt: CellRuntime, run_id: str, config_hash: str) -> No
         device=device,
         seed=cell.seed,
         on_epoch=log_epoch,
-        stop=rt.stop,
+        stop=rt.stop if rt.stop is not None else worker_stop_event(),
         progress=rt.progress,
         label=cell.key,
     )

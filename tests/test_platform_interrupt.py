@@ -20,7 +20,7 @@ ARGS = [
 ]  # fmt: skip
 
 
-def _nllab(home: Path) -> subprocess.Popen:
+def _nllab(home: Path, isolation: str) -> subprocess.Popen:
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
@@ -31,17 +31,24 @@ def _nllab(home: Path) -> subprocess.Popen:
     }
     env.pop("PREFECT_API_URL", None)  # its own local server, not the test harness's
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", *ARGS],
+        [sys.executable, "-m", "flows.cli", *ARGS, "--config", str(_config(home, isolation))],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
 
 
+def _config(home: Path, isolation: str) -> Path:
+    path = home / "isolation.toml"
+    path.write_text(f'isolation = "{isolation}"\n')
+    return path
+
+
 @pytest.mark.slow
-def test_ctrl_c_keeps_finished_cells_and_rerun_resumes(tmp_path):
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_ctrl_c_keeps_finished_cells_and_rerun_resumes(tmp_path, isolation):
     from tasks.config import TrackingConfig
     from tasks.tracking import Tracker
 
-    proc = _nllab(tmp_path)
+    proc = _nllab(tmp_path, isolation)
     lines = []
     deadline = time.monotonic() + 300
     # Wait until at least one training cell has finished, then press Ctrl-C.
@@ -67,7 +74,7 @@ def test_ctrl_c_keeps_finished_cells_and_rerun_resumes(tmp_path):
     )
     assert parent.info.status == "KILLED"
 
-    proc = _nllab(tmp_path)
+    proc = _nllab(tmp_path, isolation)
     out = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0, out
     assert f"6 cells: {6 - len(finished)} finished, {len(finished)} reused, 0 failed" in out
