@@ -26,19 +26,10 @@ def flow_settings() -> Iterator[None]:
 def make_task_runner(config: RunConfig) -> TaskRunner:
     """A task runner with at most ``config.max_workers`` cells at once."""
     if config.task_runner == "dask":
-        try:
-            from prefect_dask import DaskTaskRunner
-        except ImportError as e:  # pragma: no cover - prefect-dask is a dependency
-            raise RuntimeError("--task-runner dask needs prefect-dask installed") from e
-        if config.dask_address:
-            return DaskTaskRunner(address=config.dask_address)
-        # Threads, not processes: worker processes would each start their own Prefect server.
-        return DaskTaskRunner(
-            cluster_kwargs={
-                "n_workers": config.max_workers,
-                "processes": False,
-                "threads_per_worker": 1,
-                "dashboard_address": None,
-            }
+        from flows._dask import dask_task_runner
+        from tasks.tracking import TrackingSettings
+
+        return dask_task_runner(
+            config.max_workers, config.dask_address, TrackingSettings.resolve(config.tracking)
         )
     return ThreadPoolTaskRunner(max_workers=config.max_workers)

@@ -31,6 +31,7 @@ from tasks.tracking import Promotion, Tracker
 __all__ = [
     "BenchmarkSummary",
     "benchmark_flow",
+    "collect_results",
     "registry_name",
     "run_benchmark",
     "stored_results",
@@ -60,9 +61,10 @@ class BenchmarkSummary:
         return all(r.ok for r in self.results)
 
 
-def _collect(
+def collect_results(
     futures: dict[str, PrefectFuture], fallback: dict[str, CellResult]
 ) -> list[CellResult]:
+    """The result of every cell future; a crashed or cancelled one gets its ``fallback`` record."""
     out = []
     for key, fut in futures.items():
         state = fut.state
@@ -177,7 +179,7 @@ def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
             c.key: CellResult(c.system, c.method, c.seed, "failed", config_hash=hashes[c.key])
             for c in todo
         }
-        new = _collect(futures, pending)
+        new = collect_results(futures, pending)
         order = {key: i for i, key in enumerate(hashes)}
         results = sorted(reused + new, key=lambda r: order[r.key])
         table = results_table(results)

@@ -17,7 +17,7 @@ from typing import Any
 
 import tasks._env  # noqa: F401  (offline switches before anything imports mlflow/prefect)
 
-__all__ = ["build_parser", "main", "ui_command"]
+__all__ = ["build_parser", "main", "split_names", "ui_command"]
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TRACKING, EXIT_INTERRUPTED = 1, 2, 3, 130
 
@@ -26,7 +26,7 @@ class _UsageError(Exception):
     pass
 
 
-def _names(values: Sequence[str] | None) -> list[str] | None:
+def split_names(values: Sequence[str] | None) -> list[str] | None:
     """``--systems a,b c`` → ``[a, b, c]``."""
     if values is None:
         return None
@@ -34,7 +34,7 @@ def _names(values: Sequence[str] | None) -> list[str] | None:
 
 
 def _seeds(values: Sequence[str] | None) -> list[int] | None:
-    names = _names(values)
+    names = split_names(values)
     if names is None:
         return None
     try:
@@ -86,10 +86,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dask-address", metavar="tcp://HOST:PORT", help="an existing Dask scheduler")
     p.add_argument("--no-progress", action="store_true", help="no per-epoch progress bars")
     p.add_argument("--no-register", action="store_true", help="leave the model registry alone")
+    p.add_argument(
+        "--tuned",
+        action="store_true",
+        help="use the best configuration of each (system, method)'s `nllab tune` study",
+    )
+    p.add_argument("--storage", metavar="URL", help="Optuna storage of the tuned studies")
 
-    p = sub.add_parser("report", help="results table of finished runs (no training)")
+    p = sub.add_parser(
+        "report",
+        help="results table and the full HTML/Markdown report of finished runs (no training)",
+        description="Rebuild the main table from finished runs, and one self-contained HTML "
+        "report (plus Markdown) with every table and figure of the latest benchmark and study "
+        "runs, each beside the paper's number with the gap marked.",
+    )
     _add_selection(p)
-    p.add_argument("--out", metavar="DIR", help="write results.{csv,md,tex} here")
+    p.add_argument("--out", metavar="DIR", help="write results.{csv,md,tex} and report.* here")
 
     p = sub.add_parser("ui", help="start the MLflow UI on the tracking store")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
@@ -99,14 +111,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOSTS",
         help="host names the UI answers to when bound beyond localhost (MLflow's security check)",
     )
-    # Later subcommands (study, tune, reproduce, serve) register here.
+    from flows.reproduce import add_reproduce_parser
+    from flows.serve import add_serve_parser
+    from flows.studies.cli import add_study_parser
+    from flows.tune import add_tune_parser
+
+    for add in (add_study_parser, add_tune_parser, add_reproduce_parser, add_serve_parser):
+        add(sub)
     return parser
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     o: dict[str, Any] = {
-        "systems": _names(getattr(args, "systems", None)),
-        "methods": _names(getattr(args, "methods", None)),
+        "systems": split_names(getattr(args, "systems", None)),
+        "methods": split_names(getattr(args, "methods", None)),
         "seeds": _seeds(getattr(args, "seeds", None)),
         "device": getattr(args, "device", None),
         "max_workers": getattr(args, "max_workers", None),
@@ -154,6 +172,15 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
     from flows.benchmark import run_benchmark
 
     config = _resolve(args)
+    if args.tuned:
+        from tasks.tuning import apply_tuned
+
+        applied = apply_tuned(config, args.storage)
+        config = applied.config
+        print(
+            f"tuned configurations for {len(applied.tuned)} cells; "
+            f"{len(applied.untuned)} cells have no finished study and keep the paper's"
+        )
     summary = run_benchmark(config)
     print()
     print(summary.table.to_markdown())
@@ -192,6 +219,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
         f"{len(found)} of {len(results)} cells have finished runs; written: "
         + ", ".join(str(p) for p in paths)
     )
+    from flows.report_full import build_report
+
+    report = build_report(tracker, out)
+    print(f"full report of the latest benchmark and study runs: {report.html} ({report.markdown})")
     return 0
 
 
@@ -224,11 +255,39 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     return subprocess.call(cmd, env=env)
 
 
+def _cmd_study(args: argparse.Namespace) -> int:
+    from flows.studies.cli import cmd_study
+
+    return cmd_study(args)
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from flows.tune import cmd_tune
+
+    return cmd_tune(args)
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from flows.reproduce import cmd_reproduce
+
+    return cmd_reproduce(args)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from flows.serve import cmd_serve
+
+    return cmd_serve(args)
+
+
 _COMMANDS = {
     "simulate": _cmd_simulate,
     "benchmark": _cmd_benchmark,
     "report": _cmd_report,
     "ui": _cmd_ui,
+    "study": _cmd_study,
+    "tune": _cmd_tune,
+    "reproduce": _cmd_reproduce,
+    "serve": _cmd_serve,
 }
 
 

@@ -76,35 +76,10 @@ class ModelRef:
 
 def resolve_model(tracker: Tracker, uri: str) -> ModelRef:
     """The model version and source run of ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``."""
-    from mlflow.exceptions import MlflowException
-
-    if not uri.startswith("models:/") or not uri.removeprefix("models:/").strip("/"):
-        raise LookupError(
-            f"expected a registry URI 'models:/NAME@ALIAS' or 'models:/NAME/VERSION', got {uri!r}"
-        )
-    ref = uri.removeprefix("models:/")
-    client = tracker.client
-    try:
-        if "@" in ref:
-            name, alias = ref.split("@", 1)
-            mv = client.get_model_version_by_alias(name, alias)
-        elif "/" in ref:
-            name, version = ref.rsplit("/", 1)
-            mv = client.get_model_version(name, version)
-        else:
-            raise LookupError(
-                f"{uri!r} names no version: use models:/{ref}@champion or models:/{ref}/1"
-            )
-    except MlflowException as e:
-        names = sorted(m.name for m in client.search_registered_models())
-        known = ", ".join(names) if names else "none"
-        raise LookupError(
-            f"no registered model version at {uri!r} in {tracker.settings.tracking_uri} "
-            f"({e.message.splitlines()[0]}); registered models: {known}"
-        ) from None
-    if not mv.run_id:
-        raise LookupError(f"{uri!r} (version {mv.version}) has no source run to reproduce")
-    return ModelRef(uri, mv.name, str(mv.version), mv.run_id)
+    name, version, run_id = tracker.model_version(uri)
+    if not run_id:
+        raise LookupError(f"{uri!r} (version {version}) has no source run to reproduce")
+    return ModelRef(uri, name, version, run_id)
 
 
 # -- verification -------------------------------------------------------------------------------

@@ -48,6 +48,8 @@ def configure_environment() -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     # The ephemeral server's log chatter goes to the same terminal as the progress bars.
     os.environ.setdefault("PREFECT_LOGGING_SERVER_LEVEL", "WARNING")
+    # One progress bar per artifact upload would drown the training progress bars.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
 configure_environment()

@@ -18,7 +18,7 @@ import torch
 from datasets import Dataset, data_home, load_or_simulate, prepare
 from nlmodels import build_model
 from tasks._workers import worker_stop_event
-from tasks.config import CellConfig, DataConfig, ensure_models_registered
+from tasks.config import CellConfig, DataConfig
 from tasks.evaluation import evaluate, plot_extrapolation, plot_loss_curves
 from tasks.modelio import ModelSpec, save_model
 from tasks.reporting import CellResult
@@ -159,7 +159,6 @@ def _fit(cell: CellConfig, rt: CellRuntime, run_id: str, config_hash: str) -> No
         },
     )
     state_dim = int(ds.x.shape[-1])
-    ensure_models_registered()
     with seeded(cell.seed):
         model = build_model(cell.method, state_dim, **cell.model)
     n_params = sum(p.numel() for p in model.parameters())

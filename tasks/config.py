@@ -56,7 +56,8 @@ PROFILES: tuple[str, ...] = ("smoke", "quick", "paper")
 #: Bumped when the meaning of a cell's fields changes, so old hashes stop matching.
 _HASH_SCHEMA = 1
 
-Scalar = bool | int | float | str
+#: A model override value: a number, flag, name, or a sequence of layer widths.
+Scalar = bool | int | float | str | tuple[int, ...]
 
 
 class ConfigError(ValueError):
@@ -69,19 +70,10 @@ def known_systems() -> tuple[str, ...]:
     return tuple(sorted(SYSTEMS))
 
 
-def ensure_models_registered() -> None:
-    """Import the model modules, which add themselves to ``nlmodels.MODELS``."""
-    import nlmodels.baselines
-    import nlmodels.neural_laplace  # noqa: F401
-
-
 def known_methods() -> tuple[str, ...]:
-    from nlmodels import MODELS
+    from nlmodels import MODELS  # importing nlmodels registers every model
 
-    ensure_models_registered()
-
-    # The registry fills as model modules are imported; the paper's names are always valid.
-    return tuple(sorted(set(METHODS) | set(MODELS)))
+    return tuple(sorted(MODELS))
 
 
 def _check_names(kind: str, names: tuple[str, ...], valid: tuple[str, ...]) -> tuple[str, ...]:
@@ -178,6 +170,13 @@ class CellConfig(_Frozen):
         return out
 
 
+class CellOverride(_Frozen):
+    """Model and training settings for one (system, method) pair, e.g. a tuned configuration."""
+
+    model: dict[str, Scalar] = Field(default_factory=dict)
+    training: dict[str, Scalar | None] = Field(default_factory=dict)
+
+
 class RunConfig(_Frozen):
     """A whole benchmark: every system × method × seed, and how to run and track it."""
 
@@ -190,6 +189,11 @@ class RunConfig(_Frozen):
     training: TrainConfig = TrainConfig()
     models: dict[str, dict[str, Scalar]] = Field(
         default_factory=dict, description="per-method build_model overrides"
+    )
+    cell_overrides: dict[str, CellOverride] = Field(
+        default_factory=dict,
+        description="per 'system/method' model and training overrides (nllab benchmark --tuned); "
+        "explicit per-method `models` overrides win over them",
     )
     tracking: TrackingConfig = TrackingConfig()
     max_workers: int = Field(2, ge=1, description="cells trained at the same time")
@@ -226,19 +230,28 @@ class RunConfig(_Frozen):
 
     def cells(self) -> list[CellConfig]:
         """Cells in a stable order: system, then method, then seed."""
-        return [
-            CellConfig(
-                system=system,
-                method=method,
-                seed=seed,
-                data=self.data,
-                training=self.training,
-                model=self.models.get(method, {}),
-            )
-            for system in self.systems
-            for method in self.methods
-            for seed in self.seeds
-        ]
+        cells = []
+        for system in self.systems:
+            for method in self.methods:
+                model, training = dict(self.models.get(method, {})), self.training
+                tuned = self.cell_overrides.get(f"{system}/{method}")
+                if tuned is not None:
+                    model = {**tuned.model, **model}
+                    training = TrainConfig.model_validate(
+                        {**training.model_dump(), **tuned.training}
+                    )
+                cells += [
+                    CellConfig(
+                        system=system,
+                        method=method,
+                        seed=seed,
+                        data=self.data,
+                        training=training,
+                        model=model,
+                    )
+                    for seed in self.seeds
+                ]
+        return cells
 
 
 #: Profile layers over the defaults. ``quick`` is sized to finish the whole main table in

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from nlmodels import ForecastModel, build_model
-from tasks.config import ensure_models_registered
 
 __all__ = ["ModelSpec", "load_model", "save_model"]
 
@@ -56,7 +55,6 @@ def load_model(
             f"{str(folder)!r} is not a saved Neural Laplace Lab model "
             f"(expected {_SPEC} and {_WEIGHTS})"
         )
-    ensure_models_registered()
     spec = ModelSpec(**json.loads((folder / _SPEC).read_text()))
     model = build_model(spec.method, spec.state_dim, **spec.overrides)
     dtype = torch.float64 if spec.dtype == "float64" else torch.float32

@@ -401,6 +401,38 @@ class Tracker:
             return None
         return str(mv.version), mv.run_id
 
+    def model_version(self, uri: str) -> tuple[str, str, str | None]:
+        """``(name, version, source run id)`` of ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``.
+
+        Raises ``LookupError`` naming the registered models when there is no such version.
+        """
+        ref = uri.removeprefix("models:/") if uri.startswith("models:/") else ""
+        if not ref.strip("/"):
+            raise LookupError(
+                "expected a registry URI 'models:/NAME@ALIAS' or 'models:/NAME/VERSION', "
+                f"got {uri!r}"
+            )
+        if "@" not in ref and "/" not in ref:
+            raise LookupError(
+                f"{uri!r} names no version: use models:/{ref}@champion or models:/{ref}/1"
+            )
+        try:
+            if "@" in ref:
+                mv = self.client.get_model_version_by_alias(*ref.split("@", 1))
+            else:
+                mv = self.client.get_model_version(*ref.rsplit("/", 1))
+        except MlflowException as e:
+            names = sorted(m.name for m in self.client.search_registered_models())
+            raise LookupError(
+                f"no registered model version at {uri!r} in {self.settings.tracking_uri} "
+                f"({e.message.splitlines()[0]}); registered models: {', '.join(names) or 'none'}"
+            ) from None
+        return mv.name, str(mv.version), mv.run_id
+
+    def metric_history(self, run_id: str, key: str) -> list[tuple[int, float]]:
+        """``(step, value)`` of a logged metric, in step order."""
+        return sorted((m.step, float(m.value)) for m in self.client.get_metric_history(run_id, key))
+
     def download_model(self, uri: str, dst: str | Path | None = None) -> Path:
         """Download a registered model (``models:/name@alias`` or ``models:/name/version``)."""
         if not uri.startswith("models:/"):

@@ -41,7 +41,6 @@ from tasks.config import (
     ConfigError,
     RunConfig,
     TrainConfig,
-    ensure_models_registered,
     resolve_config,
 )
 from tasks.search_spaces import Suggestion, paper_params, search_space, suggest
@@ -236,7 +235,6 @@ class _Session:
     """An opened study with its data, tracker and parent run (one per process)."""
 
     def __init__(self, spec: StudySpec, parent_run_id: str | None = None) -> None:
-        ensure_models_registered()
         search_space(spec.method)  # unknown method: clear error before anything is created
         self.spec = spec
         self.config = spec.run_config()
@@ -517,6 +515,7 @@ def tuned_overrides(
 
 @dataclass(frozen=True)
 class TunedCells:
+    config: RunConfig  # the run with each tuned (system, method) in ``cell_overrides``
     cells: tuple[CellConfig, ...]
     tuned: tuple[str, ...]  # cell keys that use a study's best configuration
     untuned: tuple[str, ...]  # cell keys with no finished study (paper configuration)
@@ -525,33 +524,31 @@ class TunedCells:
 def apply_tuned(
     config: RunConfig, storage: str | None = None, profile: str | None = None
 ) -> TunedCells:
-    """``config``'s cells with the best configuration of the study of their (method, system).
+    """``config`` with the best configuration of the study of each (method, system).
 
-    Studies are looked up at ``profile`` (default: the config's own). A cell with no finished
-    study keeps its configuration. Explicit per-method overrides of ``config`` win over tuned ones.
+    Studies are looked up at ``profile`` (default: the config's own). A pair with no finished
+    study keeps its configuration. Explicit per-method overrides of ``config`` win over tuned ones
+    (:meth:`RunConfig.cells`).
     """
     profile = profile or config.profile
-    cache: dict[tuple[str, str], TunedOverrides | None] = {}
-    cells, tuned, untuned = [], [], []
-    for cell in config.cells():
-        k = (cell.method, cell.system)
-        if k not in cache:
-            cache[k] = tuned_overrides(cell.method, cell.system, profile, storage)
-        best = cache[k]
-        if best is None:
-            cells.append(cell)
-            untuned.append(cell.key)
-            continue
-        data = cell.model_dump(mode="json")
-        data["model"] = {**best.model, **cell.model}
-        data["training"] = {**data["training"], **best.training}
-        try:
-            cells.append(CellConfig.model_validate(data))
-        except ValidationError as e:
-            raise ConfigError(
-                f"the tuned configuration of study {best.study_name!r} does not fit a cell "
-                f"config: {e.errors()[0]['msg']} (sequence-valued model overrides such as "
-                "hidden=[64, 64] need CellConfig.model to accept tuple[int, ...])"
-            ) from None
-        tuned.append(cell.key)
-    return TunedCells(tuple(cells), tuple(tuned), tuple(untuned))
+    overrides: dict[str, dict[str, Any]] = {}
+    studies: dict[str, str] = {}
+    for system in config.systems:
+        for method in config.methods:
+            best = tuned_overrides(method, system, profile, storage)
+            if best is not None:
+                overrides[f"{system}/{method}"] = {"model": best.model, "training": best.training}
+                studies[f"{system}/{method}"] = best.study_name
+    try:
+        tuned_config = RunConfig.model_validate(
+            {**config.model_dump(), "cell_overrides": overrides}
+        )
+        cells = tuned_config.cells()
+    except ValidationError as e:
+        raise ConfigError(
+            f"the tuned configurations of studies {sorted(studies.values())} do not fit a cell "
+            f"config: {e.errors()[0]['msg']}"
+        ) from None
+    tuned = tuple(c.key for c in cells if f"{c.system}/{c.method}" in overrides)
+    untuned = tuple(c.key for c in cells if f"{c.system}/{c.method}" not in overrides)
+    return TunedCells(tuned_config, tuple(cells), tuned, untuned)

@@ -300,3 +300,32 @@ def test_cuda_smoke(name):
         loss.backward()
         assert torch.isfinite(loss)
         assert all(p.grad.device.type == "cuda" for p in model.parameters())
+
+
+def test_neural_flows_train_concurrently_in_threads():
+    """Spectral-norm weights are cached per forward pass; two models in two threads must not
+    share that cache (the failure was 'backward through the graph a second time')."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def fit(seed: int) -> None:
+        try:
+            torch.manual_seed(seed)
+            model = build_model("nf_resnet", state_dim=2).double()
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+            t = torch.linspace(0.1, 2.0, 12, dtype=torch.float64)
+            x = torch.randn(4, 12, 2, dtype=torch.float64)
+            for _ in range(15):
+                opt.zero_grad()
+                model.training_loss(t[:6], x[:, :6], t[6:], x[:, 6:]).backward()
+                opt.step()
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=fit, args=(s,)) for s in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from nlmodels import build_model
-from tasks.config import TrackingConfig, ensure_models_registered
+from tasks.config import TrackingConfig
 from tasks.modelio import ModelSpec, load_model, save_model
 from tasks.tracking import Tracker, TrackingSettings, TrackingUnavailable
 from tasks.training import TrainingInterrupted, seeded
@@ -85,7 +85,6 @@ def test_finished_cells_ignore_unfinished_runs(mlflow_store):
 
 
 def _model_run(t: Tracker, rmse: float, tmp: Path) -> str:
-    ensure_models_registered()
     with seeded(int(rmse * 1000)):
         model = build_model("node", 1)
     spec = ModelSpec(method="node", state_dim=1, test_rmse=rmse)

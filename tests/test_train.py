@@ -12,7 +12,7 @@ from torch import nn
 from datasets import load_or_simulate, prepare
 from nlmodels import ForecastModel, build_model
 from nlmodels.base import batch_times
-from tasks.config import TrainConfig, ensure_models_registered
+from tasks.config import TrainConfig
 from tasks.training import (
     TrainingDiverged,
     TrainingInterrupted,
@@ -140,7 +140,6 @@ def test_device_selection():
 
 
 def test_neural_laplace_learns_a_little(data):
-    ensure_models_registered()
     with seeded(0):
         model = build_model("neural_laplace", 1)
     r = train(model, data.train, data.val, _cfg(epochs=4, lr=1e-2))
@@ -151,7 +150,6 @@ def test_neural_laplace_learns_a_little(data):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_training_on_cuda(data):
-    ensure_models_registered()
     with seeded(0):
         model = build_model("neural_laplace", 1)
     r = train(model, data.train, data.val, _cfg(epochs=3, lr=1e-2), device="cuda")

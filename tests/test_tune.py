@@ -19,7 +19,7 @@ import torch
 from optuna.trial import FixedTrial, TrialState
 
 from nlmodels import build_model
-from tasks.config import ensure_models_registered, resolve_config
+from tasks.config import resolve_config
 from tasks.search_spaces import SEARCH_SPACES, Suggestion, paper_params, suggest
 from tasks.tracking import Tracker
 from tasks.training import TrainingDiverged
@@ -63,7 +63,6 @@ def _children(parent: str):
 
 @pytest.mark.parametrize("method", sorted(SEARCH_SPACES))
 def test_paper_point_rebuilds_the_paper_model(method):
-    ensure_models_registered()
     s = suggest(FixedTrial(paper_params(method)), method)
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert count(build_model(method, 2, **s.model)) == count(build_model(method, 2))

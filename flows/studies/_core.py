@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,7 +35,7 @@ from pydantic import BaseModel, ConfigDict
 import tasks._env  # noqa: F401  (offline switches before mlflow/prefect are imported)
 from datasets import Prepared, prepare
 from flows._runtime import flow_settings, make_task_runner
-from flows.benchmark import _collect, stored_results
+from flows.benchmark import collect_results, stored_results
 from tasks.cell import CellRuntime, simulate_data
 from tasks.config import CellConfig, DataConfig, RunConfig, TrainConfig, resolve_config
 from tasks.modelio import ModelSpec, load_model
@@ -62,9 +61,6 @@ __all__ = [
     "rmse_table_and_results",
     "study_config",
 ]
-
-# Artifact downloads (cell models) inside a flow: no progress bars in the logs.
-os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 Profile = Literal["smoke", "quick", "paper"]
 VALUE_COLUMNS: tuple[str, ...] = ("value", "std", "n", "paper", "gap", "verdict")
@@ -250,7 +246,7 @@ class StudyContext:
             )
             for c in todo
         }
-        new = _collect(futures, fallback)
+        new = collect_results(futures, fallback)
         by_hash = {r.config_hash: r for r in [*reused, *new]}
         for h, r in by_hash.items():
             self._results.setdefault(h, r)
@@ -276,10 +272,8 @@ class StudyContext:
             return load_model(path)
 
     def metric_history(self, run_id: str, key: str) -> list[tuple[int, float]]:
-        """``(step, value)`` of a logged metric (through the tracker's client)."""
-        # TODO(issue 6): move into Tracker.metric_history (the one MLflow adapter).
-        hist = self.tracker.client.get_metric_history(run_id, key)
-        return sorted((m.step, float(m.value)) for m in hist)
+        """``(step, value)`` of a logged metric."""
+        return self.tracker.metric_history(run_id, key)
 
 
 def _data_keys(cells: Iterable[CellConfig]) -> list[tuple[str, DataConfig, int]]:

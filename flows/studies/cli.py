@@ -13,16 +13,9 @@ import sys
 from collections.abc import Sequence
 
 import tasks._env  # noqa: F401  (offline switches before mlflow/prefect are imported)
+from flows.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TRACKING, EXIT_USAGE, split_names
 
 __all__ = ["add_study_parser", "cmd_study", "main"]
-
-EXIT_FAILED, EXIT_USAGE, EXIT_TRACKING, EXIT_INTERRUPTED = 1, 2, 3, 130
-
-
-def _names(values: Sequence[str] | None) -> list[str] | None:
-    if values is None:
-        return None
-    return [n for v in values for n in v.split(",") if n]
 
 
 def add_study_parser(subparsers) -> argparse.ArgumentParser:
@@ -56,7 +49,7 @@ def _config(args: argparse.Namespace):
 
     get_study(args.name)  # unknown name: ValueError listing the valid ones
     try:
-        seeds = [int(s) for s in _names(args.seeds)] if args.seeds else None
+        seeds = [int(s) for s in split_names(args.seeds)] if args.seeds else None
     except ValueError:
         raise ValueError(f"--seeds takes non-negative integers, got {args.seeds}") from None
     overrides: dict = {}
@@ -67,8 +60,8 @@ def _config(args: argparse.Namespace):
     config = study_config(
         args.name,
         args.profile,
-        systems=_names(args.systems),
-        methods=_names(args.methods),
+        systems=split_names(args.systems),
+        methods=split_names(args.methods),
         seeds=seeds,
         device=args.device,
         overrides=overrides,

@@ -16,6 +16,7 @@ observations by a flow instead of an ODE solve) with a latent flow decoder.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -153,6 +154,8 @@ class ResNetFlow(_Flow):
 
 FLOWS: dict[str, type[_Flow]] = {"coupling": CouplingFlow, "resnet": ResNetFlow}
 
+_PARAMETRIZE_CACHE_LOCK = threading.Lock()
+
 
 class _NeuralFlowForecaster(ForecastModel):
     """Encoder-decoder forecaster with flows in place of ODE solves (Biloš et al., 2021).
@@ -197,7 +200,9 @@ class _NeuralFlowForecaster(ForecastModel):
     ) -> torch.Tensor:
         ot, qt = check_inputs(obs_t, obs_x, query_t, self.state_dim)
         # Spectrally normalised weights are computed once per pass, not once per flow evaluation.
-        with parametrize.cached():
+        # parametrize's cache is process-global: the lock keeps models forwarding in other
+        # threads from reusing (and back-propagating through) this pass's cached weights.
+        with _PARAMETRIZE_CACHE_LOCK, parametrize.cached():
             z0 = self.encode(ot, obs_x)
             self.count_nfe()  # one flow evaluation covers every query time
             z = self.latent_flow(qt - ot[:, :1], z0.unsqueeze(1).expand(-1, qt.shape[1], -1))
