@@ -25,6 +25,9 @@ from torch.autograd.function import once_differentiable
 
 __all__ = ["gru_final_output"]
 
+#: Steps per block of the backward pass (see _WavefrontGRU.backward).
+_BACKWARD_BLOCK = 16
+
 
 def _block_weights(weights, n_layers: int, units: int, n_inputs: int) -> torch.Tensor:
     """The block matrix M [L·H + I + 1, 4·L·H] acting on the row [h_0 .. h_{L−1} | x | 1].
@@ -85,28 +88,37 @@ class _WavefrontGRU(torch.autograd.Function):
         n_steps, batch = gates.shape[:2]
         m_state_t = m[:big].T.contiguous()  # only the state rows carry gradient backwards
         g_m = torch.zeros_like(m)
-        d_pre = x.new_empty(batch, 4 * big)
-        d_r, d_z = d_pre[:, :big], d_pre[:, big : 2 * big]
-        d_nin, d_nhid = d_pre[:, 2 * big : 3 * big], d_pre[:, 3 * big :]
         g_x = x.new_zeros(n_time, batch, x.shape[-1]) if ctx.needs_input_grad[0] else None
-        m_x_t = m[big : big + x.shape[-1]].T
         dh = x.new_zeros(batch, big)
         dh[:, (n_layers - 1) * units :] = grad_out
-        for k in range(n_steps - 1, -1, -1):
-            if k < n_layers - 1:  # those states were reset to constants in the forward
-                dh[:, (k + 1) * units :] = 0.0
-            g = gates[k]
-            r, z, n, n_hid = g[:, :big], g[:, big : 2 * big], new_n[k], g[:, 3 * big :]
-            # n: ∂h'/∂n = 1 − z, tanh' = 1 − n²;  r: ∂n_pre/∂r = n^hid, σ' = r(1 − r)
-            torch.mul(dh, 1.0 - z, out=d_nin).mul_(1.0 - n.square())
-            torch.mul(d_nin, n_hid, out=d_r).mul_(r - r.square())
+        # Steps are taken in blocks: the factors that do not depend on the recurrence, and the
+        # weight-gradient products, are computed once per block (cache-sized, few kernels); only
+        # five small kernels per step remain in the sequential loop.
+        for hi in range(n_steps, 0, -_BACKWARD_BLOCK):
+            lo = max(0, hi - _BACKWARD_BLOCK)
+            g = gates[lo:hi]
+            r, z, n, n_hid = g[..., :big], g[..., big : 2 * big], new_n[lo:hi], g[..., 3 * big :]
+            # n: ∂h'/∂n = 1 − z, tanh' = 1 − n²;  r: ∂n_pre/∂r = n^hid, σ' = r(1 − r);
             # z: ∂h'/∂z = h − n, σ' = z(1 − z)
-            torch.mul(dh, rows[k, :, :big] - n, out=d_z).mul_(z - z.square())
-            torch.mul(d_nin, r, out=d_nhid)
-            g_m.addmm_(rows[k].T, d_pre)
-            if g_x is not None and k < n_time:
-                torch.mm(d_pre, m_x_t, out=g_x[k])
-            dh = torch.addmm(dh * z, d_pre, m_state_t)
+            f_n = (1.0 - z).mul_(1.0 - n.square())
+            f_r = torch.addcmul(r, r, r, value=-1.0).mul_(n_hid)
+            f_z = torch.addcmul(z, z, z, value=-1.0).mul_(rows[lo:hi, :, :big] - n)
+            d_pre = x.new_empty(hi - lo, batch, 4 * big)
+            d_r, d_z = d_pre[..., :big], d_pre[..., big : 2 * big]
+            d_nin, d_nhid = d_pre[..., 2 * big : 3 * big], d_pre[..., 3 * big :]
+            for k in range(hi - 1, lo - 1, -1):
+                i = k - lo
+                if k < n_layers - 1:  # those states were reset to constants in the forward
+                    dh[:, (k + 1) * units :] = 0.0
+                torch.mul(dh, f_n[i], out=d_nin[i])
+                torch.mul(d_nin[i], f_r[i], out=d_r[i])
+                torch.mul(dh, f_z[i], out=d_z[i])
+                torch.mul(d_nin[i], r[i], out=d_nhid[i])
+                dh = torch.addmm(dh * z[i], d_pre[i], m_state_t)
+            g_m.addmm_(rows[lo:hi].flatten(0, 1).T, d_pre.flatten(0, 1))
+            if g_x is not None and lo < n_time:
+                top = min(hi, n_time)
+                g_x[lo:top] = d_pre[: top - lo] @ m[big : big + x.shape[-1]].T
         # Read the weight gradients back out of the block layout (the inverse of _block_weights).
         grads: list[torch.Tensor] = []
         h, n_in = units, x.shape[-1]

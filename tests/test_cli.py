@@ -118,7 +118,16 @@ def test_report_on_empty_store(mlflow_store, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "0 of 6 cells have finished runs" in text
     assert (out / "results.md").read_text().count("| –") == 6
-    assert {p.name for p in out.iterdir()} == {"results.csv", "results.md", "results.tex"}
+    written = {p.name for p in out.iterdir()}
+    assert written == {
+        "results.csv",
+        "results.md",
+        "results.tex",
+        "report.html",
+        "report.md",
+        "figures",
+    }
+    assert "nllab study" in (out / "report.md").read_text()  # studies not run yet: how to run them
 
 
 def test_benchmark_command_and_exit_codes(mlflow_store, prefect_server, tmp_path, capsys):

@@ -1,6 +1,5 @@
 """Neural Laplace model: shapes, the fused decoder against the plain path, gradients, fitting."""
 
-
 import pytest
 import torch
 
