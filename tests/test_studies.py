@@ -144,6 +144,23 @@ def test_cli_runs_a_study_and_rejects_unknown(smoke, capsys):
     assert "unknown study 'nope'" in err and "frequency-filter" in err
 
 
+def test_study_cli_takes_the_task_runner_flags():
+    import argparse
+
+    from flows.studies.cli import _config, add_study_parser
+
+    parser = argparse.ArgumentParser()
+    add_study_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(
+        ["study", "noise", "--profile", "smoke", "--task-runner", "dask", "--max-workers", "3"]
+    )
+    run = _config(args).run
+    assert run.task_runner == "dask" and run.max_workers == 3
+    assert _config(parser.parse_args(["study", "noise", "--profile", "smoke"])).run.task_runner == (
+        "thread"
+    )
+
+
 def test_frequency_filter_recovers_clean_signal(store):
     """Appendix C: trained on the corrupted signal, the low-pass model is closer to the clean
     one than the unfiltered model (real training, seeded)."""

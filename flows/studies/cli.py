@@ -40,6 +40,10 @@ def add_study_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default: auto")
     p.add_argument("--epochs", type=int, metavar="N", help="override the profile's epochs")
     p.add_argument("--max-workers", type=int, metavar="N", help="cells trained at once")
+    p.add_argument(
+        "--task-runner", choices=("thread", "dask"), help="thread pool (default) or Dask"
+    )
+    p.add_argument("--dask-address", metavar="tcp://HOST:PORT", help="an existing Dask scheduler")
     p.set_defaults(handler=cmd_study)
     return p
 
@@ -55,8 +59,9 @@ def _config(args: argparse.Namespace):
     overrides: dict = {}
     if args.epochs is not None:
         overrides["training"] = {"epochs": args.epochs}
-    if args.max_workers is not None:
-        overrides["max_workers"] = args.max_workers
+    for key in ("max_workers", "task_runner", "dask_address"):
+        if getattr(args, key, None) is not None:
+            overrides[key] = getattr(args, key)
     config = study_config(
         args.name,
         args.profile,
