@@ -205,6 +205,8 @@ def test_kill_9_mid_trial_then_resume(tmp_path, mlflow_store):
             break
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    # A trial counts as stale once its last heartbeat is older than the grace period.
+    time.sleep(spec.grace_seconds + spec.heartbeat_seconds)
     short = spec.model_copy(update={"overrides": TOY})
     r = run_study(short)
     trials = optuna.load_study(study_name=spec.study_name, storage=storage).trials
