@@ -21,6 +21,7 @@ __all__ = [
     "ILT_ORDER",
     "ILT_PAIRS",
     "PAPER_ILT_RMSE",
+    "decoder_nfe",
     "epoch_seconds",
     "horizon_nfe",
     "ilt_accuracy",
@@ -121,16 +122,22 @@ def epoch_seconds(model: ForecastModel, t: torch.Tensor, x: torch.Tensor, epochs
     return sum(times) / len(times), sum(nfes) / len(nfes)
 
 
-def horizon_nfe(model: ForecastModel, t: torch.Tensor, x: torch.Tensor, dt: float) -> int:
-    """NFEs to predict one point ``dt`` after the last observation (encoder NFEs excluded)."""
-    ot, ox = t[:100], x[:8, :100]
-    query = ot[-1:] + dt
+def decoder_nfe(
+    model: ForecastModel, obs_t: torch.Tensor, obs_x: torch.Tensor, query_t: torch.Tensor
+) -> int:
+    """Function evaluations to predict ``query_t``, the encoder's own evaluations excluded."""
     with torch.no_grad():
         encode_nfe = 0
         if hasattr(model, "encode") and model.registry_name != "neural_laplace":
             model.reset_nfe()
-            model.encode(ot, ox)
+            model.encode(obs_t, obs_x)
             encode_nfe = model.nfe
         model.reset_nfe()
-        model(ot, ox, query)
+        model(obs_t, obs_x, query_t)
     return model.nfe - encode_nfe
+
+
+def horizon_nfe(model: ForecastModel, t: torch.Tensor, x: torch.Tensor, dt: float) -> int:
+    """NFEs to predict one point ``dt`` after the last observation (encoder NFEs excluded)."""
+    ot = t[:100]
+    return decoder_nfe(model, ot, x[:8, :100], ot[-1:] + dt)

@@ -44,17 +44,11 @@ SPEC = StudySpec(
 
 def _nfe_points(model, obs_t: torch.Tensor, obs_x: torch.Tensor, n: int, horizon: float) -> int:
     """NFEs (decoder only) to predict ``n`` points evenly on (t_last, t_last + horizon]."""
+    from nlmodels.diagnostics import decoder_nfe
+
     t_last = float(obs_t[-1])
     query = torch.linspace(t_last, t_last + horizon, n + 1, dtype=obs_t.dtype)[1:]
-    with torch.no_grad():
-        encode = 0
-        if hasattr(model, "encode") and model.registry_name != "neural_laplace":
-            model.reset_nfe()
-            model.encode(obs_t, obs_x)
-            encode = model.nfe
-        model.reset_nfe()
-        model(obs_t, obs_x, query)
-    return model.nfe - encode
+    return decoder_nfe(model, obs_t, obs_x, query)
 
 
 @task(name="nfe-measure", cache_policy=NO_CACHE)
