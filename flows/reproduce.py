@@ -26,9 +26,8 @@ from prefect import flow, get_run_logger
 from prefect.futures import wait
 
 import tasks._env  # noqa: F401
-from datasets import prepare
 from flows._runtime import flow_settings, make_task_runner
-from tasks.cell import CellRuntime, simulate_data
+from tasks.cell import CellRuntime, prepare_cell, simulate_data
 from tasks.config import CellConfig, RunConfig, TrackingConfig
 from tasks.evaluation import evaluate
 from tasks.modelio import load_model
@@ -136,13 +135,7 @@ def verify_registered(
                 "(the simulator or DATA_VERSION changed). Check out the source commit "
                 f"{tags.get('mlflow.source.git.commit', 'unknown')} to reproduce it."
             )
-        prepared = prepare(
-            ds,
-            seed=cell.seed,
-            fractions=cell.data.fractions,
-            n_observed=cell.data.n_observed,
-            n_train=cell.data.n_train,
-        )
+        prepared = prepare_cell(cell, ds)
         if tags.get("split_hash") and prepared.fingerprint != tags["split_hash"]:
             raise DataMismatch(
                 f"run {ref.run_id}: the train/val/test split changed (was "

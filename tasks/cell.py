@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from datasets import Dataset, data_home, load_or_simulate, prepare
+from datasets import Dataset, Prepared, data_home, load_or_simulate, prepare
 from nlmodels import build_model
 from tasks._workers import worker_stop_event
 from tasks.config import CellConfig, DataConfig
@@ -25,7 +25,7 @@ from tasks.reporting import CellResult
 from tasks.tracking import Tracker, TrackingSettings
 from tasks.training import EpochRecord, TrainingInterrupted, seeded, select_device, train
 
-__all__ = ["CellRuntime", "run_cell", "simulate_data"]
+__all__ = ["CellRuntime", "prepare_cell", "run_cell", "simulate_data"]
 
 _DATA_LOCKS: dict[tuple, threading.Lock] = {}
 _DATA_LOCKS_GUARD = threading.Lock()
@@ -72,6 +72,17 @@ class CellRuntime:
     @property
     def tracker(self) -> Tracker:
         return Tracker.attach(self.tracking, self.experiment_id)
+
+
+def prepare_cell(cell: CellConfig, ds: Dataset) -> Prepared:
+    """The cell's split, observed/predicted halves and normalisation of its data set ``ds``."""
+    return prepare(
+        ds,
+        seed=cell.seed,
+        fractions=cell.data.fractions,
+        n_observed=cell.data.n_observed,
+        n_train=cell.data.n_train,
+    )
 
 
 def _tags(cell: CellConfig, rt: CellRuntime, config_hash: str) -> dict[str, str]:
@@ -129,13 +140,7 @@ def _fit(cell: CellConfig, rt: CellRuntime, run_id: str, config_hash: str) -> No
         torch.set_num_threads(rt.torch_threads)
     device = select_device(rt.device)
     ds = simulate_data(cell.system, cell.data, cell.seed, rt.cache_dir)
-    prepared = prepare(
-        ds,
-        seed=cell.seed,
-        fractions=cell.data.fractions,
-        n_observed=cell.data.n_observed,
-        n_train=cell.data.n_train,
-    )
+    prepared = prepare_cell(cell, ds)
     tracker.set_tags(
         run_id,
         {

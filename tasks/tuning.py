@@ -33,9 +33,9 @@ from optuna.trial import TrialState
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import tasks._env  # noqa: F401  (offline switches first)
-from datasets import data_home, prepare
+from datasets import data_home
 from nlmodels import build_model
-from tasks.cell import simulate_data
+from tasks.cell import prepare_cell, simulate_data
 from tasks.config import (
     CellConfig,
     ConfigError,
@@ -259,13 +259,7 @@ class _Session:
         )
         self.device = select_device(spec.device)
         ds = simulate_data(self.cell.system, self.cell.data, self.cell.seed)
-        self.data = prepare(
-            ds,
-            seed=self.cell.seed,
-            fractions=self.cell.data.fractions,
-            n_observed=self.cell.data.n_observed,
-            n_train=self.cell.data.n_train,
-        )
+        self.data = prepare_cell(self.cell, ds)
         self.dataset_hash = ds.fingerprint
         self.state_dim = int(ds.x.shape[-1])
         self.tracker = Tracker.connect(self.config.tracking)

@@ -33,10 +33,10 @@ from prefect.futures import wait
 from pydantic import BaseModel, ConfigDict
 
 import tasks._env  # noqa: F401  (offline switches before mlflow/prefect are imported)
-from datasets import Prepared, prepare
+from datasets import Prepared
 from flows._runtime import flow_settings, make_task_runner
 from flows.benchmark import collect_results, stored_results
-from tasks.cell import CellRuntime, simulate_data
+from tasks.cell import CellRuntime, prepare_cell, simulate_data
 from tasks.config import CellConfig, DataConfig, RunConfig, TrainConfig, resolve_config
 from tasks.modelio import ModelSpec, load_model
 from tasks.prefect_tasks import cell_task, simulate_task
@@ -255,13 +255,7 @@ class StudyContext:
     def prepared(self, cell: CellConfig) -> Prepared:
         """The cell's split data (from the data cache), exactly as its training saw it."""
         ds = simulate_data(cell.system, cell.data, cell.seed, self.runtime.cache_dir)
-        return prepare(
-            ds,
-            seed=cell.seed,
-            fractions=cell.data.fractions,
-            n_observed=cell.data.n_observed,
-            n_train=cell.data.n_train,
-        )
+        return prepare_cell(cell, ds)
 
     def load_model(self, result: CellResult) -> tuple[Any, ModelSpec]:
         """The trained model of a finished cell, from its run's ``model`` artifact (CPU)."""
