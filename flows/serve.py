@@ -39,6 +39,7 @@ __all__ = [
     "cmd_serve",
     "load_schedules",
     "scheduled_benchmark",
+    "scheduled_study",
     "scheduled_tune",
 ]
 
@@ -74,6 +75,16 @@ def scheduled_tune(study: dict[str, Any]) -> str:
 
     result = run_tune(StudySpec.model_validate(study))
     return f"{result.study_name}: best {result.best_value:.6g} (trial {result.best_trial})"
+
+
+@flow(name="nllab-scheduled-study", log_prints=True)
+def scheduled_study(study: str, profile: str = "quick", systems: list[str] | None = None) -> str:
+    """One of the paper's studies (``nllab study``) at ``profile``; finished cells are reused."""
+    from flows.studies import run_study, study_config
+
+    summary = run_study(study_config(study, profile, systems=systems))
+    failed = sum(not c.ok for c in summary.cells)
+    return f"study {study}: {len(summary.cells)} cells, {failed} failed"
 
 
 # -- the schedules file -------------------------------------------------------------------------
@@ -163,7 +174,22 @@ class TuneEntry(_Entry):
         return {"study": spec.model_dump(mode="json")}
 
 
-Entry = Annotated[BenchmarkEntry | TuneEntry, Field(discriminator="flow")]
+class StudyEntry(_Entry):
+    flow: Literal["study"]
+    study: str
+    profile: Literal["smoke", "quick", "paper"] = "quick"
+    systems: list[str] | None = None
+
+    def parameters(self) -> dict[str, Any]:
+        from flows.studies import get_study, study_config
+
+        get_study(self.study)  # unknown names: an error now, not at run time
+        study_config(self.study, self.profile, systems=self.systems)
+        return {"study": self.study, "profile": self.profile, "systems": self.systems}
+
+
+Entry = Annotated[BenchmarkEntry | TuneEntry | StudyEntry, Field(discriminator="flow")]
+_FLOWS = ("benchmark", "tune", "study")
 
 
 class _EntryAdapter(BaseModel):
@@ -173,7 +199,7 @@ class _EntryAdapter(BaseModel):
 def _describe(err: ValidationError) -> str:
     parts = []
     for e in err.errors():
-        where = ".".join(str(x) for x in e["loc"] if x not in ("entry", "benchmark", "tune"))
+        where = ".".join(str(x) for x in e["loc"] if x not in ("entry", *_FLOWS))
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown setting"
@@ -181,7 +207,7 @@ def _describe(err: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def load_schedules(path: str | Path | None = None) -> list[BenchmarkEntry | TuneEntry]:
+def load_schedules(path: str | Path | None = None) -> list[BenchmarkEntry | TuneEntry | StudyEntry]:
     """Read and validate every entry of a schedules file (default: ``flows/schedules.toml``)."""
     p = Path(path) if path is not None else DEFAULT_SCHEDULES
     if not p.is_file():
@@ -199,15 +225,16 @@ def load_schedules(path: str | Path | None = None) -> list[BenchmarkEntry | Tune
     raw = data.get("schedule", [])
     if not isinstance(raw, list) or not raw:
         raise ScheduleError(f"schedules file {str(p)!r} has no [[schedule]] entries")
-    entries: list[BenchmarkEntry | TuneEntry] = []
+    entries: list[BenchmarkEntry | TuneEntry | StudyEntry] = []
     for i, item in enumerate(raw, start=1):
         label = f"schedule entry {i}" + (
             f" ({item['name']!r})" if isinstance(item, dict) and "name" in item else ""
         )
-        if not isinstance(item, dict) or item.get("flow") not in ("benchmark", "tune"):
+        if not isinstance(item, dict) or item.get("flow") not in _FLOWS:
             got = item.get("flow") if isinstance(item, dict) else item
             raise ScheduleError(
-                f"{str(p)!r}: {label}: flow must be 'benchmark' or 'tune', got {got!r}"
+                f"{str(p)!r}: {label}: flow must be one of {', '.join(map(repr, _FLOWS))}, "
+                f"got {got!r}"
             )
         try:
             entry = _EntryAdapter.model_validate({"entry": item}).entry
@@ -222,9 +249,9 @@ def load_schedules(path: str | Path | None = None) -> list[BenchmarkEntry | Tune
     return entries
 
 
-def build_deployments(entries: list[BenchmarkEntry | TuneEntry]) -> list:
+def build_deployments(entries: list[BenchmarkEntry | TuneEntry | StudyEntry]) -> list:
     """Prefect ``RunnerDeployment`` objects with the entries' cron schedules (nothing served)."""
-    flows = {"benchmark": scheduled_benchmark, "tune": scheduled_tune}
+    flows = {"benchmark": scheduled_benchmark, "tune": scheduled_tune, "study": scheduled_study}
     return [
         flows[e.flow].to_deployment(
             name=e.name,

@@ -34,6 +34,9 @@ def test_default_schedules_become_deployments_with_their_crons():
     study = deployments[1].parameters["study"]
     assert study["method"] == "neural_laplace" and study["n_trials"] == raw[1]["trials"]
     assert any(e["flow"] == "tune" for e in raw) and raw[0]["profile"] == "smoke"
+    studies = [d for d, e in zip(deployments, raw) if e["flow"] == "study"]
+    assert studies and all(d.entrypoint.endswith(":scheduled_study") for d in studies)
+    assert {d.parameters["study"] for d in studies} <= {"stereographic", "noise"}
 
 
 def _write(tmp_path, body: str):
@@ -59,12 +62,16 @@ GOOD = 'name = "b"\nflow = "benchmark"\ncron = "0 2 * * *"\n'
         ),
         (
             '[[schedule]]\nname = "x"\nflow = "train"\ncron = "0 2 * * *"\n',
-            r"entry 1 \('x'\): flow must be 'benchmark' or 'tune'",
+            r"entry 1 \('x'\): flow must be one of 'benchmark', 'tune', 'study'",
         ),
         (f'[[schedule]]\n{GOOD}timezone = "Mars/Olympus"\n', r"entry 1 \('b'\): timezone"),
         (f'[[schedule]]\n{GOOD}colour = "red"\n', r"entry 1 \('b'\): colour: unknown setting"),
         (f"[[schedule]]\n{GOOD}\n[[schedule]]\n{GOOD}", r"entry 2 \('b'\): duplicate name"),
         (f'[[schedule]]\n{GOOD}config = {{ epochs = "many" }}\n', r"entry 1 \('b'\)"),
+        (
+            '[[schedule]]\nname = "s"\nflow = "study"\ncron = "0 4 * * 6"\nstudy = "astrology"\n',
+            r"entry 1 \('s'\): unknown study 'astrology'",
+        ),
         ("", "no \\[\\[schedule\\]\\] entries"),
         ("[[schedule]\n", "not valid TOML"),
     ],
