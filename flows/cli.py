@@ -17,12 +17,12 @@ from typing import Any
 
 import tasks._env  # noqa: F401  (offline switches before anything imports mlflow/prefect)
 
-__all__ = ["build_parser", "main", "split_names", "ui_command"]
+__all__ = ["build_parser", "main", "parse_seeds", "split_names", "ui_command"]
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TRACKING, EXIT_INTERRUPTED = 1, 2, 3, 130
 
 
-class _UsageError(Exception):
+class _UsageError(ValueError):
     pass
 
 
@@ -33,7 +33,8 @@ def split_names(values: Sequence[str] | None) -> list[str] | None:
     return [n for v in values for n in v.split(",") if n]
 
 
-def _seeds(values: Sequence[str] | None) -> list[int] | None:
+def parse_seeds(values: Sequence[str] | None) -> list[int] | None:
+    """``--seeds 0 1,2`` → ``[0, 1, 2]``; a non-integer is a usage error (a ``ValueError``)."""
     names = split_names(values)
     if names is None:
         return None
@@ -111,13 +112,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOSTS",
         help="host names the UI answers to when bound beyond localhost (MLflow's security check)",
     )
-    from flows.reproduce import add_reproduce_parser
-    from flows.serve import add_serve_parser
-    from flows.studies.cli import add_study_parser
-    from flows.tune import add_tune_parser
+    from flows.reproduce import add_reproduce_parser, cmd_reproduce
+    from flows.serve import add_serve_parser, cmd_serve
+    from flows.studies.cli import add_study_parser, cmd_study
+    from flows.tune import add_tune_parser, cmd_tune
 
-    for add in (add_study_parser, add_tune_parser, add_reproduce_parser, add_serve_parser):
-        add(sub)
+    for add, handler in (
+        (add_study_parser, cmd_study),
+        (add_tune_parser, cmd_tune),
+        (add_reproduce_parser, cmd_reproduce),
+        (add_serve_parser, cmd_serve),
+    ):
+        add(sub).set_defaults(handler=handler)
     return parser
 
 
@@ -125,7 +131,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     o: dict[str, Any] = {
         "systems": split_names(getattr(args, "systems", None)),
         "methods": split_names(getattr(args, "methods", None)),
-        "seeds": _seeds(getattr(args, "seeds", None)),
+        "seeds": parse_seeds(getattr(args, "seeds", None)),
         "device": getattr(args, "device", None),
         "max_workers": getattr(args, "max_workers", None),
         "task_runner": getattr(args, "task_runner", None),
@@ -255,39 +261,11 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     return subprocess.call(cmd, env=env)
 
 
-def _cmd_study(args: argparse.Namespace) -> int:
-    from flows.studies.cli import cmd_study
-
-    return cmd_study(args)
-
-
-def _cmd_tune(args: argparse.Namespace) -> int:
-    from flows.tune import cmd_tune
-
-    return cmd_tune(args)
-
-
-def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from flows.reproduce import cmd_reproduce
-
-    return cmd_reproduce(args)
-
-
-def _cmd_serve(args: argparse.Namespace) -> int:
-    from flows.serve import cmd_serve
-
-    return cmd_serve(args)
-
-
 _COMMANDS = {
     "simulate": _cmd_simulate,
     "benchmark": _cmd_benchmark,
     "report": _cmd_report,
     "ui": _cmd_ui,
-    "study": _cmd_study,
-    "tune": _cmd_tune,
-    "reproduce": _cmd_reproduce,
-    "serve": _cmd_serve,
 }
 
 
@@ -299,7 +277,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tasks.tracking import TrackingUnavailable
 
     try:
-        return _COMMANDS[args.command](args)
+        # study, tune, reproduce and serve carry their handler from their own modules
+        handler = getattr(args, "handler", None) or _COMMANDS[args.command]
+        return handler(args)
     except (ConfigError, _UsageError) as e:
         print(f"nllab {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -174,3 +174,10 @@ def test_ui_binds_localhost_by_default():
     cmd, _ = ui_command("0.0.0.0", 8080, "lab.example.org")
     assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
     assert cmd[cmd.index("--allowed-hosts") + 1] == "lab.example.org"
+
+
+def test_subcommands_of_other_modules_dispatch_through_main(capsys):
+    assert main(["study", "nope", "--profile", "smoke"]) == 2
+    assert "unknown study 'nope'" in capsys.readouterr().err
+    assert main(["serve", "--check"]) == 0
+    assert "benchmark-nightly" in capsys.readouterr().out

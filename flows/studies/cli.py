@@ -13,7 +13,14 @@ import sys
 from collections.abc import Sequence
 
 import tasks._env  # noqa: F401  (offline switches before mlflow/prefect are imported)
-from flows.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TRACKING, EXIT_USAGE, split_names
+from flows.cli import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_TRACKING,
+    EXIT_USAGE,
+    parse_seeds,
+    split_names,
+)
 
 __all__ = ["add_study_parser", "cmd_study", "main"]
 
@@ -52,10 +59,7 @@ def _config(args: argparse.Namespace):
     from flows.studies import get_study, study_config
 
     get_study(args.name)  # unknown name: ValueError listing the valid ones
-    try:
-        seeds = [int(s) for s in split_names(args.seeds)] if args.seeds else None
-    except ValueError:
-        raise ValueError(f"--seeds takes non-negative integers, got {args.seeds}") from None
+    seeds = parse_seeds(args.seeds)
     overrides: dict = {}
     if args.epochs is not None:
         overrides["training"] = {"epochs": args.epochs}
