@@ -18,7 +18,6 @@ Without the reference it times our model alone.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
@@ -29,18 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nlmodels import NeuralLaplace
-
-
-def make_data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Damped 2-D oscillators with random frequency, damping and phase: [n, 200, 2] on (0, 20]."""
-    g = torch.Generator().manual_seed(seed)
-    t = torch.linspace(0.1, 20.0, 200, dtype=torch.float64)
-    omega = 0.5 + torch.rand(n, 1, generator=g, dtype=torch.float64)
-    decay = 0.05 * torch.rand(n, 1, generator=g, dtype=torch.float64)
-    phase = 2 * math.pi * torch.rand(n, 1, generator=g, dtype=torch.float64)
-    env = torch.exp(-decay * t)
-    x = torch.stack((env * torch.cos(omega * t + phase), env * torch.sin(omega * t + phase)), -1)
-    return t, x
+from nlmodels.diagnostics import trajectories
 
 
 def reference_model():
@@ -117,7 +105,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    t, x = make_data(args.trajectories, seed=0)
+    t, x = trajectories(args.trajectories, seed=0)
     clock = time.perf_counter if args.clock == "wall" else time.thread_time
 
     torch.manual_seed(0)
