@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,14 +26,31 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_SESSION_HOME, ignore_errors=True)
 
 
+def _point_mlflow_at(mp: pytest.MonkeyPatch, folder: Path) -> Path:
+    """Make ``folder`` the sqlite MLflow store and artifact root (via the environment)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'mlflow.db'}")
+    mp.setenv("NLLAB_ARTIFACT_ROOT", str(folder / "artifacts"))
+    return folder
+
+
 @pytest.fixture
 def mlflow_store(tmp_path, monkeypatch) -> Path:
-    """A fresh sqlite MLflow store and artifact folder for one test (via the environment)."""
-    folder = tmp_path / "mlflow"
-    folder.mkdir()
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'mlflow.db'}")
-    monkeypatch.setenv("NLLAB_ARTIFACT_ROOT", str(folder / "artifacts"))
-    return folder
+    """A fresh sqlite MLflow store and artifact folder for one test."""
+    return _point_mlflow_at(monkeypatch, tmp_path / "mlflow")
+
+
+@pytest.fixture
+def point_mlflow_at(monkeypatch):
+    """``point_mlflow_at(folder)``: switch this test to the store in ``folder``."""
+    return lambda folder: _point_mlflow_at(monkeypatch, folder)
+
+
+@pytest.fixture(scope="module")
+def module_mlflow_store(tmp_path_factory) -> Iterator[Path]:
+    """One store shared by every test of a module (cells trained once, checked many times)."""
+    with pytest.MonkeyPatch.context() as mp:
+        yield _point_mlflow_at(mp, tmp_path_factory.mktemp("mlflow"))
 
 
 @pytest.fixture(scope="session")

@@ -26,17 +26,12 @@ def _config(runner: str):
     )
 
 
-def _use_store(monkeypatch, folder):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'mlflow.db'}")
-    monkeypatch.setenv("NLLAB_ARTIFACT_ROOT", str(folder / "artifacts"))
-
-
-def test_dask_runner_gives_the_same_results(tmp_path, monkeypatch, prefect_server):
+def test_dask_runner_gives_the_same_results(tmp_path, point_mlflow_at, prefect_server):
     torch.set_num_threads(1)
     results = {}
     for runner in ("thread", "dask"):
         # Separate stores: in one store the second run would reuse the first run's cells.
-        _use_store(monkeypatch, tmp_path / runner)
+        point_mlflow_at(tmp_path / runner)
         summary = run_benchmark(_config(runner))
         assert summary.ok and summary.count("finished") == 4, [r.error for r in summary.results]
         results[runner] = {r.key: r.test_rmse for r in summary.results}

@@ -22,16 +22,7 @@ def _config(**over):
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("flowstore")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'mlflow.db'}")
-        mp.setenv("NLLAB_ARTIFACT_ROOT", str(folder / "artifacts"))
-        yield folder
-
-
-@pytest.fixture(scope="module")
-def first(store, prefect_server):
+def first(module_mlflow_store, prefect_server):
     return run_benchmark(_config())
 
 

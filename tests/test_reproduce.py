@@ -25,26 +25,22 @@ URI = f"models:/{NAME}@champion"
 
 
 @pytest.fixture(scope="module")
-def registered(tmp_path_factory):
+def registered(module_mlflow_store):
     """A smoke cell trained, logged and registered as champion in a module-wide store."""
-    folder = tmp_path_factory.mktemp("repro")
     torch.set_num_threads(1)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'mlflow.db'}")
-        mp.setenv("NLLAB_ARTIFACT_ROOT", str(folder / "artifacts"))
-        cell = CellConfig(
-            system="integro_de",
-            method="neural_laplace",
-            seed=1,
-            data={"n_trajectories": 30, "n_points": 40},
-            training=TrainConfig(epochs=2, batch_size=8),
-        )
-        t = Tracker.connect()
-        result = run_cell(cell, CellRuntime.for_tracker(t, parent_run_id=None, profile="smoke"))
-        assert result.ok, result.error
-        promo = t.promote_if_better(NAME, result.run_id, result.test_rmse)
-        assert promo.promoted
-        yield cell, result
+    cell = CellConfig(
+        system="integro_de",
+        method="neural_laplace",
+        seed=1,
+        data={"n_trajectories": 30, "n_points": 40},
+        training=TrainConfig(epochs=2, batch_size=8),
+    )
+    t = Tracker.connect()
+    result = run_cell(cell, CellRuntime.for_tracker(t, parent_run_id=None, profile="smoke"))
+    assert result.ok, result.error
+    promo = t.promote_if_better(NAME, result.run_id, result.test_rmse)
+    assert promo.promoted
+    yield cell, result
 
 
 def _registry_state(t: Tracker):

@@ -37,17 +37,7 @@ VALUE_COLUMNS = ["value", "std", "n", "paper", "gap", "verdict"]
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    """One MLflow store for every smoke study of this module (cells shared between studies)."""
-    folder = tmp_path_factory.mktemp("studies-mlflow")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'mlflow.db'}")
-        mp.setenv("NLLAB_ARTIFACT_ROOT", str(folder / "artifacts"))
-        yield folder
-
-
-@pytest.fixture(scope="module")
-def smoke(store):
+def smoke(module_mlflow_store):
     """Every study run once with the smoke profile (≈40 s in all)."""
     import torch
 
@@ -161,7 +151,7 @@ def test_study_cli_takes_the_task_runner_flags():
     )
 
 
-def test_frequency_filter_recovers_clean_signal(store):
+def test_frequency_filter_recovers_clean_signal(module_mlflow_store):
     """Appendix C: trained on the corrupted signal, the low-pass model is closer to the clean
     one than the unfiltered model (real training, seeded)."""
     from flows.studies import run_study, study_config
