@@ -17,7 +17,14 @@ from typing import Any
 
 import tasks._env  # noqa: F401  (offline switches before anything imports mlflow/prefect)
 
-__all__ = ["build_parser", "main", "parse_seeds", "split_names", "ui_command"]
+__all__ = [
+    "add_runner_options",
+    "build_parser",
+    "main",
+    "parse_seeds",
+    "split_names",
+    "ui_command",
+]
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TRACKING, EXIT_INTERRUPTED = 1, 2, 3, 130
 
@@ -44,6 +51,17 @@ def parse_seeds(values: Sequence[str] | None) -> list[int] | None:
         raise _UsageError(
             f"--seeds takes non-negative integers, got {' '.join(values)!r}"
         ) from None
+
+
+def add_runner_options(p: argparse.ArgumentParser, default: str | None = None) -> None:
+    """``--task-runner thread|dask`` and ``--dask-address``, shared by every flow command."""
+    p.add_argument(
+        "--task-runner",
+        choices=("thread", "dask"),
+        default=default,
+        help="thread pool (default) or Dask (a local cluster unless --dask-address)",
+    )
+    p.add_argument("--dask-address", metavar="tcp://HOST:PORT", help="an existing Dask scheduler")
 
 
 def _add_selection(
@@ -81,10 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_selection(p)
     p.add_argument("--max-workers", type=int, metavar="N", help="cells trained at once")
     p.add_argument("--epochs", type=int, metavar="N", help="override the profile's epochs")
-    p.add_argument(
-        "--task-runner", choices=("thread", "dask"), help="thread pool (default) or Dask"
-    )
-    p.add_argument("--dask-address", metavar="tcp://HOST:PORT", help="an existing Dask scheduler")
+    add_runner_options(p)
     p.add_argument("--no-progress", action="store_true", help="no per-epoch progress bars")
     p.add_argument("--no-register", action="store_true", help="leave the model registry alone")
     p.add_argument(

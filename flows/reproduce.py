@@ -353,6 +353,8 @@ def reproduce(uri: str, ablation: str | None = None, **kwargs: Any) -> Reproduce
 
 # -- command line -------------------------------------------------------------------------------
 def add_reproduce_parser(subparsers) -> argparse.ArgumentParser:
+    from flows.cli import add_runner_options
+
     p = subparsers.add_parser(
         "reproduce",
         help="re-evaluate a registered model from its recorded config, then ablate it",
@@ -363,8 +365,7 @@ def add_reproduce_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("model_uri", metavar="MODEL_URI", help="e.g. models:/neural-laplace-X@champion")
     p.add_argument("--ablation", choices=tuple(ABLATIONS), help="factor to vary")
     p.add_argument("--max-workers", type=int, default=2, metavar="N")
-    p.add_argument("--task-runner", choices=("thread", "dask"), default="thread")
-    p.add_argument("--dask-address", metavar="tcp://HOST:PORT")
+    add_runner_options(p, default="thread")
     p.add_argument(
         "--fresh-data", action="store_true", help="re-simulate instead of reading the data cache"
     )

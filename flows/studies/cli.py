@@ -18,6 +18,7 @@ from flows.cli import (
     EXIT_INTERRUPTED,
     EXIT_TRACKING,
     EXIT_USAGE,
+    add_runner_options,
     parse_seeds,
     split_names,
 )
@@ -47,10 +48,7 @@ def add_study_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default: auto")
     p.add_argument("--epochs", type=int, metavar="N", help="override the profile's epochs")
     p.add_argument("--max-workers", type=int, metavar="N", help="cells trained at once")
-    p.add_argument(
-        "--task-runner", choices=("thread", "dask"), help="thread pool (default) or Dask"
-    )
-    p.add_argument("--dask-address", metavar="tcp://HOST:PORT", help="an existing Dask scheduler")
+    add_runner_options(p)
     p.set_defaults(handler=cmd_study)
     return p
 
