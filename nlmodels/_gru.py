@@ -23,6 +23,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from nlmodels import _native
+
 __all__ = ["gru_final_output"]
 
 #: Steps per block of the backward pass (see _WavefrontGRU.backward).
@@ -138,6 +140,70 @@ class _WavefrontGRU(torch.autograd.Function):
         return (g_x, None, *grads)
 
 
+class _NativeGRU(torch.autograd.Function):
+    """The same GRU through the fused C kernels (``nlmodels._native``), float64 on the CPU.
+
+    The C forward runs the whole recurrence (layer by layer, gate maths fused into each step's
+    matrix products) and keeps r, z, n, W_hn h + b_hn and every state; the C backward runs BPTT
+    and accumulates every parameter gradient step by step while the step's gradients are in
+    cache.
+    """
+
+    @staticmethod
+    def forward(ctx, x, n_layers: int, *weights):  # type: ignore[override]
+        batch, n_time, n_inputs = x.shape
+        units = weights[1].shape[1]
+        layers = range(n_layers)
+        xs = x.permute(2, 1, 0).contiguous()  # [I, T, B]
+        w_ih = torch.cat([weights[4 * layer].reshape(-1) for layer in layers])
+        w_hh, b_ih, b_hh = (
+            torch.stack([weights[4 * layer + k] for layer in layers]).contiguous()
+            for k in (1, 2, 3)
+        )
+        states = x.new_empty(n_layers, units, n_time + 1, batch)
+        gates = x.new_empty(n_layers, 4 * units, n_time, batch)
+        status = _native.call(
+            "nl_gru_forward", n_time, batch, n_inputs, units, n_layers,
+            xs, w_ih, w_hh, b_ih, b_hh, states, gates,
+        )  # fmt: skip
+        if status:
+            raise MemoryError("native GRU forward: out of memory")
+        ctx.units = units
+        ctx.save_for_backward(xs, w_ih, w_hh, states, gates)
+        return states[-1, :, -1].T.clone()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):  # type: ignore[override]
+        xs, w_ih, w_hh, states, gates = ctx.saved_tensors
+        n_layers, units = states.shape[0], ctx.units
+        n_inputs, n_time, batch = xs.shape
+        g_w_ih, g_w_hh = torch.empty_like(w_ih), torch.empty_like(w_hh)
+        g_b_ih, g_b_hh = xs.new_empty(n_layers, 3 * units), xs.new_empty(n_layers, 3 * units)
+        d_x = xs.new_empty(n_inputs, n_time, batch) if ctx.needs_input_grad[0] else None
+        grad_top = grad_out.T.contiguous()
+        status = _native.call(
+            "nl_gru_backward", n_time, batch, n_inputs, units, n_layers,
+            xs, w_ih, w_hh, states, gates, grad_top, g_w_ih, g_w_hh, g_b_ih, g_b_hh, d_x,
+        )  # fmt: skip
+        if status:
+            raise MemoryError("native GRU backward: out of memory")
+        grads: list[torch.Tensor] = []
+        offset = 0
+        for layer in range(n_layers):
+            n_in = n_inputs if layer == 0 else units
+            size = 3 * units * n_in
+            grads += [
+                g_w_ih[offset : offset + size].view(3 * units, n_in),
+                g_w_hh[layer],
+                g_b_ih[layer],
+                g_b_hh[layer],
+            ]
+            offset += size
+        g_x = None if d_x is None else d_x.permute(2, 1, 0)
+        return (g_x, None, *grads)
+
+
 def gru_final_output(x: torch.Tensor, gru: torch.nn.GRU) -> torch.Tensor:
     """``gru(x)[0][:, -1]`` for a batch-first, unidirectional, dropout-free ``nn.GRU`` with zero
     initial state: the last output of the top layer, ``[B, H]``."""
@@ -149,4 +215,6 @@ def gru_final_output(x: torch.Tensor, gru: torch.nn.GRU) -> torch.Tensor:
             getattr(gru, f"{name}_l{layer}")
             for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
         ]
+    if _native.usable(x, *weights):
+        return _NativeGRU.apply(x, gru.num_layers, *weights)
     return _WavefrontGRU.apply(x, gru.num_layers, *weights)

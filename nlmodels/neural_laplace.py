@@ -19,7 +19,11 @@ Speed (the maths are unchanged):
   part that depends on the query points (once per time point), then broadcast-added;
 * for linear ILTs, x(t) = Σ_q Re(w_q(t) F_q) with precomputed weights w; the map from the network
   output to x (tanh scalings, v(θ, φ), the weighted sum) is one fused autograd function whose
-  backward is two multiplications with Jacobians saved by the forward, in real arithmetic.
+  backward is two multiplications with Jacobians saved by the forward, in real arithmetic;
+* what depends on the query times alone (query points, their sphere coordinates, ILT weights) is
+  kept for the last grid seen;
+* in float64 on the CPU, the encoder GRU and every elementwise step of the decoder run in the fused
+  C kernels of :mod:`nlmodels._native` (same numbers as the torch path to rounding).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from nlmodels import _native
 from nlmodels._gru import gru_final_output
 from nlmodels.base import ForecastModel, batch_times
 from nlmodels.ilt import get_ilt
@@ -82,10 +87,12 @@ class _FusedSphereDecoder(torch.autograd.Function):
         h1 = tanh(per_time[t] + per_traj[b]),  h2 = tanh(W2 h1 + b2),  o = W3 h2 + b3,
         θ = π tanh(o_θ),  φ = φ_min + Δφ (tanh(o_φ) + 1)/2,  F = tan(φ/2 + π/4) e^{iθ},
         x[b, t, d] = Σ_q Re(w[t, q] F[b, t, d, q]) = Σ_q r |w| cos(θ + arg w)
-    in real arithmetic (dr/dφ = (1 + r²)/2). The work is
-    split into chunks of trajectories so temporaries stay cache-resident; the forward keeps the
-    per-element derivatives of x with respect to o (each x depends on its own Q outputs only) and
-    the backward is a hand-written back-propagation through the two dense layers.
+    in real arithmetic (dr/dφ = (1 + r²)/2). The work is split into chunks of trajectories so
+    temporaries stay cache-resident; the forward keeps the per-element derivatives of x with
+    respect to o (each x depends on its own Q outputs only) and the backward is a hand-written
+    back-propagation through the two dense layers. The dense products are torch GEMMs; everything
+    elementwise runs in the fused C kernels of :mod:`nlmodels._native` where they apply (float64
+    on the CPU), else as the torch twin below.
 
     Shapes: per_time [1 or B, T, H], per_traj [B, H], w_abs/w_arg [1 or B, T, 1, Q].
     """
@@ -106,36 +113,17 @@ class _FusedSphereDecoder(torch.autograd.Function):
         phi_span: float,
     ):
         batch, n_time = per_traj.shape[0], per_time.shape[1]
-        n_query = w_abs.shape[-1]
         phi_centre = 0.5 * phi_min + 0.25 * phi_span + math.pi / 4  # φ/2 + π/4 at tanh = 0
-        dq = state_dim * n_query
-        units = w2.shape[0]
-        chunk = max(1, _CHUNK_ELEMENTS // (n_time * dq))
+        chunk = max(1, _CHUNK_ELEMENTS // (n_time * state_dim * w_abs.shape[-1]))
         x = per_traj.new_empty(batch, n_time, state_dim)
-        saved: list[tuple[torch.Tensor, ...]] = []
-        for lo in range(0, batch, chunk):
-            hi = min(lo + chunk, batch)
-            n = hi - lo
-            h1 = (_rows(per_time, lo, hi) + per_traj[lo:hi, None, :]).tanh_().view(-1, units)
-            # mm + in-place bias: addmm's broadcast copy of the bias measured slower
-            h2 = torch.mm(h1, w2.T).add_(b2).tanh_()
-            # `out` holds tanh of the output layer, then (in place) ∂x/∂(output layer).
-            out = torch.mm(h2, w3.T).add_(b3).tanh_().view(n, n_time, 2, state_dim, n_query)
-            ta, tb = out[:, :, 0], out[:, :, 1]
-            amp = _rows(w_abs, lo, hi)
-            angle = torch.add(_rows(w_arg, lo, hi), ta, alpha=math.pi)  # θ + arg w
-            cos_a, sin_a = torch.cos(angle), angle.sin_()
-            radius = tb.mul(0.25 * phi_span).add_(phi_centre).tan_()
-            scaled = radius * amp  # r |w|
-            torch.linalg.vecdot(scaled, cos_a, out=x[lo:hi])  # Σ_q r |w| cos(θ + arg w)
-            # ∂x/∂o_θ = −r |w| sin(θ + arg w) · π (1 − tanh²)
-            ta.square_().sub_(1.0).mul_(sin_a).mul_(scaled).mul_(math.pi)
-            # ∂x/∂o_φ = |w| cos(θ + arg w) · (1 + r²)/2 · Δφ/2 (1 − tanh²)
-            tb.square_().mul_(-0.25 * phi_span).add_(0.25 * phi_span).mul_(cos_a).mul_(amp)
-            tb.mul_(radius.square_().add_(1.0))
-            d_out = out
-            saved.append((h1, h2, d_out))
-        ctx.saved_chunks = saved
+        ctx.native = _native.usable(per_time, per_traj, w2, b2, w3, b3, w_abs, w_arg)
+        if ctx.native:  # the kernels take the ILT weights as [(B,) Q, T]
+            w_abs, w_arg = (w[:, :, 0].transpose(1, 2).contiguous() for w in (w_abs, w_arg))
+        args = (per_time, per_traj, w2, b2, w3, b3, w_abs, w_arg, state_dim, phi_span, phi_centre)
+        chunk_forward = _native_chunk_forward if ctx.native else _torch_chunk_forward
+        ctx.saved_chunks = [
+            chunk_forward(lo, min(lo + chunk, batch), x, *args) for lo in range(0, batch, chunk)
+        ]
         ctx.chunk = chunk
         ctx.save_for_backward(per_time, w2, w3)
         return x
@@ -144,29 +132,130 @@ class _FusedSphereDecoder(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_x):  # type: ignore[override]
         per_time, w2, w3 = ctx.saved_tensors
-        shared_grid = per_time.shape[0] == 1
+        grad_x = grad_x.contiguous()
         g_time = torch.zeros_like(per_time)
-        g_traj = per_time.new_empty(grad_x.shape[0], per_time.shape[-1])
+        g_traj = per_time.new_zeros(grad_x.shape[0], per_time.shape[-1])
         g_w2, g_b2 = torch.zeros_like(w2), w2.new_zeros(w2.shape[0])
         g_w3, g_b3 = torch.zeros_like(w3), w3.new_zeros(w3.shape[0])
-        one = w2.new_ones(())
+        chunk_backward = _NativeChunkBackward if ctx.native else _TorchChunkBackward
         for i, (h1, h2, d_out) in enumerate(ctx.saved_chunks):
             lo = i * ctx.chunk
-            hi = lo + d_out.shape[0]
-            g_out = (d_out * grad_x[lo:hi, :, None, :, None]).view(-1, w3.shape[0])  # [n·T, 2DQ]
+            hi = lo + h1.shape[0] // per_time.shape[1]
+            g_out = chunk_backward.output(d_out, grad_x[lo:hi], g_b3)  # [n·T, 2DQ]
             g_w3.addmm_(g_out.T, h2)
-            g_b3.add_(g_out.sum(0))
-            g_z2 = (g_out @ w3).mul_(torch.addcmul(one, h2, h2, value=-1.0))  # tanh' = 1 − h²
+            g_z2 = chunk_backward.tanh(g_out @ w3, h2, g_b2)
             g_w2.addmm_(g_z2.T, h1)
-            g_b2.add_(g_z2.sum(0))
-            g_z1 = (g_z2 @ w2).mul_(torch.addcmul(one, h1, h1, value=-1.0))
-            g_z1 = g_z1.view(hi - lo, -1, g_z1.shape[-1])
-            if shared_grid:
-                g_time[0].add_(g_z1.sum(0))
-            else:
-                g_time[lo:hi] = g_z1
-            torch.sum(g_z1, dim=1, out=g_traj[lo:hi])
+            chunk_backward.first(g_z2 @ w2, h1, lo, hi, g_time, g_traj)
         return g_time, g_traj, g_w2, g_b2, g_w3, g_b3, None, None, None, None, None
+
+
+def _torch_chunk_forward(
+    lo, hi, x, per_time, per_traj, w2, b2, w3, b3, w_abs, w_arg, state_dim, phi_span, phi_centre
+):
+    """Trajectories lo:hi of _FusedSphereDecoder's forward in torch ops; returns what the
+    backward needs: h1, h2 and ∂x/∂o as ``[n·T, 2DQ]``."""
+    n, n_time, units = hi - lo, per_time.shape[1], w2.shape[0]
+    h1 = (_rows(per_time, lo, hi) + per_traj[lo:hi, None, :]).tanh_().view(-1, units)
+    # mm + in-place bias: addmm's broadcast copy of the bias measured slower
+    h2 = torch.mm(h1, w2.T).add_(b2).tanh_()
+    # `out` holds tanh of the output layer, then (in place) ∂x/∂(output layer).
+    out = torch.mm(h2, w3.T).add_(b3).tanh_().view(n, n_time, 2, state_dim, -1)
+    ta, tb = out[:, :, 0], out[:, :, 1]
+    amp = _rows(w_abs, lo, hi)
+    angle = torch.add(_rows(w_arg, lo, hi), ta, alpha=math.pi)  # θ + arg w
+    cos_a, sin_a = torch.cos(angle), angle.sin_()
+    radius = tb.mul(0.25 * phi_span).add_(phi_centre).tan_()
+    scaled = radius * amp  # r |w|
+    torch.linalg.vecdot(scaled, cos_a, out=x[lo:hi])  # Σ_q r |w| cos(θ + arg w)
+    # ∂x/∂o_θ = −r |w| sin(θ + arg w) · π (1 − tanh²)
+    ta.square_().sub_(1.0).mul_(sin_a).mul_(scaled).mul_(math.pi)
+    # ∂x/∂o_φ = |w| cos(θ + arg w) · (1 + r²)/2 · Δφ/2 (1 − tanh²)
+    tb.square_().mul_(-0.25 * phi_span).add_(0.25 * phi_span).mul_(cos_a).mul_(amp)
+    tb.mul_(radius.square_().add_(1.0))
+    return h1, h2, out.view(n * n_time, -1)
+
+
+def _native_chunk_forward(
+    lo, hi, x, per_time, per_traj, w2, b2, w3, b3, w_abs, w_arg, state_dim, phi_span, phi_centre
+):
+    """The same as :func:`_torch_chunk_forward` through the C kernels (one pass per layer); the
+    output layer is computed transposed, ``[2DQ, n·T]``, so the kernel runs along time, and that
+    is what it returns as ∂x/∂o. ``w_abs``/``w_arg`` are ``[(B,) Q, T]``."""
+    call = _native.call
+    n, n_time, units = hi - lo, per_time.shape[1], w2.shape[0]
+    per_row_time, per_row_w = per_time.shape[0] != 1, w_abs.shape[0] != 1
+    h1 = per_traj.new_empty(n * n_time, units)
+    call(
+        "nl_first_hidden", n, n_time, units, int(per_row_time),
+        _rows(per_time, lo, hi).contiguous(), per_traj[lo:hi].contiguous(), h1,
+    )  # fmt: skip
+    h2 = torch.mm(h1, w2.T)
+    call("nl_bias_tanh", h2.shape[0], units, h2, b2.contiguous())
+    out_t = torch.mm(w3, h2.T)
+    call(
+        "nl_sphere_out_forward", n, n_time, state_dim, w_abs.shape[1], int(per_row_w), out_t,
+        b3.contiguous(), _rows(w_abs, lo, hi), _rows(w_arg, lo, hi), 0.25 * phi_span,
+        phi_centre, x[lo:hi], x.new_empty(n_time),
+    )  # fmt: skip
+    return h1, h2, out_t
+
+
+class _TorchChunkBackward:
+    """The elementwise steps of _FusedSphereDecoder's backward, in torch ops."""
+
+    @staticmethod
+    def output(d_out, grad_x, g_b3):
+        """∂L/∂o = ∂x/∂o · ∂L/∂x, and its column sums into g_b3."""
+        rows, state_dim = d_out.shape[0], grad_x.shape[-1]
+        g_out = d_out.view(rows, 2, state_dim, -1) * grad_x.reshape(rows, 1, state_dim, 1)
+        g_out = g_out.view(rows, -1)
+        g_b3.add_(g_out.sum(0))
+        return g_out
+
+    @staticmethod
+    def tanh(g, h, g_bias):
+        """Through tanh (from its output h), in place, and the column sums into g_bias."""
+        g.mul_(torch.addcmul(torch.ones_like(h), h, h, value=-1.0))
+        g_bias.add_(g.sum(0))
+        return g
+
+    @staticmethod
+    def first(g, h1, lo, hi, g_time, g_traj):
+        """Through the first layer's tanh; the sums over trajectories / times."""
+        g.mul_(torch.addcmul(torch.ones_like(h1), h1, h1, value=-1.0))
+        g = g.view(hi - lo, -1, g.shape[-1])
+        if g_time.shape[0] == 1:
+            g_time[0].add_(g.sum(0))
+        else:
+            g_time[lo:hi] = g
+        torch.sum(g, dim=1, out=g_traj[lo:hi])
+
+
+class _NativeChunkBackward:
+    """The same as :class:`_TorchChunkBackward` through the C kernels."""
+
+    @staticmethod
+    def output(d_out_t, grad_x, g_b3):
+        rows, state_dim = d_out_t.shape[1], grad_x.shape[-1]
+        g_out_t = torch.empty_like(d_out_t)
+        _native.call(
+            "nl_sphere_out_backward", rows, state_dim, d_out_t.shape[0] // (2 * state_dim),
+            d_out_t, grad_x, g_out_t, g_b3, d_out_t.new_empty(state_dim * rows),
+        )  # fmt: skip
+        return g_out_t.T
+
+    @staticmethod
+    def tanh(g, h, g_bias):
+        _native.call("nl_tanh_backward", g.shape[0], g.shape[1], g, h, g_bias)
+        return g
+
+    @staticmethod
+    def first(g, h1, lo, hi, g_time, g_traj):
+        per_row = g_time.shape[0] != 1
+        _native.call(
+            "nl_first_hidden_backward", hi - lo, g_time.shape[1], g.shape[1], int(per_row), g,
+            h1, g_time[lo:hi] if per_row else g_time, g_traj[lo:hi],
+        )  # fmt: skip
 
 
 class LaplaceRepresentation(nn.Module):
@@ -312,6 +401,7 @@ class NeuralLaplace(ForecastModel):
         self.encoder = ReverseGRUEncoder(
             self.state_dim, self.latent_dim, encoder_units, encoder_layers, encode_times
         )
+        self._grid_cache: tuple | None = None  # see _grid_terms
         self.laplace = LaplaceRepresentation(
             self.ilt.n_query,
             self.state_dim,
@@ -339,13 +429,9 @@ class NeuralLaplace(ForecastModel):
         t = query_t.to(dtype=torch.float64, device=p.device)
         if t.dim() == 2 and t.shape[0] == 1:
             t = t[0]
-        s = self.ilt.query(t)  # [(B,) T, Q] complex128
-        features = self.laplace.query_features(s).to(p.dtype)
+        features, weights = self._grid_terms(t, p.dtype)
         self.count_nfe()
-        if self.ilt.is_linear:
-            weights = self.ilt.weights(t)
-            if p.dtype != torch.float64:
-                weights = weights.to(torch.complex64)
+        if weights is not None:
             return self.laplace.reconstruct_linear(features, p, weights)
         fs = self.laplace.evaluate(features, p)  # [B, T, D, Q]
         t_b = t.unsqueeze(-2) if t.dim() == 2 else t  # [(B, 1,) T]
@@ -356,3 +442,28 @@ class NeuralLaplace(ForecastModel):
         self, obs_t: torch.Tensor, obs_x: torch.Tensor, query_t: torch.Tensor
     ) -> torch.Tensor:
         return self.decode(self.encode(obs_t, obs_x), query_t)
+
+    def _grid_terms(
+        self, t: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What depends on the query times alone: g's input features of the query points and,
+        for a linear ILT, its weights. Training decodes the same grid batch after batch, so the
+        last grid's terms are kept (compared by value: a grid edited in place is recomputed)."""
+        cached = None if t.requires_grad else self._grid_cache
+        if (
+            cached is not None
+            and cached[1] == dtype
+            and cached[0].shape == t.shape
+            and cached[0].device == t.device
+            and torch.equal(cached[0], t)
+        ):
+            return cached[2], cached[3]
+        features = self.laplace.query_features(self.ilt.query(t)).to(dtype)  # [(B,) T, 2Q]
+        weights = None
+        if self.ilt.is_linear:
+            weights = self.ilt.weights(t)  # [(B,) T, Q] complex128
+            if dtype != torch.float64:
+                weights = weights.to(torch.complex64)
+        if not t.requires_grad:
+            self._grid_cache = (t.clone(), dtype, features, weights)
+        return features, weights

@@ -1,4 +1,5 @@
-"""The wavefront GRU used by the encoder on the CPU equals nn.GRU, values and gradients."""
+"""The encoder's CPU GRU (native kernels, or the pure-torch wavefront) equals nn.GRU, values and
+gradients."""
 
 import pytest
 import torch
@@ -6,8 +7,14 @@ import torch
 from nlmodels._gru import gru_final_output
 
 
+@pytest.fixture(params=["auto", "0"], ids=["native-if-built", "torch"])
+def cpu_path(request, monkeypatch):
+    monkeypatch.setenv("NLLAB_NATIVE", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("layers", [1, 2, 3])
-def test_matches_nn_gru_values_and_gradients(layers):
+def test_matches_nn_gru_values_and_gradients(layers, cpu_path):
     torch.manual_seed(layers)
     gru = torch.nn.GRU(3, 5, layers, batch_first=True).double()
     x = torch.randn(4, 9, 3, dtype=torch.float64, requires_grad=True)
@@ -22,7 +29,7 @@ def test_matches_nn_gru_values_and_gradients(layers):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-13)
 
 
-def test_gradcheck_float64():
+def test_gradcheck_float64(cpu_path):
     torch.manual_seed(0)
     gru = torch.nn.GRU(2, 3, 2, batch_first=True).double()
     x = torch.randn(2, 5, 2, dtype=torch.float64, requires_grad=True)

@@ -119,6 +119,22 @@ def test_decoding_is_pointwise_in_time_and_counts_one_evaluation_per_call():
     assert model.nfe == 2
 
 
+def test_the_grid_cache_never_serves_stale_terms():
+    torch.manual_seed(5)
+    model = NeuralLaplace(2).double()
+    p = torch.randn(3, 2, dtype=torch.float64)
+    grid = torch.linspace(0.5, 4.0, 7, dtype=torch.float64)
+    first = model.decode(p, grid)
+    torch.testing.assert_close(model.decode(p, grid.clone()), first, rtol=0, atol=0)
+    grid.mul_(2.0)  # edited in place: the terms must follow
+    fresh = NeuralLaplace(2).double()
+    fresh.load_state_dict(model.state_dict())
+    torch.testing.assert_close(model.decode(p, grid), fresh.decode(p, grid), rtol=0, atol=0)
+    assert not torch.allclose(model.decode(p, grid), first)
+    # another dtype gets its own terms
+    assert model.float().decode(p.float(), grid).dtype == torch.float32
+
+
 def test_low_pass_bounds_the_laplace_representation():
     torch.manual_seed(0)
     model = NeuralLaplace(1, max_frequency=3.0).double()

@@ -3,7 +3,13 @@ trained on sin t + sin 2t corrupted by 0.5 sin 11t recovers the clean signal (pa
 ``frequencyfilter``, and its figure; no published number).
 
 Both models are trained on the corrupted signal as ordinary cells (reused when finished); the
-table reports the test RMSE against the clean signal (``value``) and against the corrupted one.
+table reports the test RMSE against the clean signal (``value``) and against the corrupted one,
+and ``corruption_amplitude``: the amplitude of the 11 rad/s component in the predictions, which is
+what a low-pass filter should remove. Measured here (3 seeds, smoke data of 100 trajectories):
+with 80 epochs at lr 0.01 neither model reproduces the tone (amplitude < 0.011 against the
+corruption's 0.5 before normalisation) and the RMSEs to the clean signal are 0.82-0.88 (low-pass)
+against 0.92 with a seed-to-seed spread of 0.04; with 120 epochs at lr 0.003 both reach 0.30 and
+the low-pass model is not better. So small budgets do not show Appendix C's effect either way.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from tasks.training import predict
 
 SYSTEM = "noisy_sines"
 MAX_FREQUENCY = 3.0
+CORRUPTION_FREQUENCY = 11.0  # rad per unit time: the 0.5 sin 11t added to sin t + sin 2t
+CLEAN_FREQUENCIES = (1.0, 2.0)
 VARIANTS = (("unfiltered", None), ("low-pass s≤3", MAX_FREQUENCY))
 SPEC = StudySpec(
     name="frequency-filter",
@@ -53,22 +61,47 @@ def _body(ctx: StudyContext) -> StudyOutput:
         for seed in ctx.seeds
     ]
     results = ctx.run_cells([c for _, c in entries])
-    clean, noisy, curves = [], [], {}
+    clean, noisy, tone, curves = [], [], [], {}
     for (lab, cell), r in zip(entries, results, strict=True):
-        c_val = n_val = math.nan
+        c_val = n_val = t_val = math.nan
         if r.ok:
             model, spec = ctx.load_model(r)
             test = ctx.prepared(cell).test
             pred = predict(model, test, dtype=spec.dtype, batch_size=cell.training.batch_size)
             c_val = float(rmse(pred, test.target_clean))
             n_val = float(rmse(pred, test.target))
+            t_val = tone_amplitude(np.asarray(pred)[..., 0], np.asarray(test.query_t))
             curves.setdefault(lab["variant"], (test, pred))
         clean.append({**lab, "value": c_val})
         noisy.append({**lab, "value": n_val})
+        tone.append({**lab, "value": t_val})
     table = add_paper(aggregate(clean, KEYS), KEYS, SPEC.paper)
     table["rmse_to_corrupted"] = aggregate(noisy, KEYS)["value"].to_numpy()
+    # what a low-pass filter should remove: the prediction's sin 11t component
+    table["corruption_amplitude"] = aggregate(tone, KEYS)["value"].to_numpy()
     _plot(curves, ctx.figure("frequency_filter"))
     return StudyOutput({"frequency_filter": table})
+
+
+def tone_amplitude(
+    x: np.ndarray,
+    t: np.ndarray,
+    omega: float = CORRUPTION_FREQUENCY,
+    others: tuple[float, ...] = CLEAN_FREQUENCIES,
+) -> float:
+    """Mean over trajectories of the amplitude of the ω component of ``x`` [N, T] on the grid
+    ``t`` ([T] or [N, T]): a least-squares fit of cos/sin at ω and at the clean signal's
+    frequencies ``others``, plus an offset (exact for any mix of those on any grid), amplitude
+    √(a² + b²) of the ω pair."""
+    x = np.atleast_2d(x)
+    t = np.broadcast_to(t, x.shape)
+    amplitudes = []
+    for xi, ti in zip(x, t, strict=True):
+        columns = [f(w * ti) for w in (omega, *others) for f in (np.cos, np.sin)]
+        basis = np.stack([*columns, np.ones_like(ti)], axis=1)
+        coefficients, *_ = np.linalg.lstsq(basis, xi, rcond=None)
+        amplitudes.append(math.hypot(coefficients[0], coefficients[1]))
+    return float(np.mean(amplitudes))
 
 
 def _plot(curves: dict, path) -> None:
