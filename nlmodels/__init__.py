@@ -8,6 +8,7 @@ Pure torch: this package never imports prefect, mlflow or optuna.
 """
 
 from nlmodels import baselines as _baselines  # noqa: F401  (registers the baseline models)
+from nlmodels._native import native_enabled as native_cpu_kernels
 from nlmodels.base import ForecastModel
 from nlmodels.ilt import ILT_ALGORITHMS, ILTAlgorithm, get_ilt
 from nlmodels.neural_laplace import NeuralLaplace
@@ -23,6 +24,7 @@ __all__ = [
     "build_model",
     "from_sphere",
     "get_ilt",
+    "native_cpu_kernels",
     "register_model",
     "to_sphere",
 ]

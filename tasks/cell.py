@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from datasets import Dataset, Prepared, data_home, load_or_simulate, prepare
-from nlmodels import build_model
+from nlmodels import build_model, native_cpu_kernels
 from tasks._workers import worker_stop_event
 from tasks.config import CellConfig, DataConfig
 from tasks.evaluation import evaluate, plot_extrapolation, plot_loss_curves
@@ -147,6 +147,11 @@ def _fit(cell: CellConfig, rt: CellRuntime, run_id: str, config_hash: str) -> No
             "dataset_hash": ds.fingerprint,
             "split_hash": prepared.fingerprint,
             "device_used": str(device),
+            # float64 CPU training of Neural Laplace runs the fused C kernels when they built
+            "native_cpu_kernels": cell.method == "neural_laplace"
+            and cell.training.dtype == "float64"
+            and device.type == "cpu"
+            and native_cpu_kernels(),
         },
     )
     tracker.log_dataset(

@@ -6,6 +6,7 @@ import pytest
 
 from datasets import load_or_simulate, prepare
 from flows import registry_name, run_benchmark
+from nlmodels import native_cpu_kernels
 from tasks import load_registered_model
 from tasks.cell import CellRuntime, run_cell
 from tasks.config import CellConfig, TrainConfig, resolve_config
@@ -56,6 +57,9 @@ def test_child_runs_hold_params_metrics_tags_artifacts(first):
         assert run.info.status == "FINISHED"
         assert tags["config_hash"] == hashes[key] and tags["profile"] == "smoke"
         assert len(tags["dataset_hash"]) == 64 and tags["mlflow.source.git.commit"]
+        # which CPU path trained it: the native kernels serve float64 Neural Laplace only
+        native = tags["method"] == "neural_laplace" and native_cpu_kernels()
+        assert tags["native_cpu_kernels"] == str(native)
         assert params["training.epochs"] == "2" and params["data.n_trajectories"] == "40"
         assert params["device"] == "auto" and int(params["n_parameters"]) > 100
         for name in ("train_loss", "val_loss", "val_rmse", "epoch_seconds", "nfe"):
