@@ -21,6 +21,7 @@ from prefect import flow, get_run_logger
 from prefect.futures import PrefectFuture, wait
 
 from flows._runtime import flow_settings, make_task_runner
+from nlmodels import native_cpu_kernels
 from tasks._workers import worker_processes
 from tasks.cell import CellRuntime
 from tasks.config import CellConfig, RunConfig
@@ -136,6 +137,11 @@ def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
         len(todo),
         config.max_workers,
         tracker.settings.tracking_uri,
+    )
+    # Also builds the kernels once here, before any worker process needs them.
+    logger.info(
+        "float64 Neural Laplace on the CPU runs %s",
+        "the native C kernels" if native_cpu_kernels() else "the pure-torch path",
     )
     stop = threading.Event()
     tags = {"nllab.kind": "benchmark", "profile": config.profile}
