@@ -227,3 +227,19 @@ def test_only_float64_cpu_tensors_are_native(monkeypatch):
     assert not _native.usable(torch.zeros(2, dtype=torch.float32))
     with pytest.raises(ValueError, match="contiguous float64"):
         _native.call("nl_tanh_backward", 1, 1, torch.zeros(2)[::2], torch.zeros(1), torch.zeros(1))
+
+
+@needs_native
+def test_concurrent_first_builds_are_safe(tmp_path):
+    # the quick profile's worker processes may all find the cache empty at once
+    import os
+    import subprocess
+    import sys
+
+    cache = tmp_path / "shared-cache"
+    env = {**os.environ, "NLLAB_NATIVE_CACHE": str(cache), "NLLAB_NATIVE": "1"}
+    code = "from nlmodels import _native; assert _native.kernels() is not None"
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env) for _ in range(3)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0, 0]
+    assert len(list(cache.glob("nlkernels-*.so"))) == 1
+    assert not [p for p in cache.iterdir() if not p.name.startswith("nlkernels-")]
