@@ -243,3 +243,12 @@ def test_concurrent_first_builds_are_safe(tmp_path):
     assert [p.wait(timeout=300) for p in procs] == [0, 0, 0]
     assert len(list(cache.glob("nlkernels-*.so"))) == 1
     assert not [p for p in cache.iterdir() if not p.name.startswith("nlkernels-")]
+
+
+@pytest.mark.parametrize("mode", ["auto", "0"])
+def test_an_empty_batch_gives_an_empty_prediction(monkeypatch, mode):
+    monkeypatch.setenv("NLLAB_NATIVE", mode)
+    model = NeuralLaplace(2).double()
+    t = torch.linspace(0.1, 1.0, 5, dtype=torch.float64)
+    y = model(t, torch.zeros(0, 5, 2, dtype=torch.float64), t + 1)
+    assert y.shape == (0, 5, 2)

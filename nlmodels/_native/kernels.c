@@ -321,6 +321,9 @@ static void reduce_lanes(i64 n, const double *restrict acc, double *restrict out
     }
 }
 
+/* Scratch of n doubles (at least one, so an empty batch is not mistaken for a failure). */
+static double *alloc_doubles(i64 n) { return malloc(sizeof(double) * (size_t)(n > 0 ? n : 1)); }
+
 static void transpose(i64 m, i64 k, const double *restrict a, double *restrict at) {
     for (i64 i = 0; i < m; i++)
         for (i64 j = 0; j < k; j++) at[j * m + i] = a[i * k + j];
@@ -363,7 +366,7 @@ int nl_gru_forward(i64 n_time, i64 batch, i64 n_inputs, i64 units, i64 n_layers,
                    const double *x, const double *w_ih, const double *w_hh, const double *b_ih,
                    const double *b_hh, double *states, double *gates) {
     const i64 h = units, g3 = 3 * units, tb = n_time * batch, sb = (n_time + 1) * batch;
-    double *gi = malloc(sizeof(double) * 2 * g3 * batch);
+    double *gi = alloc_doubles(2 * g3 * batch);
     if (!gi) return -1;
     double *gh = gi + g3 * batch;
     for (i64 l = 0; l < n_layers; l++) {
@@ -438,7 +441,7 @@ int nl_gru_backward(i64 n_time, i64 batch, i64 n_inputs, i64 units, i64 n_layers
     const i64 k_max = n_inputs > units ? n_inputs : units;
     const i64 n_acc = (g3 * k_max + g3 * h + 4 * h) * VW;
     const i64 scratch = 2 * h * batch + 2 * h * tb + 2 * g3 * k_max + 4 * h * batch + n_acc;
-    double *mem = malloc(sizeof(double) * scratch);
+    double *mem = alloc_doubles(scratch);
     if (!mem) return -1;
     double *dh = mem, *dh_prev = dh + h * batch;
     double *from_above = dh_prev + h * batch; /* [H][T][B]: dL/d(this layer's output), per step */
