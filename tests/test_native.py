@@ -21,6 +21,33 @@ HAS_TOOLCHAIN = (
 needs_native = pytest.mark.skipif(not HAS_TOOLCHAIN, reason="native kernels need Linux x86-64 + cc")
 
 
+def _cpu_has(*flags: str) -> bool:
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
+    return all(f in line.split() for f in flags)
+
+
+@pytest.fixture(
+    params=[
+        "native",
+        pytest.param(
+            "haswell",
+            marks=pytest.mark.skipif(not _cpu_has("avx2", "fma"), reason="needs AVX2 + FMA"),
+        ),
+    ]
+)
+def build(request, monkeypatch):
+    """Each kernel test runs on the build for this CPU (AVX-512 here) and on the AVX2 + FMA one."""
+    monkeypatch.setenv("NLLAB_NATIVE_MARCH", request.param)
+    _native._forget()
+    yield request.param
+    monkeypatch.delenv("NLLAB_NATIVE_MARCH")
+    _native._forget()
+
+
 @pytest.fixture
 def fresh_native(monkeypatch, tmp_path):
     """An empty kernel cache and no loaded library; restored afterwards."""
@@ -49,7 +76,7 @@ def test_the_kernels_build_and_load_on_this_platform(monkeypatch):
     [(0, torch.exp, -700.0, 700.0), (1, torch.sigmoid, -700.0, 700.0), (2, torch.tanh, -40.0, 40.0),
      (3, torch.sin, -60.0, 60.0), (4, torch.cos, -60.0, 60.0)],
 )  # fmt: skip
-def test_vector_maths_is_accurate_to_a_few_ulp(op, reference, low, high):
+def test_vector_maths_is_accurate_to_a_few_ulp(op, reference, low, high, build):
     torch.manual_seed(op)
     x = torch.empty(100_003, dtype=torch.float64).uniform_(low, high)  # odd: a partial vector
     got, expected = _math(op, x), reference(x)
@@ -60,7 +87,7 @@ def test_vector_maths_is_accurate_to_a_few_ulp(op, reference, low, high):
 
 
 @needs_native
-def test_vector_maths_against_mpmath_near_zero_and_at_the_extremes():
+def test_vector_maths_against_mpmath_near_zero_and_at_the_extremes(build):
     points = [1e-300, 1e-20, 1e-8, -3e-5, 0.25, -2.5, 17.0, -350.0]
     x = torch.tensor(points, dtype=torch.float64)
     mpmath.mp.dps = 40
@@ -75,7 +102,7 @@ def test_vector_maths_against_mpmath_near_zero_and_at_the_extremes():
 
 
 @needs_native
-def test_vector_maths_propagates_nan():
+def test_vector_maths_propagates_nan(build):
     x = torch.tensor([float("nan"), 1.0, float("nan")], dtype=torch.float64)
     for op in range(5):
         y = _math(op, x)
@@ -90,7 +117,7 @@ def test_vector_maths_propagates_nan():
     ("batch", "steps", "inputs", "units", "layers"),
     [(128, 100, 2, 21, 2), (37, 9, 3, 5, 1), (1, 1, 1, 1, 2), (130, 4, 30, 5, 3), (8, 6, 2, 33, 2)],
 )
-def test_native_gru_equals_nn_gru(batch, steps, inputs, units, layers):
+def test_native_gru_equals_nn_gru(batch, steps, inputs, units, layers, build):
     torch.manual_seed(batch + steps)
     gru = torch.nn.GRU(inputs, units, layers, batch_first=True).double()
     x = torch.randn(batch, steps, inputs, dtype=torch.float64, requires_grad=True)
@@ -143,7 +170,7 @@ def _run_model(model, obs_t, obs_x, query_t):
 @pytest.mark.parametrize("per_sample", [False, True])
 @pytest.mark.parametrize(("terms", "max_frequency"), [(33, None), (3, None), (17, 20.0)])
 def test_native_decoder_equals_torch_decoder(
-    monkeypatch, state_dim, per_sample, terms, max_frequency
+    monkeypatch, state_dim, per_sample, terms, max_frequency, build
 ):
     # small chunks: the batch spans several, including a partial last one
     monkeypatch.setattr(nl_module, "_CHUNK_ELEMENTS", 3000)

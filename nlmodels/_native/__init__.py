@@ -13,6 +13,7 @@ sharing a home folder are safe.
 
 ``NLLAB_NATIVE`` selects the mode: ``auto`` (default: use the kernels when they build, else warn
 once and keep the pure-torch path), ``0`` (never use them) or ``1`` (they must build: raise).
+``NLLAB_NATIVE_MARCH`` sets ``-march`` (default ``native``; ``haswell`` gives the AVX2 build).
 Every kernel has a pure-torch twin that the tests hold it to.
 """
 
@@ -35,15 +36,15 @@ __all__ = ["NativeUnavailable", "call", "kernels", "native_enabled", "usable"]
 
 _SOURCE = Path(__file__).with_name("kernels.c")
 # 512-bit vectors where the CPU has them (GCC otherwise caps auto-vectorisation at 256 bits)
-_FLAGS = (
-    "-O3",
-    "-march=native",
-    "-mprefer-vector-width=512",
-    "-fopenmp-simd",
-    "-fPIC",
-    "-shared",
-    "-std=gnu11",
-)
+_FLAGS = ("-O3", "-mprefer-vector-width=512", "-fopenmp-simd", "-fPIC", "-shared", "-std=gnu11")
+
+
+def _flags() -> tuple[str, ...]:
+    """Compiler flags; ``$NLLAB_NATIVE_MARCH`` (default ``native``) picks the target CPU, e.g.
+    ``haswell`` for the AVX2 + FMA build on any newer CPU (the tests run both builds)."""
+    return (f"-march={os.environ.get('NLLAB_NATIVE_MARCH') or 'native'}", *_FLAGS)
+
+
 _MODES = {"auto", "0", "1"}
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
@@ -98,7 +99,7 @@ def _cpu_features() -> str:
 def _target() -> Path:
     """Where this source, these flags and this CPU's build lives (no compiler needed to find it:
     plain C has a stable ABI, so a build by any C compiler serves)."""
-    parts = (_SOURCE.read_bytes(), " ".join(_FLAGS), platform.machine(), _cpu_features())
+    parts = (_SOURCE.read_bytes(), " ".join(_flags()), platform.machine(), _cpu_features())
     digest = hashlib.sha256()
     for part in parts:
         digest.update(part if isinstance(part, bytes) else part.encode())
@@ -116,7 +117,7 @@ def _build(target: Path) -> None:
     os.close(fd)
     try:
         result = subprocess.run(
-            [compiler, *_FLAGS, str(_SOURCE), "-o", tmp, "-lm"],
+            [compiler, *_flags(), str(_SOURCE), "-o", tmp, "-lm"],
             capture_output=True,
             text=True,
             timeout=300,
