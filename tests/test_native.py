@@ -22,12 +22,7 @@ needs_native = pytest.mark.skipif(not HAS_TOOLCHAIN, reason="native kernels need
 
 
 def _cpu_has(*flags: str) -> bool:
-    try:
-        text = open("/proc/cpuinfo").read()
-    except OSError:
-        return False
-    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
-    return all(f in line.split() for f in flags)
+    return set(flags) <= set(_native._cpu_features().split())
 
 
 @pytest.fixture(
