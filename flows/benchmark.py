@@ -10,7 +10,6 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,24 +17,20 @@ import tasks._env  # noqa: F401  (offline switches before mlflow/prefect load)
 
 # isort: split
 from prefect import flow, get_run_logger
-from prefect.futures import PrefectFuture, wait
 
 from flows._runtime import flow_settings, make_task_runner
 from nlmodels import native_cpu_kernels
-from tasks._workers import worker_processes
 from tasks.cell import CellRuntime
-from tasks.config import CellConfig, RunConfig
-from tasks.prefect_tasks import CellFailed, cell_task, simulate_task
+from tasks.config import RunConfig
+from tasks.engine import make_packs, run_cells, stored_results
 from tasks.reporting import CellResult, ResultsTable, results_table
 from tasks.tracking import Promotion, Tracker
 
 __all__ = [
     "BenchmarkSummary",
     "benchmark_flow",
-    "collect_results",
     "registry_name",
     "run_benchmark",
-    "stored_results",
 ]
 
 #: The method whose best run per system is kept in the model registry.
@@ -62,34 +57,6 @@ class BenchmarkSummary:
         return all(r.ok for r in self.results)
 
 
-def collect_results(
-    futures: dict[str, PrefectFuture], fallback: dict[str, CellResult]
-) -> list[CellResult]:
-    """The result of every cell future; a crashed or cancelled one gets its ``fallback`` record."""
-    out = []
-    for key, fut in futures.items():
-        state = fut.state
-        value = state.result(raise_on_failure=False) if state.is_final() else None
-        if isinstance(value, CellResult):
-            out.append(value)
-        elif isinstance(value, CellFailed):
-            out.append(value.result)
-        else:
-            # The task itself broke (e.g. the tracking store went away mid-cell).
-            r = fallback[key]
-            out.append(
-                CellResult(
-                    r.system,
-                    r.method,
-                    r.seed,
-                    "failed",
-                    config_hash=r.config_hash,
-                    error=str(value),
-                )
-            )
-    return out
-
-
 def _promote(tracker: Tracker, results: list[CellResult]) -> list[Promotion]:
     best: dict[str, CellResult] = {}
     for r in results:
@@ -101,25 +68,6 @@ def _promote(tracker: Tracker, results: list[CellResult]) -> list[Promotion]:
     ]
 
 
-def stored_results(
-    tracker: Tracker, cells: list[CellConfig]
-) -> tuple[list[CellResult], list[CellConfig]]:
-    """Split cells into those with a finished run in the store (as results) and those to run."""
-    done = tracker.finished_cells(c.config_hash() for c in cells)
-    reused, todo = [], []
-    for c in cells:
-        rec = done.get(c.config_hash())
-        if rec is None:
-            todo.append(c)
-        else:
-            reused.append(
-                CellResult(
-                    c.system, c.method, c.seed, "reused", rec.test_rmse, rec.run_id, rec.config_hash
-                )
-            )
-    return reused, todo
-
-
 @flow(name="nllab-benchmark", log_prints=True)
 def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
     """Run (or reuse) every cell of ``config`` and log the results table to a parent run."""
@@ -128,13 +76,14 @@ def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
     # Connect (and create the sqlite store) before any worker thread writes to it.
     tracker = Tracker.connect(config.tracking)
     cells = config.cells()
-    hashes = {c.key: c.config_hash() for c in cells}
     reused, todo = stored_results(tracker, cells)
     logger.info(
-        "%d cells: %d already finished (reused), %d to run, %d at a time; tracking at %s",
+        "%d cells: %d already finished (reused), %d to run in %d packs, %d at a time; "
+        "tracking at %s",
         len(cells),
         len(reused),
         len(todo),
+        len(make_packs(todo, config.pack)),
         config.max_workers,
         tracker.settings.tracking_uri,
     )
@@ -155,39 +104,15 @@ def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
                 "seeds": ",".join(map(str, config.seeds)),
                 "device": config.device,
                 "max_workers": config.max_workers,
+                "pack": config.pack,
                 "n_cells": len(cells),
             },
         )
         tracker.log_text(parent, config.model_dump_json(indent=2), "run_config.json")
-        runtime = CellRuntime.for_tracker(
-            tracker,
-            parent_run_id=parent,
-            profile=config.profile,
-            device=config.device,
-            progress=config.progress,
-            stop=stop if config.task_runner == "thread" else None,
-            torch_threads=config.torch_threads,
+        runtime = CellRuntime.for_config(
+            tracker, config, parent, stop=stop if config.task_runner == "thread" else None
         )
-        try:
-            # One simulation per data set before training, so cells never wait on each other.
-            data_keys = sorted({(c.system, c.seed) for c in todo})
-            wait([simulate_task.submit(s, config.data, seed) for s, seed in data_keys])
-            isolated = config.isolation == "process" and config.task_runner == "thread" and todo
-            pool = worker_processes(config.max_workers) if isolated else nullcontext()
-            with pool:
-                futures = {c.key: cell_task.submit(c, runtime) for c in todo}
-                wait(list(futures.values()))
-        except BaseException:
-            # Ctrl-C: running cells stop at their next batch and end KILLED; finished ones stay.
-            stop.set()
-            raise
-        pending = {
-            c.key: CellResult(c.system, c.method, c.seed, "failed", config_hash=hashes[c.key])
-            for c in todo
-        }
-        new = collect_results(futures, pending)
-        order = {key: i for i, key in enumerate(hashes)}
-        results = sorted(reused + new, key=lambda r: order[r.key])
+        results = run_cells(cells, runtime)
         table = results_table(results)
         with tempfile.TemporaryDirectory(prefix="nllab-report-") as tmp:
             table.write(Path(tmp))

@@ -54,7 +54,8 @@ def parse_seeds(values: Sequence[str] | None) -> list[int] | None:
 
 
 def add_runner_options(p: argparse.ArgumentParser, default: str | None = None) -> None:
-    """``--task-runner thread|dask`` and ``--dask-address``, shared by every flow command."""
+    """``--task-runner thread|dask``, ``--dask-address`` and ``--pack/--no-pack``, shared by
+    every command that trains."""
     p.add_argument(
         "--task-runner",
         choices=("thread", "dask"),
@@ -62,6 +63,13 @@ def add_runner_options(p: argparse.ArgumentParser, default: str | None = None) -
         help="thread pool (default) or Dask (a local cluster unless --dask-address)",
     )
     p.add_argument("--dask-address", metavar="tcp://HOST:PORT", help="an existing Dask scheduler")
+    p.add_argument(
+        "--pack",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="train cells that differ only in seed as one batched model, each cell's result "
+        "exactly as unpacked (default: on)",
+    )
 
 
 def _add_selection(
@@ -151,6 +159,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "max_workers": getattr(args, "max_workers", None),
         "task_runner": getattr(args, "task_runner", None),
         "dask_address": getattr(args, "dask_address", None),
+        "pack": getattr(args, "pack", None),
     }
     if getattr(args, "epochs", None) is not None:
         o["training"] = {"epochs": args.epochs}

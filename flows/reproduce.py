@@ -23,15 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.futures import wait
 
 import tasks._env  # noqa: F401
 from flows._runtime import flow_settings, make_task_runner
 from tasks.cell import CellRuntime, prepare_cell, simulate_data
 from tasks.config import CellConfig, RunConfig, TrackingConfig
+from tasks.engine import run_cells
 from tasks.evaluation import evaluate
 from tasks.modelio import load_model
-from tasks.prefect_tasks import CellFailed, cell_task
 from tasks.reporting import CellResult
 from tasks.tracking import Tracker
 
@@ -236,7 +235,9 @@ class ReproduceResult:
     seconds: float
 
 
-def _run_config(v: Verification, max_workers: int, task_runner: str, address: str | None):
+def _run_config(
+    v: Verification, max_workers: int, task_runner: str, address: str | None, pack: bool = True
+) -> RunConfig:
     return RunConfig(
         profile=v.profile,
         systems=(v.cell.system,),
@@ -246,6 +247,7 @@ def _run_config(v: Verification, max_workers: int, task_runner: str, address: st
         task_runner=task_runner,
         dask_address=address,
         progress=False,
+        pack=pack,
         tracking=TrackingConfig(register_models=False),
     )
 
@@ -258,6 +260,7 @@ def reproduce_flow(
     task_runner: str = "thread",
     dask_address: str | None = None,
     fresh_data: bool = False,
+    pack: bool = True,
 ) -> ReproduceResult:
     """Verify a registered model, then re-run ``ablation`` from its config, linked to its run."""
     logger = get_run_logger()
@@ -291,10 +294,8 @@ def reproduce_flow(
             },
         )
         if variants:
-            runtime = CellRuntime.for_tracker(
-                tracker, parent_run_id=run_id, profile=v.profile, device="cpu"
-            )
-            config = _run_config(v, max_workers, task_runner, dask_address)
+            config = _run_config(v, max_workers, task_runner, dask_address, pack)
+            runtime = CellRuntime.for_config(tracker, config, run_id, device="cpu")
             source = CellResult(
                 v.cell.system,
                 v.cell.method,
@@ -304,38 +305,29 @@ def reproduce_flow(
                 v.ref.run_id,
                 v.cell.config_hash(),
             )
-            todo = {i: c for i, (_, c) in enumerate(variants) if c is not v.cell}
-            futures = _submit(todo, runtime, config)
-            for i, (value, c) in enumerate(variants):
-                if i not in futures:
+            todo = [c for _, c in variants if c is not v.cell]
+            done = iter(_run_ablation(todo, runtime, config))
+            for value, c in variants:
+                if c is v.cell:
                     results.append((value, source))
                     continue
-                r = _result(futures[i], c)
-                if r.run_id:
+                r = next(done)
+                if r.run_id and r.status == "finished":
                     tracker.set_tags(r.run_id, {**link, "ablation": ablation, "value": value})
                 results.append((value, r))
             tracker.log_text(run_id, _ablation_table(ablation, results), "ablation.md")
     return ReproduceResult(v, ablation, run_id, tuple(results), time.perf_counter() - t0)
 
 
-def _submit(todo: dict[int, CellConfig], runtime: CellRuntime, config: RunConfig):
-    # Submitted from a subflow so the ablation cells use the configured task runner.
+def _run_ablation(
+    todo: list[CellConfig], runtime: CellRuntime, config: RunConfig
+) -> list[CellResult]:
+    # Run from a subflow so the ablation cells use the configured task runner.
     @flow(name="nllab-reproduce-ablation", task_runner=make_task_runner(config))
-    def ablation_subflow() -> dict[int, Any]:
-        futures = {i: cell_task.submit(c, runtime) for i, c in todo.items()}
-        wait(list(futures.values()))
-        return {i: f.state for i, f in futures.items()}
+    def ablation_subflow() -> list[CellResult]:
+        return run_cells(todo, runtime)
 
     return ablation_subflow()
-
-
-def _result(state, cell: CellConfig) -> CellResult:
-    value = state.result(raise_on_failure=False)
-    if isinstance(value, CellResult):
-        return value
-    if isinstance(value, CellFailed):
-        return value.result
-    return CellResult(cell.system, cell.method, cell.seed, "failed", error=str(value))
 
 
 def _ablation_table(name: str | None, rows: list[tuple[Any, CellResult]]) -> str:
@@ -382,6 +374,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             task_runner=args.task_runner,
             dask_address=args.dask_address,
             fresh_data=args.fresh_data,
+            pack=args.pack is not False,
         )
     except (LookupError, ValueError) as e:
         print(f"nllab reproduce: error: {e}", file=sys.stderr)

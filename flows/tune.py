@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from optuna.trial import TrialState
 from prefect import flow, get_run_logger, task
@@ -115,7 +116,9 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def spec_from_args(args: argparse.Namespace) -> StudySpec:
-    overrides = {"progress": False}
+    overrides: dict[str, Any] = {"progress": False}
+    if args.pack is not None:
+        overrides["pack"] = args.pack
     if args.epochs is not None:
         overrides["training"] = {"epochs": args.epochs}
     return StudySpec(

@@ -1,31 +1,52 @@
-"""One benchmark cell end to end: data → model → train → evaluate → MLflow child run.
+"""Cells end to end: data → model → train → evaluate → one MLflow child run per cell.
 
-Plain functions (no Prefect), so flows and tests share them. A cell's failure is caught and
-returned as a :class:`~tasks.reporting.CellResult` (its child run ends FAILED with the error), so
-one diverging model never stops the others.
+Plain functions (no Prefect), so flows, tuning and tests share them. :func:`run_pack` trains
+cells whose tensors have the same shapes (cells that differ only in seed) as one packed model
+(:func:`tasks.packing.train_packed`); each cell keeps its own child run, config hash, data split,
+initial weights and result. A cell's failure is caught and returned as a
+:class:`~tasks.reporting.CellResult` (its child run ends FAILED with the error), so one diverging
+model never stops the others.
 """
 
 from __future__ import annotations
 
+import math
 import tempfile
 import threading
 import traceback
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import torch
 
 from datasets import Dataset, Prepared, data_home, load_or_simulate, prepare
-from nlmodels import build_model, native_cpu_kernels
+from nlmodels import ForecastModel, build_model, native_cpu_kernels
 from tasks._workers import worker_stop_event
-from tasks.config import CellConfig, DataConfig
+from tasks.config import CellConfig, DataConfig, RunConfig
 from tasks.evaluation import evaluate, plot_extrapolation, plot_loss_curves
 from tasks.modelio import ModelSpec, save_model
+from tasks.packing import train_packed
 from tasks.reporting import CellResult
 from tasks.tracking import Tracker, TrackingSettings
-from tasks.training import EpochRecord, TrainingInterrupted, seeded, select_device, train
+from tasks.training import (
+    EpochRecord,
+    TrainingInterrupted,
+    TrainResult,
+    seeded,
+)
 
-__all__ = ["CellRuntime", "prepare_cell", "run_cell", "simulate_data"]
+__all__ = [
+    "CellRuntime",
+    "FitOutcome",
+    "fit_cells",
+    "pack_key",
+    "prepare_cell",
+    "run_cell",
+    "run_pack",
+    "simulate_data",
+]
 
 _DATA_LOCKS: dict[tuple, threading.Lock] = {}
 _DATA_LOCKS_GUARD = threading.Lock()
@@ -52,8 +73,12 @@ def simulate_data(
 
 @dataclass(frozen=True)
 class CellRuntime:
-    """How a cell runs (none of it enters the config hash). Picklable except ``stop``, so it
-    can travel to Dask workers (which then get ``stop=None``)."""
+    """How cells run (none of it enters the config hash). Picklable except ``stop``, so it
+    can travel to Dask workers (which then get ``stop=None``).
+
+    ``pack`` trains cells that differ only in seed as one packed model; ``max_workers``,
+    ``isolation`` and ``task_runner`` say how :func:`tasks.engine.run_cells` fans packs out.
+    """
 
     tracking: TrackingSettings
     experiment_id: str
@@ -64,10 +89,32 @@ class CellRuntime:
     stop: threading.Event | None = None
     cache_dir: Path | None = None
     torch_threads: int | None = None
+    pack: bool = True
+    max_workers: int = 1
+    isolation: Literal["process", "thread"] = "thread"
+    task_runner: Literal["thread", "dask"] = "thread"
 
     @classmethod
     def for_tracker(cls, tracker: Tracker, **kw) -> CellRuntime:
         return cls(tracking=tracker.settings, experiment_id=tracker.experiment_id, **kw)
+
+    @classmethod
+    def for_config(
+        cls, tracker: Tracker, config: RunConfig, parent_run_id: str | None, **kw
+    ) -> CellRuntime:
+        """The runtime a :class:`RunConfig` asks for (``kw`` overrides single fields)."""
+        fields = {
+            "parent_run_id": parent_run_id,
+            "profile": config.profile,
+            "device": config.device,
+            "progress": config.progress,
+            "torch_threads": config.torch_threads,
+            "pack": config.pack,
+            "max_workers": config.max_workers,
+            "isolation": config.isolation,
+            "task_runner": config.task_runner,
+        }
+        return cls.for_tracker(tracker, **{**fields, **kw})
 
     @property
     def tracker(self) -> Tracker:
@@ -85,6 +132,12 @@ def prepare_cell(cell: CellConfig, ds: Dataset) -> Prepared:
     )
 
 
+def pack_key(cell: CellConfig) -> str:
+    """Cells with the same key have tensors of the same shapes and train as one packed model:
+    everything but the seed is equal (the seed changes data, split and initial weights only)."""
+    return cell.model_copy(update={"seed": 0}).config_hash()
+
+
 def _tags(cell: CellConfig, rt: CellRuntime, config_hash: str) -> dict[str, str]:
     return {
         "nllab.kind": "cell",
@@ -96,87 +149,73 @@ def _tags(cell: CellConfig, rt: CellRuntime, config_hash: str) -> dict[str, str]
     }
 
 
-def run_cell(cell: CellConfig, rt: CellRuntime) -> CellResult:
-    """Train and evaluate one cell inside its own MLflow child run; never raises on cell errors.
+@dataclass(frozen=True)
+class FitOutcome:
+    """A trained and evaluated cell: its test RMSE and how training went."""
 
-    Ctrl-C (``KeyboardInterrupt``) still propagates, after ending the run as KILLED.
+    test_rmse: float
+    train: TrainResult
+
+
+@dataclass
+class _Member:
+    """One cell of a pack while it is set up, trained and evaluated."""
+
+    cell: CellConfig
+    run_id: str
+    config_hash: str
+    ds: Dataset | None = None
+    prepared: Prepared | None = None
+    model: ForecastModel | None = None
+
+
+def _select_device(rt: CellRuntime, cell: CellConfig) -> torch.device:
+    from tasks.placement import place_cell
+
+    return place_cell(cell, rt.device, cache_dir=rt.cache_dir)
+
+
+def fit_cells(
+    cells: Sequence[CellConfig],
+    rt: CellRuntime,
+    run_ids: Sequence[str],
+    *,
+    on_epoch: Callable[[int, EpochRecord], None] | None = None,
+    evaluate_test: bool = True,
+) -> list[FitOutcome | Exception]:
+    """Train, evaluate and log ``cells`` (one pack) into their already created runs.
+
+    Per cell the outcome, or the exception that ended it (its traceback is logged as
+    ``error.txt``). ``on_epoch(i, record)`` is called after each epoch of cell ``i`` (e.g. to
+    report to a pruner); an exception it raises propagates and ends the whole pack, as does an
+    interruption. ``evaluate_test=False`` (tuning trials) never touches the test split: no test
+    metrics, plots or model artifact, and ``FitOutcome.test_rmse`` is NaN.
     """
-    h = cell.config_hash()
-    try:
-        with rt.tracker.run(cell.key, _tags(cell, rt, h), rt.parent_run_id) as run_id:
-            test_rmse = _train_and_log(cell, rt, run_id, h)
-    except TrainingInterrupted as e:
-        return CellResult(
-            cell.system, cell.method, cell.seed, "interrupted", config_hash=h, error=str(e)
-        )
-    except Exception as e:
-        return CellResult(
-            cell.system,
-            cell.method,
-            cell.seed,
-            "failed",
-            config_hash=h,
-            error=f"{type(e).__name__}: {e}",
-        )
-    return CellResult(cell.system, cell.method, cell.seed, "finished", test_rmse, run_id, h)
-
-
-def _train_and_log(cell: CellConfig, rt: CellRuntime, run_id: str, config_hash: str) -> float:
-    tracker = rt.tracker
-    tracker.log_params(run_id, {**cell.flat_params(), "device": rt.device, "profile": rt.profile})
-    tracker.log_text(run_id, cell.model_dump_json(indent=2), "config.json")
-    try:
-        _fit(cell, rt, run_id, config_hash)
-    except Exception:
-        # The full traceback next to the run: the tag only holds the message.
-        tracker.log_text(run_id, traceback.format_exc(), "error.txt")
-        raise
-    return float(tracker.get_run_data(run_id).data.metrics["test_rmse"])
-
-
-def _fit(cell: CellConfig, rt: CellRuntime, run_id: str, config_hash: str) -> None:
-    tracker = rt.tracker
     if rt.torch_threads is not None and torch.get_num_threads() != rt.torch_threads:
         torch.set_num_threads(rt.torch_threads)
-    device = select_device(rt.device)
-    ds = simulate_data(cell.system, cell.data, cell.seed, rt.cache_dir)
-    prepared = prepare_cell(cell, ds)
-    tracker.set_tags(
-        run_id,
-        {
-            "dataset_hash": ds.fingerprint,
-            "split_hash": prepared.fingerprint,
-            "device_used": str(device),
-            # float64 CPU training of Neural Laplace runs the fused C kernels when they built
-            "native_cpu_kernels": cell.method == "neural_laplace"
-            and cell.training.dtype == "float64"
-            and device.type == "cpu"
-            and native_cpu_kernels(),
-        },
-    )
-    tracker.log_dataset(
-        run_id,
-        name=f"{cell.system}-n{ds.x.shape[0]}-seed{cell.seed}",
-        digest=ds.fingerprint,
-        source=str(rt.cache_dir or data_home() / "cache"),
-        profile={
-            "system": cell.system,
-            "n_trajectories": int(ds.x.shape[0]),
-            "n_points": int(ds.x.shape[1]),
-            "state_dim": int(ds.x.shape[2]),
-            "noise_std": cell.data.noise_std,
-            "split_fingerprint": prepared.fingerprint,
-        },
-    )
-    state_dim = int(ds.x.shape[-1])
-    with seeded(cell.seed):
-        model = build_model(cell.method, state_dim, **cell.model)
-    n_params = sum(p.numel() for p in model.parameters())
-    tracker.log_params(run_id, {"n_parameters": n_params, "state_dim": state_dim})
+    tracker = rt.tracker
+    members = [_Member(c, r, c.config_hash()) for c, r in zip(cells, run_ids, strict=True)]
+    outcomes: list[FitOutcome | Exception | None] = [None] * len(members)
 
-    def log_epoch(r: EpochRecord) -> None:
+    def fail(i: int, e: Exception) -> None:
+        outcomes[i] = e
+        # The full traceback next to the run: the tag only holds the message.
+        tracker.log_text(members[i].run_id, "".join(traceback.format_exception(e)), "error.txt")
+
+    device = _select_device(rt, cells[0])
+    for i, m in enumerate(members):
+        try:
+            _set_up(m, rt, device)
+        except Exception as e:
+            fail(i, e)
+    live = [i for i, m in enumerate(members) if outcomes[i] is None]
+    if not live:
+        return outcomes  # type: ignore[return-value]
+
+    def log_epoch(j: int, r: EpochRecord) -> None:
+        i = live[j]
         tracker.log_metrics(
-            run_id,
+            members[i].run_id,
             {
                 "train_loss": r.train_loss,
                 "val_loss": r.val_loss,
@@ -186,19 +225,109 @@ def _fit(cell: CellConfig, rt: CellRuntime, run_id: str, config_hash: str) -> No
             },
             step=r.epoch,
         )
+        if on_epoch is not None:
+            try:
+                on_epoch(i, r)
+            except Exception as e:
+                raise _CallbackError from e
 
-    result = train(
-        model,
-        prepared.train,
-        prepared.val,
-        cell.training,
-        device=device,
-        seed=cell.seed,
-        on_epoch=log_epoch,
-        stop=rt.stop if rt.stop is not None else worker_stop_event(),
-        progress=rt.progress,
-        label=cell.key,
+    training = cells[0].training
+    stop = rt.stop if rt.stop is not None else worker_stop_event()
+    kw = {"device": device, "on_epoch": log_epoch, "stop": stop, "progress": rt.progress}
+    try:
+        results = train_packed(
+            [members[i].model for i in live],
+            [members[i].prepared.train for i in live],
+            [members[i].prepared.val for i in live],
+            training,
+            seeds=[members[i].cell.seed for i in live],
+            labels=[members[i].cell.key for i in live],
+            **kw,
+        )
+    except _CallbackError as e:
+        raise e.__cause__ from None
+    except (TrainingInterrupted, KeyboardInterrupt):
+        raise
+    except Exception as e:
+        if len(live) == 1:
+            fail(live[0], e)
+            return outcomes  # type: ignore[return-value]
+        # Isolate the failure: each member alone (the same result as packed, by contract).
+        results = []
+        for i in live:
+            try:
+                results.extend(
+                    train_packed(
+                        [members[i].model],
+                        [members[i].prepared.train],
+                        [members[i].prepared.val],
+                        training,
+                        seeds=[members[i].cell.seed],
+                        labels=[members[i].cell.key],
+                        **{**kw, "on_epoch": lambda _j, r, i=i: log_epoch(live.index(i), r)},
+                    )
+                )
+            except _CallbackError as e2:
+                raise e2.__cause__ from None
+            except (TrainingInterrupted, KeyboardInterrupt):
+                raise
+            except Exception as e2:
+                results.append(e2)
+    for i, res in zip(live, results, strict=True):
+        if isinstance(res, Exception):
+            fail(i, res)
+            continue
+        try:
+            if evaluate_test:
+                outcomes[i] = FitOutcome(_evaluate_and_log(members[i], rt, device, res), res)
+            else:
+                outcomes[i] = FitOutcome(math.nan, res)
+        except Exception as e:
+            fail(i, e)
+    return outcomes  # type: ignore[return-value]
+
+
+class _CallbackError(Exception):
+    """Carries an exception raised by a caller's ``on_epoch`` through the pack's failure
+    isolation (as ``__cause__``), so that it propagates instead of failing a member."""
+
+
+def _set_up(m: _Member, rt: CellRuntime, device: torch.device) -> None:
+    """Params, data, split and initial weights of one member (weights from its own seed)."""
+    tracker, cell = rt.tracker, m.cell
+    tracker.log_params(m.run_id, {**cell.flat_params(), "device": rt.device, "profile": rt.profile})
+    tracker.log_text(m.run_id, cell.model_dump_json(indent=2), "config.json")
+    m.ds = simulate_data(cell.system, cell.data, cell.seed, rt.cache_dir)
+    m.prepared = prepare_cell(cell, m.ds)
+    tracker.set_tags(
+        m.run_id, {"dataset_hash": m.ds.fingerprint, "split_hash": m.prepared.fingerprint}
     )
+    tracker.log_dataset(
+        m.run_id,
+        name=f"{cell.system}-n{m.ds.x.shape[0]}-seed{cell.seed}",
+        digest=m.ds.fingerprint,
+        source=str(rt.cache_dir or data_home() / "cache"),
+        profile={
+            "system": cell.system,
+            "n_trajectories": int(m.ds.x.shape[0]),
+            "n_points": int(m.ds.x.shape[1]),
+            "state_dim": int(m.ds.x.shape[2]),
+            "noise_std": cell.data.noise_std,
+            "split_fingerprint": m.prepared.fingerprint,
+        },
+    )
+    state_dim = int(m.ds.x.shape[-1])
+    with seeded(cell.seed):
+        m.model = build_model(cell.method, state_dim, **cell.model)
+    n_params = sum(p.numel() for p in m.model.parameters())
+    tracker.log_params(m.run_id, {"n_parameters": n_params, "state_dim": state_dim})
+
+
+def _evaluate_and_log(
+    m: _Member, rt: CellRuntime, device: torch.device, result: TrainResult
+) -> float:
+    tracker, cell, prepared, model = rt.tracker, m.cell, m.prepared, m.model
+    assert prepared is not None and model is not None and m.ds is not None
     ev, pred = evaluate(
         model,
         prepared.test,
@@ -207,7 +336,21 @@ def _fit(cell: CellConfig, rt: CellRuntime, run_id: str, config_hash: str) -> No
         dtype=cell.training.dtype,
         batch_size=cell.training.batch_size,
     )
-    tracker.set_tags(run_id, {"stopped": result.stopped})
+    tracker.set_tags(
+        m.run_id,
+        {
+            "stopped": result.stopped,
+            "device_used": str(device),
+            "packed_members": getattr(result, "packed_members", 1),
+            "cuda_graphs": getattr(result, "graphs", False),
+            # float64 CPU training of Neural Laplace, unpacked, runs the fused C kernels
+            "native_cpu_kernels": cell.method == "neural_laplace"
+            and cell.training.dtype == "float64"
+            and device.type == "cpu"
+            and getattr(result, "packed_members", 1) == 1
+            and native_cpu_kernels(),
+        },
+    )
     with tempfile.TemporaryDirectory(prefix="nllab-cell-") as tmp:
         folder = Path(tmp)
         plot_loss_curves(result.history, folder / "plots" / "loss_curves.png", title=cell.key)
@@ -220,21 +363,21 @@ def _fit(cell: CellConfig, rt: CellRuntime, run_id: str, config_hash: str) -> No
         )
         spec = ModelSpec(
             method=cell.method,
-            state_dim=state_dim,
+            state_dim=int(m.ds.x.shape[-1]),
             overrides=dict(cell.model),
             dtype=cell.training.dtype,
             normaliser=prepared.normaliser.to_dict(),
             cell=cell.model_dump(mode="json"),
-            config_hash=config_hash,
-            dataset_fingerprint=ds.fingerprint,
+            config_hash=m.config_hash,
+            dataset_fingerprint=m.ds.fingerprint,
             test_rmse=ev.test_rmse,
         )
         save_model(model.cpu(), spec, folder / "model")
-        tracker.log_artifact(run_id, folder / "plots", "plots")
-        tracker.log_artifact(run_id, folder / "model", "model")
+        tracker.log_artifact(m.run_id, folder / "plots", "plots")
+        tracker.log_artifact(m.run_id, folder / "model", "model")
     # Logged last: a run with test_rmse has all its artifacts.
     tracker.log_metrics(
-        run_id,
+        m.run_id,
         {
             **ev.metrics(),
             "best_epoch": result.best_epoch,
@@ -243,3 +386,63 @@ def _fit(cell: CellConfig, rt: CellRuntime, run_id: str, config_hash: str) -> No
             "train_seconds": result.seconds,
         },
     )
+    return ev.test_rmse
+
+
+def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
+    """Train and evaluate ``cells`` (one pack: see :func:`pack_key`) in their own MLflow child
+    runs; never raises on cell errors. Results in input order.
+
+    A failed member's run ends FAILED with its error; the others finish. Ctrl-C
+    (``KeyboardInterrupt``) still propagates, after ending every open run as KILLED.
+    """
+    tracker = rt.tracker
+    hashes = [c.config_hash() for c in cells]
+    run_ids: list[str] = []
+    try:
+        for c, h in zip(cells, hashes, strict=True):
+            run_ids.append(tracker.create_run(c.key, _tags(c, rt, h), rt.parent_run_id))
+        outcomes = fit_cells(cells, rt, run_ids)
+    except BaseException as e:
+        interrupted = isinstance(e, KeyboardInterrupt | TrainingInterrupted)
+        for r in run_ids:
+            try:
+                tracker.set_tags(r, {"error": f"{type(e).__name__}: {e}"[:5000]})
+            finally:
+                tracker.end_run(r, "KILLED" if interrupted else "FAILED")
+        if isinstance(e, TrainingInterrupted):
+            return [
+                CellResult(c.system, c.method, c.seed, "interrupted", config_hash=h, error=str(e))
+                for c, h in zip(cells, hashes, strict=True)
+            ]
+        if isinstance(e, Exception):
+            return [
+                CellResult(
+                    c.system,
+                    c.method,
+                    c.seed,
+                    "failed",
+                    config_hash=h,
+                    error=f"{type(e).__name__}: {e}",
+                )
+                for c, h in zip(cells, hashes, strict=True)
+            ]
+        raise
+    results = []
+    for c, h, r, out in zip(cells, hashes, run_ids, outcomes, strict=True):
+        if isinstance(out, FitOutcome):
+            tracker.end_run(r, "FINISHED")
+            results.append(CellResult(c.system, c.method, c.seed, "finished", out.test_rmse, r, h))
+        else:
+            msg = f"{type(out).__name__}: {out}"
+            tracker.set_tags(r, {"error": msg[:5000]})
+            tracker.end_run(r, "FAILED")
+            results.append(
+                CellResult(c.system, c.method, c.seed, "failed", config_hash=h, error=msg)
+            )
+    return results
+
+
+def run_cell(cell: CellConfig, rt: CellRuntime) -> CellResult:
+    """:func:`run_pack` of one cell."""
+    return run_pack([cell], replace(rt, pack=False))[0]

@@ -204,6 +204,11 @@ class RunConfig(_Frozen):
     )
     dask_address: str | None = None
     progress: bool = True
+    pack: bool = Field(
+        True,
+        description="train cells that differ only in seed as one packed model (exact per cell; "
+        "outside the config hash)",
+    )
 
     @field_validator("systems")
     @classmethod

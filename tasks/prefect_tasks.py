@@ -6,6 +6,7 @@ finished cell is recognised by its config hash in MLflow instead.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import tasks._env  # noqa: F401  (offline switches before mlflow/prefect load)
@@ -15,11 +16,11 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tasks._workers import run_in_worker, worker_pool_active
-from tasks.cell import CellRuntime, run_cell, simulate_data
+from tasks.cell import CellRuntime, run_pack, simulate_data
 from tasks.config import CellConfig, DataConfig
 from tasks.reporting import CellResult
 
-__all__ = ["cell_task", "simulate_task"]
+__all__ = ["PackFailed", "pack_task", "simulate_task"]
 
 
 @task(name="simulate", task_run_name="simulate {system} seed {seed}", cache_policy=NO_CACHE)
@@ -28,23 +29,36 @@ def simulate_task(system: str, data: DataConfig, seed: int) -> str:
     return simulate_data(system, data, seed).fingerprint
 
 
-@task(
-    name="cell", task_run_name="{cell.system}/{cell.method}/seed{cell.seed}", cache_policy=NO_CACHE
-)
-def cell_task(cell: CellConfig, runtime: CellRuntime) -> CellResult:
-    """Train, evaluate and track one cell. A failed cell fails this task run, with its error."""
+def pack_label(cells: Sequence[CellConfig]) -> str:
+    """``system/method/seed0`` for one cell, ``system/method/seeds 0,1,2`` for a pack."""
+    c = cells[0]
+    if len(cells) == 1:
+        return c.key
+    return f"{c.system}/{c.method}/seeds {','.join(str(x.seed) for x in cells)}"
+
+
+def _task_run_name() -> str:
+    from prefect.runtime import task_run
+
+    return pack_label(task_run.parameters["cells"])
+
+
+@task(name="cells", task_run_name=_task_run_name, cache_policy=NO_CACHE)
+def pack_task(cells: list[CellConfig], runtime: CellRuntime) -> list[CellResult]:
+    """Train, evaluate and track a pack of cells. If any failed, this task run fails, with them."""
     if worker_pool_active():
         # A stop event cannot cross processes; Ctrl-C reaches the workers directly.
         runtime = replace(runtime, stop=None)
-    result = run_in_worker(run_cell, cell, runtime)
-    if result.status == "failed":
-        raise CellFailed(result)
-    return result
+    results = run_in_worker(run_pack, cells, runtime)
+    if any(r.status == "failed" for r in results):
+        raise PackFailed(results)
+    return results
 
 
-class CellFailed(RuntimeError):
-    """A cell ended in error; ``result`` holds what the report needs."""
+class PackFailed(RuntimeError):
+    """Cells of a pack ended in error; ``results`` holds every member's result."""
 
-    def __init__(self, result: CellResult) -> None:
-        super().__init__(f"{result.system}/{result.method}/seed{result.seed}: {result.error}")
-        self.result = result
+    def __init__(self, results: Sequence[CellResult]) -> None:
+        bad = [r for r in results if r.status == "failed"]
+        super().__init__("; ".join(f"{r.key}: {r.error}" for r in bad))
+        self.results = tuple(results)

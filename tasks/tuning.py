@@ -34,8 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import tasks._env  # noqa: F401  (offline switches first)
 from datasets import data_home
-from nlmodels import build_model
-from tasks.cell import prepare_cell, simulate_data
+from tasks.cell import CellRuntime, fit_cells, simulate_data
 from tasks.config import (
     CellConfig,
     ConfigError,
@@ -45,7 +44,7 @@ from tasks.config import (
 )
 from tasks.search_spaces import Suggestion, paper_params, search_space, suggest
 from tasks.tracking import Tracker
-from tasks.training import EpochRecord, TrainingDiverged, seeded, select_device, train
+from tasks.training import EpochRecord, TrainingDiverged, select_device
 
 __all__ = [
     "StudySpec",
@@ -204,15 +203,6 @@ class TunedOverrides:
 
 
 # -- one study session --------------------------------------------------------------------------
-def _flat(prefix: str, value: Any, out: dict[str, str]) -> dict[str, str]:
-    if isinstance(value, Mapping):
-        for k, v in value.items():
-            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
-    else:
-        out[prefix] = json.dumps(value) if isinstance(value, list | tuple) else str(value)
-    return out
-
-
 @contextmanager
 def _trial_run(tracker: Tracker, name: str, tags: Mapping[str, str], parent: str) -> Iterator[str]:
     """A nested MLflow run that ends FINISHED (complete), KILLED (pruned) or FAILED."""
@@ -257,13 +247,14 @@ class _Session:
             pruner=_pruner(spec, self.cell.training.epochs),
             load_if_exists=True,
         )
-        self.device = select_device(spec.device)
+        select_device(spec.device)  # CUDA asked for but absent: a clear error up front
         ds = simulate_data(self.cell.system, self.cell.data, self.cell.seed)
-        self.data = prepare_cell(self.cell, ds)
         self.dataset_hash = ds.fingerprint
-        self.state_dim = int(ds.x.shape[-1])
         self.tracker = Tracker.connect(self.config.tracking)
         self.parent_run_id = parent_run_id or self._parent_run()
+        self.runtime = CellRuntime.for_config(
+            self.tracker, self.config, self.parent_run_id, device=spec.device, progress=False
+        )
         self._attr_lock = threading.Lock()
 
     def _n_existing(self) -> int:
@@ -322,8 +313,14 @@ class _Session:
 
     def objective(self, trial: optuna.Trial) -> float:
         s = suggest(trial, self.spec.method)
-        model_kw = {**self.cell.model, **s.model}
-        training = TrainConfig.model_validate({**self.cell.training.model_dump(), **s.training})
+        cell = self.cell.model_copy(
+            update={
+                "model": {**self.cell.model, **s.model},
+                "training": TrainConfig.model_validate(
+                    {**self.cell.training.model_dump(), **s.training}
+                ),
+            }
+        )
         trial.set_user_attr("overrides", s.as_json())
         tags = {
             "nllab.kind": "trial",
@@ -333,46 +330,26 @@ class _Session:
             "optuna.study": self.spec.study_name,
             "optuna.trial": str(trial.number),
             "origin": str(trial.user_attrs.get("origin", "sampler")),
-            "dataset_hash": self.dataset_hash,
         }
         with _trial_run(self.tracker, f"trial-{trial.number}", tags, self.parent_run_id) as run:
             trial.set_user_attr("mlflow_run_id", run)
-            config = {
-                **self.cell.model_dump(mode="json"),
-                "model": model_kw,
-                "training": training.model_dump(mode="json"),
-            }
-            self.tracker.log_params(
-                run, {**_flat("", config, {}), **{f"hp.{k}": v for k, v in trial.params.items()}}
-            )
-            with seeded(self.cell.seed):
-                model = build_model(self.spec.method, self.state_dim, **model_kw)
+            self.tracker.log_params(run, {f"hp.{k}": v for k, v in trial.params.items()})
 
-            def report(r: EpochRecord) -> None:
-                self.tracker.log_metrics(
-                    run,
-                    {"train_loss": r.train_loss, "val_loss": r.val_loss, "val_rmse": r.val_rmse},
-                    step=r.epoch,
-                )
+            def report(_member: int, r: EpochRecord) -> None:
                 trial.report(r.val_rmse, r.epoch)
                 if trial.should_prune():
                     raise optuna.TrialPruned(f"pruned at epoch {r.epoch}: val_rmse {r.val_rmse}")
 
-            try:
-                result = train(
-                    model,
-                    self.data.train,
-                    self.data.val,
-                    training,
-                    device=self.device,
-                    seed=self.cell.seed,
-                    on_epoch=report,
-                    label=f"{self.spec.study_name}#{trial.number}",
-                )
-            except TrainingDiverged as e:
+            # The same set-up and training path as every benchmark cell; the test split is not
+            # evaluated (the objective is the best validation RMSE).
+            (out,) = fit_cells([cell], self.runtime, [run], on_epoch=report, evaluate_test=False)
+            if isinstance(out, TrainingDiverged):
                 # Pruned, not failed: the sampler then learns that this region is bad.
-                trial.set_user_attr("diverged", str(e))
-                raise optuna.TrialPruned(f"diverged: {e}") from e
+                trial.set_user_attr("diverged", str(out))
+                raise optuna.TrialPruned(f"diverged: {out}") from out
+            if isinstance(out, Exception):
+                raise out
+            result = out.train
             self.tracker.log_metrics(
                 run,
                 {

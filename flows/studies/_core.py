@@ -1,10 +1,11 @@
-"""The one study runner every study flow shares (issue 6).
+"""The one study runner every study flow shares.
 
 A study is a Prefect flow that (1) opens one MLflow parent run tagged ``nllab.kind =
-study:<name>``, (2) trains or reuses its cells as child runs through ``tasks.cell_task`` (a cell
-with a finished run of the same config hash is reused, never retrained) or runs its measurement
-tasks, and (3) logs its tables (CSV + Markdown), figures (PNG) and the paper's published numbers
-(``paper.json``) as artifacts of the parent run, under ``study/``.
+study:<name>``, (2) trains or reuses its cells as child runs through the cell engine
+(:func:`tasks.engine.run_cells`: a cell with a finished run of the same config hash is reused,
+never retrained) or runs its measurement tasks, and (3) logs its tables (CSV + Markdown),
+figures (PNG) and the paper's published numbers (``paper.json``) as artifacts of the parent run,
+under ``study/``.
 
 Every study table has the study's key columns followed by :data:`VALUE_COLUMNS`: the mean over
 seeds (``value``), its ``std`` and ``n``, the paper's figure (``paper``), the difference
@@ -29,17 +30,15 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from prefect import Flow
-from prefect.futures import wait
 from pydantic import BaseModel, ConfigDict
 
 import tasks._env  # noqa: F401  (offline switches before mlflow/prefect are imported)
 from datasets import Prepared
 from flows._runtime import flow_settings, make_task_runner
-from flows.benchmark import collect_results, stored_results
 from tasks.cell import CellRuntime, prepare_cell, simulate_data
 from tasks.config import CellConfig, DataConfig, RunConfig, TrainConfig, resolve_config
+from tasks.engine import run_cells
 from tasks.modelio import ModelSpec, load_model
-from tasks.prefect_tasks import cell_task, simulate_task
 from tasks.reporting import CellResult
 from tasks.tracking import Tracker
 
@@ -235,22 +234,10 @@ class StudyContext:
 
     def run_cells(self, cells: Sequence[CellConfig]) -> list[CellResult]:
         """Train (or reuse, by config hash) ``cells`` as child runs; results in input order."""
-        unique = list({c.config_hash(): c for c in cells}.values())
-        reused, todo = stored_results(self.tracker, unique)
-        wait([simulate_task.submit(s, d, seed) for s, d, seed in _data_keys(todo)])
-        futures = {c.config_hash(): cell_task.submit(c, self.runtime) for c in todo}
-        wait(list(futures.values()))
-        fallback = {
-            c.config_hash(): CellResult(
-                c.system, c.method, c.seed, "failed", config_hash=c.config_hash()
-            )
-            for c in todo
-        }
-        new = collect_results(futures, fallback)
-        by_hash = {r.config_hash: r for r in [*reused, *new]}
-        for h, r in by_hash.items():
-            self._results.setdefault(h, r)
-        return [by_hash[c.config_hash()] for c in cells]
+        results = run_cells(cells, self.runtime)
+        for r in results:
+            self._results.setdefault(r.config_hash, r)
+        return results
 
     def prepared(self, cell: CellConfig) -> Prepared:
         """The cell's split data (from the data cache), exactly as its training saw it."""
@@ -268,15 +255,6 @@ class StudyContext:
     def metric_history(self, run_id: str, key: str) -> list[tuple[int, float]]:
         """``(step, value)`` of a logged metric."""
         return self.tracker.metric_history(run_id, key)
-
-
-def _data_keys(cells: Iterable[CellConfig]) -> list[tuple[str, DataConfig, int]]:
-    seen: dict[str, tuple[str, DataConfig, int]] = {}
-    for c in cells:
-        seen.setdefault(
-            f"{c.system}|{c.data.model_dump_json()}|{c.seed}", (c.system, c.data, c.seed)
-        )
-    return list(seen.values())
 
 
 # -- tables ---------------------------------------------------------------------------------
@@ -472,14 +450,7 @@ def execute_study(
             },
         )
         tracker.log_text(parent, config.model_dump_json(indent=2), "study_config.json")
-        runtime = CellRuntime.for_tracker(
-            tracker,
-            parent_run_id=parent,
-            profile=config.profile,
-            device=config.run.device,
-            progress=False,
-            torch_threads=config.run.torch_threads,
-        )
+        runtime = CellRuntime.for_config(tracker, config.run, parent, progress=False)
         with tempfile.TemporaryDirectory(prefix=f"nllab-study-{spec.name}-") as tmp:
             folder = Path(tmp)
             ctx = StudyContext(config, spec, tracker, parent, runtime, folder)

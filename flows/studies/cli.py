@@ -61,7 +61,7 @@ def _config(args: argparse.Namespace):
     overrides: dict = {}
     if args.epochs is not None:
         overrides["training"] = {"epochs": args.epochs}
-    for key in ("max_workers", "task_runner", "dask_address"):
+    for key in ("max_workers", "task_runner", "dask_address", "pack"):
         if getattr(args, key, None) is not None:
             overrides[key] = getattr(args, key)
     config = study_config(
