@@ -1,0 +1,95 @@
+"""The cell engine: packs, placement, and per-member failure isolation."""
+
+from __future__ import annotations
+
+import torch
+
+from tasks.cell import CellRuntime, pack_key, run_pack
+from tasks.config import CellConfig, TrainConfig
+from tasks.engine import make_packs
+from tasks.placement import choose_fastest, place_cell
+from tasks.tracking import Tracker
+
+
+def _cell(seed: int, **kw) -> CellConfig:
+    base = {
+        "system": "integro_de",
+        "method": "node",
+        "seed": seed,
+        "data": {"n_trajectories": 30},
+        "training": TrainConfig(epochs=2, batch_size=8, patience=None),
+    }
+    return CellConfig.model_validate({**base, **kw})
+
+
+def test_pack_key_ignores_only_the_seed():
+    assert pack_key(_cell(0)) == pack_key(_cell(7))
+    assert pack_key(_cell(0)) != pack_key(_cell(0, method="anode"))
+    assert pack_key(_cell(0)) != pack_key(_cell(0, model={"hidden": (16,)}))
+    assert pack_key(_cell(0)) != pack_key(_cell(0, training=TrainConfig(epochs=3)))
+    assert pack_key(_cell(0)) != pack_key(_cell(0, data={"n_trajectories": 31}))
+
+
+def test_make_packs_groups_seeds_in_order():
+    cells = [_cell(0), _cell(0, method="anode"), _cell(1), _cell(1, method="anode"), _cell(2)]
+    packs = make_packs(cells, pack=True)
+    assert [[c.seed for c in p] for p in packs] == [[0, 1, 2], [0, 1]]
+    assert [p[0].method for p in packs] == ["node", "anode"]
+    assert make_packs(cells, pack=False) == [[c] for c in cells]
+
+
+def test_auto_placement_follows_the_measurement(tmp_path):
+    calls: list[str] = []
+
+    def fake(times):
+        def measure(cell, device):
+            calls.append(device.type)
+            return times[device.type]
+
+        return measure
+
+    cell = _cell(0)
+    slow_gpu = fake({"cpu": 0.01, "cuda": 0.05})
+    kw = {"cache_dir": tmp_path, "cuda_available": True}
+    assert place_cell(cell, "auto", measure=slow_gpu, **kw).type == "cpu"
+    assert sorted(calls) == ["cpu", "cuda"]
+    # Cached per machine and cell kind: no second probe, even with other timings offered.
+    assert place_cell(_cell(3), "auto", measure=fake({"cpu": 9.0, "cuda": 0.1}), **kw).type == "cpu"
+    assert len(calls) == 2
+    # Another kind of cell is probed on its own.
+    other = _cell(0, method="anode")
+    assert place_cell(other, "auto", measure=fake({"cpu": 0.5, "cuda": 0.1}), **kw).type == "cuda"
+    assert len(calls) == 4
+    # No CUDA: the CPU without probing; an explicit device is taken as asked.
+    assert place_cell(other, "auto", cache_dir=tmp_path, cuda_available=False).type == "cpu"
+    assert place_cell(other, "cpu", cache_dir=tmp_path).type == "cpu"
+    assert len(calls) == 4
+    assert choose_fastest({"cpu": 2.0, "cuda": 1.0}) == "cuda"
+
+
+def test_a_failing_member_leaves_the_others_finished(mlflow_store, monkeypatch):
+    import tasks.cell as cell_module
+
+    real = cell_module.build_model
+
+    def build(method, state_dim, **kw):
+        if torch.initial_seed() == 1:  # the member of seed 1 cannot be built
+            raise RuntimeError("no model for seed 1")
+        return real(method, state_dim, **kw)
+
+    monkeypatch.setattr(cell_module, "build_model", build)
+    t = Tracker.connect()
+    rt = CellRuntime.for_tracker(t, parent_run_id=None, profile="smoke", device="cpu")
+    cells = [_cell(0), _cell(1), _cell(2)]
+    results = run_pack(cells, rt)
+    assert [r.status for r in results] == ["finished", "failed", "finished"]
+    assert "no model for seed 1" in results[1].error
+    runs = {r.data.tags["seed"]: r for r in t.client.search_runs([t.experiment_id])}
+    assert runs["1"].info.status == "FAILED" and "seed 1" in runs["1"].data.tags["error"]
+    assert runs["0"].info.status == runs["2"].info.status == "FINISHED"
+    assert runs["0"].data.tags["packed_members"] in ("1", "2")
+    # The survivors equal their runs alone.
+    monkeypatch.setattr(cell_module, "build_model", real)
+    for i in (0, 2):
+        alone = run_pack([cells[i]], rt)[0]
+        assert alone.test_rmse == results[i].test_rmse
