@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup benchmark test test-slow lint bench clean-venv
+.PHONY: setup benchmark test test-slow lint bench clean-venv wheelhouse
 
 setup: $(STAMP)
 
@@ -30,6 +30,11 @@ test-slow: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+# Wheels of every dependency except torch (CPython 3.12, manylinux x86-64) for air-gapped GPU
+# nodes: pip install --no-index --find-links wheelhouse neural-laplace-lab (over a CUDA torch).
+wheelhouse: $(STAMP)
+	$(PY) scripts/wheelhouse.py --out wheelhouse
 
 clean-venv:
 	rm -rf $(VENV)

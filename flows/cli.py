@@ -75,7 +75,7 @@ def add_runner_options(p: argparse.ArgumentParser, default: str | None = None) -
 def _add_selection(
     p: argparse.ArgumentParser, *, methods: bool = True, device: bool = True
 ) -> None:
-    from tasks.config import PROFILES
+    from tasks.config import DEVICES, PROFILES
 
     p.add_argument("--profile", choices=PROFILES, help="size preset (default: quick)")
     p.add_argument("--config", metavar="FILE", help="TOML, JSON or YAML config file")
@@ -84,7 +84,7 @@ def _add_selection(
         p.add_argument("--methods", nargs="+", metavar="NAME", help="models (default: all six)")
     p.add_argument("--seeds", nargs="+", metavar="N", help="seeds, e.g. 0 1 2 or 0,1,2")
     if device:
-        p.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default: auto")
+        p.add_argument("--device", choices=DEVICES, help="default: auto")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -27,6 +27,7 @@ from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 import tasks._env  # noqa: F401
+from tasks.config import Profile
 
 __all__ = [
     "DEFAULT_SCHEDULES",
@@ -130,7 +131,7 @@ class _Entry(BaseModel):
 
 class BenchmarkEntry(_Entry):
     flow: Literal["benchmark"]
-    profile: Literal["smoke", "quick", "paper"] = "smoke"
+    profile: Profile = "smoke"
     config: dict[str, Any] = Field(default_factory=dict, description="run-config overrides")
 
     def parameters(self) -> dict[str, Any]:
@@ -145,7 +146,7 @@ class TuneEntry(_Entry):
     method: str
     system: str
     trials: int = Field(ge=1)
-    profile: Literal["smoke", "quick", "paper"] = "quick"
+    profile: Profile = "quick"
     storage: str | None = None
     pruner: Literal["median", "hyperband"] = "median"
     n_jobs: int = Field(1, ge=1)
@@ -177,7 +178,7 @@ class TuneEntry(_Entry):
 class StudyEntry(_Entry):
     flow: Literal["study"]
     study: str
-    profile: Literal["smoke", "quick", "paper"] = "quick"
+    profile: Profile = "quick"
     systems: list[str] | None = None
 
     def parameters(self) -> dict[str, Any]:

@@ -85,7 +85,7 @@ def run_tune(spec: StudySpec) -> TuneResult:
 # -- command line -------------------------------------------------------------------------------
 def add_tune_parser(subparsers) -> argparse.ArgumentParser:
     from flows.cli import add_runner_options
-    from tasks.config import PROFILES
+    from tasks.config import DEVICES, PROFILES
 
     p = subparsers.add_parser(
         "tune",
@@ -110,7 +110,7 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--pruner", choices=("median", "hyperband"), default="median")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     p.add_argument("--epochs", type=int, metavar="N", help="override the profile's epochs")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu")
+    p.add_argument("--device", choices=DEVICES, default="cpu")
     add_runner_options(p, default="thread")
     return p
 

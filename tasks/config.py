@@ -13,17 +13,20 @@ import json
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 __all__ = [
+    "DEVICES",
     "MAIN_SYSTEMS",
     "METHODS",
     "PROFILES",
     "CellConfig",
     "ConfigError",
     "DataConfig",
+    "Device",
+    "Profile",
     "RunConfig",
     "TrackingConfig",
     "TrainConfig",
@@ -51,7 +54,12 @@ METHODS: tuple[str, ...] = (
     "nf_resnet",
     "neural_laplace",
 )
-PROFILES: tuple[str, ...] = ("smoke", "quick", "paper")
+#: Size presets of a run (see ``_PROFILES``): one definition for every layer.
+Profile = Literal["smoke", "quick", "paper"]
+PROFILES: tuple[str, ...] = get_args(Profile)
+#: Where cells train: ``auto`` measures which is faster (``tasks.placement``).
+Device = Literal["auto", "cpu", "cuda"]
+DEVICES: tuple[str, ...] = get_args(Device)
 
 #: Bumped when the meaning of a cell's fields changes, so old hashes stop matching.
 _HASH_SCHEMA = 1
@@ -180,11 +188,11 @@ class CellOverride(_Frozen):
 class RunConfig(_Frozen):
     """A whole benchmark: every system × method × seed, and how to run and track it."""
 
-    profile: Literal["smoke", "quick", "paper"] = "quick"
+    profile: Profile = "quick"
     systems: tuple[str, ...] = MAIN_SYSTEMS
     methods: tuple[str, ...] = METHODS
     seeds: tuple[int, ...] = (0,)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Device = "auto"
     data: DataConfig = DataConfig()
     training: TrainConfig = TrainConfig()
     models: dict[str, dict[str, Scalar]] = Field(

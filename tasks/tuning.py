@@ -38,6 +38,8 @@ from tasks.cell import CellRuntime, fit_cells, simulate_data
 from tasks.config import (
     CellConfig,
     ConfigError,
+    Device,
+    Profile,
     RunConfig,
     TrainConfig,
     resolve_config,
@@ -79,7 +81,7 @@ class StudySpec(BaseModel):
 
     method: str
     system: str
-    profile: Literal["smoke", "quick", "paper"] = "smoke"
+    profile: Profile = "smoke"
     n_trials: int = Field(20, ge=1, description="trials (complete or pruned) the study should hold")
     n_jobs: int = Field(1, ge=1, description="trials run at the same time")
     storage: str | None = Field(None, description="SQLAlchemy URL; None: sqlite under data_home()")
@@ -94,7 +96,7 @@ class StudySpec(BaseModel):
     overrides: dict[str, Any] = Field(
         default_factory=dict, description="RunConfig overrides (data, training, tracking, ...)"
     )
-    device: Literal["auto", "cpu", "cuda"] = "cpu"
+    device: Device = "cpu"
     task_runner: Literal["thread", "dask"] = "thread"
     dask_address: str | None = None
 

@@ -129,18 +129,18 @@ def test_deliberately_bad_trial_is_pruned(tmp_path, mlflow_store):
 
 
 def test_diverging_trial_is_pruned_and_the_study_goes_on(tmp_path, mlflow_store, monkeypatch):
-    import tasks.tuning as tuning
+    import tasks.cell as cell
 
-    real = tuning.train
+    real = cell.train_packed
     calls = []
 
     def first_diverges(*args, **kwargs):
         calls.append(1)
         if len(calls) == 1:
-            raise TrainingDiverged("training loss is nan at epoch 0")
+            return [TrainingDiverged("training loss is nan at epoch 0")]
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tuning, "train", first_diverges)
+    monkeypatch.setattr(cell, "train_packed", first_diverges)
     r = run_study(_spec(tmp_path, n_trials=2))
     study = optuna.load_study(study_name=r.study_name, storage=_spec(tmp_path).storage)
     assert [t.state for t in study.trials] == [TrialState.PRUNED, TrialState.COMPLETE]

@@ -1,4 +1,4 @@
-"""Every study of the paper as a Prefect flow tracked in MLflow (issue 6).
+"""Every study of the paper as a Prefect flow tracked in MLflow.
 
     from flows.studies import run_study, study_config
     summary = run_study(study_config("noise", "smoke"))
@@ -25,13 +25,8 @@ from flows.studies import (
     wallclock,
     waveforms,
 )
-from flows.studies._core import (
-    Study,
-    StudyConfig,
-    StudySpec,
-    StudySummary,
-    study_config,
-)
+from flows.studies._config import StudyConfig, study_config
+from flows.studies._core import Study, StudySpec, StudySummary
 
 __all__ = [
     "STUDIES",

@@ -1,124 +1,52 @@
-"""The one study runner every study flow shares.
+"""The study runner: a study is its spec and its body.
 
-A study is a Prefect flow that (1) opens one MLflow parent run tagged ``nllab.kind =
-study:<name>``, (2) trains or reuses its cells as child runs through the cell engine
+A :class:`Study` pairs a :class:`StudySpec` (name, title, the paper's numbers) with a body, a
+function of a :class:`StudyContext` returning a :class:`StudyOutput`; it becomes a Prefect flow
+``nllab-study-<name>`` that (1) opens one MLflow parent run tagged ``nllab.kind =
+study:<name>``, (2) lets the body train or reuse cells as child runs through the cell engine
 (:func:`tasks.engine.run_cells`: a cell with a finished run of the same config hash is reused,
-never retrained) or runs its measurement tasks, and (3) logs its tables (CSV + Markdown),
-figures (PNG) and the paper's published numbers (``paper.json``) as artifacts of the parent run,
-under ``study/``.
-
-Every study table has the study's key columns followed by :data:`VALUE_COLUMNS`: the mean over
-seeds (``value``), its ``std`` and ``n``, the paper's figure (``paper``), the difference
-(``gap = value − paper``) and a ``verdict`` (``better``, ``match`` within 10 %, ``worse``).
+never retrained) or run its measurement tasks, and (3) logs the tables (CSV + Markdown), figures
+(PNG) and the paper's published numbers (``paper.json``) as artifacts of the parent run, under
+``study/``.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 from prefect import Flow
-from pydantic import BaseModel, ConfigDict
 
-import tasks._env  # noqa: F401  (offline switches before mlflow/prefect are imported)
 from datasets import Prepared
 from flows._runtime import flow_settings, make_task_runner
+from flows.studies._config import StudyConfig
+from flows.studies._tables import add_paper, aggregate, rmse_records, to_markdown
 from tasks.cell import CellRuntime, prepare_cell, simulate_data
-from tasks.config import CellConfig, DataConfig, RunConfig, TrainConfig, resolve_config
+from tasks.config import CellConfig, DataConfig, Profile, RunConfig, TrainConfig
 from tasks.engine import run_cells
 from tasks.modelio import ModelSpec, load_model
 from tasks.reporting import CellResult
 from tasks.tracking import Tracker
 
 __all__ = [
-    "QUICK_TRAINING",
-    "VALUE_COLUMNS",
     "Study",
-    "StudyConfig",
     "StudyContext",
     "StudyOutput",
     "StudySpec",
     "StudySummary",
-    "add_paper",
-    "aggregate",
     "execute_study",
-    "plot_bars",
-    "plot_lines",
     "rmse_table",
     "rmse_table_and_results",
-    "study_config",
 ]
 
-Profile = Literal["smoke", "quick", "paper"]
-VALUE_COLUMNS: tuple[str, ...] = ("value", "std", "n", "paper", "gap", "verdict")
-#: Training budget of every study cell in the ``quick`` profile, on top of the profile's own
-#: (30 epochs, patience 10): 20 s per cell keeps all twelve studies within an hour on 2 cores.
-QUICK_TRAINING: dict[str, Any] = {"max_train_seconds": 20.0}
-#: Relative distance to the paper's figure that still counts as a match.
-MATCH_TOLERANCE = 0.10
 ARTIFACT_DIR = "study"
-
-
-class StudyConfig(BaseModel):
-    """A study run: the resolved profile plus optional system/method selections."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    study: str
-    run: RunConfig
-    systems: tuple[str, ...] | None = None
-    methods: tuple[str, ...] | None = None
-
-    @property
-    def profile(self) -> Profile:
-        return self.run.profile
-
-
-def study_config(
-    study: str,
-    profile: str | None = "quick",
-    *,
-    systems: Sequence[str] | None = None,
-    methods: Sequence[str] | None = None,
-    seeds: Sequence[int] | None = None,
-    device: str | None = None,
-    overrides: Mapping[str, Any] | None = None,
-) -> StudyConfig:
-    """Resolve a study's configuration (profile ← :data:`QUICK_TRAINING` ← ``overrides``).
-
-    ``systems``/``methods`` are validated like the benchmark's (unknown names list the valid ones).
-    """
-    layer: dict[str, Any] = {"seeds": list(seeds) if seeds else None, "device": device}
-    if (profile or "quick") == "quick":
-        layer["training"] = dict(QUICK_TRAINING)
-    if systems:
-        layer["systems"] = list(systems)
-    if methods:
-        layer["methods"] = list(methods)
-    for k, v in (overrides or {}).items():
-        if isinstance(v, Mapping) and isinstance(layer.get(k), Mapping):
-            layer[k] = {**layer[k], **v}
-        else:
-            layer[k] = v
-    run = resolve_config(profile, None, layer)
-    return StudyConfig(
-        study=study,
-        run=run,
-        systems=tuple(systems) if systems else None,
-        methods=tuple(methods) if methods else None,
-    )
 
 
 @dataclass(frozen=True)
@@ -157,12 +85,31 @@ class StudySummary:
         return all(c.ok for c in self.cells)
 
 
+#: A study's body: what it trains or measures, given its context.
+StudyBody = Callable[["StudyContext"], StudyOutput]
+
+
 @dataclass(frozen=True)
 class Study:
-    """A registered study: its spec and its Prefect flow."""
+    """A registered study: its spec and its body, run as the Prefect flow ``nllab-study-<name>``."""
 
     spec: StudySpec
-    flow: Flow
+    body: StudyBody
+
+    @cached_property
+    def flow(self) -> Flow:
+        """The study's flow: :func:`execute_study` of this spec and body."""
+        spec, body = self.spec, self.body
+
+        def study_flow(config: StudyConfig) -> StudySummary:
+            return execute_study(spec, config, body)
+
+        study_flow.__name__ = study_flow.__qualname__ = f"{spec.name.replace('-', '_')}_flow"
+        return Flow(
+            study_flow,
+            name=f"nllab-study-{spec.name}",
+            description=f"{spec.title} (paper: {spec.paper_ref})",
+        )
 
     def run(self, config: StudyConfig) -> StudySummary:
         """Call the flow with the profile's capped task runner and the shared flow settings."""
@@ -257,72 +204,6 @@ class StudyContext:
         return self.tracker.metric_history(run_id, key)
 
 
-# -- tables ---------------------------------------------------------------------------------
-def aggregate(records: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> pd.DataFrame:
-    """Mean/std/n over seeds of ``value`` per key (NaN values count as missing).
-
-    Population std, as the main table. Row order follows first appearance.
-    """
-    rows: dict[tuple, list[float]] = {}
-    for r in records:
-        k = tuple(r[c] for c in keys)
-        v = r.get("value")
-        rows.setdefault(k, [])
-        if v is not None and np.isfinite(v):
-            rows[k].append(float(v))
-    out = []
-    for k, vals in rows.items():
-        a = np.asarray(vals, dtype=float)
-        out.append(
-            {
-                **dict(zip(keys, k)),
-                "value": float(a.mean()) if a.size else math.nan,
-                "std": float(a.std()) if a.size else math.nan,
-                "n": int(a.size),
-            }
-        )
-    return pd.DataFrame(out, columns=[*keys, "value", "std", "n"])
-
-
-def add_paper(
-    frame: pd.DataFrame,
-    keys: Sequence[str],
-    paper: Mapping[tuple[str, ...], float],
-    *,
-    higher_is_better: bool = False,
-    tolerance: float = MATCH_TOLERANCE,
-) -> pd.DataFrame:
-    """Add ``paper``, ``gap`` (ours − paper) and ``verdict`` columns."""
-    out = frame.copy()
-    pub = [paper.get(tuple(str(row[k]) for k in keys), math.nan) for _, row in out.iterrows()]
-    out["paper"] = np.asarray(pub, dtype=float)
-    out["gap"] = out["value"] - out["paper"]
-    out["verdict"] = [
-        verdict(v, p, higher_is_better, tolerance)
-        for v, p in zip(out["value"], out["paper"], strict=True)
-    ]
-    return out
-
-
-def verdict(value: float, paper: float, higher_is_better: bool, tolerance: float) -> str:
-    """``better``/``match``/``worse`` against the paper; ``–`` without a figure or a value."""
-    if not (np.isfinite(value) and np.isfinite(paper)):
-        return "–"
-    if abs(value - paper) <= tolerance * abs(paper):
-        return "match"
-    return "better" if (value > paper) == higher_is_better else "worse"
-
-
-def rmse_records(
-    results: Sequence[CellResult], labels: Sequence[Mapping[str, Any]]
-) -> list[dict[str, Any]]:
-    """Per-seed rows ``{**label, value: test RMSE}`` for results and their key labels."""
-    return [
-        {**lab, "value": r.test_rmse if r.ok else math.nan}
-        for r, lab in zip(results, labels, strict=True)
-    ]
-
-
 def rmse_table(
     ctx: StudyContext, entries: Sequence[tuple[Mapping[str, Any], CellConfig]], keys: Sequence[str]
 ) -> pd.DataFrame:
@@ -343,92 +224,7 @@ def rmse_table_and_results(
     return table, results
 
 
-def to_markdown(frame: pd.DataFrame) -> str:
-    """A GitHub Markdown table (no extra dependency), numbers with 4 significant digits."""
-
-    def fmt(v: Any) -> str:
-        if isinstance(v, float | np.floating):
-            return "–" if not np.isfinite(v) else f"{v:.4g}"
-        return str(v)
-
-    cols = list(frame.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, row in frame.iterrows():
-        lines.append("| " + " | ".join(fmt(row[c]) for c in cols) + " |")
-    return "\n".join(lines) + "\n"
-
-
-# -- figures --------------------------------------------------------------------------------
-def plot_lines(
-    frame: pd.DataFrame,
-    x: str,
-    hue: str,
-    path: Path,
-    *,
-    title: str,
-    ylabel: str = "test RMSE",
-    logx: bool = False,
-    logy: bool = False,
-    panel: str | None = None,
-) -> Path:
-    """``value`` against ``x`` per ``hue`` (± std), the paper's figures as crosses."""
-    panels = list(dict.fromkeys(frame[panel])) if panel else [None]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.4), squeeze=False)
-    for ax, pv in zip(axes[0], panels, strict=True):
-        sub = frame if pv is None else frame[frame[panel] == pv]
-        for i, (h, g) in enumerate(sub.groupby(hue, sort=False)):
-            xs = np.asarray(g[x], dtype=float)
-            ax.errorbar(
-                xs, g["value"], yerr=g["std"], marker="o", ms=3, label=str(h), color=f"C{i}"
-            )
-            if "paper" in g and np.isfinite(g["paper"]).any():
-                ax.plot(xs, g["paper"], "x", color=f"C{i}", ms=7)
-        ax.set_xlabel(x)
-        ax.set_ylabel(ylabel)
-        if logx:
-            ax.set_xscale("log")
-        if logy:
-            ax.set_yscale("log")
-        ax.set_title(str(pv) if pv is not None else "")
-        ax.legend(fontsize=7)
-    fig.suptitle(f"{title}  (× = paper)")
-    fig.tight_layout()
-    return _save(fig, path)
-
-
-def plot_bars(
-    frame: pd.DataFrame, x: str, hue: str, path: Path, *, title: str, ylabel: str = "test RMSE"
-) -> Path:
-    """Grouped bars of ``value`` (± std) per ``x`` and ``hue``; the paper's figures as crosses."""
-    xs = list(dict.fromkeys(frame[x]))
-    hues = list(dict.fromkeys(frame[hue]))
-    width = 0.8 / max(len(hues), 1)
-    fig, ax = plt.subplots(figsize=(max(4.5, 1.2 * len(xs) * max(1, len(hues) / 2)), 3.4))
-    for i, h in enumerate(hues):
-        g = frame[frame[hue] == h].set_index(x).reindex(xs)
-        pos = np.arange(len(xs)) + (i - (len(hues) - 1) / 2) * width
-        ax.bar(pos, g["value"], width, yerr=g["std"], label=str(h), color=f"C{i}")
-        if "paper" in g:
-            ax.plot(pos, g["paper"], "kx", ms=6)
-    ax.set_xticks(np.arange(len(xs)), [str(v) for v in xs], fontsize=8)
-    ax.set_ylabel(ylabel)
-    ax.legend(fontsize=7)
-    ax.set_title(f"{title}  (× = paper)")
-    fig.tight_layout()
-    return _save(fig, path)
-
-
-def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-# -- the runner -----------------------------------------------------------------------------
-def execute_study(
-    spec: StudySpec, config: StudyConfig, body: Callable[[StudyContext], StudyOutput]
-) -> StudySummary:
+def execute_study(spec: StudySpec, config: StudyConfig, body: StudyBody) -> StudySummary:
     """Run ``body`` under one parent run and log its tables, figures and the paper's numbers."""
     t0 = time.perf_counter()
     tracker = Tracker.connect(config.run.tracking)

@@ -29,7 +29,7 @@ __all__ = ["add_study_parser", "cmd_study", "main"]
 def add_study_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``study`` to an ``add_subparsers()`` object; returns the new parser."""
     from flows.studies import STUDIES
-    from tasks.config import PROFILES
+    from tasks.config import DEVICES, PROFILES
 
     lines = "\n".join(f"  {n:<17} {s.spec.title} — {s.spec.paper_ref}" for n, s in STUDIES.items())
     p = subparsers.add_parser(
@@ -45,7 +45,7 @@ def add_study_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--systems", nargs="+", metavar="NAME", help="default: the study's systems")
     p.add_argument("--methods", nargs="+", metavar="NAME", help="default: the study's models")
     p.add_argument("--seeds", nargs="+", metavar="N", help="seeds, e.g. 0 1 2 or 0,1,2")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default: auto")
+    p.add_argument("--device", choices=DEVICES, help="default: auto")
     p.add_argument("--epochs", type=int, metavar="N", help="override the profile's epochs")
     p.add_argument("--max-workers", type=int, metavar="N", help="cells trained at once")
     add_runner_options(p)
@@ -83,7 +83,7 @@ def _config(args: argparse.Namespace):
 def cmd_study(args: argparse.Namespace) -> int:
     """Run the study; print its tables and where they are tracked."""
     from flows.studies import run_study
-    from flows.studies._core import to_markdown
+    from flows.studies._tables import to_markdown
     from tasks.tracking import TrackingUnavailable
 
     try:

@@ -11,21 +11,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from prefect import flow, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.studies._core import (
-    Study,
-    StudyConfig,
-    StudyContext,
-    StudyOutput,
-    StudySpec,
-    StudySummary,
-    add_paper,
-    aggregate,
-    execute_study,
-    plot_bars,
-)
+from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec
+from flows.studies._plots import plot_bars
+from flows.studies._tables import add_paper, aggregate
 from tasks.cmi import conditional_mutual_information
 from tasks.config import METHODS
 from tasks.training import predict
@@ -62,6 +53,7 @@ def estimate_cmi(truth: np.ndarray, pred: np.ndarray, ic: np.ndarray, seed: int)
 
 
 def _body(ctx: StudyContext) -> StudyOutput:
+    """Table:CMI: conditional mutual information of the extrapolations."""
     systems = ctx.systems(ctx.pick(smoke=SYSTEMS[1:2], quick=SYSTEMS, paper=SYSTEMS))
     methods = ctx.methods(ctx.pick(smoke=("node", "neural_laplace"), quick=METHODS, paper=METHODS))
     labels, cells = [], []
@@ -85,10 +77,4 @@ def _body(ctx: StudyContext) -> StudyOutput:
     return StudyOutput({"cmi": table}, notes="KSG-type CMI (tasks.cmi), base 2, k = 3.")
 
 
-@flow(name="nllab-study-cmi")
-def cmi_flow(config: StudyConfig) -> StudySummary:
-    """Table:CMI: conditional mutual information of the extrapolations."""
-    return execute_study(SPEC, config, _body)
-
-
-STUDY = Study(SPEC, cmi_flow)
+STUDY = Study(SPEC, _body)

@@ -20,19 +20,9 @@ import math
 
 import matplotlib.pyplot as plt
 import numpy as np
-from prefect import flow
 
-from flows.studies._core import (
-    Study,
-    StudyConfig,
-    StudyContext,
-    StudyOutput,
-    StudySpec,
-    StudySummary,
-    add_paper,
-    aggregate,
-    execute_study,
-)
+from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec
+from flows.studies._tables import add_paper, aggregate
 from tasks.evaluation import rmse
 from tasks.training import predict
 
@@ -51,6 +41,7 @@ KEYS = ("system", "variant")
 
 
 def _body(ctx: StudyContext) -> StudyOutput:
+    """Appendix C: RMSE to the clean signal with and without the low-pass filter."""
     system = ctx.systems((SYSTEM,))[0]
     entries = [
         (
@@ -125,10 +116,4 @@ def _plot(curves: dict, path) -> None:
     plt.close(fig)
 
 
-@flow(name="nllab-study-frequency-filter")
-def frequency_filter_flow(config: StudyConfig) -> StudySummary:
-    """Appendix C: RMSE to the clean signal with and without the low-pass filter."""
-    return execute_study(SPEC, config, _body)
-
-
-STUDY = Study(SPEC, frequency_filter_flow)
+STUDY = Study(SPEC, _body)

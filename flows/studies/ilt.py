@@ -11,20 +11,11 @@ import math
 
 import matplotlib.pyplot as plt
 import pandas as pd
-from prefect import flow, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.studies._core import (
-    Study,
-    StudyConfig,
-    StudyContext,
-    StudyOutput,
-    StudySpec,
-    StudySummary,
-    add_paper,
-    execute_study,
-    rmse_table_and_results,
-)
+from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec, rmse_table_and_results
+from flows.studies._tables import add_paper
 
 TERMS = 33
 TRAINED = ("fourier", "dehoog", "talbot", "stehfest", "cme")
@@ -72,6 +63,7 @@ def ilt_accuracy(terms: int, repeats: int) -> pd.DataFrame:
 
 
 def _body(ctx: StudyContext) -> StudyOutput:
+    """Table 12 and figure ILTcompar: ILT accuracy/speed and training with each ILT."""
     accuracy = ilt_accuracy(TERMS, ctx.pick(smoke=3, quick=30, paper=100))
     accuracy = add_paper(accuracy, ("algorithm",), SPEC.paper)
     cols = ["algorithm", "value", "std", "n", "paper", "gap", "verdict", "us_per_point"]
@@ -119,10 +111,4 @@ def _body(ctx: StudyContext) -> StudyOutput:
     return StudyOutput({"ilt_accuracy": accuracy, "ilt_training": training})
 
 
-@flow(name="nllab-study-ilt")
-def ilt_flow(config: StudyConfig) -> StudySummary:
-    """Table 12 and figure ILTcompar: ILT accuracy/speed and training with each ILT."""
-    return execute_study(SPEC, config, _body)
-
-
-STUDY = Study(SPEC, ilt_flow)
+STUDY = Study(SPEC, _body)

@@ -3,19 +3,8 @@
 
 from __future__ import annotations
 
-from prefect import flow
-
-from flows.studies._core import (
-    Study,
-    StudyConfig,
-    StudyContext,
-    StudyOutput,
-    StudySpec,
-    StudySummary,
-    execute_study,
-    plot_lines,
-    rmse_table,
-)
+from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec, rmse_table
+from flows.studies._plots import plot_lines
 
 K_VALUES = (1, 2, 4, 8, 16, 32)
 _PAPER = (0.4416, 0.0405, 0.0427, 0.0408, 0.0380, 0.0398)
@@ -29,6 +18,7 @@ KEYS = ("system", "latent_dim")
 
 
 def _body(ctx: StudyContext) -> StudyOutput:
+    """Table 5: test RMSE for K ∈ {1, 2, 4, 8, 16, 32}."""
     systems = ctx.systems(("lotka_volterra_dde",))
     ks = ctx.pick(smoke=(1, 2), quick=K_VALUES, paper=K_VALUES)
     entries = [
@@ -45,10 +35,4 @@ def _body(ctx: StudyContext) -> StudyOutput:
     return StudyOutput({"latent_dim": table})
 
 
-@flow(name="nllab-study-latent-dim")
-def latent_dim_flow(config: StudyConfig) -> StudySummary:
-    """Table 5: test RMSE for K ∈ {1, 2, 4, 8, 16, 32}."""
-    return execute_study(SPEC, config, _body)
-
-
-STUDY = Study(SPEC, latent_dim_flow)
+STUDY = Study(SPEC, _body)

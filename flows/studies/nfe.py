@@ -15,19 +15,11 @@ import time
 import numpy as np
 import pandas as pd
 import torch
-from prefect import flow, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.studies._core import (
-    Study,
-    StudyConfig,
-    StudyContext,
-    StudyOutput,
-    StudySpec,
-    StudySummary,
-    execute_study,
-    plot_lines,
-)
+from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec
+from flows.studies._plots import plot_lines
 from tasks.reporting import CellResult
 
 DTS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
@@ -87,6 +79,7 @@ def _table(rows: list[dict], keys: tuple[str, ...]) -> pd.DataFrame:
 
 
 def _body(ctx: StudyContext) -> StudyOutput:
+    """Figure nfes_analysis: NFEs against Δt and against the number of query points."""
     system = ctx.systems(("piecewise_forcing_ode",))[0]
     methods = ctx.methods(METHODS)
     dts = ctx.pick(smoke=(1.0, 10.0, 100.0), quick=DTS, paper=DTS)
@@ -117,10 +110,4 @@ def _body(ctx: StudyContext) -> StudyOutput:
     return StudyOutput(tables)
 
 
-@flow(name="nllab-study-nfe")
-def nfe_flow(config: StudyConfig) -> StudySummary:
-    """Figure nfes_analysis: NFEs against Δt and against the number of query points."""
-    return execute_study(SPEC, config, _body)
-
-
-STUDY = Study(SPEC, nfe_flow)
+STUDY = Study(SPEC, _body)

@@ -3,19 +3,8 @@
 
 from __future__ import annotations
 
-from prefect import flow
-
-from flows.studies._core import (
-    Study,
-    StudyConfig,
-    StudyContext,
-    StudyOutput,
-    StudySpec,
-    StudySummary,
-    execute_study,
-    plot_bars,
-    rmse_table,
-)
+from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec, rmse_table
+from flows.studies._plots import plot_bars
 from tasks.config import METHODS
 
 SYSTEMS = ("lotka_volterra_dde", "integro_de", "piecewise_forcing_ode")
@@ -34,6 +23,7 @@ KEYS = ("system", "noise_std", "method")
 
 
 def _body(ctx: StudyContext) -> StudyOutput:
+    """Appendix D: test RMSE of every model under Gaussian noise."""
     systems = ctx.systems(ctx.pick(smoke=SYSTEMS[2:], quick=SYSTEMS, paper=SYSTEMS))
     methods = ctx.methods(ctx.pick(smoke=("node", "neural_laplace"), quick=METHODS, paper=METHODS))
     sigmas = ctx.pick(smoke=(0.1,), quick=SIGMAS, paper=SIGMAS)
@@ -59,10 +49,4 @@ def _body(ctx: StudyContext) -> StudyOutput:
     return StudyOutput({"noise": table})
 
 
-@flow(name="nllab-study-noise")
-def noise_flow(config: StudyConfig) -> StudySummary:
-    """Appendix D: test RMSE of every model under Gaussian noise."""
-    return execute_study(SPEC, config, _body)
-
-
-STUDY = Study(SPEC, noise_flow)
+STUDY = Study(SPEC, _body)

@@ -4,19 +4,8 @@ the paper shows it as a figure only, so the table has no published numbers)."""
 
 from __future__ import annotations
 
-from prefect import flow
-
-from flows.studies._core import (
-    Study,
-    StudyConfig,
-    StudyContext,
-    StudyOutput,
-    StudySpec,
-    StudySummary,
-    execute_study,
-    plot_lines,
-    rmse_table,
-)
+from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec, rmse_table
+from flows.studies._plots import plot_lines
 from tasks.config import METHODS
 
 N_OBSERVED = (5, 10, 25, 50, 100)
@@ -30,6 +19,7 @@ KEYS = ("system", "n_observed", "method")
 
 
 def _body(ctx: StudyContext) -> StudyOutput:
+    """Figure ObservationSizeScaling: test RMSE against the number of observed points."""
     systems = ctx.systems(("stiff_van_der_pol",))
     methods = ctx.methods(ctx.pick(smoke=("node", "neural_laplace"), quick=METHODS, paper=METHODS))
     sizes = ctx.pick(smoke=(10, 100), quick=(10, 50, 100), paper=N_OBSERVED)
@@ -50,10 +40,4 @@ def _body(ctx: StudyContext) -> StudyOutput:
     return StudyOutput({"observation_size": table})
 
 
-@flow(name="nllab-study-observation-size")
-def observation_size_flow(config: StudyConfig) -> StudySummary:
-    """Figure ObservationSizeScaling: test RMSE against the number of observed points."""
-    return execute_study(SPEC, config, _body)
-
-
-STUDY = Study(SPEC, observation_size_flow)
+STUDY = Study(SPEC, _body)

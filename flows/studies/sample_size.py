@@ -9,20 +9,9 @@ every N by the same factor. The table reports both N and the actual ``n_train``.
 
 from __future__ import annotations
 
-from prefect import flow
-
 from datasets import SYSTEMS as DATA_SYSTEMS
-from flows.studies._core import (
-    Study,
-    StudyConfig,
-    StudyContext,
-    StudyOutput,
-    StudySpec,
-    StudySummary,
-    execute_study,
-    plot_lines,
-    rmse_table,
-)
+from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec, rmse_table
+from flows.studies._plots import plot_lines
 from tasks.config import METHODS
 
 SIZES = (1000, 500, 250, 125, 62, 30)
@@ -45,6 +34,7 @@ def n_train_for(n: int, n_trajectories: int, train_fraction: float) -> int:
 
 
 def _body(ctx: StudyContext) -> StudyOutput:
+    """Table:datascaling: test RMSE against the number of trajectories."""
     systems = ctx.systems(("lotka_volterra_dde",))
     methods = ctx.methods(ctx.pick(smoke=("node", "neural_laplace"), quick=METHODS, paper=METHODS))
     sizes = ctx.pick(smoke=(1000, 125), quick=SIZES, paper=SIZES)
@@ -65,10 +55,4 @@ def _body(ctx: StudyContext) -> StudyOutput:
     return StudyOutput({"sample_size": table})
 
 
-@flow(name="nllab-study-sample-size")
-def sample_size_flow(config: StudyConfig) -> StudySummary:
-    """Table:datascaling: test RMSE against the number of trajectories."""
-    return execute_study(SPEC, config, _body)
-
-
-STUDY = Study(SPEC, sample_size_flow)
+STUDY = Study(SPEC, _body)

@@ -3,19 +3,8 @@ Neural Laplace alongside (paper Table 10, ``Table:AdditionalMSE``; euler figures
 
 from __future__ import annotations
 
-from prefect import flow
-
-from flows.studies._core import (
-    Study,
-    StudyConfig,
-    StudyContext,
-    StudyOutput,
-    StudySpec,
-    StudySummary,
-    execute_study,
-    plot_bars,
-    rmse_table,
-)
+from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec, rmse_table
+from flows.studies._plots import plot_bars
 from tasks.reporting import PAPER_MAIN_TABLE
 
 SYSTEMS = ("lotka_volterra_dde", "piecewise_forcing_ode")
@@ -45,6 +34,7 @@ KEYS = ("system", "method", "solver")
 
 
 def _body(ctx: StudyContext) -> StudyOutput:
+    """Table 10: NODE/ANODE with dopri5 vs euler, Neural Laplace alongside."""
     systems = ctx.systems(ctx.pick(smoke=SYSTEMS[1:], quick=SYSTEMS, paper=SYSTEMS))
     baselines = ctx.pick(smoke=("node",), quick=("node", "anode"), paper=("node", "anode"))
     entries = []
@@ -62,10 +52,4 @@ def _body(ctx: StudyContext) -> StudyOutput:
     return StudyOutput({"solvers": table})
 
 
-@flow(name="nllab-study-solvers")
-def solvers_flow(config: StudyConfig) -> StudySummary:
-    """Table 10: NODE/ANODE with dopri5 vs euler, Neural Laplace alongside."""
-    return execute_study(SPEC, config, _body)
-
-
-STUDY = Study(SPEC, solvers_flow)
+STUDY = Study(SPEC, _body)

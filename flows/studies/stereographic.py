@@ -3,19 +3,8 @@
 
 from __future__ import annotations
 
-from prefect import flow
-
-from flows.studies._core import (
-    Study,
-    StudyConfig,
-    StudyContext,
-    StudyOutput,
-    StudySpec,
-    StudySummary,
-    execute_study,
-    plot_bars,
-    rmse_table,
-)
+from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec, rmse_table
+from flows.studies._plots import plot_bars
 
 SYSTEMS = ("lotka_volterra_dde", "stiff_van_der_pol", "piecewise_forcing_ode", "integro_de")
 SPEC = StudySpec(
@@ -37,6 +26,7 @@ KEYS = ("system", "stereographic")
 
 
 def _body(ctx: StudyContext) -> StudyOutput:
+    """Table 5: the Riemann-sphere map on/off for Neural Laplace."""
     systems = ctx.systems(ctx.pick(smoke=SYSTEMS[2:3], quick=SYSTEMS, paper=SYSTEMS))
     entries = [
         (
@@ -52,10 +42,4 @@ def _body(ctx: StudyContext) -> StudyOutput:
     return StudyOutput({"stereographic": table})
 
 
-@flow(name="nllab-study-stereographic")
-def stereographic_flow(config: StudyConfig) -> StudySummary:
-    """Table 5: the Riemann-sphere map on/off for Neural Laplace."""
-    return execute_study(SPEC, config, _body)
-
-
-STUDY = Study(SPEC, stereographic_flow)
+STUDY = Study(SPEC, _body)

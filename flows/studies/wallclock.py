@@ -9,20 +9,12 @@ import math
 import numpy as np
 import pandas as pd
 import torch
-from prefect import flow, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.studies._core import (
-    Study,
-    StudyConfig,
-    StudyContext,
-    StudyOutput,
-    StudySpec,
-    StudySummary,
-    add_paper,
-    execute_study,
-    plot_bars,
-)
+from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec
+from flows.studies._plots import plot_bars
+from flows.studies._tables import add_paper
 from tasks.cell import simulate_data
 from tasks.training import seeded
 
@@ -65,6 +57,7 @@ def epoch_seconds(
 
 
 def _body(ctx: StudyContext) -> StudyOutput:
+    """Table 11: seconds per training epoch for every model."""
     system = ctx.systems(("lotka_volterra_dde",))[0]
     n = ctx.pick(smoke=40, quick=1000, paper=1000)
     epochs = ctx.pick(smoke=1, quick=1, paper=5)
@@ -104,10 +97,4 @@ def _body(ctx: StudyContext) -> StudyOutput:
     )
 
 
-@flow(name="nllab-study-wallclock")
-def wallclock_flow(config: StudyConfig) -> StudySummary:
-    """Table 11: seconds per training epoch for every model."""
-    return execute_study(SPEC, config, _body)
-
-
-STUDY = Study(SPEC, wallclock_flow)
+STUDY = Study(SPEC, _body)

@@ -3,19 +3,8 @@
 
 from __future__ import annotations
 
-from prefect import flow
-
-from flows.studies._core import (
-    Study,
-    StudyConfig,
-    StudyContext,
-    StudyOutput,
-    StudySpec,
-    StudySummary,
-    execute_study,
-    plot_bars,
-    rmse_table,
-)
+from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec, rmse_table
+from flows.studies._plots import plot_bars
 from tasks.config import METHODS
 
 SYSTEMS = ("sine", "square", "sawtooth")
@@ -33,6 +22,7 @@ KEYS = ("system", "method")
 
 
 def _body(ctx: StudyContext) -> StudyOutput:
+    """Table:toywaveforms: test RMSE on sine, square and sawtooth."""
     systems = ctx.systems(ctx.pick(smoke=SYSTEMS[:1], quick=SYSTEMS, paper=SYSTEMS))
     methods = ctx.methods(ctx.pick(smoke=("node", "neural_laplace"), quick=METHODS, paper=METHODS))
     entries = [
@@ -46,10 +36,4 @@ def _body(ctx: StudyContext) -> StudyOutput:
     return StudyOutput({"waveforms": table})
 
 
-@flow(name="nllab-study-waveforms")
-def waveforms_flow(config: StudyConfig) -> StudySummary:
-    """Table:toywaveforms: test RMSE on sine, square and sawtooth."""
-    return execute_study(SPEC, config, _body)
-
-
-STUDY = Study(SPEC, waveforms_flow)
+STUDY = Study(SPEC, _body)
