@@ -26,6 +26,7 @@ from prefect import flow, get_run_logger
 
 import tasks._env  # noqa: F401
 from flows._runtime import flow_settings, make_task_runner
+from flows.studies._core import Factor
 from tasks.cell import CellRuntime, prepare_cell, simulate_data
 from tasks.config import CellConfig, RunConfig, TrackingConfig
 from tasks.engine import run_cells
@@ -35,8 +36,6 @@ from tasks.reporting import CellResult
 from tasks.tracking import Tracker
 
 __all__ = [
-    "ABLATIONS",
-    "Ablation",
     "DataMismatch",
     "ModelRef",
     "ReproduceResult",
@@ -159,63 +158,39 @@ def verify_registered(
 
 
 # -- ablations ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Ablation:
-    """One factor varied from the source config: ``section`` is ``model`` or ``data``."""
+def _ablations() -> dict[str, Factor]:
+    """The ablation studies' factors, by study name: one definition serves both."""
+    from flows.studies import STUDIES
 
-    name: str
-    section: str
-    key: str
-    values: tuple[Any, ...]
-    methods: tuple[str, ...] | None  # None: every method
-
-    def default(self, cell: CellConfig) -> Any:
-        """The source cell's value (a model's own default when it has no override)."""
-        if self.section == "data":
-            return getattr(cell.data, self.key)
-        if self.key in cell.model:
-            return cell.model[self.key]
-        import inspect
-
-        from nlmodels import MODELS
-
-        param = inspect.signature(MODELS[cell.method]).parameters.get(self.key)
-        return None if param is None else param.default
+    return {name: st.spec.factor for name, st in STUDIES.items() if st.spec.factor is not None}
 
 
-def _ilts() -> tuple[str, ...]:
-    from nlmodels import ILT_ALGORITHMS
+def _own_value(factor: Factor, cell: CellConfig) -> Any:
+    """The source cell's value of ``factor`` (the model's own default without an override)."""
+    if factor.section == "data":
+        return getattr(cell.data, factor.key)
+    if factor.key in cell.model:
+        return cell.model[factor.key]
+    import inspect
 
-    return tuple(ILT_ALGORITHMS)
+    from nlmodels import MODELS
 
-
-ABLATIONS: dict[str, Ablation] = {
-    "stereographic": Ablation(
-        "stereographic", "model", "stereographic", (True, False), ("neural_laplace",)
-    ),
-    "latent-dim": Ablation(
-        "latent-dim",
-        "model",
-        "latent_dim",
-        (1, 2, 4, 8),
-        ("neural_laplace", "latent_ode", "nf_coupling", "nf_resnet"),
-    ),
-    "ilt": Ablation("ilt", "model", "ilt", _ilts(), ("neural_laplace",)),
-    "noise": Ablation("noise", "data", "noise_std", (0.0, 0.01, 0.05, 0.1), None),
-}
+    param = inspect.signature(MODELS[cell.method]).parameters.get(factor.key)
+    return None if param is None else param.default
 
 
 def ablation_cells(cell: CellConfig, ablation: str) -> list[tuple[Any, CellConfig]]:
     """``(value, cell)`` for every value of the ablation, the source's own value included."""
-    if ablation not in ABLATIONS:
-        raise ValueError(f"unknown ablation {ablation!r}; valid: {', '.join(ABLATIONS)}")
-    a = ABLATIONS[ablation]
+    factors = _ablations()
+    if ablation not in factors:
+        raise ValueError(f"unknown ablation {ablation!r}; valid: {', '.join(factors)}")
+    a = factors[ablation]
     if a.methods is not None and cell.method not in a.methods:
         raise ValueError(
             f"ablation {ablation!r} applies to {', '.join(a.methods)}, not to {cell.method!r}"
         )
-    own = a.default(cell)
-    values = a.values if own in a.values else (own, *a.values)
+    own = _own_value(a, cell)
+    values = (own, *[v for v in a.values if v != own])
     out = []
     for v in values:
         data = cell.model_dump(mode="json")
@@ -355,7 +330,11 @@ def add_reproduce_parser(subparsers) -> argparse.ArgumentParser:
         "The registry is only read.",
     )
     p.add_argument("model_uri", metavar="MODEL_URI", help="e.g. models:/neural-laplace-X@champion")
-    p.add_argument("--ablation", choices=tuple(ABLATIONS), help="factor to vary")
+    p.add_argument(
+        "--ablation",
+        metavar="STUDY",
+        help="the factor of an ablation study to vary: stereographic, latent-dim, noise or ilt",
+    )
     p.add_argument("--max-workers", type=int, default=2, metavar="N")
     add_runner_options(p, default="thread")
     p.add_argument(

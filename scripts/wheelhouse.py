@@ -42,6 +42,10 @@ def requirements(extras: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
     return full, bare
 
 
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def _platform_args(python: str, platforms: list[str]) -> list[str]:
     args = ["--only-binary=:all:", "--python-version", python, "--implementation", "cp"]
     for p in platforms:
@@ -49,7 +53,14 @@ def _platform_args(python: str, platforms: list[str]) -> list[str]:
     return args
 
 
-def build(out: Path, python: str, platforms: list[str], extras: tuple[str, ...]) -> list[Path]:
+def build(
+    out: Path,
+    python: str,
+    platforms: list[str],
+    extras: tuple[str, ...],
+    exclude: tuple[str, ...] = (),
+) -> list[Path]:
+    """Download the wheels into ``out``; ``exclude`` drops wheels the target already has."""
     out.mkdir(parents=True, exist_ok=True)
     full, bare = requirements(extras)
     pip = [sys.executable, "-m", "pip"]
@@ -60,6 +71,10 @@ def build(out: Path, python: str, platforms: list[str], extras: tuple[str, ...])
             [*pip, "download", "--no-deps", "--dest", str(out), *target, *bare], check=True
         )
     subprocess.run([*pip, "wheel", "--no-deps", "--wheel-dir", str(out), str(ROOT)], check=True)
+    dropped = {_canonical(n) for n in exclude}
+    for w in out.glob("*.whl"):
+        if _canonical(w.name.split("-")[0]) in dropped:
+            w.unlink()
     wheels = sorted(out.glob("*.whl"))
     leaked = [w.name for w in wheels if EXCLUDED.match(w.name.split("-")[0])]
     if leaked:
@@ -82,6 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--extra", action="append", default=[], help="also an optional extra, e.g. cluster"
     )
+    p.add_argument(
+        "--exclude",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="leave out wheels the target already has (e.g. numpy scipy pandas matplotlib); "
+        "install those targets with --no-deps",
+    )
     args = p.parse_args(argv)
     platforms = args.platforms or [
         "manylinux_2_28_x86_64",
@@ -89,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         "manylinux2014_x86_64",
         "any",
     ]
-    wheels = build(args.out, args.python, platforms, tuple(args.extra))
+    wheels = build(args.out, args.python, platforms, tuple(args.extra), tuple(args.exclude))
     size = sum(w.stat().st_size for w in wheels) / 2**20
     print(f"{len(wheels)} wheels, {size:.1f} MiB in {args.out}")
     print(

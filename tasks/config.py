@@ -15,7 +15,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "DEVICES",
@@ -33,6 +40,7 @@ __all__ = [
     "known_methods",
     "known_systems",
     "load_config_file",
+    "model_arguments",
     "resolve_config",
 ]
 
@@ -82,6 +90,35 @@ def known_methods() -> tuple[str, ...]:
     from nlmodels import MODELS  # importing nlmodels registers every model
 
     return tuple(sorted(MODELS))
+
+
+def model_arguments(method: str) -> tuple[str, ...]:
+    """The keyword arguments ``build_model(method, state_dim, **kw)`` accepts, from the model's
+    constructor (and its bases', where it forwards ``**kwargs``)."""
+    import inspect
+
+    from nlmodels import MODELS
+
+    names: list[str] = []
+    for klass in MODELS[method].__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = list(inspect.signature(klass.__init__).parameters.values())[2:]  # self, state_dim
+        names += [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            break
+    return tuple(dict.fromkeys(names))
+
+
+def _check_model_overrides(method: str, overrides: Mapping[str, Any]) -> None:
+    if method not in known_methods():
+        return  # reported by the method check
+    valid = model_arguments(method)
+    unknown = [k for k in overrides if k not in valid]
+    if unknown:
+        raise ValueError(
+            f"unknown {method} setting {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}"
+        )
 
 
 def _check_names(kind: str, names: tuple[str, ...], valid: tuple[str, ...]) -> tuple[str, ...]:
@@ -150,6 +187,11 @@ class CellConfig(_Frozen):
     data: DataConfig = DataConfig()
     training: TrainConfig = TrainConfig()
     model: dict[str, Scalar] = Field(default_factory=dict, description="build_model overrides")
+
+    @model_validator(mode="after")
+    def _valid_model(self) -> CellConfig:
+        _check_model_overrides(self.method, self.model)
+        return self
 
     @property
     def key(self) -> str:
@@ -232,6 +274,8 @@ class RunConfig(_Frozen):
     @classmethod
     def _valid_model_keys(cls, v: dict[str, dict[str, Scalar]]) -> dict[str, dict[str, Scalar]]:
         _check_names("method", tuple(v), known_methods()) if v else None
+        for method, overrides in v.items():
+            _check_model_overrides(method, overrides)
         return v
 
     @field_validator("seeds")

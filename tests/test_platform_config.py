@@ -13,6 +13,7 @@ from tasks.config import (
     ConfigError,
     DataConfig,
     TrainConfig,
+    model_arguments,
     resolve_config,
 )
 
@@ -118,3 +119,19 @@ def test_flat_params_cover_every_setting():
     assert p["seed"] == "2" and p["training.lr"] == "0.001" and p["model.hidden"] == "8"
     assert p["data.fractions"] == "[0.8, 0.1, 0.1]"
     assert p["training.patience"] == "100"
+
+
+def test_model_overrides_are_checked_against_the_constructor():
+    with pytest.raises(ConfigError, match=r"unknown node setting 'hiden'; valid: hidden, "):
+        resolve_config("smoke", overrides={"models": {"node": {"hiden": (8,)}}})
+    # ANODE forwards **kwargs to NODE: the base's arguments are valid too.
+    assert model_arguments("anode")[:2] == ("augment_dim", "hidden")
+    resolve_config("smoke", overrides={"models": {"anode": {"hidden": (8,), "solver": "rk4"}}})
+    with pytest.raises(ValueError, match="unknown neural_laplace setting 'latent'"):
+        CellConfig(system="integro_de", method="neural_laplace", seed=0, model={"latent": 2})
+
+
+def test_pack_is_outside_the_cell_hash():
+    on = resolve_config("smoke", overrides={"pack": True})
+    off = resolve_config("smoke", overrides={"pack": False})
+    assert [c.config_hash() for c in on.cells()] == [c.config_hash() for c in off.cells()]

@@ -123,16 +123,17 @@ def test_interrupted_cell_is_redone(first):
 
 
 def test_failed_cell_is_recorded_and_others_finish(first):
-    cfg = _config(systems=["integro_de"], seeds=[0], models={"node": {"no_such_option": 1}})
+    # A valid setting whose value the model rejects only when it is built, mid-run.
+    cfg = _config(systems=["integro_de"], seeds=[0], models={"node": {"augment_dim": -1}})
     summary = run_benchmark(cfg)
     by_method = {r.method: r for r in summary.results}
     assert not summary.ok
     assert by_method["neural_laplace"].ok  # unchanged config: reused
     bad = by_method["node"]
-    assert bad.status == "failed" and "no_such_option" in bad.error
+    assert bad.status == "failed" and "augment_dim" in bad.error
     t = Tracker.connect()
     (run,) = [r for r in t.child_runs(summary.parent_run_id) if r.data.tags["method"] == "node"]
-    assert run.info.status == "FAILED" and "no_such_option" in run.data.tags["error"]
+    assert run.info.status == "FAILED" and "augment_dim" in run.data.tags["error"]
     assert "error.txt" in {f.path for f in t.client.list_artifacts(run.info.run_id)}
     assert t.get_run_data(summary.parent_run_id).data.tags["cells_failed"] == "1"
     # Running it again redoes only the failed cell.

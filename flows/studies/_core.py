@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
 from prefect import Flow
@@ -36,6 +36,7 @@ from tasks.reporting import CellResult
 from tasks.tracking import Tracker
 
 __all__ = [
+    "Factor",
     "Study",
     "StudyContext",
     "StudyOutput",
@@ -50,8 +51,27 @@ ARTIFACT_DIR = "study"
 
 
 @dataclass(frozen=True)
+class Factor:
+    """The one setting an ablation study varies: ``section`` (``model`` keyword arguments or
+    ``data`` settings), ``key``, the values it takes and the methods it applies to (None: all).
+
+    ``nllab reproduce --ablation NAME`` varies the same factor from a registered model's config.
+    """
+
+    section: Literal["model", "data"]
+    key: str
+    values: tuple[Any, ...]
+    methods: tuple[str, ...] | None = None
+
+    def setting(self, value: Any) -> dict[str, dict[str, Any]]:
+        """``{section: {key: value}}``, as :meth:`StudyContext.cell` takes it."""
+        return {self.section: {self.key: value}}
+
+
+@dataclass(frozen=True)
 class StudySpec:
-    """What a study reproduces: its name, title, the paper's table/figure and numbers."""
+    """What a study reproduces: its name, title, the paper's table/figure and numbers, and
+    (for ablations) the factor it varies."""
 
     name: str
     title: str
@@ -60,6 +80,7 @@ class StudySpec:
     paper: Mapping[tuple[str, ...], float] = field(default_factory=dict)
     metric: str = "test RMSE"
     higher_is_better: bool = False
+    factor: Factor | None = None
 
 
 @dataclass(frozen=True)

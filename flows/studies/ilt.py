@@ -14,7 +14,14 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec, rmse_table_and_results
+from flows.studies._core import (
+    Factor,
+    Study,
+    StudyContext,
+    StudyOutput,
+    StudySpec,
+    rmse_table_and_results,
+)
 from flows.studies._tables import add_paper
 
 TERMS = 33
@@ -32,6 +39,7 @@ SPEC = StudySpec(
     title="ILT algorithms",
     paper_ref="Table 12 (ILTtimeres, RMSE of cos t) and figure ILTcompar (training loss)",
     paper=_paper(),
+    factor=Factor("model", "ilt", TRAINED, ("neural_laplace",)),
 )
 
 
@@ -72,7 +80,10 @@ def _body(ctx: StudyContext) -> StudyOutput:
     systems = ctx.systems(("lotka_volterra_dde",))
     ilts = ctx.pick(smoke=("fourier", "cme"), quick=TRAINED, paper=TRAINED)
     entries = [
-        ({"system": s, "ilt": name}, ctx.cell(s, "neural_laplace", seed, model={"ilt": name}))
+        (
+            {"system": s, "ilt": name},
+            ctx.cell(s, "neural_laplace", seed, **SPEC.factor.setting(name)),
+        )
         for s in systems
         for name in ilts
         for seed in ctx.seeds

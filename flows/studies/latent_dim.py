@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec, rmse_table
+from flows.studies._core import Factor, Study, StudyContext, StudyOutput, StudySpec, rmse_table
 from flows.studies._plots import plot_lines
 
 K_VALUES = (1, 2, 4, 8, 16, 32)
@@ -13,6 +13,7 @@ SPEC = StudySpec(
     title="Latent size K of Neural Laplace",
     paper_ref="Table 5 (Table:ablate): latent dimension K on Lotka–Volterra",
     paper={("lotka_volterra_dde", str(k)): v for k, v in zip(K_VALUES, _PAPER, strict=True)},
+    factor=Factor("model", "latent_dim", K_VALUES, ("neural_laplace",)),
 )
 KEYS = ("system", "latent_dim")
 
@@ -24,7 +25,7 @@ def _body(ctx: StudyContext) -> StudyOutput:
     entries = [
         (
             {"system": s, "latent_dim": k},
-            ctx.cell(s, "neural_laplace", seed, model={"latent_dim": k}),
+            ctx.cell(s, "neural_laplace", seed, **SPEC.factor.setting(k)),
         )
         for s in systems
         for k in ks

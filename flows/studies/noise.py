@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec, rmse_table
+from flows.studies._core import Factor, Study, StudyContext, StudyOutput, StudySpec, rmse_table
 from flows.studies._plots import plot_bars
 from tasks.config import METHODS
 
@@ -18,6 +18,7 @@ SPEC = StudySpec(
         ("integro_de", "0.1", "neural_laplace"): 0.0996,
         ("piecewise_forcing_ode", "0.1", "neural_laplace"): 0.1006,
     },
+    factor=Factor("data", "noise_std", SIGMAS),
 )
 KEYS = ("system", "noise_std", "method")
 
@@ -30,7 +31,7 @@ def _body(ctx: StudyContext) -> StudyOutput:
     entries = [
         (
             {"system": s, "noise_std": sigma, "method": m},
-            ctx.cell(s, m, seed, data={"noise_std": sigma}),
+            ctx.cell(s, m, seed, **SPEC.factor.setting(sigma)),
         )
         for s in systems
         for sigma in sigmas

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec, rmse_table
+from flows.studies._core import Factor, Study, StudyContext, StudyOutput, StudySpec, rmse_table
 from flows.studies._plots import plot_bars
 
 SYSTEMS = ("lotka_volterra_dde", "stiff_van_der_pol", "piecewise_forcing_ode", "integro_de")
@@ -21,6 +21,7 @@ SPEC = StudySpec(
         ("integro_de", "off"): 0.0048,
         ("integro_de", "on"): 0.0013,
     },
+    factor=Factor("model", "stereographic", (False, True), ("neural_laplace",)),
 )
 KEYS = ("system", "stereographic")
 
@@ -31,10 +32,10 @@ def _body(ctx: StudyContext) -> StudyOutput:
     entries = [
         (
             {"system": s, "stereographic": "on" if on else "off"},
-            ctx.cell(s, "neural_laplace", seed, model={"stereographic": on}),
+            ctx.cell(s, "neural_laplace", seed, **SPEC.factor.setting(on)),
         )
         for s in systems
-        for on in (False, True)
+        for on in SPEC.factor.values
         for seed in ctx.seeds
     ]
     table = rmse_table(ctx, entries, KEYS)
