@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from nlmodels._registry import name_registrar
+from nlmodels._registrar import name_registrar
 
 __all__ = ["ILT_ALGORITHMS", "ILTAlgorithm", "get_ilt", "register_ilt"]
 
