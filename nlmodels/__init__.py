@@ -11,8 +11,8 @@ from nlmodels import baselines as _baselines  # noqa: F401  (registers the basel
 from nlmodels.accel.native import native_enabled as native_cpu_kernels
 from nlmodels.base import ForecastModel
 from nlmodels.ilt import ILT_ALGORITHMS, ILTAlgorithm, get_ilt
-from nlmodels.neural_laplace import NeuralLaplace
 from nlmodels.model_registry import MODELS, build_model, register_model
+from nlmodels.neural_laplace import NeuralLaplace
 from nlmodels.stereographic import from_sphere, to_sphere
 
 __all__ = [

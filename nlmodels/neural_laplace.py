@@ -58,7 +58,6 @@ class ReverseGRUEncoder(nn.Module):
         return self.linear_out(last)
 
 
-
 class LaplaceRepresentation(nn.Module):
     """g(p, s): the Laplace representation network, evaluated on all Q query points jointly.
 
@@ -119,23 +118,29 @@ class LaplaceRepresentation(nn.Module):
         a, b = self.raw(features, p)
         if not self.stereographic:
             return torch.complex(a, b)
-        theta = torch.tanh(a) * math.pi
-        phi = (torch.tanh(b) + 1.0) * (0.5 * self.phi_span) + self.phi_min
-        return from_sphere(theta, phi)
+        return from_sphere(*self._angles(a, b))
+
+    def _angles(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(θ, φ) from the network's two output rows: θ = π tanh(a), φ ∈ [φ_min, φ_max]."""
+        return torch.tanh(a) * math.pi, (torch.tanh(b) + 1.0) * (0.5 * self.phi_span) + self.phi_min
 
     def reconstruct_linear(
         self, features: torch.Tensor, p: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
         """x = Σ_q Re(w_q F_q) for a linear ILT with weights ``[(B,) T, Q]`` → ``[B, T, D]``."""
-        if not self.stereographic:
-            a, b = self.raw(features, p)
-            w = weights.unsqueeze(-2)
-            return (a * w.real - b * w.imag).sum(-1)
-        per_time, per_traj = self._first_layer(features, p)
-        return accel.fused_sphere_decode(
-            per_time, per_traj, self.hidden, self.out, weights, self.state_dim,
-            self.phi_min, self.phi_span,
-        )  # fmt: skip
+        if self.stereographic and accel.select(p) != "plain":  # the same, fused (nlmodels.accel)
+            per_time, per_traj = self._first_layer(features, p)
+            return accel.fused_sphere_decode(
+                per_time, per_traj, self.hidden, self.out, weights, self.state_dim,
+                self.phi_min, self.phi_span,
+            )  # fmt: skip
+        a, b = self.raw(features, p)  # Re F, Im F, or the sphere's rows
+        if self.stereographic:  # F = v(θ, φ) = tan(φ/2 + π/4) e^{iθ}, in real arithmetic
+            theta, phi = self._angles(a, b)
+            radius = torch.tan(phi / 2 + math.pi / 4)
+            a, b = radius * torch.cos(theta), radius * torch.sin(theta)
+        w = weights.unsqueeze(-2)  # [(B,) T, 1, Q]
+        return (a * w.real - b * w.imag).sum(-1)
 
 
 @register_model("neural_laplace")
@@ -217,7 +222,7 @@ class NeuralLaplace(ForecastModel):
         if t.dim() == 2 and t.shape[0] == 1:
             t = t[0]
         features, weights = self._grid_terms(t, p.dtype)
-        self.count_nfe()
+        self._count_evaluation()
         if weights is not None:
             return self.laplace.reconstruct_linear(features, p, weights)
         fs = self.laplace.evaluate(features, p)  # [B, T, D, Q]
@@ -230,12 +235,20 @@ class NeuralLaplace(ForecastModel):
     ) -> torch.Tensor:
         return self.decode(self.encode(obs_t, obs_x), query_t)
 
+    @torch.compiler.disable
+    def _count_evaluation(self) -> None:
+        """One evaluation of g, counted eagerly: under ``torch.compile`` a traced counter would
+        be a constant of the graph, recompiled at every call."""
+        self.count_nfe()
+
+    @torch.compiler.disable
     def _grid_terms(
         self, t: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """What depends on the query times alone: g's input features of the query points and,
         for a linear ILT, its weights. Training decodes the same grid batch after batch, so the
-        last grid's terms are kept (compared by value: a grid edited in place is recomputed)."""
+        last grid's terms are kept (compared by value: a grid edited in place is recomputed).
+        Eager under ``torch.compile`` too: a cache lookup, not part of the traced maths."""
         cached = None if t.requires_grad else self._grid_cache
         if (
             cached is not None

@@ -1,5 +1,6 @@
-"""The fused C kernels (nlmodels.accel.native): their maths against torch/mpmath, the GRU and decoder
-against their pure-torch twins, and the build/fallback rules."""
+"""The fused C kernels (nlmodels.accel.native): their maths against torch/mpmath, the GRU and
+decoder against their pure-torch twins, the checks of every call, and the build, trust and fallback
+rules."""
 
 import platform
 import shutil
@@ -53,6 +54,14 @@ def fresh_native(monkeypatch, tmp_path):
     _native._forget()
     yield tmp_path / "native-cache"
     _native._forget()
+
+
+@pytest.fixture
+def quick_build(fresh_native, monkeypatch):
+    """``fresh_native`` with the kernels built at -O0 (seconds faster on a loaded machine): for
+    the tests of the build, cache and trust rules, which do not depend on the optimisation."""
+    monkeypatch.setattr(_store, "_FLAGS", ("-O0", *_store._FLAGS[1:]))
+    return fresh_native
 
 
 def _math(op: int, x: torch.Tensor) -> torch.Tensor:
@@ -202,16 +211,16 @@ def test_native_decoder_gradcheck(monkeypatch):
 
 
 @needs_native
-def test_build_is_cached_and_reused_without_a_compiler(fresh_native, monkeypatch):
+def test_build_is_cached_and_reused_without_a_compiler(quick_build, monkeypatch):
     assert _native.kernels() is not None
-    builds = list(fresh_native.glob("nlkernels-*.so"))
+    builds = list(quick_build.glob("nlkernels-*.so"))
     assert len(builds) == 1
-    files = sorted(fresh_native.iterdir())  # the library, its build record and its lock file
+    files = sorted(quick_build.iterdir())  # the library, its build record and its lock file
     assert [p.suffix for p in files] == [".json", ".lock", ".so"]
     _native._forget()
     monkeypatch.setenv("CC", "no-such-compiler-here")  # a cached build needs no compiler
     assert _native.kernels() is not None
-    assert sorted(fresh_native.iterdir()) == files  # nothing new, no temporary left
+    assert sorted(quick_build.iterdir()) == files  # nothing new, no temporary left
 
 
 def test_failed_build_warns_once_and_falls_back_to_torch(fresh_native, monkeypatch):
@@ -378,30 +387,31 @@ def _plant(path, tmp_path, monkeypatch):
 
 
 @needs_native
-def test_a_library_planted_in_a_world_writable_cache_is_never_loaded(fresh_native, monkeypatch):
+def test_a_library_planted_in_a_world_writable_cache_is_never_loaded(quick_build, monkeypatch):
     import hashlib
     import json
 
-    fresh_native.mkdir(mode=0o700)
-    fresh_native.chmod(0o777)  # anyone can write here
-    planted = _store.target(fresh_native)
-    marker = _plant(planted, fresh_native.parent, monkeypatch)
+    quick_build.mkdir(mode=0o700)
+    quick_build.chmod(0o777)  # anyone can write here
+    planted = _store.target(quick_build)
+    marker = _plant(planted, quick_build.parent, monkeypatch)
     # even with a build record that matches it: the directory alone disqualifies the cache
     digest = hashlib.sha256(planted.read_bytes()).hexdigest()
     planted.with_suffix(".json").write_text(json.dumps({"sha256": digest, "self_test": "passed"}))
     before = planted.read_bytes()
-    with pytest.warns(RuntimeWarning, match=r"native-cache is writable by other users \(mode 777\)"):
+    refused = r"native-cache is writable by other users \(mode 777\)"
+    with pytest.warns(RuntimeWarning, match=refused):
         assert _native.kernels() is not None  # built in the safe default directory instead
     assert not marker.exists()
     assert planted.read_bytes() == before  # the refused directory is left as it was
-    assert list((fresh_native.parent / "xdg-cache" / "nllab" / "native").glob("nlkernels-*.so"))
+    assert list((quick_build.parent / "xdg-cache" / "nllab" / "native").glob("nlkernels-*.so"))
 
 
 @needs_native
-def test_a_library_without_a_build_record_is_rebuilt_not_loaded(fresh_native, monkeypatch):
-    fresh_native.mkdir(mode=0o700)
-    planted = _store.target(fresh_native)
-    marker = _plant(planted, fresh_native.parent, monkeypatch)
+def test_a_library_without_a_build_record_is_rebuilt_not_loaded(quick_build, monkeypatch):
+    quick_build.mkdir(mode=0o700)
+    planted = _store.target(quick_build)
+    marker = _plant(planted, quick_build.parent, monkeypatch)
     with pytest.warns(RuntimeWarning, match="has no build record"):
         assert _native.kernels() is not None
     assert not marker.exists()
@@ -409,9 +419,9 @@ def test_a_library_without_a_build_record_is_rebuilt_not_loaded(fresh_native, mo
 
 
 @needs_native
-def test_a_corrupted_library_is_detected_by_its_hash_and_rebuilt(fresh_native):
-    fresh_native.mkdir(mode=0o700)
-    library = _store.target(fresh_native)
+def test_a_corrupted_library_is_detected_by_its_hash_and_rebuilt(quick_build):
+    quick_build.mkdir(mode=0o700)
+    library = _store.target(quick_build)
     _store.build(library)
     good = library.read_bytes()
     corrupted = bytearray(good)
@@ -428,7 +438,7 @@ def test_a_corrupted_library_is_detected_by_its_hash_and_rebuilt(fresh_native):
 
 @needs_native
 def test_a_self_test_that_kills_its_child_falls_back_with_a_warning(
-    fresh_native, monkeypatch, tmp_path
+    quick_build, monkeypatch, tmp_path
 ):
     crash = tmp_path / "crash.py"
     crash.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGILL)\n")
@@ -440,7 +450,7 @@ def test_a_self_test_that_kills_its_child_falls_back_with_a_warning(
     with pytest.warns(RuntimeWarning, match="killed by SIGILL"):
         assert _native.kernels() is None  # this process survived and keeps the torch path
     assert len(builds) == 1  # a new build failing is not rebuilt
-    library = _store.target(fresh_native)
+    library = _store.target(quick_build)
     assert _store._read_record(library)["self_test"] == "pending"  # never marked as passed
     # an older build whose self-test fails is rebuilt once, then given up on
     _native._forget()

@@ -7,8 +7,8 @@ restructured for speed, and held to it by the tests.
 * :func:`fused_sphere_decode`: g's last two layers, the Riemann-sphere output map and a linear
   ILT fused into one autograd function (:mod:`nlmodels.accel.decoder`), its elementwise steps
   in the native kernels or their torch twin.
-* :func:`select`: the one choice between the native kernels and the torch twins (float64 on the
-  CPU with kernels that load: native).
+* :func:`select`: the one choice: the native kernels, their torch twins, or (under
+  ``torch.compile``) the model's plain formulas.
 * :mod:`nlmodels.accel.native`: the C kernels, their build, verified cache and checked calls.
 """
 

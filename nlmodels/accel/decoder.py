@@ -41,8 +41,8 @@ class _FusedSphereDecoder(torch.autograd.Function):
     temporaries stay cache-resident; the forward keeps the per-element derivatives of x with
     respect to o (each x depends on its own Q outputs only) and the backward is a hand-written
     back-propagation through the two dense layers. The dense products are torch GEMMs; everything
-    elementwise runs in the fused C kernels of :mod:`nlmodels.accel.native` where they apply (float64
-    on the CPU), else as the torch twin below.
+    elementwise runs in the fused C kernels of :mod:`nlmodels.accel.native` where they apply
+    (float64 on the CPU), else as the torch twin below.
 
     Shapes: per_time [1 or B, T, H], per_traj [B, H], w_abs/w_arg [1 or B, T, 1, Q].
     """

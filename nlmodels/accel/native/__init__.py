@@ -3,8 +3,9 @@
 Why: on the CPU, Neural Laplace's training step is dominated not by FLOPs but by per-operator
 overhead: the encoder GRU is ~200 sequential steps of tiny matrix products and gate maths, and
 the decoder's output map is a chain of ~15 elementwise passes. These kernels run each of those
-as a single vectorised loop (inline polynomial exp, sin and cos); ``benchmarks/compile_vs_native.py``
-measures them against the pure-torch path, eager and under ``torch.compile``.
+as a single vectorised loop (inline polynomial exp, sin and cos).
+``benchmarks/compile_vs_native.py`` measures them against the pure-torch path, eager and under
+``torch.compile``.
 
 The kernels are plain C99, no Python or torch headers, so the build takes about a second with
 the system C compiler (``$CC``, else ``cc``), at ``-O3 -march=native``. How the build is cached,
@@ -138,40 +139,47 @@ def _sphere_backward_shapes(a: SimpleNamespace) -> dict[str, Shape]:
 _GRU_SIZES = "n_time:i64 batch:i64 n_inputs:i64 units:i64 n_layers:i64"
 _KERNELS = {
     "nl_gru_forward": _Kernel(
-        _p(f"{_GRU_SIZES} x:tensor w_ih:tensor w_hh:tensor b_ih:tensor b_hh:tensor "
-           "states:tensor gates:tensor"),
+        _p(
+            f"{_GRU_SIZES} x:tensor w_ih:tensor w_hh:tensor b_ih:tensor b_hh:tensor "
+            "states:tensor gates:tensor"
+        ),
         _gru_shapes,
         returns_status=True,
-    ),  # fmt: skip
+    ),
     "nl_gru_backward": _Kernel(
-        _p(f"{_GRU_SIZES} x:tensor w_ih:tensor w_hh:tensor states:tensor gates:tensor "
-           "grad_top:tensor g_w_ih:tensor g_w_hh:tensor g_b_ih:tensor g_b_hh:tensor d_x:tensor?"),
+        _p(
+            f"{_GRU_SIZES} x:tensor w_ih:tensor w_hh:tensor states:tensor gates:tensor "
+            "grad_top:tensor g_w_ih:tensor g_w_hh:tensor g_b_ih:tensor g_b_hh:tensor d_x:tensor?"
+        ),
         _gru_shapes,
         returns_status=True,
-    ),  # fmt: skip
+    ),
     "nl_first_hidden": _Kernel(
         _p("n:i64 n_time:i64 units:i64 per_row:int per_time:tensor per_traj:tensor h1:tensor"),
         _first_hidden_shapes,
     ),
     "nl_first_hidden_backward": _Kernel(
-        _p("n:i64 n_time:i64 units:i64 per_row:int g:tensor h1:tensor g_time:tensor "
-           "g_traj:tensor"),
+        _p("n:i64 n_time:i64 units:i64 per_row:int g:tensor h1:tensor g_time:tensor g_traj:tensor"),
         _first_hidden_shapes,
-    ),  # fmt: skip
+    ),
     "nl_bias_tanh": _Kernel(_p("rows:i64 units:i64 h:tensor bias:tensor"), _rows_units),
     "nl_tanh_backward": _Kernel(
         _p("rows:i64 units:i64 g:tensor h:tensor g_bias:tensor"), _rows_units
     ),
     "nl_sphere_out_forward": _Kernel(
-        _p("n:i64 n_time:i64 dims:i64 n_query:i64 per_row:int out_t:tensor bias:tensor "
-           "w_abs:tensor w_arg:tensor phi_scale:double phi_centre:double x:tensor acc:tensor"),
+        _p(
+            "n:i64 n_time:i64 dims:i64 n_query:i64 per_row:int out_t:tensor bias:tensor "
+            "w_abs:tensor w_arg:tensor phi_scale:double phi_centre:double x:tensor acc:tensor"
+        ),
         _sphere_forward_shapes,
-    ),  # fmt: skip
+    ),
     "nl_sphere_out_backward": _Kernel(
-        _p("rows:i64 dims:i64 n_query:i64 d_out_t:tensor grad_x:tensor g_t:tensor "
-           "g_bias:tensor gx_t:tensor"),
+        _p(
+            "rows:i64 dims:i64 n_query:i64 d_out_t:tensor grad_x:tensor g_t:tensor "
+            "g_bias:tensor gx_t:tensor"
+        ),
         _sphere_backward_shapes,
-    ),  # fmt: skip
+    ),
     "nl_vector_math": _Kernel(
         _p("op:int n:i64 x:tensor y:tensor"), lambda a: {"x": (a.n,), "y": (a.n,)}
     ),
