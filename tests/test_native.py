@@ -458,3 +458,19 @@ def test_a_self_test_that_kills_its_child_falls_back_with_a_warning(
     with pytest.raises(_native.NativeUnavailable, match="killed by SIGILL"):
         _native.kernels()
     assert len(builds) == 2
+
+
+@needs_native
+def test_a_cache_owned_by_another_user_is_refused(quick_build, monkeypatch):
+    import os
+    import tempfile
+
+    quick_build.mkdir(mode=0o700)
+    real_uid = os.getuid()
+    monkeypatch.setattr(os, "getuid", lambda: real_uid + 4321)  # as if someone else made them
+    monkeypatch.setattr(_store, "_private_dir", None)
+    monkeypatch.setattr(tempfile, "tempdir", str(quick_build.parent))  # the private dir's parent
+    with pytest.warns(RuntimeWarning, match=rf"owned by user id {real_uid}, not by you"):
+        assert _native.kernels() is not None
+    assert not list(quick_build.iterdir())  # nothing built or loaded there
+    assert _store._private_dir is not None and list(_store._private_dir.glob("nlkernels-*.so"))

@@ -7,7 +7,7 @@ as a single vectorised loop (inline polynomial exp, sin and cos).
 ``benchmarks/compile_vs_native.py`` measures them against the pure-torch path, eager and under
 ``torch.compile``.
 
-The kernels are plain C99, no Python or torch headers, so the build takes about a second with
+The kernels are plain C99, no Python or torch headers, so one quick build serves, with
 the system C compiler (``$CC``, else ``cc``), at ``-O3 -march=native``. How the build is cached,
 verified (hash, owner and permissions) and first self-tested in a child process is in
 :mod:`nlmodels.accel.native._store`.

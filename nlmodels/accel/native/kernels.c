@@ -1,7 +1,7 @@
 /* Fused float64 CPU kernels for Neural Laplace training (see nlmodels/accel/native/__init__.py).
  *
- * Plain C99 over raw pointers, no Python or torch headers: compiled once per machine in about a
- * second, loaded with ctypes. Every kernel has a pure-torch twin (nlmodels/accel/gru.py and
+ * Plain C99 over raw pointers, no Python or torch headers: compiled once per machine, loaded
+ * with ctypes. Every kernel has a pure-torch twin (nlmodels/accel/gru.py and
  * nlmodels/accel/decoder.py) that the tests hold it to. The Python side checks every pointer
  * argument's shape against the sizes passed before calling (nlmodels/accel/native/__init__.py).
  *
