@@ -3,7 +3,7 @@
 Paper configuration (GRU 2 × 21, K = 2, g hidden 64, 33 terms, Fourier ILT), float64, one thread,
 800 trajectories of 2 dims, 100 observed + 100 predicted points, batch 128, Adam (lr 1e-3) with
 gradient-norm clipping at 1. The models train in the SAME process, epochs interleaved, on the same
-data: ours (with the native CPU kernels of ``nlmodels._native`` when they build), ours on its
+data: ours (with the native CPU kernels of ``nlmodels.accel.native`` when they build), ours on its
 pure-torch path (``NLLAB_NATIVE=0``, from the same weights) and the reference. The script prints
 the median and minimum epoch time of each and the ratios, and checks that our model and the
 reference compute the same function (our weights copied from the reference's, outputs compared).
@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nlmodels import NeuralLaplace
-from nlmodels._native import native_enabled
+from nlmodels.accel.native import native_enabled
 from nlmodels.diagnostics import trajectories
 
 

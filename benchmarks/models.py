@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import nlmodels.baselines
 from nlmodels.diagnostics import epoch_seconds, horizon_nfe, trajectories
-from nlmodels.registry import MODELS, build_model
+from nlmodels.model_registry import MODELS, build_model
 
 try:  # the unit of every ratio; the benchmark still runs while it is being written
     import nlmodels.neural_laplace  # noqa: F401

@@ -1,4 +1,4 @@
-"""Benchmark data sets of Neural Laplace Lab (issue 3; spec ``datasets.md``, paper Section 5).
+"""Benchmark data sets of Neural Laplace Lab (paper Section 5 and Appendix C).
 
 Simulation (delay systems by a batched RK4 method of steps, stiff Van der Pol by LSODA, closed
 forms elsewhere), seeded splits with train-only normalisation, Gaussian observation noise, an

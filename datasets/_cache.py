@@ -1,4 +1,4 @@
-"""On-disk cache of simulated data sets (issue 3, "an on-disk cache ...").
+"""On-disk cache of simulated data sets.
 
 One ``.npz`` file per fingerprint (system, N, grid, seed, noise, ``DATA_VERSION``).  Files are
 written to a temporary file in the same folder and moved into place with ``os.replace``, so a

@@ -1,4 +1,4 @@
-"""Closed-form solutions (spec ``datasets.md``, "Notes"; paper Section 5 and Appendix C).
+"""Closed-form solutions of the benchmark systems that have one (paper Section 5 and Appendix C).
 
 Every function is vectorised: ``x0`` / ``phase`` of shape ``[N]`` and times ``[T]`` give ``[N, T]``.
 """
@@ -12,7 +12,8 @@ def piecewise_forcing(x0: np.ndarray, t: np.ndarray) -> np.ndarray:
     """``x'' + 4x = u(t)`` with ``u`` = 0 on (0, 5], (t-5)/5 on (5, 10], 1 after; ``x'(0) = 0``.
 
     The ramp response from rest is ``(s - sin(2 s) / 2) / 20`` with ``s = t - 5``; the saturation at
-    t = 10 subtracts the same ramp started at 10 (spec's corrected form of the paper's formula).
+    t = 10 subtracts the same ramp started at 10 (the paper's closed form omits that term; this is
+    the solution of the equation above, checked against a numerical solve in the tests).
     """
     t = np.asarray(t, dtype=np.float64)
 
@@ -26,7 +27,7 @@ def piecewise_forcing(x0: np.ndarray, t: np.ndarray) -> np.ndarray:
 def integro(x0: np.ndarray, t: np.ndarray) -> np.ndarray:
     """``x' + 2x + 5 ∫_0^t x = H(t)``: ``X(s) = (x0 s + 1) / (s² + 2s + 5)``, poles ``-1 ± 2i``.
 
-    Real form of the spec's complex expression: ``e^{-t} (x0 cos 2t + (1 - x0)/2 sin 2t)``.
+    Real form of the inverse transform of X(s): ``e^{-t} (x0 cos 2t + (1 - x0)/2 sin 2t)``.
     """
     x0 = np.asarray(x0, dtype=np.float64)[:, None]
     t = np.asarray(t, dtype=np.float64)[None, :]

@@ -1,6 +1,6 @@
 """Batched method of steps for delay differential equations with constant history.
 
-One integrator serves every delay system of the benchmark (spec ``datasets.md``, "DDE solving"):
+One integrator serves every delay system of the benchmark:
 a fixed-step classical RK4 whose step ``h = tau / m`` divides the delay, so the delayed argument of
 the stages at ``t_n`` and ``t_n + h`` falls exactly on earlier nodes and the one at ``t_n + h/2`` on
 an interval midpoint, obtained by cubic Hermite interpolation from the stored node values and

@@ -1,4 +1,4 @@
-"""Trajectory plots for reports (issue 3, ``plot_trajectories``)."""
+"""Trajectory plots for reports (``plot_trajectories``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Train/validation/test split, observed/predicted windows and normalisation (issue 3).
+"""Train/validation/test split, observed/predicted windows and normalisation.
 
-Spec ``datasets.md``: observed half = first T//2 points, predicted half = last T - T//2 points; the
+Windows: observed half = first T//2 points, predicted half = last T - T//2 points; the
 observation-size study varies only the number of observed points (those right before the
 prediction window), the sample-size study sub-samples the training split, and per-dimension
 z-scores are fitted on the training split only.

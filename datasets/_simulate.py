@@ -1,4 +1,4 @@
-"""``simulate``: one seeded, fingerprinted data set of a benchmark system (issue 3)."""
+"""``simulate``: one seeded, fingerprinted data set of a benchmark system."""
 
 from __future__ import annotations
 
@@ -159,7 +159,7 @@ def simulate(
 ) -> Dataset:
     """Simulate ``n_trajectories`` trajectories of a benchmark system on ``n_points`` times.
 
-    Systems, grids and initial conditions: spec ``datasets.md`` and ``SYSTEMS[name]``.  Delay
+    Systems, grids and initial conditions: ``SYSTEMS[name]`` (``datasets/_systems.py``).  Delay
     systems use the batched RK4 method of steps (``_dde``), stiff Van der Pol LSODA over
     ``workers`` processes (default: all available cores; the result does not depend on it), the
     rest closed forms.  Deterministic for a seed.

@@ -2,7 +2,7 @@
 
 A shared step size does not suit a batch (each trajectory has its own relaxation jumps), so every
 trajectory is solved on its own by ``scipy.integrate.odeint`` (Fortran LSODA, stiff BDF branch,
-rtol 1e-8: median error ~1e-7, max ~1e-5 against Radau at rtol 1e-11 — spec ``datasets.md``) and
+rtol 1e-8: median error ~1e-7, max ~1e-5 against Radau at rtol 1e-11) and
 the trajectories are spread over worker processes.  Each solve is independent, so the result is
 bit-identical for any worker count.
 """

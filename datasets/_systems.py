@@ -1,9 +1,10 @@
 """The benchmark systems: metadata, time grids, initial conditions and generators.
 
-Equations, grids and initial conditions follow spec ``datasets.md`` (the reference code where it
-and the paper differ); properties follow paper Table 3 (``datasetprop``).  For ``n_points`` other
-than the default 200 each grid keeps its reference first and last time and spaces ``n_points``
-evenly in between (for 200 this is the reference grid up to rounding).
+Equations, grids and initial conditions follow the paper (Section 5, Appendix C) and, where the
+two differ, its reference code (github.com/samholt/NeuralLaplace); properties follow paper Table 3
+(``datasetprop``).  For ``n_points`` other than the default 200 each grid keeps its reference first
+and last time and spaces ``n_points`` evenly in between (for 200 this is the reference grid up to
+rounding).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ class SystemInfo:
     Attributes:
         name: registry key.
         state_dim: D, the number of observed state dimensions.
-        default_points: T used when ``n_points`` is None (200, spec).
-        default_trajectories: N used when ``n_trajectories`` is None (1000, spec).
+        default_points: T used when ``n_points`` is None (200, as the paper).
+        default_trajectories: N used when ``n_trajectories`` is None (1000, as the paper).
         properties: subset of ``PROPERTIES`` as in paper Table 3.
         description: the equation.
         ic_labels: meaning of each column of ``Dataset.ic``.

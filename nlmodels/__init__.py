@@ -8,11 +8,11 @@ Pure torch: this package never imports prefect, mlflow or optuna.
 """
 
 from nlmodels import baselines as _baselines  # noqa: F401  (registers the baseline models)
-from nlmodels._native import native_enabled as native_cpu_kernels
+from nlmodels.accel.native import native_enabled as native_cpu_kernels
 from nlmodels.base import ForecastModel
 from nlmodels.ilt import ILT_ALGORITHMS, ILTAlgorithm, get_ilt
+from nlmodels.model_registry import MODELS, build_model, register_model
 from nlmodels.neural_laplace import NeuralLaplace
-from nlmodels.registry import MODELS, build_model, register_model
 from nlmodels.stereographic import from_sphere, to_sphere
 
 __all__ = [

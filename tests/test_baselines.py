@@ -12,7 +12,7 @@ from torch import nn
 
 import nlmodels.baselines  # noqa: F401  (registers the baselines)
 from nlmodels.baselines import NODE, CouplingFlow, LatentODE, ResNetFlow
-from nlmodels.registry import build_model
+from nlmodels.model_registry import build_model
 
 torch.set_num_threads(1)
 F64 = torch.float64

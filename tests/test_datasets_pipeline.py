@@ -1,4 +1,4 @@
-"""Determinism, noise, splits, normalisation, cache, errors and plots of ``datasets`` (issue 3)."""
+"""Determinism, noise, splits, normalisation, cache, errors and plots of ``datasets``."""
 
 from __future__ import annotations
 

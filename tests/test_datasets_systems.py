@@ -1,4 +1,4 @@
-"""Simulators against independent oracles: analytic solutions and tight scipy solves (issue 3)."""
+"""Simulators against independent oracles: analytic solutions and tight scipy solves."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from datasets._dde import solve_constant_history_dde
 TIGHT = {"method": "DOP853", "rtol": 1e-12, "atol": 1e-12}
 
 
-# Right-hand sides written out again from spec datasets.md (not imported), so that a wrong sign or
-# constant in the package cannot hide in its own oracle.  Batched [1, D] in, [1, D] out.
+# Right-hand sides written out again from the paper's equations (not imported), so that a wrong
+# sign or constant in the package cannot hide in its own oracle.  Batched [1, D] in, [1, D] out.
 def spiral_rhs(t, x, xd):
     a = np.tanh(x[0] + xd[0])
     return np.array([[-a[0] + a[1], -a[0] - a[1]]])
@@ -140,7 +140,7 @@ def test_delay_systems_match_independent_reference(name, rhs, tau, n):
     for i in range(n):
         ref = _reference_dde(rhs, ds.ic[i], ds.t_physical[0], tau, ds.t_physical)
         err = np.max(np.abs(ds.x[i] - ref))
-        assert err <= 1e-5, (name, i, err)  # spec bound 1e-4; the scheme gives ~1e-8
+        assert err <= 1e-5, (name, i, err)  # a tenth of the 1e-4 accuracy the benchmark needs
 
 
 def test_spiral_reference_grid_of_histories():
@@ -215,7 +215,7 @@ def test_stiff_van_der_pol_matches_radau():
             t_eval=ds.t_physical,
         )
         err = np.abs(ds.x[i] - sol.y.T)
-        # jump times are sensitive: median, as the spec says, plus a loose max
+        # jump times are sensitive: the median, plus a loose max
         assert np.median(err) < 1e-5 and err.max() < 1e-2, (np.median(err), err.max())
 
 

@@ -4,7 +4,7 @@ gradients."""
 import pytest
 import torch
 
-from nlmodels._gru import gru_final_output
+from nlmodels.accel.gru import gru_final_output
 
 
 @pytest.fixture(params=["auto", "0"], ids=["native-if-built", "torch"])

@@ -1,5 +1,6 @@
-"""The fused C kernels (nlmodels._native): their maths against torch/mpmath, the GRU and decoder
-against their pure-torch twins, and the build/fallback rules."""
+"""The fused C kernels (nlmodels.accel.native): their maths against torch/mpmath, the GRU and
+decoder against their pure-torch twins, the checks of every call, and the build, trust and fallback
+rules."""
 
 import platform
 import shutil
@@ -9,9 +10,11 @@ import mpmath
 import pytest
 import torch
 
-import nlmodels.neural_laplace as nl_module
-from nlmodels import NeuralLaplace, _native
-from nlmodels._gru import _WavefrontGRU, gru_final_output
+import nlmodels.accel.decoder as decoder_module
+from nlmodels import NeuralLaplace
+from nlmodels.accel import native as _native
+from nlmodels.accel.gru import _NativeGRU, _WavefrontGRU, gru_final_output
+from nlmodels.accel.native import _store
 
 HAS_TOOLCHAIN = (
     platform.system() == "Linux"
@@ -22,7 +25,7 @@ needs_native = pytest.mark.skipif(not HAS_TOOLCHAIN, reason="native kernels need
 
 
 def _cpu_has(*flags: str) -> bool:
-    return set(flags) <= set(_native._cpu_features().split())
+    return set(flags) <= set(_store.cpu_features().split())
 
 
 @pytest.fixture(
@@ -45,11 +48,20 @@ def build(request, monkeypatch):
 
 @pytest.fixture
 def fresh_native(monkeypatch, tmp_path):
-    """An empty kernel cache and no loaded library; restored afterwards."""
+    """An empty kernel cache (and default cache) and no loaded library; restored afterwards."""
     monkeypatch.setenv("NLLAB_NATIVE_CACHE", str(tmp_path / "native-cache"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
     _native._forget()
     yield tmp_path / "native-cache"
     _native._forget()
+
+
+@pytest.fixture
+def quick_build(fresh_native, monkeypatch):
+    """``fresh_native`` with the kernels built at -O0 (seconds faster on a loaded machine): for
+    the tests of the build, cache and trust rules, which do not depend on the optimisation."""
+    monkeypatch.setattr(_store, "_FLAGS", ("-O0", *_store._FLAGS[1:]))
+    return fresh_native
 
 
 def _math(op: int, x: torch.Tensor) -> torch.Tensor:
@@ -135,8 +147,6 @@ def test_native_gru_gradcheck():
     gru = torch.nn.GRU(2, 3, 2, batch_first=True).double()
     x = torch.randn(3, 5, 2, dtype=torch.float64, requires_grad=True)
     params = list(gru.parameters())
-    from nlmodels._gru import _NativeGRU
-
     assert torch.autograd.gradcheck(lambda x, *w: _NativeGRU.apply(x, 2, *w), (x, *params))
 
 
@@ -168,7 +178,7 @@ def test_native_decoder_equals_torch_decoder(
     monkeypatch, state_dim, per_sample, terms, max_frequency, build
 ):
     # small chunks: the batch spans several, including a partial last one
-    monkeypatch.setattr(nl_module, "_CHUNK_ELEMENTS", 3000)
+    monkeypatch.setattr(decoder_module, "_CHUNK_ELEMENTS", 3000)
     torch.manual_seed(state_dim)
     model = NeuralLaplace(state_dim, terms=terms, max_frequency=max_frequency).double()
     batch = 11
@@ -201,14 +211,16 @@ def test_native_decoder_gradcheck(monkeypatch):
 
 
 @needs_native
-def test_build_is_cached_and_reused_without_a_compiler(fresh_native, monkeypatch):
+def test_build_is_cached_and_reused_without_a_compiler(quick_build, monkeypatch):
     assert _native.kernels() is not None
-    builds = list(fresh_native.glob("nlkernels-*.so"))
+    builds = list(quick_build.glob("nlkernels-*.so"))
     assert len(builds) == 1
+    files = sorted(quick_build.iterdir())  # the library, its build record and its lock file
+    assert [p.suffix for p in files] == [".json", ".lock", ".so"]
     _native._forget()
     monkeypatch.setenv("CC", "no-such-compiler-here")  # a cached build needs no compiler
     assert _native.kernels() is not None
-    assert list(fresh_native.glob("*")) == builds  # nothing new, no temporary left
+    assert sorted(quick_build.iterdir()) == files  # nothing new, no temporary left
 
 
 def test_failed_build_warns_once_and_falls_back_to_torch(fresh_native, monkeypatch):
@@ -260,7 +272,7 @@ def test_concurrent_first_builds_are_safe(tmp_path):
 
     cache = tmp_path / "shared-cache"
     env = {**os.environ, "NLLAB_NATIVE_CACHE": str(cache), "NLLAB_NATIVE": "1"}
-    code = "from nlmodels import _native; assert _native.kernels() is not None"
+    code = "from nlmodels.accel import native; assert native.kernels() is not None"
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env) for _ in range(3)]
     assert [p.wait(timeout=300) for p in procs] == [0, 0, 0]
     assert len(list(cache.glob("nlkernels-*.so"))) == 1
@@ -274,3 +286,191 @@ def test_an_empty_batch_gives_an_empty_prediction(monkeypatch, mode):
     t = torch.linspace(0.1, 1.0, 5, dtype=torch.float64)
     y = model(t, torch.zeros(0, 5, 2, dtype=torch.float64), t + 1)
     assert y.shape == (0, 5, 2)
+
+
+# ---- every call is checked before C sees it ---------------------------------------------------
+
+
+def _f64(*shape: int) -> torch.Tensor:
+    return torch.zeros(shape, dtype=torch.float64)
+
+
+def _gru_forward_args(n_time=4, batch=3, n_inputs=2, units=5, n_layers=2):
+    w_ih = _f64(3 * units * (n_inputs + (n_layers - 1) * units))
+    return [
+        n_time, batch, n_inputs, units, n_layers, _f64(n_inputs, n_time, batch), w_ih,
+        _f64(n_layers, 3 * units, units), _f64(n_layers, 3 * units), _f64(n_layers, 3 * units),
+        _f64(n_layers, units, n_time + 1, batch), _f64(n_layers, 4 * units, n_time, batch),
+    ]  # fmt: skip
+
+
+def _decoder_forward_args(n=2, n_time=7, dims=2, n_query=3, per_row=0):
+    rows_w = n if per_row else 1
+    return [
+        n, n_time, dims, n_query, per_row, _f64(2 * dims * n_query, n * n_time),
+        _f64(2 * dims * n_query), _f64(rows_w, n_query, n_time), _f64(rows_w, n_query, n_time),
+        0.5, 0.1, _f64(n, n_time, dims), _f64(n_time),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [("nl_gru_forward", _gru_forward_args()), ("nl_sphere_out_forward", _decoder_forward_args()),
+     ("nl_sphere_out_forward", _decoder_forward_args(per_row=1))],
+)  # fmt: skip
+def test_a_tensor_of_the_wrong_size_raises_before_the_call(name, args):
+    _native._checked(name, tuple(args))  # the right sizes pass the check
+    for i, arg in enumerate(args):
+        if isinstance(arg, torch.Tensor):
+            grown = _f64(arg.shape[0] + 1, *arg.shape[1:])  # one row too many
+            shrunk = arg.reshape(-1)[:-1] if arg.numel() > 1 else _f64(0)  # one element short
+            for wrong in (grown, shrunk):
+                bad = [*args[:i], wrong, *args[i + 1 :]]
+                with pytest.raises(ValueError, match=rf"{name}: \w+ has shape"):
+                    _native.call(name, *bad)
+
+
+def test_swapped_arguments_raise():
+    args = _gru_forward_args(n_time=4, batch=3)
+    swapped_sizes = [args[1], args[0], *args[2:]]  # batch and n_time exchanged
+    with pytest.raises(ValueError, match="x has shape"):
+        _native.call("nl_gru_forward", *swapped_sizes)
+    swapped_tensors = [*args[:5], args[6], args[5], *args[7:]]  # x and w_ih exchanged
+    with pytest.raises(ValueError, match="x has shape"):
+        _native.call("nl_gru_forward", *swapped_tensors)
+    h, bias = _f64(4, 6), _f64(6)
+    with pytest.raises(ValueError, match="h has shape"):
+        _native.call("nl_bias_tanh", 4, 6, bias, h)
+    with pytest.raises(ValueError, match="h has shape"):
+        _native.call("nl_bias_tanh", 6, 4, h, bias)
+
+
+def test_bad_scalar_arguments_and_counts_raise():
+    args = _decoder_forward_args()
+    with pytest.raises(ValueError, match="takes 13 arguments"):
+        _native.call("nl_sphere_out_forward", *args[:-1])
+    with pytest.raises(ValueError, match=r"per_row must be one of \(0, 1\)"):
+        _native.call("nl_sphere_out_forward", *args[:4], 2, *args[5:])
+    with pytest.raises(ValueError, match="n must be an integer >= 0"):
+        _native.call("nl_sphere_out_forward", -2, *args[1:])
+    with pytest.raises(ValueError, match="op must be one of"):
+        _native.call("nl_vector_math", 9, 2, _f64(2), _f64(2))
+    with pytest.raises(ValueError, match="unknown native kernel 'nl_nope'; valid: nl_bias_tanh"):
+        _native.call("nl_nope")
+    with pytest.raises(ValueError, match="y must be a tensor"):
+        _native.call("nl_vector_math", 0, 2, _f64(2), [0.0, 0.0])
+
+
+# ---- the cache is trusted before anything in it is loaded ------------------------------------
+
+_PLANTED_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((constructor)) static void planted(void) {
+    FILE *f = fopen(getenv("NLLAB_TEST_MARKER"), "w");
+    if (f) { fputs("constructor ran", f); fclose(f); }
+}
+void nl_vector_math(int op, long n, const double *x, double *y) {}
+"""
+
+
+def _plant(path, tmp_path, monkeypatch):
+    """A library at ``path`` whose constructor writes a marker file when it is loaded."""
+    import subprocess
+
+    source = tmp_path / "planted.c"
+    source.write_text(_PLANTED_C)
+    subprocess.run(["cc", "-shared", "-fPIC", str(source), "-o", str(path)], check=True)
+    marker = tmp_path / "constructor-ran"
+    monkeypatch.setenv("NLLAB_TEST_MARKER", str(marker))
+    return marker
+
+
+@needs_native
+def test_a_library_planted_in_a_world_writable_cache_is_never_loaded(quick_build, monkeypatch):
+    import hashlib
+    import json
+
+    quick_build.mkdir(mode=0o700)
+    quick_build.chmod(0o777)  # anyone can write here
+    planted = _store.target(quick_build)
+    marker = _plant(planted, quick_build.parent, monkeypatch)
+    # even with a build record that matches it: the directory alone disqualifies the cache
+    digest = hashlib.sha256(planted.read_bytes()).hexdigest()
+    planted.with_suffix(".json").write_text(json.dumps({"sha256": digest, "self_test": "passed"}))
+    before = planted.read_bytes()
+    refused = r"native-cache is writable by other users \(mode 777\)"
+    with pytest.warns(RuntimeWarning, match=refused):
+        assert _native.kernels() is not None  # built in the safe default directory instead
+    assert not marker.exists()
+    assert planted.read_bytes() == before  # the refused directory is left as it was
+    assert list((quick_build.parent / "xdg-cache" / "nllab" / "native").glob("nlkernels-*.so"))
+
+
+@needs_native
+def test_a_library_without_a_build_record_is_rebuilt_not_loaded(quick_build, monkeypatch):
+    quick_build.mkdir(mode=0o700)
+    planted = _store.target(quick_build)
+    marker = _plant(planted, quick_build.parent, monkeypatch)
+    with pytest.warns(RuntimeWarning, match="has no build record"):
+        assert _native.kernels() is not None
+    assert not marker.exists()
+    assert _store.verification_problem(planted) is None  # the rebuilt library, recorded
+
+
+@needs_native
+def test_a_corrupted_library_is_detected_by_its_hash_and_rebuilt(quick_build):
+    quick_build.mkdir(mode=0o700)
+    library = _store.target(quick_build)
+    _store.build(library)
+    good = library.read_bytes()
+    corrupted = bytearray(good)
+    corrupted[len(good) // 2 : len(good) // 2 + 16] = b"\xff" * 16
+    library.write_bytes(bytes(corrupted))
+    assert "SHA-256" in _store.verification_problem(library)
+    with pytest.warns(RuntimeWarning, match="do not match the SHA-256 recorded at its build"):
+        assert _native.kernels() is not None
+    assert library.read_bytes() != bytes(corrupted)
+    assert _store.verification_problem(library) is None
+    torch.testing.assert_close(_math(2, torch.tensor([0.5], dtype=torch.float64)),
+                               torch.tanh(torch.tensor([0.5], dtype=torch.float64)))  # fmt: skip
+
+
+@needs_native
+def test_a_self_test_that_kills_its_child_falls_back_with_a_warning(
+    quick_build, monkeypatch, tmp_path
+):
+    crash = tmp_path / "crash.py"
+    crash.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGILL)\n")
+    monkeypatch.setattr(_store, "SELF_TEST_SCRIPT", crash)
+    builds = []
+    build = _store.build
+    monkeypatch.setattr(_store, "build", lambda path: (builds.append(path), build(path)))
+    monkeypatch.setenv("NLLAB_NATIVE", "auto")
+    with pytest.warns(RuntimeWarning, match="killed by SIGILL"):
+        assert _native.kernels() is None  # this process survived and keeps the torch path
+    assert len(builds) == 1  # a new build failing is not rebuilt
+    library = _store.target(quick_build)
+    assert _store._read_record(library)["self_test"] == "pending"  # never marked as passed
+    # an older build whose self-test fails is rebuilt once, then given up on
+    _native._forget()
+    monkeypatch.setenv("NLLAB_NATIVE", "1")
+    with pytest.raises(_native.NativeUnavailable, match="killed by SIGILL"):
+        _native.kernels()
+    assert len(builds) == 2
+
+
+@needs_native
+def test_a_cache_owned_by_another_user_is_refused(quick_build, monkeypatch):
+    import os
+    import tempfile
+
+    quick_build.mkdir(mode=0o700)
+    real_uid = os.getuid()
+    monkeypatch.setattr(os, "getuid", lambda: real_uid + 4321)  # as if someone else made them
+    monkeypatch.setattr(_store, "_private_dir", None)
+    monkeypatch.setattr(tempfile, "tempdir", str(quick_build.parent))  # the private dir's parent
+    with pytest.warns(RuntimeWarning, match=rf"owned by user id {real_uid}, not by you"):
+        assert _native.kernels() is not None
+    assert not list(quick_build.iterdir())  # nothing built or loaded there
+    assert _store._private_dir is not None and list(_store._private_dir.glob("nlkernels-*.so"))

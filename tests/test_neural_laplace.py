@@ -25,7 +25,7 @@ def _plain_decode(model: NeuralLaplace, p: torch.Tensor, t: torch.Tensor) -> tor
 
 
 def test_reference_parameter_count():
-    # spec method.md: 21,547 for D = 2 with H = 64 (encoder 4,391, g 17,156)
+    # the reference implementation's count: 21,547 for D = 2 with H = 64 (encoder 4,391, g 17,156)
     model = NeuralLaplace(2)
     assert sum(p.numel() for p in model.encoder.parameters()) == 4391
     assert sum(p.numel() for p in model.laplace.parameters()) == 17156
@@ -59,6 +59,42 @@ def test_fused_decoder_equals_plain_ilt_path(stereographic):
     torch.testing.assert_close(
         model.decode(p, t_b), _plain_decode(model, p, t_b), rtol=1e-11, atol=1e-11
     )
+
+
+def _values_and_grads(model, obs_t, obs_x, query_t):
+    model.zero_grad()
+    y = model(obs_t, obs_x, query_t)
+    (y * torch.sin(y)).sum().backward()
+    return [y.detach()] + [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("per_sample", [False, True])
+@pytest.mark.parametrize("native", ["auto", "0"])
+def test_plain_formulas_equal_the_fast_paths(monkeypatch, per_sample, native):
+    # Under torch.compile the model runs its plain formulas (nn.GRU, g, the ILT sum): the same
+    # values and gradients as the fast paths (native kernels or their torch twins).
+    monkeypatch.setenv("NLLAB_NATIVE", native)
+    torch.manual_seed(5)
+    model = NeuralLaplace(2, terms=17).double()
+    obs_t, obs_x, query_t = _data(batch=6)
+    if per_sample:
+        query_t = query_t * torch.linspace(0.7, 1.3, 6, dtype=torch.float64)[:, None]
+    fast = _values_and_grads(model, obs_t, obs_x, query_t)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    plain = _values_and_grads(model, obs_t, obs_x, query_t)
+    for a, b in zip(fast, plain):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_torch_compile_trains_the_same_model():
+    torch.manual_seed(6)
+    model = NeuralLaplace(2, terms=9, laplace_units=8, encoder_units=4).double()
+    obs_t, obs_x, query_t = _data(batch=4)
+    eager = _values_and_grads(model, obs_t, obs_x, query_t)
+    compiled = _values_and_grads(torch.compile(model), obs_t, obs_x, query_t)
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("per_sample", [False, True])

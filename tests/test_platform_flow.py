@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
 from datasets import load_or_simulate, prepare
@@ -23,8 +25,24 @@ def _config(**over):
 
 
 @pytest.fixture(scope="module")
-def first(module_mlflow_store, prefect_server):
-    return run_benchmark(_config())
+def _first_run(module_mlflow_store, prefect_server):
+    """The smoke benchmark, trained once per module, and the store it wrote."""
+    return run_benchmark(_config()), module_mlflow_store
+
+
+@pytest.fixture
+def first(_first_run, tmp_path, point_mlflow_at):
+    """The first benchmark's result, with this test pointed at a private copy of the store as
+    that run left it: tests add runs, versions and failures, and none sees another's."""
+    summary, store = _first_run
+    copy = point_mlflow_at(tmp_path / "mlflow")
+    source, dest = sqlite3.connect(store / "mlflow.db"), sqlite3.connect(copy / "mlflow.db")
+    try:
+        source.backup(dest)  # consistent even with a write-ahead log
+    finally:
+        source.close()
+        dest.close()
+    return summary
 
 
 def _cell_runs(tracker: Tracker):

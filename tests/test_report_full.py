@@ -1,4 +1,4 @@
-"""``nllab report`` (issue 6): one self-contained HTML and a Markdown report of the latest study
+"""``nllab report``: one self-contained HTML and a Markdown report of the latest study
 runs, read back from MLflow, each table beside the paper's figures with the gap marked."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The paper's five baselines (Neural Laplace paper, Appendix D), registered by name.
 
 Importing this package registers ``node``, ``anode``, ``latent_ode``, ``nf_coupling`` and
-``nf_resnet`` in :data:`nlmodels.registry.MODELS`.
+``nf_resnet`` in :data:`nlmodels.model_registry.MODELS`.
 """
 
 from nlmodels.baselines.latent_ode import LatentODE

@@ -12,7 +12,7 @@ from nlmodels.base import ForecastModel
 from nlmodels.baselines._encoders import ODERNNEncoder
 from nlmodels.baselines._mlp import mlp
 from nlmodels.baselines._solve import check_inputs, check_obs, check_solver, odeint_grid
-from nlmodels.registry import register_model
+from nlmodels.model_registry import register_model
 
 __all__ = ["LatentODE"]
 

@@ -29,7 +29,7 @@ from nlmodels.base import ForecastModel
 from nlmodels.baselines._encoders import ODERNNEncoder
 from nlmodels.baselines._mlp import mlp
 from nlmodels.baselines._solve import check_inputs, check_obs
-from nlmodels.registry import register_model
+from nlmodels.model_registry import register_model
 
 __all__ = ["CouplingFlow", "NFCoupling", "NFResNet", "ResNetFlow", "TimeTanh"]
 

@@ -16,7 +16,7 @@ from torch import nn
 from nlmodels.base import ForecastModel
 from nlmodels.baselines._mlp import mlp
 from nlmodels.baselines._solve import check_inputs, check_solver, odeint_grid
-from nlmodels.registry import register_model
+from nlmodels.model_registry import register_model
 
 __all__ = ["ANODE", "NODE"]
 

@@ -1,4 +1,6 @@
-"""One name-registry helper shared by the model and ILT registries."""
+"""``name_registrar``: the generic name → class decorator factory behind the two registries
+(models in :mod:`nlmodels.model_registry`, ILT algorithms in :mod:`nlmodels.ilt`); it holds no
+registry itself."""
 
 from __future__ import annotations
 

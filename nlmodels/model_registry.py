@@ -1,10 +1,11 @@
-"""Name registry of forecasting models: ``build_model("node", state_dim=2)``."""
+"""The model registry: :data:`MODELS`, ``@register_model(name)`` and
+``build_model("node", state_dim=2)`` (the generic decorator is :mod:`nlmodels._registrar`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from nlmodels._registry import name_registrar
+from nlmodels._registrar import name_registrar
 from nlmodels.base import ForecastModel
 
 __all__ = ["MODELS", "build_model", "register_model"]

@@ -23,7 +23,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from nlmodels import _native
+from nlmodels.accel import native
+from nlmodels.accel._select import select
 
 __all__ = ["gru_final_output"]
 
@@ -141,7 +142,7 @@ class _WavefrontGRU(torch.autograd.Function):
 
 
 class _NativeGRU(torch.autograd.Function):
-    """The same GRU through the fused C kernels (``nlmodels._native``), float64 on the CPU.
+    """The same GRU through the fused C kernels (:mod:`nlmodels.accel.native`), float64 on the CPU.
 
     The C forward runs the whole recurrence (layer by layer, gate maths fused into each step's
     matrix products) and keeps r, z, n, W_hn h + b_hn and every state; the C backward runs BPTT
@@ -162,7 +163,7 @@ class _NativeGRU(torch.autograd.Function):
         )
         states = x.new_empty(n_layers, units, n_time + 1, batch)
         gates = x.new_empty(n_layers, 4 * units, n_time, batch)
-        status = _native.call(
+        status = native.call(
             "nl_gru_forward", n_time, batch, n_inputs, units, n_layers,
             xs, w_ih, w_hh, b_ih, b_hh, states, gates,
         )  # fmt: skip
@@ -182,7 +183,7 @@ class _NativeGRU(torch.autograd.Function):
         g_b_ih, g_b_hh = xs.new_empty(n_layers, 3 * units), xs.new_empty(n_layers, 3 * units)
         d_x = xs.new_empty(n_inputs, n_time, batch) if ctx.needs_input_grad[0] else None
         grad_top = grad_out.T.contiguous()
-        status = _native.call(
+        status = native.call(
             "nl_gru_backward", n_time, batch, n_inputs, units, n_layers,
             xs, w_ih, w_hh, states, gates, grad_top, g_w_ih, g_w_hh, g_b_ih, g_b_hh, d_x,
         )  # fmt: skip
@@ -206,7 +207,11 @@ class _NativeGRU(torch.autograd.Function):
 
 def gru_final_output(x: torch.Tensor, gru: torch.nn.GRU) -> torch.Tensor:
     """``gru(x)[0][:, -1]`` for a batch-first, unidirectional, dropout-free ``nn.GRU`` with zero
-    initial state: the last output of the top layer, ``[B, H]``."""
+    initial state: the last output of the top layer, ``[B, H]``. Off the CPU or under
+    ``torch.compile``, ``gru`` itself; on the CPU the native GRU or the torch wavefront (see
+    :func:`select`)."""
+    if x.device.type != "cpu" or select(x) == "plain":
+        return gru(x)[0][:, -1]
     if not gru.batch_first or gru.bidirectional or gru.dropout or gru.proj_size:
         raise ValueError("gru_final_output needs a batch-first, unidirectional GRU without dropout")
     weights = []
@@ -215,6 +220,6 @@ def gru_final_output(x: torch.Tensor, gru: torch.nn.GRU) -> torch.Tensor:
             getattr(gru, f"{name}_l{layer}")
             for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
         ]
-    if _native.usable(x, *weights):
+    if select(x, *weights) == "native":
         return _NativeGRU.apply(x, gru.num_layers, *weights)
     return _WavefrontGRU.apply(x, gru.num_layers, *weights)

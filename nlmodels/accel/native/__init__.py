@@ -1,0 +1,316 @@
+"""Fused float64 CPU kernels (``kernels.c``), built once per machine and loaded with ctypes.
+
+Why: on the CPU, Neural Laplace's training step is dominated not by FLOPs but by per-operator
+overhead: the encoder GRU is ~200 sequential steps of tiny matrix products and gate maths, and
+the decoder's output map is a chain of ~15 elementwise passes. These kernels run each of those
+as a single vectorised loop (inline polynomial exp, sin and cos).
+``benchmarks/compile_vs_native.py`` measures them against the pure-torch path, eager and under
+``torch.compile``.
+
+The kernels are plain C99, no Python or torch headers, so one quick build serves, with
+the system C compiler (``$CC``, else ``cc``), at ``-O3 -march=native``. How the build is cached,
+verified (hash, owner and permissions) and first self-tested in a child process is in
+:mod:`nlmodels.accel.native._store`.
+
+``NLLAB_NATIVE`` selects the mode: ``auto`` (default: use the kernels when they build, else warn
+once and keep the pure-torch path), ``0`` (never use them) or ``1`` (they must build: raise).
+``NLLAB_NATIVE_MARCH`` sets ``-march`` (default ``native``; ``haswell`` gives the AVX2 build).
+Every kernel has a pure-torch twin that the tests hold it to.
+
+:func:`call` checks every argument before C sees it: the count, each integer, and each tensor's
+dtype, device, contiguity and exact shape against the sizes passed (the shapes each kernel
+expects are in ``_KERNELS``), so a wrong size or a swapped argument raises ValueError instead of
+reading or writing past a buffer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import subprocess
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+from nlmodels.accel.native import _store
+
+__all__ = ["NativeUnavailable", "call", "kernels", "native_enabled", "usable"]
+
+_MODES = {"auto", "0", "1"}
+_lock = threading.Lock()
+_library: ctypes.CDLL | None = None
+_failure: str | None = None
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Kernel:
+    """A kernel's C signature and the shape of each tensor argument, from its size arguments.
+
+    ``params``: (name, kind) in C order; kind ``i64``/``int``/``double`` for scalars, ``tensor``
+    for a float64 array, ``tensor?`` for one that may be None (NULL). ``shapes``: size arguments
+    (by name) → the exact shape of each tensor argument.
+    """
+
+    params: tuple[tuple[str, str], ...]
+    shapes: Callable[[SimpleNamespace], dict[str, Shape]]
+    returns_status: bool = False
+
+
+def _p(spec: str) -> tuple[tuple[str, str], ...]:
+    """``"n:i64 x:tensor"`` → (("n", "i64"), ("x", "tensor"))."""
+    return tuple(tuple(item.split(":")) for item in spec.split())  # type: ignore[misc]
+
+
+def _w_ih_size(a: SimpleNamespace) -> int:
+    """Packed input weights of a stacked GRU: [3H][I] for layer 0, [3H][H] above."""
+    return 3 * a.units * (a.n_inputs + (a.n_layers - 1) * a.units)
+
+
+def _gru_shapes(a: SimpleNamespace) -> dict[str, Shape]:
+    layers, units, steps, batch = a.n_layers, a.units, a.n_time, a.batch
+    return {
+        "x": (a.n_inputs, steps, batch),
+        "w_ih": (_w_ih_size(a),),
+        "w_hh": (layers, 3 * units, units),
+        "b_ih": (layers, 3 * units),
+        "b_hh": (layers, 3 * units),
+        "states": (layers, units, steps + 1, batch),
+        "gates": (layers, 4 * units, steps, batch),
+        "grad_top": (units, batch),
+        "g_w_ih": (_w_ih_size(a),),
+        "g_w_hh": (layers, 3 * units, units),
+        "g_b_ih": (layers, 3 * units),
+        "g_b_hh": (layers, 3 * units),
+        "d_x": (a.n_inputs, steps, batch),
+    }
+
+
+def _first_hidden_shapes(a: SimpleNamespace) -> dict[str, Shape]:
+    time_rows = a.n if a.per_row else 1
+    hidden = (a.n * a.n_time, a.units)
+    return {
+        "per_time": (time_rows, a.n_time, a.units),
+        "per_traj": (a.n, a.units),
+        "h1": hidden,
+        "g": hidden,
+        "g_time": (time_rows, a.n_time, a.units),
+        "g_traj": (a.n, a.units),
+    }
+
+
+def _rows_units(a: SimpleNamespace) -> dict[str, Shape]:
+    return {name: (a.rows, a.units) for name in ("h", "g")} | {
+        "bias": (a.units,),
+        "g_bias": (a.units,),
+    }
+
+
+def _sphere_forward_shapes(a: SimpleNamespace) -> dict[str, Shape]:
+    outputs = 2 * a.dims * a.n_query
+    weights = (a.n if a.per_row else 1, a.n_query, a.n_time)
+    return {
+        "out_t": (outputs, a.n * a.n_time),
+        "bias": (outputs,),
+        "w_abs": weights,
+        "w_arg": weights,
+        "x": (a.n, a.n_time, a.dims),
+        "acc": (a.n_time,),
+    }
+
+
+def _sphere_backward_shapes(a: SimpleNamespace) -> dict[str, Shape]:
+    outputs = 2 * a.dims * a.n_query
+    return {
+        "d_out_t": (outputs, a.rows),
+        "grad_x": (a.rows, a.dims),
+        "g_t": (outputs, a.rows),
+        "g_bias": (outputs,),
+        "gx_t": (a.dims * a.rows,),
+    }
+
+
+_GRU_SIZES = "n_time:i64 batch:i64 n_inputs:i64 units:i64 n_layers:i64"
+_KERNELS = {
+    "nl_gru_forward": _Kernel(
+        _p(
+            f"{_GRU_SIZES} x:tensor w_ih:tensor w_hh:tensor b_ih:tensor b_hh:tensor "
+            "states:tensor gates:tensor"
+        ),
+        _gru_shapes,
+        returns_status=True,
+    ),
+    "nl_gru_backward": _Kernel(
+        _p(
+            f"{_GRU_SIZES} x:tensor w_ih:tensor w_hh:tensor states:tensor gates:tensor "
+            "grad_top:tensor g_w_ih:tensor g_w_hh:tensor g_b_ih:tensor g_b_hh:tensor d_x:tensor?"
+        ),
+        _gru_shapes,
+        returns_status=True,
+    ),
+    "nl_first_hidden": _Kernel(
+        _p("n:i64 n_time:i64 units:i64 per_row:int per_time:tensor per_traj:tensor h1:tensor"),
+        _first_hidden_shapes,
+    ),
+    "nl_first_hidden_backward": _Kernel(
+        _p("n:i64 n_time:i64 units:i64 per_row:int g:tensor h1:tensor g_time:tensor g_traj:tensor"),
+        _first_hidden_shapes,
+    ),
+    "nl_bias_tanh": _Kernel(_p("rows:i64 units:i64 h:tensor bias:tensor"), _rows_units),
+    "nl_tanh_backward": _Kernel(
+        _p("rows:i64 units:i64 g:tensor h:tensor g_bias:tensor"), _rows_units
+    ),
+    "nl_sphere_out_forward": _Kernel(
+        _p(
+            "n:i64 n_time:i64 dims:i64 n_query:i64 per_row:int out_t:tensor bias:tensor "
+            "w_abs:tensor w_arg:tensor phi_scale:double phi_centre:double x:tensor acc:tensor"
+        ),
+        _sphere_forward_shapes,
+    ),
+    "nl_sphere_out_backward": _Kernel(
+        _p(
+            "rows:i64 dims:i64 n_query:i64 d_out_t:tensor grad_x:tensor g_t:tensor "
+            "g_bias:tensor gx_t:tensor"
+        ),
+        _sphere_backward_shapes,
+    ),
+    "nl_vector_math": _Kernel(
+        _p("op:int n:i64 x:tensor y:tensor"), lambda a: {"x": (a.n,), "y": (a.n,)}
+    ),
+}
+#: Integer arguments with a fixed set of values (flags and selectors).
+_CHOICES = {"per_row": (0, 1), "op": (0, 1, 2, 3, 4)}
+_CTYPES = {
+    "i64": ctypes.c_int64,
+    "int": ctypes.c_int,
+    "double": ctypes.c_double,
+    "tensor": ctypes.c_void_p,
+    "tensor?": ctypes.c_void_p,
+}
+
+
+class NativeUnavailable(RuntimeError):
+    """The native kernels were required (``NLLAB_NATIVE=1``) but could not be built or loaded."""
+
+
+def _mode() -> str:
+    mode = os.environ.get("NLLAB_NATIVE", "auto").strip().lower() or "auto"
+    if mode not in _MODES:
+        raise ValueError(f"NLLAB_NATIVE must be one of auto, 0, 1; got {mode!r}")
+    return mode
+
+
+def _load() -> ctypes.CDLL:
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        raise OSError(f"no native kernels for {platform.system()} {platform.machine()}")
+    library = _store.load_trusted()
+    for name, kernel in _KERNELS.items():
+        function = getattr(library, name)
+        function.restype = ctypes.c_int if kernel.returns_status else None
+        function.argtypes = [_CTYPES[kind] for _, kind in kernel.params]
+    return library
+
+
+def _forget() -> None:
+    """Drop the loaded library and any recorded failure (tests: the next use loads afresh)."""
+    global _library, _failure
+    with _lock:
+        _library, _failure = None, None
+
+
+def kernels() -> ctypes.CDLL | None:
+    """The loaded kernel library, or None (disabled, or it could not be built: warned once)."""
+    global _library, _failure
+    mode = _mode()
+    if mode == "0":
+        return None
+    with _lock:
+        if _library is None and _failure is None:
+            try:
+                _library = _load()
+            except (OSError, AttributeError, subprocess.SubprocessError) as error:
+                _failure = str(error)
+                if mode == "auto":
+                    warnings.warn(
+                        f"nlmodels: native CPU kernels unavailable ({_failure}); using the "
+                        "pure-torch path (same results, slower on the CPU). Set "
+                        "NLLAB_NATIVE=0 to silence this.",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
+    if _library is None and mode == "1":
+        raise NativeUnavailable(f"NLLAB_NATIVE=1 but the native kernels failed: {_failure}")
+    return _library
+
+
+def native_enabled() -> bool:
+    """Whether the native kernels are in use in this process."""
+    return kernels() is not None
+
+
+def _float64_cpu(tensor: torch.Tensor) -> bool:
+    return tensor.dtype == torch.float64 and tensor.device.type == "cpu"
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """True when the kernels apply: all tensors float64 on the CPU, and the library loads."""
+    return all(_float64_cpu(t) for t in tensors) and kernels() is not None
+
+
+def _checked(name: str, args: tuple[object, ...]) -> list[object]:
+    """The C arguments of kernel ``name`` (tensors as data pointers), after checking each one."""
+    kernel = _KERNELS.get(name)
+    if kernel is None:
+        raise ValueError(f"unknown native kernel {name!r}; valid: {', '.join(sorted(_KERNELS))}")
+    if len(args) != len(kernel.params):
+        names = ", ".join(p for p, _ in kernel.params)
+        raise ValueError(f"{name} takes {len(kernel.params)} arguments ({names}), got {len(args)}")
+    sizes = {}
+    for (param, kind), arg in zip(kernel.params, args):
+        if kind in ("i64", "int"):
+            if isinstance(arg, bool) or not isinstance(arg, int) or arg < 0:
+                raise ValueError(f"{name}: {param} must be an integer >= 0, got {arg!r}")
+            if param in _CHOICES and arg not in _CHOICES[param]:
+                raise ValueError(f"{name}: {param} must be one of {_CHOICES[param]}, got {arg}")
+            sizes[param] = arg
+        elif kind == "double" and not isinstance(arg, float | int):
+            raise ValueError(f"{name}: {param} must be a number, got {type(arg).__name__}")
+    expected = kernel.shapes(SimpleNamespace(**sizes))
+    converted: list[object] = []
+    for (param, kind), arg in zip(kernel.params, args):
+        if kind == "tensor?" and arg is None:
+            converted.append(None)
+        elif kind.startswith("tensor"):
+            if not isinstance(arg, torch.Tensor):
+                raise ValueError(f"{name}: {param} must be a tensor, got {type(arg).__name__}")
+            if not (arg.is_contiguous() and _float64_cpu(arg)):
+                raise ValueError(
+                    f"{name}: {param} must be a contiguous float64 CPU tensor (native kernels), "
+                    f"got {arg.dtype} on {arg.device}, contiguous={arg.is_contiguous()}"
+                )
+            if tuple(arg.shape) != expected[param]:
+                raise ValueError(
+                    f"{name}: {param} has shape {tuple(arg.shape)}, expected {expected[param]} "
+                    f"from the sizes passed ({', '.join(f'{k}={v}' for k, v in sizes.items())})"
+                )
+            converted.append(arg.data_ptr())
+        else:
+            converted.append(arg)
+    return converted
+
+
+def call(name: str, *args: object) -> int | None:
+    """Call kernel ``name`` after checking every argument (see the module docstring); tensors are
+    passed as data pointers and stay referenced by ``args`` for the whole call, so a temporary
+    tensor in the argument list cannot be freed while C writes to it."""
+    converted = _checked(name, args)
+    lib = kernels()
+    if lib is None:
+        raise NativeUnavailable(f"native kernels are not loaded (called {name})")
+    return getattr(lib, name)(*converted)

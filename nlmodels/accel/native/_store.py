@@ -1,0 +1,291 @@
+"""Where the kernel library is built and kept, and what makes it trusted enough to load.
+
+Loading a shared object runs its code (its constructors run at ``dlopen``), so the loader only
+loads a library that this user built and that nobody else could have replaced:
+
+* the cache directory (``$NLLAB_NATIVE_CACHE``, else ``$XDG_CACHE_HOME/nllab/native`` or
+  ``~/.cache/nllab/native``) must be owned by this user and writable by nobody else; one that is
+  not is refused with a warning, and the next safe choice is used: the default directory, else a
+  private temporary one;
+* each build records the library's SHA-256 and its self-test result in a sidecar file
+  (``<library>.json``, written atomically); a library is loaded only when its bytes match the
+  recorded hash and the file is the user's own and writable by nobody else;
+* a library that fails that check, or fails to load, or fails its self-test, is rebuilt once;
+* the first self-test of a build runs in a child process (``_selftest.py``), so a library that
+  cannot run on this CPU kills the child, not the caller, and the caller falls back;
+* building and checking hold a lock file, so processes sharing a cache build once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from nlmodels.accel.native._selftest import self_test
+
+SOURCE = Path(__file__).with_name("kernels.c")
+#: The self-test run in a child process for a new build (a script: it imports neither torch nor
+#: this package, so the child starts in a few tens of milliseconds).
+SELF_TEST_SCRIPT = Path(__file__).with_name("_selftest.py")
+# 512-bit vectors where the CPU has them (GCC otherwise caps auto-vectorisation at 256 bits)
+_FLAGS = ("-O3", "-mprefer-vector-width=512", "-fPIC", "-shared", "-std=gnu11")
+_PASSED = "passed"
+
+_private_dir: Path | None = None
+_private_lock = threading.Lock()
+
+
+def flags() -> tuple[str, ...]:
+    """Compiler flags; ``$NLLAB_NATIVE_MARCH`` (default ``native``) picks the target CPU, e.g.
+    ``haswell`` for the AVX2 + FMA build on any newer CPU (the tests run both builds)."""
+    return (f"-march={os.environ.get('NLLAB_NATIVE_MARCH') or 'native'}", *_FLAGS)
+
+
+def cpu_features() -> str:
+    """This CPU's feature flags (the build uses -march=native, so they are part of the key)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _default_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "nllab" / "native"
+
+
+def unsafe_reason(path: Path) -> str | None:
+    """Why others could write ``path`` (a file or directory), or None when only this user can."""
+    info = path.stat()
+    if info.st_uid != os.getuid():
+        return f"owned by user id {info.st_uid}, not by you ({os.getuid()})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"writable by other users (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def _usable_dir(path: Path) -> str | None:
+    """Create ``path`` (private) if missing; None when it is safe to build and load in."""
+    if not path.exists():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            pass  # a concurrent process made it: checked below like any existing directory
+        except OSError as error:
+            return f"cannot be created ({error.strerror})"
+    if not path.is_dir():
+        return "not a directory"
+    return unsafe_reason(path)
+
+
+def cache_dir() -> Path:
+    """The first safe cache directory: the configured one, the default one, or a private one."""
+    global _private_dir
+    configured = os.environ.get("NLLAB_NATIVE_CACHE")
+    candidates = [Path(configured).expanduser()] if configured else []
+    candidates.append(_default_dir())
+    refused = []
+    for candidate in dict.fromkeys(candidates):
+        reason = _usable_dir(candidate)
+        if reason is None:
+            chosen = candidate
+            break
+        refused.append(f"{candidate} is {reason}")
+    else:
+        with _private_lock:
+            if _private_dir is None:
+                _private_dir = Path(tempfile.mkdtemp(prefix="nllab-native-"))
+            chosen = _private_dir
+    if refused:
+        warnings.warn(
+            "nlmodels: not using the native kernel cache "
+            + "; ".join(refused)
+            + f" (another user could plant a library there); building in {chosen} instead. "
+            "Point NLLAB_NATIVE_CACHE to a directory only you can write (chmod 700).",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    return chosen
+
+
+def target(directory: Path) -> Path:
+    """Where this source, these flags and this CPU's build lives in ``directory`` (no compiler is
+    needed to find it: plain C has a stable ABI, so a build by any C compiler serves)."""
+    parts = (SOURCE.read_bytes(), " ".join(flags()), platform.machine(), cpu_features())
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part if isinstance(part, bytes) else part.encode())
+        digest.update(b"\0")
+    return directory / f"nlkernels-{digest.hexdigest()[:16]}.so"
+
+
+def _record_path(library: Path) -> Path:
+    return library.with_suffix(".json")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _write_record(library: Path, sha256: str, self_test_result: str) -> None:
+    record = {"sha256": sha256, "self_test": self_test_result}
+    _write_atomic(_record_path(library), json.dumps(record).encode())
+
+
+def _read_record(library: Path) -> dict[str, str]:
+    try:
+        record = json.loads(_record_path(library).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def verification_problem(library: Path) -> str | None:
+    """Why ``library`` must not be loaded as it is, or None when it is the recorded build."""
+    if not library.exists():
+        return "not built yet"
+    record_path = _record_path(library)
+    if not record_path.exists():
+        return "it has no build record (not built by this loader)"
+    for path in (library, record_path):
+        reason = unsafe_reason(path)
+        if reason is not None:
+            return f"{path.name} is {reason}"
+    if _read_record(library).get("sha256") != _sha256(library):
+        return "its bytes do not match the SHA-256 recorded at its build (corrupted or replaced)"
+    return None
+
+
+def build(library: Path) -> None:
+    """Compile the kernels to ``library`` (atomically) and record its hash, self-test pending."""
+    compiler = os.environ.get("CC") or "cc"
+    if shutil.which(compiler) is None:
+        raise OSError(f"no C compiler {compiler!r} on PATH")
+    fd, tmp = tempfile.mkstemp(prefix=f"{library.name}.", suffix=".tmp", dir=library.parent)
+    os.close(fd)
+    try:
+        result = subprocess.run(
+            [compiler, *flags(), str(SOURCE), "-o", tmp],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if result.returncode != 0:
+            raise OSError(f"{compiler} failed: {result.stderr.strip()[-2000:]}")
+        os.chmod(tmp, 0o700)
+        sha256 = _sha256(Path(tmp))
+        os.replace(tmp, library)  # atomic: a reader never sees half a file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    _write_record(library, sha256, "pending")
+
+
+def child_self_test(library: Path) -> str | None:
+    """Run the self-test of ``library`` in a child process: None when it passed, else why not."""
+    try:
+        result = subprocess.run(
+            [sys.executable, "-I", str(SELF_TEST_SCRIPT), str(library)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except subprocess.TimeoutExpired:
+        return "the self-test did not finish in 120 s"
+    if result.returncode < 0:
+        try:
+            name = signal.Signals(-result.returncode).name
+        except ValueError:
+            name = f"signal {-result.returncode}"
+        return f"the self-test process was killed by {name}"
+    if result.returncode != 0:
+        return f"the self-test failed: {result.stderr.strip()[-500:]}"
+    return None
+
+
+@contextmanager
+def _locked(library: Path) -> Iterator[None]:
+    fd = os.open(library.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _tested(library: Path, built: bool) -> bool:
+    """Whether ``library`` (verified) has passed its self-test, running it in a child if not
+    yet; a failing old build is rebuilt and tested once more. Returns whether it was rebuilt."""
+    if _read_record(library).get("self_test") == _PASSED:
+        return built
+    failure = child_self_test(library)
+    if failure is not None and not built:
+        build(library)
+        built = True
+        failure = child_self_test(library)
+    if failure is not None:
+        raise OSError(f"{failure} (library {library})")
+    _write_record(library, _sha256(library), _PASSED)
+    return built
+
+
+def load_trusted() -> ctypes.CDLL:
+    """Build if needed, verify and load the kernel library; OSError when that cannot be done."""
+    library = target(cache_dir())
+    with _locked(library):
+        problem = verification_problem(library)
+        built = problem is not None
+        if built:
+            if library.exists():
+                warnings.warn(
+                    f"nlmodels: not loading the cached native kernels {library}: {problem}; "
+                    "rebuilding them.",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+            build(library)
+        built = _tested(library, built)
+        try:
+            loaded = ctypes.CDLL(str(library))
+        except OSError:
+            if built:
+                raise
+            build(library)
+            _tested(library, True)
+            loaded = ctypes.CDLL(str(library))
+        failure = self_test(loaded)
+        if failure is not None:
+            # dlopen keeps this file mapped under its name: the next process rebuilds it
+            _write_record(library, _sha256(library), "failed")
+            raise OSError(f"the native kernels' self-test failed: {failure}")
+    return loaded
