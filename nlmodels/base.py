@@ -37,7 +37,7 @@ class ForecastModel(nn.Module):
     evaluation of g per set of query times).
     """
 
-    #: name in the model registry (set by :func:`nlmodels.registry.register_model`)
+    #: name in the model registry (set by :func:`nlmodels.model_registry.register_model`)
     registry_name: str = ""
 
     def __init__(self) -> None:
