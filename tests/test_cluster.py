@@ -54,6 +54,7 @@ class Service:
     name: str
     proc: subprocess.Popen
     log: Path
+    stop_signal: int = signal.SIGTERM
 
     def tail(self, n: int = 40) -> str:
         try:
@@ -69,7 +70,7 @@ class Service:
     def stop(self, grace: float = 15.0) -> None:
         if self.proc.poll() is None:
             try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
+                os.killpg(self.proc.pid, self.stop_signal)
                 self.proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 pass
@@ -194,6 +195,7 @@ def postgres(cluster_dir) -> Iterator[str]:
         cluster_dir / "logs",
         user=user,
     )
+    pg.stop_signal = signal.SIGINT  # "fast" shutdown: does not wait for clients to disconnect
     try:
 
         def ready() -> bool:
