@@ -15,6 +15,7 @@ Deselected by default (``-m cluster``; ``make test-cluster`` installs PostgreSQL
 from __future__ import annotations
 
 import glob
+import json
 import os
 import pwd
 import shutil
@@ -391,6 +392,18 @@ def cell_runs(tracking_uri: str, seed: int, status: str | None = None) -> list:
     return list(client.search_runs([exp.experiment_id], query, max_results=1000))
 
 
+def prefect_completed(api: str, what: str) -> list[str]:
+    """Names of the COMPLETED flow runs or task runs (``what``) recorded by the Prefect server."""
+    body = {what: {"state": {"type": {"any_": ["COMPLETED"]}}}, "limit": 200}
+    req = urllib.request.Request(
+        f"{api}/{what}/filter",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return [run["name"] for run in json.load(r)]
+
+
 def expected_hashes(seed: int, epochs: int | None = None) -> set[str]:
     """Config hashes of the benchmark's cells, computed here, independently of the servers."""
     from tasks.config import resolve_config
@@ -413,7 +426,7 @@ def assert_one_finished_run_per_cell(tracking_uri: str, seed: int, epochs: int |
 
 # -- tests ---------------------------------------------------------------------------------------
 def test_benchmark_on_the_cluster_lands_every_cell_in_the_mlflow_server(
-    dask_cluster, client_env, mlflow_server, cluster_dir
+    dask_cluster, client_env, mlflow_server, prefect_api, cluster_dir
 ):
     log = cluster_dir / "logs" / "benchmark-seed0.log"
     proc = nllab(benchmark_args(0, dask_cluster.address), client_env, log)
@@ -428,6 +441,10 @@ def test_benchmark_on_the_cluster_lands_every_cell_in_the_mlflow_server(
     out = finish(nllab(benchmark_args(0, dask_cluster.address), client_env, log), log, 600)
     assert "4 already finished (reused), 0 to run" in out, out
     assert len(cell_runs(mlflow_server, 0)) == 4
+    # Both flow runs, and the cell task runs the workers reported, are in the Prefect server.
+    assert len(prefect_completed(prefect_api, "flow_runs")) == 2
+    cells = {f"{s}/{m}/seed0" for s in SYSTEMS for m in METHODS}
+    assert cells <= set(prefect_completed(prefect_api, "task_runs"))
 
 
 def test_kill_9_of_a_worker_mid_cell_loses_nothing(
