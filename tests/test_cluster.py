@@ -502,7 +502,7 @@ def test_two_tune_processes_share_one_study_in_postgres(two_tuners):
     codes, outs, trials = two_tuners
     assert codes == [0, 0], outs
     states = Counter(t.state for t in trials)
-    # Every trial ended (none left RUNNING), and both processes wrote to the one study.
+    # Every trial ended (none left RUNNING), and both processes reported on the one study.
     assert states[TrialState.RUNNING] == 0, states
     assert states[TrialState.COMPLETE] + states[TrialState.PRUNED] >= STUDY_TRIALS, states
     for out in outs:
