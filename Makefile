@@ -1,6 +1,8 @@
 # Neural Laplace Lab: every set-up step is a dependency of the two user-facing targets.
 #   make benchmark   the main job: every system x every model, quick profile, embedded MLflow store
 #   make test        the default test suite (what CI runs through .ci/run)
+#   make test-cluster  the scale-out as separate processes (PostgreSQL, MLflow, Prefect, Dask);
+#                    installs Debian's postgresql if absent (root or sudo) and the `cluster` extra
 # GPU users: install your CUDA build of torch into $(VENV) first (see README), or set TORCH_SPEC.
 
 PYTHON ?= python3
@@ -9,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup benchmark test test-slow lint bench clean-venv wheelhouse
+.PHONY: setup benchmark test test-slow test-cluster lint bench clean-venv wheelhouse
 
 setup: $(STAMP)
 
@@ -27,6 +29,19 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+CLUSTER_STAMP := $(VENV)/.installed-cluster
+
+$(CLUSTER_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[dev,cluster]"
+	touch $(CLUSTER_STAMP)
+
+test-cluster: $(CLUSTER_STAMP)
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  sudo=$$(test "$$(id -u)" = 0 || echo sudo); \
+	  $$sudo apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends postgresql; }
+	$(PY) -m pytest -q -m cluster
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
