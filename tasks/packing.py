@@ -95,6 +95,19 @@ class _Method(nn.Module):
         return getattr(self.model, self.method)(*args)
 
 
+def _unparametrize(module: nn.Module) -> None:
+    """Make a (copied) module with one parametrised tensor a plain one holding the original.
+
+    Not ``parametrize.remove_parametrizations``: that deletes the tensor's property from the
+    parametrised class, which the copy shares with the members' modules.
+    """
+    ((tname, plist),) = module.parametrizations.items()
+    original = plist.original
+    module.__class__ = module.__class__.__bases__[0]
+    del module._modules["parametrizations"]
+    module.register_parameter(tname, original)
+
+
 def _replace_gru_cells(module: nn.Module) -> None:
     for name, child in list(module.named_children()):
         if type(child) is nn.GRUCell:
@@ -170,6 +183,8 @@ class _Packer:
         hoisted_buffers: set[str] = set()
         for path, module in template.named_modules():
             if parametrize.is_parametrized(module):
+                if len(module.parametrizations) != 1:
+                    raise TypeError("modules with several parametrised tensors are not packed")
                 for tname, plist in module.parametrizations.items():
                     if not hasattr(plist, "original"):
                         raise TypeError("multi-tensor parametrisations cannot be packed")
@@ -184,6 +199,8 @@ class _Packer:
         self.buffer_names = [n for n, _ in template.named_buffers() if n not in hoisted_buffers]
         self.hoisted_buffer_names = sorted(hoisted_buffers)
         self.base: ForecastModel = copy.deepcopy(template)
+        for path, _ in self.hoisted:  # the base receives the parametrised tensors
+            _unparametrize(self.base.get_submodule(path))
         _replace_gru_cells(self.base)
         self.base.to("meta")
         self.loss_mod = _Method(self.base, "training_loss")
