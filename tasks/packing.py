@@ -68,13 +68,10 @@ class _GRUCell(nn.Module):
 
     def __init__(self, cell: nn.GRUCell) -> None:
         super().__init__()
-        self.hidden_size = cell.hidden_size
         for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
             self.register_parameter(name, getattr(cell, name))
 
-    def forward(self, x: torch.Tensor, h: torch.Tensor | None = None) -> torch.Tensor:
-        if h is None:
-            h = x.new_zeros(x.shape[0], self.hidden_size)
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         i_r, i_z, i_n = nn.functional.linear(x, self.weight_ih, self.bias_ih).chunk(3, -1)
         h_r, h_z, h_n = nn.functional.linear(h, self.weight_hh, self.bias_hh).chunk(3, -1)
         reset = torch.sigmoid(h_r + i_r)
