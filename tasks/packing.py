@@ -204,10 +204,11 @@ class _Packer:
         self.fwd_mod = _Method(self.base, "forward")
         self.graphs: dict[tuple[tuple[int, ...], int], _Graph] = {}
         self.pool = None
-        if device.type == "cuda":
-            # Adam's step size as device scalars, so that a captured step reads them.
-            self.neg_step = torch.zeros((), dtype=torch.float64, device=device)
-            self.bc2_sqrt = torch.zeros((), dtype=torch.float64, device=device)
+        # On CUDA, Adam's step size lives in device scalars that a captured step reads (eager
+        # steps read them too, so that graphs and eager steps compute the same).
+        self.device_scalars = device.type == "cuda"
+        self.neg_step = torch.zeros((), dtype=torch.float64, device=device)
+        self.bc2_sqrt = torch.zeros((), dtype=torch.float64, device=device)
         self.batch_no = torch.zeros((), dtype=torch.long, device=device)
 
     # ----- state -----------------------------------------------------------------------------
@@ -247,9 +248,7 @@ class _Packer:
         sel = torch.tensor(keep, dtype=torch.long, device=self.device)
 
         def take(d: dict[str, torch.Tensor], grad: bool = False) -> dict[str, torch.Tensor]:
-            return {
-                n: t.detach().index_select(0, sel).requires_grad_(grad) for n, t in d.items()
-            }
+            return {n: t.detach().index_select(0, sel).requires_grad_(grad) for n, t in d.items()}
 
         m = len(keep)
         return _Pack(
@@ -343,9 +342,7 @@ class _Packer:
             ok = active & finite_loss & finite_norm
             bad_loss = active & ~finite_loss
             bad_norm = active & finite_loss & ~finite_norm
-            pack.div_kind.copy_(
-                torch.where(bad_loss, 1, torch.where(bad_norm, 2, pack.div_kind))
-            )
+            pack.div_kind.copy_(torch.where(bad_loss, 1, torch.where(bad_norm, 2, pack.div_kind)))
             pack.div_value.copy_(
                 torch.where(
                     bad_loss,
@@ -386,7 +383,7 @@ class _Packer:
 
     def _restore_inactive(self, pack: _Pack, saved: list, active: torch.Tensor) -> None:
         n_stacked = len(pack.buffers)
-        for k, (buf, old) in enumerate(saved[:n_stacked]):
+        for buf, old in saved[:n_stacked]:
             buf.copy_(torch.where(_expand(active, buf), buf, old))
         per_member = len(self.hoisted_buffer_names)
         for k, (buf, old) in enumerate(saved[n_stacked:]):
@@ -397,7 +394,7 @@ class _Packer:
         bias1 = 1 - _BETA1**n_step
         bias2 = 1 - _BETA2**n_step
         neg_step, bc2_sqrt = -(self.lr / bias1), bias2**0.5
-        if self.device.type != "cuda":
+        if not self.device_scalars:
             return neg_step, bc2_sqrt
         self.neg_step.fill_(neg_step)
         self.bc2_sqrt.fill_(bc2_sqrt)
@@ -413,9 +410,7 @@ class _Packer:
 
     def _capture(self, pack: _Pack, batch: int) -> _Graph:
         idx = torch.arange(batch, device=self.device).expand(len(pack.members), -1).clone()
-        state = pack.mutable() + [
-            b for m in pack.members for b in self.models[m].buffers()
-        ]
+        state = pack.mutable() + [b for m in pack.members for b in self.models[m].buffers()]
         snapshot = [t.detach().clone() for t in state]
         nfe0 = self.base.nfe
         adam = (self.neg_step, self.bc2_sqrt)
@@ -485,7 +480,7 @@ def packable(model: ForecastModel, device: torch.device) -> bool:
         packer.set_mode(pack, False)
         with torch.no_grad():
             packer.predict(pack, pack.val_obs_x)
-    except Exception:  # noqa: BLE001 - anything vmap cannot batch means "train one by one"
+    except Exception:  # anything vmap cannot batch means: train one by one
         return False
     return True
 
@@ -497,8 +492,7 @@ def _probe_tensors(ot, x, qt, y) -> _Tensors:
 def _same_layout(models: Sequence[ForecastModel]) -> bool:
     def layout(m: nn.Module) -> list:
         return [
-            (n, tuple(t.shape), t.dtype)
-            for n, t in (*m.named_parameters(), *m.named_buffers())
+            (n, tuple(t.shape), t.dtype) for n, t in (*m.named_parameters(), *m.named_buffers())
         ]
 
     first = layout(models[0])
@@ -599,7 +593,15 @@ def train_packed(
         or min(s.obs_x.shape[0] for s in (*train_splits, *val_splits)) == 0
     ):
         return _one_by_one(
-            models, train_splits, val_splits, config, device, seeds, on_epoch, stop, progress,
+            models,
+            train_splits,
+            val_splits,
+            config,
+            device,
+            seeds,
+            on_epoch,
+            stop,
+            progress,
             labels,
         )
     return _Run(models, train_splits, val_splits, config, device, seeds, labels).run(
@@ -757,6 +759,7 @@ class _Run:
                 break
             if len(keep) < len(pack.members):
                 pack = packer.compact(pack, keep)
+                packer.graphs.clear()  # captured for the previous pack's tensors
         bar.close()
         return [mem.result for mem in members]  # type: ignore[misc]
 

@@ -17,7 +17,14 @@ from nlmodels.base import host_bool, recorded_host_bools
 from nlmodels.baselines._solve import _euler
 from tasks.config import TrainConfig
 from tasks.packing import _GRUCell, packable, train_packed
-from tasks.training import TrainingDiverged, TrainingInterrupted, TrainResult, predict, seeded, train
+from tasks.training import (
+    TrainingDiverged,
+    TrainingInterrupted,
+    TrainResult,
+    predict,
+    seeded,
+    train,
+)
 
 # Small sizes keep every model fast; the architectures are the paper's.
 _SMALL = {
@@ -149,7 +156,9 @@ def test_a_diverging_member_leaves_the_others_unchanged(where, grad_clip, expect
     seeds = [0, 1, 2]
     datas = [_data(s) for s in seeds]
     tr, va, te = datas[1]
-    datas[1] = (_poisoned(tr, "obs_x"), va, te) if where == "train" else (tr, _poisoned(va, "target"), te)
+    datas[1] = (
+        (_poisoned(tr, "obs_x"), va, te) if where == "train" else (tr, _poisoned(va, "target"), te)
+    )
     cfg = _cfg(epochs=3, grad_clip=grad_clip)
     unpacked = _unpacked("node", seeds, cfg, datas)
     packed = _packed("node", seeds, cfg, datas)
@@ -180,7 +189,11 @@ def test_gradient_norm_divergence_ends_only_that_member():
             unpacked.append((m, e))
     models = [build(s) for s in seeds]
     results = train_packed(
-        models, [d[0] for d in datas], [d[1] for d in datas], cfg, seeds=seeds,
+        models,
+        [d[0] for d in datas],
+        [d[1] for d in datas],
+        cfg,
+        seeds=seeds,
         labels=["m0", "m1"],
     )
     assert isinstance(results[1], TrainingDiverged)
@@ -311,3 +324,43 @@ def test_cuda_graphs_equal_eager(name):
     for a, b in zip(m_e, m_g):
         for ta, tb in zip(a.state_dict().values(), b.state_dict().values()):
             torch.testing.assert_close(tb, ta, rtol=0, atol=1e-10, equal_nan=True)
+
+
+def test_device_scalar_adam_and_replayed_checks_match_the_eager_step():
+    """The arithmetic a CUDA graph replays (Adam's step size read from device scalars, the
+    models' host checks replayed from a tape) against the CPU step, run on the CPU."""
+    from tasks.packing import _Packer
+    from tasks.training import _Tensors
+
+    datas = [_data(s) for s in (0, 1)]
+
+    def run(device_scalars: bool, tape_mode: str) -> list[torch.Tensor]:
+        models = [_model("nf_resnet", s).double() for s in (0, 1)]
+        data = {
+            i: (_Tensors.of(d[0], torch.device("cpu"), torch.float64),) * 2
+            for i, d in enumerate(datas)
+        }
+        first = data[0][0]
+        packer = _Packer(models, torch.device("cpu"), 1.0, 0.01, first.obs_t, first.query_t)
+        packer.device_scalars = device_scalars
+        pack = packer.pack([0, 1], data)
+        packer.set_mode(pack, True)
+        tape: list[bool] = []
+        for n_step in range(1, 4):
+            idx = torch.stack([torch.arange(8), torch.arange(8, 16)]) + n_step
+            adam = packer.adam_scalars(n_step)
+            if tape_mode == "none":
+                packer.step(pack, idx, 8, adam)
+            else:
+                with recorded_host_bools(tape, replay=n_step > 1):
+                    packer.step(pack, idx, 8, adam)
+        if tape_mode != "none":
+            assert tape and all(tape)  # the time-grid checks were recorded, then replayed
+        return [t.detach().clone() for t in pack.mutable()] + [
+            b.clone() for m in models for b in m.buffers()
+        ]
+
+    reference = run(False, "none")
+    for got in (run(True, "none"), run(False, "tape")):
+        for a, b in zip(reference, got, strict=True):
+            torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
