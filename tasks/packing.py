@@ -490,10 +490,27 @@ def _probe_tensors(ot, x, qt, y) -> _Tensors:
 
 
 def _same_layout(models: Sequence[ForecastModel]) -> bool:
+    """Same architecture and settings (solver, tolerances, ...): one forward serves all."""
+
     def layout(m: nn.Module) -> list:
-        return [
+        tensors = [
             (n, tuple(t.shape), t.dtype) for n, t in (*m.named_parameters(), *m.named_buffers())
         ]
+        settings = [
+            (
+                path,
+                type(mod).__name__,
+                repr(
+                    sorted(
+                        (k, v)
+                        for k, v in vars(mod).items()
+                        if not k.startswith("_") and k != "training"
+                    )
+                ),
+            )
+            for path, mod in m.named_modules()
+        ]
+        return tensors + settings
 
     first = layout(models[0])
     return all(type(m) is type(models[0]) and layout(m) == first for m in models[1:])
@@ -562,6 +579,8 @@ def train_packed(
 
     A single member, models that are not :func:`packable` or that differ in architecture, and
     splits whose shapes or time grids differ are trained one by one by :func:`train`.
+    ``max_train_seconds`` applies to the pack's wall time, which is also each member's
+    ``seconds`` and its epochs' ``seconds``.
     ``graphs``: capture the training step into a CUDA graph (``None``: on CUDA, falling back
     to eager steps if the capture fails; ``True`` makes a failed capture an error).
     """

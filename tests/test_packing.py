@@ -364,3 +364,12 @@ def test_device_scalar_adam_and_replayed_checks_match_the_eager_step():
     for got in (run(True, "none"), run(False, "tape")):
         for a, b in zip(reference, got, strict=True):
             torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
+
+
+def test_members_with_different_settings_train_one_by_one():
+    datas = [_data(s) for s in (0, 1)]
+    models = [_model("node", 0), _model("node", 1, rtol=0.1)]  # same tensors, other settings
+    results = train_packed(
+        models, [d[0] for d in datas], [d[1] for d in datas], _cfg(epochs=1), seeds=[0, 1]
+    )
+    assert [r.packed_members for r in results] == [1, 1]
