@@ -74,6 +74,26 @@ def per_epoch(history) -> float:
     return statistics.median(r.seconds for r in history)
 
 
+def _min(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def packed_seconds(name, tr, va, cfg, device, members: int, graphs: bool | None) -> float | None:
+    """Seconds per cell-epoch of ``members`` seeds packed (None: no graph was captured)."""
+    results = train_packed(
+        models(name, range(members)),
+        [tr] * members,
+        [va] * members,
+        cfg,
+        device=device,
+        seeds=list(range(members)),
+        graphs=graphs,
+    )
+    if graphs is None and not results[0].graphs:
+        return None
+    return per_epoch(results[0].history) / members
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -83,6 +103,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="parallel workers of the projection")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (per worker)")
     ap.add_argument("--models", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument(
+        "--repeats", type=int, default=1, help="alternate eager and packed runs; keep the fastest"
+    )
     args = ap.parse_args()
     if args.members < 2:
         ap.error("--members must be >= 2")
@@ -97,37 +120,18 @@ def main() -> None:
     )
     rows = []
     for name in args.models:
-        (one,) = models(name, range(1))
-        eager = per_epoch(train(one, tr, va, cfg, seed=0).history)
-        pack = models(name, range(args.members))
-        can_pack = packable(pack[0], device)
-        packed = graphs = None
-        if can_pack:
-            results = train_packed(
-                pack,
-                [tr] * args.members,
-                [va] * args.members,
-                cfg,
-                device=device,
-                seeds=list(range(args.members)),
-                graphs=False,
-            )
-            packed = per_epoch(results[0].history) / args.members
+        can_pack = packable(models(name, range(1))[0], device)
+        eager = packed = graphs = None
+        for _ in range(args.repeats):  # alternating, so that a busy machine slows all alike
+            (one,) = models(name, range(1))
+            eager = _min(eager, per_epoch(train(one, tr, va, cfg, seed=0).history))
+            if not can_pack:
+                continue
+            packed = _min(packed, packed_seconds(name, tr, va, cfg, device, args.members, False))
             if device.type == "cuda":
-                pack = models(name, range(args.members))
-                results = train_packed(
-                    pack,
-                    [tr] * args.members,
-                    [va] * args.members,
-                    cfg,
-                    device=device,
-                    seeds=list(range(args.members)),
-                    graphs=None,
-                )
-                if results[0].graphs:
-                    graphs = per_epoch(results[0].history) / args.members
+                graphs = _min(graphs, packed_seconds(name, tr, va, cfg, device, args.members, None))
         rows.append((name, eager, packed, graphs))
-        print(f"  {name}: eager {eager:.3f} s/epoch, packed {packed}, graphs {graphs}", flush=True)
+        print(f"  {name}: eager {eager}, packed {packed}, graphs {graphs} s/cell-epoch", flush=True)
 
     best = {n: min(v for v in (e, p, g) if v is not None) for n, e, p, g in rows}
     print(
