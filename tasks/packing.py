@@ -330,9 +330,9 @@ class _Packer:
             finite_norm = torch.ones_like(finite_loss)
             norm = torch.zeros_like(pack.div_value)
             if self.clip is not None:
-                dims = [tuple(range(1, g.dim())) for g in grads]
                 norms = torch.stack(
-                    [torch.linalg.vector_norm(g, 2, dim=d) for g, d in zip(grads, dims)], dim=1
+                    [torch.linalg.vector_norm(g.reshape(g.shape[0], -1), 2, dim=1) for g in grads],
+                    dim=1,
                 )
                 total_norm = torch.linalg.vector_norm(norms, 2, dim=1)
                 coef = torch.clamp(self.clip / (total_norm + _CLIP_EPS), max=1.0)

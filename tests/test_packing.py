@@ -36,6 +36,15 @@ _SMALL = {
 PACKABLE = tuple(_SMALL)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # Tiny tensors: threads only add synchronisation (and contend on a shared machine).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _split(seed: int, n: int, *, t_o: int = 6, t_q: int = 6, dim: int = 2) -> SplitData:
     """Damped oscillations with random phase and rate, in the shapes of ``datasets.prepare``."""
     rng = np.random.default_rng(seed)
@@ -56,7 +65,7 @@ def _split(seed: int, n: int, *, t_o: int = 6, t_q: int = 6, dim: int = 2) -> Sp
 
 
 def _data(seed: int) -> tuple[SplitData, SplitData, SplitData]:
-    return _split(100 + seed, 20), _split(200 + seed, 6), _split(300 + seed, 6)
+    return _split(100 + seed, 16), _split(200 + seed, 6), _split(300 + seed, 6)
 
 
 def _model(name: str, seed: int, **kw):
@@ -125,7 +134,7 @@ def _assert_same(a, b, test: SplitData) -> None:
 def test_packed_equals_unpacked_with_early_stopping(name):
     seeds = [0, 1, 2]
     datas = [_data(s) for s in seeds]
-    cfg = _cfg(epochs=7, patience=1, lr=0.05)
+    cfg = _cfg(epochs=5, patience=1, lr=0.05)
     unpacked = _unpacked(name, seeds, cfg, datas)
     packed = _packed(name, seeds, cfg, datas)
     assert all(r.packed_members == 3 for _, r in packed)
@@ -207,7 +216,7 @@ def test_result_does_not_depend_on_pack_composition():
     cfg = _cfg(epochs=3, patience=1, lr=0.05)
 
     def member_a(order):
-        out = _packed("nf_coupling", order, cfg, [datas[s] for s in order])
+        out = _packed("node", order, cfg, [datas[s] for s in order])
         return out[order.index(0)]
 
     alone, full, pair = member_a([0]), member_a([0, 1, 2]), member_a([2, 0])
@@ -347,7 +356,7 @@ def test_device_scalar_adam_and_replayed_checks_match_the_eager_step():
         packer.set_mode(pack, True)
         tape: list[bool] = []
         for n_step in range(1, 4):
-            idx = torch.stack([torch.arange(8), torch.arange(8, 16)]) + n_step
+            idx = (torch.stack([torch.arange(8), torch.arange(8, 16)]) + n_step) % 16
             adam = packer.adam_scalars(n_step)
             if tape_mode == "none":
                 packer.step(pack, idx, 8, adam)
