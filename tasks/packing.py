@@ -203,7 +203,6 @@ class _Packer:
         self.loss_mod = _Method(self.base, "training_loss")
         self.fwd_mod = _Method(self.base, "forward")
         self.graphs: dict[tuple[tuple[int, ...], int], _Graph] = {}
-        self.pool = None
         # On CUDA, Adam's step size lives in device scalars that a captured step reads (eager
         # steps read them too, so that graphs and eager steps compute the same).
         self.device_scalars = device.type == "cuda"
@@ -428,10 +427,8 @@ class _Packer:
         with torch.no_grad():  # the warm-up steps must not count
             for t, s in zip(state, snapshot):
                 t.copy_(s)
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with recorded_host_bools(tape, replay=True), torch.cuda.graph(graph, pool=self.pool):
+        graph = torch.cuda.CUDAGraph()  # a private memory pool: graphs share no scratch memory
+        with recorded_host_bools(tape, replay=True), torch.cuda.graph(graph):
             self.step(pack, idx, batch, adam)
         self.base._nfe = nfe0
         return _Graph(graph, idx, nfe)
