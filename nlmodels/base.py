@@ -12,10 +12,45 @@ Time grids may be shared (``[T]``) or per trajectory (``[B, T]``).
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
-__all__ = ["ForecastModel", "batch_times"]
+__all__ = ["ForecastModel", "batch_times", "host_bool", "recorded_host_bools"]
+
+_HOST_BOOLS = threading.local()
+
+
+def host_bool(t: torch.Tensor) -> bool:
+    """``bool(t)``: the one place where model code reads a tensor's value on the host.
+
+    Inside :func:`recorded_host_bools` the values are recorded on a first (eager) pass and
+    replayed on the next: a training step captured into a CUDA graph must not synchronise with
+    the host, and its inputs' times (the only values these checks read) do not change.
+    """
+    tape = getattr(_HOST_BOOLS, "tape", None)
+    if tape is None:
+        return bool(t)
+    values, replay = tape
+    if replay:
+        return values.pop(0)
+    value = bool(t)
+    values.append(value)
+    return value
+
+
+@contextlib.contextmanager
+def recorded_host_bools(values: list[bool], *, replay: bool) -> Iterator[None]:
+    """Record the :func:`host_bool` values of a pass into ``values``, or replay them."""
+    previous = getattr(_HOST_BOOLS, "tape", None)
+    _HOST_BOOLS.tape = (values if not replay else list(values), replay)
+    try:
+        yield
+    finally:
+        _HOST_BOOLS.tape = previous
 
 
 def batch_times(t: torch.Tensor, batch: int) -> torch.Tensor:

@@ -18,6 +18,7 @@ from tasks.config import (
 )
 from tasks.evaluation import Evaluation, evaluate, plot_extrapolation, plot_loss_curves
 from tasks.modelio import ModelSpec, load_model, save_model
+from tasks.packing import packable, train_packed
 from tasks.reporting import PAPER_MAIN_TABLE, CellResult, ResultsTable, results_table
 from tasks.tracking import Promotion, Tracker, TrackingUnavailable
 from tasks.training import (
@@ -55,6 +56,7 @@ __all__ = [
     "evaluate",
     "load_model",
     "load_registered_model",
+    "packable",
     "plot_extrapolation",
     "plot_loss_curves",
     "resolve_config",
@@ -64,6 +66,7 @@ __all__ = [
     "select_device",
     "simulate_data",
     "train",
+    "train_packed",
 ]
 
 

@@ -65,6 +65,25 @@ class TrainResult:
     best_val_rmse: float
     stopped: Literal["epochs", "early_stopping", "time_budget"]
     seconds: float
+    #: cells trained together in one batched model (:func:`tasks.packing.train_packed`)
+    packed_members: int = 1
+    #: whether the training steps were replayed from a captured CUDA graph
+    graphs: bool = False
+
+
+def _loss_diverged(label: str, loss: float, epoch: int, batch: int) -> TrainingDiverged:
+    return TrainingDiverged(
+        f"{label}: training loss is {loss} at epoch {epoch}, batch {batch}; "
+        "the model diverged (try a smaller learning rate)"
+    )
+
+
+def _norm_diverged(label: str, norm: float, epoch: int, batch: int) -> TrainingDiverged:
+    return TrainingDiverged(f"{label}: gradient norm is {norm} at epoch {epoch}, batch {batch}")
+
+
+def _val_diverged(label: str, val_rmse: float, epoch: int) -> TrainingDiverged:
+    return TrainingDiverged(f"{label}: validation RMSE is {val_rmse} at epoch {epoch}")
 
 
 @contextmanager
@@ -223,24 +242,19 @@ def train(
             optimiser.zero_grad(set_to_none=True)
             loss = model.training_loss(b.obs_t, b.obs_x, b.query_t, b.target)
             if not torch.isfinite(loss):
-                raise TrainingDiverged(
-                    f"{label}: training loss is {loss.item()} at epoch {epoch}, batch {b_i}; "
-                    "the model diverged (try a smaller learning rate)"
-                )
+                raise _loss_diverged(label, loss.item(), epoch, b_i)
             loss.backward()
             if config.grad_clip is not None:
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
                 if not torch.isfinite(norm):
-                    raise TrainingDiverged(
-                        f"{label}: gradient norm is {norm.item()} at epoch {epoch}, batch {b_i}"
-                    )
+                    raise _norm_diverged(label, norm.item(), epoch, b_i)
             optimiser.step()
             total += loss.item() * len(b)
             count += len(b)
         nfe = model.nfe
         val_loss, val_rmse = _validate(model, val_data, config.batch_size)
         if not math.isfinite(val_rmse):
-            raise TrainingDiverged(f"{label}: validation RMSE is {val_rmse} at epoch {epoch}")
+            raise _val_diverged(label, val_rmse, epoch)
         record = EpochRecord(
             epoch, total / count, val_loss, val_rmse, time.perf_counter() - t0, nfe
         )

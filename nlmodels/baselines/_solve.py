@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torchdiffeq import odeint, odeint_adjoint
 
-from nlmodels.base import batch_times
+from nlmodels.base import batch_times, host_bool
 
 __all__ = [
     "ADAPTIVE_SOLVERS",
@@ -60,13 +60,13 @@ def check_inputs(
 
 
 def _increasing(name: str, t: torch.Tensor) -> torch.Tensor:
-    if t.shape[1] > 1 and not bool((t[:, 1:] > t[:, :-1]).all()):
+    if t.shape[1] > 1 and not host_bool((t[:, 1:] > t[:, :-1]).all()):
         raise ValueError(f"{name} must be strictly increasing along each trajectory")
     return t
 
 
 def _rows_equal(t: torch.Tensor) -> bool:
-    return bool((t == t[:1]).all())
+    return host_bool((t == t[:1]).all())
 
 
 def odeint_grid(
@@ -94,13 +94,13 @@ def odeint_grid(
     told that t_b'(τ) jumps at the integers (``jump_t``).
     """
     grid = torch.cat([t0.unsqueeze(1), query_t], dim=1)  # [B, T_q + 1]
-    if bool((grid[:, 1] < grid[:, 0]).any()):
+    if host_bool((grid[:, 1] < grid[:, 0]).any()):
         raise ValueError("query times must not precede the model's initial time")
     options: dict = {}
     if _rows_equal(grid):
         times = grid[0]
         # A first query at the initial time itself: x(t0) = x0 needs no extra grid point.
-        start_at_query = bool(times[1] == times[0])
+        start_at_query = host_bool(times[1] == times[0])
         if start_at_query:
             times = times[1:]
         func = field
@@ -130,8 +130,22 @@ def odeint_grid(
             adjoint_params=tuple(params),
             **kwargs,
         )
+    elif solver == "euler":
+        sol = _euler(func, x0, times)
     else:
         sol = odeint(func, x0, times, **kwargs)
     if not start_at_query:
         sol = sol[1:]
     return sol.transpose(0, 1)
+
+
+def _euler(field: Field, x0: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
+    """Euler steps on the output grid: the arithmetic of torchdiffeq's ``euler`` (whose output
+    grid points are its own step ends), without its in-place writes into an unbatched solution
+    buffer, so the solve also runs under ``torch.func.vmap`` and on tensors only (no host reads).
+    """
+    xs = [x0]
+    for k in range(times.shape[0] - 1):
+        t0, t1 = times[k], times[k + 1]
+        xs.append(xs[-1] + (t1 - t0) * field(t0, xs[-1]))
+    return torch.stack(xs)

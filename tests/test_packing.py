@@ -1,0 +1,384 @@
+"""Packed training: each member of a pack trains exactly as its own unpacked run."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torchdiffeq import odeint
+
+from datasets import SplitData
+from nlmodels import build_model
+from nlmodels.base import host_bool, recorded_host_bools
+from nlmodels.baselines._solve import _euler
+from tasks.config import TrainConfig
+from tasks.packing import _GRUCell, packable, train_packed
+from tasks.training import (
+    TrainingDiverged,
+    TrainingInterrupted,
+    TrainResult,
+    predict,
+    seeded,
+    train,
+)
+
+# Small sizes keep every model fast; the architectures are the paper's.
+_SMALL = {
+    "node": {"hidden": (16, 16)},
+    "anode": {"hidden": (16, 16)},
+    "nf_coupling": {"encoder_units": 8, "hidden": (8, 8)},
+    "nf_resnet": {"encoder_units": 8, "hidden": (8, 8)},
+}
+PACKABLE = tuple(_SMALL)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # Tiny tensors: threads only add synchronisation (and contend on a shared machine).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _split(seed: int, n: int, *, t_o: int = 6, t_q: int = 6, dim: int = 2) -> SplitData:
+    """Damped oscillations with random phase and rate, in the shapes of ``datasets.prepare``."""
+    rng = np.random.default_rng(seed)
+    t = np.linspace(0.0, 3.0, t_o + t_q)
+    phase = rng.uniform(0, 2 * np.pi, (n, 1, dim))
+    rate = rng.uniform(0.1, 0.5, (n, 1, dim))
+    x = np.exp(-rate * t[None, :, None]) * np.sin(2 * t[None, :, None] + phase)
+    x = x + 0.01 * rng.standard_normal(x.shape)
+    return SplitData(
+        obs_t=t[:t_o],
+        obs_x=x[:, :t_o],
+        query_t=t[t_o:],
+        target=x[:, t_o:],
+        target_clean=x[:, t_o:],
+        index=np.arange(n),
+        ic=x[:, 0],
+    )
+
+
+def _data(seed: int) -> tuple[SplitData, SplitData, SplitData]:
+    return _split(100 + seed, 16), _split(200 + seed, 6), _split(300 + seed, 6)
+
+
+def _model(name: str, seed: int, **kw):
+    with seeded(seed):
+        return build_model(name, 2, **{**_SMALL.get(name, {}), **kw})
+
+
+def _cfg(**kw) -> TrainConfig:
+    return TrainConfig(**{"epochs": 4, "patience": None, "batch_size": 8, "lr": 0.01, **kw})
+
+
+def _unpacked(name, seeds, cfg, datas, **kw):
+    out = []
+    for s, (tr, va, _) in zip(seeds, datas):
+        model = _model(name, s, **kw)
+        try:
+            result = train(model, tr, va, cfg, seed=s, label=f"m{s}")
+        except TrainingDiverged as e:
+            result = e
+        out.append((model, result))
+    return out
+
+
+def _packed(name, seeds, cfg, datas, **kw):
+    models = [_model(name, s, **kw) for s in seeds]
+    records = {i: [] for i in range(len(seeds))}
+    results = train_packed(
+        models,
+        [d[0] for d in datas],
+        [d[1] for d in datas],
+        cfg,
+        seeds=seeds,
+        labels=[f"m{s}" for s in seeds],
+        on_epoch=lambda i, r: records[i].append(r),
+    )
+    for i, r in enumerate(results):
+        if isinstance(r, TrainResult):
+            assert list(r.history) == records[i]
+    return list(zip(models, results))
+
+
+def _assert_same(a, b, test: SplitData) -> None:
+    (ma, ra), (mb, rb) = a, b
+    if isinstance(ra, TrainingDiverged):
+        assert isinstance(rb, TrainingDiverged) and str(ra) == str(rb)
+    else:
+        assert isinstance(rb, TrainResult)
+        assert (ra.best_epoch, ra.stopped, len(ra.history)) == (
+            rb.best_epoch,
+            rb.stopped,
+            len(rb.history),
+        )
+        for ea, eb in zip(ra.history, rb.history):
+            assert ea.epoch == eb.epoch and ea.nfe == eb.nfe
+            for f in ("train_loss", "val_loss", "val_rmse"):
+                assert getattr(ea, f) == pytest.approx(getattr(eb, f), rel=0, abs=1e-8)
+        assert rb.best_val_rmse == pytest.approx(ra.best_val_rmse, rel=0, abs=1e-8)
+    np.testing.assert_allclose(predict(mb, test), predict(ma, test), rtol=0, atol=1e-8)
+    for (na, ta), (nb, tb) in zip(ma.state_dict().items(), mb.state_dict().items()):
+        assert na == nb
+        torch.testing.assert_close(tb, ta, rtol=0, atol=1e-8, equal_nan=True)
+    assert ma.training == mb.training
+
+
+@pytest.mark.parametrize("name", PACKABLE)
+def test_packed_equals_unpacked_with_early_stopping(name):
+    seeds = [0, 1, 2]
+    datas = [_data(s) for s in seeds]
+    cfg = _cfg(epochs=5, patience=1, lr=0.05)
+    unpacked = _unpacked(name, seeds, cfg, datas)
+    packed = _packed(name, seeds, cfg, datas)
+    assert all(r.packed_members == 3 for _, r in packed)
+    for a, b, d in zip(unpacked, packed, datas):
+        _assert_same(a, b, d[2])
+    # the pack exercised members that stop at different epochs
+    lengths = {len(r.history) for _, r in unpacked}
+    stops = {r.stopped for _, r in unpacked}
+    if name in ("node", "nf_coupling"):
+        assert len(lengths) > 1 and "early_stopping" in stops, (lengths, stops)
+
+
+def _poisoned(split: SplitData, field: str) -> SplitData:
+    x = np.array(getattr(split, field))
+    x[3, -1, 0] = np.nan  # the last observation: the ODE models start from it
+    return dataclasses.replace(split, **{field: x})
+
+
+@pytest.mark.parametrize(
+    ("where", "grad_clip", "expected"),
+    [
+        ("train", 1.0, "training loss is nan at epoch 0"),
+        ("train", None, "training loss is nan at epoch 0"),
+        ("val", 1.0, "validation RMSE is nan at epoch 0"),
+    ],
+)
+def test_a_diverging_member_leaves_the_others_unchanged(where, grad_clip, expected):
+    seeds = [0, 1, 2]
+    datas = [_data(s) for s in seeds]
+    tr, va, te = datas[1]
+    datas[1] = (
+        (_poisoned(tr, "obs_x"), va, te) if where == "train" else (tr, _poisoned(va, "target"), te)
+    )
+    cfg = _cfg(epochs=3, grad_clip=grad_clip)
+    unpacked = _unpacked("node", seeds, cfg, datas)
+    packed = _packed("node", seeds, cfg, datas)
+    assert isinstance(packed[1][1], TrainingDiverged) and expected in str(packed[1][1])
+    for a, b, d in zip(unpacked, packed, datas):
+        _assert_same(a, b, d[2])
+
+
+def test_gradient_norm_divergence_ends_only_that_member():
+    # A vector field that is finite at the data but whose gradient overflows for one member.
+    seeds = [0, 1]
+    datas = [_data(s) for s in seeds]
+    cfg = _cfg(epochs=2)
+
+    def build(s):
+        model = _model("node", s)
+        if s == 1:
+            with torch.no_grad():
+                model.field[0].weight.mul_(1e200)
+        return model
+
+    unpacked = []
+    for s, (tr, va, _) in zip(seeds, datas):
+        m = build(s)
+        try:
+            unpacked.append((m, train(m, tr, va, cfg, seed=s, label=f"m{s}")))
+        except TrainingDiverged as e:
+            unpacked.append((m, e))
+    models = [build(s) for s in seeds]
+    results = train_packed(
+        models,
+        [d[0] for d in datas],
+        [d[1] for d in datas],
+        cfg,
+        seeds=seeds,
+        labels=["m0", "m1"],
+    )
+    assert isinstance(results[1], TrainingDiverged)
+    for a, b, d in zip(unpacked, zip(models, results), datas):
+        _assert_same(a, b, d[2])
+
+
+def test_result_does_not_depend_on_pack_composition():
+    seeds = [0, 1, 2]
+    datas = {s: _data(s) for s in seeds}
+    cfg = _cfg(epochs=3, patience=1, lr=0.05)
+
+    def member_a(order):
+        out = _packed("node", order, cfg, [datas[s] for s in order])
+        return out[order.index(0)]
+
+    alone, full, pair = member_a([0]), member_a([0, 1, 2]), member_a([2, 0])
+    assert alone[1].packed_members == 1 and pair[1].packed_members == 2
+    _assert_same(alone, full, datas[0][2])
+    _assert_same(alone, pair, datas[0][2])
+
+
+def test_packable():
+    cpu = torch.device("cpu")
+    assert packable(build_model("node", 1), cpu)
+    assert packable(build_model("nf_resnet", 1), cpu)
+    assert not packable(build_model("node", 1, solver="dopri5"), cpu)
+    assert not packable(build_model("node", 1, adjoint=True), cpu)
+    assert not packable(build_model("latent_ode", 1), cpu)  # ELBO: draws from the global RNG
+    assert not packable(build_model("neural_laplace", 1), cpu)  # custom autograd function
+
+
+def test_not_packable_models_fall_back_to_train():
+    seeds = [0, 1]
+    datas = [_data(s) for s in seeds]
+    cfg = _cfg(epochs=2)
+    kw = {"solver": "rk4"}
+    unpacked = _unpacked("node", seeds, cfg, datas, **kw)
+    packed = _packed("node", seeds, cfg, datas, **kw)
+    assert all(r.packed_members == 1 for _, r in packed)
+    for a, b, d in zip(unpacked, packed, datas):
+        _assert_same(a, b, d[2])
+
+
+def test_stop_event_interrupts():
+    stop = threading.Event()
+    stop.set()
+    datas = [_data(s) for s in (0, 1)]
+    with pytest.raises(TrainingInterrupted):
+        train_packed(
+            [_model("node", 0), _model("node", 1)],
+            [d[0] for d in datas],
+            [d[1] for d in datas],
+            _cfg(),
+            seeds=[0, 1],
+            stop=stop,
+        )
+
+
+def test_mismatched_arguments_are_rejected():
+    d = _data(0)
+    with pytest.raises(ValueError, match="one train split, val split and seed per model"):
+        train_packed([_model("node", 0)], [d[0]], [d[1]], _cfg(), seeds=[0, 1])
+    with pytest.raises(ValueError, match="graphs=True needs a CUDA device"):
+        train_packed([_model("node", 0)], [d[0]], [d[1]], _cfg(), seeds=[0], graphs=True)
+
+
+def test_gru_cell_matches_torch_exactly():
+    torch.manual_seed(0)
+    cell = nn.GRUCell(3, 5).double()
+    x, h = torch.randn(4, 3, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
+    assert torch.equal(_GRUCell(cell)(x, h), cell(x, h))
+
+
+def test_euler_matches_torchdiffeq_exactly():
+    torch.manual_seed(0)
+    w = torch.randn(3, 3, dtype=torch.float64)
+
+    def field(t, x):
+        return torch.tanh(x @ w) * t
+
+    x0 = torch.randn(5, 3, dtype=torch.float64)
+    times = torch.linspace(0.3, 2.0, 17, dtype=torch.float64) ** 2
+    assert torch.equal(_euler(field, x0, times), odeint(field, x0, times, method="euler"))
+
+
+def test_host_bools_are_replayed_without_reading_tensors():
+    tape: list[bool] = []
+    with recorded_host_bools(tape, replay=False):
+        assert host_bool(torch.tensor(True)) and not host_bool(torch.tensor(0.0))
+    assert tape == [True, False]
+    with recorded_host_bools(tape, replay=True):
+        # the replayed values, whatever the tensors now hold
+        assert host_bool(torch.tensor(False)) and not host_bool(torch.tensor(1.0))
+    assert host_bool(torch.tensor(1.0))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", PACKABLE)
+def test_cuda_graphs_equal_eager(name):
+    seeds = [0, 1, 2]
+    datas = [_data(s) for s in seeds]
+    datas[2] = (_poisoned(datas[2][0], "obs_x"), *datas[2][1:])  # one member diverges
+    cfg = _cfg(epochs=5, patience=1, lr=0.05)
+    runs = []
+    for graphs in (False, True):
+        models = [_model(name, s) for s in seeds]
+        results = train_packed(
+            models,
+            [d[0] for d in datas],
+            [d[1] for d in datas],
+            cfg,
+            device="cuda",
+            seeds=seeds,
+            graphs=graphs,
+        )
+        runs.append((models, results))
+    (m_e, r_e), (m_g, r_g) = runs
+    assert isinstance(r_g[2], TrainingDiverged) and str(r_g[2]) == str(r_e[2])
+    for a, b in zip(r_e[:2], r_g[:2]):
+        assert b.graphs and not a.graphs
+        assert (a.best_epoch, a.stopped) == (b.best_epoch, b.stopped)
+        for ea, eb in zip(a.history, b.history, strict=True):
+            assert ea.nfe == eb.nfe
+            assert abs(ea.train_loss - eb.train_loss) <= 1e-10
+            assert abs(ea.val_rmse - eb.val_rmse) <= 1e-10
+    for a, b in zip(m_e, m_g):
+        for ta, tb in zip(a.state_dict().values(), b.state_dict().values()):
+            torch.testing.assert_close(tb, ta, rtol=0, atol=1e-10, equal_nan=True)
+
+
+def test_device_scalar_adam_and_replayed_checks_match_the_eager_step():
+    """The arithmetic a CUDA graph replays (Adam's step size read from device scalars, the
+    models' host checks replayed from a tape) against the CPU step, run on the CPU."""
+    from tasks.packing import _Packer
+    from tasks.training import _Tensors
+
+    datas = [_data(s) for s in (0, 1)]
+
+    def run(device_scalars: bool, tape_mode: str) -> list[torch.Tensor]:
+        models = [_model("nf_resnet", s).double() for s in (0, 1)]
+        data = {
+            i: (_Tensors.of(d[0], torch.device("cpu"), torch.float64),) * 2
+            for i, d in enumerate(datas)
+        }
+        first = data[0][0]
+        packer = _Packer(models, torch.device("cpu"), 1.0, 0.01, first.obs_t, first.query_t)
+        packer.device_scalars = device_scalars
+        pack = packer.pack([0, 1], data)
+        packer.set_mode(pack, True)
+        tape: list[bool] = []
+        for n_step in range(1, 4):
+            idx = (torch.stack([torch.arange(8), torch.arange(8, 16)]) + n_step) % 16
+            adam = packer.adam_scalars(n_step)
+            if tape_mode == "none":
+                packer.step(pack, idx, 8, adam)
+            else:
+                with recorded_host_bools(tape, replay=n_step > 1):
+                    packer.step(pack, idx, 8, adam)
+        if tape_mode != "none":
+            assert tape and all(tape)  # the time-grid checks were recorded, then replayed
+        return [t.detach().clone() for t in pack.mutable()] + [
+            b.clone() for m in models for b in m.buffers()
+        ]
+
+    reference = run(False, "none")
+    for got in (run(True, "none"), run(False, "tape")):
+        for a, b in zip(reference, got, strict=True):
+            torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
+
+
+def test_members_with_different_settings_train_one_by_one():
+    datas = [_data(s) for s in (0, 1)]
+    models = [_model("node", 0), _model("node", 1, rtol=0.1)]  # same tensors, other settings
+    results = train_packed(
+        models, [d[0] for d in datas], [d[1] for d in datas], _cfg(epochs=1), seeds=[0, 1]
+    )
+    assert [r.packed_members for r in results] == [1, 1]
