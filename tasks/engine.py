@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
 
+import torch
 from prefect.futures import PrefectFuture, as_completed, wait
 from tqdm.auto import tqdm
 
@@ -52,15 +53,32 @@ def stored_results(
     return reused, todo
 
 
+def _packable(cell: CellConfig) -> bool:
+    """Whether the cell's model trains packed (else its seeds are better spread over workers)."""
+    from datasets import SYSTEMS
+    from nlmodels import build_model
+    from tasks.packing import packable
+
+    try:
+        model = build_model(cell.method, SYSTEMS[cell.system].state_dim, **cell.model)
+    except Exception:
+        return False  # the cell fails on its own, with its error, when it runs
+    return packable(model, torch.device("cpu"))
+
+
 def make_packs(cells: Sequence[CellConfig], pack: bool) -> list[list[CellConfig]]:
-    """Cells grouped by :func:`~tasks.cell.pack_key` (first-appearance order); one cell per
-    pack when ``pack`` is off."""
+    """Cells grouped by :func:`~tasks.cell.pack_key` (first-appearance order) where their model
+    trains packed (:func:`tasks.packing.packable`); one cell per pack otherwise, or when ``pack``
+    is off, so that cells that would train one by one spread over the workers instead."""
     if not pack:
         return [[c] for c in cells]
     groups: dict[str, list[CellConfig]] = {}
     for c in cells:
         groups.setdefault(pack_key(c), []).append(c)
-    return list(groups.values())
+    packs: list[list[CellConfig]] = []
+    for group in groups.values():
+        packs += [group] if len(group) > 1 and _packable(group[0]) else [[c] for c in group]
+    return packs
 
 
 def _failed(cell: CellConfig, error: str | None = None) -> CellResult:

@@ -94,6 +94,9 @@ def test_child_runs_hold_params_metrics_tags_artifacts(first):
         assert model == {"model/model.json", "model/state_dict.pt"}
         (ds,) = run.inputs.dataset_inputs
         assert tags["dataset_hash"].startswith(ds.dataset.digest)
+        # how it trained: NODE's two seeds as one packed model, Neural Laplace one by one
+        assert tags["packed_members"] == ("2" if tags["method"] == "node" else "1")
+        assert tags["device_used"] == "cpu" and tags["cuda_graphs"] == "False"
 
 
 def test_registry_champion_is_the_best_neural_laplace(first):
@@ -187,3 +190,12 @@ def test_worker_processes_give_the_same_results(first):
     ref = {r.key: r.test_rmse for r in first.results}
     for r in summary.results:
         assert r.test_rmse == pytest.approx(ref[r.key], rel=1e-9, abs=1e-12)
+
+
+def test_packing_does_not_change_any_result(first):
+    # The same cells trained one by one (--no-pack) give every cell the packed run's result.
+    summary = run_benchmark(_config(pack=False, tracking={"experiment": "unpacked"}))
+    assert summary.count("finished") == 8 and summary.ok
+    packed = {r.key: r.test_rmse for r in first.results}
+    for r in summary.results:
+        assert abs(r.test_rmse - packed[r.key]) <= 1e-8, r.key
