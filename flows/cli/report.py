@@ -1,0 +1,40 @@
+"""``nllab report``: the results table and the full report of finished runs (no training)."""
+
+from __future__ import annotations
+
+import argparse
+
+from flows.cli._common import add_selection
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "report",
+        help="results table and the full HTML/Markdown report of finished runs (no training)",
+        description="Rebuild the main table from finished runs, and one self-contained HTML "
+        "report (plus Markdown) with every table and figure of the latest benchmark and study "
+        "runs, each beside the paper's number with the gap marked.",
+    )
+    add_selection(
+        p, profile_help="size preset (default: the profile of the latest finished benchmark)"
+    )
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write results.{csv,md,tex} and report.* here (default $NLLAB_HOME/reports/PROFILE)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace report files in --out that this command did not write",
+    )
+    p.set_defaults(handler=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from flows.report_full import report_command
+
+    return report_command(args)
