@@ -26,8 +26,8 @@ from prefect import flow, get_run_logger
 from prefect.futures import wait
 
 import tasks._env  # noqa: F401
-from flows.cli.reproduce import add_parser as add_reproduce_parser  # loads without Prefect
 from flows._runtime import flow_settings, make_task_runner
+from flows.cli.reproduce import add_parser as add_reproduce_parser  # loads without Prefect
 from tasks.cell import CellRuntime, prepare_cell, simulate_data
 from tasks.config import CellConfig, RunConfig, TrackingConfig
 from tasks.evaluation import evaluate

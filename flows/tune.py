@@ -17,8 +17,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
 
 import tasks._env  # noqa: F401
-from flows.cli.tune import add_parser as add_tune_parser  # loads without Prefect
 from flows._runtime import flow_settings
+from flows.cli.tune import add_parser as add_tune_parser  # loads without Prefect
 from tasks.tuning import (
     StudySpec,
     TuneResult,

@@ -175,6 +175,7 @@ class TableCell:
     verdict: Verdict = ""
     link: str | None = None
     flag: str = ""
+    mark: bool = True  # append the verdict's mark (off when the text already names it)
 
     @classmethod
     def of(cls, value: object) -> TableCell:
@@ -204,7 +205,8 @@ class Table:
             cells = []
             for c in cols:
                 if c == "verdict":
-                    cells.append(TableCell(v or "–", verdict=v))
+                    text = f"{VERDICT_MARKS[v]} {v}" if v else "–"
+                    cells.append(TableCell(text, verdict=v, mark=False))
                 else:
                     cells.append(TableCell.of(r[c]))
             rows.append(tuple(cells))
@@ -227,7 +229,7 @@ def _cell_markdown(c: TableCell) -> str:
     text = f"[{c.text}]({c.link})" if c.link else c.text
     if c.best:
         text = f"**{text}**"
-    if c.verdict:
+    if c.verdict and c.mark:
         text += f" {VERDICT_MARKS[c.verdict]}"
     if c.paper:
         text += f" (paper {c.paper})"
@@ -240,7 +242,7 @@ def _cell_latex(c: TableCell) -> str:
     text = _esc_latex(c.text)
     if c.best:
         text = rf"\textbf{{{text}}}"
-    if c.verdict:
+    if c.verdict and c.mark:
         text += " " + _LATEX_MARKS[c.verdict]
     if c.paper:
         text += rf" {{\scriptsize ({_esc_latex(c.paper)})}}"
@@ -255,7 +257,7 @@ def _cell_html(c: TableCell) -> str:
         text = f'<a href="{html.escape(c.link)}">{text}</a>'
     if c.best:
         text = f"<b>{text}</b>"
-    if c.verdict:
+    if c.verdict and c.mark:
         text += f' <span class="mark">{VERDICT_MARKS[c.verdict]}</span>'
     if c.paper:
         text += f'<br><span class="paper">paper {html.escape(c.paper)}</span>'
@@ -267,7 +269,9 @@ def _cell_html(c: TableCell) -> str:
 
 
 def _cell_lines(c: TableCell) -> list[str]:
-    marks = (f" {VERDICT_MARKS[c.verdict]}" if c.verdict else "") + (" ⚠" if c.flag else "")
+    marks = (f" {VERDICT_MARKS[c.verdict]}" if c.verdict and c.mark else "") + (
+        " ⚠" if c.flag else ""
+    )
     lines = [("*" if c.best else "") + c.text + marks]
     if c.paper:
         lines.append(f"({c.paper})")

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -123,6 +123,7 @@ class RunRecord:
     config_hash: str
     test_rmse: float | None
     tags: Mapping[str, str]
+    metrics: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -345,7 +346,11 @@ class Tracker:
             h = r.data.tags.get("config_hash")
             if h in wanted and h not in found:
                 found[h] = RunRecord(
-                    r.info.run_id, h, r.data.metrics.get("test_rmse"), dict(r.data.tags)
+                    r.info.run_id,
+                    h,
+                    r.data.metrics.get("test_rmse"),
+                    dict(r.data.tags),
+                    dict(r.data.metrics),
                 )
         return found
 
@@ -353,13 +358,27 @@ class Tracker:
         return list(self._search(f"tags.`mlflow.parentRunId` = '{parent_run_id}'"))
 
     def latest_run(self, kind: str) -> str | None:
+        """The newest FINISHED run of ``kind`` (a failed or interrupted one has no results)."""
         runs = self.client.search_runs(
             [self.experiment_id],
-            filter_string=f"tags.`nllab.kind` = '{kind}'",
+            filter_string=f"tags.`nllab.kind` = '{kind}' and attributes.status = 'FINISHED'",
             max_results=1,
             order_by=["attributes.start_time DESC"],
         )
         return runs[0].info.run_id if runs else None
+
+    def finished_runs(self, kind: str) -> list:
+        """Every FINISHED run of ``kind``, newest first (``mlflow.entities.Run``)."""
+        return list(
+            self._search(
+                f"tags.`nllab.kind` = '{kind}' and attributes.status = 'FINISHED'",
+                order_by=["attributes.start_time DESC"],
+            )
+        )
+
+    def run_url(self, ui_address: str, run_id: str) -> str:
+        """The run's page in the MLflow UI served at ``ui_address``."""
+        return f"{ui_address.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
 
     # -- model registry ---------------------------------------------------------------------
     def promote_if_better(
@@ -368,7 +387,9 @@ class Tracker:
         """Register ``run_id``'s model as a new version of ``name`` and move the champion alias
         to it, only if it beats the current champion's test RMSE (lower is better).
 
-        Existing versions are never deleted or overwritten.
+        Existing versions are never deleted or overwritten, and a run already registered under
+        ``name`` (say, by a process killed before it moved the alias) is not registered again:
+        its version is reused.
         """
         try:
             self.client.create_registered_model(
@@ -386,12 +407,23 @@ class Tracker:
             previous = float(current.tags.get("test_rmse", "inf"))
             if not test_rmse < previous:
                 return Promotion(name, False, None, test_rmse, previous)
-        source = f"{self.client.get_run(run_id).info.artifact_uri}/{artifact_path}"
+        same_run = self.client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+        if same_run:
+            version = str(min(int(v.version) for v in same_run))
+        else:
+            version = str(self._register(name, run_id, artifact_path, test_rmse))
+        self.client.set_registered_model_alias(name, CHAMPION, version)
+        return Promotion(name, True, version, test_rmse, previous)
+
+    def _register(self, name: str, run_id: str, artifact_path: str, test_rmse: float) -> str:
+        """A new version of ``name`` from the run's model, by its ``runs:/`` URI."""
         mv = self.client.create_model_version(
-            name, source=source, run_id=run_id, tags={"test_rmse": repr(float(test_rmse))}
+            name,
+            source=f"runs:/{run_id}/{artifact_path}",
+            run_id=run_id,
+            tags={"test_rmse": repr(float(test_rmse))},
         )
-        self.client.set_registered_model_alias(name, CHAMPION, mv.version)
-        return Promotion(name, True, str(mv.version), test_rmse, previous)
+        return str(mv.version)
 
     def champion(self, name: str) -> tuple[str, str] | None:
         """``(version, run_id)`` of the champion of ``name``, or ``None``."""

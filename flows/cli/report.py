@@ -30,6 +30,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         action="store_true",
         help="replace report files in --out that this command did not write",
     )
+    p.add_argument(
+        "--mlflow-ui",
+        metavar="URL",
+        help="address of a running MLflow UI: run ids become links to it "
+        "(default $NLLAB_MLFLOW_UI, or the tracking server)",
+    )
     p.set_defaults(handler=run)
     return p
 
