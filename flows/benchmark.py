@@ -26,7 +26,13 @@ from tasks._workers import worker_processes
 from tasks.cell import CellRuntime
 from tasks.config import CellConfig, RunConfig
 from tasks.prefect_tasks import CellFailed, cell_task, simulate_task
-from tasks.reporting import CellResult, ResultsTable, results_table
+from tasks.reporting import (
+    CellResult,
+    ResultsTable,
+    parent_summary,
+    results_table,
+    stored_result,
+)
 from tasks.tracking import Promotion, Tracker
 
 __all__ = [
@@ -112,11 +118,7 @@ def stored_results(
         if rec is None:
             todo.append(c)
         else:
-            reused.append(
-                CellResult(
-                    c.system, c.method, c.seed, "reused", rec.test_rmse, rec.run_id, rec.config_hash
-                )
-            )
+            reused.append(stored_result(c.system, c.method, c.seed, rec))
     return reused, todo
 
 
@@ -194,12 +196,17 @@ def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
             tracker.log_artifact(parent, Path(tmp), "results")
         promotions = _promote(tracker, results) if config.tracking.register_models else []
         failed = [r for r in results if not r.ok]
+        description, summary_metrics = parent_summary(
+            results, f"Benchmark, profile {config.profile}"
+        )
+        tracker.log_metrics(parent, summary_metrics)
         tracker.set_tags(
             parent,
             {
                 "cells_finished": sum(r.status == "finished" for r in results),
                 "cells_reused": len(reused),
                 "cells_failed": len(failed),
+                "mlflow.note.content": description[:5000],
             },
         )
         for r in failed:

@@ -32,7 +32,15 @@ import pandas as pd
 
 import tasks._env  # noqa: F401
 from tasks.config import RunConfig
-from tasks.reporting import CellResult, ResultsTable, Table, TableCell, render_table, results_table
+from tasks.reporting import (
+    CellResult,
+    ResultsTable,
+    Table,
+    TableCell,
+    render_table,
+    results_table,
+    stored_result,
+)
 from tasks.tracking import Tracker
 
 __all__ = [
@@ -174,19 +182,7 @@ def stored_cell_results(tracker: Tracker, config: RunConfig) -> list[CellResult]
         if rec is None:
             out.append(CellResult(c.system, c.method, c.seed, "missing"))
             continue
-        out.append(
-            CellResult(
-                c.system,
-                c.method,
-                c.seed,
-                "reused",
-                rec.test_rmse,
-                rec.run_id,
-                rec.config_hash,
-                top_share=rec.metrics.get("test_top_share"),
-                rmse_without_top=rec.metrics.get("test_rmse_without_top"),
-            )
-        )
+        out.append(stored_result(c.system, c.method, c.seed, rec))
     return out
 
 

@@ -7,11 +7,13 @@ one diverging model never stops the others.
 
 from __future__ import annotations
 
+import json
 import tempfile
 import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -20,7 +22,7 @@ from nlmodels import build_model, native_cpu_kernels
 from tasks._workers import worker_stop_event
 from tasks.config import CellConfig, DataConfig
 from tasks.evaluation import evaluate, plot_extrapolation, plot_loss_curves
-from tasks.modelio import ModelSpec, save_model
+from tasks.modelio import ModelSpec, model_params, resolved_model_args, save_model
 from tasks.reporting import CellResult
 from tasks.tracking import Tracker, TrackingSettings
 from tasks.training import EpochRecord, TrainingInterrupted, seeded, select_device, train
@@ -134,6 +136,18 @@ def _train_and_log(cell: CellConfig, rt: CellRuntime, run_id: str, config_hash: 
     return float(tracker.get_run_data(run_id).data.metrics["test_rmse"])
 
 
+def log_model_args(
+    tracker: Tracker, run_id: str, cell: CellConfig, state_dim: int
+) -> dict[str, Any]:
+    """Log the model's fully resolved constructor arguments (defaults included) as ``model.*``
+    params and ``model_args.json``; returns them. The config hash is not touched."""
+    args = resolved_model_args(cell.method, state_dim, cell.model)
+    logged = cell.flat_params()
+    tracker.log_params(run_id, {k: v for k, v in model_params(args).items() if k not in logged})
+    tracker.log_text(run_id, json.dumps(args, indent=2, sort_keys=True), "model_args.json")
+    return args
+
+
 def _fit(cell: CellConfig, rt: CellRuntime, run_id: str, config_hash: str) -> None:
     tracker = rt.tracker
     if rt.torch_threads is not None and torch.get_num_threads() != rt.torch_threads:
@@ -173,6 +187,7 @@ def _fit(cell: CellConfig, rt: CellRuntime, run_id: str, config_hash: str) -> No
         model = build_model(cell.method, state_dim, **cell.model)
     n_params = sum(p.numel() for p in model.parameters())
     tracker.log_params(run_id, {"n_parameters": n_params, "state_dim": state_dim})
+    model_args = log_model_args(tracker, run_id, cell, state_dim)
 
     def log_epoch(r: EpochRecord) -> None:
         tracker.log_metrics(
@@ -228,6 +243,7 @@ def _fit(cell: CellConfig, rt: CellRuntime, run_id: str, config_hash: str) -> No
             config_hash=config_hash,
             dataset_fingerprint=ds.fingerprint,
             test_rmse=ev.test_rmse,
+            model_args=model_args,
         )
         save_model(model.cpu(), spec, folder / "model")
         tracker.log_artifact(run_id, folder / "plots", "plots")

@@ -6,7 +6,9 @@ with ``nlmodels.build_model``, so loading a model cannot run arbitrary code.
 
 from __future__ import annotations
 
+import inspect
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ import torch
 
 from nlmodels import ForecastModel, build_model
 
-__all__ = ["ModelSpec", "load_model", "save_model"]
+__all__ = ["ModelSpec", "load_model", "model_params", "resolved_model_args", "save_model"]
 
 _WEIGHTS = "state_dict.pt"
 _SPEC = "model.json"
@@ -34,6 +36,53 @@ class ModelSpec:
     config_hash: str = ""
     dataset_fingerprint: str = ""
     test_rmse: float | None = None
+    #: every constructor argument, defaults included (:func:`resolved_model_args`)
+    model_args: dict[str, Any] = field(default_factory=dict)
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return repr(value)
+
+
+def resolved_model_args(
+    method: str, state_dim: int, overrides: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Every constructor argument of the registered model ``method``: its defaults (read with
+    :func:`inspect.signature`, following ``**kwargs`` to the parent class) overridden by
+    ``overrides``, as JSON values (tuples as lists). Nothing is built."""
+    from nlmodels import MODELS
+
+    if method not in MODELS:
+        raise ValueError(f"unknown model {method!r}; valid models: {', '.join(sorted(MODELS))}")
+    defaults: dict[str, Any] = {}
+    for klass in MODELS[method].__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(vars(klass)["__init__"]).parameters.values()
+        for p in params:
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                if p.name not in ("self", "state_dim") and p.name not in defaults:
+                    if p.default is not p.empty:
+                        defaults[p.name] = p.default
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            break
+    return _jsonable({"state_dim": int(state_dim), **defaults, **dict(overrides)})
+
+
+def model_params(args: Mapping[str, Any]) -> dict[str, str]:
+    """Resolved model arguments as MLflow params ``model.NAME``: lists and maps as JSON, the
+    rest as ``str`` (the spelling of :meth:`tasks.config.CellConfig.flat_params`, so an override
+    logged by both gets the same value)."""
+    return {
+        f"model.{k}": json.dumps(v) if isinstance(v, list | tuple | Mapping) else str(v)
+        for k, v in args.items()
+    }
 
 
 def save_model(model: ForecastModel, spec: ModelSpec, folder: str | Path) -> Path:

@@ -22,8 +22,10 @@ __all__ = [
     "ResultsTable",
     "Table",
     "TableCell",
+    "parent_summary",
     "render_table",
     "results_table",
+    "stored_result",
     "verdict",
 ]
 
@@ -448,6 +450,53 @@ class ResultsTable:
     def texts(self) -> dict[str, str]:
         """``{csv, md, tex}`` texts, as :meth:`write` would write them."""
         return {"csv": self.to_csv(), "md": self.to_markdown(), "tex": self.to_latex()}
+
+
+def stored_result(system: str, method: str, seed: int, record) -> CellResult:
+    """A cell's ``reused`` result from its finished run (a :class:`tasks.tracking.RunRecord`)."""
+    return CellResult(
+        system,
+        method,
+        seed,
+        "reused",
+        record.test_rmse,
+        record.run_id,
+        record.config_hash,
+        top_share=record.metrics.get("test_top_share"),
+        rmse_without_top=record.metrics.get("test_rmse_without_top"),
+    )
+
+
+def parent_summary(results: Sequence[CellResult], title: str) -> tuple[str, dict[str, float]]:
+    """A parent run's description (Markdown, for the ``mlflow.note.content`` tag) and its
+    summary metrics: cell counts, and the mean test RMSE and win count against the paper."""
+    table = results_table(results)
+    ok = [r for r in results if r.ok]
+    verdicts = [
+        verdict(m, s, pm, ps)
+        for m, s, pm, ps in zip(
+            table.frame["mean"],
+            table.frame["std"],
+            table.frame["paper_mean"],
+            table.frame["paper_std"],
+        )
+    ]
+    metrics = {
+        "cells": float(len(results)),
+        "cells_ok": float(len(ok)),
+        "cells_failed": float(sum(r.status in ("failed", "interrupted") for r in results)),
+        "mean_test_rmse": float(np.mean([r.test_rmse for r in ok])) if ok else float("nan"),
+        "paper_better": float(verdicts.count("better")),
+        "paper_match": float(verdicts.count("match")),
+        "paper_worse": float(verdicts.count("worse")),
+    }
+    text = (
+        f"**{title}**: {len(ok)} of {len(results)} cells finished "
+        f"({int(metrics['cells_failed'])} failed). Against the paper's Table 3: "
+        f"{verdicts.count('better')} better, {verdicts.count('match')} within its band, "
+        f"{verdicts.count('worse')} worse.\n\n" + table.to_markdown()
+    )
+    return text, metrics
 
 
 def results_table(results: Iterable[CellResult]) -> ResultsTable:
