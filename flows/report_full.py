@@ -464,9 +464,7 @@ def report_command(args: argparse.Namespace) -> int:
     except UnownedFiles as e:
         print(f"nllab report: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    print(
-        f"{found} of {len(results)} cells have finished runs; written: "
-        + ", ".join(str(p) for p in paths.results)
-    )
+    print(f"{found} of {len(results)} cells have finished runs")
+    print(f"written: {', '.join(str(p) for p in paths.results)}")
     print(f"full report of the latest benchmark and study runs: {paths.html} ({paths.markdown})")
     return 0

@@ -351,7 +351,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         with temporary_settings({PREFECT_API_URL: api}):
-            print(f"serving {len(entries)} deployments on {api} (Ctrl-C to stop)", flush=True)
+            print(f"serving {len(entries)} deployments on {api} (Ctrl-C to stop)")
+            # Prefect's own hint, `prefect deployment run NAME`, needs this in the other shell.
+            print(
+                f"to trigger one from another shell, first: export PREFECT_API_URL={api}",
+                flush=True,
+            )
             serve(*build_deployments(entries))
     finally:
         if server is not None:

@@ -247,7 +247,7 @@ def _fit(cell: CellConfig, rt: CellRuntime, run_id: str, config_hash: str) -> No
         )
         save_model(model.cpu(), spec, folder / "model")
         tracker.log_artifact(run_id, folder / "plots", "plots")
-        tracker.log_artifact(run_id, folder / "model", "model")
+        tracker.log_model(run_id, folder / "model", "model")  # an MLflow pyfunc model
     # Logged last: a run with test_rmse has all its artifacts.
     tracker.log_metrics(
         run_id,

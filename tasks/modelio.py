@@ -13,11 +13,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from nlmodels import ForecastModel, build_model
 
-__all__ = ["ModelSpec", "load_model", "model_params", "resolved_model_args", "save_model"]
+__all__ = [
+    "ModelSpec",
+    "forecast",
+    "load_model",
+    "model_params",
+    "resolved_model_args",
+    "save_model",
+    "weights_folder",
+]
 
 _WEIGHTS = "state_dict.pt"
 _SPEC = "model.json"
@@ -94,16 +103,23 @@ def save_model(model: ForecastModel, spec: ModelSpec, folder: str | Path) -> Pat
     return out
 
 
+def weights_folder(folder: str | Path) -> Path:
+    """Where :func:`save_model`'s files are: ``folder`` itself, or, for a model logged as an
+    MLflow ``pyfunc``, its ``artifacts/weights`` folder."""
+    folder = Path(folder)
+    for candidate in (folder, folder / "artifacts" / "weights"):
+        if (candidate / _SPEC).is_file() and (candidate / _WEIGHTS).is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"{str(folder)!r} is not a saved Neural Laplace Lab model (expected {_SPEC} and {_WEIGHTS})"
+    )
+
+
 def load_model(
     folder: str | Path, device: str | torch.device = "cpu"
 ) -> tuple[ForecastModel, ModelSpec]:
     """Rebuild a model saved by :func:`save_model` (weights-only load)."""
-    folder = Path(folder)
-    if not (folder / _SPEC).is_file() or not (folder / _WEIGHTS).is_file():
-        raise FileNotFoundError(
-            f"{str(folder)!r} is not a saved Neural Laplace Lab model "
-            f"(expected {_SPEC} and {_WEIGHTS})"
-        )
+    folder = weights_folder(folder)
     spec = ModelSpec(**json.loads((folder / _SPEC).read_text()))
     model = build_model(spec.method, spec.state_dim, **spec.overrides)
     dtype = torch.float64 if spec.dtype == "float64" else torch.float32
@@ -113,3 +129,26 @@ def load_model(
     model.to(device=torch.device(device))
     model.eval()
     return model, spec
+
+
+@torch.no_grad()
+def forecast(model: ForecastModel, spec: ModelSpec, inputs: Mapping[str, Any]) -> np.ndarray:
+    """The model's extrapolation in physical units: ``inputs`` holds ``obs_t`` ``[n, T]``,
+    ``obs_x`` ``[n, T, D]`` (physical units) and ``query_t`` ``[n, Tq]``; returns
+    ``[n, Tq, D]``. Values are normalised with the run's own training statistics on the way in
+    and mapped back on the way out."""
+    from datasets import Normaliser
+
+    missing = {"obs_t", "obs_x", "query_t"} - set(inputs)
+    if missing:
+        raise ValueError(f"missing inputs {sorted(missing)}; expected obs_t, obs_x, query_t")
+    normaliser = Normaliser.from_dict(spec.normaliser)
+    dtype = torch.float64 if spec.dtype == "float64" else torch.float32
+    device = next(model.parameters()).device
+
+    def tensor(x: Any) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(x), dtype=dtype, device=device)
+
+    obs_x = np.asarray(normaliser.transform(np.asarray(inputs["obs_x"])))
+    pred = model(tensor(inputs["obs_t"]), tensor(obs_x), tensor(inputs["query_t"]))
+    return np.asarray(normaliser.inverse_transform(pred.cpu().numpy()))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -49,6 +50,7 @@ __all__ = [
     "TrackingUnavailable",
     "embedded_tracking_uri",
     "git_commit",
+    "relocate_artifacts",
 ]
 
 CHAMPION = "champion"
@@ -85,6 +87,39 @@ def git_commit() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def relocate_artifacts(db_path: str | Path, old_root: str, new_root: str) -> int:
+    """Rewrite artifact locations under ``old_root`` to ``new_root`` in an embedded (sqlite)
+    MLflow store; returns the number of rows changed. Runs in one transaction."""
+    import sqlite3
+
+    columns = (
+        ("experiments", "artifact_location"),
+        ("runs", "artifact_uri"),
+        ("logged_models", "artifact_location"),
+    )
+    changed = 0
+    with sqlite3.connect(str(db_path), timeout=60) as db:
+        tables = {r[0] for r in db.execute("select name from sqlite_master where type='table'")}
+        for table, column in columns:
+            if table not in tables:
+                continue
+            cur = db.execute(
+                f"update {table} set {column} = ? || substr({column}, ?) "
+                f"where substr({column}, 1, ?) = ? "
+                f"and (length({column}) = ? or substr({column}, ?, 1) = '/')",
+                (
+                    new_root,
+                    len(old_root) + 1,
+                    len(old_root),
+                    old_root,
+                    len(old_root),
+                    len(old_root) + 1,
+                ),
+            )
+            changed += cur.rowcount
+    return changed
 
 
 @dataclass(frozen=True)
@@ -168,6 +203,7 @@ class Tracker:
         tracker = cls(settings)
         try:
             tracker._experiment_id = tracker._ensure_experiment()
+            tracker._follow_moved_home()
         except Exception as e:
             raise TrackingUnavailable(
                 f"cannot use the MLflow tracking store at {settings.tracking_uri!r}: "
@@ -176,6 +212,26 @@ class Tracker:
                 f"under {data_home()}."
             ) from e
         return tracker
+
+    def _follow_moved_home(self) -> None:
+        """After ``$NLLAB_HOME`` was moved, point the embedded store's recorded artifact
+        locations (absolute paths, as MLflow stores them) at the artifact folder beside it.
+
+        Only for the embedded default layout, and only when the recorded folder is gone: the
+        runs, their models and the registry (whose versions point at ``runs:/`` URIs) then work
+        from the new place. Idempotent, so concurrent processes may both call it.
+        """
+        new = self.settings.artifact_root
+        if (
+            not self.settings.is_embedded
+            or os.environ.get("NLLAB_ARTIFACT_ROOT")
+            or new != _embedded_artifact_root()
+        ):
+            return
+        old = self.client.get_experiment(self.experiment_id).artifact_location
+        if not old or old == new or "://" in old or Path(old).exists():
+            return
+        relocate_artifacts(self.settings.tracking_uri.removeprefix("sqlite:///"), old, new)
 
     def _ensure_experiment(self) -> str:
         name = self.settings.experiment
@@ -279,6 +335,50 @@ class Tracker:
             self.client.log_artifacts(run_id, str(p), artifact_path)
         else:
             self.client.log_artifact(run_id, str(p), artifact_path)
+
+    def log_model(self, run_id: str, folder: str | Path, artifact_path: str = "model") -> None:
+        """Log a saved model (the folder of :func:`tasks.modelio.save_model`) as a standard
+        MLflow ``pyfunc`` model: an ``MLmodel`` with a signature, the model code of
+        :mod:`tasks.pyfunc_model` (no pickle) and the weights as its ``weights`` artifact.
+        ``predict({"obs_t", "obs_x", "query_t"})`` returns the extrapolation."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        import numpy as np
+        from mlflow.models import ModelSignature
+        from mlflow.types.schema import Schema, TensorSpec
+
+        folder = Path(folder)
+        dim = int(json.loads((folder / "model.json").read_text())["state_dim"])
+        f64 = np.dtype("float64")
+        signature = ModelSignature(
+            inputs=Schema(
+                [
+                    TensorSpec(f64, (-1, -1), "obs_t"),
+                    TensorSpec(f64, (-1, -1, dim), "obs_x"),
+                    TensorSpec(f64, (-1, -1), "query_t"),
+                ]
+            ),
+            outputs=Schema([TensorSpec(f64, (-1, -1, dim))]),
+        )
+        requirements = []
+        for package in ("torch", "numpy", "neural-laplace-lab"):
+            try:
+                requirements.append(f"{package}=={version(package)}")
+            except PackageNotFoundError:
+                requirements.append(package)
+        code = Path(__file__).resolve().parent / "pyfunc_model.py"
+        with tempfile.TemporaryDirectory(prefix="nllab-pyfunc-") as tmp:
+            # MLflow keeps an artifact folder's own name: copy it as "weights".
+            weights = shutil.copytree(folder, Path(tmp) / "weights")
+            path = Path(tmp) / artifact_path
+            mlflow.pyfunc.save_model(
+                str(path),
+                python_model=str(code),
+                artifacts={"weights": str(weights)},
+                signature=signature,
+                pip_requirements=requirements,
+            )
+            self.client.log_artifacts(run_id, str(path), artifact_path)
 
     def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
         self.client.log_text(run_id, text, artifact_file)

@@ -47,6 +47,9 @@ from tasks.search_spaces import Suggestion, paper_params, search_space, suggest
 from tasks.tracking import Tracker
 from tasks.training import EpochRecord, TrainingDiverged, seeded, select_device, train
 
+#: What every study minimises: the validation RMSE of the trial (normalised units).
+OBJECTIVE = "val_rmse"
+
 __all__ = [
     "StudySpec",
     "TuneResult",
@@ -257,6 +260,11 @@ class _Session:
             pruner=_pruner(spec, self.cell.training.epochs),
             load_if_exists=True,
         )
+        if self.study.metric_names != [OBJECTIVE]:
+            # The objective's name in optuna-dashboard and the study's metadata.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                self.study.set_metric_names([OBJECTIVE])
         self.device = select_device(spec.device)
         ds = simulate_data(self.cell.system, self.cell.data, self.cell.seed)
         self.data = prepare_cell(self.cell, ds)
