@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -371,13 +372,16 @@ class Tracker:
             # MLflow keeps an artifact folder's own name: copy it as "weights".
             weights = shutil.copytree(folder, Path(tmp) / "weights")
             path = Path(tmp) / artifact_path
-            mlflow.pyfunc.save_model(
-                str(path),
-                python_model=str(code),
-                artifacts={"weights": str(weights)},
-                signature=signature,
-                pip_requirements=requirements,
-            )
+            with warnings.catch_warnings():
+                # the signature is given: an input example would only re-run the model
+                warnings.filterwarnings("ignore", message=".*input example.*")
+                mlflow.pyfunc.save_model(
+                    str(path),
+                    python_model=str(code),
+                    artifacts={"weights": str(weights)},
+                    signature=signature,
+                    pip_requirements=requirements,
+                )
             self.client.log_artifacts(run_id, str(path), artifact_path)
 
     def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
