@@ -117,3 +117,5 @@ def test_ui_serves_the_benchmark_and_refuses_a_busy_port(mlflow_store, prefect_s
     while port_in_use("127.0.0.1", port) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert port_in_use("127.0.0.1", port) is None
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"{address}/health", timeout=5)

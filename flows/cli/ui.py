@@ -56,6 +56,8 @@ def port_in_use(host: str, port: int) -> str | None:
     """Why ``host:port`` cannot be bound (``None`` when it is free)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
+        # as servers do: connections in TIME_WAIT do not block, a listening socket does
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as e:
