@@ -65,3 +65,22 @@ def test_report_removes_only_its_own_unchanged_stale_files(mlflow_store, tmp_pat
     _report(out)
     assert not stale.exists()  # ours, unchanged, no longer part of the report
     assert edited.read_bytes() == b"older, then edited"  # changed since: left alone
+
+
+def test_report_reads_the_latest_finished_parent_only(mlflow_store, tmp_path):
+    """A newer benchmark parent that was killed (no results, no config) is skipped."""
+    from flows.report_full import benchmark_config
+    from tasks.config import resolve_config
+
+    tracker = Tracker.connect()
+    config = resolve_config("smoke", None, {"systems": ["integro_de"]})
+    with tracker.run("benchmark-smoke", {"nllab.kind": "benchmark", "profile": "smoke"}) as done:
+        tracker.log_text(done, config.model_dump_json(), "run_config.json")
+    killed = tracker.create_run("benchmark-quick", {"nllab.kind": "benchmark", "profile": "quick"})
+    tracker.end_run(killed, "KILLED")
+    running = tracker.create_run("benchmark-paper", {"nllab.kind": "benchmark"})  # never ended
+    assert running
+    found, run_id = benchmark_config(tracker)
+    assert run_id == done and found == config
+    paths = build_report(tracker, tmp_path / "r")  # no "Failed to download artifacts"
+    assert f"parent run {done}" in paths.markdown.read_text()
