@@ -13,14 +13,7 @@ import sys
 from collections.abc import Sequence
 
 import tasks._env  # noqa: F401  (offline switches before mlflow/prefect are imported)
-from flows.cli._common import (
-    EXIT_FAILED,
-    EXIT_INTERRUPTED,
-    EXIT_TRACKING,
-    EXIT_USAGE,
-    parse_seeds,
-    split_names,
-)
+from flows.cli._common import EXIT_FAILED, UsageError, parse_seeds, split_names
 from flows.cli.study import add_parser as add_study_parser
 
 __all__ = ["add_study_parser", "cmd_study", "main"]
@@ -57,21 +50,13 @@ def cmd_study(args: argparse.Namespace) -> int:
     """Run the study; print its tables and where they are tracked."""
     from flows.studies import run_study
     from flows.studies._core import to_markdown
-    from tasks.tracking import TrackingUnavailable
 
     try:
         config = _config(args)
-    except (ValueError, RuntimeError) as e:  # ConfigError is a ValueError
-        print(f"nllab study: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        summary = run_study(config)
-    except TrackingUnavailable as e:
-        print(f"nllab study: {e}", file=sys.stderr)
-        return EXIT_TRACKING
-    except KeyboardInterrupt:
-        print("interrupted; finished cells are kept and reused next time", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except (ValueError, RuntimeError) as e:  # ConfigError is a ValueError; CUDA missing
+        raise UsageError(str(e)) from None
+    # Tracking unavailable and Ctrl-C propagate: flows.cli.main maps them to 3 and 130.
+    summary = run_study(config)
     for name, table in summary.tables.items():
         print(f"\n## {name}\n")
         print(to_markdown(table))
@@ -88,12 +73,10 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m flows.studies.cli NAME …`` (the same arguments as ``nllab study``)."""
-    parser = argparse.ArgumentParser(prog="nllab")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_study_parser(sub)
-    args = parser.parse_args(["study", *(argv or [])])
-    return args.handler(args)
+    """``python -m flows.studies.cli NAME …``: ``nllab study NAME …`` (same exit codes)."""
+    from flows.cli import main as nllab
+
+    return nllab(["study", *(argv or [])])
 
 
 if __name__ == "__main__":
