@@ -71,6 +71,7 @@ class ReportSection:
     tables: dict[str, Table]
     figures: dict[str, bytes]
     notes: str = ""
+    url: str | None = None  # the parent run in the MLflow UI
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,7 @@ def _study_section(tracker: Tracker, name: str, title: str, paper_ref: str, link
         tables,
         figures,
         notes=meta.get("notes", ""),
+        url=link(run_id),
     )
 
 
@@ -336,6 +338,7 @@ def _benchmark_section(tracker: Tracker, results, link) -> ReportSection:
         profile,
         {"results": table.main_table(links), "runs": runs},
         {"main_table.png": main_table_figure(table)},
+        url=link(run_id),
     )
 
 
@@ -386,10 +389,16 @@ def build_report(
             md.append(f"_No run yet: `{cmd}`._\n")
             body.append(f'<p class="missing">No run yet: <code>{html.escape(cmd)}</code></p>')
             continue
-        meta = f"profile {s.profile}, parent run {s.run_id}" if s.name != "tune" else ""
-        if meta:
-            md.append(f"{meta}. {s.notes}\n")
-            body.append(f'<p class="meta">{html.escape(meta)}. {html.escape(s.notes)}</p>')
+        if s.name != "tune":
+            run_md = f"[{s.run_id}]({s.url})" if s.url else str(s.run_id)
+            run_html = html.escape(str(s.run_id))
+            if s.url:
+                run_html = f'<a href="{html.escape(s.url)}">{run_html}</a>'
+            md.append(f"profile {s.profile}, parent run {run_md}. {s.notes}\n")
+            body.append(
+                f'<p class="meta">profile {html.escape(s.profile)}, parent run {run_html}. '
+                f"{html.escape(s.notes)}</p>"
+            )
         for tname, table in s.tables.items():
             md.append(f"\n**{tname}**\n\n{render_table(table, 'markdown')}")
             body.append(f"<h3>{html.escape(tname)}</h3>{render_table(table, 'html')}")
