@@ -432,27 +432,31 @@ def _selection_given(args: argparse.Namespace) -> bool:
     )
 
 
-def report_command(args: argparse.Namespace) -> int:
-    """Handler of ``nllab report``: 0 written; 1 nothing finished matches; 2 files in the way."""
+def report_command(args: argparse.Namespace, config: RunConfig | None = None) -> int:
+    """Handler of ``nllab report``: 0 written; 1 nothing finished matches; 2 files in the way.
+
+    ``config``: the configuration to report, already resolved from the arguments; ``None``
+    takes the latest finished benchmark's (with ``--systems``, … applied to its profile).
+    """
     from datasets import data_home
     from flows.cli._common import EXIT_FAILED, EXIT_USAGE, resolve
 
-    tracker = Tracker.connect()
-    latest = benchmark_config(tracker)
-    if _selection_given(args):
-        profile = args.profile or (latest[0].profile if latest else None)
-        config = resolve(args, profile=profile)
-        tracker = Tracker.connect(config.tracking)
-    elif latest is None:
-        print(
-            f"nllab report: no finished benchmark in {tracker.settings.tracking_uri}: run "
-            "`nllab benchmark --profile smoke` first, or name one with --profile",
-            file=sys.stderr,
-        )
-        return EXIT_FAILED
-    else:
-        config = latest[0]
-        print(f"the latest finished benchmark (run {latest[1]}): profile {config.profile}")
+    tracker = Tracker.connect(config.tracking if config else None)
+    if config is None:
+        latest = benchmark_config(tracker)
+        if _selection_given(args):
+            config = resolve(args, profile=latest[0].profile if latest else None)
+            tracker = Tracker.connect(config.tracking)
+        elif latest is None:
+            print(
+                f"nllab report: no finished benchmark in {tracker.settings.tracking_uri}: run "
+                "`nllab benchmark --profile smoke` first, or name one with --profile",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
+        else:
+            config = latest[0]
+            print(f"the latest finished benchmark (run {latest[1]}): profile {config.profile}")
     results = stored_cell_results(tracker, config)
     found = sum(r.ok for r in results)
     if not found:

@@ -116,10 +116,11 @@ def overrides(args: argparse.Namespace) -> dict:
 def resolve(args: argparse.Namespace, profile: str | None = None):
     """The :class:`~tasks.config.RunConfig` of the arguments; CUDA asked but absent → usage."""
     from tasks.config import resolve_config
-    from tasks.training import select_device
 
     config = resolve_config(profile or args.profile, args.config, overrides(args))
     if config.device == "cuda":
+        from tasks.training import select_device
+
         try:
             select_device("cuda")
         except RuntimeError as e:

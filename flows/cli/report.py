@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from flows.cli._common import add_selection
+from flows.cli._common import add_selection, resolve
 
 __all__ = ["add_parser", "run"]
 
@@ -41,6 +41,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    # With a profile named, bad values fail here, before MLflow loads.
+    config = resolve(args) if args.profile else None
     from flows.report_full import report_command
 
-    return report_command(args)
+    return report_command(args, config)
