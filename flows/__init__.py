@@ -2,7 +2,13 @@
 
 import tasks._env  # noqa: F401  (offline switches before mlflow/prefect load)
 
-# isort: split
-from flows.benchmark import BenchmarkSummary, benchmark_flow, registry_name, run_benchmark
-
 __all__ = ["BenchmarkSummary", "benchmark_flow", "registry_name", "run_benchmark"]
+
+
+def __getattr__(name: str):
+    # Loaded on first use (PEP 562): ``import flows.cli`` must not start Prefect.
+    if name in __all__:
+        from flows import benchmark
+
+        return getattr(benchmark, name)
+    raise AttributeError(f"module 'flows' has no attribute {name!r}")

@@ -23,7 +23,7 @@ from nlmodels import native_cpu_kernels
 from tasks.cell import CellRuntime
 from tasks.config import RunConfig
 from tasks.engine import make_packs, run_cells, stored_results
-from tasks.reporting import CellResult, ResultsTable, results_table
+from tasks.reporting import CellResult, ResultsTable, parent_summary, results_table
 from tasks.tracking import Promotion, Tracker
 
 __all__ = [
@@ -119,12 +119,17 @@ def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
             tracker.log_artifact(parent, Path(tmp), "results")
         promotions = _promote(tracker, results) if config.tracking.register_models else []
         failed = [r for r in results if not r.ok]
+        description, summary_metrics = parent_summary(
+            results, f"Benchmark, profile {config.profile}"
+        )
+        tracker.log_metrics(parent, summary_metrics)
         tracker.set_tags(
             parent,
             {
                 "cells_finished": sum(r.status == "finished" for r in results),
                 "cells_reused": len(reused),
                 "cells_failed": len(failed),
+                "mlflow.note.content": description[:5000],
             },
         )
         for r in failed:

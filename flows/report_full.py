@@ -1,19 +1,29 @@
-"""``nllab report`` for issue 6: one self-contained HTML report (figures embedded as base64 PNG)
-and a Markdown report gathering every table and figure of the latest study and benchmark runs,
-read from MLflow through the :class:`~tasks.tracking.Tracker`.
+"""``nllab report``: the main table as the paper's Table 3, every study and tuning study, in one
+self-contained HTML page (figures embedded as base64 PNG) and a Markdown report, read from MLflow
+through the :class:`~tasks.tracking.Tracker`. Only FINISHED parent runs are read.
 
-Every study table carries the paper's figure beside ours (``paper``), the difference (``gap``)
-and a ``verdict`` (better / match within 10 % / worse), marked ▲ / ✓ / ▼ and coloured in HTML.
+Every table goes through :func:`tasks.reporting.render_table`, so the terminal, Markdown, LaTeX and
+HTML show the same cells: ours beside the paper's figure, the best per column marked and a verdict
+(better / match / worse, marked ▲ / ✓ / ▼ and coloured in HTML).
+
+The output folder is shared with the user: the report writes only the files it lists in its
+manifest (``.nllab-report.json``, with their hashes), replaces them only while unchanged, and
+refuses to replace anything else unless forced.
 """
 
 from __future__ import annotations
 
+import argparse
 import base64
+import hashlib
 import html
+import io
 import json
-import shutil
+import os
+import sys
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,12 +31,32 @@ import numpy as np
 import pandas as pd
 
 import tasks._env  # noqa: F401
+from tasks.config import RunConfig
+from tasks.reporting import (
+    CellResult,
+    ResultsTable,
+    Table,
+    TableCell,
+    render_table,
+    results_table,
+    stored_result,
+)
 from tasks.tracking import Tracker
 
-__all__ = ["ReportPaths", "ReportSection", "build_report", "collect_sections"]
+__all__ = [
+    "MANIFEST",
+    "OwnedFolder",
+    "ReportPaths",
+    "ReportSection",
+    "UnownedFiles",
+    "benchmark_config",
+    "build_report",
+    "collect_sections",
+    "main_table_figure",
+    "report_command",
+]
 
-_MARK = {"better": "▲ better", "match": "✓ match", "worse": "▼ worse"}
-_COLOUR = {"better": "#d4f4d4", "match": "#dbe9ff", "worse": "#ffd9d9"}
+MANIFEST = ".nllab-report.json"
 
 
 @dataclass(frozen=True)
@@ -38,10 +68,10 @@ class ReportSection:
     paper_ref: str
     run_id: str | None
     profile: str
-    tables: dict[str, pd.DataFrame]
+    tables: dict[str, Table]
     figures: dict[str, bytes]
     notes: str = ""
-    markdown: str = ""  # a ready-made Markdown table (the benchmark's results.md)
+    url: str | None = None  # the parent run in the MLflow UI
 
 
 @dataclass(frozen=True)
@@ -49,9 +79,115 @@ class ReportPaths:
     html: Path
     markdown: Path
     figures: tuple[Path, ...]
+    results: tuple[Path, ...] = ()
 
 
-def _study_section(tracker: Tracker, name: str, title: str, paper_ref: str) -> ReportSection:
+# -- the output folder ----------------------------------------------------------------------
+class UnownedFiles(FileExistsError):
+    """Files the report would replace that it did not write (or that were edited since)."""
+
+    def __init__(self, paths: Sequence[Path]) -> None:
+        self.paths = tuple(paths)
+        shown = ", ".join(str(p) for p in self.paths[:5]) + (" …" if len(self.paths) > 5 else "")
+        super().__init__(
+            f"{len(self.paths)} file(s) in the way that nllab report did not write or that were "
+            f"changed since: {shown}; choose another --out, or --force to replace them"
+        )
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class OwnedFolder:
+    """A folder where the report writes only files it owns.
+
+    A file is owned when the manifest lists it with the hash of its current content. Owned files
+    are replaced; owned files not written again are removed (they were ours and unchanged);
+    anything else is left alone, and writing over it raises :class:`UnownedFiles` unless
+    ``force``. Nothing is written before every target has been checked.
+    """
+
+    root: Path
+    force: bool = False
+    _files: dict[str, bytes] = field(default_factory=dict)
+
+    def add(self, name: str, data: bytes | str) -> Path:
+        self._files[name] = data.encode("utf-8") if isinstance(data, str) else data
+        return self.root / name
+
+    def _manifest(self) -> dict[str, str]:
+        try:
+            return json.loads((self.root / MANIFEST).read_text())["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}
+
+    def _owned(self, name: str, manifest: Mapping[str, str]) -> bool:
+        path = self.root / name
+        try:
+            return manifest.get(name) == _sha(path.read_bytes())
+        except OSError:
+            return False
+
+    def commit(self) -> list[Path]:
+        """Check, then write every added file; returns their paths."""
+        manifest = self._manifest()
+        in_the_way = [
+            self.root / n
+            for n in self._files
+            if (self.root / n).exists() and not self._owned(n, manifest)
+        ]
+        if (self.root / MANIFEST).exists() and not manifest:
+            in_the_way.append(self.root / MANIFEST)
+        if in_the_way and not self.force:
+            raise UnownedFiles(in_the_way)
+        for name, data in self._files.items():
+            path = self.root / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            tmp.write_bytes(data)
+            tmp.replace(path)
+        for name in set(manifest) - set(self._files):
+            if self._owned(name, manifest):  # ours, unchanged, no longer part of the report
+                (self.root / name).unlink()
+        record = {
+            "written_by": "nllab report",
+            "files": {n: _sha(d) for n, d in self._files.items()},
+        }
+        (self.root / MANIFEST).write_text(json.dumps(record, indent=1, sort_keys=True))
+        return [self.root / n for n in self._files]
+
+
+# -- what the store holds -------------------------------------------------------------------
+def benchmark_config(tracker: Tracker) -> tuple[RunConfig, str] | None:
+    """The configuration and run id of the latest FINISHED benchmark parent, or ``None``."""
+    run_id = tracker.latest_run("benchmark")
+    if run_id is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="nllab-report-") as tmp:
+        try:
+            path = tracker.download(run_id, "run_config.json", tmp)
+            return RunConfig.model_validate_json(path.read_text()), run_id
+        except Exception:
+            return None  # a parent from an older version without its config
+
+
+def stored_cell_results(tracker: Tracker, config: RunConfig) -> list[CellResult]:
+    """Every cell of ``config``: its finished run (with the top-share metrics) or ``missing``."""
+    cells = config.cells()
+    done = tracker.finished_cells(c.config_hash() for c in cells)
+    out = []
+    for c in cells:
+        rec = done.get(c.config_hash())
+        if rec is None:
+            out.append(CellResult(c.system, c.method, c.seed, "missing"))
+            continue
+        out.append(stored_result(c.system, c.method, c.seed, rec))
+    return out
+
+
+def _study_section(tracker: Tracker, name: str, title: str, paper_ref: str, link) -> ReportSection:
     run_id = tracker.latest_run(f"study:{name}")
     if run_id is None:
         return ReportSection(name, title, paper_ref, None, "–", {}, {})
@@ -60,7 +196,10 @@ def _study_section(tracker: Tracker, name: str, title: str, paper_ref: str) -> R
         meta = (
             json.loads((root / "study.json").read_text()) if (root / "study.json").exists() else {}
         )
-        tables = {p.stem: pd.read_csv(p) for p in sorted((root / "tables").glob("*.csv"))}
+        tables = {
+            p.stem: Table.from_frame(pd.read_csv(p))
+            for p in sorted((root / "tables").glob("*.csv"))
+        }
         figures = {p.name: p.read_bytes() for p in sorted((root / "figures").glob("*.png"))}
     return ReportSection(
         name,
@@ -71,151 +210,274 @@ def _study_section(tracker: Tracker, name: str, title: str, paper_ref: str) -> R
         tables,
         figures,
         notes=meta.get("notes", ""),
+        url=link(run_id),
     )
 
 
-def _benchmark_section(tracker: Tracker) -> ReportSection:
-    title, ref = "Main table", "Table 3 (Table:MainMSE)"
-    run_id = tracker.latest_run("benchmark")
-    if run_id is None:
-        return ReportSection("benchmark", title, ref, None, "–", {}, {})
-    profile = tracker.get_run_data(run_id).data.tags.get("profile", "?")
-    with tempfile.TemporaryDirectory(prefix="nllab-report-") as tmp:
-        root = tracker.download(run_id, "results", tmp)
-        md = (root / "results.md").read_text() if (root / "results.md").exists() else ""
-        tables = (
-            {"results": pd.read_csv(root / "results.csv")}
-            if (root / "results.csv").exists()
-            else {}
-        )
-    if "results" in tables:
-        t = tables["results"]
-        t["gap"] = t["mean"] - t["paper_mean"]
-        t["verdict"] = [
-            _verdict_band(m, s, pm, ps)
-            for m, s, pm, ps in zip(
-                t["mean"], t["std"], t["paper_mean"], t["paper_std"], strict=True
+def _tuning_section(tracker: Tracker, link) -> ReportSection:
+    runs = tracker.finished_runs("tune")
+    title, ref = "Hyperparameter tuning (Optuna)", "Appendix (hyperparameters)"
+    if not runs:
+        return ReportSection("tune", title, ref, None, "–", {}, {})
+    rows = []
+    for r in runs:
+        t, m = r.data.tags, r.data.metrics
+        best = m.get("best_val_rmse", float("nan"))
+        rows.append(
+            (
+                TableCell(t.get("optuna.study", "?")),
+                TableCell(t.get("method", "?")),
+                TableCell(t.get("system", "?")),
+                TableCell(t.get("profile", "?")),
+                TableCell("–" if not np.isfinite(best) else f"{best:.4g}"),
+                TableCell(str(int(m.get("n_trials", 0)))),
+                TableCell(t.get("best_trial", "–")),
+                TableCell(r.info.run_id[:12], link=link(r.info.run_id)),
             )
-        ]
-    return ReportSection("benchmark", title, ref, run_id, profile, tables, {}, markdown=md)
+        )
+    header = (
+        "study",
+        "method",
+        "system",
+        "profile",
+        "best val_rmse",
+        "trials",
+        "best trial",
+        "run",
+    )
+    table = Table(header, tuple(rows), "Open a study with the printed optuna-dashboard command.")
+    return ReportSection("tune", title, ref, runs[0].info.run_id, "–", {"studies": table}, {})
 
 
-def _verdict_band(mean: float, std: float, paper: float, paper_std: float) -> str:
-    """Main table: a match is within the paper's ± band (plus ours)."""
-    if not (np.isfinite(mean) and np.isfinite(paper)):
-        return "–"
-    band = (paper_std if np.isfinite(paper_std) else 0.0) + (std if np.isfinite(std) else 0.0)
-    if abs(mean - paper) <= band:
-        return "match"
-    return "better" if mean < paper else "worse"
+def main_table_figure(table: ResultsTable) -> bytes:
+    """One panel per system: our mean ± std per method as bars, the paper's figure as a black
+    tick with its ± band (log scale: the methods differ by orders of magnitude)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems, methods = table.systems, table.methods
+    cols = min(3, max(1, len(systems)))
+    rows = (len(systems) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    f = table.frame.set_index(["method", "system"])
+    x = np.arange(len(methods))
+    for ax, s in zip(axes.flat, systems):
+        ours = [f.loc[(m, s), "mean"] if (m, s) in f.index else np.nan for m in methods]
+        std = [f.loc[(m, s), "std"] if (m, s) in f.index else np.nan for m in methods]
+        paper = [f.loc[(m, s), "paper_mean"] if (m, s) in f.index else np.nan for m in methods]
+        pstd = [f.loc[(m, s), "paper_std"] if (m, s) in f.index else np.nan for m in methods]
+        ax.bar(x, ours, yerr=std, color="#4c72b0", capsize=2, label="ours")
+        ax.errorbar(x, paper, yerr=pstd, fmt="_", color="k", ms=14, mew=2, label="paper")
+        ax.set_xticks(x, methods, rotation=35, ha="right", fontsize=7)
+        ax.set_yscale("log")
+        ax.set_title(s, fontsize=9)
+        ax.set_ylabel("test RMSE")
+    for ax in list(axes.flat)[len(systems) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return buf.getvalue()
 
 
-def collect_sections(tracker: Tracker) -> list[ReportSection]:
-    """The benchmark and every registered study, latest parent run each (missing ones empty)."""
+def collect_sections(
+    tracker: Tracker,
+    results: Sequence[CellResult] | None = None,
+    ui_address: str | None = None,
+) -> list[ReportSection]:
+    """The main table (from ``results``, else the latest finished benchmark's cells), every
+    registered study and the tuning studies, latest FINISHED parent run each."""
     from flows.studies import STUDIES
 
-    sections = [_benchmark_section(tracker)]
+    def link(run_id: str | None) -> str | None:
+        return tracker.run_url(ui_address, run_id) if ui_address and run_id else None
+
+    sections = [_benchmark_section(tracker, results, link)]
     for name, study in STUDIES.items():
-        sections.append(_study_section(tracker, name, study.spec.title, study.spec.paper_ref))
+        sections.append(_study_section(tracker, name, study.spec.title, study.spec.paper_ref, link))
+    sections.append(_tuning_section(tracker, link))
     return sections
 
 
+def _benchmark_section(tracker: Tracker, results, link) -> ReportSection:
+    title, ref = "Main table", "Table 3 (Table:MainMSE)"
+    found = benchmark_config(tracker)
+    run_id = found[1] if found else None
+    profile = found[0].profile if found else "–"
+    if results is None:
+        if found is None:
+            return ReportSection("benchmark", title, ref, None, "–", {}, {})
+        results = stored_cell_results(tracker, found[0])
+    table = results_table(results)
+    # A cell links to the run of its first finished seed.
+    links = {}
+    for r in results:
+        if r.ok and (r.method, r.system) not in links and link(r.run_id):
+            links[(r.method, r.system)] = link(r.run_id)
+    runs = Table(
+        ("cell", "status", "test RMSE", "run"),
+        tuple(
+            (
+                TableCell(r.key),
+                TableCell(r.status),
+                TableCell("–" if r.test_rmse is None else f"{r.test_rmse:.4g}"),
+                TableCell((r.run_id or "–")[:12], link=link(r.run_id)),
+            )
+            for r in results
+        ),
+    )
+    return ReportSection(
+        "benchmark",
+        title,
+        ref,
+        run_id,
+        profile,
+        {"results": table.main_table(links), "runs": runs},
+        {"main_table.png": main_table_figure(table)},
+        url=link(run_id),
+    )
+
+
 # -- rendering ------------------------------------------------------------------------------
-def _fmt(v) -> str:
-    if isinstance(v, float | np.floating):
-        return "–" if not np.isfinite(v) else f"{v:.4g}"
-    return str(v)
-
-
-def _md_table(frame: pd.DataFrame) -> str:
-    cols = list(frame.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, row in frame.iterrows():
-        cells = [
-            _MARK.get(str(row[c]), _fmt(row[c])) if c == "verdict" else _fmt(row[c]) for c in cols
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _html_table(frame: pd.DataFrame) -> str:
-    cols = list(frame.columns)
-    out = ["<table><thead><tr>"]
-    out += [f"<th>{html.escape(c)}</th>" for c in cols]
-    out.append("</tr></thead><tbody>")
-    for _, row in frame.iterrows():
-        verdict = str(row.get("verdict", ""))
-        style = f' style="background:{_COLOUR[verdict]}"' if verdict in _COLOUR else ""
-        out.append(f"<tr{style}>")
-        for c in cols:
-            text = _MARK.get(verdict, verdict) if c == "verdict" else _fmt(row[c])
-            out.append(f"<td>{html.escape(text)}</td>")
-        out.append("</tr>")
-    out.append("</tbody></table>")
-    return "".join(out)
-
-
-_CSS = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
+_CSS = """body{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1em;font-size:13px}
-td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}th{background:#f2f2f2}
-td:first-child,th:first-child{text-align:left}img{max-width:100%;border:1px solid #eee}
-.missing{color:#999}.meta{color:#666;font-size:12px}"""
+td,th{border:1px solid #ccc;padding:3px 7px;text-align:right;vertical-align:top}
+th{background:#f2f2f2}td:first-child,th:first-child{text-align:left}
+img{max-width:100%;border:1px solid #eee}.paper{color:#555;font-size:11px}
+.flag{color:#a40;font-size:11px}.missing{color:#999}.meta{color:#666;font-size:12px}
+caption{caption-side:bottom;color:#666;font-size:12px;text-align:left}"""
 
 
-def build_report(tracker: Tracker, out_dir: str | Path) -> ReportPaths:
-    """Write ``report.html`` (self-contained) and ``report.md`` (+ ``figures/``) to ``out_dir``."""
-    out = Path(out_dir)
-    fig_dir = out / "figures"
-    if fig_dir.exists():
-        shutil.rmtree(fig_dir)
-    fig_dir.mkdir(parents=True)
-    sections = collect_sections(tracker)
+def build_report(
+    tracker: Tracker,
+    out_dir: str | Path,
+    *,
+    results: Sequence[CellResult] | None = None,
+    ui_address: str | None = None,
+    force: bool = False,
+) -> ReportPaths:
+    """Write ``report.html`` (self-contained), ``report.md`` with ``figures/``, and
+    ``results.{csv,md,tex}`` of the main table to ``out_dir`` (see :class:`OwnedFolder`)."""
+    out = OwnedFolder(Path(out_dir), force)
+    sections = collect_sections(tracker, results, ui_address)
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     legend = "verdict: ▲ better than the paper, ✓ within 10 % (main table: within ± band), ▼ worse"
+    where = f"{tracker.settings.tracking_uri} (experiment {tracker.settings.experiment})"
     md = [
         "# Neural Laplace Lab: results beside the paper\n",
-        f"Generated {stamp} from {tracker.settings.tracking_uri} "
-        f"(experiment {tracker.settings.experiment}). {legend}.\n",
+        f"Generated {stamp} from {where}. {legend}.\n",
     ]
     body = [
         "<h1>Neural Laplace Lab: results beside the paper</h1>",
-        f'<p class="meta">Generated {stamp} from {html.escape(tracker.settings.tracking_uri)} '
-        f"(experiment {html.escape(tracker.settings.experiment)}). {legend}.</p>",
+        f'<p class="meta">Generated {stamp} from {html.escape(where)}. {legend}.</p>',
     ]
     figures: list[Path] = []
+    results_paths: list[Path] = []
     for s in sections:
         head = f"{s.title} (`{s.name}`) — paper: {s.paper_ref}"
         md.append(f"\n## {head}\n")
         body.append(f"<h2>{html.escape(s.title)} <code>{html.escape(s.name)}</code></h2>")
         body.append(f'<p class="meta">paper: {html.escape(s.paper_ref)}</p>')
-        if s.run_id is None:
-            cmd = "nllab benchmark" if s.name == "benchmark" else f"nllab study {s.name}"
+        if s.run_id is None and not s.tables:
+            cmd = {"benchmark": "nllab benchmark", "tune": "nllab tune"}.get(
+                s.name, f"nllab study {s.name}"
+            )
             md.append(f"_No run yet: `{cmd}`._\n")
             body.append(f'<p class="missing">No run yet: <code>{html.escape(cmd)}</code></p>')
             continue
-        meta = f"profile {s.profile}, parent run {s.run_id}"
-        md.append(f"{meta}. {s.notes}\n")
-        body.append(f'<p class="meta">{html.escape(meta)}. {html.escape(s.notes)}</p>')
-        if s.markdown:
-            md.append(s.markdown)
-        for tname, frame in s.tables.items():
-            if not s.markdown:
-                md.append(f"\n**{tname}**\n\n{_md_table(frame)}")
-            body.append(f"<h3>{html.escape(tname)}</h3>{_html_table(frame)}")
+        if s.name != "tune":
+            run_md = f"[{s.run_id}]({s.url})" if s.url else str(s.run_id)
+            run_html = html.escape(str(s.run_id))
+            if s.url:
+                run_html = f'<a href="{html.escape(s.url)}">{run_html}</a>'
+            md.append(f"profile {s.profile}, parent run {run_md}. {s.notes}\n")
+            body.append(
+                f'<p class="meta">profile {html.escape(s.profile)}, parent run {run_html}. '
+                f"{html.escape(s.notes)}</p>"
+            )
+        for tname, table in s.tables.items():
+            md.append(f"\n**{tname}**\n\n{render_table(table, 'markdown')}")
+            body.append(f"<h3>{html.escape(tname)}</h3>{render_table(table, 'html')}")
         for fname, data in s.figures.items():
-            path = fig_dir / f"{s.name}__{fname}"
-            path.write_bytes(data)
-            figures.append(path)
-            md.append(f"\n![{s.name} {fname}](figures/{path.name})\n")
+            name = f"figures/{s.name}__{fname}"
+            figures.append(out.add(name, data))
+            md.append(f"\n![{s.name} {fname}]({name})\n")
             b64 = base64.b64encode(data).decode("ascii")
             body.append(
-                f'<p><img alt="{html.escape(fname)}" src="data:image/png;base64,{b64}"></p>'
+                f'<p><img alt="{html.escape(s.name)} {html.escape(fname)}" '
+                f'src="data:image/png;base64,{b64}"></p>'
             )
+    if results is not None:
+        texts = results_table(results).texts()
+        results_paths = [out.add(f"results.{ext}", text) for ext, text in texts.items()]
     page = (
-        '<!DOCTYPE html><html><head><meta charset="utf-8"><title>Neural Laplace Lab report'
-        f"</title><style>{_CSS}</style></head><body>{''.join(body)}</body></html>"
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>Neural Laplace Lab '
+        f"report</title><style>{_CSS}</style></head><body>{''.join(body)}</body></html>"
     )
-    html_path, md_path = out / "report.html", out / "report.md"
-    html_path.write_text(page, encoding="utf-8")
-    md_path.write_text("\n".join(md), encoding="utf-8")
-    return ReportPaths(html_path, md_path, tuple(figures))
+    html_path = out.add("report.html", page)
+    md_path = out.add("report.md", "\n".join(md))
+    out.commit()
+    return ReportPaths(html_path, md_path, tuple(figures), tuple(results_paths))
+
+
+# -- the command ----------------------------------------------------------------------------
+def _selection_given(args: argparse.Namespace) -> bool:
+    return any(
+        getattr(args, k, None) is not None
+        for k in ("profile", "config", "systems", "methods", "seeds")
+    )
+
+
+def report_command(args: argparse.Namespace, config: RunConfig | None = None) -> int:
+    """Handler of ``nllab report``: 0 written; 1 nothing finished matches; 2 files in the way.
+
+    ``config``: the configuration to report, already resolved from the arguments; ``None``
+    takes the latest finished benchmark's (with ``--systems``, … applied to its profile).
+    """
+    from datasets import data_home
+    from flows.cli._common import EXIT_FAILED, EXIT_USAGE, resolve
+
+    tracker = Tracker.connect(config.tracking if config else None)
+    if config is None:
+        latest = benchmark_config(tracker)
+        if _selection_given(args):
+            config = resolve(args, profile=latest[0].profile if latest else None)
+            tracker = Tracker.connect(config.tracking)
+        elif latest is None:
+            print(
+                f"nllab report: no finished benchmark in {tracker.settings.tracking_uri}: run "
+                "`nllab benchmark --profile smoke` first, or name one with --profile",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
+        else:
+            config = latest[0]
+            print(f"the latest finished benchmark (run {latest[1]}): profile {config.profile}")
+    results = stored_cell_results(tracker, config)
+    found = sum(r.ok for r in results)
+    if not found:
+        print(
+            f"nllab report: 0 of {len(results)} cells of profile {config.profile!r} have finished "
+            f"runs in {tracker.settings.tracking_uri}; nothing to report",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    table = results_table(results)
+    print(table.to_terminal(color=sys.stdout.isatty()))
+    out = Path(args.out) if args.out else data_home() / "reports" / config.profile
+    ui = getattr(args, "mlflow_ui", None) or os.environ.get("NLLAB_MLFLOW_UI")
+    if ui is None and tracker.settings.tracking_uri.startswith(("http://", "https://")):
+        ui = tracker.settings.tracking_uri
+    try:
+        paths = build_report(tracker, out, results=results, ui_address=ui, force=args.force)
+    except UnownedFiles as e:
+        print(f"nllab report: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"{found} of {len(results)} cells have finished runs")
+    print(f"written: {', '.join(str(p) for p in paths.results)}")
+    print(f"full report of the latest benchmark and study runs: {paths.html} ({paths.markdown})")
+    return 0

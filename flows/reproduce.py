@@ -26,6 +26,7 @@ from prefect import flow, get_run_logger
 
 import tasks._env  # noqa: F401
 from flows._runtime import flow_settings, make_task_runner
+from flows.cli.reproduce import add_parser as add_reproduce_parser  # loads without Prefect
 from flows.studies._core import Factor
 from tasks.cell import CellRuntime, prepare_cell, simulate_data
 from tasks.config import CellConfig, RunConfig, TrackingConfig
@@ -319,32 +320,16 @@ def reproduce(uri: str, ablation: str | None = None, **kwargs: Any) -> Reproduce
 
 
 # -- command line -------------------------------------------------------------------------------
-def add_reproduce_parser(subparsers) -> argparse.ArgumentParser:
-    from flows.cli import add_runner_options
-
-    p = subparsers.add_parser(
-        "reproduce",
-        help="re-evaluate a registered model from its recorded config, then ablate it",
-        description="Rebuild the data of a registered model's run, check that its weights give "
-        "the logged test RMSE (to 1e-9), and optionally re-run an ablation from its config. "
-        "The registry is only read.",
-    )
-    p.add_argument("model_uri", metavar="MODEL_URI", help="e.g. models:/neural-laplace-X@champion")
-    p.add_argument(
-        "--ablation",
-        metavar="STUDY",
-        help="the factor of an ablation study to vary: stereographic, latent-dim, noise or ilt",
-    )
-    p.add_argument("--max-workers", type=int, default=2, metavar="N")
-    add_runner_options(p, default="thread")
-    p.add_argument(
-        "--fresh-data", action="store_true", help="re-simulate instead of reading the data cache"
-    )
-    return p
-
-
 def cmd_reproduce(args: argparse.Namespace) -> int:
     """Handler of ``nllab reproduce``: 0 reproduced, 1 mismatch, 2 unknown URI or ablation."""
+    ablations = _ablations()
+    if args.ablation is not None and args.ablation not in ablations:
+        print(
+            f"nllab reproduce: error: unknown ablation {args.ablation!r}; "
+            f"valid: {', '.join(ablations)}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         result = reproduce(
             args.model_uri,

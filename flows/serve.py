@@ -27,6 +27,7 @@ from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 import tasks._env  # noqa: F401
+from flows.cli.serve import add_parser as add_serve_parser  # loads without Prefect
 from tasks.config import Profile
 
 __all__ = [
@@ -324,22 +325,6 @@ def start_server(port: int = 4200, timeout: float = 90.0) -> tuple[subprocess.Po
 
 
 # -- command line -------------------------------------------------------------------------------
-def add_serve_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "serve",
-        help="serve scheduled deployments (benchmark nightly, studies weekly)",
-        description="Build Prefect deployments with cron schedules from a schedules file and "
-        "serve them until Ctrl-C. Needs a Prefect server (PREFECT_API_URL) or --start-server.",
-    )
-    p.add_argument("--config", metavar="FILE", help=f"schedules file (default {DEFAULT_SCHEDULES})")
-    p.add_argument(
-        "--start-server", action="store_true", help="start a local Prefect server if none is set"
-    )
-    p.add_argument("--port", type=int, default=4200, help="port for --start-server")
-    p.add_argument("--check", action="store_true", help="validate and list, do not serve")
-    return p
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     """Handler of ``nllab serve``: 2 on a malformed schedule or no server, else serves."""
     try:
@@ -367,7 +352,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         with temporary_settings({PREFECT_API_URL: api}):
-            print(f"serving {len(entries)} deployments on {api} (Ctrl-C to stop)", flush=True)
+            print(f"serving {len(entries)} deployments on {api} (Ctrl-C to stop)")
+            # Prefect's own hint, `prefect deployment run NAME`, needs this in the other shell.
+            print(
+                f"to trigger one from another shell, first: export PREFECT_API_URL={api}",
+                flush=True,
+            )
             serve(*build_deployments(entries))
     finally:
         if server is not None:

@@ -2,33 +2,56 @@
 Prefect task wrappers. Importing this package turns telemetry off before mlflow/prefect load.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from tasks import _env  # noqa: F401  (must run before mlflow or prefect is imported)
-from tasks.cell import CellRuntime, run_cell, simulate_data
-from tasks.config import (
-    MAIN_SYSTEMS,
-    METHODS,
-    PROFILES,
-    CellConfig,
-    ConfigError,
-    DataConfig,
-    RunConfig,
-    TrackingConfig,
-    TrainConfig,
-    resolve_config,
-)
-from tasks.evaluation import Evaluation, evaluate, plot_extrapolation, plot_loss_curves
-from tasks.modelio import ModelSpec, load_model, save_model
-from tasks.packing import packable, train_packed
-from tasks.reporting import PAPER_MAIN_TABLE, CellResult, ResultsTable, results_table
-from tasks.tracking import Promotion, Tracker, TrackingUnavailable
-from tasks.training import (
-    EpochRecord,
-    TrainingDiverged,
-    TrainingInterrupted,
-    TrainResult,
-    select_device,
-    train,
-)
+
+if TYPE_CHECKING:
+    from nlmodels import ForecastModel
+    from tasks.config import TrackingConfig
+    from tasks.modelio import ModelSpec
+
+# Submodules load on first use (PEP 562), so importing ``tasks`` (or ``tasks.config``) does not
+# pull in torch, mlflow or prefect: the command line answers ``--help`` before any of them load.
+_LAZY = {
+    "CellRuntime": "tasks.cell",
+    "run_cell": "tasks.cell",
+    "simulate_data": "tasks.cell",
+    "MAIN_SYSTEMS": "tasks.config",
+    "METHODS": "tasks.config",
+    "PROFILES": "tasks.config",
+    "CellConfig": "tasks.config",
+    "ConfigError": "tasks.config",
+    "DataConfig": "tasks.config",
+    "RunConfig": "tasks.config",
+    "TrackingConfig": "tasks.config",
+    "TrainConfig": "tasks.config",
+    "resolve_config": "tasks.config",
+    "Evaluation": "tasks.evaluation",
+    "evaluate": "tasks.evaluation",
+    "plot_extrapolation": "tasks.evaluation",
+    "plot_loss_curves": "tasks.evaluation",
+    "ModelSpec": "tasks.modelio",
+    "load_model": "tasks.modelio",
+    "save_model": "tasks.modelio",
+    "PAPER_MAIN_TABLE": "tasks.reporting",
+    "CellResult": "tasks.reporting",
+    "ResultsTable": "tasks.reporting",
+    "results_table": "tasks.reporting",
+    "Promotion": "tasks.tracking",
+    "Tracker": "tasks.tracking",
+    "TrackingUnavailable": "tasks.tracking",
+    "EpochRecord": "tasks.training",
+    "TrainingDiverged": "tasks.training",
+    "TrainingInterrupted": "tasks.training",
+    "TrainResult": "tasks.training",
+    "select_device": "tasks.training",
+    "train": "tasks.training",
+    "packable": "tasks.packing",
+    "train_packed": "tasks.packing",
+}
 
 __all__ = [
     "MAIN_SYSTEMS",
@@ -70,9 +93,24 @@ __all__ = [
 ]
 
 
-def load_registered_model(uri: str, tracking: TrackingConfig | None = None, device: str = "cpu"):
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tasks' has no attribute {name!r}")
+
+
+def load_registered_model(
+    uri: str, tracking: TrackingConfig | None = None, device: str = "cpu"
+) -> tuple[ForecastModel, ModelSpec]:
     """Load ``models:/NAME@ALIAS`` from the configured registry as ``(model, ModelSpec)``."""
     import tempfile
+
+    from tasks.modelio import load_model
+    from tasks.tracking import Tracker
 
     tracker = Tracker.connect(tracking)
     # The weights are in memory once loaded: the downloaded copy is not kept.

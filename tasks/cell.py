@@ -10,6 +10,7 @@ model never stops the others.
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 import threading
@@ -17,16 +18,16 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 from datasets import Dataset, Prepared, data_home, load_or_simulate, prepare
 from nlmodels import ForecastModel, build_model, native_cpu_kernels
 from tasks._workers import worker_stop_event
-from tasks.config import CellConfig, DataConfig, RunConfig
+from tasks.config import CellConfig, DataConfig, RunConfig, run_name
 from tasks.evaluation import evaluate, plot_extrapolation, plot_loss_curves
-from tasks.modelio import ModelSpec, save_model
+from tasks.modelio import ModelSpec, model_params, resolved_model_args, save_model
 from tasks.packing import train_packed
 from tasks.reporting import CellResult
 from tasks.tracking import Tracker, TrackingSettings
@@ -167,6 +168,7 @@ class _Member:
     ds: Dataset | None = None
     prepared: Prepared | None = None
     model: ForecastModel | None = None
+    model_args: dict[str, Any] | None = None
 
 
 def _select_device(rt: CellRuntime, cell: CellConfig) -> torch.device:
@@ -321,6 +323,19 @@ def _set_up(m: _Member, rt: CellRuntime, device: torch.device) -> None:
         m.model = build_model(cell.method, state_dim, **cell.model)
     n_params = sum(p.numel() for p in m.model.parameters())
     tracker.log_params(m.run_id, {"n_parameters": n_params, "state_dim": state_dim})
+    m.model_args = log_model_args(tracker, m.run_id, cell, state_dim)
+
+
+def log_model_args(
+    tracker: Tracker, run_id: str, cell: CellConfig, state_dim: int
+) -> dict[str, Any]:
+    """Log the model's fully resolved constructor arguments (defaults included) as ``model.*``
+    params and ``model_args.json``; returns them. The config hash is not touched."""
+    args = resolved_model_args(cell.method, state_dim, cell.model)
+    logged = cell.flat_params()
+    tracker.log_params(run_id, {k: v for k, v in model_params(args).items() if k not in logged})
+    tracker.log_text(run_id, json.dumps(args, indent=2, sort_keys=True), "model_args.json")
+    return args
 
 
 def _evaluate_and_log(
@@ -371,10 +386,11 @@ def _evaluate_and_log(
             config_hash=m.config_hash,
             dataset_fingerprint=m.ds.fingerprint,
             test_rmse=ev.test_rmse,
+            model_args=m.model_args,
         )
         save_model(model.cpu(), spec, folder / "model")
         tracker.log_artifact(m.run_id, folder / "plots", "plots")
-        tracker.log_artifact(m.run_id, folder / "model", "model")
+        tracker.log_model(m.run_id, folder / "model", "model")  # an MLflow pyfunc model
     # Logged last: a run with test_rmse has all its artifacts.
     tracker.log_metrics(
         m.run_id,
@@ -401,7 +417,7 @@ def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
     run_ids: list[str] = []
     try:
         for c, h in zip(cells, hashes, strict=True):
-            run_ids.append(tracker.create_run(c.key, _tags(c, rt, h), rt.parent_run_id))
+            run_ids.append(tracker.create_run(run_name(c), _tags(c, rt, h), rt.parent_run_id))
         outcomes = fit_cells(cells, rt, run_ids)
     except BaseException as e:
         interrupted = isinstance(e, KeyboardInterrupt | TrainingInterrupted)

@@ -429,3 +429,12 @@ def resolve_config(
         return RunConfig.model_validate(merged)
     except ValidationError as e:
         raise ConfigError(_format_validation(e)) from None
+
+
+def run_name(cell: CellConfig, variant: str | None = None) -> str:
+    """The MLflow run name of a cell: method and variant first, so runs read apart in the UI's
+    truncated name column: ``neural_laplace · lotka_volterra_dde · s0 · stereo=off``."""
+    parts = [cell.method, cell.system, f"s{cell.seed}"]
+    if variant:
+        parts.append(variant)
+    return " · ".join(parts)

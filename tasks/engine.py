@@ -28,7 +28,7 @@ from tasks._workers import worker_pool_active, worker_processes
 from tasks.cell import CellRuntime, pack_key
 from tasks.config import CellConfig, DataConfig
 from tasks.prefect_tasks import PackFailed, pack_task, simulate_task
-from tasks.reporting import CellResult
+from tasks.reporting import CellResult, stored_result
 from tasks.tracking import Tracker
 
 __all__ = ["collect_results", "make_packs", "run_cells", "stored_results"]
@@ -45,11 +45,7 @@ def stored_results(
         if rec is None:
             todo.append(c)
         else:
-            reused.append(
-                CellResult(
-                    c.system, c.method, c.seed, "reused", rec.test_rmse, rec.run_id, rec.config_hash
-                )
-            )
+            reused.append(stored_result(c.system, c.method, c.seed, rec))
     return reused, todo
 
 

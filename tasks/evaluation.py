@@ -111,6 +111,18 @@ def _plot_extrapolation(split, pred, normaliser, path, title: str, n_trajectorie
             ax.plot(_times(split.obs_t, j), obs[j, :, d], color="0.4", lw=1.2, label="observed")
             ax.plot(_times(split.query_t, j), tgt[j, :, d], color="C0", lw=1.2, label="truth")
             ax.plot(_times(split.query_t, j), prd[j, :, d], "--", color="C3", lw=1.2, label="model")
+            # where the observed prefix ends and extrapolation begins
+            ax.axvline(_times(split.obs_t, j)[-1], color="0.2", ls=":", lw=1.0)
+            if d == 0:
+                ax.text(
+                    _times(split.obs_t, j)[-1],
+                    1.0,
+                    " extrapolation →",
+                    fontsize=7,
+                    transform=ax.get_xaxis_transform(),
+                    va="top",
+                    ha="left",
+                )
             if j == 0:
                 ax.set_ylabel(f"x{d}")
             if d == dims - 1:
@@ -128,17 +140,28 @@ def plot_loss_curves(history: Sequence[EpochRecord], path: str | Path, *, title:
 
 
 def _plot_loss_curves(history: Sequence[EpochRecord], path: str | Path, title: str) -> Path:
+    from matplotlib.ticker import MaxNLocator
+
     epochs = [r.epoch for r in history]
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    for name, colour in (("train_loss", "C0"), ("val_loss", "C1"), ("val_rmse", "C2")):
+    fig, (loss_ax, rmse_ax) = plt.subplots(1, 2, figsize=(8, 3.2))
+    for name, colour in (("train_loss", "C0"), ("val_loss", "C1")):
         values = np.array([getattr(r, name) for r in history])
-        # ELBO-type losses may be negative: a log axis would hide them.
-        ax.plot(epochs, values, color=colour, label=name.replace("_", " "))
-    if all(getattr(r, k) > 0 for r in history for k in ("train_loss", "val_loss", "val_rmse")):
-        ax.set_yscale("log")
-    ax.set_xlabel("epoch")
-    ax.legend(fontsize=8)
-    ax.set_title(title or "loss curves", fontsize=9)
+        loss_ax.plot(epochs, values, color=colour, label=name.replace("_", " "))
+    # ELBO-type losses may be negative: a log axis would hide them.
+    if all(getattr(r, k) > 0 for r in history for k in ("train_loss", "val_loss")):
+        loss_ax.set_yscale("log")
+    loss_ax.set_ylabel("training objective")
+    loss_ax.legend(fontsize=8)
+    # RMSE is not the training objective of every model: its own axis, its own scale.
+    rmse = np.array([r.val_rmse for r in history])
+    rmse_ax.plot(epochs, rmse, color="C2")
+    if np.all(rmse > 0):
+        rmse_ax.set_yscale("log")
+    rmse_ax.set_ylabel("validation RMSE (normalised)")
+    for ax in (loss_ax, rmse_ax):
+        ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.suptitle(title or "loss curves", fontsize=9)
     fig.tight_layout()
     return _save(fig, path)
 

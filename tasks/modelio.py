@@ -6,16 +6,27 @@ with ``nlmodels.build_model``, so loading a model cannot run arbitrary code.
 
 from __future__ import annotations
 
+import inspect
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from nlmodels import ForecastModel, build_model
 
-__all__ = ["ModelSpec", "load_model", "save_model"]
+__all__ = [
+    "ModelSpec",
+    "forecast",
+    "load_model",
+    "model_params",
+    "resolved_model_args",
+    "save_model",
+    "weights_folder",
+]
 
 _WEIGHTS = "state_dict.pt"
 _SPEC = "model.json"
@@ -34,6 +45,53 @@ class ModelSpec:
     config_hash: str = ""
     dataset_fingerprint: str = ""
     test_rmse: float | None = None
+    #: every constructor argument, defaults included (:func:`resolved_model_args`)
+    model_args: dict[str, Any] = field(default_factory=dict)
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return repr(value)
+
+
+def resolved_model_args(
+    method: str, state_dim: int, overrides: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Every constructor argument of the registered model ``method``: its defaults (read with
+    :func:`inspect.signature`, following ``**kwargs`` to the parent class) overridden by
+    ``overrides``, as JSON values (tuples as lists). Nothing is built."""
+    from nlmodels import MODELS
+
+    if method not in MODELS:
+        raise ValueError(f"unknown model {method!r}; valid models: {', '.join(sorted(MODELS))}")
+    defaults: dict[str, Any] = {}
+    for klass in MODELS[method].__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(vars(klass)["__init__"]).parameters.values()
+        for p in params:
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                if p.name not in ("self", "state_dim") and p.name not in defaults:
+                    if p.default is not p.empty:
+                        defaults[p.name] = p.default
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            break
+    return _jsonable({"state_dim": int(state_dim), **defaults, **dict(overrides)})
+
+
+def model_params(args: Mapping[str, Any]) -> dict[str, str]:
+    """Resolved model arguments as MLflow params ``model.NAME``: lists and maps as JSON, the
+    rest as ``str`` (the spelling of :meth:`tasks.config.CellConfig.flat_params`, so an override
+    logged by both gets the same value)."""
+    return {
+        f"model.{k}": json.dumps(v) if isinstance(v, list | tuple | Mapping) else str(v)
+        for k, v in args.items()
+    }
 
 
 def save_model(model: ForecastModel, spec: ModelSpec, folder: str | Path) -> Path:
@@ -45,16 +103,23 @@ def save_model(model: ForecastModel, spec: ModelSpec, folder: str | Path) -> Pat
     return out
 
 
+def weights_folder(folder: str | Path) -> Path:
+    """Where :func:`save_model`'s files are: ``folder`` itself, or, for a model logged as an
+    MLflow ``pyfunc``, its ``artifacts/weights`` folder."""
+    folder = Path(folder)
+    for candidate in (folder, folder / "artifacts" / "weights"):
+        if (candidate / _SPEC).is_file() and (candidate / _WEIGHTS).is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"{str(folder)!r} is not a saved Neural Laplace Lab model (expected {_SPEC} and {_WEIGHTS})"
+    )
+
+
 def load_model(
     folder: str | Path, device: str | torch.device = "cpu"
 ) -> tuple[ForecastModel, ModelSpec]:
     """Rebuild a model saved by :func:`save_model` (weights-only load)."""
-    folder = Path(folder)
-    if not (folder / _SPEC).is_file() or not (folder / _WEIGHTS).is_file():
-        raise FileNotFoundError(
-            f"{str(folder)!r} is not a saved Neural Laplace Lab model "
-            f"(expected {_SPEC} and {_WEIGHTS})"
-        )
+    folder = weights_folder(folder)
     spec = ModelSpec(**json.loads((folder / _SPEC).read_text()))
     model = build_model(spec.method, spec.state_dim, **spec.overrides)
     dtype = torch.float64 if spec.dtype == "float64" else torch.float32
@@ -64,3 +129,26 @@ def load_model(
     model.to(device=torch.device(device))
     model.eval()
     return model, spec
+
+
+@torch.no_grad()
+def forecast(model: ForecastModel, spec: ModelSpec, inputs: Mapping[str, Any]) -> np.ndarray:
+    """The model's extrapolation in physical units: ``inputs`` holds ``obs_t`` ``[n, T]``,
+    ``obs_x`` ``[n, T, D]`` (physical units) and ``query_t`` ``[n, Tq]``; returns
+    ``[n, Tq, D]``. Values are normalised with the run's own training statistics on the way in
+    and mapped back on the way out."""
+    from datasets import Normaliser
+
+    missing = {"obs_t", "obs_x", "query_t"} - set(inputs)
+    if missing:
+        raise ValueError(f"missing inputs {sorted(missing)}; expected obs_t, obs_x, query_t")
+    normaliser = Normaliser.from_dict(spec.normaliser)
+    dtype = torch.float64 if spec.dtype == "float64" else torch.float32
+    device = next(model.parameters()).device
+
+    def tensor(x: Any) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(x), dtype=dtype, device=device)
+
+    obs_x = np.asarray(normaliser.transform(np.asarray(inputs["obs_x"])))
+    pred = model(tensor(inputs["obs_t"]), tensor(obs_x), tensor(inputs["query_t"]))
+    return np.asarray(normaliser.inverse_transform(pred.cpu().numpy()))

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -49,6 +51,7 @@ __all__ = [
     "TrackingUnavailable",
     "embedded_tracking_uri",
     "git_commit",
+    "relocate_artifacts",
 ]
 
 CHAMPION = "champion"
@@ -87,6 +90,39 @@ def git_commit() -> str:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
+def relocate_artifacts(db_path: str | Path, old_root: str, new_root: str) -> int:
+    """Rewrite artifact locations under ``old_root`` to ``new_root`` in an embedded (sqlite)
+    MLflow store; returns the number of rows changed. Runs in one transaction."""
+    import sqlite3
+
+    columns = (
+        ("experiments", "artifact_location"),
+        ("runs", "artifact_uri"),
+        ("logged_models", "artifact_location"),
+    )
+    changed = 0
+    with sqlite3.connect(str(db_path), timeout=60) as db:
+        tables = {r[0] for r in db.execute("select name from sqlite_master where type='table'")}
+        for table, column in columns:
+            if table not in tables:
+                continue
+            cur = db.execute(
+                f"update {table} set {column} = ? || substr({column}, ?) "
+                f"where substr({column}, 1, ?) = ? "
+                f"and (length({column}) = ? or substr({column}, ?, 1) = '/')",
+                (
+                    new_root,
+                    len(old_root) + 1,
+                    len(old_root),
+                    old_root,
+                    len(old_root),
+                    len(old_root) + 1,
+                ),
+            )
+            changed += cur.rowcount
+    return changed
+
+
 @dataclass(frozen=True)
 class TrackingSettings:
     """Resolved tracking location. ``artifact_root`` is ``None`` when a server decides it."""
@@ -123,6 +159,7 @@ class RunRecord:
     config_hash: str
     test_rmse: float | None
     tags: Mapping[str, str]
+    metrics: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -167,6 +204,7 @@ class Tracker:
         tracker = cls(settings)
         try:
             tracker._experiment_id = tracker._ensure_experiment()
+            tracker._follow_moved_home()
         except Exception as e:
             raise TrackingUnavailable(
                 f"cannot use the MLflow tracking store at {settings.tracking_uri!r}: "
@@ -175,6 +213,26 @@ class Tracker:
                 f"under {data_home()}."
             ) from e
         return tracker
+
+    def _follow_moved_home(self) -> None:
+        """After ``$NLLAB_HOME`` was moved, point the embedded store's recorded artifact
+        locations (absolute paths, as MLflow stores them) at the artifact folder beside it.
+
+        Only for the embedded default layout, and only when the recorded folder is gone: the
+        runs, their models and the registry (whose versions point at ``runs:/`` URIs) then work
+        from the new place. Idempotent, so concurrent processes may both call it.
+        """
+        new = self.settings.artifact_root
+        if (
+            not self.settings.is_embedded
+            or os.environ.get("NLLAB_ARTIFACT_ROOT")
+            or new != _embedded_artifact_root()
+        ):
+            return
+        old = self.client.get_experiment(self.experiment_id).artifact_location
+        if not old or old == new or "://" in old or Path(old).exists():
+            return
+        relocate_artifacts(self.settings.tracking_uri.removeprefix("sqlite:///"), old, new)
 
     def _ensure_experiment(self) -> str:
         name = self.settings.experiment
@@ -279,6 +337,53 @@ class Tracker:
         else:
             self.client.log_artifact(run_id, str(p), artifact_path)
 
+    def log_model(self, run_id: str, folder: str | Path, artifact_path: str = "model") -> None:
+        """Log a saved model (the folder of :func:`tasks.modelio.save_model`) as a standard
+        MLflow ``pyfunc`` model: an ``MLmodel`` with a signature, the model code of
+        :mod:`tasks.pyfunc_model` (no pickle) and the weights as its ``weights`` artifact.
+        ``predict({"obs_t", "obs_x", "query_t"})`` returns the extrapolation."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        import numpy as np
+        from mlflow.models import ModelSignature
+        from mlflow.types.schema import Schema, TensorSpec
+
+        folder = Path(folder)
+        dim = int(json.loads((folder / "model.json").read_text())["state_dim"])
+        f64 = np.dtype("float64")
+        signature = ModelSignature(
+            inputs=Schema(
+                [
+                    TensorSpec(f64, (-1, -1), "obs_t"),
+                    TensorSpec(f64, (-1, -1, dim), "obs_x"),
+                    TensorSpec(f64, (-1, -1), "query_t"),
+                ]
+            ),
+            outputs=Schema([TensorSpec(f64, (-1, -1, dim))]),
+        )
+        requirements = []
+        for package in ("torch", "numpy", "neural-laplace-lab"):
+            try:
+                requirements.append(f"{package}=={version(package)}")
+            except PackageNotFoundError:
+                requirements.append(package)
+        code = Path(__file__).resolve().parent / "pyfunc_model.py"
+        with tempfile.TemporaryDirectory(prefix="nllab-pyfunc-") as tmp:
+            # MLflow keeps an artifact folder's own name: copy it as "weights".
+            weights = shutil.copytree(folder, Path(tmp) / "weights")
+            path = Path(tmp) / artifact_path
+            with warnings.catch_warnings():
+                # the signature is given: an input example would only re-run the model
+                warnings.filterwarnings("ignore", message=".*input example.*")
+                mlflow.pyfunc.save_model(
+                    str(path),
+                    python_model=str(code),
+                    artifacts={"weights": str(weights)},
+                    signature=signature,
+                    pip_requirements=requirements,
+                )
+            self.client.log_artifacts(run_id, str(path), artifact_path)
+
     def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
         self.client.log_text(run_id, text, artifact_file)
 
@@ -345,7 +450,11 @@ class Tracker:
             h = r.data.tags.get("config_hash")
             if h in wanted and h not in found:
                 found[h] = RunRecord(
-                    r.info.run_id, h, r.data.metrics.get("test_rmse"), dict(r.data.tags)
+                    r.info.run_id,
+                    h,
+                    r.data.metrics.get("test_rmse"),
+                    dict(r.data.tags),
+                    dict(r.data.metrics),
                 )
         return found
 
@@ -353,13 +462,27 @@ class Tracker:
         return list(self._search(f"tags.`mlflow.parentRunId` = '{parent_run_id}'"))
 
     def latest_run(self, kind: str) -> str | None:
+        """The newest FINISHED run of ``kind`` (a failed or interrupted one has no results)."""
         runs = self.client.search_runs(
             [self.experiment_id],
-            filter_string=f"tags.`nllab.kind` = '{kind}'",
+            filter_string=f"tags.`nllab.kind` = '{kind}' and attributes.status = 'FINISHED'",
             max_results=1,
             order_by=["attributes.start_time DESC"],
         )
         return runs[0].info.run_id if runs else None
+
+    def finished_runs(self, kind: str) -> list:
+        """Every FINISHED run of ``kind``, newest first (``mlflow.entities.Run``)."""
+        return list(
+            self._search(
+                f"tags.`nllab.kind` = '{kind}' and attributes.status = 'FINISHED'",
+                order_by=["attributes.start_time DESC"],
+            )
+        )
+
+    def run_url(self, ui_address: str, run_id: str) -> str:
+        """The run's page in the MLflow UI served at ``ui_address``."""
+        return f"{ui_address.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
 
     # -- model registry ---------------------------------------------------------------------
     def promote_if_better(
@@ -368,7 +491,9 @@ class Tracker:
         """Register ``run_id``'s model as a new version of ``name`` and move the champion alias
         to it, only if it beats the current champion's test RMSE (lower is better).
 
-        Existing versions are never deleted or overwritten.
+        Existing versions are never deleted or overwritten, and a run already registered under
+        ``name`` (say, by a process killed before it moved the alias) is not registered again:
+        its version is reused.
         """
         try:
             self.client.create_registered_model(
@@ -386,12 +511,23 @@ class Tracker:
             previous = float(current.tags.get("test_rmse", "inf"))
             if not test_rmse < previous:
                 return Promotion(name, False, None, test_rmse, previous)
-        source = f"{self.client.get_run(run_id).info.artifact_uri}/{artifact_path}"
+        same_run = self.client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+        if same_run:
+            version = str(min(int(v.version) for v in same_run))
+        else:
+            version = str(self._register(name, run_id, artifact_path, test_rmse))
+        self.client.set_registered_model_alias(name, CHAMPION, version)
+        return Promotion(name, True, version, test_rmse, previous)
+
+    def _register(self, name: str, run_id: str, artifact_path: str, test_rmse: float) -> str:
+        """A new version of ``name`` from the run's model, by its ``runs:/`` URI."""
         mv = self.client.create_model_version(
-            name, source=source, run_id=run_id, tags={"test_rmse": repr(float(test_rmse))}
+            name,
+            source=f"runs:/{run_id}/{artifact_path}",
+            run_id=run_id,
+            tags={"test_rmse": repr(float(test_rmse))},
         )
-        self.client.set_registered_model_alias(name, CHAMPION, mv.version)
-        return Promotion(name, True, str(mv.version), test_rmse, previous)
+        return str(mv.version)
 
     def champion(self, name: str) -> tuple[str, str] | None:
         """``(version, run_id)`` of the champion of ``name``, or ``None``."""

@@ -48,6 +48,9 @@ from tasks.search_spaces import Suggestion, paper_params, search_space, suggest
 from tasks.tracking import Tracker
 from tasks.training import EpochRecord, TrainingDiverged, select_device
 
+#: What every study minimises: the validation RMSE of the trial (normalised units).
+OBJECTIVE = "val_rmse"
+
 __all__ = [
     "StudySpec",
     "TuneResult",
@@ -249,6 +252,11 @@ class _Session:
             pruner=_pruner(spec, self.cell.training.epochs),
             load_if_exists=True,
         )
+        if self.study.metric_names != [OBJECTIVE]:
+            # The objective's name in optuna-dashboard and the study's metadata.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                self.study.set_metric_names([OBJECTIVE])
         select_device(spec.device)  # CUDA asked for but absent: a clear error up front
         ds = simulate_data(self.cell.system, self.cell.data, self.cell.seed)
         self.dataset_hash = ds.fingerprint

@@ -21,6 +21,11 @@ os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
 os.environ["DO_NOT_TRACK"] = "true"
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 
+# Prefect binds its console log handler to sys.stderr when it is first imported. The command line
+# imports it only when a command runs, which in a test is under pytest's output capture: the
+# handler would keep writing to that test's closed stream. Import it here, outside any capture.
+import prefect.main  # noqa: E402, F401  (sets up Prefect's logging)
+
 
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_SESSION_HOME, ignore_errors=True)

@@ -112,22 +112,33 @@ def test_simulate_prints_data_sets(capsys):
     assert len(lines) == 2 and all("N=40 T=200 D=1" in line for line in lines)
 
 
-def test_report_on_empty_store(mlflow_store, tmp_path, capsys):
+def test_report_on_empty_store_says_so_and_fails(mlflow_store, tmp_path, capsys):
     out = tmp_path / "rep"
-    assert main(["report", "--profile", "smoke", "--systems", "integro_de", "--out", str(out)]) == 0
-    text = capsys.readouterr().out
-    assert "0 of 6 cells have finished runs" in text
-    assert (out / "results.md").read_text().count("| –") == 6
-    written = {p.name for p in out.iterdir()}
-    assert written == {
-        "results.csv",
-        "results.md",
-        "results.tex",
-        "report.html",
-        "report.md",
-        "figures",
-    }
-    assert "nllab study" in (out / "report.md").read_text()  # studies not run yet: how to run them
+    # no benchmark at all: nothing to default to
+    assert main(["report", "--out", str(out)]) == 1
+    assert "no finished benchmark" in capsys.readouterr().err
+    # a named profile with no finished cell
+    assert main(["report", "--profile", "smoke", "--systems", "integro_de", "--out", str(out)]) == 1
+    assert "0 of 6 cells of profile 'smoke' have finished runs" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_cli_import_and_parser_load_no_heavy_module():
+    code = (
+        "import sys, flows.cli; flows.cli.build_parser(); "
+        "print(sorted(m for m in ('torch', 'mlflow', 'prefect', 'optuna', 'pandas') "
+        "if m in sys.modules))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
 
 
 def test_benchmark_command_and_exit_codes(mlflow_store, prefect_server, tmp_path, capsys):
@@ -143,7 +154,13 @@ def test_benchmark_command_and_exit_codes(mlflow_store, prefect_server, tmp_path
     assert main([*args, "--methods", "neural_laplace,node", "--config", str(bad)]) == 1
     out = capsys.readouterr().out
     assert "1 reused, 1 failed" in out and "run the same command again" in out
-    # the report now finds the finished cell
+    # the report now finds the finished cell, with no flags: the latest benchmark's config
+    assert main(["report", "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "profile smoke" in out and "2 of 2 cells have finished runs" not in out
+    assert "1 of 2 cells have finished runs" in out  # neural_laplace finished, node failed
+    table = out.split("cells have finished runs")[0].splitlines()[:-1]
+    assert "neural_laplace" in "".join(table) and max(len(line) for line in table) <= 100
     assert (
         main(
             [

@@ -91,7 +91,15 @@ def test_child_runs_hold_params_metrics_tags_artifacts(first):
         plots = {f.path for f in t.client.list_artifacts(run.info.run_id, "plots")}
         assert plots == {"plots/loss_curves.png", "plots/extrapolation.png"}
         model = {f.path for f in t.client.list_artifacts(run.info.run_id, "model")}
-        assert model == {"model/model.json", "model/state_dict.pt"}
+        assert {"model/MLmodel", "model/pyfunc_model.py", "model/artifacts"} <= model
+        weights = {f.path for f in t.client.list_artifacts(run.info.run_id, "model/artifacts")}
+        assert weights == {"model/artifacts/weights"}
+        # the fully resolved constructor arguments, defaults included
+        assert params["model.state_dim"] == params["state_dim"]
+        if tags["method"] == "neural_laplace":
+            assert params["model.terms"] == "33" and params["model.stereographic"] == "True"
+        else:
+            assert params["model.hidden"] == "[128, 128]" and params["model.solver"] == "euler"
         (ds,) = run.inputs.dataset_inputs
         assert tags["dataset_hash"].startswith(ds.dataset.digest)
         # how it trained: NODE's two seeds as one packed model, Neural Laplace one by one

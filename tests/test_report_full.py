@@ -51,4 +51,4 @@ def test_report_of_empty_store(mlflow_store, tmp_path):
 
     paths = build_report(Tracker.connect(), tmp_path)
     assert "No run yet" in paths.html.read_text()
-    assert paths.markdown.read_text().count("_No run yet") == 13  # benchmark + 12 studies
+    assert paths.markdown.read_text().count("_No run yet") == 14  # benchmark, 12 studies, tuning

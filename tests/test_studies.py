@@ -170,3 +170,30 @@ def test_tone_amplitude_is_exact_on_any_grid():
     tone = np.stack([0.3 * np.cos(11 * t[0]) - 0.4 * np.sin(11 * t[0]), 0.1 * np.sin(11 * t[1])])
     assert tone_amplitude(clean + tone, t) == pytest.approx((0.5 + 0.1) / 2, abs=1e-12)
     assert tone_amplitude(clean, t) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_stereographic_on_is_the_benchmark_cell(monkeypatch):
+    """The study's "on" cells are the benchmark's Neural Laplace cells (same config hash), so a
+    study after a benchmark of the same profile reuses them; "off" differs only in the map."""
+    import dataclasses
+
+    from flows.studies import _core, stereographic, study_config
+    from tasks.config import resolve_config
+
+    captured = []
+    monkeypatch.setattr(
+        stereographic, "rmse_table", lambda ctx, entries, keys: captured.extend(entries)
+    )
+    monkeypatch.setattr(stereographic, "plot_bars", lambda *a, **k: None)
+    monkeypatch.setattr(stereographic, "StudyOutput", lambda tables: tables)
+    config = study_config("stereographic", "smoke")
+    fields = {f.name: None for f in dataclasses.fields(_core.StudyContext) if f.init}
+    ctx = _core.StudyContext(**{**fields, "config": config, "spec": stereographic.SPEC})
+    monkeypatch.setattr(_core.StudyContext, "figure", lambda self, name: None)
+    stereographic._body(ctx)
+    bench = {c.key: c.config_hash() for c in resolve_config("smoke").cells()}
+    on = [c for keys, c in captured if keys["stereographic"] == "on"]
+    off = [c for keys, c in captured if keys["stereographic"] == "off"]
+    assert on and off
+    assert all(bench[c.key] == c.config_hash() for c in on)
+    assert all(bench[c.key] != c.config_hash() for c in off)

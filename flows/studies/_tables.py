@@ -97,15 +97,7 @@ def rmse_records(
 
 
 def to_markdown(frame: pd.DataFrame) -> str:
-    """A GitHub Markdown table (no extra dependency), numbers with 4 significant digits."""
+    """A GitHub Markdown table, numbers with 4 significant digits, verdicts marked."""
+    from tasks.reporting import Table, render_table
 
-    def fmt(v: Any) -> str:
-        if isinstance(v, float | np.floating):
-            return "–" if not np.isfinite(v) else f"{v:.4g}"
-        return str(v)
-
-    cols = list(frame.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, row in frame.iterrows():
-        lines.append("| " + " | ".join(fmt(row[c]) for c in cols) + " |")
-    return "\n".join(lines) + "\n"
+    return render_table(Table.from_frame(frame), "markdown")

@@ -32,6 +32,8 @@ def _body(ctx: StudyContext) -> StudyOutput:
     entries = [
         (
             {"system": s, "stereographic": "on" if on else "off"},
+            # "on" is the model's default: StudyContext.cell drops it, so the cell (and its
+            # config hash) is the benchmark's own Neural Laplace cell, reused when it has run.
             ctx.cell(s, "neural_laplace", seed, **SPEC.factor.setting(on)),
         )
         for s in systems

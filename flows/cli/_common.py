@@ -1,0 +1,137 @@
+"""What every subcommand parser shares: exit codes, name/seed lists, runner options.
+
+Only the standard library and :mod:`tasks.config` (pydantic) load here: parsing, ``--help`` and
+usage errors never import torch, mlflow or prefect.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_TRACKING",
+    "EXIT_USAGE",
+    "Parser",
+    "UsageError",
+    "add_runner_options",
+    "add_selection",
+    "parse_seeds",
+    "split_names",
+]
+
+EXIT_FAILED, EXIT_USAGE, EXIT_TRACKING, EXIT_INTERRUPTED = 1, 2, 3, 130
+
+
+class UsageError(ValueError):
+    """A bad command-line value: exit code 2 with the message."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose description may be computed when help is shown.
+
+    ``parser.describe = callable`` defers a description that needs heavy imports (the study
+    list) until ``--help`` asks for it.
+    """
+
+    describe: Callable[[], str] | None = None
+
+    def format_help(self) -> str:
+        if self.describe is not None:
+            self.description, self.describe = self.describe(), None
+        return super().format_help()
+
+
+def split_names(values: Sequence[str] | None) -> list[str] | None:
+    """``--systems a,b c`` → ``[a, b, c]``."""
+    if values is None:
+        return None
+    return [n for v in values for n in v.split(",") if n]
+
+
+def parse_seeds(values: Sequence[str] | None) -> list[int] | None:
+    """``--seeds 0 1,2`` → ``[0, 1, 2]``; a non-integer is a :class:`UsageError`."""
+    names = split_names(values)
+    if names is None:
+        return None
+    try:
+        return [int(n) for n in names]
+    except ValueError:
+        raise UsageError(f"--seeds takes non-negative integers, got {' '.join(values)!r}") from None
+
+
+def add_runner_options(p: argparse.ArgumentParser, default: str | None = None) -> None:
+    """``--task-runner thread|dask``, ``--dask-address`` and ``--pack/--no-pack``, shared by
+    every command that trains."""
+    p.add_argument(
+        "--task-runner",
+        choices=("thread", "dask"),
+        default=default,
+        help="thread pool (default) or Dask (a local cluster unless --dask-address)",
+    )
+    p.add_argument("--dask-address", metavar="tcp://HOST:PORT", help="an existing Dask scheduler")
+    p.add_argument(
+        "--pack",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="train cells that differ only in seed as one batched model, each cell's result "
+        "exactly as unpacked (default: on)",
+    )
+
+
+def add_selection(
+    p: argparse.ArgumentParser,
+    *,
+    methods: bool = True,
+    device: bool = True,
+    profile_help: str = "size preset (default: quick)",
+) -> None:
+    """``--profile --config --systems [--methods] --seeds [--device]``."""
+    from tasks.config import DEVICES, PROFILES
+
+    p.add_argument("--profile", choices=PROFILES, help=profile_help)
+    p.add_argument("--config", metavar="FILE", help="TOML, JSON or YAML config file")
+    p.add_argument("--systems", nargs="+", metavar="NAME", help="systems (default: main table)")
+    if methods:
+        p.add_argument("--methods", nargs="+", metavar="NAME", help="models (default: all six)")
+    p.add_argument("--seeds", nargs="+", metavar="N", help="seeds, e.g. 0 1 2 or 0,1,2")
+    if device:
+        p.add_argument("--device", choices=DEVICES, help="default: auto")
+
+
+def overrides(args: argparse.Namespace) -> dict:
+    """The run-config overrides named on the command line."""
+    o: dict = {
+        "systems": split_names(getattr(args, "systems", None)),
+        "methods": split_names(getattr(args, "methods", None)),
+        "seeds": parse_seeds(getattr(args, "seeds", None)),
+        "device": getattr(args, "device", None),
+        "max_workers": getattr(args, "max_workers", None),
+        "task_runner": getattr(args, "task_runner", None),
+        "dask_address": getattr(args, "dask_address", None),
+        "pack": getattr(args, "pack", None),
+    }
+    if getattr(args, "epochs", None) is not None:
+        o["training"] = {"epochs": args.epochs}
+    if getattr(args, "no_progress", False):
+        o["progress"] = False
+    if getattr(args, "no_register", False):
+        o["tracking"] = {"register_models": False}
+    return o
+
+
+def resolve(args: argparse.Namespace, profile: str | None = None):
+    """The :class:`~tasks.config.RunConfig` of the arguments; CUDA asked but absent → usage."""
+    from tasks.config import resolve_config
+
+    config = resolve_config(profile or args.profile, args.config, overrides(args))
+    if config.device == "cuda":
+        from tasks.training import select_device
+
+        try:
+            select_device("cuda")
+        except RuntimeError as e:
+            raise UsageError(str(e)) from None
+    return config

@@ -1,0 +1,70 @@
+"""``nllab benchmark``: train and evaluate systems × methods × seeds, tracked in MLflow."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from flows.cli._common import EXIT_FAILED, add_runner_options, add_selection, resolve
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "benchmark",
+        help="train and evaluate systems × methods × seeds, tracked in MLflow",
+        description="Run the main table. Finished cells (same config hash) are reused; failed "
+        "or interrupted ones are run again.",
+    )
+    add_selection(p)
+    p.add_argument("--max-workers", type=int, metavar="N", help="cells trained at once")
+    p.add_argument("--epochs", type=int, metavar="N", help="override the profile's epochs")
+    add_runner_options(p)
+    p.add_argument("--no-progress", action="store_true", help="no per-epoch progress bars")
+    p.add_argument("--no-register", action="store_true", help="leave the model registry alone")
+    p.add_argument(
+        "--tuned",
+        action="store_true",
+        help="use the best configuration of each (system, method)'s `nllab tune` study",
+    )
+    p.add_argument("--storage", metavar="URL", help="Optuna storage of the tuned studies")
+    p.set_defaults(handler=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()  # the figure printed is the user's wait, imports and Prefect included
+    from flows.benchmark import run_benchmark
+
+    config = resolve(args)
+    if args.tuned:
+        from tasks.tuning import apply_tuned
+
+        applied = apply_tuned(config, args.storage)
+        config = applied.config
+        print(
+            f"tuned configurations for {len(applied.tuned)} cells; "
+            f"{len(applied.untuned)} cells have no finished study and keep the paper's"
+        )
+    summary = run_benchmark(config)
+    print()
+    print(summary.table.to_terminal())
+    for p in summary.promotions:
+        if p.promoted:
+            print(
+                f"registry: {p.name} version {p.version} is now @champion "
+                f"(test RMSE {p.test_rmse:.4f})"
+            )
+    counts = ", ".join(
+        f"{summary.count(s)} {s}" for s in ("finished", "reused", "failed", "interrupted")
+    )
+    print(
+        f"{len(summary.results)} cells: {counts}; {time.perf_counter() - t0:.0f} s "
+        f"({summary.seconds:.0f} s in the flow)"
+    )
+    print(f"parent run {summary.parent_run_id}; compare the runs with: nllab ui")
+    if not summary.ok:
+        print("some cells failed (see above); run the same command again to redo only those")
+        return EXIT_FAILED
+    return 0

@@ -1,0 +1,32 @@
+"""``nllab simulate``: simulate (or load from the cache) the data sets of a configuration."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from flows.cli._common import add_selection, resolve
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("simulate", help="simulate (or load from cache) the data sets")
+    add_selection(p, methods=False, device=False)
+    p.set_defaults(handler=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from tasks.cell import simulate_data
+
+    config = resolve(args)
+    for system in config.systems:
+        for seed in config.seeds:
+            t0 = time.perf_counter()
+            ds = simulate_data(system, config.data, seed)
+            print(
+                f"{system:<24} seed {seed}  N={ds.x.shape[0]} T={ds.x.shape[1]} D={ds.x.shape[2]}"
+                f"  fingerprint {ds.fingerprint[:12]}  {time.perf_counter() - t0:.1f} s"
+            )
+    return 0

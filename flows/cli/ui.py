@@ -1,0 +1,136 @@
+"""``nllab ui``: the MLflow UI on the tracking store, opened on the model-training view."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+from flows.cli._common import EXIT_INTERRUPTED, EXIT_USAGE
+
+__all__ = ["add_parser", "port_in_use", "run", "runs_view_url", "ui_command"]
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("ui", help="start the MLflow UI on the tracking store")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=5000)
+    p.add_argument(
+        "--allowed-hosts",
+        metavar="HOSTS",
+        help="host names the UI answers to when bound beyond localhost (MLflow's security check)",
+    )
+    p.add_argument(
+        "--no-browser", action="store_true", help="print the address, do not open a browser"
+    )
+    p.set_defaults(handler=run)
+    return p
+
+
+def ui_command(host: str, port: int, allowed_hosts: str | None = None) -> tuple[list[str], str]:
+    """The ``mlflow ui`` command for the configured store, and the address it will serve."""
+    from tasks.tracking import TrackingSettings
+
+    s = TrackingSettings.resolve()
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", s.tracking_uri]
+    if s.artifact_root:
+        cmd += ["--default-artifact-root", s.artifact_root]
+    cmd += ["--host", host, "--port", str(port)]
+    if allowed_hosts:
+        cmd += ["--allowed-hosts", allowed_hosts]
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    return cmd, f"http://{shown}:{port}"
+
+
+def runs_view_url(address: str, experiment_id: str) -> str:
+    """The experiment's runs in MLflow's model-training view (not the GenAI one)."""
+    return f"{address}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+
+
+def port_in_use(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be bound (``None`` when it is free)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        # as servers do: connections in TIME_WAIT do not block, a listening socket does
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
+
+
+def _ready(address: str, proc: subprocess.Popen, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{address}/health", timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            time.sleep(0.3)
+    return False
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End the UI and every process it started (its own process group)."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run(args: argparse.Namespace) -> int:
+    from tasks.tracking import Tracker, TrackingSettings
+
+    settings = TrackingSettings.resolve()
+    if settings.tracking_uri.startswith(("http://", "https://")):
+        print(f"runs are tracked on the server {settings.tracking_uri}: open it in a browser")
+        return 0
+    busy = port_in_use(args.host, args.port)
+    if busy:
+        print(
+            f"nllab ui: error: cannot serve on {args.host}:{args.port}: {busy} (another program, "
+            "perhaps another MLflow UI, is there); choose another with --port",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    tracker = Tracker.connect()  # creates the embedded store if needed; fails clearly if unusable
+    cmd, address = ui_command(args.host, args.port, args.allowed_hosts)
+    url = runs_view_url(address, tracker.experiment_id)
+    print(f"MLflow UI on {settings.tracking_uri}\n  open {url}  (Ctrl-C to stop)", flush=True)
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    # Its own process group, so stopping it also stops the server processes it starts.
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        if not args.no_browser and sys.stdout.isatty() and _ready(address, proc, 60.0):
+            import webbrowser
+
+            webbrowser.open(url)
+        code = proc.wait()
+        if code:
+            print(f"nllab ui: error: the MLflow UI exited with code {code}", file=sys.stderr)
+        return code
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    finally:
+        _stop(proc)
+        signal.signal(signal.SIGTERM, previous)

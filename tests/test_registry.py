@@ -1,0 +1,84 @@
+"""The model registry holds standard MLflow models: ``mlflow.pyfunc.load_model`` of the champion
+predicts what the run's own model predicts, also after ``$NLLAB_HOME`` has been moved; a promotion
+interrupted between registering and moving the alias does not register the run twice."""
+
+from __future__ import annotations
+
+import shutil
+
+import mlflow
+import numpy as np
+import pytest
+
+from flows import registry_name, run_benchmark
+from tasks import load_registered_model
+from tasks.cell import prepare_cell, simulate_data
+from tasks.config import CellConfig, resolve_config
+from tasks.evaluation import evaluate
+from tasks.tracking import Tracker
+
+SYSTEM = "integro_de"
+
+
+def _use_home(monkeypatch, home):
+    monkeypatch.setenv("NLLAB_HOME", str(home))
+    for var in ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_pyfunc_champion_after_moving_the_home(tmp_path, monkeypatch, prefect_server):
+    _use_home(monkeypatch, tmp_path / "home")
+    config = resolve_config(
+        "smoke",
+        None,
+        {
+            "systems": [SYSTEM],
+            "methods": ["neural_laplace"],
+            "training": {"epochs": 2},
+            "isolation": "thread",
+            "progress": False,
+        },
+    )
+    summary = run_benchmark(config)
+    assert summary.ok
+    uri = f"models:/{registry_name(SYSTEM)}@champion"
+
+    # the run's own predictions, in physical units, through the training code's evaluate()
+    model, spec = load_registered_model(uri)
+    cell = CellConfig.model_validate(spec.cell)
+    prepared = prepare_cell(cell, simulate_data(cell.system, cell.data, cell.seed))
+    test, normaliser = prepared.test, prepared.normaliser
+    ev, pred = evaluate(model, test, normaliser)
+    assert ev.test_rmse == pytest.approx(spec.test_rmse, abs=1e-9)
+    own = np.asarray(normaliser.inverse_transform(pred))
+
+    shutil.move(tmp_path / "home", tmp_path / "moved")
+    _use_home(monkeypatch, tmp_path / "moved")
+    Tracker.connect()  # any nllab command: follows the moved home
+    n = test.obs_x.shape[0]
+    inputs = {
+        "obs_t": np.broadcast_to(np.asarray(test.obs_t, dtype=float), test.obs_x.shape[:2]),
+        "obs_x": np.asarray(normaliser.inverse_transform(np.asarray(test.obs_x)), dtype=float),
+        "query_t": np.broadcast_to(np.asarray(test.query_t, dtype=float), (n, own.shape[1])),
+    }
+    pyfunc = mlflow.pyfunc.load_model(uri)
+    assert pyfunc.metadata.get_input_schema().input_names() == ["obs_t", "obs_x", "query_t"]
+    got = pyfunc.predict({k: np.ascontiguousarray(v) for k, v in inputs.items()})
+    np.testing.assert_allclose(got, own, rtol=1e-9, atol=1e-12)
+    # the platform's own loader works from the moved store too
+    again, _ = load_registered_model(uri)
+    assert all(
+        np.array_equal(a.detach().numpy(), b.detach().numpy())
+        for a, b in zip(again.state_dict().values(), model.state_dict().values(), strict=True)
+    )
+
+    # a promotion killed after registering, before the alias: the rerun reuses the version
+    tracker = Tracker.connect()
+    name = registry_name(SYSTEM)
+    version, run_id = tracker.champion(name)
+    tracker.client.delete_registered_model_alias(name, "champion")
+    p = tracker.promote_if_better(name, run_id, spec.test_rmse)
+    assert p.promoted and p.version == version
+    assert len(tracker.client.search_model_versions(f"name = '{name}'")) == 1
+    mv = tracker.client.get_model_version(name, version)
+    assert mv.source == f"runs:/{run_id}/model"

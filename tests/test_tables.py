@@ -1,0 +1,96 @@
+"""One table renderer for the terminal, Markdown, LaTeX and HTML; resolved model arguments; run
+names."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from tasks.config import METHODS, CellConfig, run_name
+from tasks.modelio import model_params, resolved_model_args
+from tasks.reporting import CellResult, Table, TableCell, render_table, results_table
+
+SYSTEMS = ("spiral_dde", "lotka_volterra_dde", "mackey_glass_dde", "integro_de")
+
+
+def _table():
+    rng = np.random.default_rng(0)
+    results = [
+        CellResult(s, m, seed, "finished", float(rng.uniform(0.001, 1.0)), f"run-{s}-{m}-{seed}")
+        for s in SYSTEMS
+        for m in METHODS
+        for seed in (0, 1, 2)
+    ]
+    return results, results_table(results)
+
+
+@pytest.mark.parametrize("width", [60, 80, 100, 140])
+def test_terminal_table_fits_and_keeps_every_cell(width):
+    results, table = _table()
+    text = table.to_terminal(width=width)
+    assert max(len(line) for line in text.splitlines()) <= width
+    for s in SYSTEMS:
+        for m in METHODS:
+            v = [r.test_rmse for r in results if (r.system, r.method) == (s, m)]
+            assert f"{np.mean(v):.4f} ± {np.std(v):.4f}" in text
+
+
+def test_every_format_shows_the_same_cells_and_marks_the_best():
+    _, table = _table()
+    main = table.main_table({("node", "spiral_dde"): "http://ui/#/runs/x"})
+    texts = {f: render_table(main, f) for f in ("terminal", "markdown", "latex", "html")}
+    best = {
+        s: min(
+            METHODS, key=lambda m: table.frame.set_index(["method", "system"]).loc[(m, s), "mean"]
+        )
+        for s in SYSTEMS
+    }
+    for row in main.rows:
+        for s, cell in zip(SYSTEMS, row[1:], strict=True):
+            assert cell.best == (best[s] == row[0].text)
+            for f, text in texts.items():
+                shown = cell.text.replace("±", r"$\pm$") if f == "latex" else cell.text
+                assert shown in text, (f, cell.text)
+    n_best = len(SYSTEMS)
+    assert texts["markdown"].count("**") == 2 * n_best
+    assert texts["latex"].count(r"\textbf{") == n_best
+    assert texts["html"].count("<b>") == n_best
+    assert '<a href="http://ui/#/runs/x">' in texts["html"]
+    assert "](http://ui/#/runs/x)" in texts["markdown"]
+    assert r"spiral\_dde" in texts["latex"] and "spiral_dde" not in texts["latex"]
+
+
+def test_html_escapes_and_verdicts_colour():
+    t = render_table(
+        Table(("a", "b"), ((TableCell("<x>"), TableCell("1", verdict="worse")),)), "html"
+    )
+    assert "&lt;x&gt;" in t and "<x>" not in t
+    assert re.search(r'<td style="background:#ffd9d9">1 <span class="mark">▼</span></td>', t)
+    with pytest.raises(ValueError, match="terminal, markdown, latex, html"):
+        render_table(_table()[1].main_table(), "pdf")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_resolved_model_args_rebuild_the_default_model(method):
+    from nlmodels import build_model
+
+    args = resolved_model_args(method, 2, {})
+    assert json.loads(json.dumps(args)) == args  # JSON values only
+    rebuilt = build_model(
+        method, **{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}
+    )
+    default = build_model(method, 2)
+    assert [p.shape for p in rebuilt.parameters()] == [p.shape for p in default.parameters()]
+    over = resolved_model_args(method, 2, {"latent_dim": 7})
+    assert over["latent_dim"] == 7
+    params = model_params(args)
+    assert params["model.state_dim"] == "2" and all(k.startswith("model.") for k in params)
+
+
+def test_run_name_puts_method_and_variant_first():
+    cell = CellConfig(system="lotka_volterra_dde", method="neural_laplace", seed=0)
+    assert run_name(cell) == "neural_laplace · lotka_volterra_dde · s0"
+    assert run_name(cell, "stereo=off") == "neural_laplace · lotka_volterra_dde · s0 · stereo=off"
