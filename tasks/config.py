@@ -41,6 +41,7 @@ __all__ = [
     "known_systems",
     "load_config_file",
     "model_arguments",
+    "model_signature",
     "resolve_config",
 ]
 
@@ -92,22 +93,38 @@ def known_methods() -> tuple[str, ...]:
     return tuple(sorted(MODELS))
 
 
-def model_arguments(method: str) -> tuple[str, ...]:
-    """The keyword arguments ``build_model(method, state_dim, **kw)`` accepts, from the model's
-    constructor (and its bases', where it forwards ``**kwargs``)."""
+def model_signature(method: str) -> dict[str, Any]:
+    """Name -> default (``inspect.Parameter.empty`` when required) of every keyword argument
+    ``build_model(method, state_dim, **kw)`` accepts, read from the model's constructor and, where
+    it forwards ``**kwargs``, its bases'. Nothing is built."""
     import inspect
 
     from nlmodels import MODELS
 
-    names: list[str] = []
+    params: dict[str, Any] = {}
     for klass in MODELS[method].__mro__:
         if "__init__" not in vars(klass):
             continue
-        params = list(inspect.signature(klass.__init__).parameters.values())[2:]  # self, state_dim
-        names += [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        if not any(p.kind == p.VAR_KEYWORD for p in params):
+        found = list(inspect.signature(vars(klass)["__init__"]).parameters.values())
+        for p in found:
+            named = p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            if named and p.name not in ("self", "state_dim"):
+                params.setdefault(p.name, p.default)
+        if not any(p.kind == p.VAR_KEYWORD for p in found):
             break
-    return tuple(dict.fromkeys(names))
+    return params
+
+
+def model_arguments(method: str) -> tuple[str, ...]:
+    """The keyword arguments ``build_model(method, state_dim, **kw)`` accepts."""
+    return tuple(model_signature(method))
+
+
+def _json_value(v: Any) -> Any:
+    try:
+        return json.loads(json.dumps(v))
+    except TypeError:
+        return repr(v)  # a default that is not a plain value never equals an override
 
 
 def _check_model_overrides(method: str, overrides: Mapping[str, Any]) -> None:
@@ -198,7 +215,15 @@ class CellConfig(_Frozen):
         return f"{self.system}/{self.method}/seed{self.seed}"
 
     def canonical_json(self) -> str:
+        """What the hash covers: every field, with model overrides equal to the model's own
+        default left out (``stereographic = true`` is the default model, the same cell)."""
         payload = {"schema": _HASH_SCHEMA, **self.model_dump(mode="json")}
+        defaults = model_signature(self.method) if self.method in known_methods() else {}
+        payload["model"] = {
+            k: v
+            for k, v in payload["model"].items()
+            if k not in defaults or json.dumps(v) != json.dumps(_json_value(defaults[k]))
+        }
         return json.dumps(payload, sort_keys=True, separators=(",", ":"))
 
     def config_hash(self) -> str:

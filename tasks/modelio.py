@@ -66,21 +66,12 @@ def resolved_model_args(
     :func:`inspect.signature`, following ``**kwargs`` to the parent class) overridden by
     ``overrides``, as JSON values (tuples as lists). Nothing is built."""
     from nlmodels import MODELS
+    from tasks.config import model_signature
 
     if method not in MODELS:
         raise ValueError(f"unknown model {method!r}; valid models: {', '.join(sorted(MODELS))}")
-    defaults: dict[str, Any] = {}
-    for klass in MODELS[method].__mro__:
-        if "__init__" not in vars(klass):
-            continue
-        params = inspect.signature(vars(klass)["__init__"]).parameters.values()
-        for p in params:
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
-                if p.name not in ("self", "state_dim") and p.name not in defaults:
-                    if p.default is not p.empty:
-                        defaults[p.name] = p.default
-        if not any(p.kind == p.VAR_KEYWORD for p in params):
-            break
+    empty = inspect.Parameter.empty
+    defaults = {k: v for k, v in model_signature(method).items() if v is not empty}
     return _jsonable({"state_dim": int(state_dim), **defaults, **dict(overrides)})
 
 

@@ -135,3 +135,14 @@ def test_pack_is_outside_the_cell_hash():
     on = resolve_config("smoke", overrides={"pack": True})
     off = resolve_config("smoke", overrides={"pack": False})
     assert [c.config_hash() for c in on.cells()] == [c.config_hash() for c in off.cells()]
+
+
+def test_an_override_equal_to_the_default_is_the_same_cell():
+    def cell(method, **model):
+        return CellConfig(system="integro_de", method=method, seed=0, model=model)
+
+    plain = cell("neural_laplace")
+    assert cell("neural_laplace", stereographic=True).config_hash() == plain.config_hash()
+    assert cell("neural_laplace", stereographic=False).config_hash() != plain.config_hash()
+    assert cell("node", hidden=(128, 128)).config_hash() == cell("node").config_hash()
+    assert cell("node", hidden=(128, 64)).config_hash() != cell("node").config_hash()
