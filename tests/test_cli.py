@@ -148,9 +148,15 @@ def test_benchmark_command_and_exit_codes(mlflow_store, prefect_server, tmp_path
     assert "1 cells: 1 finished, 0 reused, 0 failed" in out
     assert "neural-laplace-integro_de version 1 is now @champion" in out
     assert "nllab ui" in out
-    # a failing cell: exit 1 and a hint to re-run
+    # an unknown model setting is a usage error before any work, naming the valid ones
+    typo = tmp_path / "typo.toml"
+    typo.write_text("[models.node]\nno_such_option = 1\n")
+    assert main([*args, "--methods", "neural_laplace,node", "--config", str(typo)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown node setting 'no_such_option'" in err and "augment_dim" in err
+    # a failing cell (a value the model rejects when built): exit 1 and a hint to re-run
     bad = tmp_path / "bad.toml"
-    bad.write_text("[models.node]\nno_such_option = 1\n")
+    bad.write_text("[models.node]\naugment_dim = -1\n")
     assert main([*args, "--methods", "neural_laplace,node", "--config", str(bad)]) == 1
     out = capsys.readouterr().out
     assert "1 reused, 1 failed" in out and "run the same command again" in out
