@@ -1,14 +1,35 @@
-"""Prefect runtime settings shared by every flow: local ephemeral mode, capped task runners."""
+"""Prefect runtime settings shared by every flow: local ephemeral mode, capped task runners.
+
+Without ``PREFECT_API_URL`` Prefect starts a temporary API server in a child process. Started as
+Prefect does it, that child shares the terminal's process group: Ctrl-C stops it at the same
+moment as the flow, which then cannot record its own end and hangs retrying the dead server; and
+a ``kill -9`` of the flow leaves it listening. :func:`flow_settings` therefore has it started in
+its own session (out of reach of the terminal's signals; Prefect stops it when the flow process
+exits) under a guard that stops it as soon as its parent process is gone.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import tasks._env  # noqa: F401  (offline switches before mlflow/prefect load)
 
 # isort: split
-from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+import prefect
+from prefect.server.api.server import SubprocessASGIServer
+from prefect.settings import (
+    PREFECT_API_URL,
+    PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+    get_current_settings,
+    temporary_settings,
+)
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from tasks.config import RunConfig
@@ -16,9 +37,45 @@ from tasks.config import RunConfig
 __all__ = ["flow_settings", "make_task_runner"]
 
 
+class _GuardedServer(SubprocessASGIServer):
+    """Prefect's temporary server, in its own session and stopped when its parent is gone."""
+
+    def _run_uvicorn_command(self) -> subprocess.Popen:
+        uvicorn = [
+            "--app-dir", str(prefect.__module_path__.parent),
+            "--factory", "prefect.server.api.server:create_app",
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--log-level", "error", "--lifespan", "on",
+        ]  # fmt: skip
+        env = {
+            **os.environ,
+            # as Prefect starts it: no UI, ephemeral mode
+            "PREFECT_UI_ENABLED": "0",
+            "PREFECT__SERVER_EPHEMERAL": "1",
+            "PREFECT__SERVER_FINAL": "1",
+            **get_current_settings().to_environment_variables(exclude_unset=True),
+        }
+        return subprocess.Popen(
+            [sys.executable, "-m", "flows._runtime", str(os.getpid()), *uvicorn],
+            env=env,
+            start_new_session=True,
+        )
+
+
+def _guard_temporary_server() -> None:
+    """Have Prefect's temporary server (if this process will need one) start guarded."""
+    if PREFECT_API_URL.value():
+        return  # a running server (or a test harness): nothing is started here
+    # Prefect looks its temporary server up under the key None (as its own test harness does).
+    if SubprocessASGIServer._instances.get(None) is None:
+        _GuardedServer()
+
+
 @contextmanager
 def flow_settings() -> Iterator[None]:
-    """Settings for a flow call: no heartbeat (it adds ~1 s per flow call on the local server)."""
+    """Settings for a flow call: no heartbeat (it adds ~1 s per flow call on the local server),
+    and a temporary API server that survives the terminal's Ctrl-C and dies with this process."""
+    _guard_temporary_server()
     with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
 
@@ -33,3 +90,25 @@ def make_task_runner(config: RunConfig) -> TaskRunner:
             config.max_workers, config.dask_address, TrackingSettings.resolve(config.tracking)
         )
     return ThreadPoolTaskRunner(max_workers=config.max_workers)
+
+
+def _serve_while_parent_lives(parent: int, uvicorn_args: Sequence[str]) -> None:
+    """Run uvicorn here; once ``parent`` has exited, stop it (SIGTERM: a clean shutdown), and
+    exit for good if it is still up 10 s later."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    import uvicorn.main
+
+    sys.argv = ["uvicorn", *uvicorn_args]
+    uvicorn.main.main()
+
+
+if __name__ == "__main__":  # the guarded server process (see _GuardedServer)
+    _serve_while_parent_lives(int(sys.argv[1]), sys.argv[2:])

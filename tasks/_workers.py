@@ -9,6 +9,7 @@ spawned processes by default; the Prefect task (a thread) just waits for its cel
 from __future__ import annotations
 
 import multiprocessing
+import signal
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
@@ -19,13 +20,17 @@ __all__ = ["run_in_worker", "worker_pool_active", "worker_processes", "worker_st
 T = TypeVar("T")
 _POOL: ProcessPoolExecutor | None = None
 # In a worker: set by the parent when the flow is interrupted, so running cells stop and end
-# KILLED (a signal sent to the parent alone never reaches the workers).
+# KILLED (workers ignore SIGINT themselves, so the parent decides for all of them).
 _WORKER_STOP = None
 
 
 def _init_worker(stop) -> None:
     global _WORKER_STOP
     _WORKER_STOP = stop
+    # A terminal's Ctrl-C reaches the whole process group, these workers included. Only the
+    # parent acts on it (it sets ``stop``): a KeyboardInterrupt here would kill an idle worker
+    # (breaking the pool) or escape from a cell before its run is ended KILLED.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def worker_stop_event():

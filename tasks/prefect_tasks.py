@@ -34,7 +34,7 @@ def simulate_task(system: str, data: DataConfig, seed: int) -> str:
 def cell_task(cell: CellConfig, runtime: CellRuntime) -> CellResult:
     """Train, evaluate and track one cell. A failed cell fails this task run, with its error."""
     if worker_pool_active():
-        # A stop event cannot cross processes; Ctrl-C reaches the workers directly.
+        # A thread event cannot cross processes: workers watch the pool's own stop event.
         runtime = replace(runtime, stop=None)
     result = run_in_worker(run_cell, cell, runtime)
     if result.status == "failed":
