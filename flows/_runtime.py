@@ -46,6 +46,8 @@ class _GuardedServer(SubprocessASGIServer):
             "--factory", "prefect.server.api.server:create_app",
             "--host", "127.0.0.1", "--port", str(self.port),
             "--log-level", "error", "--lifespan", "on",
+            # Stopped at exit: clients' idle keep-alive connections must not hold the exit up.
+            "--timeout-graceful-shutdown", "1",
         ]  # fmt: skip
         env = {
             **os.environ,
@@ -60,6 +62,14 @@ class _GuardedServer(SubprocessASGIServer):
             env=env,
             start_new_session=True,
         )
+
+    def stop(self) -> None:
+        # Ask it to stop, without waiting: it shuts down (gracefully, in its own session) while
+        # this process exits, and its guard ends it for good should it linger.
+        if self.server_process is not None and self.server_process.poll() is None:
+            self.server_process.terminate()
+        self.server_process = None
+        super().stop()
 
 
 def _guard_temporary_server() -> None:

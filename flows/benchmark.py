@@ -175,8 +175,12 @@ def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
             isolated = config.isolation == "process" and config.task_runner == "thread" and todo
             pool = worker_processes(config.max_workers) if isolated else nullcontext()
             with pool:
-                futures = {c.key: cell_task.submit(c, runtime) for c in todo}
-                wait(list(futures.values()))
+                try:
+                    futures = {c.key: cell_task.submit(c, runtime) for c in todo}
+                    wait(list(futures.values()))
+                except BaseException:
+                    stop.set()  # before the pool shuts down: queued cells must not start
+                    raise
         except BaseException:
             # Ctrl-C: running cells stop at their next batch and end KILLED; finished ones stay.
             stop.set()

@@ -288,14 +288,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``nllab`` console script; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)  # exits 2 on usage errors, 0 on --help
+    from datasets._cache import CacheError, require_writable_home
     from tasks.config import ConfigError
     from tasks.tracking import TrackingUnavailable
 
     try:
+        require_writable_home()
         # study, tune, reproduce and serve carry their handler from their own modules
         handler = getattr(args, "handler", None) or _COMMANDS[args.command]
         return handler(args)
-    except (ConfigError, _UsageError) as e:
+    except (ConfigError, _UsageError, CacheError) as e:
         print(f"nllab {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except TrackingUnavailable as e:

@@ -14,7 +14,7 @@ import tasks._env  # noqa: F401  (offline switches before mlflow/prefect load)
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks._workers import run_in_worker, worker_pool_active
+from tasks._workers import WorkerStopped, run_in_worker, worker_pool_active
 from tasks.cell import CellRuntime, run_cell, simulate_data
 from tasks.config import CellConfig, DataConfig
 from tasks.reporting import CellResult
@@ -33,13 +33,29 @@ def simulate_task(system: str, data: DataConfig, seed: int) -> str:
 )
 def cell_task(cell: CellConfig, runtime: CellRuntime) -> CellResult:
     """Train, evaluate and track one cell. A failed cell fails this task run, with its error."""
+    if runtime.stop is not None and runtime.stop.is_set():
+        return _not_started(cell)  # queued when Ctrl-C came
     if worker_pool_active():
         # A thread event cannot cross processes: workers watch the pool's own stop event.
         runtime = replace(runtime, stop=None)
-    result = run_in_worker(run_cell, cell, runtime)
+    try:
+        result = run_in_worker(run_cell, cell, runtime)
+    except WorkerStopped:
+        return _not_started(cell)
     if result.status == "failed":
         raise CellFailed(result)
     return result
+
+
+def _not_started(cell: CellConfig) -> CellResult:
+    return CellResult(
+        cell.system,
+        cell.method,
+        cell.seed,
+        "interrupted",
+        config_hash=cell.config_hash(),
+        error="interrupted before it started",
+    )
 
 
 class CellFailed(RuntimeError):

@@ -130,7 +130,7 @@ def test_terminal_ctrl_c_to_the_process_group_exits_130_within_seconds(tmp_path)
     seconds = time.monotonic() - t0
     print(f"terminal Ctrl-C: exit {proc.returncode} after {seconds:.1f} s")
     assert proc.returncode == 130, out
-    assert seconds < 20, (seconds, out)
+    assert seconds < 30, (seconds, out)  # 130 within seconds even on a loaded 2-core machine
     assert "Traceback" not in out[len("".join(lines)) :], out
     assert "interrupted; finished cells are kept" in out
     assert _wait_gone(servers, 15)  # stopped with its parent
