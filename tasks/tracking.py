@@ -96,6 +96,16 @@ def git_commit() -> str:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
+def _host_id() -> str:
+    """This host, as pids are meaningful: the host name and (on Linux) the pid namespace, so
+    two containers with one host name never judge each other's processes."""
+    try:
+        ns = os.readlink("/proc/self/ns/pid").removeprefix("pid:")
+    except OSError:
+        return socket.gethostname()
+    return f"{socket.gethostname()}{ns}"
+
+
 def _process_token(pid: int) -> str | None:
     """``PID:START`` of a live process on this host (START: its start time in clock ticks since
     boot, from ``/proc``, so a recycled pid does not pass as the old process), or ``None``."""
@@ -184,13 +194,13 @@ def _broken_store_message(db_path: Path, error: BaseException) -> str:
 def claim_owner() -> str:
     """A claim owner naming this process: ``HOST/PID:START/RANDOM`` (unique per call)."""
     token = _process_token(os.getpid()) or str(os.getpid())
-    return f"{socket.gethostname()}/{token}/{os.urandom(4).hex()}"
+    return f"{_host_id()}/{token}/{os.urandom(4).hex()}"
 
 
 def _owner_gone(owner: str) -> bool:
     """Whether ``owner`` (from :func:`claim_owner`) is a process of this host that has ended."""
     parts = owner.split("/")
-    return len(parts) == 3 and parts[0] == socket.gethostname() and not _process_alive(parts[1])
+    return len(parts) == 3 and parts[0] == _host_id() and not _process_alive(parts[1])
 
 
 @dataclass(frozen=True)
@@ -358,7 +368,7 @@ class Tracker:
         }
         if parent_run_id is not None:
             all_tags["mlflow.parentRunId"] = parent_run_id
-        all_tags[_HOST_TAG] = socket.gethostname()
+        all_tags[_HOST_TAG] = _host_id()
         all_tags[_PROC_TAG] = _process_token(os.getpid()) or str(os.getpid())
         run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
         return run.info.run_id
@@ -458,7 +468,7 @@ class Tracker:
         started on this host by a process that no longer exists can never finish (``kill -9``,
         a power cut); runs of live processes and of other hosts are left alone.
         """
-        host = socket.gethostname()
+        host = _host_id()
         ended = []
         for r in list(self._search("attributes.status = 'RUNNING'")):
             token = r.data.tags.get(_PROC_TAG)
