@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 import tasks._env  # noqa: F401  (offline switches before mlflow/prefect load)
 
@@ -27,6 +28,7 @@ from prefect.server.api.server import SubprocessASGIServer
 from prefect.settings import (
     PREFECT_API_URL,
     PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+    PREFECT_HOME,
     get_current_settings,
     temporary_settings,
 )
@@ -63,6 +65,12 @@ class _GuardedServer(SubprocessASGIServer):
             start_new_session=True,
         )
 
+    def start(self, timeout: int | None = None) -> None:
+        # Servers of processes started together on one Prefect home would migrate its database
+        # at the same time: one starts (and migrates) at a time.
+        with _exclusive(Path(PREFECT_HOME.value()).expanduser() / ".nllab-server-start.lock"):
+            super().start(timeout)
+
     def stop(self) -> None:
         # Ask it to stop, without waiting: it shuts down (gracefully, in its own session) while
         # this process exits, and its guard ends it for good should it linger.
@@ -70,6 +78,23 @@ class _GuardedServer(SubprocessASGIServer):
             self.server_process.terminate()
         self.server_process = None
         super().stop()
+
+
+@contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``lock_path`` (nothing where that is impossible)."""
+    try:
+        import fcntl
+
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except (ImportError, OSError):
+        yield  # Prefect itself reports an unusable home
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _guard_temporary_server() -> None:

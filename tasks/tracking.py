@@ -168,8 +168,8 @@ def _create_embedded_store(db_path: Path, artifact_root: str | None) -> None:
     """
     for leftover in db_path.parent.glob(f".{db_path.name}.*.tmp"):
         leftover.unlink(missing_ok=True)  # a creation killed before its rename
-    if db_path.exists():
-        return
+    if db_path.exists() and db_path.stat().st_size > 0:
+        return  # an empty file holds nothing: it is replaced
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     tmp = db_path.with_name(f".{db_path.name}.{os.getpid()}.tmp")
@@ -182,6 +182,11 @@ def _create_embedded_store(db_path: Path, artifact_root: str | None) -> None:
 
 
 def _broken_store_message(db_path: Path, error: BaseException) -> str:
+    if "database is locked" in str(error):
+        return (
+            f"the MLflow store {db_path} is busy (locked by another process for too long); "
+            "run the command again"
+        )
     return (
         f"the MLflow store {db_path} cannot be opened ({type(error).__name__}: "
         f"{str(error).splitlines()[0] if str(error) else ''}).\n"

@@ -45,8 +45,12 @@ def test_two_processes_on_one_study_stop_at_its_total_and_never_draw_the_same_po
             "progress": False,
         },
     }
-    # Create the study once (as the first `nllab tune` would) so both processes load it.
+    # Create the store and the study once (as a first `nllab tune` would): this test is about
+    # the trials, not the creation of the stores.
+    from tasks.tracking import Tracker
     from tasks.tuning import StudySpec, open_storage
+
+    Tracker.connect()
 
     name = StudySpec(**spec).study_name
     optuna.create_study(storage=open_storage(spec["storage"]), study_name=name)
