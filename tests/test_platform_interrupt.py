@@ -89,7 +89,7 @@ def _guarded_servers(parent: int) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"flows._runtime" in argv and str(parent).encode() in argv:
+        if b"nllab-prefect-server" in argv and str(parent).encode() in argv:
             found.append(int(entry.name))
     return found
 
