@@ -100,7 +100,7 @@ def _read_only(folder: Path) -> list[str] | None:
     return ["unshare", "-rm", "sh", "-c", script, "sh"]
 
 
-@pytest.mark.parametrize("command", [["simulate"], ["benchmark", "--methods", "node"]])
+@pytest.mark.parametrize("command", [["benchmark", "--methods", "node"]])
 def test_a_read_only_home_fails_fast_with_a_message(tmp_path, command):
     home = tmp_path / "home"
     home.mkdir()

@@ -74,6 +74,7 @@ def test_processes_creating_a_fresh_store_at_once_all_succeed(tmp_path):
     assert not list((home / "mlflow").glob(".*.tmp"))
 
 
+@pytest.mark.slow
 def test_kill_while_the_store_is_created_leaves_a_usable_store(tmp_path):
     home = tmp_path / "home"
     go = tmp_path / "go"
