@@ -17,6 +17,7 @@ and as ``best_config.json`` on the parent run; :func:`tuned_overrides` reads it 
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 import threading
 import warnings
@@ -236,6 +237,18 @@ class _StudyFull(RuntimeError):
     """A trial drawn after the study reached its trial count (by another process): failed."""
 
 
+class _QuietSurplus(logging.Filter):
+    """Drops Optuna's "trial failed" warnings (with traceback) about surplus trials."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numbers: set[int] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(message.startswith(f"Trial {n} failed") for n in self.numbers)
+
+
 class _TrialSeededTPE(optuna.samplers.TPESampler):
     """TPE whose random state is reseeded from ``(seed, trial number)`` before each trial.
 
@@ -409,6 +422,8 @@ class _Session:
             optuna.storages.fail_stale_trials(self.study)
         total = self.spec.n_trials
         counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+        # A surplus trial is expected when processes share the study: no warning with traceback.
+        quiet = _QuietSurplus()
 
         def within_total(trial: optuna.Trial) -> float:
             # Other processes may share the study: the storage numbers trials uniquely, so the
@@ -416,6 +431,7 @@ class _Session:
             before = self.study.get_trials(deepcopy=False, states=counted)
             if sum(t.number < trial.number for t in before) >= total:
                 self.study.stop()
+                quiet.numbers.add(trial.number)
                 trial.set_user_attr("surplus", True)
                 raise _StudyFull(f"the study already holds its {total} trials")
             return self.objective(trial)
@@ -424,15 +440,20 @@ class _Session:
             if len(study.get_trials(deepcopy=False, states=counted)) >= total:
                 study.stop()
 
-        self.study.optimize(
-            within_total,
-            n_trials=n_trials,
-            n_jobs=n_jobs,
-            # Any other error fails only its trial; the study goes on (the run keeps the error).
-            catch=(Exception,),
-            callbacks=[stop_when_full],
-            gc_after_trial=False,
-        )
+        optuna_log = logging.getLogger("optuna.study._optimize")
+        optuna_log.addFilter(quiet)
+        try:
+            self.study.optimize(
+                within_total,
+                n_trials=n_trials,
+                n_jobs=n_jobs,
+                # Any other error fails only its trial; the study goes on (the run keeps it).
+                catch=(Exception,),
+                callbacks=[stop_when_full],
+                gc_after_trial=False,
+            )
+        finally:
+            optuna_log.removeFilter(quiet)
 
     def finish(self) -> TuneResult:
         done = [t for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()]
