@@ -8,7 +8,7 @@ on-disk cache and trajectory plots.  Arrays are float64 numpy throughout.
 from datasets._cache import CacheError, data_home, load_or_simulate
 from datasets._plot import plot_trajectories
 from datasets._prepare import Normaliser, Prepared, SplitData, prepare
-from datasets._simulate import DATA_VERSION, Dataset, simulate
+from datasets._simulate import DATA_VERSION, Dataset, check_memory, simulate
 from datasets._systems import PROPERTIES, SYSTEMS, SystemInfo
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "Prepared",
     "SplitData",
     "SystemInfo",
+    "check_memory",
     "data_home",
     "load_or_simulate",
     "plot_trajectories",

@@ -13,7 +13,9 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -31,6 +33,10 @@ from datasets._simulate import (
 logger = logging.getLogger(__name__)
 
 _ARRAYS = ("t", "x", "x_clean", "ic", "t_physical")
+#: Temporary files of :func:`_write` (``.<system>-<fingerprint[:32]>-<random>.tmp``).
+_TMP_NAME = re.compile(r"\.[a-z0-9_]+-[0-9a-f]{32}-[^/]*\.tmp")
+#: A temporary file older than this was left by a killed writer (a write takes seconds).
+STALE_TMP_SECONDS = 15 * 60
 
 
 class CacheError(OSError):
@@ -41,6 +47,22 @@ def data_home() -> Path:
     """The platform's data folder: ``$NLLAB_HOME`` if set, else ``~/.nllab`` (never the cwd)."""
     env = os.environ.get("NLLAB_HOME")
     return Path(env).expanduser() if env else Path.home() / ".nllab"
+
+
+def require_writable_home() -> Path:
+    """``data_home()``, created if needed; raises :class:`CacheError` naming the folder and what
+    to do when it cannot be written (checked before any work starts)."""
+    home = data_home()
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=home).close()
+    except OSError as err:
+        raise CacheError(
+            f"the data folder {str(home)!r} is not writable ({err.strerror or err}); it holds the "
+            "data cache, the MLflow store and Prefect's database: set NLLAB_HOME to a writable "
+            "folder"
+        ) from None
+    return home
 
 
 def _checksum(arrays: dict[str, np.ndarray]) -> str:
@@ -94,6 +116,23 @@ def _write(path: Path, ds: Dataset) -> None:
         raise
 
 
+def _remove_stale_tmp(folder: Path) -> None:
+    """Delete the temporary files that killed writers left in ``folder`` (only files named as
+    :func:`_write` names them, and older than ``STALE_TMP_SECONDS``: a live write is kept)."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    cutoff = time.time() - STALE_TMP_SECONDS
+    for e in entries:
+        try:
+            if _TMP_NAME.fullmatch(e.name) and e.is_file() and e.stat().st_mtime < cutoff:
+                os.unlink(e.path)
+                logger.info("removed %s, left by an interrupted cache write", e.path)
+        except OSError:
+            pass  # removed by another process meanwhile, or not ours to remove
+
+
 def load_or_simulate(
     system: str,
     n_trajectories: int | None = None,
@@ -118,6 +157,7 @@ def load_or_simulate(
     fingerprint = _fingerprint(req)
     folder = Path(cache_dir).expanduser() if cache_dir is not None else data_home() / "cache"
     path = folder / f"{req.system}-{fingerprint[:32]}.npz"
+    _remove_stale_tmp(folder)
     if path.is_file():
         try:
             return _read(path, fingerprint)

@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import numbers
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,6 +100,47 @@ def _request(system, n_trajectories, n_points, seed, noise_std) -> _Request:
     )
 
 
+#: Arrays of N × T × D float64 numbers alive at once while a data set is simulated, noised,
+#: cached and split into training tensors (signal, clean signal, noise, noisy copy, splits).
+_ARRAY_COPIES = 6
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available to new allocations (Linux ``MemAvailable``), or ``None``."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(
+    system: str, n_trajectories: int | None = None, n_points: int | None = None
+) -> int:
+    """Estimated bytes to simulate and train on this data set; raises ``ValueError`` with the
+    estimate when it exceeds the memory available now (before anything is allocated)."""
+    req = _request(system, n_trajectories, n_points, 0, 0.0)
+    dim = SYSTEMS[req.system].state_dim
+    need = req.n_trajectories * req.n_points * dim * 8 * _ARRAY_COPIES
+    available = _available_memory()
+    if available is not None and need > available:
+        gib = 2.0**30
+        raise ValueError(
+            f"{req.system}: n_trajectories={req.n_trajectories} × {req.n_points} points × "
+            f"{dim} dimension(s) needs about {need / gib:.1f} GiB of memory to simulate and "
+            f"train, and {available / gib:.1f} GiB is available; use fewer trajectories or "
+            f"points (the paper uses {SYSTEMS[req.system].default_trajectories} × "
+            f"{SYSTEMS[req.system].default_points})"
+        )
+    return need
+
+
 def _check_workers(workers: int | None) -> int | None:
     return None if workers is None else _check_int("workers", workers, 1)
 
@@ -124,6 +166,7 @@ def _frozen(a: np.ndarray) -> np.ndarray:
 
 
 def _simulate(req: _Request, workers: int | None) -> Dataset:
+    check_memory(req.system, req.n_trajectories, req.n_points)
     system = _SYSTEMS[req.system]
     t, tp = system.grid(req.n_points)
     # Independent streams: the initial-condition draws do not depend on noise_std, and the noise

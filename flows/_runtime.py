@@ -1,24 +1,144 @@
-"""Prefect runtime settings shared by every flow: local ephemeral mode, capped task runners."""
+"""Prefect runtime settings shared by every flow: local ephemeral mode, capped task runners.
+
+Without ``PREFECT_API_URL`` Prefect starts a temporary API server in a child process. Started as
+Prefect does it, that child shares the terminal's process group: Ctrl-C stops it at the same
+moment as the flow, which then cannot record its own end and hangs retrying the dead server; and
+a ``kill -9`` of the flow leaves it listening. :func:`flow_settings` therefore has it started in
+its own session (out of reach of the terminal's signals; Prefect stops it when the flow process
+exits) under a guard that stops it as soon as its parent process is gone.
+"""
 
 from __future__ import annotations
 
+import atexit
+import gc
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import tasks._env  # noqa: F401  (offline switches before mlflow/prefect load)
 
 # isort: split
-from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+import prefect
+from prefect.server.api.server import SubprocessASGIServer
+from prefect.settings import (
+    PREFECT_API_URL,
+    PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+    PREFECT_HOME,
+    get_current_settings,
+    temporary_settings,
+)
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from tasks.config import RunConfig
 
 __all__ = ["flow_settings", "make_task_runner"]
 
+# The interpreter's last full garbage collection at exit walks the whole heap that Prefect, MLflow
+# and torch built (seconds on a busy machine, after Ctrl-C too); the OS frees it all anyway.
+atexit.register(gc.freeze)
+
+
+#: The argument that marks a guarded server process (``ps`` shows it).
+SERVER_MARK = "nllab-prefect-server"
+
+# The guarded server process: uvicorn in the main thread; a watcher thread stops it (SIGTERM, a
+# clean shutdown) once the parent is gone, and ends the process for good 10 s later. Imports
+# nothing of the platform, so it starts as fast as Prefect's own.
+_GUARD = """
+import os, signal, sys, threading, time
+_, _mark, parent, *args = sys.argv
+parent = int(parent)
+
+def watch():
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(10)
+    os._exit(1)
+
+threading.Thread(target=watch, daemon=True).start()
+import uvicorn.main
+sys.argv = ["uvicorn", *args]
+uvicorn.main.main()
+"""
+
+
+class _GuardedServer(SubprocessASGIServer):
+    """Prefect's temporary server, in its own session and stopped when its parent is gone."""
+
+    def _run_uvicorn_command(self) -> subprocess.Popen:
+        uvicorn = [
+            "--app-dir", str(prefect.__module_path__.parent),
+            "--factory", "prefect.server.api.server:create_app",
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--log-level", "error", "--lifespan", "on",
+            # Stopped at exit: clients' idle keep-alive connections must not hold the exit up.
+            "--timeout-graceful-shutdown", "1",
+        ]  # fmt: skip
+        env = {
+            **os.environ,
+            # as Prefect starts it: no UI, ephemeral mode
+            "PREFECT_UI_ENABLED": "0",
+            "PREFECT__SERVER_EPHEMERAL": "1",
+            "PREFECT__SERVER_FINAL": "1",
+            **get_current_settings().to_environment_variables(exclude_unset=True),
+        }
+        return subprocess.Popen(
+            [sys.executable, "-c", _GUARD, SERVER_MARK, str(os.getpid()), *uvicorn],
+            env=env,
+            start_new_session=True,
+        )
+
+    def start(self, timeout: int | None = None) -> None:
+        # Servers of processes started together on one Prefect home would migrate its database
+        # at the same time: one starts (and migrates) at a time.
+        with _exclusive(Path(PREFECT_HOME.value()).expanduser() / ".nllab-server-start.lock"):
+            super().start(timeout)
+
+    def stop(self) -> None:
+        # Ask it to stop, without waiting: it shuts down (gracefully, in its own session) while
+        # this process exits, and its guard ends it for good should it linger.
+        if self.server_process is not None and self.server_process.poll() is None:
+            self.server_process.terminate()
+        self.server_process = None
+        super().stop()
+
+
+@contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``lock_path`` (nothing where that is impossible)."""
+    try:
+        import fcntl
+
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except (ImportError, OSError):
+        yield  # Prefect itself reports an unusable home
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _guard_temporary_server() -> None:
+    """Have Prefect's temporary server (if this process will need one) start guarded."""
+    if PREFECT_API_URL.value():
+        return  # a running server (or a test harness): nothing is started here
+    # Prefect looks its temporary server up under the key None (as its own test harness does).
+    if SubprocessASGIServer._instances.get(None) is None:
+        _GuardedServer()
+
 
 @contextmanager
 def flow_settings() -> Iterator[None]:
-    """Settings for a flow call: no heartbeat (it adds ~1 s per flow call on the local server)."""
+    """Settings for a flow call: no heartbeat (it adds ~1 s per flow call on the local server),
+    and a temporary API server that survives the terminal's Ctrl-C and dies with this process."""
+    _guard_temporary_server()
     with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
 

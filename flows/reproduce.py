@@ -315,6 +315,8 @@ def _ablation_table(name: str | None, rows: list[tuple[Any, CellResult]]) -> str
 
 
 def reproduce(uri: str, ablation: str | None = None, **kwargs: Any) -> ReproduceResult:
+    # A wrong URI fails here, in seconds, before Prefect starts (``LookupError``).
+    resolve_model(Tracker.connect(), uri)
     with flow_settings():
         return reproduce_flow(uri, ablation, **kwargs)
 

@@ -9,23 +9,34 @@ spawned processes by default; the Prefect task (a thread) just waits for its cel
 from __future__ import annotations
 
 import multiprocessing
+import signal
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import CancelledError, ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import TypeVar
 
-__all__ = ["run_in_worker", "worker_pool_active", "worker_processes", "worker_stop_event"]
+__all__ = [
+    "WorkerStopped",
+    "run_in_worker",
+    "worker_pool_active",
+    "worker_processes",
+    "worker_stop_event",
+]
 
 T = TypeVar("T")
 _POOL: ProcessPoolExecutor | None = None
 # In a worker: set by the parent when the flow is interrupted, so running cells stop and end
-# KILLED (a signal sent to the parent alone never reaches the workers).
+# KILLED (workers ignore SIGINT themselves, so the parent decides for all of them).
 _WORKER_STOP = None
 
 
 def _init_worker(stop) -> None:
     global _WORKER_STOP
     _WORKER_STOP = stop
+    # A terminal's Ctrl-C reaches the whole process group, these workers included. Only the
+    # parent acts on it (it sets ``stop``): a KeyboardInterrupt here would kill an idle worker
+    # (breaking the pool) or escape from a cell before its run is ended KILLED.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def worker_stop_event():
@@ -51,16 +62,38 @@ def worker_processes(n: int) -> Iterator[None]:
         stop.set()
         raise
     finally:
-        pool, _POOL = _POOL, None
-        pool.shutdown(wait=True, cancel_futures=True)
+        # Calls submitted while it shuts down fail with WorkerStopped instead of running here.
+        _POOL.shutdown(wait=True, cancel_futures=True)
+        _POOL = None
 
 
 def worker_pool_active() -> bool:
     return _POOL is not None
 
 
+class WorkerStopped(RuntimeError):
+    """The pool was stopped (Ctrl-C) before this call started; it never ran."""
+
+
+def _unless_stopped(fn: Callable[..., T], *args: object) -> T:
+    # The pool queues a call or two ahead; one dequeued after Ctrl-C must not start.
+    if _WORKER_STOP is not None and _WORKER_STOP.is_set():
+        raise WorkerStopped("interrupted before it started")
+    return fn(*args)
+
+
 def run_in_worker(fn: Callable[..., T], *args: object) -> T:
-    """``fn(*args)`` in a worker process if a pool is running, else in the calling thread."""
+    """``fn(*args)`` in a worker process if a pool is running, else in the calling thread.
+
+    Raises :class:`WorkerStopped` when the pool was stopped before the call started.
+    """
     if _POOL is None:
         return fn(*args)
-    return _POOL.submit(fn, *args).result()
+    try:
+        future = _POOL.submit(_unless_stopped, fn, *args)
+    except RuntimeError:  # "cannot schedule new futures after shutdown"
+        raise WorkerStopped("interrupted before it started") from None
+    try:
+        return future.result()
+    except CancelledError:
+        raise WorkerStopped("interrupted before it started") from None

@@ -152,7 +152,9 @@ def _check_names(kind: str, names: tuple[str, ...], valid: tuple[str, ...]) -> t
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # allow_inf_nan=False: an infinite noise level or learning rate (TOML accepts `inf` and
+    # `nan`) is refused with the field's name instead of failing deep inside a run.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class DataConfig(_Frozen):
@@ -309,6 +311,15 @@ class RunConfig(_Frozen):
         if not v or any(s < 0 for s in v) or len(set(v)) != len(v):
             raise ValueError(f"seeds must be distinct non-negative integers, got {list(v)}")
         return v
+
+    @model_validator(mode="after")
+    def _data_fits_in_memory(self) -> RunConfig:
+        """Fail before simulating when a data set cannot fit in memory (with the estimate)."""
+        from datasets import check_memory
+
+        for system in self.systems:
+            check_memory(system, self.data.n_trajectories, self.data.n_points)
+        return self
 
     def cells(self) -> list[CellConfig]:
         """Cells in a stable order: system, then method, then seed."""

@@ -137,21 +137,24 @@ def run_cells(cells: Sequence[CellConfig], runtime: CellRuntime) -> list[CellRes
         t0 = time.perf_counter()
         try:
             with pool:
-                futures = {pack_task.submit(p, runtime): p for p in packs}
-                for fut in as_completed(list(futures)):
-                    done = collect_results(fut, futures[fut])
-                    for r in done:
-                        by_hash[r.config_hash] = r
-                    bar.update(len(done))
-                    bar.set_postfix(
-                        failed=sum(not r.ok for r in by_hash.values()),
-                        reused=len(reused),
-                        elapsed=f"{time.perf_counter() - t0:.0f}s",
-                    )
-        except BaseException:
-            if runtime.stop is not None:
-                runtime.stop.set()
-            raise
+                try:
+                    futures = {pack_task.submit(p, runtime): p for p in packs}
+                    for fut in as_completed(list(futures)):
+                        done = collect_results(fut, futures[fut])
+                        for r in done:
+                            by_hash[r.config_hash] = r
+                        bar.update(len(done))
+                        bar.set_postfix(
+                            failed=sum(not r.ok for r in by_hash.values()),
+                            reused=len(reused),
+                            elapsed=f"{time.perf_counter() - t0:.0f}s",
+                        )
+                except BaseException:
+                    # Ctrl-C: before the pool shuts down, so queued cells never start; running
+                    # cells stop at their next batch and end KILLED, finished ones stay.
+                    if runtime.stop is not None:
+                        runtime.stop.set()
+                    raise
         finally:
             bar.close()
         for c in todo:

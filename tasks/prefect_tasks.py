@@ -15,7 +15,7 @@ import tasks._env  # noqa: F401  (offline switches before mlflow/prefect load)
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks._workers import run_in_worker, worker_pool_active
+from tasks._workers import WorkerStopped, run_in_worker, worker_pool_active
 from tasks.cell import CellRuntime, run_pack, simulate_data
 from tasks.config import CellConfig, DataConfig
 from tasks.reporting import CellResult
@@ -46,13 +46,29 @@ def _task_run_name() -> str:
 @task(name="cells", task_run_name=_task_run_name, cache_policy=NO_CACHE)
 def pack_task(cells: list[CellConfig], runtime: CellRuntime) -> list[CellResult]:
     """Train, evaluate and track a pack of cells. If any failed, this task run fails, with them."""
+    if runtime.stop is not None and runtime.stop.is_set():
+        return [_not_started(c) for c in cells]  # queued when Ctrl-C came
     if worker_pool_active():
-        # A stop event cannot cross processes; Ctrl-C reaches the workers directly.
+        # A thread event cannot cross processes: workers watch the pool's own stop event.
         runtime = replace(runtime, stop=None)
-    results = run_in_worker(run_pack, cells, runtime)
+    try:
+        results = run_in_worker(run_pack, cells, runtime)
+    except WorkerStopped:
+        return [_not_started(c) for c in cells]
     if any(r.status == "failed" for r in results):
         raise PackFailed(results)
     return results
+
+
+def _not_started(cell: CellConfig) -> CellResult:
+    return CellResult(
+        cell.system,
+        cell.method,
+        cell.seed,
+        "interrupted",
+        config_hash=cell.config_hash(),
+        error="interrupted before it started",
+    )
 
 
 class PackFailed(RuntimeError):

@@ -8,9 +8,11 @@ artifact folder under ``data_home()/"mlflow"``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -44,11 +46,13 @@ from tasks.config import TrackingConfig
 
 __all__ = [
     "CHAMPION",
+    "CLAIM_STALE_AFTER",
     "Promotion",
     "RunRecord",
     "Tracker",
     "TrackingSettings",
     "TrackingUnavailable",
+    "claim_owner",
     "embedded_tracking_uri",
     "git_commit",
     "relocate_artifacts",
@@ -60,6 +64,11 @@ RunStatus = Literal["FINISHED", "FAILED", "KILLED"]
 _MAX_TAG = 5000
 _PARAM_BATCH = 100
 _METRIC_BATCH = 1000
+#: Seconds without a heartbeat after which another process may take over a claimed cell.
+CLAIM_STALE_AFTER = 600.0
+#: Tags recording which process owns a run, so a later start can end runs whose process is gone.
+_HOST_TAG, _PROC_TAG = "nllab.host", "nllab.process"
+_CLAIMS_KIND = "claims"
 
 
 class TrackingUnavailable(RuntimeError):
@@ -123,6 +132,118 @@ def relocate_artifacts(db_path: str | Path, old_root: str, new_root: str) -> int
     return changed
 
 
+def _host_id() -> str:
+    """This host, as pids are meaningful: the host name and (on Linux) the pid namespace, so
+    two containers with one host name never judge each other's processes."""
+    try:
+        ns = os.readlink("/proc/self/ns/pid").removeprefix("pid:")
+    except OSError:
+        return socket.gethostname()
+    return f"{socket.gethostname()}{ns}"
+
+
+def _process_token(pid: int) -> str | None:
+    """``PID:START`` of a live process on this host (START: its start time in clock ticks since
+    boot, from ``/proc``, so a recycled pid does not pass as the old process), or ``None``."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, owned by someone else
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return str(pid)  # no /proc (not Linux): the pid alone
+    # Field 22 (starttime); the command name (field 2) may hold spaces, so split after ")".
+    return f"{pid}:{stat.rsplit(')', 1)[1].split()[19]}"
+
+
+def _process_alive(token: str) -> bool:
+    pid = token.split(":", 1)[0]
+    if not pid.isdigit():
+        return True  # not ours to judge
+    current = _process_token(int(pid))
+    if current is None:
+        return False
+    return ":" not in token or ":" not in current or current == token
+
+
+@contextmanager
+def _store_lock(db_path: Path) -> Iterator[None]:
+    """Exclusive lock on ``<db>.lock`` (``flock``): one process at a time creates the store.
+
+    Raises :class:`TrackingUnavailable` when the store's folder cannot be written.
+    """
+    folder = db_path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise PermissionError(13, "permission denied")
+        fd = os.open(db_path.with_name(db_path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise TrackingUnavailable(
+            f"the MLflow store folder {folder} is not writable ({e.strerror or e}); set "
+            "NLLAB_HOME to a writable folder (or MLFLOW_TRACKING_URI to a tracking server)"
+        ) from None
+    try:
+        try:
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except ImportError:  # pragma: no cover (no flock on Windows; creation is still atomic)
+            pass
+        yield
+    finally:
+        os.close(fd)
+
+
+def _create_embedded_store(db_path: Path, artifact_root: str | None) -> None:
+    """Create the sqlite schema aside and move it into place, so that no process ever sees (and
+    no kill ever leaves) a half-migrated store under the real name. Call under :func:`_store_lock`.
+    """
+    for leftover in db_path.parent.glob(f".{db_path.name}.*.tmp"):
+        leftover.unlink(missing_ok=True)  # a creation killed before its rename
+    if db_path.exists() and db_path.stat().st_size > 0:
+        return  # an empty file holds nothing: it is replaced
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    tmp = db_path.with_name(f".{db_path.name}.{os.getpid()}.tmp")
+    try:
+        store = SqlAlchemyStore(f"sqlite:///{tmp}", artifact_root or str(db_path.parent))
+        store.engine.dispose()
+        os.replace(tmp, db_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _broken_store_message(db_path: Path, error: BaseException) -> str:
+    if "database is locked" in str(error):
+        return (
+            f"the MLflow store {db_path} is busy (locked by another process for too long); "
+            "run the command again"
+        )
+    return (
+        f"the MLflow store {db_path} cannot be opened ({type(error).__name__}: "
+        f"{str(error).splitlines()[0] if str(error) else ''}).\n"
+        "If it was damaged by an older nllab killed while creating it: move it aside, e.g.\n"
+        f"  mv {db_path} {db_path}.broken\n"
+        "and run the command again (a new, empty store is created; nothing else is deleted)."
+    )
+
+
+def claim_owner() -> str:
+    """A claim owner naming this process: ``HOST/PID:START/RANDOM`` (unique per call)."""
+    token = _process_token(os.getpid()) or str(os.getpid())
+    return f"{_host_id()}/{token}/{os.urandom(4).hex()}"
+
+
+def _owner_gone(owner: str) -> bool:
+    """Whether ``owner`` (from :func:`claim_owner`) is a process of this host that has ended."""
+    parts = owner.split("/")
+    return len(parts) == 3 and parts[0] == _host_id() and not _process_alive(parts[1])
+
+
 @dataclass(frozen=True)
 class TrackingSettings:
     """Resolved tracking location. ``artifact_root`` is ``None`` when a server decides it."""
@@ -184,6 +305,7 @@ class Tracker:
         self.settings = settings
         self.client = MlflowClient(tracking_uri=settings.tracking_uri)
         self._experiment_id: str | None = None
+        self._claims_run_id: str | None = None
         self._dataset_lock = threading.Lock()
 
     # -- connection -------------------------------------------------------------------------
@@ -191,21 +313,39 @@ class Tracker:
     def connect(cls, config: TrackingConfig | None = None) -> Tracker:
         """Open (and, for the embedded store, create) the store and the experiment.
 
-        Called once, before any parallel writer starts: creating the sqlite schema from several
-        threads at once is what corrupts it. Raises :class:`TrackingUnavailable`.
+        Safe from several threads or processes at once: the embedded sqlite schema is created
+        under a file lock, aside, and moved into place complete. Runs left RUNNING by a process
+        that is gone are ended KILLED (:meth:`end_stale_runs`). Raises
+        :class:`TrackingUnavailable` with what to do when the store cannot be used.
         """
         settings = TrackingSettings.resolve(config)
-        if settings.is_embedded:
-            db_path = Path(settings.tracking_uri.removeprefix("sqlite:///"))
-            db_path.parent.mkdir(parents=True, exist_ok=True)
         # Registry calls made through the fluent helpers must hit the same store.
         mlflow.set_tracking_uri(settings.tracking_uri)
         mlflow.set_registry_uri(settings.tracking_uri)
-        tracker = cls(settings)
+        if not settings.is_embedded:
+            tracker = cls._open(settings)
+        else:
+            db_path = Path(settings.tracking_uri.removeprefix("sqlite:///"))
+            with _store_lock(db_path):
+                try:
+                    _create_embedded_store(db_path, settings.artifact_root)
+                except Exception as e:
+                    raise TrackingUnavailable(_broken_store_message(db_path, e)) from None
+                tracker = cls._open(settings, db_path)
+        tracker.end_stale_runs()
+        return tracker
+
+    @classmethod
+    def _open(cls, settings: TrackingSettings, db_path: Path | None = None) -> Tracker:
         try:
+            tracker = cls(settings)
             tracker._experiment_id = tracker._ensure_experiment()
             tracker._follow_moved_home()
+        except TrackingUnavailable:
+            raise
         except Exception as e:
+            if db_path is not None:
+                raise TrackingUnavailable(_broken_store_message(db_path, e)) from None
             raise TrackingUnavailable(
                 f"cannot use the MLflow tracking store at {settings.tracking_uri!r}: "
                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}\n"
@@ -269,6 +409,12 @@ class Tracker:
                 _ATTACHED[key] = tracker
             return _ATTACHED[key]
 
+    def _store_lock(self) -> contextlib.AbstractContextManager[None]:
+        """The embedded store's file lock; nothing for a server store."""
+        if not self.settings.is_embedded:
+            return contextlib.nullcontext()
+        return _store_lock(Path(self.settings.tracking_uri.removeprefix("sqlite:///")))
+
     @property
     def experiment_id(self) -> str:
         if self._experiment_id is None:
@@ -285,6 +431,8 @@ class Tracker:
         }
         if parent_run_id is not None:
             all_tags["mlflow.parentRunId"] = parent_run_id
+        all_tags[_HOST_TAG] = _host_id()
+        all_tags[_PROC_TAG] = _process_token(os.getpid()) or str(os.getpid())
         run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
         return run.info.run_id
 
@@ -421,6 +569,148 @@ class Tracker:
 
     def download(self, run_id: str, path: str, dst: str | Path) -> Path:
         return Path(self.client.download_artifacts(run_id, path, str(dst)))
+
+    def end_stale_runs(self) -> list[str]:
+        """End KILLED every RUNNING run of the experiment whose process is gone; their ids.
+
+        Each run records its host and process when created (tags ``nllab.host`` and
+        ``nllab.process``: pid and start time, so a recycled pid does not count as alive). A run
+        started on this host by a process that no longer exists can never finish (``kill -9``,
+        a power cut); runs of live processes and of other hosts are left alone.
+        """
+        host = _host_id()
+        ended = []
+        for r in list(self._search("attributes.status = 'RUNNING'")):
+            token = r.data.tags.get(_PROC_TAG)
+            if r.data.tags.get(_HOST_TAG) != host or not token or _process_alive(token):
+                continue
+            self.set_tags(
+                r.info.run_id, {"error": f"process {token} ended without closing this run"}
+            )
+            self.end_run(r.info.run_id, "KILLED")
+            ended.append(r.info.run_id)
+        return ended
+
+    # -- cell claims ------------------------------------------------------------------------
+    # A claim on a config hash is the param ``claim.<hash>.<generation>`` of one "claims" run of
+    # the experiment. Params are write-once in every MLflow store (a second value for the same
+    # key is refused by the database's unique key), so exactly one owner wins each generation,
+    # on sqlite, Postgres or a tracking server alike. The tag ``claim.<hash>.<generation>.beat``
+    # holds the owner's latest heartbeat (epoch seconds) or ``released``; a stale or released
+    # generation is taken over by claiming the next one.
+
+    def _claims_run(self) -> str:
+        if self._claims_run_id is None:
+            query = f"tags.`nllab.kind` = '{_CLAIMS_KIND}'"
+            runs = list(self._search(query))
+            if not runs:
+                with self._store_lock():
+                    runs = list(self._search(query))
+                    if not runs:
+                        run_id = self.create_run("nllab-claims", {"nllab.kind": _CLAIMS_KIND})
+                        self.end_run(run_id, "FINISHED")  # bookkeeping, never "running"
+                        runs = list(self._search(query))
+            # Processes of a server store that create it at once settle on the oldest one.
+            first = min(runs, key=lambda r: (r.info.start_time, r.info.run_id))
+            self._claims_run_id = first.info.run_id
+        return self._claims_run_id
+
+    def _claim_state(self, config_hash: str) -> tuple[int, str, float | None] | None:
+        """``(generation, owner, last heartbeat or None if released)`` of the newest claim."""
+        prefix = f"claim.{config_hash}."
+        data = self.client.get_run(self._claims_run()).data
+        gens = [int(k[len(prefix) :]) for k in data.params if k.startswith(prefix)]
+        if not gens:
+            return None
+        g = max(gens)
+        record = json.loads(data.params[f"{prefix}{g}"])
+        beat = data.tags.get(f"{prefix}{g}.beat", repr(record["at"]))
+        return g, record["owner"], None if beat == "released" else float(beat)
+
+    def _beat(self, config_hash: str, generation: int, value: str) -> None:
+        self.set_tags(self._claims_run(), {f"claim.{config_hash}.{generation}.beat": value})
+
+    def claim_cell(
+        self, config_hash: str, owner: str, *, stale_after: float = CLAIM_STALE_AFTER
+    ) -> bool:
+        """Claim the cell ``config_hash`` for ``owner`` (see :func:`claim_owner`); ``True`` if
+        ``owner`` now holds it (also when it already did), ``False`` if another owner does.
+
+        A claim is taken over when it was released, its owner's last heartbeat is older than
+        ``stale_after`` seconds, or its owner is a process of this host that no longer exists.
+        Of several owners claiming at once exactly one gets ``True``. The holder calls
+        :meth:`heartbeat_cell` more often than every ``stale_after`` seconds while it works,
+        and :meth:`release_cell` at the end (or uses :meth:`cell_claim`).
+        """
+        state = self._claim_state(config_hash)
+        generation = 0
+        if state is not None:
+            g, holder, beat = state
+            if beat is not None:
+                if holder == owner:
+                    self._beat(config_hash, g, repr(time.time()))
+                    return True
+                if time.time() - beat < stale_after and not _owner_gone(holder):
+                    return False
+            generation = g + 1
+        key = f"claim.{config_hash}.{generation}"
+        try:
+            self.client.log_param(
+                self._claims_run(), key, json.dumps({"owner": owner, "at": time.time()})
+            )
+        except MlflowException:
+            # Refused: someone claimed this generation first (anything else is re-raised).
+            state = self._claim_state(config_hash)
+            if state is None or state[0] < generation:
+                raise
+            return state[0] == generation and state[1] == owner
+        return True
+
+    def heartbeat_cell(self, config_hash: str, owner: str) -> bool:
+        """Renew ``owner``'s claim; ``False`` if it no longer holds it (taken over, released)."""
+        state = self._claim_state(config_hash)
+        if state is None or state[1] != owner or state[2] is None:
+            return False
+        self._beat(config_hash, state[0], repr(time.time()))
+        return True
+
+    def release_cell(self, config_hash: str, owner: str) -> None:
+        """Give up ``owner``'s claim (no-op if it does not hold it)."""
+        state = self._claim_state(config_hash)
+        if state is not None and state[1] == owner and state[2] is not None:
+            self._beat(config_hash, state[0], "released")
+
+    @contextmanager
+    def cell_claim(
+        self,
+        config_hash: str,
+        owner: str,
+        *,
+        stale_after: float = CLAIM_STALE_AFTER,
+        interval: float | None = None,
+    ) -> Iterator[bool]:
+        """``with tracker.cell_claim(h, owner) as mine:`` :meth:`claim_cell`, then (if ``mine``)
+        a heartbeat every ``interval`` seconds (default ``stale_after / 4``) in a daemon thread
+        while the block runs, and :meth:`release_cell` when it ends, however it ends."""
+        if not self.claim_cell(config_hash, owner, stale_after=stale_after):
+            yield False
+            return
+        done = threading.Event()
+
+        def beat() -> None:
+            while not done.wait(interval or stale_after / 4):
+                with contextlib.suppress(Exception):  # a missed beat is retried next time
+                    if not self.heartbeat_cell(config_hash, owner):
+                        return
+
+        thread = threading.Thread(target=beat, name=f"claim-{config_hash[:8]}", daemon=True)
+        thread.start()
+        try:
+            yield True
+        finally:
+            done.set()
+            thread.join()
+            self.release_cell(config_hash, owner)
 
     # -- queries ----------------------------------------------------------------------------
     def _search(self, filter_string: str, order_by: list[str] | None = None) -> Iterator:

@@ -17,6 +17,7 @@ and as ``best_config.json`` on the parent run; :func:`tuned_overrides` reads it 
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 import threading
 import warnings
@@ -26,10 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import optuna
 import torch
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import tasks._env  # noqa: F401  (offline switches first)
@@ -226,6 +228,42 @@ def _trial_run(tracker: Tracker, name: str, tags: Mapping[str, str], parent: str
     tracker.end_run(run_id, "FINISHED")
 
 
+class _StudyFull(RuntimeError):
+    """A trial drawn after the study reached its trial count (by another process): failed."""
+
+
+class _QuietSurplus(logging.Filter):
+    """Drops Optuna's "trial failed" warnings (with traceback) about surplus trials."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numbers: set[int] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(message.startswith(f"Trial {n} failed") for n in self.numbers)
+
+
+class _TrialSeededTPE(optuna.samplers.TPESampler):
+    """TPE whose random state is reseeded from ``(seed, trial number)`` before each trial.
+
+    The storage gives every trial of a study a unique number, so processes sharing a study never
+    draw the same random points (one fixed seed per process would make them all draw the same
+    sequence), a resumed study does not redraw its first points, and the same study replays
+    identically from the same seed.
+    """
+
+    def __init__(self, seed: int, **kwargs: Any) -> None:
+        super().__init__(seed=seed, **kwargs)
+        self._base_seed = seed
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        state = np.random.SeedSequence([self._base_seed, trial.number]).generate_state(1)[0]
+        self._rng.rng.seed(int(state))
+        self._random_sampler._rng.rng.seed(int(state))
+        super().before_trial(study, trial)
+
+
 class _Session:
     """An opened study with its data, tracker and parent run (one per process)."""
 
@@ -240,15 +278,11 @@ class _Session:
             heartbeat_seconds=spec.heartbeat_seconds,
             grace_seconds=spec.grace_seconds,
         )
-        existing = self._n_existing()
         self.study = optuna.create_study(
             storage=self.storage,
             study_name=spec.study_name,
             direction="minimize",
-            # Offset by the history so a resumed study does not redraw its first points.
-            sampler=optuna.samplers.TPESampler(
-                seed=spec.seed + existing, n_startup_trials=spec.startup_trials
-            ),
+            sampler=_TrialSeededTPE(seed=spec.seed, n_startup_trials=spec.startup_trials),
             pruner=_pruner(spec, self.cell.training.epochs),
             load_if_exists=True,
         )
@@ -266,13 +300,6 @@ class _Session:
             self.tracker, self.config, self.parent_run_id, device=spec.device, progress=False
         )
         self._attr_lock = threading.Lock()
-
-    def _n_existing(self) -> int:
-        try:
-            study = optuna.load_study(study_name=self.spec.study_name, storage=self.storage)
-        except KeyError:
-            return 0
-        return len(study.trials)
 
     def _parent_run(self) -> str:
         """The study's MLflow parent run: the one recorded in the study, else a new one."""
@@ -380,14 +407,40 @@ class _Session:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(self.study)
-        self.study.optimize(
-            self.objective,
-            n_trials=n_trials,
-            n_jobs=n_jobs,
-            # Any other error fails only its trial; the study goes on (the run keeps the error).
-            catch=(Exception,),
-            gc_after_trial=False,
-        )
+        total = self.spec.n_trials
+        counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+        # A surplus trial is expected when processes share the study: no warning with traceback.
+        quiet = _QuietSurplus()
+
+        def within_total(trial: optuna.Trial) -> float:
+            # Other processes may share the study: the storage numbers trials uniquely, so the
+            # trials counted before this one decide whether it is one too many.
+            before = self.study.get_trials(deepcopy=False, states=counted)
+            if sum(t.number < trial.number for t in before) >= total:
+                self.study.stop()
+                quiet.numbers.add(trial.number)
+                trial.set_user_attr("surplus", True)
+                raise _StudyFull(f"the study already holds its {total} trials")
+            return self.objective(trial)
+
+        def stop_when_full(study: optuna.Study, _: FrozenTrial) -> None:
+            if len(study.get_trials(deepcopy=False, states=counted)) >= total:
+                study.stop()
+
+        optuna_log = logging.getLogger("optuna.study._optimize")
+        optuna_log.addFilter(quiet)
+        try:
+            self.study.optimize(
+                within_total,
+                n_trials=n_trials,
+                n_jobs=n_jobs,
+                # Any other error fails only its trial; the study goes on (the run keeps it).
+                catch=(Exception,),
+                callbacks=[stop_when_full],
+                gc_after_trial=False,
+            )
+        finally:
+            optuna_log.removeFilter(quiet)
 
     def finish(self) -> TuneResult:
         done = [t for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()]

@@ -60,11 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``nllab`` console script; returns the exit code."""
     args = build_parser().parse_args(argv)  # exits 2 on usage errors, 0 on --help
+    from datasets._cache import CacheError, require_writable_home
     from tasks.config import ConfigError
 
     try:
+        require_writable_home()
         return args.handler(args)
-    except (ConfigError, UsageError) as e:
+    except (ConfigError, UsageError, CacheError) as e:
         print(f"nllab {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -1,0 +1,173 @@
+"""Reliability probes, as a user would trigger them, on fresh homes under a scratch folder.
+
+1. Two ``nllab report --profile smoke`` at once on a fresh ``$NLLAB_HOME``, ``--tries`` times:
+   processes that crashed, stores left unusable.
+2. Ctrl-C from a terminal: SIGINT to the process group of ``nllab benchmark --profile smoke``
+   once its first training cell has finished: exit code, seconds to exit, cells left RUNNING,
+   the temporary Prefect server gone; then the rerun's exit code and reused cells.
+3. Bad inputs: exit code, seconds, tracebacks shown, the error's first line.
+
+    PYTHONPATH=. python benchmarks/reliability.py [--tries 4] [--scratch /tmp/nllab-probes]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CELLS = [
+    "--profile", "smoke", "--systems", "integro_de", "piecewise_forcing_ode",
+    "--methods", "node", "neural_laplace", "nf_coupling", "--epochs", "40", "--max-workers", "1",
+    "--no-progress",
+]  # fmt: skip
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NLLAB_HOME": str(home)}
+    for var in ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT", "PREFECT_API_URL", "PREFECT_HOME"):
+        env.pop(var, None)
+    return env
+
+
+def _nllab(home: Path, *args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=_env(home), text=True, **kw
+    )
+
+
+def _fresh(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def race(scratch: Path, tries: int) -> None:
+    crashed = unusable = 0
+    for t in range(tries):
+        home = _fresh(scratch / f"race-{t}")
+        procs = [
+            _nllab(home, "report", "--profile", "smoke", stdout=subprocess.DEVNULL,
+                   stderr=subprocess.PIPE)
+            for _ in range(2)
+        ]  # fmt: skip
+        errs = [p.communicate()[1] for p in procs]
+        crashed += sum(p.returncode != 0 for p in procs)
+        check = subprocess.run(
+            [sys.executable, "-c", "from tasks.tracking import Tracker; Tracker.connect()"],
+            env=_env(home), capture_output=True,
+        )  # fmt: skip
+        unusable += check.returncode != 0
+        print(f"  try {t + 1}: exit codes {[p.returncode for p in procs]}, "
+              f"tracebacks {sum('Traceback' in e for e in errs)}", flush=True)  # fmt: skip
+    print(f"concurrent reports: {crashed} of {2 * tries} processes crashed, "
+          f"{unusable} of {tries} stores unusable")  # fmt: skip
+
+
+def _servers(parent: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"nllab-prefect-server" in argv and str(parent).encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def ctrl_c(scratch: Path) -> None:
+    home = _fresh(scratch / "ctrl-c")
+    cfg = home / "isolation.toml"
+    cfg.write_text('isolation = "process"\n')
+    p = _nllab(home, "benchmark", *CELLS, "--config", str(cfg), stdout=subprocess.PIPE,
+               stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    for line in p.stdout:
+        if "Task run 'integro_de/" in line and "Completed()" in line:
+            break
+    servers = _servers(p.pid)
+    t0 = time.monotonic()
+    os.killpg(p.pid, signal.SIGINT)
+    tail = p.communicate()[0]
+    seconds = time.monotonic() - t0
+    time.sleep(2)
+    alive = [s for s in servers if Path(f"/proc/{s}").exists()]
+    print(f"terminal Ctrl-C: exit {p.returncode} after {seconds:.1f} s; tracebacks "
+          f"{tail.count('Traceback')}; Prefect servers alive 2 s later: {len(alive)}")  # fmt: skip
+    code = (
+        "from tasks.tracking import Tracker\nt = Tracker.connect()\n"
+        "r = t.client.search_runs([t.experiment_id])\n"
+        "print(sum(x.info.status == 'RUNNING' for x in r), "
+        "sum(x.info.status == 'FINISHED' and x.data.tags.get('nllab.kind') == 'cell' for x in r))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=_env(home), capture_output=True,
+                         text=True).stdout.split()  # fmt: skip
+    print(f"  runs left RUNNING: {out[0]}; finished cells kept: {out[1]}")
+    p = _nllab(home, "benchmark", *CELLS, "--config", str(cfg), stdout=subprocess.PIPE,
+               stderr=subprocess.STDOUT)  # fmt: skip
+    summary = [ln for ln in p.communicate()[0].splitlines() if " cells: " in ln]
+    print(f"  rerun: exit {p.returncode}; {summary[-1] if summary else '?'}")
+
+
+def bad_inputs(scratch: Path) -> None:
+    b = _fresh(scratch / "bad")
+    (b / "noise.toml").write_text("[data]\nnoise_std = inf\n")
+    (b / "lr.toml").write_text("[training]\nlr = inf\n")
+    (b / "big.toml").write_text("[data]\nn_trajectories = 2e6\n")
+    (b / "broken" / "mlflow").mkdir(parents=True)
+    (b / "broken" / "mlflow" / "mlflow.db").write_bytes(os.urandom(5000))
+    (b / "afile").write_text("")
+    ro = _fresh(b / "ro")
+    ro_wrap = [
+        "unshare",
+        "-rm",
+        "sh",
+        "-c",
+        f'mount --bind {ro} {ro} && mount -o remount,bind,ro {ro} && exec "$@"',
+        "sh",
+    ]
+    cases = [
+        ("read-only home", ro, ro_wrap, ["benchmark", "--profile", "smoke"]),
+        ("noise_std = inf", b / "h", [], ["benchmark", "--config", str(b / "noise.toml")]),
+        ("lr = inf", b / "h", [], ["benchmark", "--config", str(b / "lr.toml")]),
+        ("n_trajectories = 2e6", b / "h", [], ["benchmark", "--config", str(b / "big.toml")]),
+        ("reproduce bad URI", b / "h", [], ["reproduce", "models:/nope@champion"]),
+        ("reproduce junk", b / "h", [], ["reproduce", "not-a-uri"]),
+        ("damaged store", b / "broken", [], ["report", "--profile", "smoke"]),
+        ("home is a file", b / "afile" / "home", [], ["simulate", "--profile", "smoke"]),
+    ]  # fmt: skip
+    clean = 0
+    for name, home, wrap, args in cases:
+        t0 = time.monotonic()
+        r = subprocess.run([*wrap, sys.executable, "-m", "flows.cli", *args], cwd=ROOT,
+                           env=_env(home), capture_output=True, text=True)  # fmt: skip
+        first = next((ln for ln in r.stderr.splitlines() if "error" in ln), "")
+        ok = r.returncode in (2, 3) and "Traceback" not in r.stderr and first
+        clean += bool(ok)
+        print(f"  {name:<22} exit {r.returncode} {time.monotonic() - t0:5.1f} s "
+              f"tracebacks {r.stderr.count('Traceback')}  {first[:110]}", flush=True)  # fmt: skip
+    print(f"bad inputs: {len(cases)} tried, {clean} clear messages without a traceback")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tries", type=int, default=4)
+    ap.add_argument("--scratch", type=Path, default=Path("/tmp/nllab-probes"))
+    ap.add_argument("--only", choices=("race", "ctrl-c", "bad"))
+    a = ap.parse_args()
+    if a.only in (None, "race"):
+        race(a.scratch, a.tries)
+    if a.only in (None, "ctrl-c"):
+        ctrl_c(a.scratch)
+    if a.only in (None, "bad"):
+        bad_inputs(a.scratch)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Bad inputs stop early with a message naming the problem, never with a traceback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tasks.config import ConfigError, resolve_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_non_finite_noise_and_learning_rate_are_refused(tmp_path, value):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(f"[data]\nnoise_std = {value}\n[training]\nlr = {value}\n")
+    with pytest.raises(ConfigError) as err:
+        resolve_config("smoke", cfg, {})
+    assert "data.noise_std: Input should be a finite number" in str(err.value)
+    assert "training.lr: Input should be a finite number" in str(err.value)
+
+
+def test_a_data_set_too_large_for_memory_fails_with_an_estimate(tmp_path, monkeypatch):
+    import datasets._simulate as sim
+    from datasets import simulate
+
+    monkeypatch.setattr(sim, "_available_memory", lambda: 4 * 2**30)
+    cfg = tmp_path / "run.toml"
+    cfg.write_text("[data]\nn_trajectories = 2e6\n")  # TOML float, accepted as an integer
+    with pytest.raises(ConfigError, match=r"integro_de: n_trajectories=2000000 × 200 points"):
+        resolve_config("smoke", cfg, {"systems": ["integro_de"]})
+    # integro_de is 1-D: 2e6 × 200 × 1 × 8 bytes × 6 arrays
+    with pytest.raises(ValueError, match=r"about 17\.9 GiB .* 4\.0 GiB is available"):
+        t0 = time.perf_counter()
+        simulate("integro_de", n_trajectories=2_000_000)
+    assert time.perf_counter() - t0 < 1.0  # before any simulation
+    # what fits still passes
+    resolve_config("smoke", None, {"systems": ["integro_de"], "data": {"n_trajectories": 1000}})
+
+
+def test_a_bad_model_uri_fails_before_prefect_starts(monkeypatch, mlflow_store):
+    import flows.reproduce as rep
+
+    def no_prefect():
+        raise AssertionError("Prefect was started for a URI that does not exist")
+
+    monkeypatch.setattr(rep, "flow_settings", no_prefect)
+    with pytest.raises(LookupError, match="no registered model version at 'models:/nope@champion'"):
+        rep.reproduce("models:/nope@champion")
+    with pytest.raises(LookupError, match="names no version"):
+        rep.reproduce("models:/nope")
+
+
+def test_stale_temporary_cache_files_are_removed_and_nothing_else(tmp_path):
+    from datasets import load_or_simulate
+    from datasets._cache import STALE_TMP_SECONDS
+
+    fp = "0123456789abcdef" * 2
+    stale = tmp_path / f".integro_de-{fp}-k2j4h_a9.tmp"
+    live = tmp_path / f".lotka_volterra_dde-{fp}-zz9q0xwe.tmp"
+    user = tmp_path / ".my-notes.tmp"
+    for p in (stale, live, user):
+        p.write_bytes(b"partial")
+    old = time.time() - STALE_TMP_SECONDS - 60
+    os.utime(stale, (old, old))
+    os.utime(user, (old, old))
+    load_or_simulate("integro_de", n_trajectories=10, n_points=8, cache_dir=tmp_path)
+    assert not stale.exists()
+    assert live.exists() and user.exists()
+    assert not [p for p in tmp_path.iterdir() if p.suffix == ".tmp" and p not in (live, user)]
+
+
+def _cli(home: Path, *args: str, wrap: list[str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NLLAB_HOME": str(home)}
+    for var in ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT", "PREFECT_HOME", "PREFECT_API_URL"):
+        env.pop(var, None)
+    cmd = [sys.executable, "-m", "flows.cli", *args]
+    return subprocess.run(
+        (wrap or []) + cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+def _read_only(folder: Path) -> list[str] | None:
+    """A command prefix that runs its command with ``folder`` read-only, or ``None``."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        return []
+    if shutil.which("unshare") is None:
+        return None
+    # root ignores permissions: a read-only bind mount in a private mount namespace instead
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+        return None
+    script = f'mount --bind {folder} {folder} && mount -o remount,bind,ro {folder} && exec "$@"'
+    return ["unshare", "-rm", "sh", "-c", script, "sh"]
+
+
+@pytest.mark.parametrize("command", [["benchmark", "--methods", "node"]])
+def test_a_read_only_home_fails_fast_with_a_message(tmp_path, command):
+    home = tmp_path / "home"
+    home.mkdir()
+    wrap = _read_only(home)
+    if wrap is None:
+        pytest.skip("cannot make a read-only folder here")
+    t0 = time.perf_counter()
+    out = _cli(home, *command, "--profile", "smoke", "--systems", "integro_de", wrap=wrap)
+    seconds = time.perf_counter() - t0
+    home.chmod(0o755)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
+    assert f"the data folder '{home}' is not writable" in out.stderr
+    assert "set NLLAB_HOME to a writable folder" in out.stderr
+    assert seconds < 120
+    assert not any(home.iterdir())
+
+
+def test_a_home_that_is_a_file_fails_with_a_message(tmp_path):
+    (tmp_path / "file").write_text("")
+    out = _cli(tmp_path / "file" / "home", "simulate", "--profile", "smoke")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and "is not writable (Not a directory)" in out.stderr

@@ -1,0 +1,242 @@
+"""The embedded MLflow store under races and kills, stale RUNNING runs, and cell claims.
+
+Every process of the platform opens the store with ``Tracker.connect`` first; these tests start
+real processes on one fresh ``$NLLAB_HOME`` as two commands started at once would.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Waits for the start file (so all processes hit store creation together), then connects.
+_CONNECT = """
+import os, sys, time
+from pathlib import Path
+from tasks.tracking import Tracker
+go = Path(sys.argv[1])
+while not go.exists():
+    time.sleep(0.01)
+t = Tracker.connect()
+print("connected", t.experiment_id, flush=True)
+"""
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NLLAB_HOME": str(home)}
+    for var in ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT", "PREFECT_API_URL"):
+        env.pop(var, None)
+    return env
+
+
+def _store_ok(home: Path) -> None:
+    """The store opens, has the experiment and takes a run (checked in a fresh process)."""
+    code = (
+        "from tasks.tracking import Tracker\n"
+        "t = Tracker.connect()\n"
+        "with t.run('probe', {'nllab.kind': 'probe'}) as r: t.log_metrics(r, {'x': 1.0})\n"
+        "print('ok', len(t.client.search_runs([t.experiment_id])))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=_env(home), capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr
+
+
+def test_processes_creating_a_fresh_store_at_once_all_succeed(tmp_path):
+    home = tmp_path / "home"
+    go = tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CONNECT, str(go)],
+            env=_env(home),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    time.sleep(6)  # let every process import mlflow and wait at the start line
+    go.touch()
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], "\n---\n".join(outs)
+    assert len({o.split()[-1] for o in outs}) == 1  # one experiment, the same for all
+    _store_ok(home)
+    assert not list((home / "mlflow").glob(".*.tmp"))
+
+
+@pytest.mark.slow
+def test_kill_while_the_store_is_created_leaves_a_usable_store(tmp_path):
+    home = tmp_path / "home"
+    go = tmp_path / "go"
+    go.touch()
+    proc = subprocess.Popen([sys.executable, "-c", _CONNECT, str(go)], env=_env(home))
+    folder = home / "mlflow"
+    deadline = time.monotonic() + 120
+    # kill -9 as soon as the database file (or its build copy) appears: mid-creation.
+    while not (folder.is_dir() and any(p.name != "mlflow.db.lock" for p in folder.iterdir())):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.005)
+    time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+    _store_ok(home)
+    assert not list(folder.glob(".*.tmp"))  # the killed build copy was cleared
+
+
+def test_a_damaged_store_says_what_to_do_without_a_traceback(tmp_path):
+    home = tmp_path / "home"
+    (home / "mlflow").mkdir(parents=True)
+    db = home / "mlflow" / "mlflow.db"
+    db.write_bytes(b"this is not a database" * 100)
+    out = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "report", "--profile", "smoke"],
+        env=_env(home),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
+    assert f"mv {db} {db}.broken" in out.stderr
+    assert db.read_bytes().startswith(b"this is not")  # never deleted by the platform
+
+
+def test_read_only_home_fails_fast_with_a_message(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root writes to read-only folders")
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o555)
+    try:
+        from tasks.config import TrackingConfig
+        from tasks.tracking import Tracker, TrackingUnavailable
+
+        uri = f"sqlite:///{home / 'mlflow' / 'mlflow.db'}"
+        with pytest.raises(TrackingUnavailable, match=r"not writable.*NLLAB_HOME"):
+            Tracker.connect(TrackingConfig(tracking_uri=uri))
+    finally:
+        home.chmod(0o755)
+
+
+# -- stale RUNNING runs ---------------------------------------------------------------------
+
+_ORPHAN = """
+import os
+from tasks.tracking import Tracker
+t = Tracker.connect()
+rid = t.create_run("orphan", {"nllab.kind": "cell"})
+print(rid, flush=True)
+os.kill(os.getpid(), 9)
+"""
+
+
+def test_runs_of_a_killed_process_end_killed_on_the_next_connect(mlflow_store):
+    from tasks.tracking import Tracker
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", _ORPHAN], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    orphan = out.stdout.split()[0]
+    # A run of this (live) process must survive the cleanup.
+    live = Tracker.connect().create_run("live", {"nllab.kind": "cell"})
+    tracker = Tracker.connect()
+    assert tracker.get_run_data(orphan).info.status == "KILLED"
+    assert "ended without closing" in tracker.get_run_data(orphan).data.tags["error"]
+    assert tracker.get_run_data(live).info.status == "RUNNING"
+    assert tracker.end_stale_runs() == []
+    tracker.end_run(live, "FINISHED")
+
+
+# -- cell claims -----------------------------------------------------------------------------
+
+H = "ab" * 32
+
+
+def test_a_cell_claim_has_one_holder_until_released(mlflow_store):
+    from tasks.tracking import Tracker, claim_owner
+
+    tracker = Tracker.connect()
+    a, b = claim_owner(), claim_owner()
+    assert a != b
+    assert tracker.claim_cell(H, a)
+    assert not tracker.claim_cell(H, b)
+    assert tracker.claim_cell(H, a)  # the holder may claim again
+    assert tracker.heartbeat_cell(H, a) and not tracker.heartbeat_cell(H, b)
+    assert tracker.claim_cell("cd" * 32, b)  # another cell is free
+    tracker.release_cell(H, b)  # not the holder: no effect
+    assert not tracker.claim_cell(H, b)
+    tracker.release_cell(H, a)
+    assert tracker.claim_cell(H, b)
+    assert not tracker.claim_cell(H, a) and not tracker.heartbeat_cell(H, a)
+
+
+def test_a_stale_claim_is_taken_over_and_its_old_holder_learns_it(mlflow_store):
+    from tasks.tracking import Tracker
+
+    tracker = Tracker.connect()
+    assert tracker.claim_cell(H, "owner-a", stale_after=0.5)
+    assert not tracker.claim_cell(H, "owner-b", stale_after=0.5)
+    time.sleep(0.7)
+    assert tracker.claim_cell(H, "owner-b", stale_after=0.5)
+    assert not tracker.heartbeat_cell(H, "owner-a")
+    assert not tracker.claim_cell(H, "owner-a", stale_after=0.5)
+
+
+def test_a_heartbeat_keeps_a_claim_from_going_stale(mlflow_store):
+    from tasks.tracking import Tracker
+
+    tracker = Tracker.connect()
+    with tracker.cell_claim(H, "owner-a", stale_after=1.0, interval=0.1) as mine:
+        assert mine
+        time.sleep(1.5)
+        assert not tracker.claim_cell(H, "owner-b", stale_after=1.0)
+    assert tracker.claim_cell(H, "owner-b", stale_after=1.0)  # released at the end
+
+
+def test_the_claim_of_a_dead_process_of_this_host_is_taken_over_at_once(mlflow_store):
+    from tasks.tracking import Tracker
+
+    code = (
+        "import os\nfrom tasks.tracking import Tracker, claim_owner\n"
+        f"assert Tracker.connect().claim_cell({H!r}, claim_owner())\nos.kill(os.getpid(), 9)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-c", code], env=env, timeout=120, check=False)
+    tracker = Tracker.connect()
+    assert tracker._claim_state(H) is not None  # the dead process did claim it
+    assert tracker.claim_cell(H, "owner-b")  # long before the default stale_after
+
+
+def test_owners_claiming_at_once_get_exactly_one_winner(mlflow_store):
+    from tasks.tracking import Tracker
+
+    Tracker.connect()
+    for cell in range(3):
+        h = f"{cell:064x}"
+        start = threading.Barrier(4)
+        wins: list[str] = []
+
+        def claim(owner: str, h: str, start: threading.Barrier, wins: list[str]) -> None:
+            start.wait()
+            if Tracker.connect().claim_cell(h, owner):
+                wins.append(owner)
+
+        threads = [threading.Thread(target=claim, args=(f"o{i}", h, start, wins)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(wins) == 1, wins

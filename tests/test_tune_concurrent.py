@@ -1,0 +1,91 @@
+"""Two processes tuning one study: the study ends at its trial count, with no point drawn twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_TUNE = """
+import json, sys, time
+from pathlib import Path
+import torch
+from tasks.tuning import StudySpec, run_study
+torch.set_num_threads(1)
+spec = StudySpec(**json.loads(sys.argv[1]))
+go = Path(sys.argv[2])
+while not go.exists():
+    time.sleep(0.01)
+run_study(spec)
+"""
+
+
+def test_two_processes_on_one_study_stop_at_its_total_and_never_draw_the_same_point(
+    tmp_path, mlflow_store
+):
+    spec = {
+        "method": "neural_laplace",
+        "system": "integro_de",
+        "profile": "smoke",
+        "n_trials": 6,
+        "startup_trials": 6,  # random sampling throughout: the seed decides every point
+        "start_from_paper": False,
+        "storage": f"sqlite:///{tmp_path / 'optuna.db'}",
+        "overrides": {
+            "data": {"n_trajectories": 24, "n_points": 24},
+            "training": {"epochs": 2, "batch_size": 8},
+            "progress": False,
+        },
+    }
+    # Create the store and the study once (as a first `nllab tune` would): this test is about
+    # the trials, not the creation of the stores.
+    from tasks.tracking import Tracker
+    from tasks.tuning import StudySpec, open_storage
+
+    Tracker.connect()
+
+    name = StudySpec(**spec).study_name
+    optuna.create_study(storage=open_storage(spec["storage"]), study_name=name)
+    go = tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _TUNE, json.dumps(spec), str(go)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    time.sleep(8)  # both imported and waiting
+    go.touch()
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n---\n".join(outs)
+
+    study = optuna.load_study(study_name=name, storage=spec["storage"])
+    counted = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert len(counted) == 6, [(t.number, t.state) for t in study.trials]
+    assert not [t for t in study.trials if t.state == TrialState.RUNNING]
+    points = [json.dumps(t.params, sort_keys=True) for t in counted]
+    assert len(set(points)) == len(points), points
+
+
+def test_the_sampler_replays_a_study_from_its_seed(tmp_path):
+    from tasks.tuning import _TrialSeededTPE
+
+    def draws(seed: int) -> list[float]:
+        study = optuna.create_study(sampler=_TrialSeededTPE(seed=seed, n_startup_trials=3))
+        study.optimize(lambda t: t.suggest_float("x", 0.0, 1.0), n_trials=5)
+        return [t.params["x"] for t in study.trials]
+
+    assert draws(0) == draws(0)
+    assert draws(0) != draws(1)
