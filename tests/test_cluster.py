@@ -509,11 +509,6 @@ def test_two_tune_processes_share_one_study_in_postgres(two_tuners):
         assert "study shared:" in out, out
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="each `nllab tune` process fixes its remaining count when it starts, so two "
-    "processes together run up to twice the study's trials (stop-on-the-study's-total fix)",
-)
 def test_two_tune_processes_end_at_the_study_trial_count(two_tuners):
     from optuna.trial import TrialState
 
