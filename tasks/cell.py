@@ -14,8 +14,10 @@ import json
 import math
 import tempfile
 import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -29,8 +31,8 @@ from tasks.config import CellConfig, DataConfig, RunConfig, run_name
 from tasks.evaluation import evaluate, plot_extrapolation, plot_loss_curves
 from tasks.modelio import ModelSpec, model_params, resolved_model_args, save_model
 from tasks.packing import train_packed
-from tasks.reporting import CellResult
-from tasks.tracking import Tracker, TrackingSettings
+from tasks.reporting import CellResult, stored_result
+from tasks.tracking import Tracker, TrackingSettings, claim_owner
 from tasks.training import (
     EpochRecord,
     TrainingInterrupted,
@@ -405,13 +407,68 @@ def _evaluate_and_log(
     return ev.test_rmse
 
 
+#: Seconds between checks while another process trains a cell this one also needs.
+CLAIM_POLL_SECONDS = 2.0
+
+
 def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
     """Train and evaluate ``cells`` (one pack: see :func:`pack_key`) in their own MLflow child
     runs; never raises on cell errors. Results in input order.
 
-    A failed member's run ends FAILED with its error; the others finish. Ctrl-C
-    (``KeyboardInterrupt``) still propagates, after ending every open run as KILLED.
+    Each cell is claimed in the store first (:meth:`tasks.tracking.Tracker.cell_claim`), so two
+    processes on one store never train the same cell: a cell claimed elsewhere is awaited and
+    reused when it finishes, or taken over when its claim goes stale. A failed member's run ends
+    FAILED with its error; the others finish. Ctrl-C (``KeyboardInterrupt``) still propagates,
+    after ending every open run as KILLED.
     """
+    tracker = rt.tracker
+    owner = claim_owner()
+    results: dict[str, CellResult] = {}
+    elsewhere: list[CellConfig] = []
+    with ExitStack() as claims:
+        mine = []
+        for c in cells:
+            h = c.config_hash()
+            if not claims.enter_context(tracker.cell_claim(h, owner)):
+                elsewhere.append(c)
+            elif (done := tracker.finished_cells([h]).get(h)) is not None:
+                results[h] = stored_result(c.system, c.method, c.seed, done)  # finished meanwhile
+            else:
+                mine.append(c)
+        if mine:
+            results.update((r.config_hash, r) for r in _train_pack(mine, rt))
+    for c in elsewhere:
+        results[c.config_hash()] = _await_cell(c, rt)
+    return [results[c.config_hash()] for c in cells]
+
+
+def _await_cell(cell: CellConfig, rt: CellRuntime) -> CellResult:
+    """The result of a cell another process has claimed: reused once it finishes there, trained
+    here if its claim is released or goes stale first."""
+    tracker, h = rt.tracker, cell.config_hash()
+    stop = rt.stop if rt.stop is not None else worker_stop_event()
+    while True:
+        if (done := tracker.finished_cells([h]).get(h)) is not None:
+            return stored_result(cell.system, cell.method, cell.seed, done)
+        if stop is not None and stop.is_set():
+            return CellResult(
+                cell.system,
+                cell.method,
+                cell.seed,
+                "interrupted",
+                config_hash=h,
+                error="interrupted while another process trained it",
+            )
+        with tracker.cell_claim(h, claim_owner()) as mine:
+            if mine:
+                if (done := tracker.finished_cells([h]).get(h)) is not None:
+                    return stored_result(cell.system, cell.method, cell.seed, done)
+                return _train_pack([cell], rt)[0]
+        time.sleep(CLAIM_POLL_SECONDS)
+
+
+def _train_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
+    """:func:`run_pack` for cells this process holds the claims of."""
     tracker = rt.tracker
     hashes = [c.config_hash() for c in cells]
     run_ids: list[str] = []

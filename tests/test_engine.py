@@ -89,12 +89,43 @@ def test_a_failing_member_leaves_the_others_finished(mlflow_store, monkeypatch):
     results = run_pack(cells, rt)
     assert [r.status for r in results] == ["finished", "failed", "finished"]
     assert "no model for seed 1" in results[1].error
-    runs = {r.data.tags["seed"]: r for r in t.client.search_runs([t.experiment_id])}
+    cell_runs = t.client.search_runs([t.experiment_id], "tags.`nllab.kind` = 'cell'")
+    runs = {r.data.tags["seed"]: r for r in cell_runs}
     assert runs["1"].info.status == "FAILED" and "seed 1" in runs["1"].data.tags["error"]
     assert runs["0"].info.status == runs["2"].info.status == "FINISHED"
     assert runs["0"].data.tags["packed_members"] in ("1", "2")
     # The survivors equal their runs alone (the packing contract: 1e-8 in float64 on CPU).
     monkeypatch.setattr(cell_module, "build_model", real)
     for i in (0, 2):
-        alone = run_pack([cells[i]], rt)[0]
+        alone = cell_module._train_pack([cells[i]], rt)[0]  # trained again, not reused
         assert abs(alone.test_rmse - results[i].test_rmse) <= 1e-8
+
+
+def test_claims_keep_two_owners_from_training_one_cell(mlflow_store, monkeypatch):
+    import threading
+
+    import tasks.cell as cell_module
+    from tasks.tracking import claim_owner
+
+    monkeypatch.setattr(cell_module, "CLAIM_POLL_SECONDS", 0.05)
+    t = Tracker.connect()
+    rt = CellRuntime.for_tracker(t, parent_run_id=None, profile="smoke", device="cpu")
+    cell = _cell(4)
+    h = cell.config_hash()
+    other = claim_owner()
+    assert t.claim_cell(h, other)
+    out: list = []
+    waiter = threading.Thread(target=lambda: out.extend(run_pack([cell], rt)))
+    waiter.start()
+    waiter.join(timeout=1.0)
+    assert waiter.is_alive()  # waiting on the other owner's claim, training nothing
+    assert not t.finished_cells([h])
+    # The other owner trains it (here: this test, under the same claim), then releases it.
+    trained = cell_module._train_pack([cell], rt)[0]
+    t.release_cell(h, other)
+    waiter.join(timeout=60)
+    assert not waiter.is_alive()
+    (got,) = out
+    assert got.status == "reused" and got.run_id == trained.run_id
+    cell_runs = t.client.search_runs([t.experiment_id], "tags.`nllab.kind` = 'cell'")
+    assert len(cell_runs) == 1  # trained once
