@@ -1,6 +1,9 @@
 """Prefect flows of Neural Laplace Lab and the ``nllab`` command line."""
 
-import tasks._env  # noqa: F401  (offline switches before mlflow/prefect load)
+from tasks import configure_environment
+
+# Explicit, before any flow module imports prefect (they all load through this package).
+configure_environment()
 
 __all__ = ["BenchmarkSummary", "benchmark_flow", "registry_name", "run_benchmark"]
 

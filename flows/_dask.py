@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 
-import tasks._env  # noqa: F401
 from tasks.tracking import TrackingSettings
 
 __all__ = [

@@ -19,9 +19,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import tasks._env  # noqa: F401  (offline switches before mlflow/prefect load)
-
-# isort: split
 import prefect
 from prefect.server.api.server import SubprocessASGIServer
 from prefect.settings import (

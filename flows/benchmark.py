@@ -13,9 +13,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import tasks._env  # noqa: F401  (offline switches before mlflow/prefect load)
-
-# isort: split
 from prefect import flow, get_run_logger
 
 from flows._runtime import flow_settings, make_task_runner

@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-import tasks._env  # noqa: F401
 from tasks.config import RunConfig
 from tasks.reporting import (
     CellResult,

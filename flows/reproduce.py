@@ -24,7 +24,6 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-import tasks._env  # noqa: F401
 from flows._runtime import flow_settings, make_task_runner
 from flows.cli.reproduce import add_parser as add_reproduce_parser  # loads without Prefect
 from flows.studies._core import Factor

@@ -26,7 +26,6 @@ from typing import Annotated, Any, Literal
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-import tasks._env  # noqa: F401
 from flows.cli.serve import add_parser as add_serve_parser  # loads without Prefect
 from tasks.config import Profile
 

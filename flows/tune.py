@@ -17,7 +17,6 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
 
-import tasks._env  # noqa: F401
 from flows._runtime import flow_settings
 from flows.cli.tune import add_parser as add_tune_parser  # loads without Prefect
 from tasks.tuning import (

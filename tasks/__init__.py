@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tasks import _env  # noqa: F401  (must run before mlflow or prefect is imported)
+from tasks._env import configure_environment
+
+# The one place the process is set up: every entry point (the CLI, flows started from Python,
+# worker processes and Dask workers) imports this package before mlflow or prefect load.
+configure_environment()
 
 if TYPE_CHECKING:
     from nlmodels import ForecastModel
@@ -76,6 +80,7 @@ __all__ = [
     "TrainResult",
     "TrainingDiverged",
     "TrainingInterrupted",
+    "configure_environment",
     "evaluate",
     "load_model",
     "load_registered_model",

@@ -1,5 +1,9 @@
 """Process environment for the platform, applied before mlflow or prefect is imported.
 
+:func:`configure_environment` is called explicitly where a process enters the platform: the
+``tasks`` and ``flows`` packages (which every worker, flow and command imports first) and the
+command line's ``main``; it is idempotent.
+
 Nothing may reach the network at run time, so telemetry and analytics are forced off; the
 Prefect home and start-up timeout default to values that work on a small offline machine.
 """
@@ -50,6 +54,3 @@ def configure_environment() -> None:
     os.environ.setdefault("PREFECT_LOGGING_SERVER_LEVEL", "WARNING")
     # One progress bar per artifact upload would drown the training progress bars.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-
-
-configure_environment()

@@ -9,9 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-import tasks._env  # noqa: F401  (offline switches before mlflow/prefect load)
-
-# isort: split
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 

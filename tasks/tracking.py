@@ -24,9 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import tasks._env  # noqa: F401  (offline switches before mlflow is imported)
-
-# isort: split
 import mlflow
 from mlflow import MlflowClient
 from mlflow.entities import (

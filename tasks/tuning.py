@@ -34,7 +34,6 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-import tasks._env  # noqa: F401  (offline switches first)
 from datasets import data_home
 from tasks.cell import CellRuntime, fit_cells, simulate_data
 from tasks.config import (

@@ -13,7 +13,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-import tasks._env  # noqa: F401  (offline switches before anything imports mlflow/prefect)
 from flows.cli import benchmark, report, reproduce, serve, simulate, study, tune, ui
 from flows.cli._common import (
     EXIT_FAILED,
@@ -27,6 +26,7 @@ from flows.cli._common import (
     split_names,
 )
 from flows.cli.ui import ui_command
+from tasks import configure_environment
 
 __all__ = [
     "EXIT_FAILED",
@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``nllab`` console script; returns the exit code."""
     args = build_parser().parse_args(argv)  # exits 2 on usage errors, 0 on --help
+    configure_environment()  # offline switches and tracking defaults, before the stack loads
     from datasets._cache import CacheError, require_writable_home
     from tasks.config import ConfigError
 

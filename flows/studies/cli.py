@@ -12,7 +12,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-import tasks._env  # noqa: F401  (offline switches before mlflow/prefect are imported)
 from flows.cli._common import EXIT_FAILED, UsageError, parse_seeds, split_names
 from flows.cli.study import add_parser as add_study_parser
 
