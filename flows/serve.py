@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from prefect import flow
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from flows.cli.serve import add_parser as add_serve_parser  # loads without Prefect
 from tasks.config import Profile
@@ -70,11 +77,11 @@ def scheduled_benchmark(profile: str = "smoke", config: dict[str, Any] | None = 
 
 @flow(name="nllab-scheduled-tune", log_prints=True)
 def scheduled_tune(study: dict[str, Any]) -> str:
-    """One study (``StudySpec`` fields); resumes the stored study and adds trials up to its size."""
+    """One study (``TuneSpec`` fields); resumes the stored study and adds trials up to its size."""
     from flows.tune import run_tune
-    from tasks.tuning import StudySpec
+    from tasks.tuning import TuneSpec
 
-    result = run_tune(StudySpec.model_validate(study))
+    result = run_tune(TuneSpec.model_validate(study))
     return f"{result.study_name}: best {result.best_value:.6g} (trial {result.best_trial})"
 
 
@@ -142,37 +149,35 @@ class BenchmarkEntry(_Entry):
 
 
 class TuneEntry(_Entry):
+    """A scheduled tuning study: the schedule's own fields, and a :class:`tasks.tuning.TuneSpec`
+    from the rest of the entry (``trials`` and ``study_name`` name its ``n_trials`` and ``name``;
+    the profile defaults to ``quick``)."""
+
     flow: Literal["tune"]
-    method: str
-    system: str
-    trials: int = Field(ge=1)
-    profile: Profile = "quick"
-    storage: str | None = None
-    pruner: Literal["median", "hyperband"] = "median"
-    n_jobs: int = Field(1, ge=1)
-    seed: int = Field(0, ge=0)
-    study_name: str | None = None
+    spec: Any
+
+    @model_validator(mode="before")
+    @classmethod
+    def _collect_spec(cls, data: Any) -> Any:
+        from tasks.tuning import TuneSpec
+
+        if not isinstance(data, dict) or "spec" in data:
+            return data
+        own = {k: v for k, v in data.items() if k in _Entry.model_fields or k == "flow"}
+        rest = {_SPEC_NAMES.get(k, k): v for k, v in data.items() if k not in own}
+        rest = {"profile": "quick", "overrides": {"progress": False}, **rest}
+        return {**own, "spec": TuneSpec.model_validate(rest)}
 
     def parameters(self) -> dict[str, Any]:
-        from tasks.tuning import StudySpec
-
-        spec = StudySpec(
-            method=self.method,
-            system=self.system,
-            n_trials=self.trials,
-            profile=self.profile,
-            storage=self.storage,
-            pruner=self.pruner,
-            n_jobs=self.n_jobs,
-            seed=self.seed,
-            name=self.study_name,
-            overrides={"progress": False},
-        )
-        spec.run_config()  # unknown method or system: an error now
         from tasks.search_spaces import search_space
 
-        search_space(self.method)
-        return {"study": spec.model_dump(mode="json")}
+        self.spec.run_config()  # unknown method or system: an error now
+        search_space(self.spec.method)
+        return {"study": self.spec.model_dump(mode="json")}
+
+
+#: Schedule-file keys of a tuning entry -> :class:`tasks.tuning.TuneSpec` fields.
+_SPEC_NAMES = {"trials": "n_trials", "study_name": "name"}
 
 
 class StudyEntry(_Entry):

@@ -20,12 +20,12 @@ from prefect.futures import wait
 from flows._runtime import flow_settings
 from flows.cli.tune import add_parser as add_tune_parser  # loads without Prefect
 from tasks.tuning import (
-    StudySpec,
     TuneResult,
+    TuneSpec,
     TuningError,
     open_session,
-    run_study,
     run_trials,
+    run_tuning,
 )
 
 __all__ = ["add_tune_parser", "cmd_tune", "run_tune", "split_trials", "tune_flow"]
@@ -38,16 +38,16 @@ def split_trials(n_trials: int, shards: int) -> list[int]:
 
 
 @task(name="tune-trials", task_run_name="trials x{n_trials}", cache_policy=NO_CACHE)
-def trials_task(spec: StudySpec, parent_run_id: str, n_trials: int) -> int:
+def trials_task(spec: TuneSpec, parent_run_id: str, n_trials: int) -> int:
     return run_trials(spec, parent_run_id, n_trials)
 
 
 @flow(name="nllab-tune", log_prints=True)
-def tune_flow(spec: StudySpec) -> TuneResult:
+def tune_flow(spec: TuneSpec) -> TuneResult:
     """Run (or resume) the study of ``spec`` until it holds ``spec.n_trials`` trials."""
     logger = get_run_logger()
     if spec.task_runner == "thread":
-        result = run_study(spec)
+        result = run_tuning(spec)
     else:
         session = open_session(spec)
         # Queued trials (the paper point, retries of stale ones) run here first: claiming a
@@ -68,7 +68,7 @@ def tune_flow(spec: StudySpec) -> TuneResult:
     return result
 
 
-def run_tune(spec: StudySpec) -> TuneResult:
+def run_tune(spec: TuneSpec) -> TuneResult:
     """Call :func:`tune_flow` with the spec's task runner and the platform's flow settings."""
     runner = None
     if spec.task_runner == "dask":
@@ -83,13 +83,13 @@ def run_tune(spec: StudySpec) -> TuneResult:
 
 
 # -- command line -------------------------------------------------------------------------------
-def spec_from_args(args: argparse.Namespace) -> StudySpec:
+def spec_from_args(args: argparse.Namespace) -> TuneSpec:
     overrides: dict[str, Any] = {"progress": False}
     if args.pack is not None:
         overrides["pack"] = args.pack
     if args.epochs is not None:
         overrides["training"] = {"epochs": args.epochs}
-    return StudySpec(
+    return TuneSpec(
         method=args.method,
         system=args.system,
         profile=args.profile,

@@ -53,8 +53,8 @@ from tasks.training import EpochRecord, TrainingDiverged, select_device
 OBJECTIVE = "val_rmse"
 
 __all__ = [
-    "StudySpec",
     "TuneResult",
+    "TuneSpec",
     "TunedCells",
     "TunedOverrides",
     "TuningError",
@@ -63,8 +63,8 @@ __all__ = [
     "default_storage_url",
     "open_storage",
     "redact",
-    "run_study",
     "run_trials",
+    "run_tuning",
     "study_name",
     "tuned_overrides",
 ]
@@ -78,7 +78,7 @@ class TuningError(RuntimeError):
     """A study cannot be opened or has no usable result; the message says why."""
 
 
-class StudySpec(BaseModel):
+class TuneSpec(BaseModel):
     """What to tune and how (validated at the edge: CLI, schedules, flows)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -174,7 +174,7 @@ def dashboard_command(url: str) -> str:
     return f"optuna-dashboard {shlex.quote(redact(url))}"
 
 
-def _pruner(spec: StudySpec, epochs: int) -> optuna.pruners.BasePruner:
+def _pruner(spec: TuneSpec, epochs: int) -> optuna.pruners.BasePruner:
     if spec.pruner == "hyperband":
         return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max(epochs, 1))
     # Not before a quarter of the epochs: early curves of good and bad trials cross.
@@ -266,7 +266,7 @@ class _TrialSeededTPE(optuna.samplers.TPESampler):
 class _Session:
     """An opened study with its data, tracker and parent run (one per process)."""
 
-    def __init__(self, spec: StudySpec, parent_run_id: str | None = None) -> None:
+    def __init__(self, spec: TuneSpec, parent_run_id: str | None = None) -> None:
         search_space(spec.method)  # unknown method: clear error before anything is created
         self.spec = spec
         self.config = spec.run_config()
@@ -500,21 +500,21 @@ class _Session:
         )
 
 
-def open_session(spec: StudySpec, parent_run_id: str | None = None) -> _Session:
+def open_session(spec: TuneSpec, parent_run_id: str | None = None) -> _Session:
     """Open (or create) the study of ``spec``; the paper point is enqueued in a new study."""
     session = _Session(spec, parent_run_id)
     session.enqueue_paper_point()
     return session
 
 
-def run_study(spec: StudySpec) -> TuneResult:
+def run_tuning(spec: TuneSpec) -> TuneResult:
     """Run the study until it holds ``spec.n_trials`` complete or pruned trials; resumable."""
     session = open_session(spec)
     session.optimize(session.remaining(), spec.n_jobs)
     return session.finish()
 
 
-def run_trials(spec: StudySpec, parent_run_id: str, n_trials: int) -> int:
+def run_trials(spec: TuneSpec, parent_run_id: str, n_trials: int) -> int:
     """Run ``n_trials`` trials of an opened study in this process (a shard on a Dask worker)."""
     session = _Session(spec, parent_run_id)
     session.optimize(n_trials, 1)

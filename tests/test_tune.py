@@ -24,11 +24,11 @@ from tasks.search_spaces import SEARCH_SPACES, Suggestion, paper_params, suggest
 from tasks.tracking import Tracker
 from tasks.training import TrainingDiverged
 from tasks.tuning import (
-    StudySpec,
+    TuneSpec,
     apply_tuned,
     open_session,
     open_storage,
-    run_study,
+    run_tuning,
     tuned_overrides,
 )
 
@@ -44,7 +44,7 @@ def _one_thread():
     torch.set_num_threads(1)
 
 
-def _spec(tmp_path: Path, **kw) -> StudySpec:
+def _spec(tmp_path: Path, **kw) -> TuneSpec:
     base = {
         "method": "neural_laplace",
         "system": "integro_de",
@@ -54,7 +54,7 @@ def _spec(tmp_path: Path, **kw) -> StudySpec:
         "storage": f"sqlite:///{tmp_path / 'optuna.db'}",
         "overrides": TOY,
     }
-    return StudySpec(**{**base, **kw})
+    return TuneSpec(**{**base, **kw})
 
 
 def _children(parent: str):
@@ -72,7 +72,7 @@ def test_paper_point_rebuilds_the_paper_model(method):
 
 def test_study_beats_its_first_trial_and_logs_nested_runs(tmp_path, mlflow_store):
     spec = _spec(tmp_path)
-    r = run_study(spec)
+    r = run_tuning(spec)
     assert r.n_complete + r.n_pruned == 4 and r.n_failed == 0
     # The first trial is the paper's configuration; the search must find a better one.
     assert r.first_value is not None and r.best_value < r.first_value
@@ -141,7 +141,7 @@ def test_diverging_trial_is_pruned_and_the_study_goes_on(tmp_path, mlflow_store,
         return real(*args, **kwargs)
 
     monkeypatch.setattr(cell, "train_packed", first_diverges)
-    r = run_study(_spec(tmp_path, n_trials=2))
+    r = run_tuning(_spec(tmp_path, n_trials=2))
     study = optuna.load_study(study_name=r.study_name, storage=_spec(tmp_path).storage)
     assert [t.state for t in study.trials] == [TrialState.PRUNED, TrialState.COMPLETE]
     assert "nan" in study.trials[0].user_attrs["diverged"]
@@ -149,7 +149,7 @@ def test_diverging_trial_is_pruned_and_the_study_goes_on(tmp_path, mlflow_store,
 
 
 def test_parallel_trials_on_sqlite(tmp_path, mlflow_store, caplog):
-    r = run_study(_spec(tmp_path, n_jobs=2, n_trials=4, start_from_paper=False))
+    r = run_tuning(_spec(tmp_path, n_jobs=2, n_trials=4, start_from_paper=False))
     assert r.n_complete + r.n_pruned == 4 and r.n_failed == 0
     assert "database is locked" not in caplog.text
     assert len(_children(r.parent_run_id)) == 4
@@ -165,7 +165,7 @@ def test_resume_fails_the_stale_trial_and_keeps_finished_ones(tmp_path, mlflow_s
     stale = session.study.ask()
     storage.record_heartbeat(stale._trial_id)
     time.sleep(2.5)
-    r = run_study(spec)
+    r = run_tuning(spec)
     study = optuna.load_study(study_name=r.study_name, storage=spec.storage)
     trials = study.trials
     assert trials[0].state == done.state and trials[0].value == done.value
@@ -186,8 +186,8 @@ def test_kill_9_mid_trial_then_resume(tmp_path, mlflow_store):
         textwrap.dedent(
             f"""
             import torch; torch.set_num_threads(1)
-            from tasks.tuning import StudySpec, run_study
-            run_study(StudySpec.model_validate_json({spec.model_dump_json()!r}))
+            from tasks.tuning import TuneSpec, run_tuning
+            run_tuning(TuneSpec.model_validate_json({spec.model_dump_json()!r}))
             """
         )
     )
@@ -208,7 +208,7 @@ def test_kill_9_mid_trial_then_resume(tmp_path, mlflow_store):
     # A trial counts as stale once its last heartbeat is older than the grace period.
     time.sleep(spec.grace_seconds + spec.heartbeat_seconds)
     short = spec.model_copy(update={"overrides": TOY})
-    r = run_study(short)
+    r = run_tuning(short)
     trials = optuna.load_study(study_name=spec.study_name, storage=storage).trials
     assert trials[0].state == TrialState.FAIL
     assert r.n_complete + r.n_pruned == 3
@@ -249,7 +249,7 @@ def test_unknown_method_or_storage_is_a_clear_error(tmp_path):
     from tasks.tuning import TuningError
 
     with pytest.raises(ValueError, match="no search space"):
-        run_study(_spec(tmp_path, method="no_such_model"))
+        run_tuning(_spec(tmp_path, method="no_such_model"))
     with pytest.raises(TuningError, match="cannot open the Optuna storage"):
         open_storage("nosuchdialect://x")
 

@@ -18,13 +18,13 @@ _TUNE = """
 import json, sys, time
 from pathlib import Path
 import torch
-from tasks.tuning import StudySpec, run_study
+from tasks.tuning import TuneSpec, run_tuning
 torch.set_num_threads(1)
-spec = StudySpec(**json.loads(sys.argv[1]))
+spec = TuneSpec(**json.loads(sys.argv[1]))
 go = Path(sys.argv[2])
 while not go.exists():
     time.sleep(0.01)
-run_study(spec)
+run_tuning(spec)
 """
 
 
@@ -48,11 +48,11 @@ def test_two_processes_on_one_study_stop_at_its_total_and_never_draw_the_same_po
     # Create the store and the study once (as a first `nllab tune` would): this test is about
     # the trials, not the creation of the stores.
     from tasks.tracking import Tracker
-    from tasks.tuning import StudySpec, open_storage
+    from tasks.tuning import TuneSpec, open_storage
 
     Tracker.connect()
 
-    name = StudySpec(**spec).study_name
+    name = TuneSpec(**spec).study_name
     optuna.create_study(storage=open_storage(spec["storage"]), study_name=name)
     go = tmp_path / "go"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
