@@ -137,8 +137,26 @@ def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
 
 
 def run_benchmark(config: RunConfig) -> BenchmarkSummary:
-    """Call :func:`benchmark_flow` with the configured task runner and flow settings."""
+    """Call :func:`benchmark_flow` with the configured task runner and flow settings.
+
+    When every cell already has a finished run, nothing is started (no Prefect server, no new,
+    empty parent run): the summary is read from the store, under the parent run that trained the
+    first cell.
+    """
+    t0 = time.perf_counter()
     # Fail on an unusable tracking store before starting Prefect (and create sqlite once).
-    Tracker.connect(config.tracking)
+    tracker = Tracker.connect(config.tracking)
+    reused, todo = stored_results(tracker, config.cells())
+    if not todo:
+        promotions = _promote(tracker, reused) if config.tracking.register_models else []
+        first = reused[0].run_id if reused else None
+        parent = tracker.get_run_data(first).data.tags.get("mlflow.parentRunId", first)
+        return BenchmarkSummary(
+            parent,
+            tuple(reused),
+            results_table(reused),
+            tuple(promotions),
+            time.perf_counter() - t0,
+        )
     with flow_settings():
         return benchmark_flow.with_options(task_runner=make_task_runner(config))(config)

@@ -128,10 +128,15 @@ def test_registry_champion_is_the_best_neural_laplace(first):
 def test_second_run_skips_every_finished_cell(first):
     t = Tracker.connect()
     n_before = len(_cell_runs(t))
+    parents = "tags.`nllab.kind` = 'benchmark'"
+    parents_before = len(t.client.search_runs([t.experiment_id], parents))
     versions_before = len(t.client.search_model_versions(""))
     again = run_benchmark(_config())
     assert again.count("reused") == 8 and again.count("finished") == 0
     assert len(_cell_runs(t)) == n_before
+    # nothing to train: no new, empty parent run; the summary points at the one that trained them
+    assert len(t.client.search_runs([t.experiment_id], parents)) == parents_before
+    assert again.parent_run_id == first.parent_run_id
     assert len(t.client.search_model_versions("")) == versions_before
     by_key = {r.key: r.test_rmse for r in first.results}
     assert {r.key: r.test_rmse for r in again.results} == by_key

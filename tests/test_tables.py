@@ -94,3 +94,8 @@ def test_run_name_puts_method_and_variant_first():
     cell = CellConfig(system="lotka_volterra_dde", method="neural_laplace", seed=0)
     assert run_name(cell) == "neural_laplace · lotka_volterra_dde · s0"
     assert run_name(cell, "stereo=off") == "neural_laplace · lotka_volterra_dde · s0 · stereo=off"
+    # by default the variant is what differs from the model's defaults and clean data
+    off = cell.model_copy(update={"model": {"stereographic": False, "latent_dim": 2}})
+    assert run_name(off) == "neural_laplace · lotka_volterra_dde · s0 · stereographic=False"
+    noisy = cell.model_copy(update={"data": cell.data.model_copy(update={"noise_std": 0.1})})
+    assert run_name(noisy).endswith(" · s0 · noise_std=0.1")
