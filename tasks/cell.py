@@ -517,5 +517,6 @@ def _train_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult
 
 
 def run_cell(cell: CellConfig, rt: CellRuntime) -> CellResult:
-    """:func:`run_pack` of one cell."""
-    return run_pack([cell], replace(rt, pack=False))[0]
+    """Train and evaluate one cell in a new child run, whether or not it already has one
+    (:func:`run_pack` is the engine's path, which reuses and claims)."""
+    return _train_pack([cell], replace(rt, pack=False))[0]
