@@ -82,6 +82,7 @@ def prepare_cell(cell: CellConfig, ds: Dataset) -> Prepared:
         fractions=cell.data.fractions,
         n_observed=cell.data.n_observed,
         n_train=cell.data.n_train,
+        normalise_on=cell.data.normalise_on,
     )
 
 
