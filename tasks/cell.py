@@ -19,7 +19,7 @@ from datasets import Dataset, Prepared, data_home, load_or_simulate, prepare
 from nlmodels import build_model, native_cpu_kernels
 from tasks._workers import worker_stop_event
 from tasks.config import CellConfig, DataConfig
-from tasks.evaluation import evaluate, plot_extrapolation, plot_loss_curves
+from tasks.evaluation import evaluate, outlier_census, plot_extrapolation, plot_loss_curves
 from tasks.modelio import ModelSpec, save_model
 from tasks.reporting import CellResult
 from tasks.tracking import Tracker, TrackingSettings
@@ -142,6 +142,7 @@ def _fit(cell: CellConfig, rt: CellRuntime, run_id: str, config_hash: str) -> No
     device = select_device(rt.device)
     ds = simulate_data(cell.system, cell.data, cell.seed, rt.cache_dir)
     prepared = prepare_cell(cell, ds)
+    tracker.log_metrics(run_id, outlier_census(prepared))  # >10σ values per split: kept, counted
     tracker.set_tags(
         run_id,
         {
