@@ -7,6 +7,8 @@ and writes, under ``--out``:
   scale, predicted half) and its largest absolute normalised target value;
 - ``per_trajectory.png``: per-trajectory RMSE against the first initial-condition parameter,
   coloured by split;
+- ``worst.png``: the worst held-out trajectory beside the training trajectory whose initial
+  condition is nearest to it (observed half, truth, prediction; physical units);
 - ``resplits.png`` and the printed summary: the validation and test RMSE over random re-splits of
   the 200 held-out trajectories (validation ∪ test, never trained on) into two halves of the same
   sizes; how often a re-split's gap is at least the observed one answers "split luck".
@@ -54,10 +56,10 @@ def main() -> None:
     prepared = prepare_cell(cell, simulate_data(cell.system, cell.data, cell.seed))
     args.out.mkdir(parents=True, exist_ok=True)
 
-    rows, sq = [], {}
+    rows, sq, preds = [], {}, {}
     for name in ("train", "val", "test"):
         split = getattr(prepared, name)
-        pred = predict(model, split, dtype=cell.training.dtype, batch_size=256)
+        pred = preds[name] = predict(model, split, dtype=cell.training.dtype, batch_size=256)
         err = (pred - np.asarray(split.target)) ** 2
         sq[name] = err.mean(axis=(1, 2))  # per-trajectory MSE (equal sizes: the RMSE averages it)
         peak = np.abs(np.asarray(split.target)).max(axis=(1, 2))
@@ -108,6 +110,38 @@ def main() -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(args.out / "per_trajectory.png", dpi=110)
+    plt.close(fig)
+
+    held = [(sq[n][i], n, i) for n in ("val", "test") for i in range(sq[n].size)]
+    _, w_split, w_i = max(held)
+    w_ic = getattr(prepared, w_split).ic[w_i]
+    n_i = int(np.argmin(np.abs(prepared.train.ic - w_ic).sum(axis=1)))
+    norm = prepared.normaliser
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3), sharey=True)
+    for ax, (name, i) in zip(axes, ((w_split, w_i), ("train", n_i))):
+        split = getattr(prepared, name)
+        ax.plot(
+            split.obs_t, norm.inverse_transform(split.obs_x[i])[:, 0], color="0.4", label="observed"
+        )
+        ax.plot(
+            split.query_t, norm.inverse_transform(split.target[i])[:, 0], color="C0", label="truth"
+        )
+        ax.plot(
+            split.query_t,
+            norm.inverse_transform(preds[name][i])[:, 0],
+            "--",
+            color="C3",
+            label="model",
+        )
+        ax.set_title(
+            f"{name} trajectory {split.index[i]}, {ic_names[0]} = {split.ic[i, 0]:.4g}: "
+            f"RMSE {np.sqrt(sq[name][i]):.4f}",
+            fontsize=8,
+        )
+        ax.set_xlabel("t")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(args.out / "worst.png", dpi=110)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
