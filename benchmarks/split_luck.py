@@ -117,29 +117,27 @@ def main() -> None:
     w_ic = getattr(prepared, w_split).ic[w_i]
     n_i = int(np.argmin(np.abs(prepared.train.ic - w_ic).sum(axis=1)))
     norm = prepared.normaliser
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3), sharey=True)
-    for ax, (name, i) in zip(axes, ((w_split, w_i), ("train", n_i))):
+    dims = prepared.train.target.shape[-1]
+    fig, axes = plt.subplots(dims, 2, figsize=(8, 2.6 * dims), sharey="row", squeeze=False)
+    for j, (name, i) in enumerate(((w_split, w_i), ("train", n_i))):
         split = getattr(prepared, name)
-        ax.plot(
-            split.obs_t, norm.inverse_transform(split.obs_x[i])[:, 0], color="0.4", label="observed"
+        curves = (
+            (split.obs_t, split.obs_x[i], "-", "0.4", "observed"),
+            (split.query_t, split.target[i], "-", "C0", "truth"),
+            (split.query_t, preds[name][i], "--", "C3", "model"),
         )
-        ax.plot(
-            split.query_t, norm.inverse_transform(split.target[i])[:, 0], color="C0", label="truth"
-        )
-        ax.plot(
-            split.query_t,
-            norm.inverse_transform(preds[name][i])[:, 0],
-            "--",
-            color="C3",
-            label="model",
-        )
-        ax.set_title(
+        for d in range(dims):
+            ax = axes[d][j]
+            for t, x, style, colour, label in curves:
+                ax.plot(t, norm.inverse_transform(x)[:, d], style, color=colour, label=label)
+            ax.set_ylabel(f"x{d}")
+        axes[0][j].set_title(
             f"{name} trajectory {split.index[i]}, {ic_names[0]} = {split.ic[i, 0]:.4g}: "
             f"RMSE {np.sqrt(sq[name][i]):.4f}",
             fontsize=8,
         )
-        ax.set_xlabel("t")
-    axes[0].legend(fontsize=7)
+        axes[-1][j].set_xlabel("t")
+    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(args.out / "worst.png", dpi=110)
     plt.close(fig)
