@@ -20,6 +20,9 @@ import numpy as np
 
 from datasets._simulate import Dataset, _check_int, _frozen
 
+#: Where :func:`prepare` takes its normalisation statistics from.
+NORMALISE_ON: tuple[str, ...] = ("train", "all")
+
 _MIN_STD = 1e-12  # a constant dimension keeps std 1 instead of dividing by ~0
 
 
@@ -109,9 +112,11 @@ class Prepared:
     """A data set ready for training: splits, normaliser and provenance.
 
     Attributes:
-        train, val, test: the splits. normaliser: fitted on ``train`` only.
+        train, val, test: the splits. normaliser: fitted on ``train`` (or on every trajectory,
+            see ``normalise_on``).
         n_observed: observed points per trajectory. seed, fractions, n_train: the split parameters.
         dataset_fingerprint: ``Dataset.fingerprint``.
+        normalise_on: where the normalisation statistics came from (``"train"`` or ``"all"``).
         fingerprint: hash of the dataset fingerprint and the split parameters.
     """
 
@@ -126,6 +131,7 @@ class Prepared:
     n_train: int | None
     dataset_fingerprint: str
     fingerprint: str
+    normalise_on: str = "train"
 
 
 def _fractions(fractions) -> tuple[float, float, float]:
@@ -163,6 +169,7 @@ def prepare(
     fractions: Sequence[float] = (0.8, 0.1, 0.1),
     n_observed: int | None = None,
     n_train: int | None = None,
+    normalise_on: str = "train",
 ) -> Prepared:
     """Split ``ds`` into normalised train/val/test sets with observed and predicted windows.
 
@@ -175,10 +182,20 @@ def prepare(
         n_train: keep this many training trajectories (1..size of the training split); validation
             and test are unchanged.  Sub-samples are nested: a smaller ``n_train`` keeps a subset of
             a larger one for the same seed.
+        normalise_on: where the per-dimension z-score statistics come from. ``"train"``: the
+            training split's observations (no test information reaches the model). ``"all"``:
+            every trajectory before the split, with the unbiased standard deviation (ddof = 1),
+            as the paper's reference code does (``generate_data_set`` in its
+            ``experiments/datasets.py``).
 
     Raises:
-        ValueError: bad seed, fractions, ``n_observed`` or ``n_train``.
+        ValueError: bad seed, fractions, ``n_observed``, ``n_train`` or ``normalise_on``.
     """
+    if normalise_on not in NORMALISE_ON:
+        raise ValueError(
+            f"normalise_on must be one of {', '.join(map(repr, NORMALISE_ON))}, "
+            f"got {normalise_on!r}"
+        )
     seed = _check_int("seed", seed, 0)
     fr = _fractions(fractions)
     n_all, n_pts = ds.n_trajectories, ds.n_points
@@ -210,10 +227,14 @@ def prepare(
         tr = tr[np.random.default_rng(sub_seq).permutation(tr.size)[:n_train]]
     tr, va, te = np.sort(tr), np.sort(va), np.sort(te)
 
-    # Statistics of the observations the model will train on (noisy x, all T points).
-    train_x = ds.x[tr].reshape(-1, ds.state_dim)
-    std = train_x.std(axis=0)
-    norm = Normaliser(mean=train_x.mean(axis=0), std=np.where(std > _MIN_STD, std, 1.0))
+    # Statistics of the observations (noisy x, all T points) of the training split, or of all
+    # trajectories with the unbiased std as the reference code's torch ``std(0)`` computes it.
+    if normalise_on == "train":
+        stat_x, ddof = ds.x[tr].reshape(-1, ds.state_dim), 0
+    else:
+        stat_x, ddof = ds.x.reshape(-1, ds.state_dim), 1
+    std = stat_x.std(axis=0, ddof=ddof)
+    norm = Normaliser(mean=stat_x.mean(axis=0), std=np.where(std > _MIN_STD, std, 1.0))
 
     obs = slice(half - n_observed, half)
     query = slice(half, n_pts)
@@ -237,6 +258,8 @@ def prepare(
         "n_observed": n_observed,
         "n_train": n_train,
     }
+    if normalise_on != "train":  # fingerprints of train-normalised splits stay as they were
+        params["normalise_on"] = normalise_on
     fingerprint = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()
     return Prepared(
         train=split(tr),
@@ -250,4 +273,5 @@ def prepare(
         n_train=n_train,
         dataset_fingerprint=ds.fingerprint,
         fingerprint=fingerprint,
+        normalise_on=normalise_on,
     )

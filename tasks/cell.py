@@ -28,7 +28,7 @@ from datasets import Dataset, Prepared, data_home, load_or_simulate, prepare
 from nlmodels import ForecastModel, build_model, native_cpu_kernels
 from tasks._workers import worker_stop_event
 from tasks.config import CellConfig, DataConfig, RunConfig, run_name
-from tasks.evaluation import evaluate, plot_extrapolation, plot_loss_curves
+from tasks.evaluation import evaluate, outlier_census, plot_extrapolation, plot_loss_curves
 from tasks.modelio import ModelSpec, model_params, resolved_model_args, save_model
 from tasks.packing import train_packed
 from tasks.reporting import CellResult, stored_result
@@ -132,6 +132,7 @@ def prepare_cell(cell: CellConfig, ds: Dataset) -> Prepared:
         fractions=cell.data.fractions,
         n_observed=cell.data.n_observed,
         n_train=cell.data.n_train,
+        normalise_on=cell.data.normalise_on,
     )
 
 
@@ -303,6 +304,8 @@ def _set_up(m: _Member, rt: CellRuntime, device: torch.device) -> None:
     tracker.log_text(m.run_id, cell.model_dump_json(indent=2), "config.json")
     m.ds = simulate_data(cell.system, cell.data, cell.seed, rt.cache_dir)
     m.prepared = prepare_cell(cell, m.ds)
+    # >10σ values per split and dimension: kept, counted
+    tracker.log_metrics(m.run_id, outlier_census(m.prepared))
     tracker.set_tags(
         m.run_id, {"dataset_hash": m.ds.fingerprint, "split_hash": m.prepared.fingerprint}
     )

@@ -166,6 +166,11 @@ class DataConfig(_Frozen):
     fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
     n_observed: int | None = Field(None, ge=1, description="None: the first half")
     n_train: int | None = Field(None, ge=1, description="None: all training trajectories")
+    normalise_on: Literal["train", "all"] = Field(
+        "train",
+        description="z-score statistics from the training split, or from every trajectory "
+        "before the split (std with ddof=1) as the paper's reference code does",
+    )
 
     @field_validator("fractions")
     @classmethod
@@ -226,6 +231,9 @@ class CellConfig(_Frozen):
             for k, v in payload["model"].items()
             if k not in defaults or json.dumps(v) != json.dumps(_json_value(defaults[k]))
         }
+        if payload["data"]["normalise_on"] == "train":
+            # the default before the setting existed: finished cells keep their hashes
+            del payload["data"]["normalise_on"]
         return json.dumps(payload, sort_keys=True, separators=(",", ":"))
 
     def config_hash(self) -> str:
@@ -376,7 +384,8 @@ _PROFILES: dict[str, dict[str, Any]] = {
     },
     "paper": {
         "seeds": [0, 1, 2, 3, 4],
-        "data": {"n_trajectories": 1000},
+        # the reference code z-scores over every trajectory before the split
+        "data": {"n_trajectories": 1000, "normalise_on": "all"},
         "training": {"epochs": 1000, "patience": 100},
         "max_workers": 4,
         "torch_threads": None,

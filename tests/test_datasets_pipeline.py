@@ -160,6 +160,31 @@ def test_normalisation_uses_training_statistics_only():
     np.testing.assert_array_equal(p2.normaliser.std, p.normaliser.std)
 
 
+def test_normalise_on_all_uses_every_trajectory_with_ddof_1():
+    ds = simulate("lotka_volterra_dde", n_trajectories=50, n_points=20, noise_std=0.01)
+    p = prepare(ds, seed=1, normalise_on="all")
+    flat = np.asarray(ds.x).reshape(-1, 2)
+    np.testing.assert_allclose(p.normaliser.mean, np.mean(flat, axis=0), rtol=1e-13)
+    np.testing.assert_allclose(p.normaliser.std, np.std(flat, axis=0, ddof=1), rtol=1e-13)
+    assert p.normalise_on == "all"
+    # the pooled normalised data (every split, both halves) has mean 0 and ddof-1 std 1
+    whole = np.concatenate(
+        [
+            np.concatenate([s.obs_x, s.target], axis=1).reshape(-1, 2)
+            for s in (p.train, p.val, p.test)
+        ]
+    )
+    np.testing.assert_allclose(whole.mean(0), 0, atol=1e-12)
+    np.testing.assert_allclose(whole.std(0, ddof=1), 1, atol=1e-12)
+    # the split itself and the train mode are unchanged; the fingerprints tell them apart
+    t = prepare(ds, seed=1)
+    np.testing.assert_array_equal(t.test.index, p.test.index)
+    assert t.normalise_on == "train" and t.fingerprint != p.fingerprint
+    assert not np.allclose(t.normaliser.std, p.normaliser.std)
+    with pytest.raises(ValueError, match="normalise_on must be one of 'train', 'all'"):
+        prepare(ds, normalise_on="val")
+
+
 def test_sample_size_study_nested_and_fixed_eval_sets():
     ds = simulate("lotka_volterra_dde", n_trajectories=100, n_points=10)
     full = prepare(ds, seed=2)

@@ -11,7 +11,13 @@ import torch
 
 from datasets import load_or_simulate, prepare
 from nlmodels import ForecastModel
-from tasks.evaluation import evaluate, plot_extrapolation, plot_loss_curves
+from tasks.evaluation import (
+    evaluate,
+    outlier_census,
+    plot_extrapolation,
+    plot_loss_curves,
+    top_error_share,
+)
 from tasks.reporting import PAPER_MAIN_TABLE, CellResult, results_table
 from tasks.training import EpochRecord
 
@@ -54,6 +60,63 @@ def test_rmse_equals_hand_computation(prepared):
     assert pred.shape == y.shape
     assert ev.nfe == int(np.ceil(n / 2))  # one call per batch of 2
     assert set(ev.metrics()) >= {"test_rmse", "test_rmse_dim0", "test_rmse_physical_dim1"}
+
+
+def test_top_error_share_on_hand_made_errors():
+    # 2000 values: 0.1% is two samples; errors 10 and 20 on top of 1998 errors of 1
+    target = np.zeros((10, 100, 2))
+    pred = np.ones_like(target)
+    pred[3, 7, 1], pred[9, 0, 0] = 10.0, -20.0
+    share, without = top_error_share(pred, target)
+    assert share == pytest.approx(500.0 / (500.0 + 1998.0), rel=1e-14)
+    assert without == pytest.approx(1.0, rel=1e-14)
+    # a single dominant value out of 100 (ceil(0.1) = 1 sample): the rest score exactly 0
+    pred, target = np.zeros(100), np.zeros(100)
+    pred[42] = 3.0
+    assert top_error_share(pred, target) == (1.0, 0.0)
+    # evenly spread errors: the top sample carries exactly its 1/size
+    assert top_error_share(np.full(50, 2.0), np.zeros(50)) == (pytest.approx(0.02), 2.0)
+    assert top_error_share(np.zeros(5), np.zeros(5)) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="shapes differ"):
+        top_error_share(np.zeros(3), np.zeros(4))
+    with pytest.raises(ValueError, match="at least two"):
+        top_error_share(np.zeros(1), np.zeros(1))
+
+
+def test_evaluation_logs_dominance_beside_the_real_score(prepared):
+    ev, pred = evaluate(Constant(0.25), prepared.test, prepared.normaliser)
+    share, without = top_error_share(pred, prepared.test.target)
+    m = ev.metrics()
+    assert (m["test_top_share"], m["test_rmse_without_top"]) == (share, without)
+    assert 0 < share < 0.5 and not ev.dominated and without < ev.test_rmse
+
+
+def test_outlier_census_counts_values_beyond_ten_sigma(prepared):
+    class Split:
+        def __init__(self, obs, target):
+            self.obs_x, self.target = np.asarray(obs), np.asarray(target)
+
+    obs = np.zeros((3, 4, 2))
+    obs[0, 1, 0], obs[2, 3, 0], obs[1, 0, 1] = 10.5, -11.0, 10.0  # 10.0 is not beyond
+    target = np.zeros((3, 5, 2))
+    target[1, 4, 1] = -150.0
+    census = outlier_census({"train": Split(obs, target), "test": Split(target, target)})
+    assert census == {
+        "outliers_10sigma_train_dim0": 2.0,
+        "outliers_10sigma_train_dim1": 1.0,
+        "outliers_10sigma_test_dim0": 0.0,
+        "outliers_10sigma_test_dim1": 2.0,
+    }
+    assert outlier_census({"val": Split(obs, target)}, threshold=2.5)["outliers_2p5sigma_val_dim1"]
+    # a Prepared: all three splits, both windows; at threshold 0 every nonzero value counts
+    zero = outlier_census(prepared, threshold=0.0)
+    assert set(zero) == {
+        f"outliers_0sigma_{s}_dim{d}" for s in ("train", "val", "test") for d in range(2)
+    }
+    s = prepared.val
+    assert zero["outliers_0sigma_val_dim1"] == np.count_nonzero(s.obs_x[..., 1]) + np.count_nonzero(
+        s.target[..., 1]
+    )
 
 
 def test_nan_predictions_are_refused(prepared):

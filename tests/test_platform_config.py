@@ -104,8 +104,29 @@ def test_config_hash_is_stable_and_sensitive():
         a.model_copy(update={"training": TrainConfig(epochs=999)}),
         a.model_copy(update={"data": DataConfig(noise_std=0.01)}),
         a.model_copy(update={"model": {"latent_dim": 4}}),
+        a.model_copy(update={"data": DataConfig(normalise_on="all")}),
     ]
-    assert len({v.config_hash() for v in variants} | {a.config_hash()}) == 6
+    assert len({v.config_hash() for v in variants} | {a.config_hash()}) == 7
+    # the default normalisation leaves the canonical form (and old hashes) as they were
+    assert "normalise_on" not in a.canonical_json()
+
+
+def test_paper_profile_normalises_like_the_reference_code():
+    assert {c.data.normalise_on for c in resolve_config("paper").cells()} == {"all"}
+    for profile in ("smoke", "quick"):
+        assert {c.data.normalise_on for c in resolve_config(profile).cells()} == {"train"}
+    with pytest.raises(ConfigError, match="normalise_on"):
+        resolve_config("quick", overrides={"data": {"normalise_on": "test"}})
+    # the cell's setting reaches the split
+    from datasets import simulate
+    from tasks.cell import prepare_cell
+
+    ds = simulate("integro_de", n_trajectories=20, n_points=10)
+    paper_cell = resolve_config("paper", overrides={"systems": ["integro_de"]}).cells()[0]
+    assert prepare_cell(paper_cell, ds).normalise_on == "all"
+    assert prepare_cell(paper_cell.model_copy(update={"data": DataConfig()}), ds).normalise_on == (
+        "train"
+    )
 
 
 def test_device_and_profile_do_not_change_cell_hashes():

@@ -86,6 +86,12 @@ def test_child_runs_hold_params_metrics_tags_artifacts(first):
         assert metrics["test_rmse"] == pytest.approx(
             next(r.test_rmse for r in first.results if r.run_id == run.info.run_id)
         )
+        # the outlier census of every split and dimension, and the dominance scores
+        dims = range(int(params["state_dim"]))
+        census = {f"outliers_10sigma_{s}_dim{d}" for s in ("train", "val", "test") for d in dims}
+        assert census <= set(metrics) and all(metrics[k] >= 0 for k in census)
+        assert 0 < metrics["test_top_share"] <= 1
+        assert metrics["test_rmse_without_top"] <= metrics["test_rmse"]
         files = {f.path for f in t.client.list_artifacts(run.info.run_id)}
         assert {"config.json", "plots", "model"} <= files
         plots = {f.path for f in t.client.list_artifacts(run.info.run_id, "plots")}

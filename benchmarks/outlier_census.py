@@ -1,0 +1,98 @@
+"""Log the outlier census and the dominance scores onto finished cell runs that lack them.
+
+Cells trained before ``tasks.cell`` logged them (or by an older checkout) get the same metrics
+afterwards: ``outliers_10sigma_{split}_dim{d}``, ``test_top_share`` and ``test_rmse_without_top``.
+Each run's data set is rebuilt from its ``config.json`` (read from the cache when it is there),
+its saved model is reloaded and evaluated again; the recomputed test RMSE must equal the logged
+one, else the run is left alone. With ``--per-trajectory DIR`` it also writes each run's
+per-trajectory test RMSE (``DIR/<run id>.csv``), for looking at where the error sits.
+
+    NLLAB_HOME=... python benchmarks/outlier_census.py [--runs ID ...] [--per-trajectory DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tasks.cell import prepare_cell, simulate_data
+from tasks.config import CellConfig
+from tasks.evaluation import evaluate, outlier_census
+from tasks.modelio import load_model
+from tasks.tracking import Tracker
+
+
+def backfill(tracker: Tracker, run_id: str, per_trajectory: Path | None, force: bool) -> str:
+    run = tracker.get_run_data(run_id)
+    if "test_rmse" not in run.data.metrics:
+        return "no test_rmse (not finished)"
+    if "test_top_share" in run.data.metrics and per_trajectory is None and not force:
+        return "has the metrics already"
+    with tempfile.TemporaryDirectory(prefix="nllab-census-") as tmp:
+        cell = CellConfig.model_validate_json(
+            tracker.download(run_id, "config.json", tmp).read_text()
+        )
+        model, _ = load_model(tracker.download(run_id, "model", tmp))
+    prepared = prepare_cell(cell, simulate_data(cell.system, cell.data, cell.seed))
+    ev, pred = evaluate(
+        model,
+        prepared.test,
+        prepared.normaliser,
+        dtype=cell.training.dtype,
+        batch_size=cell.training.batch_size,
+    )
+    logged = run.data.metrics["test_rmse"]
+    if not np.isclose(ev.test_rmse, logged, rtol=1e-8, atol=0.0):
+        return f"recomputed test RMSE {ev.test_rmse!r} != logged {logged!r}: left alone"
+    if per_trajectory is not None:
+        per_trajectory.mkdir(parents=True, exist_ok=True)
+        err = (pred - np.asarray(prepared.test.target)) ** 2
+        rows = np.column_stack(
+            [prepared.test.index, np.sqrt(err.mean(axis=(1, 2))), np.sqrt(err.mean(axis=1))]
+        )
+        dims = ",".join(f"rmse_dim{d}" for d in range(err.shape[-1]))
+        np.savetxt(
+            per_trajectory / f"{run_id}.csv",
+            rows,
+            delimiter=",",
+            header=f"trajectory,rmse,{dims}",
+            comments="",
+            fmt=["%d"] + ["%.10g"] * (rows.shape[1] - 1),
+        )
+    metrics = {
+        **outlier_census(prepared),
+        "test_top_share": ev.top_share,
+        "test_rmse_without_top": ev.rmse_without_top,
+    }
+    tracker.log_metrics(run_id, metrics)
+    tracker.set_tags(run_id, {"outlier_census": "backfilled"})
+    return f"logged (top share {ev.top_share:.3f}, without top {ev.rmse_without_top:.4g})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", nargs="*", help="cell run ids (default: every finished cell run)")
+    ap.add_argument("--per-trajectory", type=Path, help="write per-trajectory test RMSE here")
+    ap.add_argument("--force", action="store_true", help="recompute runs that have the metrics")
+    args = ap.parse_args()
+    tracker = Tracker.connect()
+    runs = args.runs or [
+        r.info.run_id
+        for r in tracker.client.search_runs(
+            [tracker.experiment_id],
+            "tags.`nllab.kind` = 'cell' and attributes.status = 'FINISHED'",
+            max_results=5000,
+        )
+    ]
+    for run_id in runs:
+        print(run_id, backfill(tracker, run_id, args.per_trajectory, args.force), flush=True)
+
+
+if __name__ == "__main__":
+    main()
