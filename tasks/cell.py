@@ -16,9 +16,9 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -155,10 +155,12 @@ def _tags(cell: CellConfig, rt: CellRuntime, config_hash: str) -> dict[str, str]
 
 @dataclass(frozen=True)
 class FitOutcome:
-    """A trained and evaluated cell: its test RMSE and how training went."""
+    """A trained and evaluated cell: its test RMSE, how training went, and the test metrics
+    (``test_top_share``, ``test_rmse_without_top``, ...; empty when the test was not scored)."""
 
     test_rmse: float
     train: TrainResult
+    metrics: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -284,7 +286,8 @@ def fit_cells(
             continue
         try:
             if evaluate_test:
-                outcomes[i] = FitOutcome(_evaluate_and_log(members[i], rt, device, res), res)
+                metrics = _evaluate_and_log(members[i], rt, device, res)
+                outcomes[i] = FitOutcome(metrics["test_rmse"], res, metrics)
             else:
                 outcomes[i] = FitOutcome(math.nan, res)
         except Exception as e:
@@ -345,7 +348,7 @@ def log_model_args(
 
 def _evaluate_and_log(
     m: _Member, rt: CellRuntime, device: torch.device, result: TrainResult
-) -> float:
+) -> dict[str, float]:
     tracker, cell, prepared, model = rt.tracker, m.cell, m.prepared, m.model
     assert prepared is not None and model is not None and m.ds is not None
     ev, pred = evaluate(
@@ -397,17 +400,18 @@ def _evaluate_and_log(
         tracker.log_artifact(m.run_id, folder / "plots", "plots")
         tracker.log_model(m.run_id, folder / "model", "model")  # an MLflow pyfunc model
     # Logged last: a run with test_rmse has all its artifacts.
+    metrics = ev.metrics()
     tracker.log_metrics(
         m.run_id,
         {
-            **ev.metrics(),
+            **metrics,
             "best_epoch": result.best_epoch,
             "best_val_rmse": result.best_val_rmse,
             "epochs_run": len(result.history),
             "train_seconds": result.seconds,
         },
     )
-    return ev.test_rmse
+    return metrics
 
 
 #: Seconds between checks while another process trains a cell this one also needs.
@@ -508,7 +512,19 @@ def _train_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult
     for c, h, r, out in zip(cells, hashes, run_ids, outcomes, strict=True):
         if isinstance(out, FitOutcome):
             tracker.end_run(r, "FINISHED")
-            results.append(CellResult(c.system, c.method, c.seed, "finished", out.test_rmse, r, h))
+            results.append(
+                CellResult(
+                    c.system,
+                    c.method,
+                    c.seed,
+                    "finished",
+                    out.test_rmse,
+                    r,
+                    h,
+                    top_share=out.metrics.get("test_top_share"),
+                    rmse_without_top=out.metrics.get("test_rmse_without_top"),
+                )
+            )
         else:
             msg = f"{type(out).__name__}: {out}"
             tracker.set_tags(r, {"error": msg[:5000]})
