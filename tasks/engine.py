@@ -16,6 +16,7 @@ It must be called inside a Prefect flow (it submits tasks to the flow's task run
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
@@ -23,6 +24,7 @@ from contextlib import nullcontext
 import torch
 from prefect.futures import PrefectFuture, as_completed, wait
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tasks._workers import worker_pool_active, worker_processes
 from tasks.cell import CellRuntime, pack_key
@@ -126,6 +128,12 @@ def run_cells(cells: Sequence[CellConfig], runtime: CellRuntime) -> list[CellRes
             and not worker_pool_active()
         )
         pool = worker_processes(runtime.max_workers) if isolated else nullcontext()
+        # Log lines (Prefect's, ours) are printed above the progress bars instead of through them.
+        quiet_logs = (
+            logging_redirect_tqdm(loggers=[logging.getLogger("prefect"), logging.getLogger()])
+            if runtime.progress
+            else nullcontext()
+        )
         bar = tqdm(
             total=len(todo),
             desc="cells",
@@ -136,7 +144,7 @@ def run_cells(cells: Sequence[CellConfig], runtime: CellRuntime) -> list[CellRes
         )
         t0 = time.perf_counter()
         try:
-            with pool:
+            with pool, quiet_logs:
                 try:
                     futures = {pack_task.submit(p, runtime): p for p in packs}
                     for fut in as_completed(list(futures)):

@@ -9,8 +9,14 @@ weights-only. ``predict`` takes a dict of arrays in physical units, ``obs_t`` ``
 
 from __future__ import annotations
 
+import warnings
+
 import mlflow
 from mlflow.pyfunc import PythonModel
+
+# MLflow asks for type hints on ``predict`` when the class is defined; the model's signature
+# (logged with it) already describes and validates its inputs.
+warnings.filterwarnings("ignore", message=".*type hints to the `predict` method.*")
 
 
 class ForecastPyfunc(PythonModel):
