@@ -1,6 +1,6 @@
 """Simulate every benchmark system at N = 1000 (T = 200) and print seconds per system and total.
 
-Issue 3 target: under 60 s for all systems together on 2 cores.  Usage::
+Target: under 60 s for all systems together on 2 cores.  Usage::
 
     PYTHONPATH=. python benchmarks/simulate_all.py [--n 1000] [--workers W]
 """

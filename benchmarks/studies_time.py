@@ -1,4 +1,4 @@
-"""Wall time of every study of the paper on one profile (issue 6: quick, all together < 60 min).
+"""Wall time of every study of the paper on one profile (quick: all twelve in under an hour).
 
 Runs each study in turn exactly as ``nllab study NAME --profile PROFILE`` does, against the
 configured tracking store (point ``NLLAB_HOME`` at a fresh folder for a cold measurement), and

@@ -62,7 +62,7 @@ class ReproductionMismatch(RuntimeError):
     """The registered weights do not give the logged test RMSE."""
 
 
-# -- registry lookup (proposed as Tracker.model_version(uri); see the report) -------------------
+# -- registry lookup (through Tracker.model_version) ---------------------------------------------
 @dataclass(frozen=True)
 class ModelRef:
     uri: str

@@ -2,7 +2,8 @@
 F(s) = s/(s²+1) (paper Table 12, ``ILTtimeres``) and Neural Laplace trained with each of them
 (training-loss curves, as the paper's FSI vs CME figure ``ILTcompar``).
 
-The accuracy table reuses ``benchmarks/ilt_table.py`` (``measure_ours``).
+The accuracy table is measured by :func:`nlmodels.diagnostics.ilt_accuracy`, the function that
+``benchmarks/ilt_table.py`` prints too.
 """
 
 from __future__ import annotations
