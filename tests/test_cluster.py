@@ -436,13 +436,13 @@ def test_benchmark_on_the_cluster_lands_every_cell_in_the_mlflow_server(
     # Every cell ran on a worker process, and its child run hangs off one parent in the server.
     parents = {r.data.tags["mlflow.parentRunId"] for r in cell_runs(mlflow_server, 0)}
     assert len(parents) == 1
-    # The rerun finds them all through the server and trains nothing.
+    # The rerun finds them all through the server and trains nothing: no flow run, no new runs.
     log = cluster_dir / "logs" / "benchmark-seed0-rerun.log"
     out = finish(nllab(benchmark_args(0, dask_cluster.address), client_env, log), log, 600)
-    assert "4 already finished (reused), 0 to run" in out, out
+    assert "4 cells: 0 finished, 4 reused" in out, out
     assert len(cell_runs(mlflow_server, 0)) == 4
-    # Both flow runs, and the cell task runs the workers reported, are in the Prefect server.
-    assert len(prefect_completed(prefect_api, "flow_runs")) == 2
+    # The flow run, and the cell task runs the workers reported, are in the Prefect server.
+    assert len(prefect_completed(prefect_api, "flow_runs")) == 1
     cells = {f"{s}/{m}/seed0" for s in SYSTEMS for m in METHODS}
     assert cells <= set(prefect_completed(prefect_api, "task_runs"))
 
