@@ -141,12 +141,14 @@ def flow_settings() -> Iterator[None]:
 
 
 def make_task_runner(config: RunConfig) -> TaskRunner:
-    """A task runner with at most ``config.max_workers`` cells at once."""
-    if config.task_runner == "dask":
+    """A task runner with at most ``config.execution.max_workers`` cells at once."""
+    if config.execution.task_runner == "dask":
         from flows._dask import dask_task_runner
         from tasks.tracking import TrackingSettings
 
         return dask_task_runner(
-            config.max_workers, config.dask_address, TrackingSettings.resolve(config.tracking)
+            config.execution.max_workers,
+            config.execution.dask_address,
+            TrackingSettings.resolve(config.tracking),
         )
-    return ThreadPoolTaskRunner(max_workers=config.max_workers)
+    return ThreadPoolTaskRunner(max_workers=config.execution.max_workers)

@@ -80,8 +80,8 @@ def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
         len(cells),
         len(reused),
         len(todo),
-        len(make_packs(todo, config.pack)),
-        config.max_workers,
+        len(make_packs(todo, config.execution.pack)),
+        config.execution.max_workers,
         tracker.settings.tracking_uri,
     )
     # Also builds the kernels once here, before any worker process needs them.
@@ -92,6 +92,7 @@ def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
     stop = threading.Event()
     tags = {"nllab.kind": "benchmark", "profile": config.profile}
     with tracker.run(f"benchmark-{config.profile}", tags) as parent:
+        # The experiment as parameters and run_config.json; how it executed as tags.
         tracker.log_params(
             parent,
             {
@@ -99,15 +100,16 @@ def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
                 "systems": ",".join(config.systems),
                 "methods": ",".join(config.methods),
                 "seeds": ",".join(map(str, config.seeds)),
-                "device": config.device,
-                "max_workers": config.max_workers,
-                "pack": config.pack,
                 "n_cells": len(cells),
             },
         )
-        tracker.log_text(parent, config.model_dump_json(indent=2), "run_config.json")
+        tracker.set_tags(
+            parent,
+            {f"execution.{k}": v for k, v in config.execution.model_dump(mode="json").items()},
+        )
+        tracker.log_text(parent, config.experiment_json(), "run_config.json")
         runtime = CellRuntime.for_config(
-            tracker, config, parent, stop=stop if config.task_runner == "thread" else None
+            tracker, config, parent, stop=stop if config.execution.task_runner == "thread" else None
         )
         results = run_cells(cells, runtime)
         table = results_table(results)

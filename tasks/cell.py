@@ -106,16 +106,17 @@ class CellRuntime:
         cls, tracker: Tracker, config: RunConfig, parent_run_id: str | None, **kw
     ) -> CellRuntime:
         """The runtime a :class:`RunConfig` asks for (``kw`` overrides single fields)."""
+        ex = config.execution
         fields = {
             "parent_run_id": parent_run_id,
             "profile": config.profile,
-            "device": config.device,
-            "progress": config.progress,
-            "torch_threads": config.torch_threads,
-            "pack": config.pack,
-            "max_workers": config.max_workers,
-            "isolation": config.isolation,
-            "task_runner": config.task_runner,
+            "device": ex.device,
+            "progress": ex.progress,
+            "torch_threads": ex.torch_threads,
+            "pack": ex.pack,
+            "max_workers": ex.max_workers,
+            "isolation": ex.isolation,
+            "task_runner": ex.task_runner,
         }
         return cls.for_tracker(tracker, **{**fields, **kw})
 

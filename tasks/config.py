@@ -26,6 +26,7 @@ from pydantic import (
 
 __all__ = [
     "DEVICES",
+    "EXECUTION_KEYS",
     "MAIN_SYSTEMS",
     "METHODS",
     "PROFILES",
@@ -33,6 +34,7 @@ __all__ = [
     "ConfigError",
     "DataConfig",
     "Device",
+    "ExecutionConfig",
     "Profile",
     "RunConfig",
     "TrackingConfig",
@@ -262,14 +264,41 @@ class CellOverride(_Frozen):
     training: dict[str, Scalar | None] = Field(default_factory=dict)
 
 
+class ExecutionConfig(_Frozen):
+    """How a run executes: where and how many cells train at once, and how they are shown.
+
+    None of it changes a cell's result, so none of it enters a config hash; the experiment
+    (:class:`RunConfig` without this part) is what is hashed per cell and logged as parameters.
+    """
+
+    device: Device = "auto"
+    max_workers: int = Field(2, ge=1, description="cells trained at the same time")
+    torch_threads: int | None = Field(1, ge=1, description="torch CPU threads; None: torch's")
+    task_runner: Literal["thread", "dask"] = "thread"
+    isolation: Literal["process", "thread"] = Field(
+        "process", description="train each cell in a worker process (thread: in the runner's)"
+    )
+    dask_address: str | None = None
+    progress: bool = True
+    pack: bool = Field(
+        True,
+        description="train cells that differ only in seed as one packed model (exact per cell)",
+    )
+
+
+#: Settings of :class:`ExecutionConfig`, also accepted at the top level of a config file, a
+#: profile or the command-line overrides (``max_workers = 4`` means ``execution.max_workers``).
+EXECUTION_KEYS: tuple[str, ...] = tuple(ExecutionConfig.model_fields)
+
+
 class RunConfig(_Frozen):
-    """A whole benchmark: every system × method × seed, and how to run and track it."""
+    """A whole benchmark: the experiment (every system × method × seed, data, training, models,
+    tracking) and, apart from it, how it executes (:attr:`execution`)."""
 
     profile: Profile = "quick"
     systems: tuple[str, ...] = MAIN_SYSTEMS
     methods: tuple[str, ...] = METHODS
     seeds: tuple[int, ...] = (0,)
-    device: Device = "auto"
     data: DataConfig = DataConfig()
     training: TrainConfig = TrainConfig()
     models: dict[str, dict[str, Scalar]] = Field(
@@ -281,19 +310,20 @@ class RunConfig(_Frozen):
         "explicit per-method `models` overrides win over them",
     )
     tracking: TrackingConfig = TrackingConfig()
-    max_workers: int = Field(2, ge=1, description="cells trained at the same time")
-    torch_threads: int | None = Field(1, ge=1, description="torch CPU threads; None: torch's")
-    task_runner: Literal["thread", "dask"] = "thread"
-    isolation: Literal["process", "thread"] = Field(
-        "process", description="train each cell in a worker process (thread: in the runner's)"
-    )
-    dask_address: str | None = None
-    progress: bool = True
-    pack: bool = Field(
-        True,
-        description="train cells that differ only in seed as one packed model (exact per cell; "
-        "outside the config hash)",
-    )
+    execution: ExecutionConfig = ExecutionConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_execution(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and any(k in data for k in EXECUTION_KEYS):
+            data = dict(data)
+            moved = {k: data.pop(k) for k in EXECUTION_KEYS if k in data}
+            data["execution"] = {**dict(data.get("execution") or {}), **moved}
+        return data
+
+    def experiment_json(self) -> str:
+        """The experiment alone (no execution settings), as indented JSON."""
+        return self.model_dump_json(indent=2, exclude={"execution"})
 
     @field_validator("systems")
     @classmethod
@@ -393,6 +423,16 @@ _PROFILES: dict[str, dict[str, Any]] = {
 }
 
 
+def _lift_execution(layer: Mapping[str, Any]) -> dict[str, Any]:
+    """A config layer with its top-level execution settings moved under ``execution``, so that
+    layers merge setting by setting whichever spelling each uses."""
+    out = {k: v for k, v in layer.items() if k not in EXECUTION_KEYS}
+    lifted = {k: layer[k] for k in EXECUTION_KEYS if k in layer}
+    if lifted or "execution" in layer:
+        out["execution"] = {**dict(layer.get("execution") or {}), **lifted}
+    return out
+
+
 def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in top.items():
@@ -468,7 +508,8 @@ def resolve_config(
     name = profile or cli_layer.get("profile") or file_layer.get("profile") or "quick"
     if name not in _PROFILES:
         raise ConfigError(f"unknown profile {name!r}; valid profiles: {', '.join(PROFILES)}")
-    merged = _deep_merge(_deep_merge(_PROFILES[name], file_layer), cli_layer)
+    layers = [_lift_execution(x) for x in (_PROFILES[name], file_layer, cli_layer)]
+    merged = _deep_merge(_deep_merge(layers[0], layers[1]), layers[2])
     merged["profile"] = name
     try:
         return RunConfig.model_validate(merged)

@@ -399,7 +399,7 @@ class _Session:
     def optimize(self, n_trials: int, n_jobs: int) -> None:
         if n_trials <= 0:
             return
-        threads = self.config.torch_threads
+        threads = self.config.execution.torch_threads
         if threads is not None and torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
         # Fail (and re-enqueue) the trials of a killed process before drawing new ones.

@@ -167,3 +167,22 @@ def test_an_override_equal_to_the_default_is_the_same_cell():
     assert cell("neural_laplace", stereographic=False).config_hash() != plain.config_hash()
     assert cell("node", hidden=(128, 128)).config_hash() == cell("node").config_hash()
     assert cell("node", hidden=(128, 64)).config_hash() != cell("node").config_hash()
+
+
+def test_execution_settings_are_apart_from_the_experiment(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text('profile = "paper"\n[execution]\nmax_workers = 8\npack = false\n')
+    cfg = resolve_config(None, f)
+    # the file's [execution] table beats the profile (4 workers); flags beat the file
+    assert cfg.execution.max_workers == 8 and cfg.execution.pack is False
+    assert resolve_config(None, f, {"max_workers": 3}).execution.max_workers == 3
+    # the old spelling, at the top level, means the same
+    top = tmp_path / "top.toml"
+    top.write_text('profile = "paper"\nmax_workers = 8\n')
+    assert resolve_config(None, top).execution.max_workers == 8
+    experiment = json.loads(cfg.experiment_json())
+    assert "execution" not in experiment and "max_workers" not in experiment
+    assert experiment["seeds"] == [0, 1, 2, 3, 4]
+    # how it executes never changes what a cell is
+    fast = resolve_config(None, f, {"max_workers": 1, "device": "cpu", "torch_threads": 2})
+    assert [c.config_hash() for c in fast.cells()] == [c.config_hash() for c in cfg.cells()]

@@ -151,10 +151,10 @@ def test_study_cli_takes_the_task_runner_flags():
         ["study", "noise", "--profile", "smoke", "--task-runner", "dask", "--max-workers", "3"]
     )
     run = _config(args).run
-    assert run.task_runner == "dask" and run.max_workers == 3
-    assert _config(parser.parse_args(["study", "noise", "--profile", "smoke"])).run.task_runner == (
-        "thread"
-    )
+    assert run.execution.task_runner == "dask" and run.execution.max_workers == 3
+    assert _config(
+        parser.parse_args(["study", "noise", "--profile", "smoke"])
+    ).run.execution.task_runner == ("thread")
 
 
 def test_tone_amplitude_is_exact_on_any_grid():

@@ -127,7 +127,7 @@ def resolve(args: argparse.Namespace, profile: str | None = None):
     from tasks.config import resolve_config
 
     config = resolve_config(profile or args.profile, args.config, overrides(args))
-    if config.device == "cuda":
+    if config.execution.device == "cuda":
         from tasks.training import select_device
 
         try:

@@ -263,9 +263,10 @@ def execute_study(spec: StudySpec, config: StudyConfig, body: StudyBody) -> Stud
                 "seeds": ",".join(map(str, config.run.seeds)),
                 "systems": ",".join(config.systems or ()) or "default",
                 "methods": ",".join(config.methods or ()) or "default",
-                "device": config.run.device,
             },
         )
+        execution = config.run.execution.model_dump(mode="json")
+        tracker.set_tags(parent, {f"execution.{k}": v for k, v in execution.items()})
         tracker.log_text(parent, config.model_dump_json(indent=2), "study_config.json")
         runtime = CellRuntime.for_config(tracker, config.run, parent, progress=False)
         with tempfile.TemporaryDirectory(prefix=f"nllab-study-{spec.name}-") as tmp:

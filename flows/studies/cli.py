@@ -38,7 +38,7 @@ def _config(args: argparse.Namespace):
         device=args.device,
         overrides=overrides,
     )
-    if config.run.device == "cuda":
+    if config.run.execution.device == "cuda":
         from tasks.training import select_device
 
         select_device("cuda")  # RuntimeError with the reason when CUDA is absent

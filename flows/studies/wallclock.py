@@ -69,8 +69,8 @@ def _body(ctx: StudyContext) -> StudyOutput:
     ds = simulate_data(system, data, ctx.seeds[0])
     x = (ds.x - ds.x.mean(axis=(0, 1))) / ds.x.std(axis=(0, 1))
     threads = torch.get_num_threads()
-    if ctx.run.torch_threads:
-        torch.set_num_threads(ctx.run.torch_threads)
+    if ctx.run.execution.torch_threads:
+        torch.set_num_threads(ctx.run.execution.torch_threads)
     try:
         rows = [
             epoch_seconds(m, s, x, np.asarray(ds.t), epochs, ctx.run.training.batch_size, seed)
@@ -93,7 +93,7 @@ def _body(ctx: StudyContext) -> StudyOutput:
     return StudyOutput(
         {"wallclock": table},
         notes=f"{n} trajectories, batch {ctx.run.training.batch_size}, {epochs} epoch(s), CPU, "
-        f"{ctx.run.torch_threads or 'all'} torch thread(s); the paper used a V100 GPU.",
+        f"{ctx.run.execution.torch_threads or 'all'} torch thread(s); the paper used a V100 GPU.",
     )
 
 
