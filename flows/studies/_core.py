@@ -200,6 +200,31 @@ class StudyContext:
             model={**self.run.models.get(method, {}), **(model or {})},
         )
 
+    def factor_cells(
+        self,
+        systems: Sequence[str],
+        values: Sequence[Any],
+        methods: Sequence[str] | None = None,
+        *,
+        label: Callable[[Any], Any] | None = None,
+    ) -> list[tuple[dict[str, Any], CellConfig]]:
+        """``(labels, cell)`` for every system × value of the spec's :class:`Factor` × method ×
+        seed, labelled ``system``, the factor's key (``label(value)``) and ``method``; the
+        methods default to the factor's."""
+        factor = self.spec.factor
+        if factor is None:
+            raise ValueError(f"study {self.spec.name!r} declares no factor")
+        return [
+            (
+                {"system": s, factor.key: label(v) if label else v, "method": m},
+                self.cell(s, m, seed, **factor.setting(v)),
+            )
+            for s in systems
+            for v in values
+            for m in methods or factor.methods or ()
+            for seed in self.seeds
+        ]
+
     def run_cells(self, cells: Sequence[CellConfig]) -> list[CellResult]:
         """Train (or reuse, by config hash) ``cells`` as child runs; results in input order."""
         results = run_cells(cells, self.runtime)

@@ -80,22 +80,14 @@ def _body(ctx: StudyContext) -> StudyOutput:
 
     systems = ctx.systems(("lotka_volterra_dde",))
     ilts = ctx.pick(smoke=("fourier", "cme"), quick=TRAINED, paper=TRAINED)
-    entries = [
-        (
-            {"system": s, "ilt": name},
-            ctx.cell(s, "neural_laplace", seed, **SPEC.factor.setting(name)),
-        )
-        for s in systems
-        for name in ilts
-        for seed in ctx.seeds
-    ]
+    entries = ctx.factor_cells(systems, ilts)
     # No published RMSE for these runs: the paper shows their loss curves only.
     training, results = rmse_table_and_results(ctx, entries, ("system", "ilt"))
     fig, axes = plt.subplots(1, len(systems), figsize=(5 * len(systems), 3.4), squeeze=False)
     for ax, s in zip(axes[0], systems, strict=True):
         for i, name in enumerate(ilts):
             for (lab, _), r in zip(entries, results, strict=True):
-                if lab == {"system": s, "ilt": name} and r.run_id:
+                if (lab["system"], lab["ilt"]) == (s, name) and r.run_id:
                     hist = ctx.metric_history(r.run_id, "train_loss")
                     if hist:
                         steps, vals = zip(*hist, strict=True)

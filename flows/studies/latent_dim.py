@@ -22,15 +22,7 @@ def _body(ctx: StudyContext) -> StudyOutput:
     """Table 5: test RMSE for K ∈ {1, 2, 4, 8, 16, 32}."""
     systems = ctx.systems(("lotka_volterra_dde",))
     ks = ctx.pick(smoke=(1, 2), quick=K_VALUES, paper=K_VALUES)
-    entries = [
-        (
-            {"system": s, "latent_dim": k},
-            ctx.cell(s, "neural_laplace", seed, **SPEC.factor.setting(k)),
-        )
-        for s in systems
-        for k in ks
-        for seed in ctx.seeds
-    ]
+    entries = ctx.factor_cells(systems, ks)
     table = rmse_table(ctx, entries, KEYS)
     plot_lines(table, "latent_dim", "system", ctx.figure("latent_dim"), title=SPEC.title, logx=True)
     return StudyOutput({"latent_dim": table})

@@ -28,16 +28,7 @@ def _body(ctx: StudyContext) -> StudyOutput:
     systems = ctx.systems(ctx.pick(smoke=SYSTEMS[2:], quick=SYSTEMS, paper=SYSTEMS))
     methods = ctx.methods(ctx.pick(smoke=("node", "neural_laplace"), quick=METHODS, paper=METHODS))
     sigmas = ctx.pick(smoke=(0.1,), quick=SIGMAS, paper=SIGMAS)
-    entries = [
-        (
-            {"system": s, "noise_std": sigma, "method": m},
-            ctx.cell(s, m, seed, **SPEC.factor.setting(sigma)),
-        )
-        for s in systems
-        for sigma in sigmas
-        for m in methods
-        for seed in ctx.seeds
-    ]
+    entries = ctx.factor_cells(systems, sigmas, methods)
     table = rmse_table(ctx, entries, KEYS)
     for sigma in sigmas:
         plot_bars(
