@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from flows._runtime import guarded_servers
+
 ROOT = Path(__file__).resolve().parent.parent
 CELLS = [
     "--profile", "smoke", "--systems", "integro_de", "piecewise_forcing_ode",
@@ -70,18 +72,6 @@ def race(scratch: Path, tries: int) -> None:
           f"{unusable} of {tries} stores unusable")  # fmt: skip
 
 
-def _servers(parent: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"nllab-prefect-server" in argv and str(parent).encode() in argv:
-            found.append(int(entry.name))
-    return found
-
-
 def ctrl_c(scratch: Path) -> None:
     home = _fresh(scratch / "ctrl-c")
     cfg = home / "isolation.toml"
@@ -91,7 +81,7 @@ def ctrl_c(scratch: Path) -> None:
     for line in p.stdout:
         if "Task run 'integro_de/" in line and "Completed()" in line:
             break
-    servers = _servers(p.pid)
+    servers = guarded_servers(p.pid)
     t0 = time.monotonic()
     os.killpg(p.pid, signal.SIGINT)
     tail = p.communicate()[0]

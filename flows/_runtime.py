@@ -32,7 +32,7 @@ from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from tasks.config import RunConfig
 
-__all__ = ["flow_settings", "make_task_runner"]
+__all__ = ["flow_settings", "guarded_servers", "make_task_runner"]
 
 # The interpreter's last full garbage collection at exit walks the whole heap that Prefect, MLflow
 # and torch built (seconds on a busy machine, after Ctrl-C too); the OS frees it all anyway.
@@ -41,6 +41,20 @@ atexit.register(gc.freeze)
 
 #: The argument that marks a guarded server process (``ps`` shows it).
 SERVER_MARK = "nllab-prefect-server"
+
+
+def guarded_servers(parent: int) -> list[int]:
+    """Pids of the temporary Prefect servers that process ``parent`` started (from ``/proc``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if SERVER_MARK.encode() in argv and str(parent).encode() in argv:
+            found.append(int(entry.name))
+    return found
+
 
 # The guarded server process: uvicorn in the main thread; a watcher thread stops it (SIGTERM, a
 # clean shutdown) once the parent is gone, and ends the process for good 10 s later. Imports

@@ -19,7 +19,7 @@ from flows._runtime import flow_settings, make_task_runner
 from nlmodels import native_cpu_kernels
 from tasks.cell import CellRuntime
 from tasks.config import RunConfig
-from tasks.engine import make_packs, run_cells, stored_results
+from tasks.engine import run_cells, stored_results
 from tasks.reporting import CellResult, ResultsTable, parent_summary, results_table
 from tasks.tracking import Promotion, Tracker
 
@@ -73,17 +73,6 @@ def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
     # Connect (and create the sqlite store) before any worker thread writes to it.
     tracker = Tracker.connect(config.tracking)
     cells = config.cells()
-    reused, todo = stored_results(tracker, cells)
-    logger.info(
-        "%d cells: %d already finished (reused), %d to run in %d packs, %d at a time; "
-        "tracking at %s",
-        len(cells),
-        len(reused),
-        len(todo),
-        len(make_packs(todo, config.execution.pack)),
-        config.execution.max_workers,
-        tracker.settings.tracking_uri,
-    )
     # Also builds the kernels once here, before any worker process needs them.
     logger.info(
         "float64 Neural Laplace on the CPU runs %s",
@@ -126,7 +115,7 @@ def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
             parent,
             {
                 "cells_finished": sum(r.status == "finished" for r in results),
-                "cells_reused": len(reused),
+                "cells_reused": sum(r.status == "reused" for r in results),
                 "cells_failed": len(failed),
                 "mlflow.note.content": description[:5000],
             },

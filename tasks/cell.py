@@ -31,10 +31,12 @@ from tasks.config import CellConfig, DataConfig, RunConfig, run_name
 from tasks.evaluation import evaluate, outlier_census, plot_extrapolation, plot_loss_curves
 from tasks.modelio import ModelSpec, model_params, resolved_model_args, save_model
 from tasks.packing import train_packed
+from tasks.placement import place_cell
 from tasks.reporting import CellResult, stored_result
 from tasks.tracking import Tracker, TrackingSettings, claim_owner
 from tasks.training import (
     EpochRecord,
+    TrainingDiverged,
     TrainingInterrupted,
     TrainResult,
     seeded,
@@ -177,12 +179,6 @@ class _Member:
     model_args: dict[str, Any] | None = None
 
 
-def _select_device(rt: CellRuntime, cell: CellConfig) -> torch.device:
-    from tasks.placement import place_cell
-
-    return place_cell(cell, rt.device, cache_dir=rt.cache_dir)
-
-
 def fit_cells(
     cells: Sequence[CellConfig],
     rt: CellRuntime,
@@ -210,7 +206,7 @@ def fit_cells(
         # The full traceback next to the run: the tag only holds the message.
         tracker.log_text(members[i].run_id, "".join(traceback.format_exception(e)), "error.txt")
 
-    device = _select_device(rt, cells[0])
+    device = place_cell(cells[0], rt.device, cache_dir=rt.cache_dir)
     for i, m in enumerate(members):
         try:
             _set_up(m, rt, device)
@@ -220,8 +216,7 @@ def fit_cells(
     if not live:
         return outcomes  # type: ignore[return-value]
 
-    def log_epoch(j: int, r: EpochRecord) -> None:
-        i = live[j]
+    def log_epoch(i: int, r: EpochRecord) -> None:
         tracker.log_metrics(
             members[i].run_id,
             {
@@ -239,19 +234,24 @@ def fit_cells(
             except Exception as e:
                 raise _CallbackError from e
 
-    training = cells[0].training
     stop = rt.stop if rt.stop is not None else worker_stop_event()
-    kw = {"device": device, "on_epoch": log_epoch, "stop": stop, "progress": rt.progress}
-    try:
-        results = train_packed(
-            [members[i].model for i in live],
-            [members[i].prepared.train for i in live],
-            [members[i].prepared.val for i in live],
-            training,
-            seeds=[members[i].cell.seed for i in live],
-            labels=[members[i].cell.key for i in live],
-            **kw,
+
+    def train_members(idx: list[int]) -> list[TrainResult | TrainingDiverged]:
+        return train_packed(
+            [members[i].model for i in idx],
+            [members[i].prepared.train for i in idx],
+            [members[i].prepared.val for i in idx],
+            cells[0].training,
+            device=device,
+            seeds=[members[i].cell.seed for i in idx],
+            labels=[members[i].cell.key for i in idx],
+            on_epoch=lambda j, r: log_epoch(idx[j], r),
+            stop=stop,
+            progress=rt.progress,
         )
+
+    try:
+        results: list[TrainResult | Exception] = list(train_members(live))
     except _CallbackError as e:
         raise e.__cause__ from None
     except (TrainingInterrupted, KeyboardInterrupt):
@@ -264,17 +264,7 @@ def fit_cells(
         results = []
         for i in live:
             try:
-                results.extend(
-                    train_packed(
-                        [members[i].model],
-                        [members[i].prepared.train],
-                        [members[i].prepared.val],
-                        training,
-                        seeds=[members[i].cell.seed],
-                        labels=[members[i].cell.key],
-                        **{**kw, "on_epoch": lambda _j, r, i=i: log_epoch(live.index(i), r)},
-                    )
-                )
+                results.extend(train_members([i]))
             except _CallbackError as e2:
                 raise e2.__cause__ from None
             except (TrainingInterrupted, KeyboardInterrupt):
@@ -365,13 +355,13 @@ def _evaluate_and_log(
         {
             "stopped": result.stopped,
             "device_used": str(device),
-            "packed_members": getattr(result, "packed_members", 1),
-            "cuda_graphs": getattr(result, "graphs", False),
+            "packed_members": result.packed_members,
+            "cuda_graphs": result.graphs,
             # float64 CPU training of Neural Laplace, unpacked, runs the fused C kernels
             "native_cpu_kernels": cell.method == "neural_laplace"
             and cell.training.dtype == "float64"
             and device.type == "cpu"
-            and getattr(result, "packed_members", 1) == 1
+            and result.packed_members == 1
             and native_cpu_kernels(),
         },
     )

@@ -8,6 +8,7 @@ not, such as the device or the profile name), so a finished cell can be recognis
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import tomllib
@@ -95,10 +96,12 @@ def known_methods() -> tuple[str, ...]:
     return tuple(sorted(MODELS))
 
 
+@functools.cache
 def model_signature(method: str) -> dict[str, Any]:
     """Name -> default (``inspect.Parameter.empty`` when required) of every keyword argument
     ``build_model(method, state_dim, **kw)`` accepts, read from the model's constructor and, where
-    it forwards ``**kwargs``, its bases'. Nothing is built."""
+    it forwards ``**kwargs``, its bases'. Nothing is built; read once per method (the result is
+    shared: do not modify it)."""
     import inspect
 
     from nlmodels import MODELS
@@ -115,6 +118,17 @@ def model_signature(method: str) -> dict[str, Any]:
         if not any(p.kind == p.VAR_KEYWORD for p in found):
             break
     return params
+
+
+def non_default_overrides(method: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The model overrides whose value differs from the model's own default (compared as JSON,
+    so a tuple equals the list default it spells); all of them for an unknown method."""
+    defaults = model_signature(method) if method in known_methods() else {}
+    return {
+        k: v
+        for k, v in overrides.items()
+        if k not in defaults or json.dumps(_json_value(v)) != json.dumps(_json_value(defaults[k]))
+    }
 
 
 def model_arguments(method: str) -> tuple[str, ...]:
@@ -227,12 +241,7 @@ class CellConfig(_Frozen):
         """What the hash covers: every field, with model overrides equal to the model's own
         default left out (``stereographic = true`` is the default model, the same cell)."""
         payload = {"schema": _HASH_SCHEMA, **self.model_dump(mode="json")}
-        defaults = model_signature(self.method) if self.method in known_methods() else {}
-        payload["model"] = {
-            k: v
-            for k, v in payload["model"].items()
-            if k not in defaults or json.dumps(v) != json.dumps(_json_value(defaults[k]))
-        }
+        payload["model"] = non_default_overrides(self.method, payload["model"])
         if payload["data"]["normalise_on"] == "train":
             # the default before the setting existed: finished cells keep their hashes
             del payload["data"]["normalise_on"]
@@ -531,11 +540,9 @@ def run_name(cell: CellConfig, variant: str | None = None) -> str:
 def cell_variant(cell: CellConfig) -> str:
     """What sets a cell apart from its model's defaults and clean data, e.g.
     ``latent_dim=4, noise_std=0.1`` (empty for a plain cell)."""
-    defaults = model_signature(cell.method) if cell.method in known_methods() else {}
     parts = [
         f"{k}={json.dumps(v) if isinstance(v, list | tuple) else v}"
-        for k, v in cell.model.items()
-        if k not in defaults or json.dumps(_json_value(v)) != json.dumps(_json_value(defaults[k]))
+        for k, v in non_default_overrides(cell.method, cell.model).items()
     ]
     data = cell.data
     for name in ("noise_std", "n_train", "n_observed"):

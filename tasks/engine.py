@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
 
 import torch
+from prefect import get_run_logger
 from prefect.futures import PrefectFuture, as_completed, wait
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
@@ -119,9 +120,19 @@ def run_cells(cells: Sequence[CellConfig], runtime: CellRuntime) -> list[CellRes
     unique = list({c.config_hash(): c for c in cells}.values())
     reused, todo = stored_results(tracker, unique)
     by_hash: dict[str, CellResult] = {r.config_hash: r for r in reused}
+    packs = make_packs(todo, runtime.pack)
+    get_run_logger().info(
+        "%d cells: %d already finished (reused), %d to run in %d packs, %d at a time; "
+        "tracking at %s",
+        len(unique),
+        len(reused),
+        len(todo),
+        len(packs),
+        runtime.max_workers,
+        tracker.settings.tracking_uri,
+    )
     if todo:
         wait([simulate_task.submit(s, d, seed) for s, d, seed in _data_keys(todo)])
-        packs = make_packs(todo, runtime.pack)
         isolated = (
             runtime.isolation == "process"
             and runtime.task_runner == "thread"

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from flows._runtime import guarded_servers
+
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = [
     "benchmark", "--profile", "smoke", "--systems", "integro_de", "piecewise_forcing_ode",
@@ -81,19 +83,6 @@ def test_ctrl_c_keeps_finished_cells_and_rerun_resumes(tmp_path, isolation):
     assert f"6 cells: {6 - len(finished)} finished, {len(finished)} reused, 0 failed" in out
 
 
-def _guarded_servers(parent: int) -> list[int]:
-    """Pids of the temporary Prefect servers started by process ``parent``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"nllab-prefect-server" in argv and str(parent).encode() in argv:
-            found.append(int(entry.name))
-    return found
-
-
 def _wait_gone(pids: list[int], seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -122,7 +111,7 @@ def test_terminal_ctrl_c_to_the_process_group_exits_130_within_seconds(tmp_path)
     proc = _nllab(tmp_path, "process", session=True)
     lines: list[str] = []
     _read_until_a_cell_finished(proc, lines)  # others are still training
-    servers = _guarded_servers(proc.pid)
+    servers = guarded_servers(proc.pid)
     assert len(servers) == 1, servers
     t0 = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)
@@ -155,7 +144,7 @@ def test_killing_the_main_process_stops_its_prefect_server_and_the_rerun_resumes
     proc = _nllab(tmp_path, "thread", session=True)
     lines: list[str] = []
     _read_until_a_cell_finished(proc, lines)
-    servers = _guarded_servers(proc.pid)
+    servers = guarded_servers(proc.pid)
     assert len(servers) == 1, servers
     proc.kill()  # the main process only
     proc.communicate(timeout=60)
