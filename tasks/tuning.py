@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import shlex
 import threading
+import time
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -29,6 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 import optuna
+import sqlalchemy.exc
 import torch
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
@@ -72,6 +75,9 @@ __all__ = [
 #: Study user attribute holding the best configuration (see :func:`tuned_overrides`).
 BEST_ATTR = "best"
 PARENT_ATTR = "mlflow_parent_run_id"
+
+
+_SCHEMA_ATTEMPTS = 6  # opening a fresh server database: tries before giving up
 
 
 class TuningError(RuntimeError):
@@ -142,6 +148,9 @@ def open_storage(
     """An RDB storage with heartbeats; stale trials are failed and retried once.
 
     sqlite waits up to 60 s for a lock instead of failing (parallel trials, several processes).
+    Processes that open one fresh server database together race to create its tables
+    (neither PostgreSQL's nor sqlite's ``CREATE TABLE`` checks and creates atomically); the
+    losers retry, and then find the schema in place.
     """
     url = url or default_storage_url()
     if url.startswith("sqlite:///"):
@@ -149,24 +158,40 @@ def open_storage(
         engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}}
     else:
         engine_kwargs = {"pool_pre_ping": True}
-    try:
-        with warnings.catch_warnings():
-            # Heartbeats are marked experimental since Optuna 2.9; they are what resumes a study.
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return RDBStorage(
-                url,
-                engine_kwargs=engine_kwargs,
-                heartbeat_interval=heartbeat_seconds,
-                grace_period=grace_seconds,
-                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),
-            )
-    except Exception as e:
-        raise TuningError(
-            f"cannot open the Optuna storage {redact(url)!r}: {type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}\n"
-            "Use an SQLAlchemy URL such as sqlite:////ABS/PATH/optuna.db or "
-            "postgresql+psycopg2://USER:PASSWORD@HOST:5432/optuna (with the driver installed)."
-        ) from e
+    for attempt in range(_SCHEMA_ATTEMPTS):
+        try:
+            with warnings.catch_warnings():
+                # Heartbeats are marked experimental since Optuna 2.9; they resume a study.
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return RDBStorage(
+                    url,
+                    engine_kwargs=engine_kwargs,
+                    heartbeat_interval=heartbeat_seconds,
+                    grace_period=grace_seconds,
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),
+                )
+        except sqlalchemy.exc.DBAPIError as e:
+            if _lost_schema_race(e) and attempt + 1 < _SCHEMA_ATTEMPTS:
+                # Jitter so that two losers of one race do not collide again.
+                time.sleep(0.2 * (attempt + 1) * (1 + random.random()))
+                continue
+            error: Exception = e
+        except Exception as e:
+            error = e
+        break
+    raise TuningError(
+        f"cannot open the Optuna storage {redact(url)!r}: {type(error).__name__}: "
+        f"{str(error).splitlines()[0] if str(error) else ''}\n"
+        "Use an SQLAlchemy URL such as sqlite:////ABS/PATH/optuna.db or "
+        "postgresql+psycopg2://USER:PASSWORD@HOST:5432/optuna (with the driver installed)."
+    ) from error
+
+
+def _lost_schema_race(error: sqlalchemy.exc.DBAPIError) -> bool:
+    """Whether ``error`` is another process creating the same tables or rows at the same time."""
+    if isinstance(error, (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError)):
+        return True  # duplicate key in the catalog or in version_info; table already there
+    return "already exists" in str(error) or "database is locked" in str(error)
 
 
 def dashboard_command(url: str) -> str:

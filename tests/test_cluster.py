@@ -477,6 +477,41 @@ def test_kill_9_of_a_worker_mid_cell_loses_nothing(
 STUDY_TRIALS = 4
 
 
+def test_processes_opening_a_fresh_optuna_database_together_all_succeed(postgres):
+    """PostgreSQL's CREATE TABLE races between sessions; the losers must retry, not fail."""
+    import threading
+
+    import psycopg2
+
+    from tasks.tuning import open_storage
+
+    port = int(postgres.rsplit(":", 1)[1])
+    errors: list[str] = []
+    for k in range(3):  # a race is won by chance: a few fresh databases
+        conn = psycopg2.connect(host=HOST, port=port, user="nllab", dbname="postgres")
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE optuna_race_{k}")
+        conn.close()
+        start_together = threading.Barrier(4)
+
+        def open_one(
+            url: str = f"{postgres}/optuna_race_{k}", barrier: threading.Barrier = start_together
+        ) -> None:
+            barrier.wait()
+            try:
+                open_storage(url).engine.dispose()
+            except Exception as e:
+                errors.append(repr(e))
+
+        openers = [threading.Thread(target=open_one) for _ in range(4)]
+        for t in openers:
+            t.start()
+        for t in openers:
+            t.join()
+    assert not errors, errors
+
+
 @pytest.fixture(scope="module")
 def two_tuners(postgres, client_env, cluster_dir):
     """Two ``nllab tune`` processes started together on one study in PostgreSQL."""
@@ -500,7 +535,7 @@ def test_two_tune_processes_share_one_study_in_postgres(two_tuners):
     from optuna.trial import TrialState
 
     codes, outs, trials = two_tuners
-    assert codes == [0, 0], outs
+    assert codes == [0, 0], "\n\n".join(f"exit {c}:\n{o[-4000:]}" for c, o in zip(codes, outs))
     states = Counter(t.state for t in trials)
     # Every trial ended (none left RUNNING), and both processes reported on the one study.
     assert states[TrialState.RUNNING] == 0, states
