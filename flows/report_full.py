@@ -329,13 +329,18 @@ def _benchmark_section(tracker: Tracker, results, link) -> ReportSection:
             for r in results
         ),
     )
+    tables = {"results": table.main_table(links)}
+    ranking = table.ranking()
+    if ranking.rows:
+        tables["ranking"] = ranking
+    tables["runs"] = runs
     return ReportSection(
         "benchmark",
         title,
         ref,
         run_id,
         profile,
-        {"results": table.main_table(links), "runs": runs},
+        tables,
         {"main_table.png": main_table_figure(table)},
         url=link(run_id),
     )

@@ -576,8 +576,9 @@ def train_packed(
 
     A single member, models that are not :func:`packable` or that differ in architecture, and
     splits whose shapes or time grids differ are trained one by one by :func:`train`.
-    ``max_train_seconds`` applies to the pack's wall time, which is also each member's
-    ``seconds`` and its epochs' ``seconds``.
+    ``max_train_seconds`` is per cell: the pack trains for up to ``n`` times it (as ``n``
+    cells one after another would), and its wall time is each member's ``seconds`` and its
+    epochs' ``seconds``.
     ``graphs``: capture the training step into a CUDA graph (``None``: on CUDA, falling back
     to eager steps if the capture fails; ``True`` makes a failed capture an error).
     """
@@ -665,6 +666,9 @@ class _Run:
         bs = config.batch_size
         n_step = 0
         t_start = time.perf_counter()
+        # The time budget is per cell: M packed cells hold one worker for up to M budgets, as
+        # they would one after another, and spend packing's savings on more epochs.
+        budget = None if config.max_train_seconds is None else config.max_train_seconds * n_members
         label = self.labels[0] if n_members == 1 else f"{self.labels[0]} (+{n_members - 1})"
         bar = tqdm(range(config.epochs), desc=label, disable=not progress, leave=True, unit="ep")
         for epoch in bar:
@@ -748,10 +752,7 @@ class _Run:
                 stopped: Literal["epochs", "early_stopping", "time_budget"] | None = None
                 if config.patience is not None and epoch - mem.best_epoch >= config.patience:
                     stopped = "early_stopping"
-                elif (
-                    config.max_train_seconds is not None
-                    and time.perf_counter() - t_start >= config.max_train_seconds
-                ):
+                elif budget is not None and time.perf_counter() - t_start >= budget:
                     stopped = "time_budget"
                 elif epoch == config.epochs - 1:
                     stopped = "epochs"

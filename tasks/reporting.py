@@ -136,6 +136,21 @@ def _order(names: Iterable[str], preferred: Sequence[str]) -> list[str]:
     return [n for n in preferred if n in names] + sorted(names - set(preferred))
 
 
+#: Short method names for one-line rankings.
+_SHORT = {
+    "neural_laplace": "NL",
+    "node": "NODE",
+    "anode": "ANODE",
+    "latent_ode": "LatentODE",
+    "nf_coupling": "NF-coupling",
+    "nf_resnet": "NF-ResNet",
+}
+
+
+def _short(method: str) -> str:
+    return _SHORT.get(method, method)
+
+
 def _fmt(mean: float, std: float) -> str:
     return f"{mean:.4f} ± {std:.4f}"
 
@@ -420,6 +435,37 @@ class ResultsTable:
         )
         return Table(("method", *self.systems), rows, _CAPTION)
 
+    def ranking(self) -> Table:
+        """Per system, the methods from best to worst by mean test RMSE, ours beside the
+        paper's order of the same methods, whether the winner agrees, and Kendall's τ
+        between the two orders (1: the same order, −1: reversed)."""
+        from scipy.stats import kendalltau
+
+        rows = []
+        for system in self.systems:
+            col = self.frame[(self.frame.system == system) & self.frame["mean"].notna()]
+            col = col[col["paper_mean"].notna()]
+            if len(col) < 2:
+                continue
+            ours = col.sort_values(["mean", "method"])
+            paper = col.sort_values(["paper_mean", "method"])
+            tau = float(kendalltau(ours["mean"].rank(), ours["paper_mean"].rank()).statistic)
+            same = ours["method"].iloc[0] == paper["method"].iloc[0]
+            rows.append(
+                (
+                    TableCell(system),
+                    TableCell(" < ".join(_short(m) for m in ours["method"])),
+                    TableCell(" < ".join(_short(m) for m in paper["method"])),
+                    TableCell("yes" if same else "no", verdict="match" if same else "worse"),
+                    TableCell(f"{tau:+.2f}"),
+                )
+            )
+        return Table(
+            ("system", "ours, best first", "paper, best first", "same winner", "Kendall τ"),
+            tuple(rows),
+            "Ranking by mean test RMSE (lower first), among the methods both tables have.",
+        )
+
     def to_csv(self) -> str:
         return self.frame.to_csv(index=False, float_format="%.6g")
 
@@ -496,6 +542,9 @@ def parent_summary(results: Sequence[CellResult], title: str) -> tuple[str, dict
         f"{verdicts.count('better')} better, {verdicts.count('match')} within its band, "
         f"{verdicts.count('worse')} worse.\n\n" + table.to_markdown()
     )
+    ranking = table.ranking()
+    if ranking.rows:
+        text += "\n\n" + render_table(ranking, "markdown")
     return text, metrics
 
 

@@ -184,3 +184,20 @@ def test_paper_table_is_complete():
     assert len(PAPER_MAIN_TABLE) == 36
     assert PAPER_MAIN_TABLE[("node", "mackey_glass_dde")].mean == 0.8225
     assert PAPER_MAIN_TABLE[("nf_resnet", "stiff_van_der_pol")].std == 0.0396
+
+
+def test_ranking_orders_ours_beside_the_paper():
+    from tasks.reporting import CellResult, render_table
+
+    # The paper on Lotka–Volterra: NL .0475 < Latent ODE .2182 < NODE .3102 < ANODE ...
+    ours = {"neural_laplace": 0.05, "latent_ode": 0.40, "node": 0.30}  # NODE and Latent swapped
+    results = [CellResult("lotka_volterra_dde", m, 0, "finished", v) for m, v in ours.items()]
+    results.append(CellResult("integro_de", "node", 0, "finished", 0.1))  # alone: no ranking
+    ranking = results_table(results).ranking()
+    assert len(ranking.rows) == 1
+    system, mine, paper, winner, tau = (c.text for c in ranking.rows[0])
+    assert system == "lotka_volterra_dde"
+    assert mine == "NL < NODE < LatentODE" and paper == "NL < LatentODE < NODE"
+    assert winner == "yes"
+    assert tau == "+0.33"  # 2 concordant pairs, 1 discordant, of 3
+    assert "NL < NODE < LatentODE" in render_table(ranking, "markdown")

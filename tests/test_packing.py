@@ -382,3 +382,45 @@ def test_members_with_different_settings_train_one_by_one():
         models, [d[0] for d in datas], [d[1] for d in datas], _cfg(epochs=1), seeds=[0, 1]
     )
     assert [r.packed_members for r in results] == [1, 1]
+
+
+def test_the_time_budget_is_per_cell(monkeypatch):
+    """A pack of M cells holds its worker for up to M budgets: on a clock where one packed
+    epoch costs what one unpacked epoch does, each member runs M times the epochs."""
+    import tasks.packing
+    import tasks.training
+
+    class Clock:  # advances one second per (packed) epoch, when the first member reports
+        now = 0.0
+
+        @classmethod
+        def perf_counter(cls) -> float:
+            return cls.now
+
+        @classmethod
+        def tick(cls, member: int, _record) -> None:
+            cls.now += member == 0
+
+    monkeypatch.setattr(tasks.packing, "time", Clock)
+    monkeypatch.setattr(tasks.training, "time", Clock)  # a single member trains unpacked
+    cfg = _cfg(epochs=100, max_train_seconds=4.0)
+
+    def epochs_run(seeds: list[int]) -> list[int]:
+        Clock.now = 0.0
+        models = [_model("node", s) for s in seeds]
+        datas = [_data(s) for s in seeds]
+        results = train_packed(
+            models,
+            [d[0] for d in datas],
+            [d[1] for d in datas],
+            cfg,
+            seeds=seeds,
+            on_epoch=Clock.tick,
+        )
+        assert all(r.stopped == "time_budget" for r in results), [
+            (r.stopped, len(r.history)) for r in results
+        ]
+        return [len(r.history) for r in results]
+
+    assert epochs_run([0]) == [4]
+    assert epochs_run([0, 1, 2]) == [12, 12, 12]

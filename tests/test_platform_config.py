@@ -9,6 +9,7 @@ import pytest
 from tasks.config import (
     MAIN_SYSTEMS,
     METHODS,
+    QUICK_BUDGET_SECONDS,
     CellConfig,
     ConfigError,
     DataConfig,
@@ -27,7 +28,10 @@ def test_profiles_set_their_sizes():
     assert paper.training.epochs == 1000 and paper.training.patience == 100
     assert paper.training.lr == 1e-3 and paper.training.batch_size == 128
     assert paper.training.grad_clip == 1.0 and paper.training.dtype == "float64"
-    assert smoke.training.epochs < quick.training.epochs < paper.training.epochs
+    assert smoke.training.epochs < quick.training.epochs <= paper.training.epochs
+    # quick gives every cell the same training time; the epoch ceiling is the paper's
+    assert quick.training.max_train_seconds == QUICK_BUDGET_SECONDS
+    assert paper.training.max_train_seconds is None
     assert len(paper.cells()) == 6 * 6 * 5
 
 

@@ -50,6 +50,11 @@ def run(args: argparse.Namespace) -> int:
     summary = run_benchmark(config)
     print()
     print(summary.table.to_terminal())
+    ranking = summary.table.ranking()
+    if ranking.rows:
+        from tasks.reporting import render_table
+
+        print(render_table(ranking, "terminal"))
     for p in summary.promotions:
         if p.promoted:
             print(
