@@ -51,6 +51,37 @@ def point_mlflow_at(monkeypatch):
     return lambda folder: _point_mlflow_at(monkeypatch, folder)
 
 
+def _open_storage_at_once(url: str, openers: int = 4) -> list[str]:
+    """Open the Optuna storage ``url`` from ``openers`` threads released together; the errors."""
+    import threading
+
+    from tasks.tuning import open_storage
+
+    start_together = threading.Barrier(openers)
+    errors: list[str] = []
+
+    def open_one() -> None:
+        start_together.wait()
+        try:
+            open_storage(url).engine.dispose()
+        except Exception as e:
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=open_one) for _ in range(openers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
+@pytest.fixture
+def open_storage_at_once():
+    """``open_storage_at_once(url, openers=4)``: the errors of opening ``url`` from several
+    threads at once (the race of processes that create one fresh storage's tables)."""
+    return _open_storage_at_once
+
+
 @pytest.fixture(scope="module")
 def module_mlflow_store(tmp_path_factory) -> Iterator[Path]:
     """One store shared by every test of a module (cells trained once, checked many times)."""

@@ -477,39 +477,21 @@ def test_kill_9_of_a_worker_mid_cell_loses_nothing(
 STUDY_TRIALS = 4
 
 
-def test_processes_opening_a_fresh_optuna_database_together_all_succeed(postgres):
+def test_processes_opening_a_fresh_optuna_database_together_all_succeed(
+    postgres, open_storage_at_once
+):
     """PostgreSQL's CREATE TABLE races between sessions; the losers must retry, not fail."""
-    import threading
-
     import psycopg2
 
-    from tasks.tuning import open_storage
-
     port = int(postgres.rsplit(":", 1)[1])
-    errors: list[str] = []
     for k in range(3):  # a race is won by chance: a few fresh databases
         conn = psycopg2.connect(host=HOST, port=port, user="nllab", dbname="postgres")
         conn.autocommit = True
         with conn.cursor() as cur:
             cur.execute(f"CREATE DATABASE optuna_race_{k}")
         conn.close()
-        start_together = threading.Barrier(4)
-
-        def open_one(
-            url: str = f"{postgres}/optuna_race_{k}", barrier: threading.Barrier = start_together
-        ) -> None:
-            barrier.wait()
-            try:
-                open_storage(url).engine.dispose()
-            except Exception as e:
-                errors.append(repr(e))
-
-        openers = [threading.Thread(target=open_one) for _ in range(4)]
-        for t in openers:
-            t.start()
-        for t in openers:
-            t.join()
-    assert not errors, errors
+        errors = open_storage_at_once(f"{postgres}/optuna_race_{k}")
+        assert not errors, errors
 
 
 @pytest.fixture(scope="module")

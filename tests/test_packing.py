@@ -89,9 +89,15 @@ def _unpacked(name, seeds, cfg, datas, **kw):
     return out
 
 
-def _packed(name, seeds, cfg, datas, **kw):
+def _packed(name, seeds, cfg, datas, *, on_epoch=None, **kw):
     models = [_model(name, s, **kw) for s in seeds]
     records = {i: [] for i in range(len(seeds))}
+
+    def record(i, r):
+        records[i].append(r)
+        if on_epoch is not None:
+            on_epoch(i, r)
+
     results = train_packed(
         models,
         [d[0] for d in datas],
@@ -99,7 +105,7 @@ def _packed(name, seeds, cfg, datas, **kw):
         cfg,
         seeds=seeds,
         labels=[f"m{s}" for s in seeds],
-        on_epoch=lambda i, r: records[i].append(r),
+        on_epoch=record,
     )
     for i, r in enumerate(results):
         if isinstance(r, TrainResult):
@@ -407,19 +413,11 @@ def test_the_time_budget_is_per_cell(monkeypatch):
 
     def epochs_run(seeds: list[int]) -> list[int]:
         Clock.now = 0.0
-        models = [_model("node", s) for s in seeds]
-        datas = [_data(s) for s in seeds]
-        results = train_packed(
-            models,
-            [d[0] for d in datas],
-            [d[1] for d in datas],
-            cfg,
-            seeds=seeds,
-            on_epoch=Clock.tick,
-        )
-        assert all(r.stopped == "time_budget" for r in results), [
-            (r.stopped, len(r.history)) for r in results
+        results = [
+            r
+            for _, r in _packed("node", seeds, cfg, [_data(s) for s in seeds], on_epoch=Clock.tick)
         ]
+        assert all(r.stopped == "time_budget" for r in results), [r.stopped for r in results]
         return [len(r.history) for r in results]
 
     assert epochs_run([0]) == [4]

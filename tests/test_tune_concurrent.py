@@ -91,32 +91,13 @@ def test_the_sampler_replays_a_study_from_its_seed(tmp_path):
     assert draws(0) != draws(1)
 
 
-def test_openers_of_one_fresh_sqlite_storage_at_once_all_succeed(tmp_path):
+def test_openers_of_one_fresh_sqlite_storage_at_once_all_succeed(tmp_path, open_storage_at_once):
     """Each opener creates the tables if absent; losers of that race retry instead of failing."""
-    import threading
-
     from tasks.tuning import open_storage
 
-    errors: list[str] = []
     for k in range(4):  # a race is won by chance: a few fresh files
-        start_together = threading.Barrier(4)
-
-        def open_one(
-            url: str = f"sqlite:///{tmp_path / f'race{k}.db'}",
-            barrier: threading.Barrier = start_together,
-        ) -> None:
-            barrier.wait()
-            try:
-                open_storage(url).engine.dispose()
-            except Exception as e:
-                errors.append(repr(e))
-
-        openers = [threading.Thread(target=open_one) for _ in range(4)]
-        for t in openers:
-            t.start()
-        for t in openers:
-            t.join()
-    assert not errors, errors
+        errors = open_storage_at_once(f"sqlite:///{tmp_path / f'race{k}.db'}")
+        assert not errors, errors
     # and the store is usable: one study, seen by a new opener
     url = f"sqlite:///{tmp_path / 'race0.db'}"
     optuna.create_study(storage=open_storage(url), study_name="s")
