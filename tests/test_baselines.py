@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from functools import partial
 
 import pytest
@@ -329,3 +330,49 @@ def test_neural_flows_train_concurrently_in_threads():
     for th in threads:
         th.join()
     assert not errors, errors
+
+
+@pytest.mark.parametrize("z0_time", ["first_observed", "first_query"])
+def test_latent_ode_places_z0_where_asked(z0_time):
+    """The prediction at the first query time is the decoded z₀ itself with ``first_query``
+    (the reference code's solve starts there), and z₀ carried across the observed window by
+    an independent solve (torchdiffeq) with ``first_observed``."""
+    from torchdiffeq import odeint
+
+    torch.manual_seed(3)
+    model = LatentODE(2, z0_time=z0_time, rtol=1e-10, atol=1e-10).double()
+    ot, ox, qt, _ = spiral(batch=3)
+    with torch.no_grad():
+        pred = model(ot, ox, qt)
+        z0, _ = model.encode(ot, ox)
+        if z0_time == "first_query":
+            expected = model.decoder(z0)
+        else:
+            t = torch.stack([ot[0], qt[0]])  # a shared grid
+            z = odeint(lambda _t, z: model.latent_field(z), z0, t, rtol=1e-10, atol=1e-10)[-1]
+            expected = model.decoder(z)
+    torch.testing.assert_close(pred[:, 0], expected, rtol=0, atol=1e-8)
+
+
+def test_latent_ode_kl_weighting_matches_the_formula():
+    """Negative ELBO per value; the KL term's weight is 1/(T_q·D) ("values") or 1/K
+    ("latents", the reference's mean over latent dimensions)."""
+    ot, ox, qt, target = spiral(batch=4)
+    losses = {}
+    for kl_average in ("values", "latents"):
+        torch.manual_seed(5)
+        model = LatentODE(2, kl_average=kl_average).double()
+        with torch.no_grad():
+            torch.manual_seed(11)
+            loss = model.training_loss(ot, ox, qt, target)
+            mean, std = model.encode(ot, ox)
+            torch.manual_seed(11)
+            z0 = mean + std * torch.randn_like(std)
+            pred = model.decode(ot[:1].expand(4), z0, qt.expand(4, -1))
+        var = model.obs_std**2
+        nll = 0.5 * ((target - pred) ** 2 / var + math.log(2 * math.pi * var)).mean(dim=(1, 2))
+        kl = 0.5 * (mean**2 + std**2 - 1 - 2 * torch.log(std)).sum(-1)
+        per = target[0].numel() if kl_average == "values" else model.latent_dim
+        torch.testing.assert_close(loss, (nll + kl / per).mean(), rtol=1e-12, atol=0)
+        losses[kl_average] = loss
+    assert losses["latents"] > losses["values"]  # the KL is positive and weighs more per latent

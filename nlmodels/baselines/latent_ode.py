@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from torch import nn
@@ -28,6 +29,13 @@ class LatentODE(ForecastModel):
     a linear decoder maps z to the state. ``forward`` decodes the posterior mean;
     :meth:`training_loss` is the negative ELBO with observation std ``obs_std`` (0.01).
 
+    Two choices of the paper's reference code (its ``latent_ode_lib``, after Rubanova et al.)
+    are options: ``z0_time = "first_query"`` places the encoded z₀ at the first *predicted*
+    time, as its ``DiffeqSolver`` starts the solve at ``time_steps_to_predict[0]`` (the latent
+    path then skips the observed window); ``kl_average = "latents"`` weighs the KL term by its
+    mean over latent dimensions, as its ``compute_all_losses`` does, instead of spreading the
+    summed KL over the predicted values.
+
     Default sizes give 18,069 parameters for D = 1 (paper, Table 7: 18,565).
     """
 
@@ -46,8 +54,15 @@ class LatentODE(ForecastModel):
         atol: float = 1e-4,
         encoder_steps: int = 1,
         adjoint: bool = False,
+        z0_time: Literal["first_observed", "first_query"] = "first_observed",
+        kl_average: Literal["values", "latents"] = "values",
     ) -> None:
         super().__init__()
+        if z0_time not in ("first_observed", "first_query"):
+            raise ValueError(f"z0_time must be 'first_observed' or 'first_query', got {z0_time!r}")
+        if kl_average not in ("values", "latents"):
+            raise ValueError(f"kl_average must be 'values' or 'latents', got {kl_average!r}")
+        self.z0_time, self.kl_average = z0_time, kl_average
         if obs_std <= 0:
             raise ValueError(f"obs_std must be > 0, got {obs_std}")
         if encoder_steps < 1:
@@ -99,7 +114,10 @@ class LatentODE(ForecastModel):
     ) -> torch.Tensor:
         ot, qt = check_inputs(obs_t, obs_x, query_t, self.state_dim)
         mean, _ = self.encode(ot, obs_x)
-        return self.decode(ot[:, 0], mean, qt)
+        return self.decode(self._z0_time(ot, qt), mean, qt)
+
+    def _z0_time(self, obs_t: torch.Tensor, query_t: torch.Tensor) -> torch.Tensor:
+        return obs_t[:, 0] if self.z0_time == "first_observed" else query_t[:, 0]
 
     def training_loss(
         self,
@@ -113,6 +131,8 @@ class LatentODE(ForecastModel):
         ELBO_b = Σ log N(target | decode(z₀), obs_std²) − KL(q(z₀|x) ‖ N(0, I)), with one
         reparametrised sample of z₀; dividing by the number of values T_q·D keeps the scale
         independent of the grid length (the reference averages its likelihood likewise).
+        With ``kl_average = "latents"`` the KL term is its mean over the K latent dimensions
+        instead of its sum over T_q·D, as in the reference.
         """
         ot, qt = check_inputs(obs_t, obs_x, query_t, self.state_dim)
         if target.shape != (obs_x.shape[0], qt.shape[1], self.state_dim):
@@ -122,9 +142,11 @@ class LatentODE(ForecastModel):
             )
         mean, std = self.encode(ot, obs_x)
         z0 = mean + std * torch.randn_like(std)
-        pred = self.decode(ot[:, 0], z0, qt)
+        pred = self.decode(self._z0_time(ot, qt), z0, qt)
         var = self.obs_std**2
         log_lik = -0.5 * ((target - pred) ** 2 / var + math.log(2 * math.pi * var))
         kl = 0.5 * (mean**2 + std**2 - 1.0 - 2.0 * torch.log(std)).sum(-1)
+        if self.kl_average == "latents":
+            kl = kl * (target[0].numel() / self.latent_dim)
         elbo = log_lik.sum(dim=(1, 2)) - kl
         return -(elbo / target[0].numel()).mean()
