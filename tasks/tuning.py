@@ -16,6 +16,7 @@ and as ``best_config.json`` on the parent run; :func:`tuned_overrides` reads it 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -49,7 +50,7 @@ from tasks.config import (
     resolve_config,
 )
 from tasks.search_spaces import Suggestion, paper_params, search_space, suggest
-from tasks.tracking import Tracker
+from tasks.tracking import Tracker, claim_owner
 from tasks.training import EpochRecord, TrainingDiverged, select_device
 
 #: What every study minimises: the validation RMSE of the trial (normalised units).
@@ -77,6 +78,7 @@ BEST_ATTR = "best"
 PARENT_ATTR = "mlflow_parent_run_id"
 
 
+_PARENT_WAIT_SECONDS = 60.0  # how long a process waits for another to create the parent run
 _SCHEMA_ATTEMPTS = 6  # opening a fresh server database: tries before giving up
 
 
@@ -326,7 +328,27 @@ class _Session:
         self._attr_lock = threading.Lock()
 
     def _parent_run(self) -> str:
-        """The study's MLflow parent run: the one recorded in the study, else a new one."""
+        """The study's MLflow parent run: the one recorded in the study, else a new one.
+
+        Processes that open a new study at once take turns (a claim in the tracking store),
+        so the first creates the parent and the others find it recorded.
+        """
+        key = (
+            "tune-parent-"
+            + hashlib.sha256(f"{self.storage_url}\0{self.spec.study_name}".encode()).hexdigest()[
+                :24
+            ]
+        )
+        owner = claim_owner()
+        deadline = time.monotonic() + _PARENT_WAIT_SECONDS
+        while not self.tracker.claim_cell(key, owner) and time.monotonic() < deadline:
+            time.sleep(0.2)  # another process is choosing the parent; past the deadline, go on
+        try:
+            return self._recorded_or_new_parent()
+        finally:
+            self.tracker.release_cell(key, owner)
+
+    def _recorded_or_new_parent(self) -> str:
         recorded = self.study.user_attrs.get(PARENT_ATTR)
         if recorded:
             try:

@@ -264,3 +264,40 @@ def test_study_shards_on_a_local_dask_cluster(tmp_path, mlflow_store, prefect_se
     r = run_tune(_spec(tmp_path, n_jobs=2, task_runner="dask"))
     assert r.n_complete + r.n_pruned == 4 and r.n_failed == 0
     assert len(_children(r.parent_run_id)) == 4
+
+
+def test_processes_starting_one_study_at_once_share_one_parent_run(
+    tmp_path, mlflow_store, monkeypatch
+):
+    """Two sessions choosing the parent run at the same moment: one creates it, the other
+    finds it recorded in the study (without the turn-taking both would create one)."""
+    import threading
+    import time
+
+    from tasks.tracking import Tracker as TrackerClass
+
+    spec = _spec(tmp_path)
+    sessions = [open_session(spec, parent_run_id="chosen later") for _ in range(2)]
+    create_run = TrackerClass.create_run
+
+    def slow_create_run(self, *args, **kwargs):
+        time.sleep(0.5)  # widen the window between "no parent recorded" and recording one
+        return create_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(TrackerClass, "create_run", slow_create_run)
+    start_together = threading.Barrier(2)
+    chosen: list[str] = []
+
+    def choose(session) -> None:
+        start_together.wait()
+        chosen.append(session._parent_run())
+
+    threads = [threading.Thread(target=choose, args=(s,)) for s in sessions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(chosen) == 2 and chosen[0] == chosen[1], chosen
+    tracker = Tracker.connect()
+    parents = tracker.client.search_runs([tracker.experiment_id], "tags.`nllab.kind` = 'tune'")
+    assert [p.info.run_id for p in parents] == chosen[:1]

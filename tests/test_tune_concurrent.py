@@ -48,7 +48,7 @@ def test_two_processes_on_one_study_stop_at_its_total_and_never_draw_the_same_po
     # Create the store and the study once (as a first `nllab tune` would): this test is about
     # the trials, not the creation of the stores.
     from tasks.tracking import Tracker
-    from tasks.tuning import TuneSpec, open_storage
+    from tasks.tuning import PARENT_ATTR, TuneSpec, open_storage
 
     Tracker.connect()
 
@@ -77,6 +77,13 @@ def test_two_processes_on_one_study_stop_at_its_total_and_never_draw_the_same_po
     assert not [t for t in study.trials if t.state == TrialState.RUNNING]
     points = [json.dumps(t.params, sort_keys=True) for t in counted]
     assert len(set(points)) == len(points), points
+    # Both processes started the study at once; one parent run holds both processes' trials.
+    tracker = Tracker.connect()
+    parents = tracker.client.search_runs(
+        [tracker.experiment_id], "tags.`nllab.kind` = 'tune'", max_results=10
+    )
+    assert len(parents) == 1, [p.info.run_id for p in parents]
+    assert study.user_attrs[PARENT_ATTR] == parents[0].info.run_id
 
 
 def test_the_sampler_replays_a_study_from_its_seed(tmp_path):
