@@ -475,55 +475,47 @@ def _train_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult
             run_ids.append(tracker.create_run(run_name(c), _tags(c, rt, h), rt.parent_run_id))
         outcomes = fit_cells(cells, rt, run_ids)
     except BaseException as e:
-        interrupted = isinstance(e, KeyboardInterrupt | TrainingInterrupted)
         for r in run_ids:
-            try:
-                tracker.set_tags(r, {"error": f"{type(e).__name__}: {e}"[:5000]})
-            finally:
-                tracker.end_run(r, "KILLED" if interrupted else "FAILED")
-        if isinstance(e, TrainingInterrupted):
-            return [
-                CellResult(c.system, c.method, c.seed, "interrupted", config_hash=h, error=str(e))
-                for c, h in zip(cells, hashes, strict=True)
-            ]
-        if isinstance(e, Exception):
-            return [
-                CellResult(
-                    c.system,
-                    c.method,
-                    c.seed,
-                    "failed",
-                    config_hash=h,
-                    error=f"{type(e).__name__}: {e}",
-                )
-                for c, h in zip(cells, hashes, strict=True)
-            ]
-        raise
+            tracker.end_with_error(r, e)
+        if not isinstance(e, Exception):
+            raise
+        status: Literal["failed", "interrupted"] = (
+            "interrupted" if isinstance(e, TrainingInterrupted) else "failed"
+        )
+        return [_unfinished(c, h, status, e) for c, h in zip(cells, hashes, strict=True)]
     results = []
     for c, h, r, out in zip(cells, hashes, run_ids, outcomes, strict=True):
-        if isinstance(out, FitOutcome):
-            tracker.end_run(r, "FINISHED")
-            results.append(
-                CellResult(
-                    c.system,
-                    c.method,
-                    c.seed,
-                    "finished",
-                    out.test_rmse,
-                    r,
-                    h,
-                    top_share=out.metrics.get("test_top_share"),
-                    rmse_without_top=out.metrics.get("test_rmse_without_top"),
-                )
+        if not isinstance(out, FitOutcome):  # this member diverged; the others went on
+            tracker.end_with_error(r, out)
+            results.append(_unfinished(c, h, "failed", out))
+            continue
+        tracker.end_run(r, "FINISHED")
+        results.append(
+            CellResult(
+                c.system,
+                c.method,
+                c.seed,
+                "finished",
+                out.test_rmse,
+                r,
+                h,
+                top_share=out.metrics.get("test_top_share"),
+                rmse_without_top=out.metrics.get("test_rmse_without_top"),
             )
-        else:
-            msg = f"{type(out).__name__}: {out}"
-            tracker.set_tags(r, {"error": msg[:5000]})
-            tracker.end_run(r, "FAILED")
-            results.append(
-                CellResult(c.system, c.method, c.seed, "failed", config_hash=h, error=msg)
-            )
+        )
     return results
+
+
+def _unfinished(
+    cell: CellConfig,
+    config_hash: str,
+    status: Literal["failed", "interrupted"],
+    error: Exception,
+) -> CellResult:
+    message = str(error) if status == "interrupted" else f"{type(error).__name__}: {error}"
+    return CellResult(
+        cell.system, cell.method, cell.seed, status, config_hash=config_hash, error=message
+    )
 
 
 def run_cell(cell: CellConfig, rt: CellRuntime) -> CellResult:

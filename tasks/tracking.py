@@ -449,15 +449,20 @@ class Tracker:
         try:
             yield run_id
         except BaseException as e:
-            interrupted = isinstance(e, KeyboardInterrupt) or type(e).__name__.endswith(
-                "Interrupted"
-            )
-            try:
-                self.set_tags(run_id, {"error": f"{type(e).__name__}: {e}"[:_MAX_TAG]})
-            finally:
-                self.end_run(run_id, "KILLED" if interrupted else "FAILED")
+            self.end_with_error(run_id, e)
             raise
         self.end_run(run_id, "FINISHED")
+
+    def end_with_error(self, run_id: str, error: BaseException) -> None:
+        """End ``run_id`` because of ``error`` (its tag ``error``): KILLED for Ctrl-C or an
+        interruption (exceptions named ``*Interrupted``), FAILED for anything else."""
+        interrupted = isinstance(error, KeyboardInterrupt) or type(error).__name__.endswith(
+            "Interrupted"
+        )
+        try:
+            self.set_tags(run_id, {"error": f"{type(error).__name__}: {error}"[:_MAX_TAG]})
+        finally:
+            self.end_run(run_id, "KILLED" if interrupted else "FAILED")
 
     def set_tags(self, run_id: str, tags: Mapping[str, object]) -> None:
         self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
