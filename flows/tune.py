@@ -18,6 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
 
 from flows._runtime import flow_settings
+from flows.cli._common import training_overrides
 from flows.cli.tune import add_parser as add_tune_parser  # loads without Prefect
 from tasks.tuning import (
     TuneResult,
@@ -87,8 +88,8 @@ def spec_from_args(args: argparse.Namespace) -> TuneSpec:
     overrides: dict[str, Any] = {"progress": False}
     if args.pack is not None:
         overrides["pack"] = args.pack
-    if args.epochs is not None:
-        overrides["training"] = {"epochs": args.epochs}
+    if training := training_overrides(args):
+        overrides["training"] = training
     return TuneSpec(
         method=args.method,
         system=args.system,

@@ -204,3 +204,21 @@ def test_subcommands_of_other_modules_dispatch_through_main(capsys):
     assert "unknown study 'nope'" in capsys.readouterr().err
     assert main(["serve", "--check"]) == 0
     assert "benchmark-nightly" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["benchmark", "study stereographic", "tune --method node --system spiral_dde --trials 2"],
+)
+def test_epochs_and_budget_flags_reach_the_training_config(command):
+    from flows.cli import build_parser
+    from flows.cli._common import resolve, training_overrides
+
+    argv = [*command.split(), "--epochs", "7", "--budget", "12.5"]
+    args = build_parser().parse_args(argv)
+    assert training_overrides(args) == {"epochs": 7, "max_train_seconds": 12.5}
+    none = build_parser().parse_args([*command.split(), "--budget", "none"])
+    assert training_overrides(none) == {"max_train_seconds": None}
+    if command == "benchmark":
+        assert resolve(none, "quick").training.max_train_seconds is None  # the cap is lifted
+        assert resolve(args, "quick").training.max_train_seconds == 12.5

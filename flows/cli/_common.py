@@ -101,6 +101,37 @@ def add_selection(
         p.add_argument("--device", choices=DEVICES, help="default: auto")
 
 
+def add_training_options(p: argparse.ArgumentParser) -> None:
+    """``--epochs N --budget SECONDS``: the training budget of every cell."""
+    p.add_argument("--epochs", type=int, metavar="N", help="override the profile's epochs")
+    p.add_argument(
+        "--budget",
+        type=_budget,
+        metavar="SECONDS",
+        help="training seconds each cell gets (quick profile: 25; 'none': no time limit)",
+    )
+
+
+def _budget(text: str) -> float | str:
+    if text.strip().lower() == "none":
+        return "none"
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of seconds or 'none', got {text!r}") from None
+
+
+def training_overrides(args: argparse.Namespace) -> dict:
+    """The ``training`` overrides of :func:`add_training_options` (empty if none given)."""
+    o: dict = {}
+    if getattr(args, "epochs", None) is not None:
+        o["epochs"] = args.epochs
+    budget = getattr(args, "budget", None)
+    if budget is not None:
+        o["max_train_seconds"] = None if budget == "none" else budget
+    return o
+
+
 def overrides(args: argparse.Namespace) -> dict:
     """The run-config overrides named on the command line."""
     o: dict = {
@@ -113,8 +144,8 @@ def overrides(args: argparse.Namespace) -> dict:
         "dask_address": getattr(args, "dask_address", None),
         "pack": getattr(args, "pack", None),
     }
-    if getattr(args, "epochs", None) is not None:
-        o["training"] = {"epochs": args.epochs}
+    if training := training_overrides(args):
+        o["training"] = training
     if getattr(args, "no_progress", False):
         o["progress"] = False
     if getattr(args, "no_register", False):

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import time
 
-from flows.cli._common import EXIT_FAILED, add_runner_options, add_selection, resolve
+from flows.cli._common import (
+    EXIT_FAILED,
+    add_runner_options,
+    add_selection,
+    add_training_options,
+    resolve,
+)
 
 __all__ = ["add_parser", "run"]
 
@@ -19,7 +25,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     add_selection(p)
     p.add_argument("--max-workers", type=int, metavar="N", help="cells trained at once")
-    p.add_argument("--epochs", type=int, metavar="N", help="override the profile's epochs")
+    add_training_options(p)
     add_runner_options(p)
     p.add_argument("--no-progress", action="store_true", help="no per-epoch progress bars")
     p.add_argument("--no-register", action="store_true", help="leave the model registry alone")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from flows.cli._common import add_runner_options
+from flows.cli._common import add_runner_options, add_training_options
 
 __all__ = ["add_parser", "run"]
 
@@ -34,7 +34,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--methods", nargs="+", metavar="NAME", help="default: the study's models")
     p.add_argument("--seeds", nargs="+", metavar="N", help="seeds, e.g. 0 1 2 or 0,1,2")
     p.add_argument("--device", choices=DEVICES, help="default: auto")
-    p.add_argument("--epochs", type=int, metavar="N", help="override the profile's epochs")
+    add_training_options(p)
     p.add_argument("--max-workers", type=int, metavar="N", help="cells trained at once")
     add_runner_options(p)
     p.set_defaults(handler=run)

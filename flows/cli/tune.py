@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from flows.cli._common import add_runner_options
+from flows.cli._common import add_runner_options, add_training_options
 
 __all__ = ["add_parser", "run"]
 
@@ -34,7 +34,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--n-jobs", type=int, default=1, metavar="N", help="parallel trials")
     p.add_argument("--pruner", choices=("median", "hyperband"), default="median")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
-    p.add_argument("--epochs", type=int, metavar="N", help="override the profile's epochs")
+    add_training_options(p)
     p.add_argument("--device", choices=DEVICES, default="cpu")
     add_runner_options(p, default="thread")
     p.set_defaults(handler=run)

@@ -12,7 +12,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from flows.cli._common import EXIT_FAILED, UsageError, parse_seeds, split_names
+from flows.cli._common import (
+    EXIT_FAILED,
+    UsageError,
+    parse_seeds,
+    split_names,
+    training_overrides,
+)
 from flows.cli.study import add_parser as add_study_parser
 
 __all__ = ["add_study_parser", "cmd_study", "main"]
@@ -24,8 +30,8 @@ def _config(args: argparse.Namespace):
     get_study(args.name)  # unknown name: ValueError listing the valid ones
     seeds = parse_seeds(args.seeds)
     overrides: dict = {}
-    if args.epochs is not None:
-        overrides["training"] = {"epochs": args.epochs}
+    if training := training_overrides(args):
+        overrides["training"] = training
     for key in ("max_workers", "task_runner", "dask_address", "pack"):
         if getattr(args, key, None) is not None:
             overrides[key] = getattr(args, key)
