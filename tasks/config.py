@@ -434,6 +434,8 @@ _PROFILES: dict[str, dict[str, Any]] = {
         # the reference code z-scores over every trajectory before the split
         "data": {"n_trajectories": 1000, "normalise_on": "all"},
         "training": {"epochs": 1000, "patience": 100},
+        # the reference's Latent ODE: z0 at the first predicted time, KL averaged over latents
+        "models": {"latent_ode": {"z0_time": "first_query", "kl_average": "latents"}},
         "max_workers": 4,
         "torch_threads": None,
     },

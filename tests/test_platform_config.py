@@ -33,6 +33,10 @@ def test_profiles_set_their_sizes():
     assert quick.training.max_train_seconds == QUICK_BUDGET_SECONDS
     assert paper.training.max_train_seconds is None
     assert len(paper.cells()) == 6 * 6 * 5
+    # the paper profile runs the Latent ODE as the reference code does; the others as published
+    reference = {"z0_time": "first_query", "kl_average": "latents"}
+    assert dict(paper.models["latent_ode"]) == reference
+    assert "latent_ode" not in quick.models and "latent_ode" not in smoke.models
 
 
 def test_layers_apply_in_order(tmp_path):
