@@ -118,6 +118,36 @@ def test_time_budget_stops_training(data):
     assert r.stopped == "time_budget" and len(r.history) == 1
 
 
+def test_a_budget_stopped_run_is_replayed_by_its_epoch_count(data, monkeypatch):
+    """A time budget only truncates: the same cell trained for the epochs the budget allowed,
+    without a budget, ends with the same history and weights."""
+    import tasks.training
+
+    class Clock:  # one second per call: the budget ends the run after a few epochs
+        now = 0.0
+
+        @classmethod
+        def perf_counter(cls) -> float:
+            cls.now += 1.0
+            return cls.now
+
+    def run(cfg):
+        with seeded(4):
+            m = Linear(1)
+        r = train(m, data.train, data.val, cfg, seed=4)
+        return r, m.state_dict()
+
+    monkeypatch.setattr(tasks.training, "time", Clock)
+    budgeted, w_budget = run(_cfg(epochs=500, patience=None, max_train_seconds=9.0))
+    monkeypatch.undo()
+    assert budgeted.stopped == "time_budget" and 1 < len(budgeted.history) < 500
+    replay, w_replay = run(_cfg(epochs=len(budgeted.history), patience=None))
+    assert replay.stopped == "epochs" and replay.best_epoch == budgeted.best_epoch
+    assert [e.val_rmse for e in replay.history] == [e.val_rmse for e in budgeted.history]
+    for k in w_budget:
+        assert torch.equal(w_budget[k], w_replay[k])
+
+
 def test_same_seed_same_model(data):
     def run(seed):
         with seeded(seed):
