@@ -33,7 +33,6 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 from torch.nn.utils import parametrize
-from tqdm.auto import tqdm
 
 from datasets import SplitData
 from nlmodels import ForecastModel
@@ -50,6 +49,7 @@ from tasks.training import (
     _Tensors,
     _uses_mse,
     _val_diverged,
+    epoch_bar,
     train,
 )
 
@@ -670,7 +670,7 @@ class _Run:
         # they would one after another, and spend packing's savings on more epochs.
         budget = None if config.max_train_seconds is None else config.max_train_seconds * n_members
         label = self.labels[0] if n_members == 1 else f"{self.labels[0]} (+{n_members - 1})"
-        bar = tqdm(range(config.epochs), desc=label, disable=not progress, leave=True, unit="ep")
+        bar = epoch_bar(config, label, progress, budget)
         for epoch in bar:
             t0 = time.perf_counter()
             packer.set_mode(pack, True)

@@ -11,7 +11,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
@@ -28,6 +28,7 @@ __all__ = [
     "TrainResult",
     "TrainingDiverged",
     "TrainingInterrupted",
+    "epoch_bar",
     "predict",
     "seeded",
     "select_device",
@@ -190,6 +191,17 @@ def _validate(model: ForecastModel, val: _Tensors, batch_size: int) -> tuple[flo
     return sum(losses) / len(val), math.sqrt(mse)
 
 
+def epoch_bar(config: TrainConfig, label: str, progress: bool, budget: float | None = None):
+    """The epochs of a training run as a tqdm bar. Under a time budget (``budget`` seconds,
+    default ``config.max_train_seconds``) the epoch ceiling is not where the run ends, so the
+    bar counts epochs and names the budget instead of showing an ETA to the ceiling."""
+    budget = config.max_train_seconds if budget is None else budget
+    epochs: Iterable[int] = range(config.epochs)
+    if budget is not None:
+        epochs, label = iter(epochs), f"{label} (budget {budget:.0f} s)"
+    return tqdm(epochs, desc=label, disable=not progress, leave=True, unit="ep")
+
+
 def train(
     model: ForecastModel,
     train_split,
@@ -228,7 +240,7 @@ def train(
     stopped: Literal["epochs", "early_stopping", "time_budget"] = "epochs"
     t_start = time.perf_counter()
 
-    bar = tqdm(range(config.epochs), desc=label, disable=not progress, leave=True, unit="ep")
+    bar = epoch_bar(config, label, progress)
     for epoch in bar:
         t0 = time.perf_counter()
         model.train()

@@ -185,3 +185,19 @@ def test_training_on_cuda(data):
     r = train(model, data.train, data.val, _cfg(epochs=3, lr=1e-2), device="cuda")
     assert next(model.parameters()).device.type == "cuda"
     assert r.history[-1].train_loss < r.history[0].train_loss
+
+
+def test_the_epoch_bar_names_a_time_budget_instead_of_an_eta():
+    from tasks.training import epoch_bar
+
+    plain = epoch_bar(_cfg(epochs=30), "cell", progress=True)
+    budgeted = epoch_bar(_cfg(epochs=1000, max_train_seconds=25.0), "cell", progress=True)
+    packed = epoch_bar(_cfg(epochs=5, max_train_seconds=25.0), "cell", True, budget=75.0)
+    try:
+        assert plain.total == 30 and plain.desc == "cell"
+        assert budgeted.total is None and budgeted.desc == "cell (budget 25 s)"  # no ETA
+        assert list(budgeted) == list(range(1000))
+        assert packed.desc == "cell (budget 75 s)"
+    finally:
+        for bar in (plain, budgeted, packed):
+            bar.close()
