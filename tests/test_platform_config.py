@@ -25,7 +25,7 @@ def test_profiles_set_their_sizes():
     assert quick.systems == MAIN_SYSTEMS and quick.methods == METHODS
     assert len(quick.cells()) == 36
     assert paper.seeds == (0, 1, 2, 3, 4) and paper.data.n_trajectories == 1000
-    assert paper.training.epochs == 1000 and paper.training.patience == 100
+    assert paper.training.epochs == 1000 and paper.training.patience is None  # as the code
     assert paper.training.lr == 1e-3 and paper.training.batch_size == 128
     assert paper.training.grad_clip == 1.0 and paper.training.dtype == "float64"
     assert smoke.training.epochs < quick.training.epochs <= paper.training.epochs
@@ -48,7 +48,9 @@ def test_layers_apply_in_order(tmp_path):
     c = resolve_config(config_file=f)
     assert c.profile == "paper"  # from the file
     assert c.seeds == (7, 8) and c.training.epochs == 50  # file over profile
-    assert c.training.patience == 100  # profile kept where the file is silent
+    assert (
+        c.training.patience is None
+    )  # the profile's, not the class default, where the file is silent
     c = resolve_config("smoke", f, {"seeds": [3], "training": {"epochs": 5}})
     assert c.profile == "smoke"  # flag over file
     assert c.seeds == (3,) and c.training.epochs == 5  # flags over file
