@@ -222,3 +222,11 @@ def test_epochs_and_budget_flags_reach_the_training_config(command):
     if command == "benchmark":
         assert resolve(none, "quick").training.max_train_seconds is None  # the cap is lifted
         assert resolve(args, "quick").training.max_train_seconds == 12.5
+
+
+def test_budget_help_names_the_quick_profiles_budget(capsys):
+    from tasks.config import QUICK_BUDGET_SECONDS
+
+    with pytest.raises(SystemExit):
+        main(["benchmark", "--help"])
+    assert f"(quick profile: {QUICK_BUDGET_SECONDS:g};" in " ".join(capsys.readouterr().out.split())
