@@ -123,10 +123,17 @@ def test_report_on_empty_store_says_so_and_fails(mlflow_store, tmp_path, capsys)
     assert not out.exists()
 
 
-def test_cli_import_and_parser_load_no_heavy_module():
+@pytest.mark.parametrize("help_of", [None, "study", "benchmark", "tune"])
+def test_cli_import_parser_and_help_load_no_heavy_module(help_of):
+    show = (
+        ""
+        if help_of is None
+        else f"p._subparsers._group_actions[0].choices[{help_of!r}].format_help(); "
+    )
     code = (
-        "import sys, flows.cli; flows.cli.build_parser(); "
-        "print(sorted(m for m in ('torch', 'mlflow', 'prefect', 'optuna', 'pandas') "
+        "import sys, flows.cli; p = flows.cli.build_parser(); "
+        + show
+        + "print(sorted(m for m in ('torch', 'mlflow', 'prefect', 'optuna', 'pandas') "
         "if m in sys.modules))"
     )
     r = subprocess.run(

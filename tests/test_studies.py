@@ -197,3 +197,15 @@ def test_stereographic_on_is_the_benchmark_cell(monkeypatch):
     assert on and off
     assert all(bench[c.key] == c.config_hash() for c in on)
     assert all(bench[c.key] != c.config_hash() for c in off)
+
+
+def test_every_study_sits_under_its_catalog_name():
+    """The command line lists studies from the light catalog; each name runs the study that
+    carries it, with the catalog's title."""
+    from flows._study_catalog import STUDY_CATALOG
+    from flows.studies import STUDIES
+
+    assert list(STUDIES) == list(STUDY_CATALOG)
+    for name, study in STUDIES.items():
+        assert study.spec.name == name
+        assert study.spec.title == STUDY_CATALOG[name].title

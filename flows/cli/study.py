@@ -10,9 +10,9 @@ __all__ = ["add_parser", "run"]
 
 
 def _describe() -> str:
-    from flows.studies import STUDIES
+    from flows._study_catalog import STUDY_CATALOG  # no Prefect: help comes at once
 
-    lines = "\n".join(f"  {n:<17} {s.spec.title} — {s.spec.paper_ref}" for n, s in STUDIES.items())
+    lines = "\n".join(f"  {e.name:<17} {e.title} — {e.paper_ref}" for e in STUDY_CATALOG.values())
     return (
         "Run a study of the paper as a tracked flow; its tables, figures and the paper's numbers "
         f"are logged to one MLflow parent run. Finished cells are reused.\n\nstudies:\n{lines}"
@@ -27,7 +27,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="run one of the paper's studies (ablations, noise, ILT, NFE, CMI, …)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.describe = _describe  # the study list loads the flows: only when help is shown
+    p.describe = _describe  # built only when help is shown
     p.add_argument("name", metavar="NAME", help="a study (listed above; `nllab study --help`)")
     p.add_argument("--profile", choices=PROFILES, default="quick", help="default: quick")
     p.add_argument("--systems", nargs="+", metavar="NAME", help="default: the study's systems")

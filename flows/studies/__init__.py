@@ -9,22 +9,10 @@ flow); :func:`get_study` raises a ``ValueError`` listing the valid names for an 
 
 from __future__ import annotations
 
+from importlib import import_module
 from types import MappingProxyType
 
-from flows.studies import (
-    cmi,
-    frequency_filter,
-    ilt,
-    latent_dim,
-    nfe,
-    noise,
-    observation_size,
-    sample_size,
-    solvers,
-    stereographic,
-    wallclock,
-    waveforms,
-)
+from flows._study_catalog import STUDY_CATALOG
 from flows.studies._config import StudyConfig, study_config
 from flows.studies._core import Study, StudySpec, StudySummary
 
@@ -39,25 +27,10 @@ __all__ = [
     "study_config",
 ]
 
-#: Study name (as ``nllab study NAME``) -> study, in the paper's order.
+#: Study name (as ``nllab study NAME``) -> study, in the catalog's (the paper's) order; each
+#: study lives in the module named after it (``latent-dim``: ``flows.studies.latent_dim``).
 STUDIES = MappingProxyType(
-    {
-        m.STUDY.spec.name: m.STUDY
-        for m in (
-            stereographic,
-            latent_dim,
-            noise,
-            sample_size,
-            observation_size,
-            ilt,
-            solvers,
-            nfe,
-            wallclock,
-            cmi,
-            waveforms,
-            frequency_filter,
-        )
-    }
+    {name: import_module(f"flows.studies.{name.replace('-', '_')}").STUDY for name in STUDY_CATALOG}
 )
 
 

@@ -26,6 +26,7 @@ from prefect import Flow
 
 from datasets import Prepared
 from flows._runtime import flow_settings, make_task_runner
+from flows._study_catalog import STUDY_CATALOG
 from flows.studies._config import StudyConfig
 from flows.studies._tables import add_paper, aggregate, rmse_records, to_markdown
 from tasks.cell import CellRuntime, prepare_cell, simulate_data
@@ -74,13 +75,23 @@ class StudySpec:
     (for ablations) the factor it varies."""
 
     name: str
-    title: str
-    paper_ref: str
     #: Published numbers: row key (the table's key columns, as strings) -> value.
     paper: Mapping[tuple[str, ...], float] = field(default_factory=dict)
     metric: str = "test RMSE"
     higher_is_better: bool = False
     factor: Factor | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in STUDY_CATALOG:
+            raise ValueError(f"study {self.name!r} is not in flows._study_catalog")
+
+    @property
+    def title(self) -> str:
+        return STUDY_CATALOG[self.name].title
+
+    @property
+    def paper_ref(self) -> str:
+        return STUDY_CATALOG[self.name].paper_ref
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,6 @@ from tasks.training import predict
 SYSTEMS = ("mackey_glass_dde", "lotka_volterra_dde", "stiff_van_der_pol")
 SPEC = StudySpec(
     name="cmi",
-    title="Conditional mutual information (true; predicted | initial condition)",
-    paper_ref="Table:CMI (5 seeds, higher is better)",
     paper={
         ("mackey_glass_dde", "neural_laplace"): 1.6011,
         ("lotka_volterra_dde", "neural_laplace"): 3.7913,

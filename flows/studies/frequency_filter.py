@@ -33,8 +33,6 @@ CLEAN_FREQUENCIES = (1.0, 2.0)
 VARIANTS = (("unfiltered", None), ("low-pass s≤3", MAX_FREQUENCY))
 SPEC = StudySpec(
     name="frequency-filter",
-    title="Low-pass Neural Laplace on a corrupted signal",
-    paper_ref="Appendix C (frequencyfilter) figure: the filtered model recovers the clean signal",
     metric="test RMSE to the clean signal",
 )
 KEYS = ("system", "variant")

@@ -37,8 +37,6 @@ def _paper() -> dict[tuple[str, ...], float]:
 
 SPEC = StudySpec(
     name="ilt",
-    title="ILT algorithms",
-    paper_ref="Table 12 (ILTtimeres, RMSE of cos t) and figure ILTcompar (training loss)",
     paper=_paper(),
     factor=Factor("model", "ilt", TRAINED, ("neural_laplace",)),
 )

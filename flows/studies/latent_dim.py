@@ -10,8 +10,6 @@ K_VALUES = (1, 2, 4, 8, 16, 32)
 _PAPER = (0.4416, 0.0405, 0.0427, 0.0408, 0.0380, 0.0398)
 SPEC = StudySpec(
     name="latent-dim",
-    title="Latent size K of Neural Laplace",
-    paper_ref="Table 5 (Table:ablate): latent dimension K on Lotka–Volterra",
     paper={("lotka_volterra_dde", str(k)): v for k, v in zip(K_VALUES, _PAPER, strict=True)},
     factor=Factor("model", "latent_dim", K_VALUES, ("neural_laplace",)),
 )

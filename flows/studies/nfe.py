@@ -27,9 +27,6 @@ N_POINTS = (1, 10, 100, 1000)
 METHODS = ("neural_laplace", "node", "anode")
 SPEC = StudySpec(
     name="nfe",
-    title="NFEs to extrapolate",
-    paper_ref="Figure nfes_analysis (Appendix NFEplots; figure only: NL one g evaluation per "
-    "set of query times, NODE ≈1000× more at Δt = 100)",
     metric="NFE",
 )
 

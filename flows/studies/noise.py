@@ -11,8 +11,6 @@ SYSTEMS = ("lotka_volterra_dde", "integro_de", "piecewise_forcing_ode")
 SIGMAS = (0.01, 0.1)
 SPEC = StudySpec(
     name="noise",
-    title="Noisy observations",
-    paper_ref="Table:AdditionalNoiseResult (σ = 0.1, 3 seeds)",
     paper={
         ("lotka_volterra_dde", "0.1", "neural_laplace"): 0.1328,
         ("integro_de", "0.1", "neural_laplace"): 0.0996,

@@ -12,8 +12,6 @@ N_OBSERVED = (5, 10, 25, 50, 100)
 NOISE_STD = 0.01
 SPEC = StudySpec(
     name="observation-size",
-    title="Observation size (stiff Van der Pol, σ = 0.01)",
-    paper_ref="Figure ObservationSizeScaling (200 epochs, 5 seeds; figure only)",
 )
 KEYS = ("system", "n_observed", "method")
 

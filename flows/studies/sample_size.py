@@ -18,8 +18,6 @@ SIZES = (1000, 500, 250, 125, 62, 30)
 _PAPER = (0.1371, 0.2581, 0.3486, 0.5716, 0.7715, 0.9220)
 SPEC = StudySpec(
     name="sample-size",
-    title="Sample size N",
-    paper_ref="Table:datascaling (Lotka–Volterra, 200 epochs, 3 seeds)",
     paper={
         ("lotka_volterra_dde", str(n), "neural_laplace"): v
         for n, v in zip(SIZES, _PAPER, strict=True)

@@ -18,8 +18,6 @@ _DOPRI5 = {
 _NL = {"lotka_volterra_dde": 0.0427, "piecewise_forcing_ode": 0.0037}
 SPEC = StudySpec(
     name="solvers",
-    title="ODE solver of the baselines",
-    paper_ref="Table 10 (Table:AdditionalMSE, dopri5); euler from Table 3",
     paper={
         **{(s, m, "dopri5"): v for (s, m), v in _DOPRI5.items()},
         **{

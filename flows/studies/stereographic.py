@@ -9,8 +9,6 @@ from flows.studies._plots import plot_bars
 SYSTEMS = ("lotka_volterra_dde", "stiff_van_der_pol", "piecewise_forcing_ode", "integro_de")
 SPEC = StudySpec(
     name="stereographic",
-    title="Stereographic map ablation",
-    paper_ref="Table 5 (Table:ablate): stereographic projection off/on",
     paper={
         ("lotka_volterra_dde", "off"): 0.1617,
         ("lotka_volterra_dde", "on"): 0.0614,

@@ -31,8 +31,6 @@ VARIANTS = (
 _PAPER = (1.92, 13.78, 4.56, 3.56, 10.83, 0.1, 0.1)
 SPEC = StudySpec(
     name="wallclock",
-    title="Seconds per training epoch (Lotka–Volterra)",
-    paper_ref="Table 11 (wallclocktime; 1000 trajectories, V100 GPU)",
     paper={v: p for v, p in zip(VARIANTS, _PAPER, strict=True)},
     metric="seconds per epoch",
 )

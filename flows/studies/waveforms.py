@@ -10,8 +10,6 @@ from tasks.config import METHODS
 SYSTEMS = ("sine", "square", "sawtooth")
 SPEC = StudySpec(
     name="waveforms",
-    title="Toy waveforms",
-    paper_ref="Table:toywaveforms (5 seeds)",
     paper={
         ("sine", "neural_laplace"): 0.0063,
         ("square", "neural_laplace"): 0.1678,
