@@ -398,11 +398,11 @@ class RunConfig(_Frozen):
         return cells
 
 
-#: Profile layers over the defaults. ``quick`` is sized to finish the whole main table in
-#: under 10 minutes on a 2-core CPU (measured; see the README).
 #: Training seconds every cell of the ``quick`` profile gets (36 cells on 2 workers: ~10 min).
 QUICK_BUDGET_SECONDS = 25.0
 
+#: Profile layers over the defaults. ``quick`` is sized to finish the whole main table in
+#: under 10 minutes on a 2-core CPU (measured; see the README).
 _PROFILES: dict[str, dict[str, Any]] = {
     "smoke": {
         "seeds": [0],

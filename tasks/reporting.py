@@ -450,7 +450,7 @@ class ResultsTable:
                 continue
             ours = col.sort_values(["mean", "method"])
             paper = col.sort_values(["paper_mean", "method"])
-            tau = float(kendalltau(ours["mean"].rank(), ours["paper_mean"].rank()).statistic)
+            tau = float(kendalltau(ours["mean"], ours["paper_mean"]).statistic)
             same = ours["method"].iloc[0] == paper["method"].iloc[0]
             rows.append(
                 (

@@ -160,7 +160,7 @@ def open_storage(
         engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}}
     else:
         engine_kwargs = {"pool_pre_ping": True}
-    for attempt in range(_SCHEMA_ATTEMPTS):
+    for attempt in range(1, _SCHEMA_ATTEMPTS + 1):
         try:
             with warnings.catch_warnings():
                 # Heartbeats are marked experimental since Optuna 2.9; they resume a study.
@@ -172,25 +172,24 @@ def open_storage(
                     grace_period=grace_seconds,
                     heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),
                 )
-        except sqlalchemy.exc.DBAPIError as e:
-            if _lost_schema_race(e) and attempt + 1 < _SCHEMA_ATTEMPTS:
-                # Jitter so that two losers of one race do not collide again.
-                time.sleep(0.2 * (attempt + 1) * (1 + random.random()))
-                continue
-            error: Exception = e
         except Exception as e:
-            error = e
-        break
-    raise TuningError(
-        f"cannot open the Optuna storage {redact(url)!r}: {type(error).__name__}: "
-        f"{str(error).splitlines()[0] if str(error) else ''}\n"
-        "Use an SQLAlchemy URL such as sqlite:////ABS/PATH/optuna.db or "
-        "postgresql+psycopg2://USER:PASSWORD@HOST:5432/optuna (with the driver installed)."
-    ) from error
+            if attempt == _SCHEMA_ATTEMPTS or not _lost_schema_race(e):
+                raise TuningError(
+                    f"cannot open the Optuna storage {redact(url)!r}: {type(e).__name__}: "
+                    f"{str(e).splitlines()[0] if str(e) else ''}\n"
+                    "Use an SQLAlchemy URL such as sqlite:////ABS/PATH/optuna.db or "
+                    "postgresql+psycopg2://USER:PASSWORD@HOST:5432/optuna (with the driver "
+                    "installed)."
+                ) from e
+            # Jitter so that two losers of one race do not collide again.
+            time.sleep(0.2 * attempt * (1 + random.random()))
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-def _lost_schema_race(error: sqlalchemy.exc.DBAPIError) -> bool:
+def _lost_schema_race(error: Exception) -> bool:
     """Whether ``error`` is another process creating the same tables or rows at the same time."""
+    if not isinstance(error, sqlalchemy.exc.DBAPIError):
+        return False
     if isinstance(error, (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError)):
         return True  # duplicate key in the catalog or in version_info; table already there
     return "already exists" in str(error) or "database is locked" in str(error)
@@ -333,13 +332,8 @@ class _Session:
         Processes that open a new study at once take turns (a claim in the tracking store),
         so the first creates the parent and the others find it recorded.
         """
-        key = (
-            "tune-parent-"
-            + hashlib.sha256(f"{self.storage_url}\0{self.spec.study_name}".encode()).hexdigest()[
-                :24
-            ]
-        )
-        owner = claim_owner()
+        study = hashlib.sha256(f"{self.storage_url}\0{self.spec.study_name}".encode())
+        key, owner = f"tune-parent-{study.hexdigest()[:24]}", claim_owner()
         deadline = time.monotonic() + _PARENT_WAIT_SECONDS
         while not self.tracker.claim_cell(key, owner) and time.monotonic() < deadline:
             time.sleep(0.2)  # another process is choosing the parent; past the deadline, go on

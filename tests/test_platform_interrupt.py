@@ -52,14 +52,8 @@ def test_ctrl_c_keeps_finished_cells_and_rerun_resumes(tmp_path, isolation):
     from tasks.tracking import Tracker
 
     proc = _nllab(tmp_path, isolation)
-    lines = []
-    deadline = time.monotonic() + 300
-    # Wait until at least one training cell has finished, then press Ctrl-C.
-    for line in proc.stdout:
-        lines.append(line)
-        if "Task run 'integro_de/" in line and "Completed()" in line:
-            break
-        assert time.monotonic() < deadline, "".join(lines)
+    lines: list[str] = []
+    _read_until_a_cell_finished(proc, lines)  # then press Ctrl-C
     proc.send_signal(signal.SIGINT)
     out = "".join(lines) + proc.communicate(timeout=300)[0]
     assert proc.returncode == 130, out

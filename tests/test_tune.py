@@ -274,17 +274,15 @@ def test_processes_starting_one_study_at_once_share_one_parent_run(
     import threading
     import time
 
-    from tasks.tracking import Tracker as TrackerClass
-
     spec = _spec(tmp_path)
     sessions = [open_session(spec, parent_run_id="chosen later") for _ in range(2)]
-    create_run = TrackerClass.create_run
+    create_run = Tracker.create_run
 
     def slow_create_run(self, *args, **kwargs):
         time.sleep(0.5)  # widen the window between "no parent recorded" and recording one
         return create_run(self, *args, **kwargs)
 
-    monkeypatch.setattr(TrackerClass, "create_run", slow_create_run)
+    monkeypatch.setattr(Tracker, "create_run", slow_create_run)
     start_together = threading.Barrier(2)
     chosen: list[str] = []
 
