@@ -97,28 +97,55 @@ def known_methods() -> tuple[str, ...]:
     return tuple(sorted(MODELS))
 
 
-@functools.cache
-def model_signature(method: str) -> dict[str, Any]:
-    """Name -> default (``inspect.Parameter.empty`` when required) of every keyword argument
-    ``build_model(method, state_dim, **kw)`` accepts, read from the model's constructor and, where
-    it forwards ``**kwargs``, its bases'. Nothing is built; read once per method (the result is
-    shared: do not modify it)."""
+def _constructors(method: str) -> list[Any]:
+    """The ``__init__`` functions that take ``build_model(method, ...)``'s keywords: the
+    model's own and, where it forwards ``**kwargs``, its bases'."""
     import inspect
 
     from nlmodels import MODELS
 
-    params: dict[str, Any] = {}
+    inits = []
     for klass in MODELS[method].__mro__:
         if "__init__" not in vars(klass):
             continue
-        found = list(inspect.signature(vars(klass)["__init__"]).parameters.values())
-        for p in found:
+        inits.append(vars(klass)["__init__"])
+        kinds = (p.kind for p in inspect.signature(inits[-1]).parameters.values())
+        if inspect.Parameter.VAR_KEYWORD not in kinds:
+            break
+    return inits
+
+
+@functools.cache
+def model_signature(method: str) -> dict[str, Any]:
+    """Name -> default (``inspect.Parameter.empty`` when required) of every keyword argument
+    ``build_model(method, state_dim, **kw)`` accepts, read from the model's constructors.
+    Nothing is built; read once per method (the result is shared: do not modify it)."""
+    import inspect
+
+    params: dict[str, Any] = {}
+    for init in _constructors(method):
+        for p in inspect.signature(init).parameters.values():
             named = p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
             if named and p.name not in ("self", "state_dim"):
                 params.setdefault(p.name, p.default)
-        if not any(p.kind == p.VAR_KEYWORD for p in found):
-            break
     return params
+
+
+@functools.cache
+def model_choices(method: str) -> dict[str, tuple[Any, ...]]:
+    """Name -> allowed values of every keyword argument of ``method`` annotated ``Literal``."""
+    import typing
+
+    choices: dict[str, tuple[Any, ...]] = {}
+    for init in _constructors(method):
+        try:
+            hints = typing.get_type_hints(init)
+        except (NameError, TypeError):  # an annotation only a type checker resolves
+            continue
+        for name, hint in hints.items():
+            if typing.get_origin(hint) is Literal:
+                choices.setdefault(name, get_args(hint))
+    return choices
 
 
 def non_default_overrides(method: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -153,6 +180,12 @@ def _check_model_overrides(method: str, overrides: Mapping[str, Any]) -> None:
         raise ValueError(
             f"unknown {method} setting {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}"
         )
+    for name, allowed in model_choices(method).items():
+        if name in overrides and overrides[name] not in allowed:
+            raise ValueError(
+                f"{method} setting {name!r} must be one of {', '.join(map(repr, allowed))}, "
+                f"got {overrides[name]!r}"
+            )
 
 
 def _check_names(kind: str, names: tuple[str, ...], valid: tuple[str, ...]) -> tuple[str, ...]:

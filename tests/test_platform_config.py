@@ -162,6 +162,14 @@ def test_model_overrides_are_checked_against_the_constructor():
         CellConfig(system="integro_de", method="neural_laplace", seed=0, model={"latent": 2})
 
 
+def test_model_overrides_with_a_fixed_set_of_values_are_checked_at_config_time():
+    with pytest.raises(ConfigError, match=r"latent_ode setting 'z0_time' must be one of "
+                       r"'first_observed', 'first_query', got 'first'"):  # fmt: skip
+        resolve_config("paper", overrides={"models": {"latent_ode": {"z0_time": "first"}}})
+    ok = resolve_config("smoke", overrides={"models": {"latent_ode": {"kl_average": "latents"}}})
+    assert ok.models["latent_ode"]["kl_average"] == "latents"
+
+
 def test_pack_is_outside_the_cell_hash():
     on = resolve_config("smoke", overrides={"pack": True})
     off = resolve_config("smoke", overrides={"pack": False})
