@@ -450,9 +450,9 @@ def packable(model: ForecastModel, device: torch.device) -> bool:
     """Whether `train_packed` trains this model exactly (pure torch, vmappable, no RNG draws in
     training).
 
-    Not packable: models with their own objective (the Latent ODE's ELBO draws its
-    reparametrised sample from the global generator), solvers other than Euler (adaptive ones
-    have data-dependent step control; the batched Euler solve is the one that matches
+    Not packable: models with their own objective (the Latent ODE's ELBO draws a
+    reparametrised sample from each model's own generator), solvers other than Euler (adaptive
+    ones have data-dependent step control; the batched Euler solve is the one that matches
     torchdiffeq's arithmetic), the adjoint method, multi-layer ``nn.GRU`` encoders, and whatever
     fails a vmapped forward and backward on two copies (custom autograd functions such as
     Neural Laplace's fused decoder).

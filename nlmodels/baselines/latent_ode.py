@@ -76,6 +76,21 @@ class LatentODE(ForecastModel):
         self.rec_field = mlp(rec_units, rec_hidden, rec_units)
         self.latent_field = mlp(self.latent_dim, ode_hidden, self.latent_dim)
         self.decoder = nn.Linear(self.latent_dim, self.state_dim)
+        # The reparametrised sample has a stream of its own, seeded from the global generator
+        # once the weights are drawn: models trained side by side in one process never share
+        # (or race for) draws, so a seed gives the same run with any neighbours.
+        self.reseed(int(torch.randint(2**62, ()).item()))
+
+    def reseed(self, seed: int) -> None:
+        """Restart the stream of the ELBO's standard-normal samples at ``seed``."""
+        self._sample_seed, self._sampler = int(seed), None
+
+    def _standard_normal(self, like: torch.Tensor) -> torch.Tensor:
+        if self._sampler is None or self._sampler.device != like.device:
+            self._sampler = torch.Generator(like.device).manual_seed(self._sample_seed)
+        return torch.randn(
+            like.shape, generator=self._sampler, dtype=like.dtype, device=like.device
+        )
 
     def _evolve_hidden(self, h: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
         step = (dt / self.encoder_steps).unsqueeze(-1)
@@ -129,8 +144,9 @@ class LatentODE(ForecastModel):
         """Negative ELBO per predicted value, averaged over the batch.
 
         ELBO_b = Σ log N(target | decode(z₀), obs_std²) − KL(q(z₀|x) ‖ N(0, I)), with one
-        reparametrised sample of z₀; dividing by the number of values T_q·D keeps the scale
-        independent of the grid length (the reference averages its likelihood likewise).
+        reparametrised sample of z₀ from the model's own stream (:meth:`reseed`); dividing by
+        the number of values T_q·D keeps the scale independent of the grid length (the
+        reference averages its likelihood likewise).
         With ``kl_average = "latents"`` the KL term is its mean over the K latent dimensions
         instead of its sum over T_q·D, as in the reference.
         """
@@ -141,7 +157,7 @@ class LatentODE(ForecastModel):
                 f"got {tuple(target.shape)}"
             )
         mean, std = self.encode(ot, obs_x)
-        z0 = mean + std * torch.randn_like(std)
+        z0 = mean + std * self._standard_normal(std)
         pred = self.decode(self._z0_time(ot, qt), z0, qt)
         var = self.obs_std**2
         log_lik = -0.5 * ((target - pred) ** 2 / var + math.log(2 * math.pi * var))
