@@ -7,15 +7,12 @@ from flows.studies._core import Factor, Study, StudyContext, StudyOutput, StudyS
 from flows.studies._plots import plot_bars
 from tasks.config import METHODS
 
-SYSTEMS = ("lotka_volterra_dde", "integro_de", "piecewise_forcing_ode")
+_PAPER = {"lotka_volterra_dde": 0.1328, "integro_de": 0.0996, "piecewise_forcing_ode": 0.1006}
+SYSTEMS = tuple(_PAPER)
 SIGMAS = (0.01, 0.1)
 SPEC = StudySpec(
     name="noise",
-    paper={
-        ("lotka_volterra_dde", "0.1", "neural_laplace"): 0.1328,
-        ("integro_de", "0.1", "neural_laplace"): 0.0996,
-        ("piecewise_forcing_ode", "0.1", "neural_laplace"): 0.1006,
-    },
+    paper={(system, "0.1", "neural_laplace"): v for system, v in _PAPER.items()},  # σ = 0.1
     factor=Factor("data", "noise_std", SIGMAS),
 )
 KEYS = ("system", "noise_std", "method")

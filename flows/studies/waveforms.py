@@ -7,14 +7,10 @@ from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec, rms
 from flows.studies._plots import plot_bars
 from tasks.config import METHODS
 
-SYSTEMS = ("sine", "square", "sawtooth")
+_PAPER = {"sine": 0.0063, "square": 0.1678, "sawtooth": 0.1600}
+SYSTEMS = tuple(_PAPER)
 SPEC = StudySpec(
-    name="waveforms",
-    paper={
-        ("sine", "neural_laplace"): 0.0063,
-        ("square", "neural_laplace"): 0.1678,
-        ("sawtooth", "neural_laplace"): 0.1600,
-    },
+    name="waveforms", paper={(system, "neural_laplace"): v for system, v in _PAPER.items()}
 )
 KEYS = ("system", "method")
 
