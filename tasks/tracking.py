@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import mlflow
 from mlflow import MlflowClient
@@ -239,6 +239,27 @@ def _owner_gone(owner: str) -> bool:
     """Whether ``owner`` (from :func:`claim_owner`) is a process of this host that has ended."""
     parts = owner.split("/")
     return len(parts) == 3 and parts[0] == _host_id() and not _process_alive(parts[1])
+
+
+class _Claim(NamedTuple):
+    generation: int
+    owner: str
+    at: float  # when it was claimed (epoch seconds)
+    beat: float | None  # the owner's last heartbeat; None once released
+
+
+def _claim_state_in(claims, config_hash: str) -> _Claim | None:
+    """The newest claim on ``config_hash`` in the claims run's data."""
+    prefix = f"claim.{config_hash}."
+    gens = [int(k[len(prefix) :]) for k in claims.params if k.startswith(prefix)]
+    if not gens:
+        return None
+    g = max(gens)
+    record = json.loads(claims.params[f"{prefix}{g}"])
+    beat = claims.tags.get(f"{prefix}{g}.beat", repr(record["at"]))
+    return _Claim(
+        g, record["owner"], float(record["at"]), None if beat == "released" else float(beat)
+    )
 
 
 @dataclass(frozen=True)
@@ -572,26 +593,50 @@ class Tracker:
     def download(self, run_id: str, path: str, dst: str | Path) -> Path:
         return Path(self.client.download_artifacts(run_id, path, str(dst)))
 
-    def end_stale_runs(self) -> list[str]:
-        """End KILLED every RUNNING run of the experiment whose process is gone; their ids.
+    def end_stale_runs(self, *, stale_after: float = CLAIM_STALE_AFTER) -> list[str]:
+        """End KILLED every RUNNING run of the experiment that can never finish; their ids.
 
         Each run records its host and process when created (tags ``nllab.host`` and
         ``nllab.process``: pid and start time, so a recycled pid does not count as alive). A run
         started on this host by a process that no longer exists can never finish (``kill -9``,
-        a power cut); runs of live processes and of other hosts are left alone.
+        a power cut). Processes of other hosts cannot be asked, so a cell run of another host
+        counts as abandoned through its cell's claim: its process stopped heart-beating for
+        ``stale_after`` seconds, or another process took the claim over after the run started
+        (a Dask worker killed mid-cell, its cell trained again elsewhere). Runs of live
+        processes, and runs of other hosts that hold no claim (parents, tuning trials), are
+        left alone.
         """
         host = _host_id()
+        claims = None
         ended = []
         for r in list(self._search("attributes.status = 'RUNNING'")):
-            token = r.data.tags.get(_PROC_TAG)
-            if r.data.tags.get(_HOST_TAG) != host or not token or _process_alive(token):
+            tags = r.data.tags
+            token = tags.get(_PROC_TAG)
+            if not token:
                 continue
+            if tags.get(_HOST_TAG) == host:
+                if _process_alive(token):
+                    continue
+            else:
+                claims = claims if claims is not None else self._claims_data()
+                if not self._claim_abandoned(r, claims, stale_after):
+                    continue
             self.set_tags(
                 r.info.run_id, {"error": f"process {token} ended without closing this run"}
             )
             self.end_run(r.info.run_id, "KILLED")
             ended.append(r.info.run_id)
         return ended
+
+    def _claim_abandoned(self, run, claims, stale_after: float) -> bool:
+        tags = run.data.tags
+        config_hash = tags.get("config_hash")
+        state = _claim_state_in(claims, config_hash) if config_hash else None
+        if tags.get("nllab.kind") != "cell" or state is None:
+            return False
+        if state.owner.split("/")[:2] == [tags.get(_HOST_TAG), tags.get(_PROC_TAG)]:
+            return state.beat is not None and time.time() - state.beat > stale_after
+        return state.at * 1000 > run.info.start_time  # taken over since the run began
 
     # -- cell claims ------------------------------------------------------------------------
     # A claim on a config hash is the param ``claim.<hash>.<generation>`` of one "claims" run of
@@ -617,17 +662,12 @@ class Tracker:
             self._claims_run_id = first.info.run_id
         return self._claims_run_id
 
-    def _claim_state(self, config_hash: str) -> tuple[int, str, float | None] | None:
-        """``(generation, owner, last heartbeat or None if released)`` of the newest claim."""
-        prefix = f"claim.{config_hash}."
-        data = self.client.get_run(self._claims_run()).data
-        gens = [int(k[len(prefix) :]) for k in data.params if k.startswith(prefix)]
-        if not gens:
-            return None
-        g = max(gens)
-        record = json.loads(data.params[f"{prefix}{g}"])
-        beat = data.tags.get(f"{prefix}{g}.beat", repr(record["at"]))
-        return g, record["owner"], None if beat == "released" else float(beat)
+    def _claims_data(self):
+        return self.client.get_run(self._claims_run()).data
+
+    def _claim_state(self, config_hash: str) -> _Claim | None:
+        """The newest claim on ``config_hash``, or ``None``."""
+        return _claim_state_in(self._claims_data(), config_hash)
 
     def _beat(self, config_hash: str, generation: int, value: str) -> None:
         self.set_tags(self._claims_run(), {f"claim.{config_hash}.{generation}.beat": value})
@@ -647,14 +687,13 @@ class Tracker:
         state = self._claim_state(config_hash)
         generation = 0
         if state is not None:
-            g, holder, beat = state
-            if beat is not None:
-                if holder == owner:
-                    self._beat(config_hash, g, repr(time.time()))
+            if state.beat is not None:
+                if state.owner == owner:
+                    self._beat(config_hash, state.generation, repr(time.time()))
                     return True
-                if time.time() - beat < stale_after and not _owner_gone(holder):
+                if time.time() - state.beat < stale_after and not _owner_gone(state.owner):
                     return False
-            generation = g + 1
+            generation = state.generation + 1
         key = f"claim.{config_hash}.{generation}"
         try:
             self.client.log_param(
@@ -663,24 +702,24 @@ class Tracker:
         except MlflowException:
             # Refused: someone claimed this generation first (anything else is re-raised).
             state = self._claim_state(config_hash)
-            if state is None or state[0] < generation:
+            if state is None or state.generation < generation:
                 raise
-            return state[0] == generation and state[1] == owner
+            return state.generation == generation and state.owner == owner
         return True
 
     def heartbeat_cell(self, config_hash: str, owner: str) -> bool:
         """Renew ``owner``'s claim; ``False`` if it no longer holds it (taken over, released)."""
         state = self._claim_state(config_hash)
-        if state is None or state[1] != owner or state[2] is None:
+        if state is None or state.owner != owner or state.beat is None:
             return False
-        self._beat(config_hash, state[0], repr(time.time()))
+        self._beat(config_hash, state.generation, repr(time.time()))
         return True
 
     def release_cell(self, config_hash: str, owner: str) -> None:
         """Give up ``owner``'s claim (no-op if it does not hold it)."""
         state = self._claim_state(config_hash)
-        if state is not None and state[1] == owner and state[2] is not None:
-            self._beat(config_hash, state[0], "released")
+        if state is not None and state.owner == owner and state.beat is not None:
+            self._beat(config_hash, state.generation, "released")
 
     @contextmanager
     def cell_claim(

@@ -160,6 +160,41 @@ def test_runs_of_a_killed_process_end_killed_on_the_next_connect(mlflow_store):
     tracker.end_run(live, "FINISHED")
 
 
+def test_cell_runs_of_another_host_end_killed_once_their_claim_is_stale_or_taken_over(
+    mlflow_store,
+):
+    """Another host's processes cannot be asked, so their cell runs are judged by the claims."""
+    from tasks.tracking import Tracker
+
+    tracker = Tracker.connect()
+
+    def run_of(host: str, token: str, kind: str = "cell", config_hash: str | None = None) -> str:
+        tags = {"nllab.kind": kind} | ({"config_hash": config_hash} if config_hash else {})
+        run_id = tracker.create_run(f"{kind}-{token}", tags)
+        tracker.set_tags(run_id, {"nllab.host": host, "nllab.process": token})
+        return run_id
+
+    beating = run_of("host-b", "11:1", config_hash="a1" * 32)
+    assert tracker.claim_cell("a1" * 32, "host-b/11:1/x")
+    silent = run_of("host-b", "12:1", config_hash="b2" * 32)
+    assert tracker.claim_cell("b2" * 32, "host-b/12:1/y")
+    tracker._beat("b2" * 32, 0, repr(time.time() - 100))  # last heartbeat 100 s ago
+    moved = run_of("host-b", "13:1", config_hash="c3" * 32)
+    time.sleep(0.05)
+    assert tracker.claim_cell("c3" * 32, "host-c/14:1/z")  # taken by another host since
+    assert tracker.claim_cell("d4" * 32, "host-c/15:1/w")
+    time.sleep(0.05)
+    unclaimed = run_of("host-b", "16:1", config_hash="d4" * 32)  # never claimed this cell
+    parent = run_of("host-b", "17:1", kind="benchmark")
+
+    assert sorted(tracker.end_stale_runs(stale_after=50)) == sorted([silent, moved])
+    status = {r: tracker.get_run_data(r).info.status for r in (beating, unclaimed, parent)}
+    assert set(status.values()) == {"RUNNING"}, status
+    assert "ended without closing" in tracker.get_run_data(moved).data.tags["error"]
+    for run_id in (beating, unclaimed, parent):
+        tracker.end_run(run_id, "FINISHED")
+
+
 # -- cell claims -----------------------------------------------------------------------------
 
 H = "ab" * 32
