@@ -6,6 +6,11 @@
    once its first training cell has finished: exit code, seconds to exit, cells left RUNNING,
    the temporary Prefect server gone; then the rerun's exit code and reused cells.
 3. Bad inputs: exit code, seconds, tracebacks shown, the error's first line.
+4. ``kill -9`` of ``nllab benchmark`` at chosen moments (``--kill-at`` seconds after it starts,
+   from the store's creation to the registry), each on a fresh home, then the same command again:
+   finished cells lost or trained twice, runs left RUNNING, processes left behind, unusable stores.
+5. Two identical ``nllab benchmark`` commands on one fresh home, 3 s apart: exit codes, cells
+   trained twice, tracebacks.
 
     PYTHONPATH=. python benchmarks/reliability.py [--tries 4] [--scratch /tmp/nllab-probes]
 """
@@ -16,6 +21,7 @@ import argparse
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -110,6 +116,103 @@ def ctrl_c(scratch: Path) -> None:
     print(f"  rerun: exit {p.returncode}; {summary[-1] if summary else '?'}")
 
 
+def _store_runs(home: Path) -> list[tuple[str, str, str | None, str | None]]:
+    """``(run id, status, kind, config hash)`` of every run, read from the sqlite file itself
+    (an MLflow client would end stale runs, or create a missing store, as it opened it)."""
+    db = home / "mlflow" / "mlflow.db"
+    if not db.exists():
+        return []
+    query = (
+        "SELECT r.run_uuid, r.status, "
+        "(SELECT value FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = 'nllab.kind'), "
+        "(SELECT value FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = 'config_hash') "
+        "FROM runs r WHERE r.lifecycle_stage = 'active'"
+    )
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+            return con.execute(query).fetchall()
+    except sqlite3.Error:
+        return []  # killed before its tables existed
+
+
+def _finished_cells(runs) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for run_id, status, kind, config_hash in runs:
+        if kind == "cell" and status == "FINISHED":
+            out.setdefault(config_hash, []).append(run_id)
+    return out
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def kill9(scratch: Path, delays: list[float]) -> None:
+    totals = dict(lost=0, twice=0, running=0, left=0, unusable=0)
+    gone_after = 0.0
+    print(f"kill -9 of nllab benchmark ({len(delays)} moments), then the same command again")
+    for i, delay in enumerate(delays):
+        home = _fresh(scratch / f"kill9-{i}")
+        log = home / "killed.log"
+        with open(log, "w") as out:
+            p = _nllab(home, "benchmark", *CELLS, stdout=out, stderr=subprocess.STDOUT,
+                       start_new_session=True)  # fmt: skip
+            time.sleep(delay)
+            servers = guarded_servers(p.pid)
+            if p.poll() is None:
+                p.kill()  # the main process only, as `kill -9 PID` does
+            p.wait()
+        before = _finished_cells(_store_runs(home))
+        # What it started (the temporary Prefect server, worker processes) must go too: the
+        # server's guard stops it gracefully and ends it for good 10 s after its parent died.
+        killed_at, left = time.monotonic(), [1]
+        while left and time.monotonic() - killed_at < 12:
+            time.sleep(0.2)
+            left = [s for s in servers if Path(f"/proc/{s}").exists()]
+            left += [p.pid] if _group_alive(p.pid) else []
+        gone_after = max(gone_after, time.monotonic() - killed_at)
+        r = subprocess.run([sys.executable, "-m", "flows.cli", "benchmark", *CELLS], cwd=ROOT,
+                           env=_env(home), capture_output=True, text=True)  # fmt: skip
+        runs = _store_runs(home)
+        after = _finished_cells(runs)
+        # A cell finished before the kill is lost if its run is gone or it was trained again.
+        lost = sum(set(after.get(h, [])) != set(ids) for h, ids in before.items())
+        twice = sum(len(ids) > 1 for ids in after.values())
+        running = sum(status == "RUNNING" for _, status, _, _ in runs)
+        unusable = r.returncode != 0 or len(after) != 6
+        last = (log.read_text().strip().splitlines() or ["(no output)"])[-1]
+        print(f"  {delay:5.1f} s: {len(before)} cells finished before the kill; after the rerun "
+              f"(exit {r.returncode}): lost {lost}, trained twice {twice}, RUNNING {running}, "
+              f"processes left {len(left)} | {last[:50]}", flush=True)  # fmt: skip
+        for key, value in zip(totals, (lost, twice, running, len(left), unusable), strict=True):
+            totals[key] += int(value)
+    print("kill -9: " + ", ".join(f"{k} {v}" for k, v in totals.items())
+          + f"; its processes all gone within {gone_after:.1f} s")  # fmt: skip
+
+
+def twins(scratch: Path) -> None:
+    home = _fresh(scratch / "twins")
+    procs = []
+    for _ in range(2):
+        procs.append(_nllab(home, "benchmark", *CELLS, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT))  # fmt: skip
+        time.sleep(3)
+    outs = [p.communicate()[0] for p in procs]
+    runs = _store_runs(home)
+    finished = _finished_cells(runs)
+    trained = sum(kind == "cell" and status == "FINISHED" for _, status, kind, _ in runs)
+    summaries = [next((x for x in reversed(o.splitlines()) if " cells: " in x), "?") for o in outs]
+    print(f"two identical benchmarks on one home: exit codes {[p.returncode for p in procs]}, "
+          f"{trained} finished cell runs for {len(finished)} cells, "
+          f"tracebacks {sum(o.count('Traceback') for o in outs)}")  # fmt: skip
+    for line in summaries:
+        print(f"  {line.strip()}")
+
+
 def bad_inputs(scratch: Path) -> None:
     b = _fresh(scratch / "bad")
     (b / "noise.toml").write_text("[data]\nnoise_std = inf\n")
@@ -154,7 +257,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tries", type=int, default=4)
     ap.add_argument("--scratch", type=Path, default=Path("/tmp/nllab-probes"))
-    ap.add_argument("--only", choices=("race", "ctrl-c", "bad"))
+    ap.add_argument("--only", choices=("race", "ctrl-c", "bad", "kill9", "twins"))
+    ap.add_argument(
+        "--kill-at",
+        type=float,
+        nargs="+",
+        default=[1.0, 3.0, 6.0, 9.0, 12.0, 15.0, 18.0, 21.0, 24.0, 27.0, 31.0, 35.0],
+        metavar="SECONDS",
+        help="when to kill -9 the benchmark, in seconds after it starts (one fresh home each)",
+    )
     a = ap.parse_args()
     if a.only in (None, "race"):
         race(a.scratch, a.tries)
@@ -162,6 +273,10 @@ def main() -> None:
         ctrl_c(a.scratch)
     if a.only in (None, "bad"):
         bad_inputs(a.scratch)
+    if a.only in (None, "kill9"):
+        kill9(a.scratch, a.kill_at)
+    if a.only in (None, "twins"):
+        twins(a.scratch)
 
 
 if __name__ == "__main__":
