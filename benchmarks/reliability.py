@@ -101,15 +101,10 @@ def ctrl_c(scratch: Path) -> None:
     alive = [s for s in servers if Path(f"/proc/{s}").exists()]
     print(f"terminal Ctrl-C: exit {p.returncode} after {seconds:.1f} s; tracebacks "
           f"{tail.count('Traceback')}; Prefect servers alive 2 s later: {len(alive)}")  # fmt: skip
-    code = (
-        "from tasks.tracking import Tracker\nt = Tracker.connect()\n"
-        "r = t.client.search_runs([t.experiment_id])\n"
-        "print(sum(x.info.status == 'RUNNING' for x in r), "
-        "sum(x.info.status == 'FINISHED' and x.data.tags.get('nllab.kind') == 'cell' for x in r))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], env=_env(home), capture_output=True,
-                         text=True).stdout.split()  # fmt: skip
-    print(f"  runs left RUNNING: {out[0]}; finished cells kept: {out[1]}")
+    runs = _store_runs(home)  # as the process left it (a client would end stale runs first)
+    running = sum(status == "RUNNING" for _, status, _, _ in runs)
+    kept = sum(map(len, _finished_cells(runs).values()))
+    print(f"  runs left RUNNING: {running}; finished cells kept: {kept}")
     p = _nllab(home, "benchmark", *CELLS, "--config", str(cfg), stdout=subprocess.PIPE,
                stderr=subprocess.STDOUT)  # fmt: skip
     summary = [ln for ln in p.communicate()[0].splitlines() if " cells: " in ln]
@@ -204,7 +199,7 @@ def twins(scratch: Path) -> None:
     outs = [p.communicate()[0] for p in procs]
     runs = _store_runs(home)
     finished = _finished_cells(runs)
-    trained = sum(kind == "cell" and status == "FINISHED" for _, status, kind, _ in runs)
+    trained = sum(map(len, finished.values()))
     summaries = [next((x for x in reversed(o.splitlines()) if " cells: " in x), "?") for o in outs]
     print(f"two identical benchmarks on one home: exit codes {[p.returncode for p in procs]}, "
           f"{trained} finished cell runs for {len(finished)} cells, "

@@ -151,9 +151,9 @@ def _short(method: str) -> str:
     return _SHORT.get(method, method)
 
 
-def _fmt(mean: float, std: float, n_seeds: int = 2) -> str:
-    """``mean ± std``; one seed has no spread to show, so its value stands alone."""
-    return f"{mean:.4f} ± {std:.4f}" if n_seeds > 1 else f"{mean:.4f}"
+def _fmt(mean: float, std: float | None) -> str:
+    """``mean ± std``, or the mean alone where there is no spread to show (one seed)."""
+    return f"{mean:.4f}" if std is None else f"{mean:.4f} ± {std:.4f}"
 
 
 # -- one table model, four renderers ----------------------------------------------------------
@@ -419,7 +419,7 @@ class ResultsTable:
                 f"{r['rmse_without_top']:.4f} without them"
             )
         return TableCell(
-            _fmt(r["mean"], r["std"], int(r["n_seeds"])),
+            _fmt(r["mean"], r["std"] if r["n_seeds"] > 1 else None),
             paper=paper,
             best=self._best().get(system) == method,
             verdict=verdict(r["mean"], r["std"], r["paper_mean"], r["paper_std"]),

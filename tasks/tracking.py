@@ -262,6 +262,21 @@ def _claim_state_in(claims, config_hash: str) -> _Claim | None:
     )
 
 
+def _abandoned_cell_run(run, claims, stale_after: float) -> bool:
+    """Whether ``run`` is a cell run whose process lost its cell's claim: no heartbeat for
+    ``stale_after`` seconds, or the claim taken over by another process since the run began."""
+    tags = run.data.tags
+    config_hash = tags.get("config_hash")
+    if tags.get("nllab.kind") != "cell" or not config_hash:
+        return False
+    state = _claim_state_in(claims, config_hash)
+    if state is None:
+        return False
+    if state.owner.split("/")[:2] == [tags.get(_HOST_TAG), tags.get(_PROC_TAG)]:
+        return state.beat is not None and time.time() - state.beat > stale_after
+    return state.at * 1000 > run.info.start_time
+
+
 @dataclass(frozen=True)
 class TrackingSettings:
     """Resolved tracking location. ``artifact_root`` is ``None`` when a server decides it."""
@@ -619,7 +634,7 @@ class Tracker:
                     continue
             else:
                 claims = claims if claims is not None else self._claims_data()
-                if not self._claim_abandoned(r, claims, stale_after):
+                if not _abandoned_cell_run(r, claims, stale_after):
                     continue
             self.set_tags(
                 r.info.run_id, {"error": f"process {token} ended without closing this run"}
@@ -627,16 +642,6 @@ class Tracker:
             self.end_run(r.info.run_id, "KILLED")
             ended.append(r.info.run_id)
         return ended
-
-    def _claim_abandoned(self, run, claims, stale_after: float) -> bool:
-        tags = run.data.tags
-        config_hash = tags.get("config_hash")
-        state = _claim_state_in(claims, config_hash) if config_hash else None
-        if tags.get("nllab.kind") != "cell" or state is None:
-            return False
-        if state.owner.split("/")[:2] == [tags.get(_HOST_TAG), tags.get(_PROC_TAG)]:
-            return state.beat is not None and time.time() - state.beat > stale_after
-        return state.at * 1000 > run.info.start_time  # taken over since the run began
 
     # -- cell claims ------------------------------------------------------------------------
     # A claim on a config hash is the param ``claim.<hash>.<generation>`` of one "claims" run of

@@ -354,6 +354,13 @@ def test_latent_ode_places_z0_where_asked(z0_time):
     torch.testing.assert_close(pred[:, 0], expected, rtol=0, atol=1e-8)
 
 
+def test_latent_ode_refuses_an_unknown_choice_naming_the_valid_ones():
+    with pytest.raises(ValueError, match=r"z0_time must be one of .*'first_query'.*got 'first'"):
+        LatentODE(2, z0_time="first")
+    with pytest.raises(ValueError, match=r"kl_average must be one of .*'latents'.*got 'sum'"):
+        LatentODE(2, kl_average="sum")
+
+
 def test_latent_ode_samples_do_not_depend_on_other_draws_in_the_process():
     """The ELBO's sample comes from the model's own stream: a neighbour drawing from the global
     generator between steps (another model training in a thread) leaves its losses as they were."""

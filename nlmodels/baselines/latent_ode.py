@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import nn
@@ -16,6 +16,9 @@ from nlmodels.baselines._solve import check_inputs, check_obs, check_solver, ode
 from nlmodels.model_registry import register_model
 
 __all__ = ["LatentODE"]
+
+Z0Time = Literal["first_observed", "first_query"]
+KLAverage = Literal["values", "latents"]
 
 
 @register_model("latent_ode")
@@ -54,14 +57,16 @@ class LatentODE(ForecastModel):
         atol: float = 1e-4,
         encoder_steps: int = 1,
         adjoint: bool = False,
-        z0_time: Literal["first_observed", "first_query"] = "first_observed",
-        kl_average: Literal["values", "latents"] = "values",
+        z0_time: Z0Time = "first_observed",
+        kl_average: KLAverage = "values",
     ) -> None:
         super().__init__()
-        if z0_time not in ("first_observed", "first_query"):
-            raise ValueError(f"z0_time must be 'first_observed' or 'first_query', got {z0_time!r}")
-        if kl_average not in ("values", "latents"):
-            raise ValueError(f"kl_average must be 'values' or 'latents', got {kl_average!r}")
+        for name, value, allowed in (
+            ("z0_time", z0_time, Z0Time),
+            ("kl_average", kl_average, KLAverage),
+        ):
+            if value not in get_args(allowed):
+                raise ValueError(f"{name} must be one of {get_args(allowed)}, got {value!r}")
         self.z0_time, self.kl_average = z0_time, kl_average
         if obs_std <= 0:
             raise ValueError(f"obs_std must be > 0, got {obs_std}")
