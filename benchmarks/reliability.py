@@ -262,6 +262,8 @@ def main() -> None:
         help="when to kill -9 the benchmark, in seconds after it starts (one fresh home each)",
     )
     a = ap.parse_args()
+    if a.tries < 1 or min(a.kill_at) < 0:
+        ap.error("--tries must be at least 1 and --kill-at times at least 0 seconds")
     if a.only in (None, "race"):
         race(a.scratch, a.tries)
     if a.only in (None, "ctrl-c"):
