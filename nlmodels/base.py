@@ -19,7 +19,13 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-__all__ = ["ForecastModel", "batch_times", "host_bool", "recorded_host_bools"]
+__all__ = [
+    "ForecastModel",
+    "batch_times",
+    "host_bool",
+    "recorded_host_bools",
+    "recording_host_bools",
+]
 
 _HOST_BOOLS = threading.local()
 
@@ -27,19 +33,34 @@ _HOST_BOOLS = threading.local()
 def host_bool(t: torch.Tensor) -> bool:
     """``bool(t)``: the one place where model code reads a tensor's value on the host.
 
-    Inside :func:`recorded_host_bools` the values are recorded on a first (eager) pass and
+    Under ``vmap`` the members' common value (see :func:`_read_bool`). Inside
+    :func:`recorded_host_bools` the values are recorded on a first (eager) pass and
     replayed on the next: a training step captured into a CUDA graph must not synchronise with
     the host, and its inputs' times (the only values these checks read) do not change.
     """
     tape = getattr(_HOST_BOOLS, "tape", None)
     if tape is None:
-        return bool(t)
+        return _read_bool(t)
     values, replay = tape
     if replay:
         return values.pop(0)
-    value = bool(t)
+    value = _read_bool(t)
     values.append(value)
     return value
+
+
+def _read_bool(t: torch.Tensor) -> bool:
+    """``bool(t)``, also inside ``torch.func.vmap`` (packed training, one value per member):
+    the members' common value; members that disagree cannot share one branch (an error)."""
+    if not torch._C._functorch.is_functorch_wrapped_tensor(t):
+        return bool(t)
+    while torch._C._functorch.is_functorch_wrapped_tensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    if bool(t.all()):
+        return True
+    if not bool(t.any()):
+        return False
+    raise ValueError("a check on the time grids differs between packed members")
 
 
 @contextlib.contextmanager
@@ -51,6 +72,12 @@ def recorded_host_bools(values: list[bool], *, replay: bool) -> Iterator[None]:
         yield
     finally:
         _HOST_BOOLS.tape = previous
+
+
+def recording_host_bools() -> bool:
+    """Whether :func:`host_bool` values are being recorded or replayed (a CUDA graph capture and
+    its warm-up): model code must then take the same branches on every pass, e.g. no caches."""
+    return getattr(_HOST_BOOLS, "tape", None) is not None
 
 
 def batch_times(t: torch.Tensor, batch: int) -> torch.Tensor:

@@ -29,7 +29,8 @@ import torch
 from torch import nn
 
 from nlmodels import accel
-from nlmodels.base import ForecastModel, batch_times
+from nlmodels.accel._select import transformed
+from nlmodels.base import ForecastModel, batch_times, recording_host_bools
 from nlmodels.ilt import get_ilt
 from nlmodels.model_registry import register_model
 from nlmodels.stereographic import from_sphere, max_modulus_phi, to_sphere
@@ -128,7 +129,8 @@ class LaplaceRepresentation(nn.Module):
         self, features: torch.Tensor, p: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
         """x = Σ_q Re(w_q F_q) for a linear ILT with weights ``[(B,) T, Q]`` → ``[B, T, D]``."""
-        if self.stereographic and accel.select(p) != "plain":  # the same, fused (nlmodels.accel)
+        # the same, fused (nlmodels.accel); the plain formulas under vmap (packed training)
+        if self.stereographic and accel.select(p, self.out.weight) != "plain":
             per_time, per_traj = self._first_layer(features, p)
             return accel.fused_sphere_decode(
                 per_time, per_traj, self.hidden, self.out, weights, self.state_dim,
@@ -248,8 +250,12 @@ class NeuralLaplace(ForecastModel):
         """What depends on the query times alone: g's input features of the query points and,
         for a linear ILT, its weights. Training decodes the same grid batch after batch, so the
         last grid's terms are kept (compared by value: a grid edited in place is recomputed).
-        Eager under ``torch.compile`` too: a cache lookup, not part of the traced maths."""
-        cached = None if t.requires_grad else self._grid_cache
+        Eager under ``torch.compile`` too: a cache lookup, not part of the traced maths. No
+        cache for per-member grids under ``vmap`` (packed training) nor while a CUDA graph is
+        captured (the graph computes the terms itself: it must neither read the host nor keep
+        pointers to a cache entry that a later grid replaces)."""
+        cacheable = not (t.requires_grad or transformed(t) or recording_host_bools())
+        cached = self._grid_cache if cacheable else None
         if (
             cached is not None
             and cached[1] == dtype
@@ -264,6 +270,6 @@ class NeuralLaplace(ForecastModel):
             weights = self.ilt.weights(t)  # [(B,) T, Q] complex128
             if dtype != torch.float64:
                 weights = weights.to(torch.complex64)
-        if not t.requires_grad:
+        if cacheable:
             self._grid_cache = (t.clone(), dtype, features, weights)
         return features, weights

@@ -1,15 +1,21 @@
-"""Packed training: cells that differ only in seed, trained together as one batched model.
+"""Packed training: cells of one model whose tensors have the same shapes (seeds, and systems
+of the same dimensions), trained together as one batched model.
 
-Their tensors have identical shapes, so the members' parameters are stacked along a leading
-ensemble dimension and one vectorised step (``torch.func.vmap`` over ``functional_call``) trains
-them all. Each member keeps everything :func:`tasks.training.train` gives a cell on its own: its
-initial weights, its shuffling (a private ``torch.Generator`` seeded with its seed), Adam with its
+The members' parameters are stacked along a leading ensemble dimension and one vectorised step
+(``torch.func.vmap`` over ``functional_call``) trains them all; members whose time grids differ
+(other systems) get their own grids through the same ``vmap``. Models run their plain formulas
+under ``vmap`` (Neural Laplace: :func:`nlmodels.accel.select`; ``nn.GRU`` and ``nn.GRUCell`` are
+swapped for the same maths in plain tensor ops).
+
+Each member keeps everything :func:`tasks.training.train` gives a cell on its own: its initial
+weights, its shuffling (a private ``torch.Generator`` seeded with its seed), Adam with its
 own moments, gradient-norm clipping over its own parameters, its validation, early stopping and
 best-validation weights, and a divergence that ends only that member. A member's result equals
 its unpacked run to rounding and does not depend on what it was packed with.
 
 A member that stopped is frozen by ``torch.where`` masks (a diverged member's values may be NaN,
-and NaN·0 is NaN) until the end of the epoch, then dropped from the pack.
+and NaN·0 is NaN) until the end of the epoch, then dropped from the pack. The epochs, stopping
+rules and best weights are those of :func:`tasks.training.train`: one loop drives both.
 
 On CUDA a training step of fixed shape (Euler solves, flows: no data-dependent control flow) is
 captured once into a CUDA graph and replayed (one graph per batch size, so the last short batch
@@ -20,13 +26,10 @@ sums kept on the device, one host read per epoch.
 from __future__ import annotations
 
 import copy
-import math
 import threading
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 import torch
@@ -42,14 +45,12 @@ from tasks.training import (
     _DTYPES,
     EpochRecord,
     TrainingDiverged,
-    TrainingInterrupted,
     TrainResult,
-    _loss_diverged,
-    _norm_diverged,
+    _Readout,
+    _record_step,
     _Tensors,
+    _train_loop,
     _uses_mse,
-    _val_diverged,
-    epoch_bar,
     train,
 )
 
@@ -78,6 +79,52 @@ class _GRUCell(nn.Module):
         update = torch.sigmoid(h_z + i_z)
         new = torch.tanh(i_n + h_n * reset)
         return (h - new) * update + new
+
+
+class _GRU(nn.Module):
+    """A multi-layer ``nn.GRU`` (unidirectional, no dropout or projection, zero initial state) in
+    plain tensor ops, layer by layer through :class:`_GRUCell`'s formulas: ``vmap`` cannot batch
+    the fused RNN kernels. Same parameter names, so a state dict of ``nn.GRU`` fits."""
+
+    def __init__(self, gru: nn.GRU) -> None:
+        super().__init__()
+        self.num_layers, self.hidden_size = gru.num_layers, gru.hidden_size
+        self.batch_first = gru.batch_first
+        for name, param in gru.named_parameters():
+            self.register_parameter(name, param)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.batch_first:
+            x = x.transpose(0, 1)
+        finals = []
+        for layer in range(self.num_layers):
+            w_ih, w_hh, b_ih, b_hh = (
+                getattr(self, f"{n}_l{layer}")
+                for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+            )
+            inputs = nn.functional.linear(x, w_ih, b_ih).chunk(3, -1)  # all steps at once
+            h = x.new_zeros(x.shape[0], self.hidden_size)
+            outs = []
+            for k in range(x.shape[1]):
+                h_r, h_z, h_n = nn.functional.linear(h, w_hh, b_hh).chunk(3, -1)
+                reset = torch.sigmoid(h_r + inputs[0][:, k])
+                update = torch.sigmoid(h_z + inputs[1][:, k])
+                new = torch.tanh(inputs[2][:, k] + h_n * reset)
+                h = (h - new) * update + new
+                outs.append(h)
+            x = torch.stack(outs, dim=1)
+            finals.append(h)
+        return (x if self.batch_first else x.transpose(0, 1)), torch.stack(finals)
+
+
+def _plain_gru(module: nn.Module) -> bool:
+    return (
+        type(module) is nn.GRU
+        and module.bias
+        and not module.bidirectional
+        and not module.dropout
+        and not module.proj_size
+    )
 
 
 class _Method(nn.Module):
@@ -109,6 +156,8 @@ def _replace_gru_cells(module: nn.Module) -> None:
     for name, child in list(module.named_children()):
         if type(child) is nn.GRUCell:
             setattr(module, name, _GRUCell(child))
+        elif _plain_gru(child):
+            setattr(module, name, _GRU(child))
         else:
             _replace_gru_cells(child)
 
@@ -131,6 +180,9 @@ class _Pack:
     div_kind: torch.Tensor  # long [M]: 0 none, 1 loss, 2 gradient norm
     div_value: torch.Tensor  # float64 [M]
     div_batch: torch.Tensor  # long [M]
+    #: per-member time grids [M, T] where the members' grids differ (None: the packer's own)
+    obs_t: torch.Tensor | None = None
+    query_t: torch.Tensor | None = None
     rows: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
@@ -166,9 +218,11 @@ class _Packer:
         device: torch.device,
         clip: float | None,
         lr: float,
-        obs_t: torch.Tensor,
-        query_t: torch.Tensor,
+        obs_t: torch.Tensor | None,
+        query_t: torch.Tensor | None,
     ) -> None:
+        """``obs_t``/``query_t``: the members' shared time grids, or None for per-member grids
+        (each member's train and validation grid, stacked by :meth:`pack`)."""
         self.models = list(models)
         self.device = device
         self.clip, self.lr = clip, lr
@@ -200,6 +254,7 @@ class _Packer:
             _unparametrize(self.base.get_submodule(path))
         _replace_gru_cells(self.base)
         self.base.to("meta")
+        self.uses_mse = _uses_mse(template)
         self.loss_mod = _Method(self.base, "training_loss")
         self.fwd_mod = _Method(self.base, "forward")
         self.graphs: dict[tuple[tuple[int, ...], int], _Graph] = {}
@@ -240,7 +295,15 @@ class _Packer:
             div_kind=torch.zeros(m, dtype=torch.long, device=self.device),
             div_value=torch.zeros(m, dtype=torch.float64, device=self.device),
             div_batch=torch.zeros(m, dtype=torch.long, device=self.device),
+            **self._grids(data, members),
         )
+
+    def _grids(self, data: dict[int, tuple[_Tensors, ...]], members: list[int]) -> dict:
+        if self.obs_t is not None:
+            return {}
+        return {
+            f: torch.stack([getattr(data[i][0], f) for i in members]) for f in ("obs_t", "query_t")
+        }
 
     def compact(self, pack: _Pack, keep: list[int]) -> _Pack:
         """The pack of the members at positions ``keep`` (Adam moments carried over)."""
@@ -265,6 +328,8 @@ class _Packer:
             div_kind=torch.zeros(m, dtype=torch.long, device=self.device),
             div_value=torch.zeros(m, dtype=torch.float64, device=self.device),
             div_batch=torch.zeros(m, dtype=torch.long, device=self.device),
+            obs_t=None if pack.obs_t is None else pack.obs_t.index_select(0, sel),
+            query_t=None if pack.query_t is None else pack.query_t.index_select(0, sel),
         )
 
     @torch.no_grad()
@@ -297,17 +362,54 @@ class _Packer:
             state[f"model.{path}.{tname}".replace("..", ".").rstrip(".")] = torch.stack(weights)
         return state
 
-    def losses(self, pack: _Pack, obs_x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        def one(state, ox, tg):
-            return functional_call(self.loss_mod, state, (self.obs_t, ox, self.query_t, tg))
+    def vmapped(self, pack: _Pack, module: nn.Module, obs_x: torch.Tensor, *rest: torch.Tensor):
+        """``module(obs_t, obs_x, query_t, *rest)`` of every member (``rest``: per-member tensors
+        ``[M, ...]``), with each member's state and time grids, batched by ``vmap``."""
+        state = self._state(pack)
+        if pack.obs_t is None:
 
-        return vmap(one, randomness="error")(self._state(pack), obs_x, target)
+            def shared(state, ox, *r):
+                return functional_call(module, state, (self.obs_t, ox, self.query_t, *r))
+
+            return vmap(shared, randomness="error")(state, obs_x, *rest)
+
+        def own(state, ot, ox, qt, *r):
+            return functional_call(module, state, (ot, ox, qt, *r))
+
+        return vmap(own, randomness="error")(state, pack.obs_t, obs_x, pack.query_t, *rest)
+
+    # The two places where the members' model is evaluated; a model with its own objective or
+    # its own batched solve replaces these (and packable() decides whether it may).
+
+    def losses(self, pack: _Pack, obs_x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Each member's training loss on its batch ``[M]`` (``training_loss``, under vmap)."""
+        return self.vmapped(pack, self.loss_mod, obs_x, target)
 
     def predict(self, pack: _Pack, obs_x: torch.Tensor) -> torch.Tensor:
-        def one(state, ox):
-            return functional_call(self.fwd_mod, state, (self.obs_t, ox, self.query_t))
+        """Each member's prediction at its query times ``[M, B, T_q, D]``."""
+        return self.vmapped(pack, self.fwd_mod, obs_x)
 
-        return vmap(one, randomness="error")(self._state(pack), obs_x)
+    @torch.no_grad()
+    def validate(self, pack: _Pack, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each member's validation loss and RMSE ``([M], [M])``, on the device, as
+        :func:`tasks.training._validate` computes them for one cell (the loss of a model with its
+        own objective: that objective averaged over the validation batches)."""
+        n_val = pack.val_obs_x.shape[1]
+        starts = range(0, n_val, batch_size)
+        preds = torch.cat(
+            [self.predict(pack, pack.val_obs_x[:, s : s + batch_size]) for s in starts], dim=1
+        )
+        mse = torch.mean((preds - pack.val_target) ** 2, dim=tuple(range(1, preds.dim())))
+        if self.uses_mse:
+            return mse, mse.sqrt()
+        losses = [
+            self.losses(
+                pack, pack.val_obs_x[:, s : s + batch_size], pack.val_target[:, s : s + batch_size]
+            )
+            * min(batch_size, n_val - s)
+            for s in starts
+        ]
+        return torch.stack(losses).sum(0) / n_val, mse.sqrt()
 
     # ----- one training step (eager or captured) ---------------------------------------------
 
@@ -324,35 +426,17 @@ class _Packer:
         names = list(pack.params)
         grads = torch.autograd.grad(losses.sum(), [pack.params[n] for n in names])
         with torch.no_grad():
-            active = pack.active
-            finite_loss = torch.isfinite(losses)
-            finite_norm = torch.ones_like(finite_loss)
-            norm = torch.zeros_like(pack.div_value)
+            active = pack.active.clone()
+            norm = None
             if self.clip is not None:
                 norms = torch.stack(
                     [torch.linalg.vector_norm(g.reshape(g.shape[0], -1), 2, dim=1) for g in grads],
                     dim=1,
                 )
-                total_norm = torch.linalg.vector_norm(norms, 2, dim=1)
-                coef = torch.clamp(self.clip / (total_norm + _CLIP_EPS), max=1.0)
+                norm = torch.linalg.vector_norm(norms, 2, dim=1)
+                coef = torch.clamp(self.clip / (norm + _CLIP_EPS), max=1.0)
                 grads = [g * _expand(coef, g) for g in grads]
-                finite_norm = torch.isfinite(total_norm)
-                norm = total_norm.to(torch.float64)
-            ok = active & finite_loss & finite_norm
-            bad_loss = active & ~finite_loss
-            bad_norm = active & finite_loss & ~finite_norm
-            pack.div_kind.copy_(torch.where(bad_loss, 1, torch.where(bad_norm, 2, pack.div_kind)))
-            pack.div_value.copy_(
-                torch.where(
-                    bad_loss,
-                    losses.to(torch.float64),
-                    torch.where(bad_norm, norm, pack.div_value),
-                )
-            )
-            pack.div_batch.copy_(torch.where(bad_loss | bad_norm, self.batch_no, pack.div_batch))
-            pack.total.copy_(
-                torch.where(active, pack.total + losses.to(torch.float64) * batch, pack.total)
-            )
+            ok = _record_step(pack, losses, norm, self.batch_no, batch)
             neg_step, bc2_sqrt = adam
             for n, g in zip(names, grads):
                 p, m, v = pack.params[n], pack.exp_avg[n], pack.exp_avg_sq[n]
@@ -369,7 +453,6 @@ class _Packer:
                 v.copy_(torch.where(mask, v_new, v))
                 p.copy_(torch.where(mask, p_new, p))
             self._restore_inactive(pack, saved, active)
-            pack.active.copy_(ok)
 
     def _saved_buffers(self, pack: _Pack) -> list[tuple[torch.Tensor, torch.Tensor]]:
         # Buffers a forward pass updates (spectral norm's power iteration) stay frozen for
@@ -453,16 +536,17 @@ def packable(model: ForecastModel, device: torch.device) -> bool:
     Not packable: models with their own objective (the Latent ODE's ELBO draws a
     reparametrised sample from each model's own generator), solvers other than Euler (adaptive
     ones have data-dependent step control; the batched Euler solve is the one that matches
-    torchdiffeq's arithmetic), the adjoint method, multi-layer ``nn.GRU`` encoders, and whatever
-    fails a vmapped forward and backward on two copies (custom autograd functions such as
-    Neural Laplace's fused decoder).
+    torchdiffeq's arithmetic), the adjoint method, recurrent layers other than a plain
+    ``nn.GRU``/``nn.GRUCell`` (replaced by the same maths in plain ops), and whatever fails a
+    vmapped forward and backward on two copies. Neural Laplace packs: under ``vmap`` it runs its
+    plain formulas instead of its fused decoder (:func:`nlmodels.accel.select`).
     """
     device = torch.device(device)
     if device.type not in ("cpu", "cuda") or not _uses_mse(model):
         return False
     if getattr(model, "solver", "euler") != "euler" or getattr(model, "adjoint", False):
         return False
-    if any(isinstance(m, nn.RNNBase) for m in model.modules()):
+    if any(isinstance(m, nn.RNNBase) and not _plain_gru(m) for m in model.modules()):
         return False
     if not isinstance(getattr(model, "state_dim", None), int):
         return False
@@ -475,8 +559,7 @@ def packable(model: ForecastModel, device: torch.device) -> bool:
         packer.set_mode(pack, True)
         packer.step(pack, torch.arange(3).expand(2, -1), 3, packer.adam_scalars(1))
         packer.set_mode(pack, False)
-        with torch.no_grad():
-            packer.predict(pack, pack.val_obs_x)
+        packer.validate(pack, 2)
     except Exception:  # anything vmap cannot batch means: train one by one
         return False
     return True
@@ -513,16 +596,36 @@ def _same_layout(models: Sequence[ForecastModel]) -> bool:
     return all(type(m) is type(models[0]) and layout(m) == first for m in models[1:])
 
 
-def _same_grids(splits: Sequence[SplitData]) -> bool:
+def _packable_grids(train_splits: Sequence[SplitData], val_splits: Sequence[SplitData]) -> bool:
+    """Tensors of the same shapes in every member, one time grid ``[T]`` per member shared by
+    its training and validation splits (the grids may differ between members: other systems)."""
+    s0 = train_splits[0]
+
+    def shapes(s: SplitData) -> tuple:
+        return (
+            np.shape(s.obs_x)[1:],
+            np.shape(s.target)[1:],
+            np.shape(s.obs_t),
+            np.shape(s.query_t),
+        )
+
+    return all(
+        np.ndim(tr.obs_t) == 1
+        and np.ndim(tr.query_t) == 1
+        and np.array_equal(tr.obs_t, va.obs_t)
+        and np.array_equal(tr.query_t, va.query_t)
+        and shapes(tr) == shapes(s0)
+        and shapes(va) == shapes(s0)
+        and len(tr.obs_x) == len(s0.obs_x)
+        and len(va.obs_x) == len(val_splits[0].obs_x)
+        for tr, va in zip(train_splits, val_splits, strict=True)
+    )
+
+
+def _shared_grids(splits: Sequence[SplitData]) -> bool:
     s0 = splits[0]
     return all(
-        np.asarray(s.obs_t).ndim == 1
-        and np.asarray(s.query_t).ndim == 1
-        and np.array_equal(s.obs_t, s0.obs_t)
-        and np.array_equal(s.query_t, s0.query_t)
-        and s.obs_x.shape == s0.obs_x.shape
-        and s.target.shape == s0.target.shape
-        for s in splits
+        np.array_equal(s.obs_t, s0.obs_t) and np.array_equal(s.query_t, s0.query_t) for s in splits
     )
 
 
@@ -565,6 +668,7 @@ def train_packed(
     progress: bool = False,
     labels: Sequence[str] | None = None,
     graphs: bool | None = None,
+    pack: bool = True,
 ) -> list[TrainResult | TrainingDiverged]:
     """Train ``models[i]`` on ``train_splits[i]`` with seed ``seeds[i]``, all in one batch.
 
@@ -574,8 +678,10 @@ def train_packed(
     of the returned list and leaves the others running. ``on_epoch(i, record)`` is called after
     each of member ``i``'s epochs. Setting ``stop`` raises :class:`TrainingInterrupted`.
 
-    A single member, models that are not :func:`packable` or that differ in architecture, and
-    splits whose shapes or time grids differ are trained one by one by :func:`train`.
+    Members may come from different systems: their time grids are batched with them. A single
+    member, ``pack=False``, models that are not :func:`packable` or that differ in architecture,
+    and splits whose shapes differ (or whose train and validation grids differ) are trained one
+    by one by :func:`train`.
     ``max_train_seconds`` is per cell: the pack trains for up to ``n`` times it (as ``n``
     cells one after another would), and its wall time is each member's ``seconds`` and its
     epochs' ``seconds``.
@@ -599,46 +705,46 @@ def train_packed(
     dtype = _DTYPES[config.dtype]
     for model in models:
         model.to(device=device, dtype=dtype)
+    args = (models, train_splits, val_splits, config, device, seeds, on_epoch, stop, progress)
     if (
         n < 2
+        or not pack
         or not all(packable(m, device) for m in models)
         or not _same_layout(models)
-        or not _same_grids(train_splits)
-        or not _same_grids(val_splits)
-        or not np.array_equal(train_splits[0].obs_t, val_splits[0].obs_t)
-        or not np.array_equal(train_splits[0].query_t, val_splits[0].query_t)
+        or not _packable_grids(train_splits, val_splits)
         or min(s.obs_x.shape[0] for s in (*train_splits, *val_splits)) == 0
     ):
-        return _one_by_one(
-            models,
-            train_splits,
-            val_splits,
-            config,
-            device,
-            seeds,
-            on_epoch,
-            stop,
-            progress,
-            labels,
-        )
-    return _Run(models, train_splits, val_splits, config, device, seeds, labels).run(
-        on_epoch, stop, progress, graphs
+        return _one_by_one(*args, labels)
+    cells = _PackedCells(models, train_splits, val_splits, config, device, seeds, labels, graphs)
+    try:
+        cells.probe()
+    except Exception:  # e.g. members whose grids take different branches: one by one
+        return _one_by_one(*args, labels)
+    # The time budget is per cell: M packed cells hold one worker for up to M budgets, as they
+    # would one after another, and spend packing's savings on more epochs.
+    budget = None if config.max_train_seconds is None else config.max_train_seconds * n
+    return _train_loop(
+        cells,
+        cells.n_train,
+        config,
+        list(labels),
+        initial_states=[copy.deepcopy(m.state_dict()) for m in models],
+        on_epoch=on_epoch,
+        stop=stop,
+        progress=progress,
+        budget=budget,
     )
 
 
-@dataclass
-class _Member:
-    best_rmse: float = math.inf
-    best_epoch: int = -1
-    best_state: dict | None = None
-    history: list[EpochRecord] = field(default_factory=list)
-    result: TrainResult | TrainingDiverged | None = None
+class _PackedCells:
+    """The step function of a pack for :func:`tasks.training._train_loop`: the batched model's
+    step (eager, or replayed from a CUDA graph), its per-member validation and best weights."""
 
-
-class _Run:
-    def __init__(self, models, train_splits, val_splits, config, device, seeds, labels):
+    def __init__(self, models, train_splits, val_splits, config, device, seeds, labels, graphs):
         self.models, self.config, self.device = list(models), config, device
-        self.seeds, self.labels = list(seeds), list(labels)
+        self.labels, self.graphs_flag = list(labels), graphs
+        self.use_graphs = device.type == "cuda" and graphs is not False
+        self.graphs_used = False
         dtype = _DTYPES[config.dtype]
         self.data = {
             i: (
@@ -648,141 +754,130 @@ class _Run:
             for i in range(len(models))
         }
         first = self.data[0][0]
+        shared = _shared_grids(train_splits)
         self.packer = _Packer(
-            self.models, device, config.grad_clip, config.lr, first.obs_t, first.query_t
+            self.models,
+            device,
+            config.grad_clip,
+            config.lr,
+            first.obs_t if shared else None,
+            first.query_t if shared else None,
+        )
+        self.pack = self.packer.pack(list(range(len(models))), self.data)
+        self.gens = [torch.Generator().manual_seed(s) for s in seeds]
+        self.n_train = len(first)
+        self.n_step = 0
+        self.label = labels[0] if len(models) == 1 else f"{labels[0]} (+{len(models) - 1})"
+        self.orders = torch.empty(0)
+
+    @property
+    def members(self) -> list[int]:
+        return self.pack.members
+
+    def probe(self) -> None:
+        """One validation batch through the batched model: raises where the members cannot be
+        batched (e.g. a check on the time grids that differs between members)."""
+        self.packer.set_mode(self.pack, False)
+        with torch.no_grad():
+            self.packer.predict(self.pack, self.pack.val_obs_x[:, :1])
+
+    def begin_epoch(self) -> None:
+        self.packer.set_mode(self.pack, True)
+        self.packer.base.reset_nfe()
+        self.orders = torch.stack(
+            [
+                torch.randperm(self.n_train, generator=self.gens[m]).to(self.device)
+                for m in self.pack.members
+            ]
+        )
+        self.pack.total.zero_()
+
+    def train_step(self, b_i: int, start: int, batch: int) -> None:
+        packer, pack = self.packer, self.pack
+        self.n_step += 1
+        adam = packer.adam_scalars(self.n_step)
+        packer.batch_no.fill_(b_i)
+        rows = self.orders[:, start : start + batch]
+        if self.use_graphs:
+            try:
+                g = packer.graph(pack, batch)
+            except Exception as e:
+                if self.graphs_flag:
+                    raise RuntimeError(
+                        f"{self.label}: capturing the training step into a CUDA graph "
+                        f"failed ({e}); use graphs=None or False for eager steps"
+                    ) from e
+                warnings.warn(
+                    f"{self.label}: CUDA graph capture failed ({e}); eager steps",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                self.use_graphs = False
+            else:
+                g.idx.copy_(rows)
+                g.graph.replay()
+                packer.base.count_nfe(g.nfe)
+                self.graphs_used = True
+                return
+        packer.step(pack, rows, batch, adam)
+
+    def end_epoch(self) -> _Readout:
+        packer, pack = self.packer, self.pack
+        nfe = packer.base.nfe
+        packer.set_mode(pack, False)
+        val_loss, val_rmse = packer.validate(pack, self.config.batch_size)
+        values = torch.stack(
+            [
+                t.to(torch.float64)
+                for t in (pack.active, pack.total, pack.div_kind, pack.div_value, pack.div_batch)
+            ]
+            + [val_loss.to(torch.float64), val_rmse.to(torch.float64)]
+        ).tolist()  # the epoch's one host read
+        active, totals, kinds, div_values, batches, v_loss, v_rmse = values
+        return _Readout(
+            [bool(a) for a in active],
+            totals,
+            [int(k) for k in kinds],
+            div_values,
+            [int(b) for b in batches],
+            v_loss,
+            v_rmse,
+            nfe,
         )
 
-    def run(self, on_epoch, stop, progress, graphs) -> list[TrainResult | TrainingDiverged]:
-        config, packer, models = self.config, self.packer, self.models
-        n_members = len(models)
-        use_graphs = self.device.type == "cuda" and graphs is not False
-        graphs_used = False
-        gens = [torch.Generator().manual_seed(s) for s in self.seeds]
-        members = [_Member(best_state=copy.deepcopy(m.state_dict())) for m in models]
-        self.members = members
-        pack = packer.pack(list(range(n_members)), self.data)
-        n_train = len(self.data[0][0])
-        n_val = len(self.data[0][1])
-        bs = config.batch_size
-        n_step = 0
-        t_start = time.perf_counter()
-        # The time budget is per cell: M packed cells hold one worker for up to M budgets, as
-        # they would one after another, and spend packing's savings on more epochs.
-        budget = None if config.max_train_seconds is None else config.max_train_seconds * n_members
-        label = self.labels[0] if n_members == 1 else f"{self.labels[0]} (+{n_members - 1})"
-        bar = epoch_bar(config, label, progress, budget)
-        for epoch in bar:
-            t0 = time.perf_counter()
-            packer.set_mode(pack, True)
-            packer.base.reset_nfe()
-            orders = torch.stack(
-                [torch.randperm(n_train, generator=gens[m]).to(self.device) for m in pack.members]
-            )
-            pack.total.zero_()
-            for b_i, start in enumerate(range(0, n_train, bs)):
-                if stop is not None and stop.is_set():
-                    raise TrainingInterrupted(
-                        f"{self.labels[pack.members[0]]}: stopped at epoch {epoch}"
-                    )
-                batch = min(bs, n_train - start)
-                n_step += 1
-                adam = packer.adam_scalars(n_step)
-                packer.batch_no.fill_(b_i)
-                rows = orders[:, start : start + batch]
-                if use_graphs:
-                    try:
-                        g = packer.graph(pack, batch)
-                    except Exception as e:
-                        if graphs:
-                            raise RuntimeError(
-                                f"{label}: capturing the training step into a CUDA graph "
-                                f"failed ({e}); use graphs=None or False for eager steps"
-                            ) from e
-                        warnings.warn(
-                            f"{label}: CUDA graph capture failed ({e}); eager steps",
-                            RuntimeWarning,
-                            stacklevel=2,
-                        )
-                        use_graphs = False
-                    else:
-                        g.idx.copy_(rows)
-                        g.graph.replay()
-                        packer.base.count_nfe(g.nfe)
-                        graphs_used = True
-                        continue
-                packer.step(pack, rows, batch, adam)
-            nfe = packer.base.nfe
-            active = pack.active.tolist()
-            totals = pack.total.tolist()
-            kinds, values, batches = (
-                pack.div_kind.tolist(),
-                pack.div_value.tolist(),
-                pack.div_batch.tolist(),
-            )
-            packer.set_mode(pack, False)
-            with torch.no_grad():
-                preds = torch.cat(
-                    [
-                        packer.predict(pack, pack.val_obs_x[:, s : s + bs])
-                        for s in range(0, n_val, bs)
-                    ],
-                    dim=1,
-                )
-            seconds = time.perf_counter() - t0
-            keep = []
-            for j, m in enumerate(pack.members):
-                mem, lab = members[m], self.labels[m]
-                if not active[j]:
-                    make = _loss_diverged if kinds[j] == 1 else _norm_diverged
-                    self._diverge(pack, j, make(lab, values[j], epoch, batches[j]))
-                    continue
-                mse = torch.mean((preds[j] - pack.val_target[j]) ** 2).item()
-                val_rmse = math.sqrt(mse)
-                if not math.isfinite(val_rmse):
-                    self._diverge(pack, j, _val_diverged(lab, val_rmse, epoch))
-                    continue
-                record = EpochRecord(epoch, totals[j] / n_train, mse, val_rmse, seconds, nfe)
-                mem.history.append(record)
-                if val_rmse < mem.best_rmse:
-                    mem.best_rmse, mem.best_epoch = val_rmse, epoch
-                    packer.write_back(pack, j)
-                    mem.best_state = copy.deepcopy(models[m].state_dict())
-                if on_epoch is not None:
-                    on_epoch(m, record)
-                stopped: Literal["epochs", "early_stopping", "time_budget"] | None = None
-                if config.patience is not None and epoch - mem.best_epoch >= config.patience:
-                    stopped = "early_stopping"
-                elif budget is not None and time.perf_counter() - t_start >= budget:
-                    stopped = "time_budget"
-                elif epoch == config.epochs - 1:
-                    stopped = "epochs"
-                if stopped is None:
-                    keep.append(j)
-                    continue
-                models[m].load_state_dict(mem.best_state)
-                models[m].eval()
-                models[m]._nfe = nfe
-                mem.result = TrainResult(
-                    tuple(mem.history),
-                    mem.best_epoch,
-                    mem.best_rmse,
-                    stopped,
-                    time.perf_counter() - t_start,
-                    packed_members=n_members,
-                    graphs=graphs_used,
-                )
-            bar.set_postfix(members=len(keep))
-            if not keep:
-                break
-            if len(keep) < len(pack.members):
-                pack = packer.compact(pack, keep)
-                packer.graphs.clear()  # captured for the previous pack's tensors
-        bar.close()
-        return [mem.result for mem in members]  # type: ignore[misc]
+    def keep_best(self, j: int) -> dict:
+        self.packer.write_back(self.pack, j)
+        return copy.deepcopy(self.models[self.pack.members[j]].state_dict())
 
-    def _diverge(self, pack: _Pack, j: int, error: TrainingDiverged) -> None:
-        # As train() leaves a model that raised: its weights at that moment, in training mode.
-        m = pack.members[j]
-        self.packer.write_back(pack, j)
-        self.models[m].train()
-        self.members[m].result = error
+    def diverged(self, j: int) -> None:
+        # As train() leaves a model that diverged: its weights at that moment, in training mode.
+        self.packer.write_back(self.pack, j)
+        self.models[self.pack.members[j]].train()
+
+    def finish(self, j: int, best_state: dict, nfe: int) -> None:
+        model = self.models[self.pack.members[j]]
+        model.load_state_dict(best_state)
+        model.eval()
+        model._nfe = nfe
+
+    def drop(self, keep: list[int]) -> None:
+        self.pack = self.packer.compact(self.pack, keep)
+        self.packer.graphs.clear()  # captured for the previous pack's tensors
+
+
+def graphed_single(
+    model: ForecastModel,
+    train_split: SplitData,
+    val_split: SplitData,
+    config: TrainConfig,
+    device: torch.device,
+    seed: int,
+    label: str,
+) -> _PackedCells | None:
+    """One cell on CUDA as a pack of one, its step captured into a CUDA graph (the arithmetic of
+    its eager step); None where the model or its splits cannot be packed (trained eagerly)."""
+    if device.type != "cuda" or not packable(model, device):
+        return None
+    if not _packable_grids([train_split], [val_split]):
+        return None
+    return _PackedCells([model], [train_split], [val_split], config, device, [seed], [label], None)

@@ -2,6 +2,12 @@
 
 Adam, mini-batches over trajectories, gradient-norm clipping, float64 by default, early stopping
 on validation RMSE with the best-validation weights restored at the end.
+
+One loop (:func:`_train_loop`) trains a single cell and a pack of cells
+(:mod:`tasks.packing`): one stopping rule, one best-weights rule, one history. It drives a
+step function (an eager module and optimiser step here, the batched step of a pack there) that
+keeps losses, divergence flags and clipping on the device; the loop reads them once per epoch,
+with the validation.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -202,6 +208,241 @@ def epoch_bar(config: TrainConfig, label: str, progress: bool, budget: float | N
     return tqdm(epochs, desc=label, disable=not progress, leave=True, unit="ep")
 
 
+@dataclass(frozen=True)
+class _Readout:
+    """One epoch of the cells still training, read to the host once (position j: the j-th of
+    ``cells.members``)."""
+
+    active: list[bool]  # not diverged during the epoch
+    totals: list[float]  # sum over batches of loss × batch size
+    div_kind: list[int]  # 0 none, 1 loss, 2 gradient norm
+    div_value: list[float]
+    div_batch: list[int]
+    val_loss: list[float]
+    val_rmse: list[float]
+    nfe: int
+
+
+def _record_step(flags, losses: torch.Tensor, norm: torch.Tensor | None, batch_no, batch: int):
+    """Device-side bookkeeping of one step for ``flags`` (tensors ``active``, ``total``,
+    ``div_kind``, ``div_value``, ``div_batch``, one entry per cell, or 0-dim for one cell): the
+    first non-finite loss or gradient norm of each cell, and the loss sum of those still active.
+    Returns which cells may take the step (active and finite). Reads nothing on the host."""
+    active = flags.active
+    finite_loss = torch.isfinite(losses)
+    loss64 = losses.detach().to(torch.float64)
+    if norm is None:
+        finite_norm, norm64 = torch.ones_like(finite_loss), torch.zeros_like(loss64)
+    else:
+        finite_norm, norm64 = torch.isfinite(norm), norm.detach().to(torch.float64)
+    ok = active & finite_loss & finite_norm
+    bad_loss = active & ~finite_loss
+    bad_norm = active & finite_loss & ~finite_norm
+    flags.div_kind.copy_(torch.where(bad_loss, 1, torch.where(bad_norm, 2, flags.div_kind)))
+    flags.div_value.copy_(
+        torch.where(bad_loss, loss64, torch.where(bad_norm, norm64, flags.div_value))
+    )
+    flags.div_batch.copy_(torch.where(bad_loss | bad_norm, batch_no, flags.div_batch))
+    flags.total.copy_(torch.where(active, flags.total + loss64 * batch, flags.total))
+    flags.active.copy_(ok)
+    return ok
+
+
+@dataclass
+class _Flags:
+    """The per-step bookkeeping of one cell, on its device (see :func:`_record_step`)."""
+
+    active: torch.Tensor
+    total: torch.Tensor
+    div_kind: torch.Tensor
+    div_value: torch.Tensor
+    div_batch: torch.Tensor
+
+    @classmethod
+    def zeros(cls, shape: tuple[int, ...], device: torch.device) -> _Flags:
+        def z(dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        return cls(
+            torch.ones(shape, dtype=torch.bool, device=device),
+            z(torch.float64),
+            z(torch.long),
+            z(torch.float64),
+            z(torch.long),
+        )
+
+    def read(self) -> tuple[list, list, list, list, list]:
+        return tuple(  # type: ignore[return-value]
+            t.reshape(-1).tolist()
+            for t in (self.active, self.total, self.div_kind, self.div_value, self.div_batch)
+        )
+
+
+class _EagerCell:
+    """The step function of one cell: its module, ``torch.optim.Adam`` and
+    ``clip_grad_norm_``, eagerly (any model, e.g. Neural Laplace's native kernels on the CPU).
+    A step whose loss or gradient norm is not finite is not applied (its weights stay as they
+    were, as the pack's masks keep a diverged member's), and the cell is reported diverged at
+    the end of the epoch."""
+
+    graphs_used = False
+
+    def __init__(self, model, train_data, val_data, config: TrainConfig, seed: int, device):
+        self.model, self.train_data, self.val_data = model, train_data, val_data
+        self.config = config
+        self.members = [0]
+        self.params = list(model.parameters())
+        self.optimiser = torch.optim.Adam(self.params, lr=config.lr)
+        # A private generator: the shuffling order depends on this cell's seed only.
+        self.gen = torch.Generator().manual_seed(seed)
+        self.flags = _Flags.zeros((), torch.device(device))
+        self.device = device
+        self.order = torch.empty(0)
+
+    def begin_epoch(self) -> None:
+        self.model.train()
+        self.model.reset_nfe()
+        self.order = torch.randperm(len(self.train_data), generator=self.gen).to(self.device)
+        self.flags.total.zero_()
+
+    def train_step(self, b_i: int, start: int, batch: int) -> None:
+        model, clip = self.model, self.config.grad_clip
+        b = self.train_data.batch(self.order[start : start + batch])
+        self.optimiser.zero_grad(set_to_none=True)
+        loss = model.training_loss(b.obs_t, b.obs_x, b.query_t, b.target)
+        loss.backward()
+        norm = None
+        if clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
+        with torch.no_grad():
+            ok = _record_step(self.flags, loss, norm, b_i, batch)
+            before = [p.detach().clone() for p in self.params]
+        self.optimiser.step()
+        with torch.no_grad():
+            for p, old in zip(self.params, before, strict=True):
+                p.copy_(torch.where(ok, p, old))
+
+    def end_epoch(self) -> _Readout:
+        nfe = self.model.nfe
+        flags = self.flags.read()
+        val_loss, val_rmse = _validate(self.model, self.val_data, self.config.batch_size)
+        return _Readout(*flags, [val_loss], [val_rmse], nfe)
+
+    def keep_best(self, j: int) -> dict:
+        return copy.deepcopy(self.model.state_dict())
+
+    def diverged(self, j: int) -> None:  # left as at its divergence, in training mode
+        self.model.train()
+
+    def finish(self, j: int, best_state: dict, nfe: int) -> None:
+        self.model.load_state_dict(best_state)
+        self.model.eval()
+
+    def drop(self, keep: list[int]) -> None:
+        self.members = [self.members[j] for j in keep]
+
+
+@dataclass
+class _Progress:
+    best_rmse: float = math.inf
+    best_epoch: int = -1
+    best_state: dict | None = None
+    history: list[EpochRecord] = field(default_factory=list)
+    result: TrainResult | TrainingDiverged | None = None
+
+
+def _train_loop(
+    cells,
+    n_train: int,
+    config: TrainConfig,
+    labels: list[str],
+    *,
+    initial_states: list[dict],
+    on_epoch: Callable[[int, EpochRecord], None] | None,
+    stop: threading.Event | None,
+    progress: bool,
+    budget: float | None,
+) -> list[TrainResult | TrainingDiverged]:
+    """Train ``cells`` (a step function over one or several cells; see :class:`_EagerCell` and
+    :class:`tasks.packing._PackedCells`) for up to ``config.epochs`` epochs of ``n_train``
+    trajectories in batches of ``config.batch_size``.
+
+    Per cell: early stopping on validation RMSE (``patience``), the best-validation weights
+    restored at its end, a divergence (non-finite loss, gradient norm or validation RMSE) that
+    ends that cell only, and ``on_epoch(i, record)`` after each of cell ``i``'s epochs. The
+    wall-clock ``budget`` (seconds) ends every cell still training. Setting ``stop`` raises
+    :class:`TrainingInterrupted`. Per-step values stay on the device: the loop reads them, and
+    the validation, once per epoch (:meth:`end_epoch`).
+    """
+    n_cells = len(labels)
+    cells_progress = [_Progress(best_state=s) for s in initial_states]
+    bs = config.batch_size
+    t_start = time.perf_counter()
+    label = labels[0] if n_cells == 1 else f"{labels[0]} (+{n_cells - 1})"
+    bar = epoch_bar(config, label, progress, budget)
+    for epoch in bar:
+        t0 = time.perf_counter()
+        cells.begin_epoch()
+        for b_i, start in enumerate(range(0, n_train, bs)):
+            if stop is not None and stop.is_set():
+                raise TrainingInterrupted(f"{labels[cells.members[0]]}: stopped at epoch {epoch}")
+            cells.train_step(b_i, start, min(bs, n_train - start))
+        out = cells.end_epoch()
+        seconds = time.perf_counter() - t0
+        keep = []
+        for j, m in enumerate(cells.members):
+            cell, lab = cells_progress[m], labels[m]
+            if not out.active[j]:
+                make = _loss_diverged if out.div_kind[j] == 1 else _norm_diverged
+                cell.result = make(lab, out.div_value[j], epoch, out.div_batch[j])
+                cells.diverged(j)
+                continue
+            val_rmse = out.val_rmse[j]
+            if not math.isfinite(val_rmse):
+                cell.result = _val_diverged(lab, val_rmse, epoch)
+                cells.diverged(j)
+                continue
+            record = EpochRecord(
+                epoch, out.totals[j] / n_train, out.val_loss[j], val_rmse, seconds, out.nfe
+            )
+            cell.history.append(record)
+            if val_rmse < cell.best_rmse:
+                cell.best_rmse, cell.best_epoch = val_rmse, epoch
+                cell.best_state = cells.keep_best(j)
+            if n_cells == 1:
+                bar.set_postfix(loss=f"{record.train_loss:.4g}", val_rmse=f"{val_rmse:.4g}")
+            if on_epoch is not None:
+                on_epoch(m, record)
+            stopped: Literal["epochs", "early_stopping", "time_budget"] | None = None
+            if config.patience is not None and epoch - cell.best_epoch >= config.patience:
+                stopped = "early_stopping"
+            elif budget is not None and time.perf_counter() - t_start >= budget:
+                stopped = "time_budget"
+            elif epoch == config.epochs - 1:
+                stopped = "epochs"
+            if stopped is None:
+                keep.append(j)
+                continue
+            cells.finish(j, cell.best_state, out.nfe)
+            cell.result = TrainResult(
+                tuple(cell.history),
+                cell.best_epoch,
+                cell.best_rmse,
+                stopped,
+                time.perf_counter() - t_start,
+                packed_members=n_cells,
+                graphs=cells.graphs_used,
+            )
+        if n_cells > 1:
+            bar.set_postfix(members=len(keep))
+        if not keep:
+            break
+        if len(keep) < len(cells.members):
+            cells.drop(keep)
+    bar.close()
+    return [c.result for c in cells_progress]  # type: ignore[misc]
+
+
 def train(
     model: ForecastModel,
     train_split,
@@ -220,7 +461,12 @@ def train(
     Splits are ``datasets.SplitData`` (numpy, normalised). On return the model holds the weights
     of its best validation epoch. ``on_epoch`` is called after every epoch (e.g. to log metrics);
     setting ``stop`` ends training with :class:`TrainingInterrupted`. A NaN or infinite loss or
-    gradient raises :class:`TrainingDiverged`.
+    gradient raises :class:`TrainingDiverged` (at the end of the epoch in which it happened; the
+    model keeps the weights it had before that step).
+
+    On CUDA a model that :func:`tasks.packing.packable` accepts trains as a pack of one, its
+    step captured into a CUDA graph (the same arithmetic; its shapes are fixed); elsewhere the
+    module and ``torch.optim.Adam`` step eagerly.
     """
     device = torch.device(device)
     dtype = _DTYPES[config.dtype]
@@ -232,63 +478,26 @@ def train(
             f"training needs trajectories in both splits (train {len(train_data)}, "
             f"val {len(val_data)}); increase n_trajectories"
         )
-    optimiser = torch.optim.Adam(model.parameters(), lr=config.lr)
-    # A private generator: the shuffling order depends on this cell's seed only.
-    gen = torch.Generator().manual_seed(seed)
-    best_rmse, best_epoch, best_state = math.inf, -1, copy.deepcopy(model.state_dict())
-    history: list[EpochRecord] = []
-    stopped: Literal["epochs", "early_stopping", "time_budget"] = "epochs"
-    t_start = time.perf_counter()
+    if device.type == "cuda":
+        from tasks.packing import graphed_single  # packing builds on this module
 
-    bar = epoch_bar(config, label, progress)
-    for epoch in bar:
-        t0 = time.perf_counter()
-        model.train()
-        model.reset_nfe()
-        order = torch.randperm(len(train_data), generator=gen).to(device)
-        total, count = 0.0, 0
-        for b_i, start in enumerate(range(0, len(train_data), config.batch_size)):
-            if stop is not None and stop.is_set():
-                raise TrainingInterrupted(f"{label}: stopped at epoch {epoch}")
-            b = train_data.batch(order[start : start + config.batch_size])
-            optimiser.zero_grad(set_to_none=True)
-            loss = model.training_loss(b.obs_t, b.obs_x, b.query_t, b.target)
-            if not torch.isfinite(loss):
-                raise _loss_diverged(label, loss.item(), epoch, b_i)
-            loss.backward()
-            if config.grad_clip is not None:
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-                if not torch.isfinite(norm):
-                    raise _norm_diverged(label, norm.item(), epoch, b_i)
-            optimiser.step()
-            total += loss.item() * len(b)
-            count += len(b)
-        nfe = model.nfe
-        val_loss, val_rmse = _validate(model, val_data, config.batch_size)
-        if not math.isfinite(val_rmse):
-            raise _val_diverged(label, val_rmse, epoch)
-        record = EpochRecord(
-            epoch, total / count, val_loss, val_rmse, time.perf_counter() - t0, nfe
-        )
-        history.append(record)
-        if val_rmse < best_rmse:
-            best_rmse, best_epoch = val_rmse, epoch
-            best_state = copy.deepcopy(model.state_dict())
-        bar.set_postfix(loss=f"{record.train_loss:.4g}", val_rmse=f"{val_rmse:.4g}")
-        if on_epoch is not None:
-            on_epoch(record)
-        if config.patience is not None and epoch - best_epoch >= config.patience:
-            stopped = "early_stopping"
-            break
-        if (
-            config.max_train_seconds is not None
-            and time.perf_counter() - t_start >= config.max_train_seconds
-        ):
-            stopped = "time_budget"
-            break
-    bar.close()
-    model.load_state_dict(best_state)
-    model.eval()
-    return TrainResult(
-        tuple(history), best_epoch, best_rmse, stopped, time.perf_counter() - t_start
+        cells = graphed_single(model, train_split, val_split, config, device, seed, label)
+    else:
+        cells = None
+    if cells is None:
+        cells = _EagerCell(model, train_data, val_data, config, seed, device)
+    callback = None if on_epoch is None else (lambda _i, r: on_epoch(r))
+    (result,) = _train_loop(
+        cells,
+        len(train_data),
+        config,
+        [label],
+        initial_states=[copy.deepcopy(model.state_dict())],
+        on_epoch=callback,
+        stop=stop,
+        progress=progress,
+        budget=config.max_train_seconds,
     )
+    if isinstance(result, TrainingDiverged):
+        raise result
+    return result

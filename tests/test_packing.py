@@ -238,7 +238,8 @@ def test_packable():
     assert not packable(build_model("node", 1, solver="dopri5"), cpu)
     assert not packable(build_model("node", 1, adjoint=True), cpu)
     assert not packable(build_model("latent_ode", 1), cpu)  # ELBO: draws from the global RNG
-    assert not packable(build_model("neural_laplace", 1), cpu)  # custom autograd function
+    assert packable(build_model("neural_laplace", 1), cpu)  # its plain formulas under vmap
+    assert not packable(build_model("neural_laplace", 1, encoder_units=4).float(), "meta")
 
 
 def test_not_packable_models_fall_back_to_train():
@@ -393,7 +394,6 @@ def test_members_with_different_settings_train_one_by_one():
 def test_the_time_budget_is_per_cell(monkeypatch):
     """A pack of M cells holds its worker for up to M budgets: on a clock where one packed
     epoch costs what one unpacked epoch does, each member runs M times the epochs."""
-    import tasks.packing
     import tasks.training
 
     class Clock:  # advances one second per (packed) epoch, when the first member reports
@@ -407,8 +407,7 @@ def test_the_time_budget_is_per_cell(monkeypatch):
         def tick(cls, member: int, _record) -> None:
             cls.now += member == 0
 
-    monkeypatch.setattr(tasks.packing, "time", Clock)
-    monkeypatch.setattr(tasks.training, "time", Clock)  # a single member trains unpacked
+    monkeypatch.setattr(tasks.training, "time", Clock)  # the training loop's clock
     cfg = _cfg(epochs=100, max_train_seconds=4.0)
 
     def epochs_run(seeds: list[int]) -> list[int]:

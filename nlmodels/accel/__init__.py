@@ -8,12 +8,12 @@ restructured for speed, and held to it by the tests.
   ILT fused into one autograd function (:mod:`nlmodels.accel.decoder`), its elementwise steps
   in the native kernels or their torch twin.
 * :func:`select`: the one choice: the native kernels, their torch twins, or (under
-  ``torch.compile``) the model's plain formulas.
+  ``torch.compile``, ``torch.func.vmap`` or :func:`plain_formulas`) the model's plain formulas.
 * :mod:`nlmodels.accel.native`: the C kernels, their build, verified cache and checked calls.
 """
 
-from nlmodels.accel._select import Backend, select
+from nlmodels.accel._select import Backend, plain_formulas, select
 from nlmodels.accel.decoder import fused_sphere_decode
 from nlmodels.accel.gru import gru_final_output
 
-__all__ = ["Backend", "fused_sphere_decode", "gru_final_output", "select"]
+__all__ = ["Backend", "fused_sphere_decode", "gru_final_output", "plain_formulas", "select"]

@@ -207,10 +207,10 @@ class _NativeGRU(torch.autograd.Function):
 
 def gru_final_output(x: torch.Tensor, gru: torch.nn.GRU) -> torch.Tensor:
     """``gru(x)[0][:, -1]`` for a batch-first, unidirectional, dropout-free ``nn.GRU`` with zero
-    initial state: the last output of the top layer, ``[B, H]``. Off the CPU or under
-    ``torch.compile``, ``gru`` itself; on the CPU the native GRU or the torch wavefront (see
-    :func:`select`)."""
-    if x.device.type != "cpu" or select(x) == "plain":
+    initial state: the last output of the top layer, ``[B, H]``. Off the CPU or on the plain
+    path (``torch.compile``, ``vmap``, :func:`~nlmodels.accel.plain_formulas`), ``gru`` itself;
+    on the CPU the native GRU or the torch wavefront (see :func:`select`)."""
+    if x.device.type != "cpu" or select(x, *gru.parameters()) == "plain":
         return gru(x)[0][:, -1]
     if not gru.batch_first or gru.bidirectional or gru.dropout or gru.proj_size:
         raise ValueError("gru_final_output needs a batch-first, unidirectional GRU without dropout")

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from nlmodels._registrar import name_registrar
+from nlmodels.base import host_bool
 
 __all__ = ["ILT_ALGORITHMS", "ILTAlgorithm", "get_ilt", "register_ilt"]
 
@@ -52,7 +53,7 @@ def check_times(t: torch.Tensor) -> torch.Tensor:
     if t.is_complex() or t.dtype == torch.bool:
         raise ValueError(f"times must be real, got dtype {t.dtype}")
     t = t.to(torch.float64)
-    if t.numel() and not bool(torch.all(torch.isfinite(t) & (t > 0))):
+    if t.numel() and not host_bool(torch.all(torch.isfinite(t) & (t > 0))):
         raise ValueError("times must be finite and > 0 (an ILT is undefined at t <= 0)")
     return t
 
