@@ -10,6 +10,7 @@ model never stops the others.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import tempfile
@@ -24,7 +25,7 @@ from typing import Any, Literal
 
 import torch
 
-from datasets import Dataset, Prepared, data_home, load_or_simulate, prepare
+from datasets import SYSTEMS, Dataset, Prepared, data_home, load_or_simulate, prepare
 from nlmodels import ForecastModel, build_model, native_cpu_kernels
 from tasks._workers import worker_stop_event
 from tasks.config import CellConfig, DataConfig, RunConfig, run_name
@@ -141,8 +142,21 @@ def prepare_cell(cell: CellConfig, ds: Dataset) -> Prepared:
 
 def pack_key(cell: CellConfig) -> str:
     """Cells with the same key have tensors of the same shapes and train as one packed model:
-    everything but the seed is equal (the seed changes data, split and initial weights only)."""
-    return cell.model_copy(update={"seed": 0}).config_hash()
+    the same method, model settings and training protocol on data of the same shapes (state
+    dimension, trajectories, time points, split); the system and seed (which change data, time
+    grids, split and initial weights only) may differ."""
+    payload = json.loads(cell.canonical_json())
+    info, data = SYSTEMS[cell.system], cell.data
+    del payload["system"], payload["seed"]
+    payload["data"] = {
+        "state_dim": info.state_dim,
+        "n_trajectories": data.n_trajectories or info.default_trajectories,
+        "n_points": data.n_points or info.default_points,
+        "fractions": list(data.fractions),
+        "n_observed": data.n_observed,
+        "n_train": data.n_train,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
 def _tags(cell: CellConfig, rt: CellRuntime, config_hash: str) -> dict[str, str]:

@@ -22,8 +22,12 @@ def _cell(seed: int, **kw) -> CellConfig:
     return CellConfig.model_validate({**base, **kw})
 
 
-def test_pack_key_ignores_only_the_seed():
+def test_pack_key_ignores_the_seed_and_systems_of_the_same_shapes():
     assert pack_key(_cell(0)) == pack_key(_cell(7))
+    assert pack_key(_cell(0)) == pack_key(_cell(3, system="sine", data={"n_trajectories": 30}))
+    assert pack_key(_cell(0)) == pack_key(_cell(0, data={"n_trajectories": 30, "noise_std": 0.1}))
+    assert pack_key(_cell(0)) != pack_key(_cell(0, system="spiral_dde"))  # 2 dimensions, not 1
+    assert pack_key(_cell(0)) != pack_key(_cell(0, data={"n_trajectories": 30, "n_points": 50}))
     assert pack_key(_cell(0)) != pack_key(_cell(0, method="anode"))
     assert pack_key(_cell(0)) != pack_key(_cell(0, model={"hidden": (16,)}))
     assert pack_key(_cell(0)) != pack_key(_cell(0, training=TrainConfig(epochs=3)))
@@ -37,8 +41,6 @@ def test_make_packs_groups_seeds_in_order():
     assert [p[0].method for p in packs] == ["node", "anode"]
     assert make_packs(cells, pack=False) == [[c] for c in cells]
     # Models that train one by one anyway spread over the workers, one cell per pack.
-    nl = [_cell(s, method="neural_laplace") for s in range(3)]
-    assert make_packs(nl, pack=True) == [[c] for c in nl]
     dopri = [_cell(s, model={"solver": "dopri5"}) for s in range(2)]
     assert make_packs(dopri, pack=True) == [[c] for c in dopri]
 

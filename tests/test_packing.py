@@ -13,6 +13,7 @@ from torchdiffeq import odeint
 
 from datasets import SplitData
 from nlmodels import build_model
+from nlmodels.accel import plain_formulas
 from nlmodels.base import host_bool, recorded_host_bools
 from nlmodels.baselines._solve import _euler
 from tasks.config import TrainConfig
@@ -28,12 +29,14 @@ from tasks.training import (
 
 # Small sizes keep every model fast; the architectures are the paper's.
 _SMALL = {
+    "neural_laplace": {"encoder_units": 6, "laplace_units": 12, "terms": 9},
     "node": {"hidden": (16, 16)},
     "anode": {"hidden": (16, 16)},
     "nf_coupling": {"encoder_units": 8, "hidden": (8, 8)},
     "nf_resnet": {"encoder_units": 8, "hidden": (8, 8)},
 }
 PACKABLE = tuple(_SMALL)
+BASELINES = tuple(n for n in _SMALL if n != "neural_laplace")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -45,10 +48,12 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-def _split(seed: int, n: int, *, t_o: int = 6, t_q: int = 6, dim: int = 2) -> SplitData:
+def _split(
+    seed: int, n: int, *, t_o: int = 6, t_q: int = 6, dim: int = 2, t_end: float = 3.0
+) -> SplitData:
     """Damped oscillations with random phase and rate, in the shapes of ``datasets.prepare``."""
     rng = np.random.default_rng(seed)
-    t = np.linspace(0.0, 3.0, t_o + t_q)
+    t = np.linspace(0.0, t_end, t_o + t_q)
     phase = rng.uniform(0, 2 * np.pi, (n, 1, dim))
     rate = rng.uniform(0.1, 0.5, (n, 1, dim))
     x = np.exp(-rate * t[None, :, None]) * np.sin(2 * t[None, :, None] + phase)
@@ -64,8 +69,8 @@ def _split(seed: int, n: int, *, t_o: int = 6, t_q: int = 6, dim: int = 2) -> Sp
     )
 
 
-def _data(seed: int) -> tuple[SplitData, SplitData, SplitData]:
-    return _split(100 + seed, 16), _split(200 + seed, 6), _split(300 + seed, 6)
+def _data(seed: int, **grid) -> tuple[SplitData, SplitData, SplitData]:
+    return tuple(_split(base + seed, n, **grid) for base, n in ((100, 16), (200, 6), (300, 6)))
 
 
 def _model(name: str, seed: int, **kw):
@@ -78,11 +83,13 @@ def _cfg(**kw) -> TrainConfig:
 
 
 def _unpacked(name, seeds, cfg, datas, **kw):
+    """Each cell trained alone; on the plain formulas (those a pack runs under vmap)."""
     out = []
     for s, (tr, va, _) in zip(seeds, datas):
         model = _model(name, s, **kw)
         try:
-            result = train(model, tr, va, cfg, seed=s, label=f"m{s}")
+            with plain_formulas():
+                result = train(model, tr, va, cfg, seed=s, label=f"m{s}")
         except TrainingDiverged as e:
             result = e
         out.append((model, result))
@@ -129,7 +136,8 @@ def _assert_same(a, b, test: SplitData) -> None:
             for f in ("train_loss", "val_loss", "val_rmse"):
                 assert getattr(ea, f) == pytest.approx(getattr(eb, f), rel=0, abs=1e-8)
         assert rb.best_val_rmse == pytest.approx(ra.best_val_rmse, rel=0, abs=1e-8)
-    np.testing.assert_allclose(predict(mb, test), predict(ma, test), rtol=0, atol=1e-8)
+    with plain_formulas():
+        np.testing.assert_allclose(predict(mb, test), predict(ma, test), rtol=0, atol=1e-8)
     for (na, ta), (nb, tb) in zip(ma.state_dict().items(), mb.state_dict().items()):
         assert na == nb
         torch.testing.assert_close(tb, ta, rtol=0, atol=1e-8, equal_nan=True)
@@ -229,6 +237,84 @@ def test_result_does_not_depend_on_pack_composition():
     assert alone[1].packed_members == 1 and pair[1].packed_members == 2
     _assert_same(alone, full, datas[0][2])
     _assert_same(alone, pair, datas[0][2])
+
+
+@pytest.mark.parametrize("where", ["none", "train"])
+def test_neural_laplace_packed_equals_unpacked(where):
+    """Neural Laplace's plain formulas under vmap (its GRU encoder in plain ops) against each
+    cell trained alone on the same formulas; a diverging member ends alone."""
+    seeds = [0, 1, 2]
+    datas = [_data(s) for s in seeds]
+    if where == "train":
+        tr, va, te = datas[1]
+        datas[1] = (_poisoned(tr, "obs_x"), va, te)
+    cfg = _cfg(epochs=3, patience=1, lr=0.02)
+    unpacked = _unpacked("neural_laplace", seeds, cfg, datas)
+    packed = _packed("neural_laplace", seeds, cfg, datas)
+    assert all(isinstance(r, TrainingDiverged) or r.packed_members == 3 for _, r in packed)
+    assert isinstance(packed[1][1], TrainingDiverged) == (where == "train")
+    for a, b, d in zip(unpacked, packed, datas):
+        _assert_same(a, b, d[2])
+
+
+def test_neural_laplace_plain_formulas_match_the_native_path():
+    """What a pack computes (plain formulas) is what an unpacked cell computes by default (the
+    fused decoder and the native or wavefront GRU), to rounding."""
+    tr, _, te = _data(0)
+    cfg = _cfg(epochs=2)
+    runs = []
+    for plain in (False, True):
+        model = _model("neural_laplace", 0)
+        if plain:
+            with plain_formulas():
+                runs.append((model, train(model, tr, te, cfg, seed=0)))
+        else:
+            runs.append((model, train(model, tr, te, cfg, seed=0)))
+    _assert_same(runs[0], runs[1], te)
+
+
+@pytest.mark.parametrize("name", ["node", "neural_laplace"])
+def test_cross_system_pack_gives_each_cell_its_unpacked_result(name):
+    """Cells of other systems (other time grids, same shapes) pack together; each member
+    trains on its own grid as it would alone, and does not depend on its pack-mates."""
+    seeds = [0, 1, 2]
+    datas = [_data(s, t_end=t_end) for s, t_end in zip(seeds, (3.0, 5.0, 2.0))]
+    cfg = _cfg(epochs=3, patience=1, lr=0.05)
+    unpacked = _unpacked(name, seeds, cfg, datas)
+    packed = _packed(name, seeds, cfg, datas)
+    assert all(r.packed_members == 3 for _, r in packed)
+    for a, b, d in zip(unpacked, packed, datas):
+        _assert_same(a, b, d[2])
+    shared = _packed(name, [0, 3], cfg, [datas[0], _data(3)])  # with a same-grid mate
+    _assert_same(packed[0], shared[0], datas[0][2])
+
+
+def test_members_whose_train_and_val_grids_differ_train_one_by_one():
+    seeds = [0, 1]
+    datas = [_data(0), (_data(1)[0], _data(1, t_end=4.0)[1], _data(1)[2])]
+    results = train_packed(
+        [_model("node", s) for s in seeds],
+        [d[0] for d in datas],
+        [d[1] for d in datas],
+        _cfg(epochs=1),
+        seeds=seeds,
+    )
+    assert [r.packed_members for r in results] == [1, 1]
+    same = _packed("node", seeds, _cfg(epochs=1), [_data(0)] * 2)
+    assert [r.packed_members for _, r in same] == [2, 2]
+
+
+def test_pack_false_trains_one_by_one():
+    datas = [_data(s) for s in (0, 1)]
+    results = train_packed(
+        [_model("node", s) for s in (0, 1)],
+        [d[0] for d in datas],
+        [d[1] for d in datas],
+        _cfg(epochs=1),
+        seeds=[0, 1],
+        pack=False,
+    )
+    assert [r.packed_members for r in results] == [1, 1]
 
 
 def test_packable():
