@@ -56,13 +56,14 @@ def _packable(cell: CellConfig) -> bool:
     """Whether the cell's model trains packed (else its seeds are better spread over workers)."""
     from datasets import SYSTEMS
     from nlmodels import build_model
-    from tasks.packing import packable
+    from tasks.packing import packable, prefers_one_by_one
 
     try:
         model = build_model(cell.method, SYSTEMS[cell.system].state_dim, **cell.model)
     except Exception:
         return False  # the cell fails on its own, with its error, when it runs
-    return packable(model, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    return packable(model, cpu) and not prefers_one_by_one(model, cpu)
 
 
 def make_packs(cells: Sequence[CellConfig], pack: bool) -> list[list[CellConfig]]:

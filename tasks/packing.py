@@ -54,7 +54,7 @@ from tasks.training import (
     train,
 )
 
-__all__ = ["packable", "train_packed"]
+__all__ = ["packable", "prefers_one_by_one", "train_packed"]
 
 # torch.optim.Adam's defaults (Kingma & Ba, 2015), as train() uses them.
 _BETA1, _BETA2, _EPS = 0.9, 0.999, 1e-8
@@ -563,6 +563,17 @@ def packable(model: ForecastModel, device: torch.device) -> bool:
     except Exception:  # anything vmap cannot batch means: train one by one
         return False
     return True
+
+
+def prefers_one_by_one(model: ForecastModel, device: torch.device | str) -> bool:
+    """Whether a pack would give up fast paths that make the cells quicker one by one: Neural
+    Laplace on the CPU, where its native kernels (or their torch twins) beat its plain formulas
+    under ``vmap`` (``benchmarks/nl_packing.py``: packed ×5 about 6.6× slower per cell-epoch,
+    float64, one thread). A default for choosing packs before anything is measured; exact
+    either way (:func:`packable`)."""
+    from nlmodels import NeuralLaplace
+
+    return torch.device(device).type == "cpu" and isinstance(model, NeuralLaplace)
 
 
 def _probe_tensors(ot, x, qt, y) -> _Tensors:

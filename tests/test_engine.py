@@ -41,6 +41,8 @@ def test_make_packs_groups_seeds_in_order():
     assert [p[0].method for p in packs] == ["node", "anode"]
     assert make_packs(cells, pack=False) == [[c] for c in cells]
     # Models that train one by one anyway spread over the workers, one cell per pack.
+    nl = [_cell(s, method="neural_laplace") for s in range(3)]  # its native CPU kernels
+    assert make_packs(nl, pack=True) == [[c] for c in nl]
     dopri = [_cell(s, model={"solver": "dopri5"}) for s in range(2)]
     assert make_packs(dopri, pack=True) == [[c] for c in dopri]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import threading
 
@@ -315,6 +316,45 @@ def test_pack_false_trains_one_by_one():
         pack=False,
     )
     assert [r.packed_members for r in results] == [1, 1]
+
+
+@pytest.mark.parametrize("name", ["neural_laplace", "node"])
+def test_a_single_cell_as_a_pack_of_one_equals_train(name):
+    """The step train() runs for one cell on CUDA (a pack of one, graph-captured there), run on
+    the CPU through the same training loop: the cell's result is that of its eager step."""
+    from tasks.packing import _PackedCells
+    from tasks.training import _train_loop
+
+    tr, va, te = _data(0)
+    cfg = _cfg(epochs=4, patience=1, lr=0.05)
+    (eager,) = _unpacked(name, [0], cfg, [(tr, va, te)])
+    model = _model(name, 0).double()
+    cells = _PackedCells([model], [tr], [va], cfg, torch.device("cpu"), [0], ["m0"], None)
+    (result,) = _train_loop(
+        cells,
+        cells.n_train,
+        cfg,
+        ["m0"],
+        initial_states=[copy.deepcopy(model.state_dict())],
+        on_epoch=None,
+        stop=None,
+        progress=False,
+        budget=None,
+    )
+    assert result.packed_members == 1 and not result.graphs
+    _assert_same(eager, (model, result), te)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_single_neural_laplace_cell_on_cuda_is_graphed():
+    tr, va, te = _data(0)
+    cfg = _cfg(epochs=4, patience=1, lr=0.05)
+    (cpu,) = _unpacked("neural_laplace", [0], cfg, [(tr, va, te)])
+    model = _model("neural_laplace", 0)
+    result = train(model, tr, va, cfg, device="cuda", seed=0, label="m0")
+    assert result.graphs and result.packed_members == 1
+    _assert_same(cpu, (model.cpu(), result), te)
 
 
 def test_packable():
