@@ -46,6 +46,7 @@ from tasks.training import (
     EpochRecord,
     TrainingDiverged,
     TrainResult,
+    _read_epoch,
     _Readout,
     _record_step,
     _Tensors,
@@ -837,24 +838,7 @@ class _PackedCells:
         nfe = packer.base.nfe
         packer.set_mode(pack, False)
         val_loss, val_rmse = packer.validate(pack, self.config.batch_size)
-        values = torch.stack(
-            [
-                t.to(torch.float64)
-                for t in (pack.active, pack.total, pack.div_kind, pack.div_value, pack.div_batch)
-            ]
-            + [val_loss.to(torch.float64), val_rmse.to(torch.float64)]
-        ).tolist()  # the epoch's one host read
-        active, totals, kinds, div_values, batches, v_loss, v_rmse = values
-        return _Readout(
-            [bool(a) for a in active],
-            totals,
-            [int(k) for k in kinds],
-            div_values,
-            [int(b) for b in batches],
-            v_loss,
-            v_rmse,
-            nfe,
-        )
+        return _read_epoch(pack, val_loss, val_rmse, nfe)
 
     def keep_best(self, j: int) -> dict:
         self.packer.write_back(self.pack, j)

@@ -184,17 +184,21 @@ def _uses_mse(model: ForecastModel) -> bool:
 
 
 @torch.no_grad()
-def _validate(model: ForecastModel, val: _Tensors, batch_size: int) -> tuple[float, float]:
+def _validate(
+    model: ForecastModel, val: _Tensors, batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validation loss and RMSE as float64 device scalars (read with the epoch's flags)."""
     pred = _predict_tensors(model, val, batch_size)
-    mse = torch.mean((pred - val.target) ** 2).item()
+    mse = torch.mean((pred - val.target) ** 2).to(torch.float64)
     if _uses_mse(model):
-        return mse, math.sqrt(mse)
+        return mse, mse.sqrt()
     # Models with their own objective (Latent ODE: ELBO): report it, so curves are comparable.
-    losses = [
-        model.training_loss(b.obs_t, b.obs_x, b.query_t, b.target).item() * len(b)
-        for b in (val.batch(slice(s, s + batch_size)) for s in range(0, len(val), batch_size))
-    ]
-    return sum(losses) / len(val), math.sqrt(mse)
+    total = torch.zeros((), dtype=torch.float64, device=mse.device)
+    for s in range(0, len(val), batch_size):
+        b = val.batch(slice(s, s + batch_size))
+        loss = model.training_loss(b.obs_t, b.obs_x, b.query_t, b.target)
+        total = total + loss.to(torch.float64) * len(b)
+    return total / len(val), mse.sqrt()
 
 
 def epoch_bar(config: TrainConfig, label: str, progress: bool, budget: float | None = None):
@@ -248,6 +252,25 @@ def _record_step(flags, losses: torch.Tensor, norm: torch.Tensor | None, batch_n
     return ok
 
 
+def _read_epoch(flags, val_loss: torch.Tensor, val_rmse: torch.Tensor, nfe: int) -> _Readout:
+    """The epoch's one host read: ``flags`` (see :func:`_record_step`) and the validation."""
+    tensors = (flags.active, flags.total, flags.div_kind, flags.div_value, flags.div_batch)
+    values = torch.stack(
+        [t.reshape(-1).to(torch.float64) for t in (*tensors, val_loss, val_rmse)]
+    ).tolist()
+    active, totals, kinds, div_values, batches, v_loss, v_rmse = values
+    return _Readout(
+        [bool(a) for a in active],
+        totals,
+        [int(k) for k in kinds],
+        div_values,
+        [int(b) for b in batches],
+        v_loss,
+        v_rmse,
+        nfe,
+    )
+
+
 @dataclass
 class _Flags:
     """The per-step bookkeeping of one cell, on its device (see :func:`_record_step`)."""
@@ -269,12 +292,6 @@ class _Flags:
             z(torch.long),
             z(torch.float64),
             z(torch.long),
-        )
-
-    def read(self) -> tuple[list, list, list, list, list]:
-        return tuple(  # type: ignore[return-value]
-            t.reshape(-1).tolist()
-            for t in (self.active, self.total, self.div_kind, self.div_value, self.div_batch)
         )
 
 
@@ -324,9 +341,8 @@ class _EagerCell:
 
     def end_epoch(self) -> _Readout:
         nfe = self.model.nfe
-        flags = self.flags.read()
         val_loss, val_rmse = _validate(self.model, self.val_data, self.config.batch_size)
-        return _Readout(*flags, [val_loss], [val_rmse], nfe)
+        return _read_epoch(self.flags, val_loss, val_rmse, nfe)
 
     def keep_best(self, j: int) -> dict:
         return copy.deepcopy(self.model.state_dict())

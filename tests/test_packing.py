@@ -468,7 +468,8 @@ def test_cuda_graphs_equal_eager(name):
             torch.testing.assert_close(tb, ta, rtol=0, atol=1e-10, equal_nan=True)
 
 
-def test_device_scalar_adam_and_replayed_checks_match_the_eager_step():
+@pytest.mark.parametrize("name", ["nf_resnet", "neural_laplace"])
+def test_device_scalar_adam_and_replayed_checks_match_the_eager_step(name):
     """The arithmetic a CUDA graph replays (Adam's step size read from device scalars, the
     models' host checks replayed from a tape) against the CPU step, run on the CPU."""
     from tasks.packing import _Packer
@@ -477,7 +478,7 @@ def test_device_scalar_adam_and_replayed_checks_match_the_eager_step():
     datas = [_data(s) for s in (0, 1)]
 
     def run(device_scalars: bool, tape_mode: str) -> list[torch.Tensor]:
-        models = [_model("nf_resnet", s).double() for s in (0, 1)]
+        models = [_model(name, s).double() for s in (0, 1)]
         data = {
             i: (_Tensors.of(d[0], torch.device("cpu"), torch.float64),) * 2
             for i, d in enumerate(datas)
