@@ -548,3 +548,34 @@ def test_the_time_budget_is_per_cell(monkeypatch):
 
     assert epochs_run([0]) == [4]
     assert epochs_run([0, 1, 2]) == [12, 12, 12]
+
+
+@pytest.mark.slow
+def test_cells_of_two_systems_pack_and_keep_their_results(mlflow_store):
+    """The engine's pack key groups cells of other systems with data of the same shapes; the
+    pack trains them together, and each cell's test RMSE is that of its run alone."""
+    import tasks.cell as cell_module
+    from tasks.cell import CellRuntime, pack_key, run_pack
+    from tasks.config import CellConfig
+    from tasks.tracking import Tracker
+
+    training = _cfg(epochs=2, patience=None)
+    cells = [
+        CellConfig(
+            system=system, method="node", seed=seed, data={"n_trajectories": 30}, training=training
+        )
+        for system, seed in (("integro_de", 0), ("sine", 1))
+    ]
+    assert pack_key(cells[0]) == pack_key(cells[1])
+    t = Tracker.connect()
+    rt = CellRuntime.for_tracker(t, parent_run_id=None, profile="smoke", device="cpu")
+    results = run_pack(cells, rt)
+    assert [r.status for r in results] == ["finished", "finished"]
+    runs = t.client.search_runs([t.experiment_id], "tags.`nllab.kind` = 'cell'")
+    assert {r.data.tags["system"]: r.data.tags["packed_members"] for r in runs} == {
+        "integro_de": "2",
+        "sine": "2",
+    }
+    for i in (0, 1):
+        alone = cell_module._train_pack([cells[i]], rt)[0]  # trained again, not reused
+        assert abs(alone.test_rmse - results[i].test_rmse) <= 1e-8
