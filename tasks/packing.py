@@ -52,6 +52,7 @@ from tasks.training import (
     _Tensors,
     _train_loop,
     _uses_mse,
+    _validate,
     train,
 )
 
@@ -837,7 +838,14 @@ class _PackedCells:
         packer, pack = self.packer, self.pack
         nfe = packer.base.nfe
         packer.set_mode(pack, False)
-        val_loss, val_rmse = packer.validate(pack, self.config.batch_size)
+        if len(pack.members) == 1:
+            # A pack of one (a single cell on CUDA) validates through its own module: its fast
+            # paths (cuDNN, the fused decoder) rather than the plain formulas under vmap.
+            (m,) = pack.members
+            packer.write_back(pack, 0)
+            val_loss, val_rmse = _validate(self.models[m], self.data[m][1], self.config.batch_size)
+        else:
+            val_loss, val_rmse = packer.validate(pack, self.config.batch_size)
         return _read_epoch(pack, val_loss, val_rmse, nfe)
 
     def keep_best(self, j: int) -> dict:
