@@ -433,6 +433,22 @@ def test_host_bools_are_replayed_without_reading_tensors():
     assert host_bool(torch.tensor(1.0))
 
 
+def test_host_bools_under_vmap_take_the_members_common_value():
+    from torch.func import vmap
+
+    seen = []
+
+    def check(t):
+        seen.append(host_bool((t > 0).all()))
+        return t
+
+    vmap(check)(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))  # members that agree
+    vmap(check)(torch.tensor([[-1.0, 2.0], [-3.0, 4.0]]))
+    assert seen == [True, False]
+    with pytest.raises(ValueError, match="differs between packed members"):
+        vmap(lambda t: host_bool((t > 0).all()) and t)(torch.tensor([[1.0, 2.0], [-3.0, 4.0]]))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", PACKABLE)
