@@ -85,8 +85,16 @@ class _GRUCell(nn.Module):
 
 class _GRU(nn.Module):
     """A multi-layer ``nn.GRU`` (unidirectional, no dropout or projection, zero initial state) in
-    plain tensor ops, layer by layer through :class:`_GRUCell`'s formulas: ``vmap`` cannot batch
-    the fused RNN kernels. Same parameter names, so a state dict of ``nn.GRU`` fits."""
+    plain tensor ops, which ``vmap`` batches (it cannot batch the fused RNN kernels). Same
+    parameter names, so a state dict of ``nn.GRU`` fits.
+
+    The layers advance as one wavefront (as :mod:`nlmodels.accel.gru` does with its own
+    backward): at step k layer l processes time k − l, so all layers take one matrix product
+    and a few elementwise kernels per step, over T + L − 1 steps instead of L·T. The state row
+    is ``[h_0 | … | h_{L−1}]``; the product gives every layer's hidden-side gates and (from the
+    layer below) input-side gates at once, layer 0's input side is computed for all steps
+    beforehand. Layers that have not started keep a zero state; a finished layer's later
+    values reach no live layer."""
 
     def __init__(self, gru: nn.GRU) -> None:
         super().__init__()
@@ -95,28 +103,68 @@ class _GRU(nn.Module):
         for name, param in gru.named_parameters():
             self.register_parameter(name, param)
 
+    def _weights(self, name: str) -> list[torch.Tensor]:
+        return [getattr(self, f"{name}_l{layer}") for layer in range(self.num_layers)]
+
+    def _block(self) -> torch.Tensor:
+        """[L·H, 2·L·3H]: state rows → (hidden-side gates of every layer | input-side gates)."""
+        n_layers, h = self.num_layers, self.hidden_size
+        w_ih, w_hh = self._weights("weight_ih"), self._weights("weight_hh")
+        zero = w_hh[0].new_zeros(h, 3 * h)
+        rows = []
+        for layer in range(n_layers):
+            hidden = [w_hh[layer].T if k == layer else zero for k in range(n_layers)]
+            inputs = [w_ih[k].T if k == layer + 1 else zero for k in range(n_layers)]
+            rows.append(torch.cat(hidden + inputs, dim=1))
+        return torch.cat(rows, dim=0)
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.batch_first:
             x = x.transpose(0, 1)
-        finals = []
-        for layer in range(self.num_layers):
-            w_ih, w_hh, b_ih, b_hh = (
-                getattr(self, f"{n}_l{layer}")
-                for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
-            )
-            inputs = nn.functional.linear(x, w_ih, b_ih).chunk(3, -1)  # all steps at once
-            h = x.new_zeros(x.shape[0], self.hidden_size)
-            outs = []
-            for k in range(x.shape[1]):
-                h_r, h_z, h_n = nn.functional.linear(h, w_hh, b_hh).chunk(3, -1)
-                reset = torch.sigmoid(h_r + inputs[0][:, k])
-                update = torch.sigmoid(h_z + inputs[1][:, k])
-                new = torch.tanh(inputs[2][:, k] + h_n * reset)
-                h = (h - new) * update + new
-                outs.append(h)
-            x = torch.stack(outs, dim=1)
-            finals.append(h)
-        return (x if self.batch_first else x.transpose(0, 1)), torch.stack(finals)
+        batch, n_time = x.shape[:2]
+        n_layers, h = self.num_layers, self.hidden_size
+        n_steps = n_time + n_layers - 1
+        w_ih, b_ih, b_hh = (
+            self._weights("weight_ih"),
+            self._weights("bias_ih"),
+            self._weights("bias_hh"),
+        )
+        # What each step adds to the product: biases, and layer 0's input side (after the
+        # last time point: its bias alone; layer 0 is finished then).
+        first = nn.functional.linear(x, w_ih[0], b_ih[0])  # [B, T, 3H]
+        first = torch.cat((first, b_ih[0].expand(batch, n_layers - 1, 3 * h)), dim=1)
+        step_terms = torch.cat(
+            (
+                torch.cat(b_hh).expand(batch, n_steps, n_layers * 3 * h),
+                first,
+                *(b.expand(batch, n_steps, 3 * h) for b in b_ih[1:]),
+            ),
+            dim=-1,
+        )
+        # unbind: one backward node for all steps (indexing step k would materialise a
+        # gradient of the whole tensor at every step)
+        step_terms = step_terms.unbind(1)
+        block = self._block()
+        state = x.new_zeros(batch, n_layers * h)
+        outs, finals = [], [state[:, :h]] * n_layers
+        for k in range(n_steps):
+            gates = torch.addmm(step_terms[k], state, block).view(batch, 2, n_layers, 3, h)
+            hidden, inputs = gates[:, 0], gates[:, 1]
+            rz = torch.sigmoid(inputs[:, :, :2] + hidden[:, :, :2])
+            new = torch.tanh(torch.addcmul(inputs[:, :, 2], rz[:, :, 0], hidden[:, :, 2]))
+            h_all = (state.view(batch, n_layers, h) - new) * rz[:, :, 1] + new
+            if k < n_layers - 1:  # layers above k have not started
+                h_all = torch.cat(
+                    (h_all[:, : k + 1], h_all.new_zeros(batch, n_layers - k - 1, h)), 1
+                )
+            state = h_all.reshape(batch, n_layers * h)
+            if k >= n_layers - 1:
+                outs.append(h_all[:, -1])
+            for layer in range(n_layers):
+                if k == n_time - 1 + layer:
+                    finals[layer] = h_all[:, layer]
+        out = torch.stack(outs, dim=1)
+        return (out if self.batch_first else out.transpose(0, 1)), torch.stack(finals)
 
 
 def _plain_gru(module: nn.Module) -> bool:
@@ -570,7 +618,7 @@ def packable(model: ForecastModel, device: torch.device) -> bool:
 def prefers_one_by_one(model: ForecastModel, device: torch.device | str) -> bool:
     """Whether a pack would give up fast paths that make the cells quicker one by one: Neural
     Laplace on the CPU, where its native kernels (or their torch twins) beat its plain formulas
-    under ``vmap`` (``benchmarks/nl_packing.py``: packed ×5 about 6.6× slower per cell-epoch,
+    under ``vmap`` (``benchmarks/nl_packing.py``: packed ×5 about 5× slower per cell-epoch,
     float64, one thread). A default for choosing packs before anything is measured; exact
     either way (:func:`packable`)."""
     from nlmodels import NeuralLaplace

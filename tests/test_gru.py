@@ -43,8 +43,8 @@ def test_rejects_unsupported_configurations():
         gru_final_output(torch.zeros(3, 2, 1), torch.nn.GRU(1, 2, 2, batch_first=True, dropout=0.5))
 
 
-@pytest.mark.parametrize("batch_first", [True, False])
-def test_the_packers_plain_gru_matches_nn_gru(batch_first):
+@pytest.mark.parametrize(("layers", "batch_first"), [(1, True), (2, True), (3, False)])
+def test_the_packers_plain_gru_matches_nn_gru(layers, batch_first):
     """The plain-op GRU that packed training swaps in for ``nn.GRU`` (vmap cannot batch the
     fused RNN kernels): outputs, final states and gradients, and batched over members."""
     from torch.func import functional_call, vmap
@@ -52,7 +52,7 @@ def test_the_packers_plain_gru_matches_nn_gru(batch_first):
     from tasks.packing import _GRU
 
     torch.manual_seed(1)
-    gru = torch.nn.GRU(3, 5, 2, batch_first=batch_first).double()
+    gru = torch.nn.GRU(3, 5, layers, batch_first=batch_first).double()
     plain = _GRU(gru)
     assert dict(plain.named_parameters()).keys() == dict(gru.named_parameters()).keys()
     x = torch.randn(4, 9, 3, dtype=torch.float64, requires_grad=True)
@@ -66,7 +66,7 @@ def test_the_packers_plain_gru_matches_nn_gru(batch_first):
     for a, b in zip(g_got, g_expected, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-13)
     # Two members with their own weights, under vmap, each equal to its own nn.GRU.
-    other = torch.nn.GRU(3, 5, 2, batch_first=batch_first).double()
+    other = torch.nn.GRU(3, 5, layers, batch_first=batch_first).double()
     states = {
         n: torch.stack([dict(m.named_parameters())[n].detach() for m in (gru, other)])
         for n, _ in gru.named_parameters()
