@@ -7,7 +7,9 @@ its own time grid, as cells of other systems) trained by ``tasks.packing.train_p
 native C kernels where they build), in the same process, each from the same initial weights.
 Prints seconds per cell-epoch of both and their ratio, and the largest difference between the
 two runs' validation RMSEs (packed runs the plain formulas, one by one the fused kernels: the
-same maths, so it is rounding).
+same maths, so it is rounding). ``--plain`` also times the cells one by one on the plain
+formulas (``nlmodels.accel.plain_formulas``): what packing costs over them is ``vmap``'s, the rest
+is the fused kernels' advantage.
 
     PYTHONPATH=. python benchmarks/nl_packing.py --members 5 --epochs 3 --threads 1
 """
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from datasets import SplitData
 from nlmodels import build_model
+from nlmodels.accel import plain_formulas
 from nlmodels.accel.native import native_enabled
 from tasks.config import TrainConfig
 from tasks.packing import train_packed
@@ -77,6 +80,7 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=200, help="observed + predicted")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--systems", action="store_true", help="a different time grid per cell")
+    parser.add_argument("--plain", action="store_true", help="also one by one, plain formulas")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(
@@ -86,6 +90,10 @@ def main() -> None:
     )
     one, rmse_one = run(args.members, args, pack=False)
     packed, rmse_packed = run(args.members, args, pack=True)
+    if args.plain:
+        with plain_formulas():
+            plain, _ = run(args.members, args, pack=False)
+        print(f"one by one (plain formulas): {plain:.3f} s per cell-epoch")
     diff = max(abs(a - b) for a, b in zip(rmse_one, rmse_packed, strict=True))
     print(f"one by one (native): {one:.3f} s per cell-epoch")
     print(f"packed ×{args.members} (vmap):  {packed:.3f} s per cell-epoch")
