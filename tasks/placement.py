@@ -19,6 +19,7 @@ the configuration alone.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -77,9 +78,23 @@ class Probe:
 Measure = Callable[[CellConfig, torch.device, int], Probe | float]
 
 
+def _gpu_name() -> str:
+    # The driver's own listing first: asking torch would start CUDA in every worker process
+    # (a CPU pack's worker included) just to read a name.
+    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        try:
+            for line in info.read_text().splitlines():
+                if line.startswith("Model:"):
+                    return line.split(":", 1)[1].strip()
+        except OSError:
+            break
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+
+
+@functools.lru_cache(maxsize=1)
 def machine_fingerprint() -> str:
     """What the measurement depends on: host, CPU, GPU and torch build."""
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    gpu = _gpu_name()
     parts = (platform.node(), platform.processor(), str(os.cpu_count()), gpu, torch.__version__)
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 

@@ -231,3 +231,41 @@ def test_cached_probe_measures_only_missing_devices(tmp_path):
     cached_probe(_cell(0), 3, ("cuda",), cache_dir=tmp_path, measure=measure)
     got = cached_probe(_cell(0), 3, cache_dir=tmp_path, measure=measure)
     assert calls == ["cuda", "cpu"] and got["cpu"] == got["cuda"] == 1.0
+
+
+def test_gpu_check_smallest_writes_its_summary(tmp_path):
+    import importlib.util
+    import re
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = gpu_check  # its dataclasses look their module up
+    spec.loader.exec_module(gpu_check)
+    threads = torch.get_num_threads()
+    try:
+        assert gpu_check.main(["--smallest", "--out", str(tmp_path), "--workers", "2"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    text = (tmp_path / "summary.md").read_text()
+    for section in (
+        "# GPU check",
+        "## pytest -m gpu",
+        "## Throughput (seconds per cell-epoch)",
+        "## Neural Laplace beside torchlaplace",
+        "## Paper profile slice",
+        "## Projection: the full paper profile on this machine",
+    ):
+        assert section in text
+    assert "Skipped: no CUDA device" in text or "passed" in text
+    # Both timed models have a row with positive seconds per cell-epoch, eager and packed ×2.
+    node = re.search(r"^\| node \| float64 \| cpu \| ([\d.]+) \| ([\d.]+) \|", text, re.M)
+    assert node and float(node.group(1)) > 0 and float(node.group(2)) > 0
+    assert re.search(r"^\| neural_laplace \| float64 \| cpu \| [\d.]+ \| not packable", text, re.M)
+    # The projection plans the 180 cells on the CPU and gives a finite wall time for the two
+    # timed models; the four others are named as left out.
+    assert "180 cells × 1000 epochs, 2 workers, no GPU" in text
+    assert re.search(r"^\| node \| cpu \| 6 × 5 \| [\d.]+ \| extrapolated from ×2 \|", text, re.M)
+    assert re.search(r"^\| neural_laplace \| cpu \| 30 × 1 \| [\d.]+ \| measured \|", text, re.M)
+    hours = re.search(r"projected wall time ([\d.]+) h", text)
+    assert hours and 0 < float(hours.group(1)) < 1e4
+    assert "left out of these totals: anode, latent_ode, nf_coupling, nf_resnet" in text
