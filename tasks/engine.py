@@ -25,7 +25,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -212,6 +212,17 @@ def _data_keys(cells: Iterable[CellConfig]) -> list[tuple[str, DataConfig, int]]
     return list(seen.values())
 
 
+@contextmanager
+def _torch_threads(n: int | None) -> Iterator[None]:
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run_cells(cells: Sequence[CellConfig], runtime: CellRuntime) -> list[CellResult]:
     """Train (or reuse, by config hash) ``cells``: one result per cell, in input order.
 
@@ -223,7 +234,10 @@ def run_cells(cells: Sequence[CellConfig], runtime: CellRuntime) -> list[CellRes
     unique = list({c.config_hash(): c for c in cells}.values())
     reused, todo = stored_results(tracker, unique)
     by_hash: dict[str, CellResult] = {r.config_hash: r for r in reused}
-    placed = plan_packs(todo, pack=runtime.pack, device=runtime.device, cache_dir=runtime.cache_dir)
+    with _torch_threads(runtime.torch_threads):  # probes run with the workers' thread count
+        placed = plan_packs(
+            todo, pack=runtime.pack, device=runtime.device, cache_dir=runtime.cache_dir
+        )
     packs = [p for p, _ in placed]
     n_gpu = sum(d == "cuda" for _, d in placed)
     get_run_logger().info(

@@ -20,6 +20,7 @@ the configuration alone.
 from __future__ import annotations
 
 import functools
+import gc
 import hashlib
 import json
 import math
@@ -200,6 +201,9 @@ def probe_pack(cell: CellConfig, device: torch.device, members: int = 1) -> Prob
         rest = (s["n_train"] - batch + s["n_val"] - n_val) * (s["n_obs"] + s["n_query"])
         per_member = max(0, peak) // members + rest * s["state_dim"] * itemsize
     del models, results, trained
+    if cuda:  # the planning process trains nothing itself: give the probe's memory back
+        gc.collect()
+        torch.cuda.empty_cache()
     return Probe(epoch * steps, int(per_member))
 
 
@@ -210,9 +214,10 @@ def _cache_path(cache_dir: Path | None) -> Path:
 
 
 def _probe_key(cell: CellConfig, members: int) -> str:
-    # The measurement depends on the model, the shapes and the member count, not on the seed or
-    # the data values.
+    # The measurement depends on the model, the shapes, the member count and the CPU threads
+    # (the engine probes with the workers' count), not on the seed or the data values.
     payload = {
+        "threads": torch.get_num_threads(),
         "method": cell.method,
         "model": cell.model,
         "shapes": cell_shapes(cell),

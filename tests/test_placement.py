@@ -269,3 +269,40 @@ def test_gpu_check_smallest_writes_its_summary(tmp_path):
     hours = re.search(r"projected wall time ([\d.]+) h", text)
     assert hours and 0 < float(hours.group(1)) < 1e4
     assert "left out of these totals: anode, latent_ode, nf_coupling, nf_resnet" in text
+
+
+def test_the_engine_runs_gpu_planned_packs_in_lanes(mlflow_store, prefect_server, monkeypatch):
+    # The engine's lane path end to end through Prefect's thread runner: packs planned "cuda"
+    # (here by a stand-in planner: no GPU on this machine) go through ``in_lanes``; on a machine
+    # without CUDA each still trains where ``place_pack`` puts it, the CPU, and every cell ends
+    # with its result.
+    import tasks.engine as engine
+    from flows import run_benchmark
+    from tasks.config import resolve_config
+
+    real_plan, real_lanes = engine.plan_packs, engine.in_lanes
+    lanes_seen: list[list[str]] = []
+
+    def plan(cells, **kw):
+        planned = real_plan(cells, **kw)
+        return [(p, "cuda" if p[0].method == "node" else d) for p, d in planned]
+
+    def lanes(packs, submit, max_workers, *a, **kw):
+        lanes_seen.append([d for _, d in packs])
+        return real_lanes(packs, submit, max_workers, *a, **kw)
+
+    monkeypatch.setattr(engine, "plan_packs", plan)
+    monkeypatch.setattr(engine, "in_lanes", lanes)
+    config = resolve_config(
+        "smoke",
+        overrides={
+            "systems": ["integro_de"],
+            "methods": ["node", "neural_laplace"],
+            "seeds": [0, 1],
+            "progress": False,
+            "max_workers": 3,
+        },
+    )
+    summary = run_benchmark(config)
+    assert lanes_seen == [["cuda", "cpu", "cpu"]]
+    assert summary.count("finished") == 4 and summary.ok
