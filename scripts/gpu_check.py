@@ -244,10 +244,14 @@ def part_benchmark(
         free = torch.cuda.mem_get_info()[0] if cuda else None
         p = project(rows, cells=cells, epochs=over["epochs"], workers=workers, cuda=cuda,
                     free_bytes=free)  # fmt: skip
-        ratio = secs / p.wall_seconds if p.wall_seconds else float("nan")
+        flow = re.search(r"\((\d+) s in the flow\)", text)
+        in_flow = float(flow.group(1)) if flow else secs
         body.append(
-            f"Projected for this slice (training only): {p.wall_seconds:.0f} s; "
-            f"measured / projected = {ratio:.2f}."
+            f"Projected for this slice (training only): {p.wall_seconds:.0f} s; measured in the "
+            f"flow {in_flow:.0f} s (data, probes, tracking included): measured / projected = "
+            f"{in_flow / p.wall_seconds:.2f}."
+            if p.wall_seconds
+            else "No projection for this slice: none of its models was timed."
         )
     if rc not in (0, None):
         body.append(_tail(text, 40))

@@ -306,3 +306,34 @@ def test_the_engine_runs_gpu_planned_packs_in_lanes(mlflow_store, prefect_server
     summary = run_benchmark(config)
     assert lanes_seen == [["cuda", "cpu", "cpu"]]
     assert summary.count("finished") == 4 and summary.ok
+
+
+def test_the_projection_plans_with_the_engine_and_schedules_gpu_and_cpu_together():
+    from benchmarks.throughput import Timing, lookup, project
+    from tasks.config import resolve_config
+
+    gib = 2**30
+    rows = [
+        Timing("node", "float64", "cuda", True, {1: 1.0, 5: 0.2, 30: 0.05}, {}, {30: gib}),
+        Timing("node", "float64", "cpu", True, {1: 0.5}),
+        Timing("neural_laplace", "float64", "cuda", False, {1: 0.4}),
+        Timing("neural_laplace", "float64", "cpu", False, {1: 0.3}),
+    ]
+    assert lookup(rows, "node", "float64", "cuda", 30) == (0.05, "measured")
+    s, how = lookup(rows, "node", "float64", "cuda", 10)
+    assert 0.05 < s < 0.2 and how == "interpolated ×5–×30"
+    assert lookup(rows, "node", "float64", "cpu", 5) == (0.5, "extrapolated from ×1")
+    cells = resolve_config(
+        "paper", overrides={"systems": ["integro_de"], "methods": ["node", "neural_laplace"]}
+    ).cells()
+    p = project(rows, cells=cells, epochs=10, workers=4, cuda=True, free_bytes=100 * gib)
+    plan = sorted((c.method, c.device, c.members) for c in p.packs)
+    # node: one pack of its five seeds on the GPU (0.2 < 0.5 s); NL one by one on the CPU.
+    assert plan == [("neural_laplace", "cpu", 1)] * 5 + [("node", "cuda", 5)]
+    assert p.gpu_seconds == pytest.approx(5 * 0.2 * 10)
+    # five NL cells of 3 s on the 4 - 1 (lanes in use) = 3 CPU workers: 6 s on the busiest
+    assert p.cpu_seconds == pytest.approx(2 * 0.3 * 10)
+    assert p.wall_seconds == pytest.approx(10.0)
+    # Without CUDA the same cells all go to the CPU, planned without measuring.
+    q = project(rows, cells=cells, epochs=10, workers=4, cuda=False)
+    assert {c.device for c in q.packs} == {"cpu"} and q.gpu_seconds == 0
