@@ -308,7 +308,8 @@ def test_the_engine_runs_gpu_planned_packs_in_lanes(mlflow_store, prefect_server
     assert summary.count("finished") == 4 and summary.ok
 
 
-def test_the_projection_plans_with_the_engine_and_schedules_gpu_and_cpu_together():
+def test_the_projection_plans_with_the_engine_and_schedules_gpu_and_cpu_together(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT))  # benchmarks/ is a folder of scripts, not installed
     from benchmarks.throughput import Timing, lookup, project
     from tasks.config import resolve_config
 
@@ -337,3 +338,18 @@ def test_the_projection_plans_with_the_engine_and_schedules_gpu_and_cpu_together
     # Without CUDA the same cells all go to the CPU, planned without measuring.
     q = project(rows, cells=cells, epochs=10, workers=4, cuda=False)
     assert {c.device for c in q.packs} == {"cpu"} and q.gpu_seconds == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_cuda_probe_runs_the_graphed_pack_and_measures_its_memory(tmp_path):
+    cell = _cell(0, method="nf_coupling")
+    one, five = (probe_pack(cell, torch.device("cuda"), m) for m in (1, 5))
+    assert 0 < five.seconds < 60 and five.bytes_per_member > 0 and one.bytes_per_member > 0
+    cells = [_cell(s, method=m) for m in ("node", "neural_laplace") for s in range(6)]
+    planned = plan_packs(cells, pack=True, device="auto", cache_dir=tmp_path)
+    assert {d for _, d in planned} <= {"cpu", "cuda"}
+    assert sorted(c.seed for p, _ in planned for c in p) == sorted(c.seed for c in cells)
+    # The engine and a worker agree: the worker's place_pack reads what the engine measured.
+    for pack, device in planned:
+        assert place_pack(pack, "auto", cache_dir=tmp_path).type == device
