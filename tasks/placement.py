@@ -166,10 +166,6 @@ def probe_pack(cell: CellConfig, device: torch.device, members: int = 1) -> Prob
     n_val = min(s["n_val"], batch)
     train_split = _synthetic_split(batch, s["n_obs"], s["n_query"], s["state_dim"], 0)
     val_split = _synthetic_split(n_val, s["n_obs"], s["n_query"], s["state_dim"], 1)
-    models = []
-    for seed in range(members):
-        with seeded(seed):
-            models.append(build_model(cell.method, s["state_dim"], **cell.model))
     config = cell.training.model_copy(
         update={"epochs": PROBE_EPOCHS, "patience": None, "max_train_seconds": None}
     )
@@ -178,14 +174,23 @@ def probe_pack(cell: CellConfig, device: torch.device, members: int = 1) -> Prob
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-    results = train_packed(
-        models,
-        [train_split] * members,
-        [val_split] * members,
-        config,
-        device=device,
-        seeds=list(range(members)),
-    )
+    try:
+        models = []
+        for seed in range(members):
+            with seeded(seed):
+                models.append(build_model(cell.method, s["state_dim"], **cell.model))
+        results = train_packed(
+            models,
+            [train_split] * members,
+            [val_split] * members,
+            config,
+            device=device,
+            seeds=list(range(members)),
+        )
+    except Exception:  # e.g. out of memory: this device cannot run the pack (the cell, if it
+        if cuda:  # cannot run anywhere, fails on its own with its error)
+            torch.cuda.empty_cache()
+        return Probe(math.inf)
     trained = [r for r in results if isinstance(r, TrainResult)]
     if not trained:
         return Probe(math.inf)
