@@ -3,6 +3,9 @@
 #   make test        the default test suite (what CI runs through .ci/run)
 #   make test-cluster  the scale-out as separate processes (PostgreSQL, MLflow, Prefect, Dask);
 #                    installs Debian's postgresql if absent (root or sudo) and the `cluster` extra
+#   make gpu-check   for a short GPU window (< 8 min on one H100): pytest -m gpu, the throughput
+#                    table, NL beside torchlaplace, a 20-epoch paper slice and the projection of
+#                    the paper profile, in gpu-check/summary.md (CPU parts only without CUDA)
 # GPU users: install your CUDA build of torch into $(VENV) first (see README), or set TORCH_SPEC.
 
 PYTHON ?= python3
@@ -11,7 +14,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup benchmark test test-slow test-cluster lint bench clean-venv wheelhouse
+.PHONY: setup benchmark test test-slow test-cluster lint bench clean-venv wheelhouse gpu-check
 
 setup: $(STAMP)
 
@@ -42,6 +45,9 @@ test-cluster: $(CLUSTER_STAMP)
 	  $$sudo apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends postgresql; }
 	$(PY) -m pytest -q -m cluster
+
+gpu-check: $(STAMP)
+	$(PY) scripts/gpu_check.py --out gpu-check
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -1,19 +1,29 @@
-"""Training throughput per model: one cell at a time against seeds packed into one model.
+"""Training throughput per model, and the paper profile's wall time projected from it.
 
-For each model, on data of the paper profile's shapes (800 training and 100 validation
-trajectories of 2 dimensions, 100 observed and 100 predicted points, batch 128, float64, Adam with
-clipping at 1), it times
+For each model and dtype, on data of the paper profile's shapes (800 training and 100 validation
+trajectories of 2 dimensions, 100 observed and 100 predicted points, batch 128, Adam with
+clipping at 1), it times, in seconds per cell-epoch,
 
 * eager: ``tasks.training.train`` of one cell;
-* packed: ``tasks.packing.train_packed`` of ``--members`` cells (seeds 0, 1, ...) trained as one
-  batched model; its time per cell-epoch is the packed epoch time divided by the members;
-* graphs (CUDA only): the packed step replayed from a captured CUDA graph;
+* packed ×M: ``tasks.packing.train_packed`` of ``--members`` cells (seeds 0, 1, ...) as one
+  batched model with eager steps (its time per cell-epoch is the pack's epoch over M);
+* graphs ×M and ×B (CUDA only): the packed step replayed from a captured CUDA graph, for
+  ``--members`` and ``--big-members`` cells (B = 30: every seed of one model over six systems);
+* CPU eager (with ``--device cuda``): one cell on one CPU thread, float64, for the projection;
 
-all in the same process, and prints a Markdown table with cells per hour (per worker, at
-``--epochs-run`` epochs a cell), the speed-up of packing, and the projected hours of the paper
-profile (180 cells = 6 systems × 6 models × 5 seeds) with ``--workers`` parallel workers, at the
-1000-epoch upper bound and at ``--epochs-run`` epochs (early stopping ends most cells sooner).
-Models that are not packable train one by one in ``train_packed``: their packed time is eager's.
+all in the same process, and prints a Markdown table. Models that are not packable train one
+by one in ``train_packed``: their packed time is eager's, shown as "not packable".
+
+**The projection** plans the paper profile (180 cells = 6 systems × 6 models × 5 seeds) with the
+engine's own planner (``tasks.engine.plan_packs``: its pack sizes, its placement, its GPU lanes)
+fed with this table instead of its probes, then schedules the packs on this machine: the CUDA
+packs one after another on the GPU (lanes overlap host work, not GPU throughput), the CPU packs
+over the other ``--workers`` (longest first, one thread each, assumed not to slow each other),
+and reports the later of the two to finish. A pack whose member count was timed uses its
+measured seconds per cell-epoch; any other is interpolated between the nearest timed counts
+(log-linear in members) or, beyond the largest, takes its per-cell cost (no further gain
+assumed); every row says which. The table's 2-dimensional data stand for every system.
+Simulation, Prefect and MLflow time are not included.
 
     PYTHONPATH=. python benchmarks/throughput.py --device cpu --epochs 2 --threads 1
 """
@@ -21,8 +31,15 @@ Models that are not packable train one by one in ``train_packed``: their packed 
 from __future__ import annotations
 
 import argparse
+import heapq
+import json
+import math
+import os
 import statistics
 import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -33,16 +50,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datasets import SplitData
 from nlmodels import build_model
 from nlmodels.diagnostics import trajectories
-from tasks.config import METHODS, TrainConfig
+from tasks.config import METHODS, CellConfig, TrainConfig, resolve_config
 from tasks.packing import packable, train_packed
+from tasks.placement import Probe
 from tasks.training import seeded, select_device, train
 
 PAPER_CELLS_PER_MODEL = 6 * 5  # systems × seeds
 N_TRAIN, N_VAL = 800, 100
 
 
-def splits() -> tuple[SplitData, SplitData]:
-    t, x = trajectories(N_TRAIN + N_VAL, seed=0)
+def splits(n_train: int = N_TRAIN, n_val: int = N_VAL) -> tuple[SplitData, SplitData]:
+    t, x = trajectories(n_train + n_val, seed=0)
     t, x = t.numpy(), x.numpy()
     half = t.shape[0] // 2
 
@@ -58,7 +76,7 @@ def splits() -> tuple[SplitData, SplitData]:
             ic=xs[:, 0],
         )
 
-    return split(slice(0, N_TRAIN)), split(slice(N_TRAIN, None))
+    return split(slice(0, n_train)), split(slice(n_train, None))
 
 
 def models(name: str, seeds: range):
@@ -70,16 +88,33 @@ def models(name: str, seeds: range):
 
 
 def per_epoch(history) -> float:
-    # the median skips a first epoch's one-off costs when there are several
-    return statistics.median(r.seconds for r in history)
+    # after the first epoch (allocations, graph capture) where there are several
+    return statistics.median(r.seconds for r in (history[1:] or history))
 
 
-def _min(a: float | None, b: float | None) -> float | None:
-    return b if a is None else a if b is None else min(a, b)
+@dataclass
+class Timing:
+    """Seconds per cell-epoch of one model, dtype and device, by pack size (members)."""
+
+    model: str
+    dtype: str
+    device: str
+    packable: bool
+    seconds: dict[int, float] = field(default_factory=dict)  # the step the engine runs
+    eager_packed: dict[int, float] = field(default_factory=dict)  # packs without graphs (CUDA)
+    bytes_per_member: dict[int, int] = field(default_factory=dict)  # CUDA peak memory
 
 
-def packed_seconds(name, tr, va, cfg, device, members: int, graphs: bool | None) -> float | None:
-    """Seconds per cell-epoch of ``members`` seeds packed (None: no graph was captured)."""
+def packed_seconds(
+    name, tr, va, cfg, device, members: int, graphs: bool | None
+) -> tuple[float | None, int]:
+    """Seconds per cell-epoch of ``members`` seeds packed (None: no graph was captured), and the
+    peak CUDA memory per member (0 on the CPU)."""
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
     results = train_packed(
         models(name, range(members)),
         [tr] * members,
@@ -89,79 +124,326 @@ def packed_seconds(name, tr, va, cfg, device, members: int, graphs: bool | None)
         seeds=list(range(members)),
         graphs=graphs,
     )
+    peak = (torch.cuda.max_memory_allocated(device) - base) // members if cuda else 0
     if graphs is None and not results[0].graphs:
-        return None
-    return per_epoch(results[0].history) / members
+        return None, peak
+    return per_epoch(results[0].history) / members, peak
 
 
-def main() -> None:
+def measure(
+    names: Sequence[str],
+    dtypes: Sequence[str],
+    device: torch.device,
+    *,
+    epochs: int,
+    members: int,
+    big_members: int,
+    n_train: int = N_TRAIN,
+    cpu_eager: bool = False,
+    log=print,
+) -> list[Timing]:
+    """The table's timings (see the module's docstring)."""
+    tr, va = splits(n_train)
+    out: list[Timing] = []
+    for dtype in dtypes:
+        cfg = TrainConfig(epochs=epochs, patience=None, batch_size=128, dtype=dtype)
+        for name in names:
+            can_pack = packable(models(name, range(1))[0], device)
+            row = Timing(name, dtype, device.type, can_pack)
+            (one,) = models(name, range(1))
+            row.seconds[1] = per_epoch(train(one, tr, va, cfg, device=device, seed=0).history)
+            if can_pack and device.type == "cpu":
+                row.seconds[members] = packed_seconds(name, tr, va, cfg, device, members, False)[0]
+            elif can_pack:
+                row.eager_packed[members] = packed_seconds(
+                    name, tr, va, cfg, device, members, False
+                )[0]
+                for m in (members, big_members):
+                    s, peak = packed_seconds(name, tr, va, cfg, device, m, None)
+                    if s is not None:
+                        row.seconds[m], row.bytes_per_member[m] = s, peak
+            out.append(row)
+            log(f"  {name} {dtype} on {device.type}: {row.seconds} s/cell-epoch", flush=True)
+            if cpu_eager and device.type == "cuda" and dtype == "float64":
+                (one,) = models(name, range(1))
+                cpu = Timing(name, dtype, "cpu", can_pack)
+                cpu.seconds[1] = per_epoch(train(one, tr, va, cfg, seed=0).history)
+                out.append(cpu)
+                log(f"  {name} {dtype} on cpu: {cpu.seconds} s/cell-epoch", flush=True)
+    return out
+
+
+def _fastest(a: Timing, b: Timing) -> Timing:
+    """``a`` with each timing the smaller of ``a``'s and ``b``'s."""
+
+    def low(x: dict, y: dict) -> dict:
+        return {m: min(x[m], y.get(m, x[m])) for m in x}
+
+    return Timing(
+        a.model,
+        a.dtype,
+        a.device,
+        a.packable,
+        low(a.seconds, b.seconds),
+        low(a.eager_packed, b.eager_packed),
+        {m: max(a.bytes_per_member[m], b.bytes_per_member.get(m, 0)) for m in a.bytes_per_member},
+    )
+
+
+def _fmt(v: float | None) -> str:
+    return "—" if v is None else f"{v:.4f}"
+
+
+def table_markdown(rows: Sequence[Timing], members: int, big_members: int) -> str:
+    """The timings as one Markdown table (seconds per cell-epoch)."""
+    lines = [
+        f"| model | dtype | device | eager | packed ×{members} | graphs ×{members} "
+        f"| graphs ×{big_members} | best vs eager |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        eager = r.seconds[1]
+        if r.device == "cuda":
+            packed = r.eager_packed.get(members)
+            g5, g30 = r.seconds.get(members), r.seconds.get(big_members)
+        else:
+            packed, g5, g30 = r.seconds.get(members), None, None
+        if not r.packable:
+            packed_s = "not packable"
+        else:
+            packed_s = _fmt(packed)
+        best = min(r.seconds.values())
+        lines.append(
+            f"| {r.model} | {r.dtype} | {r.device} | {eager:.4f} | {packed_s} | {_fmt(g5)} "
+            f"| {_fmt(g30)} | {eager / best:.1f}× |"
+        )
+    return "\n".join(lines)
+
+
+def lookup(rows: Sequence[Timing], method: str, dtype: str, device: str, members: int):
+    """(seconds per cell-epoch, how it was obtained) of a pack of ``members`` cells, from the
+    timings: measured, interpolated, or extrapolated (see the module's docstring)."""
+    row = next((r for r in rows if (r.model, r.dtype, r.device) == (method, dtype, device)), None)
+    if row is None:
+        return math.inf, f"not measured on {device}"
+    points = sorted(row.seconds)
+    if members in row.seconds:
+        return row.seconds[members], "measured"
+    below = [m for m in points if m < members]
+    above = [m for m in points if m > members]
+    if below and above:
+        a, b = below[-1], above[0]
+        w = (math.log(members) - math.log(a)) / (math.log(b) - math.log(a))
+        s = math.exp((1 - w) * math.log(row.seconds[a]) + w * math.log(row.seconds[b]))
+        return s, f"interpolated ×{a}–×{b}"
+    k = below[-1] if below else above[0]
+    return row.seconds[k], f"extrapolated from ×{k}"
+
+
+def table_measure(rows: Sequence[Timing]):
+    """A ``tasks.placement`` measure that reads the timings instead of probing."""
+
+    def measure_(cell: CellConfig, device: torch.device, members: int) -> Probe:
+        s, _ = lookup(rows, cell.method, cell.training.dtype, device.type, members)
+        row = next(
+            (
+                r
+                for r in rows
+                if (r.model, r.dtype, r.device) == (cell.method, cell.training.dtype, device.type)
+            ),
+            None,
+        )
+        peaks = row.bytes_per_member if row is not None else {}
+        per_member = peaks[max(peaks)] if peaks else 0
+        return Probe(s, per_member)
+
+    return measure_
+
+
+@dataclass(frozen=True)
+class PackCost:
+    method: str
+    device: str
+    members: int
+    seconds_per_cell_epoch: float
+    how: str
+
+
+@dataclass(frozen=True)
+class Projection:
+    epochs: int
+    workers: int
+    lanes: int
+    cells: int
+    packs: tuple[PackCost, ...]
+    gpu_seconds: float
+    cpu_seconds: float
+    #: models without timings on the device the plan put them on: left out of the totals
+    missing: tuple[str, ...] = ()
+
+    @property
+    def wall_seconds(self) -> float:
+        return max(self.gpu_seconds, self.cpu_seconds)
+
+
+def project(
+    rows: Sequence[Timing],
+    *,
+    cells: Sequence[CellConfig] | None = None,
+    epochs: int = 1000,
+    workers: int,
+    lanes: int | None = None,
+    cuda: bool,
+    free_bytes: int | None = None,
+) -> Projection:
+    """The wall time of ``cells`` (default: the paper profile's 180) at ``epochs`` epochs a
+    cell, planned by ``tasks.engine.plan_packs`` on the timings, on ``workers`` workers of which
+    ``lanes`` may be GPU lanes (see the module's docstring)."""
+    from tasks.engine import GPU_LANES, plan_packs
+
+    lanes = GPU_LANES if lanes is None else lanes
+    if cells is None:
+        cells = resolve_config("paper").cells()
+    with tempfile.TemporaryDirectory(prefix="nllab-projection-") as tmp:  # not the real cache
+        planned = plan_packs(
+            cells,
+            pack=True,
+            device="auto",
+            cache_dir=Path(tmp),
+            lanes=lanes,
+            measure=table_measure(rows),
+            cuda_available=cuda,
+            free_bytes=free_bytes,
+        )
+    costs = []
+    for pack, device in planned:
+        c = pack[0]
+        s, how = lookup(rows, c.method, c.training.dtype, device, len(pack))
+        costs.append(PackCost(c.method, device, len(pack), s, how))
+    timed = [p for p in costs if math.isfinite(p.seconds_per_cell_epoch)]
+    gpu = sum(p.seconds_per_cell_epoch * p.members * epochs for p in timed if p.device == "cuda")
+    cpu_packs = sorted(
+        (p.seconds_per_cell_epoch * p.members * epochs for p in timed if p.device != "cuda"),
+        reverse=True,
+    )
+    used_lanes = min(lanes, sum(p.device == "cuda" for p in costs), max(workers - 1, 1))
+    slots = [0.0] * max(1, workers - used_lanes if cpu_packs else workers)
+    for s in cpu_packs:  # longest first, each on the earliest free worker
+        heapq.heapreplace(slots, slots[0] + s)
+    return Projection(
+        epochs,
+        workers,
+        lanes if cuda else 0,
+        len(cells),
+        tuple(costs),
+        gpu,
+        max(slots) if cpu_packs else 0.0,
+        tuple(sorted({p.method for p in costs} - {p.method for p in timed})),
+    )
+
+
+def projection_markdown(p: Projection) -> str:
+    """The projection's plan per model and its wall time."""
+    by_model: dict[tuple[str, str], list[PackCost]] = {}
+    for c in p.packs:
+        by_model.setdefault((c.method, c.device), []).append(c)
+    lanes = f" (up to {p.lanes} of them GPU lanes)" if p.lanes else ", no GPU"
+    lines = [
+        f"Paper profile: {p.cells} cells × {p.epochs} epochs, {p.workers} workers{lanes}, "
+        "planned by `tasks.engine.plan_packs` on the timings above.",
+        "",
+        "| model | device | packs × members | s/cell-epoch | source |",
+        "|---|---|---|---|---|",
+    ]
+    for (method, device), packs in by_model.items():
+        sizes = sorted({c.members for c in packs})
+        shape = ", ".join(f"{sum(c.members == m for c in packs)} × {m}" for m in sizes)
+        secs = ", ".join(sorted({f"{c.seconds_per_cell_epoch:.4f}" for c in packs}))
+        how = ", ".join(sorted({c.how for c in packs}))
+        lines.append(f"| {method} | {device} | {shape} | {secs} | {how} |")
+    lines += [
+        "",
+        f"GPU busy {p.gpu_seconds / 3600:.2f} h, CPU workers busy {p.cpu_seconds / 3600:.2f} h: "
+        f"**projected wall time {p.wall_seconds / 3600:.2f} h** "
+        f"({p.wall_seconds:.0f} s; training only: simulation, Prefect and MLflow not included).",
+    ]
+    if p.missing:
+        lines.append(f"Not timed, so left out of these totals: {', '.join(p.missing)}.")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--members", type=int, default=5)
-    ap.add_argument("--epochs", type=int, default=2, help="epochs timed per run")
-    ap.add_argument("--epochs-run", type=int, default=400, help="epochs a cell is assumed to run")
-    ap.add_argument("--workers", type=int, default=2, help="parallel workers of the projection")
+    ap.add_argument("--big-members", type=int, default=30, help="the larger graphed pack (CUDA)")
+    ap.add_argument("--epochs", type=int, default=2, help="epochs timed per run (first: warm-up)")
+    ap.add_argument("--dtypes", nargs="+", default=["float64"], choices=["float64", "float32"])
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="workers of the projection (default: the CPU cores, at most 16)",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch threads (per worker)")
     ap.add_argument("--models", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--n-train", type=int, default=N_TRAIN, help="training trajectories timed")
+    ap.add_argument("--json", metavar="FILE", help="also write the timings and projection")
     ap.add_argument(
-        "--repeats", type=int, default=1, help="alternate eager and packed runs; keep the fastest"
+        "--repeats", type=int, default=1, help="measure the table this often; keep the fastest"
     )
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.members < 2:
         ap.error("--members must be >= 2")
     torch.set_num_threads(args.threads)
     device = select_device(args.device)
-    tr, va = splits()
-    cfg = TrainConfig(epochs=args.epochs, patience=None, batch_size=128)
+    workers = args.workers or min(os.cpu_count() or 1, 16)
     print(
-        f"device {device}, {args.threads} thread(s), {args.epochs} epochs timed, "
-        f"{N_TRAIN} train / {N_VAL} val trajectories, 100 + 100 points, D = 2, batch 128, "
-        f"float64, torch {torch.__version__}\n"
+        f"device {device}, {args.threads} thread(s), {args.epochs} epochs a run, "
+        f"{args.n_train} train / {N_VAL} val trajectories, 100 + 100 points, D = 2, batch 128, "
+        f"{', '.join(args.dtypes)}, torch {torch.__version__}\n"
     )
-    rows = []
-    for name in args.models:
-        can_pack = packable(models(name, range(1))[0], device)
-        eager = packed = graphs = None
-        for _ in range(args.repeats):  # alternating, so that a busy machine slows all alike
-            (one,) = models(name, range(1))
-            eager = _min(eager, per_epoch(train(one, tr, va, cfg, seed=0).history))
-            if not can_pack:
-                continue
-            packed = _min(packed, packed_seconds(name, tr, va, cfg, device, args.members, False))
-            if device.type == "cuda":
-                graphs = _min(graphs, packed_seconds(name, tr, va, cfg, device, args.members, None))
-        rows.append((name, eager, packed, graphs))
-        print(f"  {name}: eager {eager}, packed {packed}, graphs {graphs} s/cell-epoch", flush=True)
-
-    best = {n: min(v for v in (e, p, g) if v is not None) for n, e, p, g in rows}
-    print(
-        f"\n| model | eager s/cell-epoch | packed ×{args.members} s/cell-epoch "
-        "| graphs s/cell-epoch | packed speed-up | cells/h/worker eager | cells/h/worker best |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for name, eager, packed, graphs in rows:
-        fmt = lambda v: "—" if v is None else f"{v:.3f}"  # noqa: E731
-        speed = "not packable" if packed is None else f"{eager / packed:.2f}×"
-        per_cell = args.epochs_run
-        print(
-            f"| {name} | {eager:.3f} | {fmt(packed)} | {fmt(graphs)} | {speed} "
-            f"| {3600 / (eager * per_cell):.2f} | {3600 / (best[name] * per_cell):.2f} |"
+    rows: list[Timing] = []
+    for _ in range(args.repeats):  # whole tables in turn, so that a busy machine slows all alike
+        again = measure(
+            args.models,
+            args.dtypes,
+            device,
+            epochs=args.epochs,
+            members=args.members,
+            big_members=args.big_members,
+            n_train=args.n_train,
+            cpu_eager=device.type == "cuda",
         )
-
-    def hours(epochs: int, per: dict[str, float]) -> float:
-        cell_seconds = sum(PAPER_CELLS_PER_MODEL * epochs * per[n] for n in per)
-        return cell_seconds / args.workers / 3600
-
-    eager_all = {n: e for n, e, _, _ in rows}
-    scale = 6 / len(rows)  # the projection covers the six models; fewer measured: scaled
-    print(
-        f"\nPaper profile ({PAPER_CELLS_PER_MODEL * len(rows)} cells of the measured models"
-        f"{'' if len(rows) == 6 else f', scaled ×{scale:.2f} to 6 models'}) with "
-        f"{args.workers} workers on {device}:"
-    )
-    for epochs in (1000, args.epochs_run):
-        e, b = hours(epochs, eager_all) * scale, hours(epochs, best) * scale
-        print(f"  {epochs} epochs a cell: one by one {e:.1f} h, packed {b:.1f} h ({e / b:.2f}×)")
+        rows = again if not rows else [_fastest(a, b) for a, b in zip(rows, again, strict=True)]
+    if args.n_train != N_TRAIN:  # per cell-epoch of the paper's 800 trajectories
+        # by batches; below one batch, by trajectories (a rough figure either way)
+        scale = (
+            math.ceil(N_TRAIN / 128) / math.ceil(args.n_train / 128)
+            if args.n_train >= 128
+            else N_TRAIN / args.n_train
+        )
+        for r in rows:
+            r.seconds = {m: s * scale for m, s in r.seconds.items()}
+            r.eager_packed = {m: s * scale for m, s in r.eager_packed.items()}
+        print(f"\n(scaled ×{scale:.1f} from {args.n_train} to {N_TRAIN} training trajectories)")
+    print()
+    print(table_markdown(rows, args.members, args.big_members))
+    cuda = device.type == "cuda"
+    free = torch.cuda.mem_get_info()[0] if cuda else None
+    proj = project(rows, workers=workers, cuda=cuda, free_bytes=free)
+    print()
+    print(projection_markdown(proj))
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "timings": [asdict(r) for r in rows],
+                    "projection": {**asdict(proj), "wall_seconds": proj.wall_seconds},
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from tasks.config import CellConfig, DataConfig, RunConfig, run_name
 from tasks.evaluation import evaluate, outlier_census, plot_extrapolation, plot_loss_curves
 from tasks.modelio import ModelSpec, model_params, resolved_model_args, save_model
 from tasks.packing import train_packed
-from tasks.placement import place_cell
+from tasks.placement import place_pack
 from tasks.reporting import CellResult, stored_result
 from tasks.tracking import Tracker, TrackingSettings, claim_owner
 from tasks.training import (
@@ -220,7 +220,8 @@ def fit_cells(
         # The full traceback next to the run: the tag only holds the message.
         tracker.log_text(members[i].run_id, "".join(traceback.format_exception(e)), "error.txt")
 
-    device = place_cell(cells[0], rt.device, cache_dir=rt.cache_dir)
+    # The step this pack runs, as measured (the engine placed it the same way, from the cache).
+    device = place_pack(list(cells), rt.device, cache_dir=rt.cache_dir)
     for i, m in enumerate(members):
         try:
             _set_up(m, rt, device)

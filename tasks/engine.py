@@ -5,10 +5,15 @@ cells and a :class:`~tasks.cell.CellRuntime`, :func:`run_cells`
 
 1. reuses every cell that already has a FINISHED run with its config hash (never retrained);
 2. simulates each needed data set once, before training starts;
-3. groups the rest into packs (cells that differ only in seed: :func:`tasks.cell.pack_key`),
-   each trained as one batched model when ``runtime.pack`` is on;
+3. groups the rest into packs (cells whose tensors have the same shapes:
+   :func:`tasks.cell.pack_key`), each trained as one batched model when ``runtime.pack`` is on;
+   with CUDA present and ``--device auto``/``cuda``, big groups are split into packs sized by
+   GPU memory and measured throughput, and under ``auto`` each pack is placed on the device
+   measured faster for it (:func:`plan_packs`, :mod:`tasks.placement`);
 4. fans the packs out over the flow's task runner (threads, worker processes or Dask), one
-   Prefect task per pack and one MLflow child run per cell;
+   Prefect task per pack and one MLflow child run per cell; GPU packs go to at most
+   :data:`GPU_LANES` lanes at once while the other workers train CPU packs
+   (:func:`in_lanes`), so neither waits behind the other;
 5. returns one :class:`~tasks.reporting.CellResult` per input cell, in input order.
 
 It must be called inside a Prefect flow (it submits tasks to the flow's task runner).
@@ -18,8 +23,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
-from contextlib import nullcontext
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
 
 import torch
 from prefect import get_run_logger
@@ -30,11 +37,23 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from tasks._workers import worker_pool_active, worker_processes
 from tasks.cell import CellRuntime, pack_key
 from tasks.config import CellConfig, DataConfig
+from tasks.placement import Measure, gpu_pack_size, place_pack, split_evenly
 from tasks.prefect_tasks import PackFailed, pack_task, simulate_task
 from tasks.reporting import CellResult, stored_result
 from tasks.tracking import Tracker
 
-__all__ = ["collect_results", "make_packs", "run_cells", "stored_results"]
+__all__ = [
+    "GPU_LANES",
+    "collect_results",
+    "in_lanes",
+    "make_packs",
+    "plan_packs",
+    "run_cells",
+    "stored_results",
+]
+
+#: GPU packs training at once under ``--device auto`` (the other workers train CPU packs).
+GPU_LANES = 2
 
 
 def stored_results(
@@ -66,10 +85,19 @@ def _packable(cell: CellConfig) -> bool:
     return packable(model, cpu) and not prefers_one_by_one(model, cpu)
 
 
-def make_packs(cells: Sequence[CellConfig], pack: bool) -> list[list[CellConfig]]:
+def make_packs(
+    cells: Sequence[CellConfig],
+    pack: bool,
+    *,
+    pack_size: Callable[[list[CellConfig]], int] | None = None,
+) -> list[list[CellConfig]]:
     """Cells grouped by :func:`~tasks.cell.pack_key` (first-appearance order) where their model
     trains packed (:func:`tasks.packing.packable`); one cell per pack otherwise, or when ``pack``
-    is off, so that cells that would train one by one spread over the workers instead."""
+    is off, so that cells that would train one by one spread over the workers instead.
+
+    ``pack_size(group)``: the most cells one pack of that group may hold; the group is then
+    split into the fewest packs of near-equal size (:func:`tasks.placement.split_evenly`).
+    """
     if not pack:
         return [[c] for c in cells]
     groups: dict[str, list[CellConfig]] = {}
@@ -77,8 +105,83 @@ def make_packs(cells: Sequence[CellConfig], pack: bool) -> list[list[CellConfig]
         groups.setdefault(pack_key(c), []).append(c)
     packs: list[list[CellConfig]] = []
     for group in groups.values():
-        packs += [group] if len(group) > 1 and _packable(group[0]) else [[c] for c in group]
+        if len(group) > 1 and _packable(group[0]):
+            packs += [group] if pack_size is None else split_evenly(group, pack_size(group))
+        else:
+            packs += [[c] for c in group]
     return packs
+
+
+def plan_packs(
+    cells: Sequence[CellConfig],
+    *,
+    pack: bool,
+    device: str,
+    cache_dir: Path | None = None,
+    lanes: int = GPU_LANES,
+    measure: Measure | None = None,
+    cuda_available: bool | None = None,
+    free_bytes: int | None = None,
+) -> list[tuple[list[CellConfig], str]]:
+    """The packs ``cells`` train in, each with the device it trains on (``cpu``/``cuda``).
+
+    Without CUDA (or with ``device="cpu"``) this measures nothing: :func:`make_packs` as is,
+    every pack on the CPU. With CUDA and ``device`` ``auto`` or ``cuda``, packable groups are
+    split by :func:`tasks.placement.gpu_pack_size` (``lanes`` packs share the GPU's memory);
+    under ``auto`` each pack then goes where :func:`tasks.placement.place_pack` measured it
+    faster. ``measure``/``cuda_available``/``free_bytes`` replace the probes, CUDA's presence and
+    the free GPU memory (tests, projections).
+    """
+    has_cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
+    if device == "cpu" or not has_cuda:  # ("cuda" without CUDA: each cell fails, saying so)
+        return [(p, "cpu") for p in make_packs(cells, pack)]
+
+    def size(group: list[CellConfig]) -> int:
+        return gpu_pack_size(
+            group[0],
+            len(group),
+            lanes=lanes,
+            cache_dir=cache_dir,
+            measure=measure,
+            free_bytes=free_bytes,
+        )
+
+    packs = make_packs(cells, pack, pack_size=size)
+    if device == "cuda":
+        return [(p, "cuda") for p in packs]
+    kw = {"cache_dir": cache_dir, "measure": measure, "cuda_available": True}
+    return [(p, place_pack(p, "auto", **kw).type) for p in packs]
+
+
+def in_lanes(
+    packs: Sequence[tuple[list[CellConfig], str]],
+    submit: Callable[[list[CellConfig]], PrefectFuture],
+    max_workers: int,
+    lanes: int = GPU_LANES,
+    first_done: Callable[[list[PrefectFuture]], PrefectFuture] | None = None,
+) -> Iterator[tuple[PrefectFuture, list[CellConfig]]]:
+    """Submit ``packs`` (pack, device) so that at most ``max_workers`` run at once, of which at
+    most ``lanes`` are CUDA packs (one fewer than ``max_workers`` while CPU packs wait, so
+    these always have a worker): CUDA packs in their lanes, CPU packs on the other workers,
+    neither queued behind the other. Yields each (future, pack) as it completes.
+    ``first_done(futures)`` blocks until one of them is done and returns it."""
+    if first_done is None:
+        first_done = lambda fs: next(as_completed(fs))  # noqa: E731
+    gpu = deque(p for p, d in packs if d == "cuda")
+    cpu = deque(p for p, d in packs if d != "cuda")
+    running: dict[PrefectFuture, tuple[list[CellConfig], bool]] = {}
+    while gpu or cpu or running:
+        n_gpu = sum(on_gpu for _, on_gpu in running.values())
+        limit = min(lanes, max_workers - 1 if cpu and max_workers > 1 else max_workers)
+        while gpu and n_gpu < limit and len(running) < max_workers:
+            p = gpu.popleft()
+            running[submit(p)] = (p, True)
+            n_gpu += 1
+        while cpu and len(running) < max_workers:
+            p = cpu.popleft()
+            running[submit(p)] = (p, False)
+        done = first_done(list(running))
+        yield done, running.pop(done)[0]
 
 
 def _failed(cell: CellConfig, error: str | None = None) -> CellResult:
@@ -110,6 +213,17 @@ def _data_keys(cells: Iterable[CellConfig]) -> list[tuple[str, DataConfig, int]]
     return list(seen.values())
 
 
+@contextmanager
+def _torch_threads(n: int | None) -> Iterator[None]:
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run_cells(cells: Sequence[CellConfig], runtime: CellRuntime) -> list[CellResult]:
     """Train (or reuse, by config hash) ``cells``: one result per cell, in input order.
 
@@ -121,14 +235,20 @@ def run_cells(cells: Sequence[CellConfig], runtime: CellRuntime) -> list[CellRes
     unique = list({c.config_hash(): c for c in cells}.values())
     reused, todo = stored_results(tracker, unique)
     by_hash: dict[str, CellResult] = {r.config_hash: r for r in reused}
-    packs = make_packs(todo, runtime.pack)
+    with _torch_threads(runtime.torch_threads):  # probes run with the workers' thread count
+        placed = plan_packs(
+            todo, pack=runtime.pack, device=runtime.device, cache_dir=runtime.cache_dir
+        )
+    packs = [p for p, _ in placed]
+    n_gpu = sum(d == "cuda" for _, d in placed)
     get_run_logger().info(
-        "%d cells: %d already finished (reused), %d to run in %d packs, %d at a time; "
-        "tracking at %s",
+        "%d cells: %d already finished (reused), %d to run in %d packs (%d on CUDA), "
+        "%d at a time; tracking at %s",
         len(unique),
         len(reused),
         len(todo),
         len(packs),
+        n_gpu,
         runtime.max_workers,
         tracker.settings.tracking_uri,
     )
@@ -158,9 +278,16 @@ def run_cells(cells: Sequence[CellConfig], runtime: CellRuntime) -> list[CellRes
         try:
             with pool, quiet_logs:
                 try:
-                    futures = {pack_task.submit(p, runtime): p for p in packs}
-                    for fut in as_completed(list(futures)):
-                        done = collect_results(fut, futures[fut])
+                    if runtime.device == "auto" and n_gpu:
+                        # GPU packs in their lanes, CPU packs on the other workers
+                        completed = in_lanes(
+                            placed, lambda p: pack_task.submit(p, runtime), runtime.max_workers
+                        )
+                    else:
+                        futures = {pack_task.submit(p, runtime): p for p in packs}
+                        completed = ((f, futures[f]) for f in as_completed(list(futures)))
+                    for fut, pack in completed:
+                        done = collect_results(fut, pack)
                         for r in done:
                             by_hash[r.config_hash] = r
                         bar.update(len(done))

@@ -1,40 +1,101 @@
-"""Where a cell trains: ``--device auto`` measures rather than assumes.
+"""Where a pack of cells trains, and how many cells a GPU pack holds: measured, not assumed.
 
 Small models can train slower on a GPU than on one CPU core (every step launches many tiny
-kernels and waits on the host), so ``auto`` times a few training steps of the cell's model, at the
-cell's shapes, on each available device and picks the faster one. The measurement is cached per
-machine (host, CPU, GPU, torch version) in ``$NLLAB_HOME/placement.json``, so each kind of cell
-is probed once per machine.
+kernels and waits on the host), and a pack of 30 members replayed from a CUDA graph costs a
+fraction per cell of a pack of 5. So ``--device auto`` times the step each pack will really run
+(:func:`probe_pack`: ``tasks.packing.train_packed`` of the pack's member count, at its cells'
+shapes; CUDA graphs on CUDA, the native kernels on the CPU where they apply) on both devices and
+picks the faster (:func:`place_pack`); on CUDA, :func:`gpu_pack_size` sizes packs by the
+measured memory per member and the measured seconds per cell-epoch.
+
+Measurements are cached per machine (host, CPU, GPU, torch version) in
+``$NLLAB_HOME/placement.json``, so each kind of pack is probed once per machine. Concurrent
+processes share it safely: a writer holds an exclusive ``flock`` while it reads, probes, merges
+its entries into what is on disk and replaces the file, so no writer drops another's entries.
+
+Without CUDA nothing is measured: every pack trains on the CPU and pack composition depends on
+the configuration alone.
 """
 
 from __future__ import annotations
 
+import functools
+import gc
 import hashlib
 import json
+import math
 import os
 import platform
 import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from tasks.config import CellConfig
-from tasks.training import select_device
+from tasks.training import TrainResult, seeded, select_device
 
-__all__ = ["PROBE_STEPS", "choose_fastest", "machine_fingerprint", "place_cell", "probe_seconds"]
+__all__ = [
+    "MAX_PACK_MEMBERS",
+    "MEMORY_SHARE",
+    "PROBE_EPOCHS",
+    "Probe",
+    "cached_probe",
+    "cell_shapes",
+    "choose_fastest",
+    "gpu_pack_size",
+    "machine_fingerprint",
+    "place_cell",
+    "place_pack",
+    "probe_pack",
+    "split_evenly",
+]
 
-#: Timed training steps per device (after one untimed warm-up step).
-PROBE_STEPS = 3
+#: Epochs each probe trains: the first warms up (allocations, graph capture), the last is timed.
+PROBE_EPOCHS = 2
+#: The largest pack :func:`gpu_pack_size` forms (beyond it a GPU is long saturated).
+MAX_PACK_MEMBERS = 64
+#: Share of the GPU's free memory the packs of all GPU lanes may take together.
+MEMORY_SHARE = 0.5
+#: A smaller pack is chosen only when it is measured this much cheaper per cell-epoch.
+SMALLER_PACK_MARGIN = 0.9
 _LOCK = threading.Lock()
+_CACHE_FILE = "placement.json"
 
-Measure = Callable[[CellConfig, torch.device], float]
+
+@dataclass(frozen=True)
+class Probe:
+    """One measured pack: seconds per cell-epoch (at the cells' real training-set size) and the
+    peak device memory one member takes (CUDA; 0 where not measured)."""
+
+    seconds: float
+    bytes_per_member: int = 0
 
 
+#: ``measure(cell, device, members)``: the step a pack of ``members`` cells like ``cell`` runs.
+Measure = Callable[[CellConfig, torch.device, int], Probe | float]
+
+
+def _gpu_name() -> str:
+    # The driver's own listing first: asking torch would start CUDA in every worker process
+    # (a CPU pack's worker included) just to read a name.
+    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        try:
+            for line in info.read_text().splitlines():
+                if line.startswith("Model:"):
+                    return line.split(":", 1)[1].strip()
+        except OSError:
+            break
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+
+
+@functools.lru_cache(maxsize=1)
 def machine_fingerprint() -> str:
     """What the measurement depends on: host, CPU, GPU and torch build."""
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    gpu = _gpu_name()
     parts = (platform.node(), platform.processor(), str(os.cpu_count()), gpu, torch.__version__)
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
@@ -46,53 +107,225 @@ def choose_fastest(seconds: Mapping[str, float]) -> str:
     return min(seconds, key=lambda d: seconds[d])
 
 
-def probe_seconds(cell: CellConfig, device: torch.device) -> float:
-    """Median seconds of one training step of ``cell``'s model at its batch shape on ``device``."""
+def cell_shapes(cell: CellConfig) -> dict[str, int]:
+    """Training/validation trajectories, observed and predicted points and state dimension of
+    ``cell``'s split, from its configuration alone (no data is simulated)."""
     from datasets import SYSTEMS
-    from nlmodels import build_model
+    from datasets._prepare import _split_sizes
 
     info = SYSTEMS[cell.system]
-    n_points = cell.data.n_points or info.default_points
-    n_obs = cell.data.n_observed or n_points // 2
-    dtype = {"float64": torch.float64, "float32": torch.float32}[cell.training.dtype]
-    b, d = cell.training.batch_size, info.state_dim
-    gen = torch.Generator().manual_seed(0)
-    t = torch.linspace(0.1, 1.0, n_points, dtype=dtype)
-    obs_x = torch.randn(b, n_obs, d, generator=gen, dtype=dtype).to(device)
-    target = torch.randn(b, n_points - n_obs, d, generator=gen, dtype=dtype).to(device)
-    obs_t, query_t = t[:n_obs].to(device), t[n_obs:].to(device)
-    model = build_model(cell.method, d, **cell.model).to(device=device, dtype=dtype)
-    opt = torch.optim.Adam(model.parameters(), lr=cell.training.lr)
-    times = []
-    for i in range(PROBE_STEPS + 1):
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        model.training_loss(obs_t, obs_x, query_t, target).backward()
-        opt.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if i:
-            times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+    d = cell.data
+    n_all = d.n_trajectories or info.default_trajectories
+    n_points = d.n_points or info.default_points
+    n_obs = d.n_observed or n_points // 2
+    n_train, n_val, _ = _split_sizes(n_all, tuple(d.fractions))
+    if d.n_train is not None:
+        n_train = min(n_train, d.n_train)
+    return {
+        "n_train": n_train,
+        "n_val": n_val,
+        "n_obs": n_obs,
+        "n_query": n_points - n_obs,
+        "state_dim": info.state_dim,
+    }
+
+
+def _synthetic_split(n: int, n_obs: int, n_query: int, dim: int, seed: int):
+    from datasets import SplitData
+
+    rng = np.random.default_rng(seed)
+    t = np.linspace(0.1, 1.0, n_obs + n_query)
+    x = rng.standard_normal((n, n_obs + n_query, dim))
+    return SplitData(
+        obs_t=t[:n_obs],
+        obs_x=x[:, :n_obs],
+        query_t=t[n_obs:],
+        target=x[:, n_obs:],
+        target_clean=x[:, n_obs:],
+        index=np.arange(n),
+        ic=x[:, 0],
+    )
+
+
+def probe_pack(cell: CellConfig, device: torch.device, members: int = 1) -> Probe:
+    """Time the training a pack of ``members`` cells like ``cell`` really runs on ``device``.
+
+    ``tasks.packing.train_packed`` of ``members`` models of the cell's method on synthetic
+    splits of the cell's shapes (one training batch and at most one validation batch per
+    epoch), :data:`PROBE_EPOCHS` epochs: whatever that path runs (CUDA graphs, the native CPU
+    kernels, one by one for models that do not pack) is what is timed. The last epoch's time,
+    per member, scaled by the cell's real number of training batches, is the cost of one
+    cell-epoch; on CUDA the peak memory of the run, per member, plus the rest of the cell's data.
+    """
+    from nlmodels import build_model
+    from tasks.packing import train_packed
+
+    device = torch.device(device)
+    s = cell_shapes(cell)
+    batch = min(cell.training.batch_size, s["n_train"])
+    n_val = min(s["n_val"], batch)
+    train_split = _synthetic_split(batch, s["n_obs"], s["n_query"], s["state_dim"], 0)
+    val_split = _synthetic_split(n_val, s["n_obs"], s["n_query"], s["state_dim"], 1)
+    config = cell.training.model_copy(
+        update={"epochs": PROBE_EPOCHS, "patience": None, "max_train_seconds": None}
+    )
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    try:
+        models = []
+        for seed in range(members):
+            with seeded(seed):
+                models.append(build_model(cell.method, s["state_dim"], **cell.model))
+        results = train_packed(
+            models,
+            [train_split] * members,
+            [val_split] * members,
+            config,
+            device=device,
+            seeds=list(range(members)),
+        )
+    except Exception:  # e.g. out of memory: this device cannot run the pack (the cell, if it
+        if cuda:  # cannot run anywhere, fails on its own with its error)
+            torch.cuda.empty_cache()
+        return Probe(math.inf)
+    trained = [r for r in results if isinstance(r, TrainResult)]
+    if not trained:
+        return Probe(math.inf)
+    if trained[0].packed_members > 1:  # one pack: each member's epoch time is the pack's
+        epoch = trained[0].history[-1].seconds / members
+    else:  # one by one: each member's own epochs
+        epoch = sum(r.history[-1].seconds for r in trained) / len(trained)
+    steps = math.ceil(s["n_train"] / batch)
+    per_member = 0
+    if cuda:
+        peak = torch.cuda.max_memory_allocated(device) - base
+        itemsize = 8 if cell.training.dtype == "float64" else 4
+        rest = (s["n_train"] - batch + s["n_val"] - n_val) * (s["n_obs"] + s["n_query"])
+        per_member = max(0, peak) // members + rest * s["state_dim"] * itemsize
+    del models, results, trained
+    if cuda:  # the planning process trains nothing itself: give the probe's memory back
+        gc.collect()
+        torch.cuda.empty_cache()
+    return Probe(epoch * steps, int(per_member))
 
 
 def _cache_path(cache_dir: Path | None) -> Path:
     from datasets import data_home
 
-    return (Path(cache_dir) if cache_dir is not None else data_home()) / "placement.json"
+    return (Path(cache_dir) if cache_dir is not None else data_home()) / _CACHE_FILE
 
 
-def _probe_key(cell: CellConfig) -> str:
-    # The measurement depends on the model and the shapes, not on the seed or the data values.
+def _probe_key(cell: CellConfig, members: int) -> str:
+    # The measurement depends on the model, the shapes, the member count and the CPU threads
+    # (the engine probes with the workers' count), not on the seed or the data values.
     payload = {
+        "threads": torch.get_num_threads(),
         "method": cell.method,
         "model": cell.model,
-        "system": cell.system,
-        "data": cell.data.model_dump(mode="json"),
+        "shapes": cell_shapes(cell),
         "batch_size": cell.training.batch_size,
         "dtype": cell.training.dtype,
+        "grad_clip": cell.training.grad_clip,
     }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{machine_fingerprint()}/{digest}/x{members}"
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` next to ``path`` (threads of this process: also ``_LOCK``)."""
+    with _LOCK:
+        try:
+            import fcntl
+
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        except (ImportError, OSError):
+            yield  # a read-only home: the thread lock only (entries may then not be kept)
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+
+def _read(path: Path) -> dict[str, dict[str, float]]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _merge_write(path: Path, entries: Mapping[str, Mapping[str, float]]) -> None:
+    """Merge ``entries`` into the file (the caller holds the lock): what others wrote stays."""
+    merged = _read(path)
+    for key, value in entries.items():
+        merged[key] = {**merged.get(key, {}), **value}
+    try:
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(merged, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home only costs a probe next time
+
+
+def cached_probe(
+    cell: CellConfig,
+    members: int,
+    devices: tuple[str, ...] = ("cpu", "cuda"),
+    *,
+    cache_dir: Path | None = None,
+    measure: Measure | None = None,
+) -> dict[str, float]:
+    """``{device: seconds per cell-epoch, device_bytes: bytes per member}`` of a pack of
+    ``members`` cells like ``cell``, from the cache or measured (:func:`probe_pack`) and cached.
+    Only the devices missing from the cache are measured."""
+    path = _cache_path(cache_dir)
+    key = _probe_key(cell, members)
+    entry = _read(path).get(key, {})
+    if all(d in entry for d in devices):
+        return entry
+    with _file_lock(path):
+        entry = _read(path).get(key, {})  # another process may have measured it meanwhile
+        new: dict[str, float] = {}
+        for d in devices:
+            if d in entry:
+                continue
+            got = (measure or probe_pack)(cell, torch.device(d), members)
+            probe = got if isinstance(got, Probe) else Probe(float(got))
+            new[d] = probe.seconds
+            if probe.bytes_per_member:
+                new[f"{d}_bytes"] = probe.bytes_per_member
+        _merge_write(path, {key: new})
+    return {**entry, **new}
+
+
+def _has_cuda(cuda_available: bool | None) -> bool:
+    return torch.cuda.is_available() if cuda_available is None else cuda_available
+
+
+def place_pack(
+    cells: list[CellConfig],
+    requested: str,
+    *,
+    cache_dir: Path | None = None,
+    measure: Measure | None = None,
+    cuda_available: bool | None = None,
+) -> torch.device:
+    """The device a pack of ``cells`` (one :func:`tasks.cell.pack_key`) trains on: ``cpu`` /
+    ``cuda`` as asked; ``auto`` the faster of the two for this pack's member count, as measured
+    on this machine (:func:`cached_probe`); the CPU without CUDA, measuring nothing."""
+    if requested != "auto":
+        return select_device(requested)
+    if not _has_cuda(cuda_available):
+        return torch.device("cpu")
+    timed = cached_probe(cells[0], len(cells), cache_dir=cache_dir, measure=measure)
+    return torch.device(choose_fastest({d: timed[d] for d in ("cpu", "cuda")}))
 
 
 def place_cell(
@@ -103,28 +336,69 @@ def place_cell(
     measure: Measure | None = None,
     cuda_available: bool | None = None,
 ) -> torch.device:
-    """The device ``cell`` trains on: ``cpu``/``cuda`` as asked; ``auto`` the faster one as
-    measured on this machine (CPU without CUDA). ``measure`` replaces :func:`probe_seconds`."""
-    if requested != "auto":
-        return select_device(requested)
-    has_cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
-    if not has_cuda:
-        return torch.device("cpu")
-    path = _cache_path(cache_dir)
-    key = f"{machine_fingerprint()}/{_probe_key(cell)}"
-    with _LOCK:
-        try:
-            cached = json.loads(path.read_text())
-        except (OSError, ValueError):
-            cached = {}
-        if key not in cached:
-            measure = measure or probe_seconds
-            cached[key] = {d: measure(cell, torch.device(d)) for d in ("cpu", "cuda")}
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(cached, indent=1, sort_keys=True))
-                tmp.replace(path)
-            except OSError:
-                pass  # a read-only home only costs a probe next time
-    return torch.device(choose_fastest(cached[key]))
+    """:func:`place_pack` of one cell trained alone."""
+    return place_pack(
+        [cell], requested, cache_dir=cache_dir, measure=measure, cuda_available=cuda_available
+    )
+
+
+def _free_gpu_bytes() -> int:
+    free, _total = torch.cuda.mem_get_info()
+    return int(free)
+
+
+def gpu_pack_size(
+    cell: CellConfig,
+    group_size: int,
+    *,
+    lanes: int = 1,
+    cache_dir: Path | None = None,
+    measure: Measure | None = None,
+    free_bytes: int | None = None,
+) -> int:
+    """How many of ``group_size`` cells like ``cell`` one CUDA pack should hold.
+
+    The memory one member takes is measured on a small pack (at most 4 members); the packs of
+    ``lanes`` GPU lanes together may take :data:`MEMORY_SHARE` of the free GPU memory, and a pack
+    at most :data:`MAX_PACK_MEMBERS`. The largest such pack is compared with one half its size
+    (both measured): bigger packs are cheaper per cell as long as the GPU is not saturated, so
+    the smaller one wins only when it is measured clearly (:data:`SMALLER_PACK_MARGIN`) cheaper
+    per cell-epoch.
+    """
+    if group_size <= 1:
+        return max(group_size, 1)
+    kw = {"cache_dir": cache_dir, "measure": measure}
+    small = min(group_size, 4)
+    per_member = int(cached_probe(cell, small, ("cuda",), **kw).get("cuda_bytes", 0))
+    cap = MAX_PACK_MEMBERS
+    if per_member > 0:
+        free = _free_gpu_bytes() if free_bytes is None else free_bytes
+        cap = min(cap, max(1, int(free * MEMORY_SHARE / max(lanes, 1) // per_member)))
+    big = min(group_size, cap)
+    half = math.ceil(big / 2)
+    if half <= 1 or half == big:
+        return big
+    # the per-cell cost of the pack sizes the group really splits into
+    big_size, half_size = _even_size(group_size, big), _even_size(group_size, half)
+    cost_big = cached_probe(cell, big_size, ("cuda",), **kw)["cuda"]
+    cost_half = cached_probe(cell, half_size, ("cuda",), **kw)["cuda"]
+    return half if cost_half < SMALLER_PACK_MARGIN * cost_big else big
+
+
+def _even_size(n: int, most: int) -> int:
+    """The largest pack of ``n`` cells split evenly into packs of at most ``most``."""
+    return math.ceil(n / math.ceil(n / most))
+
+
+def split_evenly(items: list, most: int) -> list[list]:
+    """``items`` in order, in the fewest consecutive chunks of at most ``most``, whose sizes
+    differ by one at most (so a group of 30 with room for 16 is two packs of 15)."""
+    if most < 1:
+        raise ValueError(f"a pack holds at least one cell, got {most}")
+    n_chunks = math.ceil(len(items) / most) if items else 0
+    out, start = [], 0
+    for i in range(n_chunks):
+        size = len(items) // n_chunks + (i < len(items) % n_chunks)
+        out.append(items[start : start + size])
+        start += size
+    return out

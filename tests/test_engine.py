@@ -51,7 +51,7 @@ def test_auto_placement_follows_the_measurement(tmp_path):
     calls: list[str] = []
 
     def fake(times):
-        def measure(cell, device):
+        def measure(cell, device, members):
             calls.append(device.type)
             return times[device.type]
 

@@ -281,6 +281,14 @@ def test_cuda_matches_cpu(name):
     fs = F(ilt.query(t.cuda())).requires_grad_(True)
     gpu = ilt.reconstruct(fs, t.cuda())
     assert gpu.device.type == "cuda" and gpu.dtype == torch.float64
-    torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-10, atol=1e-12)
+    # The two devices sum the terms of x(t) = Re Σ_q w_q F(s_q) in different orders (and may
+    # evaluate F a few ulps apart), so they may differ by a few float64 eps of Σ_q |w_q F(s_q)|:
+    # |x| times the sum's condition number, which alternating weights make large (Stehfest up to
+    # ~1e11, Euler ~1e7 here; Fourier ~1e3). A wrong GPU path errs by O(|x|), far beyond it.
+    allowed = 1e-12 + 1e-10 * cpu.abs()
+    if ilt.is_linear:
+        terms = (ilt.weights(t) * F(ilt.query(t))).abs().sum(-1)
+        allowed = allowed + 4 * ilt.n_query * torch.finfo(torch.float64).eps * terms
+    assert ((gpu.cpu() - cpu).abs() <= allowed).all(), (gpu.cpu() - cpu).abs().max()
     gpu.sum().backward()
     assert fs.grad is not None and torch.isfinite(torch.view_as_real(fs.grad)).all()

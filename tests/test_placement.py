@@ -1,0 +1,355 @@
+"""Placement: the probe cache under concurrent writers, choices from the step a pack really runs
+(fake timings), GPU pack sizes, and the GPU lanes beside the CPU workers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from pathlib import Path
+
+import pytest
+import torch
+
+from tasks.config import CellConfig, TrainConfig
+from tasks.engine import in_lanes, make_packs, plan_packs
+from tasks.placement import (
+    Probe,
+    cached_probe,
+    gpu_pack_size,
+    place_pack,
+    probe_pack,
+    split_evenly,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cell(seed: int, **kw) -> CellConfig:
+    base = {
+        "system": "integro_de",
+        "method": "node",
+        "seed": seed,
+        "data": {"n_trajectories": 30},
+        "training": TrainConfig(epochs=2, batch_size=8, patience=None),
+    }
+    return CellConfig.model_validate({**base, **kw})
+
+
+def test_the_cache_keeps_every_entry_under_concurrent_writers(tmp_path):
+    # Each process probes its own kinds of pack (slowly, so that the writes overlap); with a
+    # read-modify-write that is not locked and merged, processes overwrite each other's entries.
+    script = textwrap.dedent(
+        """
+        import sys, time, torch
+        from tasks.config import CellConfig, TrainConfig
+        from tasks.placement import Probe, cached_probe
+        proc, start = int(sys.argv[1]), float(sys.argv[2])
+        def measure(cell, device, members):
+            time.sleep(0.05)
+            return Probe(proc + members / 100, 1000 * members)
+        cell = CellConfig.model_validate({"system": "integro_de", "method": "node", "seed": 0,
+            "data": {"n_trajectories": 30}, "training": TrainConfig(batch_size=8)})
+        while time.time() < start:
+            time.sleep(0.01)
+        for members in range(1, 5):
+            cached_probe(cell.model_copy(update={"method": ["node", "anode"][proc % 2]}),
+                         members + 10 * proc, cache_dir=sys.argv[3], measure=measure)
+        """
+    )
+    n_proc = 4
+    start = time.time() + 6.0  # after every interpreter has imported torch
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(p), str(start), str(tmp_path)],
+            cwd=ROOT,
+            env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+        )
+        for p in range(n_proc)
+    ]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    cache = json.loads((tmp_path / "placement.json").read_text())
+    assert len(cache) == n_proc * 4
+    for entry in cache.values():
+        assert set(entry) == {"cpu", "cuda", "cpu_bytes", "cuda_bytes"}
+    members = sorted(int(k.rsplit("/x", 1)[1]) for k in cache)
+    assert members == sorted(m + 10 * p for p in range(n_proc) for m in range(1, 5))
+
+
+def test_placement_chooses_from_the_pack_it_will_run(tmp_path):
+    # The GPU loses for one cell alone and wins for a pack of five: each pack is timed as it runs.
+    seen: list[tuple[str, int]] = []
+
+    def measure(cell, device, members):
+        seen.append((device.type, members))
+        return {"cpu": 1.0, "cuda": 2.0 / members}[device.type]
+
+    kw = {"cache_dir": tmp_path, "measure": measure, "cuda_available": True}
+    assert place_pack([_cell(0)], "auto", **kw).type == "cpu"
+    assert place_pack([_cell(s) for s in range(5)], "auto", **kw).type == "cuda"
+    assert sorted(seen) == [("cpu", 1), ("cpu", 5), ("cuda", 1), ("cuda", 5)]
+    # Cached: the same kinds are not measured again, other seeds included.
+    assert place_pack([_cell(s) for s in range(5, 10)], "auto", **kw).type == "cuda"
+    assert len(seen) == 4
+
+
+def test_without_cuda_nothing_is_measured_and_packs_are_the_configured_ones(tmp_path):
+    def never(cell, device, members):
+        raise AssertionError("measured on a machine without CUDA")
+
+    cells = [_cell(s, method=m) for m in ("node", "neural_laplace") for s in range(4)]
+    for device in ("auto", "cpu"):
+        planned = plan_packs(
+            cells, pack=True, device=device, cache_dir=tmp_path, measure=never,
+            cuda_available=False,
+        )  # fmt: skip
+        assert [p for p, _ in planned] == make_packs(cells, pack=True)
+        assert {d for _, d in planned} == {"cpu"}
+    assert not (tmp_path / "placement.json").exists()
+
+
+def test_gpu_pack_size_follows_memory_and_measured_throughput(tmp_path):
+    gib = 2**30
+
+    def measure_with(cost):
+        def measure(cell, device, members):
+            return Probe(cost(members), gib)  # one GiB a member
+
+        return measure
+
+    bigger_is_cheaper = measure_with(lambda m: 1.0 / m)
+    kw = {"cache_dir": tmp_path, "lanes": 2}
+    # 40 GiB free, half of it for two lanes: 10 members a pack at most.
+    size = gpu_pack_size(_cell(0), 30, free_bytes=40 * gib, measure=bigger_is_cheaper, **kw)
+    assert size == 10
+    # Plenty of memory: the whole group of 30 (capped at MAX_PACK_MEMBERS otherwise).
+    size = gpu_pack_size(_cell(0), 30, free_bytes=400 * gib, measure=bigger_is_cheaper, **kw)
+    assert size == 30
+    # A GPU saturated beyond 15 members: the half-size pack is measured clearly cheaper.
+    saturated = measure_with(lambda m: 1.0 / m if m <= 15 else 0.2)
+    other = _cell(0, method="anode")  # not cached yet
+    assert gpu_pack_size(other, 30, free_bytes=400 * gib, measure=saturated, **kw) == 15
+    assert gpu_pack_size(_cell(0), 1, measure=saturated, **kw) == 1
+
+
+def test_plan_packs_splits_groups_and_places_each_pack(tmp_path):
+    def measure(cell, device, members):
+        if cell.method == "anode":  # anode: the CPU wins at every size
+            return Probe({"cpu": 0.1, "cuda": 1.0}[device.type], 2**30)
+        return Probe({"cpu": 1.0, "cuda": 1.0 / members}[device.type], 2**30)
+
+    cells = [_cell(s, method=m) for m in ("node", "anode") for s in range(12)]
+    cells += [_cell(0, method="neural_laplace")]
+    planned = plan_packs(
+        cells, pack=True, device="auto", cache_dir=tmp_path, measure=measure,
+        cuda_available=True, free_bytes=16 * 2**30, lanes=2,
+    )  # fmt: skip
+    # 16 GiB free, 8 for the packs of two lanes: 4 members of 1 GiB a pack.
+    shape = [(p[0].method, len(p), d) for p, d in planned]
+    assert shape[:3] == [("node", 4, "cuda")] * 3
+    assert shape[3:6] == [("anode", 4, "cpu")] * 3
+    assert shape[6][:2] == ("neural_laplace", 1)
+    assert sorted(c.config_hash() for p, _ in planned for c in p) == sorted(
+        c.config_hash() for c in cells
+    )
+
+
+def test_split_evenly():
+    assert split_evenly(list(range(30)), 16) == [list(range(15)), list(range(15, 30))]
+    assert [len(p) for p in split_evenly(list(range(7)), 3)] == [3, 2, 2]
+    assert split_evenly([1, 2], 5) == [[1, 2]]
+    with pytest.raises(ValueError, match="at least one"):
+        split_evenly([1], 0)
+
+
+def test_gpu_lanes_run_beside_the_cpu_workers():
+    running = {"cuda": 0, "cpu": 0}
+    peak = {"cuda": 0, "all": 0}
+    overlap = threading.Event()
+    lock = threading.Lock()
+
+    def work(device: str) -> None:
+        with lock:
+            running[device] += 1
+            peak["cuda"] = max(peak["cuda"], running["cuda"])
+            peak["all"] = max(peak["all"], running["cuda"] + running["cpu"])
+            if running["cuda"] and running["cpu"]:
+                overlap.set()
+        time.sleep(0.02)
+        with lock:
+            running[device] -= 1
+
+    packs = [([_cell(s)], "cuda") for s in range(6)] + [([_cell(s)], "cpu") for s in range(6, 12)]
+    devices = {p[0].seed: d for p, d in packs}
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        done = list(
+            in_lanes(
+                packs,
+                lambda p: pool.submit(work, devices[p[0].seed]),
+                max_workers=4,
+                lanes=2,
+                first_done=lambda fs: next(iter(wait(fs, return_when=FIRST_COMPLETED).done)),
+            )
+        )
+    assert sorted(p[0].seed for _, p in done) == list(range(12))
+    assert peak["cuda"] <= 2 and peak["all"] <= 4
+    assert peak["cuda"] == 2 and overlap.is_set()  # both lanes used, CPU packs alongside
+    # One worker: one pack at a time; two workers: a CPU pack always has one of them.
+    for workers, most_gpu in ((1, 1), (2, 1)):
+        peak.update(cuda=0, all=0)
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(
+                in_lanes(
+                    packs,
+                    lambda p: pool.submit(work, devices[p[0].seed]),
+                    max_workers=workers,
+                    lanes=2,
+                    first_done=lambda fs: next(iter(wait(fs, return_when=FIRST_COMPLETED).done)),
+                )
+            )
+        assert peak["all"] <= workers and peak["cuda"] <= most_gpu
+
+
+def test_probe_times_the_packed_step_on_the_cpu():
+    one = probe_pack(_cell(0), torch.device("cpu"), 1)
+    two = probe_pack(_cell(0), torch.device("cpu"), 2)
+    assert 0 < one.seconds < 60 and 0 < two.seconds < 60
+    assert one.bytes_per_member == two.bytes_per_member == 0  # memory is measured on CUDA
+
+
+def test_cached_probe_measures_only_missing_devices(tmp_path):
+    calls = []
+
+    def measure(cell, device, members):
+        calls.append(device.type)
+        return 1.0
+
+    cached_probe(_cell(0), 3, ("cuda",), cache_dir=tmp_path, measure=measure)
+    got = cached_probe(_cell(0), 3, cache_dir=tmp_path, measure=measure)
+    assert calls == ["cuda", "cpu"] and got["cpu"] == got["cuda"] == 1.0
+
+
+def test_gpu_check_smallest_writes_its_summary(tmp_path):
+    import importlib.util
+    import re
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = gpu_check  # its dataclasses look their module up
+    spec.loader.exec_module(gpu_check)
+    threads = torch.get_num_threads()
+    try:
+        assert gpu_check.main(["--smallest", "--out", str(tmp_path), "--workers", "2"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    text = (tmp_path / "summary.md").read_text()
+    for section in (
+        "# GPU check",
+        "## pytest -m gpu",
+        "## Throughput (seconds per cell-epoch)",
+        "## Neural Laplace beside torchlaplace",
+        "## Paper profile slice",
+        "## Projection: the full paper profile on this machine",
+    ):
+        assert section in text
+    assert "Skipped: no CUDA device" in text or "passed" in text
+    # Both timed models have a row with positive seconds per cell-epoch, eager and packed ×2.
+    node = re.search(r"^\| node \| float64 \| cpu \| ([\d.]+) \| ([\d.]+) \|", text, re.M)
+    assert node and float(node.group(1)) > 0 and float(node.group(2)) > 0
+    assert re.search(r"^\| neural_laplace \| float64 \| cpu \| [\d.]+ \| not packable", text, re.M)
+    # The projection plans the 180 cells on the CPU and gives a finite wall time for the two
+    # timed models; the four others are named as left out.
+    assert "180 cells × 1000 epochs, 2 workers, no GPU" in text
+    assert re.search(r"^\| node \| cpu \| 6 × 5 \| [\d.]+ \| extrapolated from ×2 \|", text, re.M)
+    assert re.search(r"^\| neural_laplace \| cpu \| 30 × 1 \| [\d.]+ \| measured \|", text, re.M)
+    hours = re.search(r"projected wall time ([\d.]+) h", text)
+    assert hours and 0 < float(hours.group(1)) < 1e4
+    assert "left out of these totals: anode, latent_ode, nf_coupling, nf_resnet" in text
+
+
+def test_the_engine_runs_gpu_planned_packs_in_lanes(mlflow_store, prefect_server, monkeypatch):
+    # The engine's lane path end to end through Prefect's thread runner: packs planned "cuda"
+    # (here by a stand-in planner: no GPU on this machine) go through ``in_lanes``; on a machine
+    # without CUDA each still trains where ``place_pack`` puts it, the CPU, and every cell ends
+    # with its result.
+    import tasks.engine as engine
+    from flows import run_benchmark
+    from tasks.config import resolve_config
+
+    real_plan, real_lanes = engine.plan_packs, engine.in_lanes
+    lanes_seen: list[list[str]] = []
+
+    def plan(cells, **kw):
+        planned = real_plan(cells, **kw)
+        return [(p, "cuda" if p[0].method == "node" else d) for p, d in planned]
+
+    def lanes(packs, submit, max_workers, *a, **kw):
+        lanes_seen.append([d for _, d in packs])
+        return real_lanes(packs, submit, max_workers, *a, **kw)
+
+    monkeypatch.setattr(engine, "plan_packs", plan)
+    monkeypatch.setattr(engine, "in_lanes", lanes)
+    config = resolve_config(
+        "smoke",
+        overrides={
+            "systems": ["integro_de"],
+            "methods": ["node", "neural_laplace"],
+            "seeds": [0, 1],
+            "progress": False,
+            "max_workers": 3,
+        },
+    )
+    summary = run_benchmark(config)
+    assert lanes_seen == [["cuda", "cpu", "cpu"]]
+    assert summary.count("finished") == 4 and summary.ok
+
+
+def test_the_projection_plans_with_the_engine_and_schedules_gpu_and_cpu_together(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT))  # benchmarks/ is a folder of scripts, not installed
+    from benchmarks.throughput import Timing, lookup, project
+    from tasks.config import resolve_config
+
+    gib = 2**30
+    rows = [
+        Timing("node", "float64", "cuda", True, {1: 1.0, 5: 0.2, 30: 0.05}, {}, {30: gib}),
+        Timing("node", "float64", "cpu", True, {1: 0.5}),
+        Timing("neural_laplace", "float64", "cuda", False, {1: 0.4}),
+        Timing("neural_laplace", "float64", "cpu", False, {1: 0.3}),
+    ]
+    assert lookup(rows, "node", "float64", "cuda", 30) == (0.05, "measured")
+    s, how = lookup(rows, "node", "float64", "cuda", 10)
+    assert 0.05 < s < 0.2 and how == "interpolated ×5–×30"
+    assert lookup(rows, "node", "float64", "cpu", 5) == (0.5, "extrapolated from ×1")
+    cells = resolve_config(
+        "paper", overrides={"systems": ["integro_de"], "methods": ["node", "neural_laplace"]}
+    ).cells()
+    p = project(rows, cells=cells, epochs=10, workers=4, cuda=True, free_bytes=100 * gib)
+    plan = sorted((c.method, c.device, c.members) for c in p.packs)
+    # node: one pack of its five seeds on the GPU (0.2 < 0.5 s); NL one by one on the CPU.
+    assert plan == [("neural_laplace", "cpu", 1)] * 5 + [("node", "cuda", 5)]
+    assert p.gpu_seconds == pytest.approx(5 * 0.2 * 10)
+    # five NL cells of 3 s on the 4 - 1 (lanes in use) = 3 CPU workers: 6 s on the busiest
+    assert p.cpu_seconds == pytest.approx(2 * 0.3 * 10)
+    assert p.wall_seconds == pytest.approx(10.0)
+    # Without CUDA the same cells all go to the CPU, planned without measuring.
+    q = project(rows, cells=cells, epochs=10, workers=4, cuda=False)
+    assert {c.device for c in q.packs} == {"cpu"} and q.gpu_seconds == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_cuda_probe_runs_the_graphed_pack_and_measures_its_memory(tmp_path):
+    cell = _cell(0, method="nf_coupling")
+    one, five = (probe_pack(cell, torch.device("cuda"), m) for m in (1, 5))
+    assert 0 < five.seconds < 60 and five.bytes_per_member > 0 and one.bytes_per_member > 0
+    cells = [_cell(s, method=m) for m in ("node", "neural_laplace") for s in range(6)]
+    planned = plan_packs(cells, pack=True, device="auto", cache_dir=tmp_path)
+    assert {d for _, d in planned} <= {"cpu", "cuda"}
+    assert sorted(c.seed for p, _ in planned for c in p) == sorted(c.seed for c in cells)
+    # The engine and a worker agree: the worker's place_pack reads what the engine measured.
+    for pack, device in planned:
+        assert place_pack(pack, "auto", cache_dir=tmp_path).type == device
