@@ -80,16 +80,17 @@ class _GRUCell(nn.Module):
         return (h - new) * update + new
 
 
-class _Method(nn.Module):
-    """Calls one method of the wrapped model (``functional_call`` only calls ``forward``)."""
+class _Call(nn.Module):
+    """Calls ``fn(model, *args)`` on the wrapped model (``functional_call`` only calls
+    ``forward``)."""
 
-    def __init__(self, model: nn.Module, method: str) -> None:
+    def __init__(self, model: nn.Module, fn: Callable) -> None:
         super().__init__()
         self.model = model
-        self.method = method
+        self.fn = fn
 
-    def forward(self, *args: torch.Tensor) -> torch.Tensor:
-        return getattr(self.model, self.method)(*args)
+    def forward(self, *args: torch.Tensor):
+        return self.fn(self.model, *args)
 
 
 def _unparametrize(module: nn.Module) -> None:
@@ -200,8 +201,6 @@ class _Packer:
             _unparametrize(self.base.get_submodule(path))
         _replace_gru_cells(self.base)
         self.base.to("meta")
-        self.loss_mod = _Method(self.base, "training_loss")
-        self.fwd_mod = _Method(self.base, "forward")
         self.graphs: dict[tuple[tuple[int, ...], int], _Graph] = {}
         # On CUDA, Adam's step size lives in device scalars that a captured step reads (eager
         # steps read them too, so that graphs and eager steps compute the same).
@@ -297,17 +296,31 @@ class _Packer:
             state[f"model.{path}.{tname}".replace("..", ".").rstrip(".")] = torch.stack(weights)
         return state
 
-    def losses(self, pack: _Pack, obs_x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        def one(state, ox, tg):
-            return functional_call(self.loss_mod, state, (self.obs_t, ox, self.query_t, tg))
+    # --- packed-model hook (ForecastModel.packed_losses / packed_forward) -------------------
+    def _hook_args(self, pack: _Pack) -> tuple:
+        """The members' modules, their stacked tensors by name, and the vmapped call."""
+        state = self._state(pack)
 
-        return vmap(one, randomness="error")(self._state(pack), obs_x, target)
+        def run(fn: Callable, *batched: torch.Tensor):
+            call = _Call(self.base, fn)
+
+            def one(s, *args):
+                return functional_call(call, s, args)
+
+            return vmap(one, randomness="error")(state, *batched)
+
+        members = [self.models[m] for m in pack.members]
+        return members, {n.removeprefix("model."): t for n, t in state.items()}, run
+
+    def losses(self, pack: _Pack, obs_x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.base.packed_losses(
+            *self._hook_args(pack), self.obs_t, obs_x, self.query_t, target
+        )
 
     def predict(self, pack: _Pack, obs_x: torch.Tensor) -> torch.Tensor:
-        def one(state, ox):
-            return functional_call(self.fwd_mod, state, (self.obs_t, ox, self.query_t))
+        return self.base.packed_forward(*self._hook_args(pack), self.obs_t, obs_x, self.query_t)
 
-        return vmap(one, randomness="error")(self._state(pack), obs_x)
+    # --- end of the packed-model hook ------------------------------------------------------
 
     # ----- one training step (eager or captured) ---------------------------------------------
 
@@ -450,17 +463,23 @@ def packable(model: ForecastModel, device: torch.device) -> bool:
     """Whether `train_packed` trains this model exactly (pure torch, vmappable, no RNG draws in
     training).
 
-    Not packable: models with their own objective (the Latent ODE's ELBO draws a
-    reparametrised sample from each model's own generator), solvers other than Euler (adaptive
-    ones have data-dependent step control; the batched Euler solve is the one that matches
-    torchdiffeq's arithmetic), the adjoint method, multi-layer ``nn.GRU`` encoders, and whatever
-    fails a vmapped forward and backward on two copies (custom autograd functions such as
-    Neural Laplace's fused decoder).
+    Models that pack themselves (:meth:`~nlmodels.base.ForecastModel.packs_itself`: the Latent
+    ODE with dopri5 or Euler, whose ELBO draws each member's sample from its own stream and
+    whose adaptive solve gives each member a lane of its own) are packable. Otherwise not
+    packable: models with their own objective, solvers other than Euler (adaptive ones have
+    data-dependent step control; the batched Euler solve is the one that matches torchdiffeq's
+    arithmetic), the adjoint method, multi-layer ``nn.GRU`` encoders, and whatever fails a
+    vmapped forward and backward on two copies (custom autograd functions such as Neural
+    Laplace's fused decoder).
     """
     device = torch.device(device)
-    if device.type not in ("cpu", "cuda") or not _uses_mse(model):
+    if device.type not in ("cpu", "cuda"):
         return False
-    if getattr(model, "solver", "euler") != "euler" or getattr(model, "adjoint", False):
+    if not model.packs_itself() and (
+        not _uses_mse(model)
+        or getattr(model, "solver", "euler") != "euler"
+        or getattr(model, "adjoint", False)
+    ):
         return False
     if any(isinstance(m, nn.RNNBase) for m in model.modules()):
         return False
@@ -655,7 +674,10 @@ class _Run:
     def run(self, on_epoch, stop, progress, graphs) -> list[TrainResult | TrainingDiverged]:
         config, packer, models = self.config, self.packer, self.models
         n_members = len(models)
-        use_graphs = self.device.type == "cuda" and graphs is not False
+        # A model that packs itself (an adaptive solve: host reads) is not captured.
+        use_graphs = (
+            self.device.type == "cuda" and graphs is not False and not packer.base.packs_itself()
+        )
         graphs_used = False
         gens = [torch.Generator().manual_seed(s) for s in self.seeds]
         members = [_Member(best_state=copy.deepcopy(m.state_dict())) for m in models]
@@ -675,6 +697,8 @@ class _Run:
             t0 = time.perf_counter()
             packer.set_mode(pack, True)
             packer.base.reset_nfe()
+            for m in pack.members:  # counts a model that packs itself keeps per member
+                models[m].reset_nfe()
             orders = torch.stack(
                 [torch.randperm(n_train, generator=gens[m]).to(self.device) for m in pack.members]
             )
@@ -712,6 +736,7 @@ class _Run:
                         continue
                 packer.step(pack, rows, batch, adam)
             nfe = packer.base.nfe
+            nfes = {m: nfe + models[m].nfe for m in pack.members}
             active = pack.active.tolist()
             totals = pack.total.tolist()
             kinds, values, batches = (
@@ -728,6 +753,7 @@ class _Run:
                     ],
                     dim=1,
                 )
+                val_losses = self._val_losses(pack)
             seconds = time.perf_counter() - t0
             keep = []
             for j, m in enumerate(pack.members):
@@ -741,7 +767,10 @@ class _Run:
                 if not math.isfinite(val_rmse):
                     self._diverge(pack, j, _val_diverged(lab, val_rmse, epoch))
                     continue
-                record = EpochRecord(epoch, totals[j] / n_train, mse, val_rmse, seconds, nfe)
+                val_loss = mse if val_losses is None else val_losses[j]
+                record = EpochRecord(
+                    epoch, totals[j] / n_train, val_loss, val_rmse, seconds, nfes[m]
+                )
                 mem.history.append(record)
                 if val_rmse < mem.best_rmse:
                     mem.best_rmse, mem.best_epoch = val_rmse, epoch
@@ -761,7 +790,8 @@ class _Run:
                     continue
                 models[m].load_state_dict(mem.best_state)
                 models[m].eval()
-                models[m]._nfe = nfe
+                models[m].reset_nfe()
+                models[m].count_nfe(nfes[m])
                 mem.result = TrainResult(
                     tuple(mem.history),
                     mem.best_epoch,
@@ -779,6 +809,19 @@ class _Run:
                 packer.graphs.clear()  # captured for the previous pack's tensors
         bar.close()
         return [mem.result for mem in members]  # type: ignore[misc]
+
+    def _val_losses(self, pack: _Pack) -> list[float] | None:
+        """Each member's mean training loss over the validation batches, as ``train`` reports
+        it for a model with its own objective (and with the draws it makes); None for MSE."""
+        if _uses_mse(self.models[pack.members[0]]):
+            return None
+        bs, n_val = self.config.batch_size, pack.val_obs_x.shape[1]
+        sums = [0.0] * len(pack.members)
+        for s in range(0, n_val, bs):
+            obs_x, target = pack.val_obs_x[:, s : s + bs], pack.val_target[:, s : s + bs]
+            losses = self.packer.losses(pack, obs_x, target).tolist()
+            sums = [total + loss * obs_x.shape[1] for total, loss in zip(sums, losses)]
+        return [total / n_val for total in sums]
 
     def _diverge(self, pack: _Pack, j: int, error: TrainingDiverged) -> None:
         # As train() leaves a model that raised: its weights at that moment, in training mode.

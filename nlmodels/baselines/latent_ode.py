@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal, get_args
 
 import torch
 from torch import nn
 
-from nlmodels.base import ForecastModel
+from nlmodels.base import ForecastModel, MemberRun
+from nlmodels.baselines._dopri import dopri5_lanes
 from nlmodels.baselines._encoders import ODERNNEncoder
 from nlmodels.baselines._mlp import mlp
-from nlmodels.baselines._solve import check_inputs, check_obs, check_solver, odeint_grid
+from nlmodels.baselines._solve import (
+    check_inputs,
+    check_obs,
+    check_solver,
+    odeint_grid,
+    shared_grid,
+)
 from nlmodels.model_registry import register_model
 
 __all__ = ["LatentODE"]
@@ -40,6 +47,11 @@ class LatentODE(ForecastModel):
     summed KL over the predicted values.
 
     Default sizes give 18,069 parameters for D = 1 (paper, Table 7: 18,565).
+
+    dopri5 (without the adjoint) on a time grid shared by the batch is solved by
+    :func:`~nlmodels.baselines._dopri.dopri5_lanes` (torchdiffeq's dopri5, step for step), with
+    the whole batch as one lane; packed training (:meth:`packed_losses`) solves one lane per
+    member, so each member takes the steps its unpacked run takes.
     """
 
     def __init__(
@@ -116,18 +128,39 @@ class LatentODE(ForecastModel):
 
     def decode(self, t0: torch.Tensor, z0: torch.Tensor, query_t: torch.Tensor) -> torch.Tensor:
         """Solve the latent ODE from ``z0 [B, K]`` at ``t0 [B]``; decode at ``query_t [B, T_q]``."""
-        z = odeint_grid(
-            self._f,
+        grid = shared_grid(t0, query_t) if self._solves_in_lanes() else None
+        if grid is None:
+            z = odeint_grid(
+                self._f,
+                z0,
+                t0,
+                query_t,
+                solver=self.solver,
+                rtol=self.rtol,
+                atol=self.atol,
+                adjoint=self.adjoint,
+                params=tuple(self.latent_field.parameters()),
+            )
+        else:
+            z = self._solve_lanes(lambda z: self.latent_field(z[0]).unsqueeze(0), z0[None], grid)
+            self.count_nfe(z.nfe[0])
+            z = z.y[0].transpose(0, 1)
+        return self.decoder(z)
+
+    def _solves_in_lanes(self) -> bool:
+        return self.solver == "dopri5" and not self.adjoint
+
+    def _solve_lanes(self, field: Callable[[torch.Tensor], torch.Tensor], z0, grid):
+        """dopri5 of the autonomous ``field`` from ``z0 [L, B, K]`` through the shared ``grid``."""
+        lanes = z0.shape[0]
+        return dopri5_lanes(
+            lambda t, z: field(z),
             z0,
-            t0,
-            query_t,
-            solver=self.solver,
+            grid[:1].expand(lanes),
+            grid[1:].expand(lanes, -1),
             rtol=self.rtol,
             atol=self.atol,
-            adjoint=self.adjoint,
-            params=tuple(self.latent_field.parameters()),
         )
-        return self.decoder(z)
 
     def forward(
         self, obs_t: torch.Tensor, obs_x: torch.Tensor, query_t: torch.Tensor
@@ -164,6 +197,11 @@ class LatentODE(ForecastModel):
         mean, std = self.encode(ot, obs_x)
         z0 = mean + std * self._standard_normal(std)
         pred = self.decode(self._z0_time(ot, qt), z0, qt)
+        return self._negative_elbo(mean, std, pred, target)
+
+    def _negative_elbo(
+        self, mean: torch.Tensor, std: torch.Tensor, pred: torch.Tensor, target: torch.Tensor
+    ) -> torch.Tensor:
         var = self.obs_std**2
         log_lik = -0.5 * ((target - pred) ** 2 / var + math.log(2 * math.pi * var))
         kl = 0.5 * (mean**2 + std**2 - 1.0 - 2.0 * torch.log(std)).sum(-1)
@@ -171,3 +209,79 @@ class LatentODE(ForecastModel):
             kl = kl * (target[0].numel() / self.latent_dim)
         elbo = log_lik.sum(dim=(1, 2)) - kl
         return -(elbo / target[0].numel()).mean()
+
+    # ----- packed training (tasks.packing) ----------------------------------------------------
+
+    def packs_itself(self) -> bool:
+        """Packed exactly with dopri5 (one solver lane per member) or Euler; not the adjoint."""
+        return not self.adjoint and self.solver in ("dopri5", "euler")
+
+    def packed_losses(
+        self,
+        members: Sequence[ForecastModel],
+        state: Mapping[str, torch.Tensor],
+        run: MemberRun,
+        obs_t: torch.Tensor,
+        obs_x: torch.Tensor,
+        query_t: torch.Tensor,
+        target: torch.Tensor,
+    ) -> torch.Tensor:
+        """Each member's negative ELBO ``[M]``: the encoder and decoder vmapped over members,
+        each member's sample drawn from its own stream (the draws its unpacked
+        :meth:`training_loss` makes), the latent ODE solved with one lane per member."""
+        mean, std = run(lambda m, ox: m.encode(obs_t, ox), obs_x)
+        noise = torch.stack(
+            [m._standard_normal(s) for m, s in zip(members, std.unbind(0), strict=True)]
+        )
+        pred = self._packed_decode(members, state, run, obs_t, obs_x, query_t, mean + std * noise)
+        return run(lambda m, *a: m._negative_elbo(*a), mean, std, pred, target)
+
+    def packed_forward(
+        self,
+        members: Sequence[ForecastModel],
+        state: Mapping[str, torch.Tensor],
+        run: MemberRun,
+        obs_t: torch.Tensor,
+        obs_x: torch.Tensor,
+        query_t: torch.Tensor,
+    ) -> torch.Tensor:
+        """Each member's :meth:`forward` ``[M, B, T_q, D]`` (the posterior mean decoded)."""
+        mean, _ = run(lambda m, ox: m.encode(obs_t, ox), obs_x)
+        return self._packed_decode(members, state, run, obs_t, obs_x, query_t, mean)
+
+    def _packed_decode(self, members, state, run, obs_t, obs_x, query_t, z0) -> torch.Tensor:
+        ot, qt = check_inputs(obs_t, obs_x[0], query_t, self.state_dim)
+        t0 = self._z0_time(ot, qt)
+        if not self._solves_in_lanes():  # Euler: a fixed grid, vmapped as it is
+            return run(lambda m, z: m.decode(t0, z, qt), z0)
+        grid = shared_grid(t0, qt)
+        if grid is None:
+            raise ValueError("packed Latent ODE training needs a time grid shared by the batch")
+        sol = self._solve_lanes(_stacked_mlp(self.latent_field, state, "latent_field."), z0, grid)
+        for j, member in enumerate(members):
+            member.count_nfe(sol.nfe[j])
+        return run(lambda m, z: m.decoder(z), sol.y.transpose(1, 2))
+
+
+def _stacked_mlp(
+    net: nn.Sequential, state: Mapping[str, torch.Tensor], prefix: str
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The members' copies of ``net`` (Linear and Tanh layers) on ``[M, B, in]``, from their
+    stacked weights ``state[prefix + name]``: batched matrix products, no vmap in the solver's
+    stages."""
+    layers: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+    for name, layer in net.named_children():
+        if type(layer) is nn.Linear:
+            w, b = state[f"{prefix}{name}.weight"], state[f"{prefix}{name}.bias"]
+            layers.append((w.transpose(1, 2), b.unsqueeze(1)))
+        elif type(layer) is nn.Tanh:
+            layers.append(None)
+        else:
+            raise TypeError(f"packed latent field: unsupported layer {type(layer).__name__}")
+
+    def apply(h: torch.Tensor) -> torch.Tensor:
+        for layer in layers:
+            h = torch.tanh(h) if layer is None else torch.baddbmm(layer[1], h, layer[0])
+        return h
+
+    return apply
