@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_packing import _assert_same, _cfg, _data, _packed, _poisoned, _unpacked
+from test_packing import _assert_same, _cfg, _data, _model, _packed, _poisoned, _unpacked
 from torch import nn
 from torchdiffeq import odeint
 from torchdiffeq._impl.dopri5 import _DORMAND_PRINCE_SHAMPINE_TABLEAU, DPS_C_MID
@@ -12,8 +12,8 @@ from torchdiffeq._impl.dopri5 import _DORMAND_PRINCE_SHAMPINE_TABLEAU, DPS_C_MID
 from nlmodels import build_model
 from nlmodels.baselines import LatentODE
 from nlmodels.baselines._dopri import _tableau, dopri5_lanes
-from tasks.packing import packable
-from tasks.training import TrainingDiverged, seeded
+from tasks.packing import packable, train_packed
+from tasks.training import TrainingDiverged, seeded, train
 
 # Small sizes: the tests train in seconds; the architecture is the paper's.
 SMALL = {"rec_units": 8, "rec_hidden": (8,), "head_hidden": (8,), "ode_hidden": (8, 8)}
@@ -65,13 +65,20 @@ def test_tableau_is_torchdiffeqs():
     assert torch.equal(tab.mid, DPS_C_MID)
 
 
-@pytest.mark.parametrize(("rtol", "atol", "omega"), [(1e-3, 1e-4, 1.0), (1e-7, 1e-9, 5.0)])
-def test_each_lane_takes_torchdiffeqs_steps(rtol, atol, omega):
+@pytest.mark.parametrize(
+    ("rtol", "atol", "omega", "dtype"),
+    [
+        (1e-3, 1e-4, 1.0, torch.float64),
+        (1e-7, 1e-9, 5.0, torch.float64),
+        (1e-4, 1e-6, 2.0, torch.float32),
+    ],
+)
+def test_each_lane_takes_torchdiffeqs_steps(rtol, atol, omega, dtype):
     gen = torch.Generator().manual_seed(0)
-    field = _Field(torch.randn(3, 3, generator=gen, dtype=torch.float64), omega).double()
+    field = _Field(torch.randn(3, 3, generator=gen, dtype=torch.float64), omega).to(dtype)
     y0 = torch.stack(
         [torch.randn(6, 3, generator=gen, dtype=torch.float64) * s for s in (0.1, 1, 4)]
-    )
+    ).to(dtype)
     # Per-lane grids: different starts, lengths covered and spacings.
     times = torch.stack(
         [
@@ -79,11 +86,12 @@ def test_each_lane_takes_torchdiffeqs_steps(rtol, atol, omega):
             torch.linspace(0.5, 6.0, 8, dtype=torch.float64),
             torch.linspace(-1.0, 1.0, 8, dtype=torch.float64) ** 3,
         ]
-    )
+    ).to(dtype)
     sol = dopri5_lanes(field.lanes, y0, times[:, 0], times[:, 1:], rtol=rtol, atol=atol)
+    tol = 1e-12 if dtype == torch.float64 else 1e-6
     for lane in range(3):
         y, nfe, accepted, rejected = _torchdiffeq(field, y0[lane], times[lane], rtol, atol)
-        torch.testing.assert_close(sol.y[lane], y, rtol=0, atol=1e-12)
+        torch.testing.assert_close(sol.y[lane], y, rtol=0, atol=tol)
         assert int(sol.nfe[lane]) == nfe
         assert (int(sol.accepted[lane]), int(sol.rejected[lane])) == (accepted, rejected)
     assert len(set(sol.nfe.tolist())) == 3  # the lanes took different numbers of steps
@@ -131,9 +139,20 @@ def test_a_lane_does_not_depend_on_the_others_nor_on_the_end_test():
         alone = dopri5_lanes(
             field.lanes, y0[lane : lane + 1], times[:1, 0], times[:1, 1:], rtol=1e-4, atol=1e-6
         )
-        assert torch.equal(together.y[lane], alone.y[0])
-        assert torch.equal(sparse.y[lane], alone.y[0])
-        assert int(together.nfe[lane]) == int(sparse.nfe[lane]) == int(alone.nfe[0])
+        # One lane read every 4 iterations (the CUDA default): the masked path, not the host one.
+        masked = dopri5_lanes(
+            field.lanes,
+            y0[lane : lane + 1],
+            times[:1, 0],
+            times[:1, 1:],
+            rtol=1e-4,
+            atol=1e-6,
+            check_every=4,
+        )
+        for other in (together.y[lane], sparse.y[lane], masked.y[0]):
+            assert torch.equal(other, alone.y[0])
+        nfes = {int(together.nfe[lane]), int(sparse.nfe[lane]), int(masked.nfe[0])}
+        assert nfes == {int(alone.nfe[0])}
 
 
 @pytest.mark.parametrize("z0_time", ["first_observed", "first_query"])
@@ -201,4 +220,44 @@ def test_a_diverging_latent_ode_member_leaves_the_others_unchanged():
     assert isinstance(packed[1][1], TrainingDiverged)
     assert "training loss is nan at epoch 0" in str(packed[1][1])
     for a, b, d in zip(unpacked, packed, datas, strict=True):
+        _assert_same(a, b, d[2])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_lanes_and_the_packed_latent_ode_on_cuda_equal_the_cpu():
+    # On CUDA the end test is read every 4 iterations: finished lanes step by zero meanwhile.
+    gen = torch.Generator().manual_seed(4)
+    field = _Field(torch.randn(3, 3, generator=gen, dtype=torch.float64), 2.0).double()
+    y0 = (
+        torch.randn(5, 6, 3, generator=gen, dtype=torch.float64)
+        * torch.linspace(0.1, 4, 5).view(5, 1, 1).double()
+    )
+    times = torch.linspace(0.0, 4.0, 7, dtype=torch.float64).expand(5, -1)
+    cpu = dopri5_lanes(field.lanes, y0, times[:, 0], times[:, 1:], rtol=1e-6, atol=1e-8)
+    field.cuda()
+    gpu = dopri5_lanes(
+        field.lanes, y0.cuda(), times[:, 0].cuda(), times[:, 1:].cuda(), rtol=1e-6, atol=1e-8
+    )
+    # Conditioning: a few hundred steps of O(1) fields; libm differences of a few ulp per step.
+    torch.testing.assert_close(gpu.y.cpu(), cpu.y, rtol=0, atol=1e-10)
+    assert torch.equal(gpu.nfe.cpu(), cpu.nfe)
+    seeds, cfg = [0, 1], _cfg(epochs=2)
+    datas = [_data(s) for s in seeds]
+    alone = []
+    for s, (tr, va, _) in zip(seeds, datas, strict=True):
+        model = _model("latent_ode", s, **SMALL)
+        alone.append((model, train(model, tr, va, cfg, device="cuda", seed=s, label=f"m{s}")))
+    models = [_model("latent_ode", s, **SMALL) for s in seeds]
+    results = train_packed(
+        models,
+        [d[0] for d in datas],
+        [d[1] for d in datas],
+        cfg,
+        device="cuda",
+        seeds=seeds,
+        labels=[f"m{s}" for s in seeds],
+    )
+    assert all(r.packed_members == 2 for r in results)
+    for a, b, d in zip(alone, zip(models, results, strict=True), datas, strict=True):
         _assert_same(a, b, d[2])
