@@ -113,6 +113,35 @@ def test_gradients_are_torchdiffeqs():
         torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("start", ["at_zero", "constant_field"])
+def test_degenerate_first_steps_have_torchdiffeqs_gradients(start):
+    # y0 = 0 (torchdiffeq's first step is a constant 1e-6) or f(y1) = f(y0) (its d2 is 0 and
+    # not taken): the branches not taken must not bring NaN into the gradient.
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(3, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, generator=gen, dtype=torch.float64, requires_grad=True)
+    if start == "at_zero":
+        y0 = torch.zeros(4, 3, dtype=torch.float64, requires_grad=True)
+
+        def field(t, y):
+            return torch.tanh(y @ w) + b
+    else:
+        y0 = torch.randn(4, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+
+        def field(t, y):
+            return b.expand_as(y) * torch.ones_like(y)
+
+    times = torch.linspace(0.0, 2.0, 5, dtype=torch.float64)
+    y = odeint(field, y0, times, rtol=1e-6, atol=1e-8, method="dopri5")[1:]
+    inputs = [b, y0] + ([w] if start == "at_zero" else [])
+    expected = torch.autograd.grad((y**2).sum(), inputs)
+    sol = dopri5_lanes(field, y0[None], times[:1], times[None, 1:], rtol=1e-6, atol=1e-8)
+    got = torch.autograd.grad((sol.y[0] ** 2).sum(), inputs)
+    for g, e in zip(got, expected, strict=True):
+        assert torch.isfinite(e).all()
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+
+
 def test_a_linear_ode_matches_the_matrix_exponential():
     a = torch.tensor([[-0.1, 2.0], [-2.0, -0.3]], dtype=torch.float64)
     y0 = torch.tensor([[1.0, 0.0], [0.3, -2.0]], dtype=torch.float64)  # two trajectories

@@ -127,21 +127,38 @@ def _previous(t: torch.Tensor) -> torch.Tensor:
 
 def _initial_step(field, t0, y0, f0, rtol, atol) -> torch.Tensor:
     """torchdiffeq's ``_select_initial_step`` (Hairer, Nørsett & Wanner, 1993, §II.4) per lane,
-    differentiable as there."""
+    differentiable as there.
+
+    torchdiffeq branches in Python, so a norm on the branch not taken is not in its graph; here
+    both branches are computed, and a norm enters the gradient only on the lanes that take its
+    branch (elsewhere it is the norm of ones: √0's infinite derivative times a zero would be NaN).
+    """
     scale = atol + torch.abs(y0) * rtol
-    d0 = _rms(y0 / scale).abs()
-    d1 = _rms(f0 / scale).abs()
-    small = (d0 < 1e-5) | (d1 < 1e-5)
-    h0 = torch.where(small, 1e-6, 0.01 * d0 / torch.where(small, 1.0, d1)).abs()
+    with torch.no_grad():  # the decisions
+        d0, d1 = _rms(y0 / scale), _rms(f0 / scale)
+        small = (d0 < 1e-5) | (d1 < 1e-5)
+    h0 = torch.where(
+        small, 1e-6, 0.01 * _rms_on(y0 / scale, ~small) / _rms_on(f0 / scale, ~small)
+    ).abs()
     y1 = y0 + _lanes(h0, y0) * f0
     f1 = field(t0 + h0, y1)
-    d2 = torch.abs(_rms((f1 - f0) / scale) / h0)
-    flat = (d1 <= 1e-15) & (d2 <= 1e-15)
-    largest = torch.where(d2 > d1, d2, d1)  # Python's max(d1, d2), as torchdiffeq takes it
+    with torch.no_grad():
+        d2 = torch.abs(_rms((f1 - f0) / scale) / h0)
+        flat = (d1 <= 1e-15) & (d2 <= 1e-15)
+        second = ~flat & (d2 > d1)  # Python's max(d1, d2), as torchdiffeq takes it
+        first = ~flat & ~second
+    largest = torch.where(
+        second, torch.abs(_rms_on((f1 - f0) / scale, second) / h0), _rms_on(f0 / scale, first)
+    )
     h1_flat = torch.maximum(torch.full_like(h0, 1e-6), h0 * 1e-3)
-    h1_step = (0.01 / torch.where(flat, 1.0, largest)) ** (1.0 / float(_ORDER))
+    h1_step = (0.01 / largest) ** (1.0 / float(_ORDER))
     h1 = torch.where(flat, h1_flat, h1_step).abs()
     return torch.minimum(100 * h0, h1).to(t0.dtype)
+
+
+def _rms_on(x: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
+    """:func:`_rms` (``.abs()``ed, as torchdiffeq's) on ``lanes``, 1 on the others."""
+    return _rms(torch.where(_lanes(lanes, x), x, 1.0)).abs()
 
 
 def _lanes(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
