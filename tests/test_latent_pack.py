@@ -12,6 +12,7 @@ from torchdiffeq._impl.dopri5 import _DORMAND_PRINCE_SHAMPINE_TABLEAU, DPS_C_MID
 from nlmodels import build_model
 from nlmodels.baselines import LatentODE
 from nlmodels.baselines._dopri import _tableau, dopri5_lanes
+from nlmodels.baselines._mlp import stacked_linear, stacked_mlp
 from tasks.packing import packable, train_packed
 from tasks.training import TrainingDiverged, seeded, train
 
@@ -201,6 +202,30 @@ def test_latent_ode_solves_as_torchdiffeq_did(z0_time, monkeypatch):
     reference = model(ot, x, qt)
     assert ours_nfe == model.nfe
     torch.testing.assert_close(ours, reference, rtol=0, atol=1e-12)
+
+
+def test_stacked_encoder_and_fields_equal_each_members_modules():
+    models = []
+    for s in range(3):
+        with seeded(s):
+            models.append(LatentODE(2, encoder_steps=2, **SMALL).double())
+    state = {
+        n: torch.stack([dict(m.named_parameters())[n] for m in models])
+        for n, _ in models[0].named_parameters()
+    }
+    gen = torch.Generator().manual_seed(6)
+    ot = torch.linspace(0.0, 1.0, 5, dtype=torch.float64)
+    x = torch.randn(3, 4, 5, 2, generator=gen, dtype=torch.float64)
+    mean, std = models[0]._packed_encode(state, ot, x)
+    z = torch.randn(3, 4, 7, 2, generator=gen, dtype=torch.float64)
+    decoded = stacked_linear(state, "decoder.")(z)
+    field = stacked_mlp(models[0].latent_field, state, "latent_field.")(z[:, :, 0])
+    for j, m in enumerate(models):
+        m_mean, m_std = m.encode(ot, x[j])
+        torch.testing.assert_close(mean[j], m_mean, rtol=1e-13, atol=1e-13)
+        torch.testing.assert_close(std[j], m_std, rtol=1e-13, atol=1e-13)
+        torch.testing.assert_close(decoded[j], m.decoder(z[j]), rtol=1e-13, atol=1e-13)
+        torch.testing.assert_close(field[j], m.latent_field(z[j, :, 0]), rtol=1e-13, atol=1e-13)
 
 
 def test_packable():

@@ -12,7 +12,7 @@ from torch import nn
 from nlmodels.base import ForecastModel, MemberRun
 from nlmodels.baselines._dopri import dopri5_lanes
 from nlmodels.baselines._encoders import ODERNNEncoder
-from nlmodels.baselines._mlp import mlp
+from nlmodels.baselines._mlp import mlp, stacked_linear, stacked_mlp
 from nlmodels.baselines._solve import (
     check_inputs,
     check_obs,
@@ -109,11 +109,14 @@ class LatentODE(ForecastModel):
             like.shape, generator=self._sampler, dtype=like.dtype, device=like.device
         )
 
-    def _evolve_hidden(self, h: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
+    def _evolve_hidden(
+        self, h: torch.Tensor, dt: torch.Tensor, field: Callable | None = None
+    ) -> torch.Tensor:
+        field = self.rec_field if field is None else field
         step = (dt / self.encoder_steps).unsqueeze(-1)
         for _ in range(self.encoder_steps):
             self.count_nfe()
-            h = h + step * self.rec_field(h)
+            h = h + step * field(h)
         return h
 
     def _f(self, t: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -123,7 +126,11 @@ class LatentODE(ForecastModel):
     def encode(self, obs_t: torch.Tensor, obs_x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Posterior mean and std of z₀ (at each trajectory's first observed time), ``[B, K]``."""
         ot = check_obs(obs_t, obs_x, self.state_dim)
-        mean, raw = self.encoder(ot, obs_x, self._evolve_hidden).chunk(2, dim=-1)
+        return self._posterior(self.encoder(ot, obs_x, self._evolve_hidden))
+
+    @staticmethod
+    def _posterior(encoded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, raw = encoded.chunk(2, dim=-1)
         return mean, nn.functional.softplus(raw) + 1e-6
 
     def decode(self, t0: torch.Tensor, z0: torch.Tensor, query_t: torch.Tensor) -> torch.Tensor:
@@ -205,10 +212,11 @@ class LatentODE(ForecastModel):
         var = self.obs_std**2
         log_lik = -0.5 * ((target - pred) ** 2 / var + math.log(2 * math.pi * var))
         kl = 0.5 * (mean**2 + std**2 - 1.0 - 2.0 * torch.log(std)).sum(-1)
+        values = target.shape[-2] * target.shape[-1]  # T_q · D
         if self.kl_average == "latents":
-            kl = kl * (target[0].numel() / self.latent_dim)
-        elbo = log_lik.sum(dim=(1, 2)) - kl
-        return -(elbo / target[0].numel()).mean()
+            kl = kl * (values / self.latent_dim)
+        elbo = log_lik.sum(dim=(-2, -1)) - kl
+        return -(elbo / values).mean(-1)  # [..., B] → [...]: one loss per member when stacked
 
     # ----- packed training (tasks.packing) ----------------------------------------------------
 
@@ -226,15 +234,16 @@ class LatentODE(ForecastModel):
         query_t: torch.Tensor,
         target: torch.Tensor,
     ) -> torch.Tensor:
-        """Each member's negative ELBO ``[M]``: the encoder and decoder vmapped over members,
-        each member's sample drawn from its own stream (the draws its unpacked
-        :meth:`training_loss` makes), the latent ODE solved with one lane per member."""
-        mean, std = run(lambda m, ox: m.encode(obs_t, ox), obs_x)
+        """Each member's negative ELBO ``[M]``, as its :meth:`training_loss` computes it: the
+        encoder, decoder and latent ODE of all members at once from their stacked weights, each
+        member's sample drawn from its own stream (the draws its unpacked run makes), the latent
+        ODE solved with one lane per member."""
+        mean, std = self._packed_encode(state, obs_t, obs_x)
         noise = torch.stack(
             [m._standard_normal(s) for m, s in zip(members, std.unbind(0), strict=True)]
         )
         pred = self._packed_decode(members, state, run, obs_t, obs_x, query_t, mean + std * noise)
-        return run(lambda m, *a: m._negative_elbo(*a), mean, std, pred, target)
+        return self._negative_elbo(mean, std, pred, target)
 
     def packed_forward(
         self,
@@ -246,8 +255,16 @@ class LatentODE(ForecastModel):
         query_t: torch.Tensor,
     ) -> torch.Tensor:
         """Each member's :meth:`forward` ``[M, B, T_q, D]`` (the posterior mean decoded)."""
-        mean, _ = run(lambda m, ox: m.encode(obs_t, ox), obs_x)
+        mean, _ = self._packed_encode(state, obs_t, obs_x)
         return self._packed_decode(members, state, run, obs_t, obs_x, query_t, mean)
+
+    def _packed_encode(self, state, obs_t, obs_x) -> tuple[torch.Tensor, torch.Tensor]:
+        ot = check_obs(obs_t, obs_x[0], self.state_dim)
+        rec_field = stacked_mlp(self.rec_field, state, "rec_field.")
+        encoded = self.encoder.stacked(
+            state, "encoder.", ot, obs_x, lambda h, dt: self._evolve_hidden(h, dt, rec_field)
+        )
+        return self._posterior(encoded)
 
     def _packed_decode(self, members, state, run, obs_t, obs_x, query_t, z0) -> torch.Tensor:
         ot, qt = check_inputs(obs_t, obs_x[0], query_t, self.state_dim)
@@ -257,31 +274,7 @@ class LatentODE(ForecastModel):
         grid = shared_grid(t0, qt)
         if grid is None:
             raise ValueError("packed Latent ODE training needs a time grid shared by the batch")
-        sol = self._solve_lanes(_stacked_mlp(self.latent_field, state, "latent_field."), z0, grid)
+        sol = self._solve_lanes(stacked_mlp(self.latent_field, state, "latent_field."), z0, grid)
         for j, member in enumerate(members):
             member.count_nfe(sol.nfe[j])
-        return run(lambda m, z: m.decoder(z), sol.y.transpose(1, 2))
-
-
-def _stacked_mlp(
-    net: nn.Sequential, state: Mapping[str, torch.Tensor], prefix: str
-) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The members' copies of ``net`` (Linear and Tanh layers) on ``[M, B, in]``, from their
-    stacked weights ``state[prefix + name]``: batched matrix products, no vmap in the solver's
-    stages."""
-    layers: list[tuple[torch.Tensor, torch.Tensor] | None] = []
-    for name, layer in net.named_children():
-        if type(layer) is nn.Linear:
-            w, b = state[f"{prefix}{name}.weight"], state[f"{prefix}{name}.bias"]
-            layers.append((w.transpose(1, 2), b.unsqueeze(1)))
-        elif type(layer) is nn.Tanh:
-            layers.append(None)
-        else:
-            raise TypeError(f"packed latent field: unsupported layer {type(layer).__name__}")
-
-    def apply(h: torch.Tensor) -> torch.Tensor:
-        for layer in layers:
-            h = torch.tanh(h) if layer is None else torch.baddbmm(layer[1], h, layer[0])
-        return h
-
-    return apply
+        return stacked_linear(state, "decoder.")(sol.y.transpose(1, 2))
