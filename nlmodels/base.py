@@ -14,20 +14,35 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 __all__ = [
     "ForecastModel",
+    "MemberRun",
     "batch_times",
     "host_bool",
     "recorded_host_bools",
     "recording_host_bools",
 ]
 
+#: ``run(fn, *batched)`` in packed training: ``fn(model, *args)`` called for every member of a
+#: pack at once (``torch.func.vmap`` over ``functional_call`` with each member's tensors), where
+#: each of ``batched`` has a leading member dimension; returns results with that dimension.
+MemberRun = Callable[..., Any]
+
 _HOST_BOOLS = threading.local()
+
+
+def _on_grids(run: MemberRun, fn: Callable, obs_t, query_t, obs_x, *rest) -> Any:
+    """``fn(model, obs_t, obs_x, query_t, *rest)`` of every member through ``run``, with the
+    members' shared time grids (``[T]``) or each member's own (``[M, T]``)."""
+    if obs_t.dim() == 1:
+        return run(lambda m, ox, *r: fn(m, obs_t, ox, query_t, *r), obs_x, *rest)
+    return run(fn, obs_t, obs_x, query_t, *rest)
 
 
 def host_bool(t: torch.Tensor) -> bool:
@@ -109,13 +124,63 @@ class ForecastModel(nn.Module):
     @property
     def nfe(self) -> int:
         """Function evaluations since construction or the last :meth:`reset_nfe`."""
+        pending = getattr(self, "_nfe_pending", None)
+        if pending is not None:  # counts kept on the device, read when asked for
+            self._nfe += int(pending)
+            self._nfe_pending = None
         return self._nfe
 
     def reset_nfe(self) -> None:
         self._nfe = 0
+        self._nfe_pending = None
 
-    def count_nfe(self, n: int = 1) -> None:
-        self._nfe += int(n)
+    def count_nfe(self, n: int | torch.Tensor = 1) -> None:
+        """Add ``n`` evaluations; a tensor count is summed on its device (no host read)."""
+        if isinstance(n, torch.Tensor):
+            pending = getattr(self, "_nfe_pending", None)
+            n = n.detach()
+            self._nfe_pending = n if pending is None else pending + n
+        else:
+            self._nfe += int(n)
+
+    # ----- packed training (tasks.packing): members of one architecture trained at once -----
+
+    def packs_itself(self) -> bool:
+        """Whether :meth:`packed_losses` and :meth:`packed_forward` give each member exactly its
+        unpacked result even where a plain ``vmap`` of the model cannot (its own random draws,
+        an adaptive solve). The default methods below are that plain ``vmap``. Members of a
+        model that packs itself share their time grids (``tasks.packing`` packs them so)."""
+        return False
+
+    def packed_losses(
+        self,
+        members: Sequence[ForecastModel],
+        state: Mapping[str, torch.Tensor],
+        run: MemberRun,
+        obs_t: torch.Tensor,
+        obs_x: torch.Tensor,
+        query_t: torch.Tensor,
+        target: torch.Tensor,
+    ) -> torch.Tensor:
+        """Each member's :meth:`training_loss`, ``[M]``, on its batch ``obs_x [M, B, T_o, D]``,
+        ``target [M, B, T_q, D]``; the time grids ``obs_t``/``query_t`` are shared (``[T]``) or
+        each member's own (``[M, T]``: members of other systems). Called on a template of the
+        architecture; ``members`` are the members' own modules (their random streams),
+        ``state`` their stacked tensors by name (``[M, ...]``), ``run`` the vmapped call
+        (:data:`MemberRun`)."""
+        return _on_grids(run, type(self).training_loss, obs_t, query_t, obs_x, target)
+
+    def packed_forward(
+        self,
+        members: Sequence[ForecastModel],
+        state: Mapping[str, torch.Tensor],
+        run: MemberRun,
+        obs_t: torch.Tensor,
+        obs_x: torch.Tensor,
+        query_t: torch.Tensor,
+    ) -> torch.Tensor:
+        """Each member's prediction ``[M, B, T_q, D]`` (arguments as :meth:`packed_losses`)."""
+        return _on_grids(run, type(self).__call__, obs_t, query_t, obs_x)
 
     def forward(  # pragma: no cover - abstract
         self, obs_t: torch.Tensor, obs_x: torch.Tensor, query_t: torch.Tensor

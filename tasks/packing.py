@@ -177,16 +177,17 @@ def _plain_gru(module: nn.Module) -> bool:
     )
 
 
-class _Method(nn.Module):
-    """Calls one method of the wrapped model (``functional_call`` only calls ``forward``)."""
+class _Call(nn.Module):
+    """Calls ``fn(model, *args)`` on the wrapped model (``functional_call`` only calls
+    ``forward``)."""
 
-    def __init__(self, model: nn.Module, method: str) -> None:
+    def __init__(self, model: nn.Module, fn: Callable) -> None:
         super().__init__()
         self.model = model
-        self.method = method
+        self.fn = fn
 
-    def forward(self, *args: torch.Tensor) -> torch.Tensor:
-        return getattr(self.model, self.method)(*args)
+    def forward(self, *args: torch.Tensor):
+        return self.fn(self.model, *args)
 
 
 def _unparametrize(module: nn.Module) -> None:
@@ -305,8 +306,6 @@ class _Packer:
         _replace_gru_cells(self.base)
         self.base.to("meta")
         self.uses_mse = _uses_mse(template)
-        self.loss_mod = _Method(self.base, "training_loss")
-        self.fwd_mod = _Method(self.base, "forward")
         self.graphs: dict[tuple[tuple[int, ...], int], _Graph] = {}
         # On CUDA, Adam's step size lives in device scalars that a captured step reads (eager
         # steps read them too, so that graphs and eager steps compute the same).
@@ -412,32 +411,40 @@ class _Packer:
             state[f"model.{path}.{tname}".replace("..", ".").rstrip(".")] = torch.stack(weights)
         return state
 
-    def vmapped(self, pack: _Pack, module: nn.Module, obs_x: torch.Tensor, *rest: torch.Tensor):
-        """``module(obs_t, obs_x, query_t, *rest)`` of every member (``rest``: per-member tensors
-        ``[M, ...]``), with each member's state and time grids, batched by ``vmap``."""
+    # --- packed-model hook (ForecastModel.packed_losses / packed_forward) -------------------
+    # The two places where the members' model is evaluated; the model's hook runs them (a
+    # plain vmap by default, a model's own batched solve or random draws where it packs itself).
+
+    def _hook_args(self, pack: _Pack) -> tuple:
+        """The members' modules, their stacked tensors by name, the vmapped call, and the time
+        grids: shared ``[T]`` or each member's own ``[M, T]`` (other systems)."""
         state = self._state(pack)
+
+        def run(fn: Callable, *batched: torch.Tensor):
+            call = _Call(self.base, fn)
+
+            def one(s, *args):
+                return functional_call(call, s, args)
+
+            return vmap(one, randomness="error")(state, *batched)
+
+        members = [self.models[m] for m in pack.members]
+        own = {n.removeprefix("model."): t for n, t in state.items()}
         if pack.obs_t is None:
-
-            def shared(state, ox, *r):
-                return functional_call(module, state, (self.obs_t, ox, self.query_t, *r))
-
-            return vmap(shared, randomness="error")(state, obs_x, *rest)
-
-        def own(state, ot, ox, qt, *r):
-            return functional_call(module, state, (ot, ox, qt, *r))
-
-        return vmap(own, randomness="error")(state, pack.obs_t, obs_x, pack.query_t, *rest)
-
-    # The two places where the members' model is evaluated; a model with its own objective or
-    # its own batched solve replaces these (and packable() decides whether it may).
+            return members, own, run, self.obs_t, self.query_t
+        return members, own, run, pack.obs_t, pack.query_t
 
     def losses(self, pack: _Pack, obs_x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Each member's training loss on its batch ``[M]`` (``training_loss``, under vmap)."""
-        return self.vmapped(pack, self.loss_mod, obs_x, target)
+        """Each member's training loss on its batch ``[M]``."""
+        members, state, run, obs_t, query_t = self._hook_args(pack)
+        return self.base.packed_losses(members, state, run, obs_t, obs_x, query_t, target)
 
     def predict(self, pack: _Pack, obs_x: torch.Tensor) -> torch.Tensor:
         """Each member's prediction at its query times ``[M, B, T_q, D]``."""
-        return self.vmapped(pack, self.fwd_mod, obs_x)
+        members, state, run, obs_t, query_t = self._hook_args(pack)
+        return self.base.packed_forward(members, state, run, obs_t, obs_x, query_t)
+
+    # --- end of the packed-model hook ------------------------------------------------------
 
     @torch.no_grad()
     def validate(self, pack: _Pack, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -563,7 +570,8 @@ class _Packer:
         graph = torch.cuda.CUDAGraph()  # a private memory pool: graphs share no scratch memory
         with recorded_host_bools(tape, replay=True), torch.cuda.graph(graph):
             self.step(pack, idx, batch, adam)
-        self.base._nfe = nfe0
+        self.base.reset_nfe()
+        self.base.count_nfe(nfe0)
         return _Graph(graph, idx, nfe)
 
 
@@ -583,18 +591,24 @@ def packable(model: ForecastModel, device: torch.device) -> bool:
     """Whether `train_packed` trains this model exactly (pure torch, vmappable, no RNG draws in
     training).
 
-    Not packable: models with their own objective (the Latent ODE's ELBO draws a
-    reparametrised sample from each model's own generator), solvers other than Euler (adaptive
-    ones have data-dependent step control; the batched Euler solve is the one that matches
-    torchdiffeq's arithmetic), the adjoint method, recurrent layers other than a plain
-    ``nn.GRU``/``nn.GRUCell`` (replaced by the same maths in plain ops), and whatever fails a
-    vmapped forward and backward on two copies. Neural Laplace packs: under ``vmap`` it runs its
-    plain formulas instead of its fused decoder (:func:`nlmodels.accel.select`).
+    Neural Laplace packs: under ``vmap`` it runs its plain formulas instead of its fused
+    decoder (:func:`nlmodels.accel.select`). Models that pack themselves
+    (:meth:`~nlmodels.base.ForecastModel.packs_itself`: the Latent ODE with dopri5 or Euler,
+    whose ELBO draws each member's sample from its own stream and whose adaptive solve gives
+    each member a lane of its own) are packable. Otherwise not packable: models with their own
+    objective, solvers other than Euler (adaptive ones have data-dependent step control; the
+    batched Euler solve is the one that matches torchdiffeq's arithmetic), the adjoint method,
+    recurrent layers other than a plain ``nn.GRU``/``nn.GRUCell`` (replaced by the same maths in
+    plain ops), and whatever fails a vmapped forward and backward on two copies.
     """
     device = torch.device(device)
-    if device.type not in ("cpu", "cuda") or not _uses_mse(model):
+    if device.type not in ("cpu", "cuda"):
         return False
-    if getattr(model, "solver", "euler") != "euler" or getattr(model, "adjoint", False):
+    if not model.packs_itself() and (
+        not _uses_mse(model)
+        or getattr(model, "solver", "euler") != "euler"
+        or getattr(model, "adjoint", False)
+    ):
         return False
     if any(isinstance(m, nn.RNNBase) and not _plain_gru(m) for m in model.modules()):
         return False
@@ -739,7 +753,9 @@ def train_packed(
     of the returned list and leaves the others running. ``on_epoch(i, record)`` is called after
     each of member ``i``'s epochs. Setting ``stop`` raises :class:`TrainingInterrupted`.
 
-    Members may come from different systems: their time grids are batched with them. A single
+    Members may come from different systems: their time grids are batched with them (a model
+    that packs itself, :meth:`~nlmodels.base.ForecastModel.packs_itself`, is packed once per
+    time grid instead). A single
     member, ``pack=False``, models that are not :func:`packable` or that differ in architecture,
     and splits whose shapes differ (or whose train and validation grids differ) are trained one
     by one by :func:`train`.
@@ -776,6 +792,30 @@ def train_packed(
         or min(s.obs_x.shape[0] for s in (*train_splits, *val_splits)) == 0
     ):
         return _one_by_one(*args, labels)
+    if models[0].packs_itself() and not _shared_grids(train_splits):
+        # Its own batched solve needs one grid: one pack per grid (other systems).
+        groups: dict[tuple[bytes, bytes], list[int]] = {}
+        for i, s in enumerate(train_splits):
+            key = (np.asarray(s.obs_t).tobytes(), np.asarray(s.query_t).tobytes())
+            groups.setdefault(key, []).append(i)
+        results: list[TrainResult | TrainingDiverged | None] = [None] * n
+        for idx in groups.values():
+            sub = train_packed(
+                [models[i] for i in idx],
+                [train_splits[i] for i in idx],
+                [val_splits[i] for i in idx],
+                config,
+                device=device,
+                seeds=[seeds[i] for i in idx],
+                on_epoch=None if on_epoch is None else (lambda k, r, idx=idx: on_epoch(idx[k], r)),
+                stop=stop,
+                progress=progress,
+                labels=[labels[i] for i in idx],
+                graphs=graphs,
+            )
+            for i, r in zip(idx, sub, strict=True):
+                results[i] = r
+        return results  # type: ignore[return-value]
     cells = _PackedCells(models, train_splits, val_splits, config, device, seeds, labels, graphs)
     try:
         cells.probe()
@@ -804,7 +844,10 @@ class _PackedCells:
     def __init__(self, models, train_splits, val_splits, config, device, seeds, labels, graphs):
         self.models, self.config, self.device = list(models), config, device
         self.labels, self.graphs_flag = list(labels), graphs
-        self.use_graphs = device.type == "cuda" and graphs is not False
+        # A model that packs itself (an adaptive solve: host reads) is not captured.
+        self.use_graphs = (
+            device.type == "cuda" and graphs is not False and not models[0].packs_itself()
+        )
         self.graphs_used = False
         dtype = _DTYPES[config.dtype]
         self.data = {
@@ -845,6 +888,8 @@ class _PackedCells:
     def begin_epoch(self) -> None:
         self.packer.set_mode(self.pack, True)
         self.packer.base.reset_nfe()
+        for m in self.pack.members:  # counts a model that packs itself keeps per member
+            self.models[m].reset_nfe()
         self.orders = torch.stack(
             [
                 torch.randperm(self.n_train, generator=self.gens[m]).to(self.device)
@@ -885,6 +930,7 @@ class _PackedCells:
     def end_epoch(self) -> _Readout:
         packer, pack = self.packer, self.pack
         nfe = packer.base.nfe
+        nfes = [nfe + self.models[m].nfe for m in pack.members]
         packer.set_mode(pack, False)
         if len(pack.members) == 1:
             # A pack of one (a single cell on CUDA) validates through its own module: its fast
@@ -894,7 +940,7 @@ class _PackedCells:
             val_loss, val_rmse = _validate(self.models[m], self.data[m][1], self.config.batch_size)
         else:
             val_loss, val_rmse = packer.validate(pack, self.config.batch_size)
-        return _read_epoch(pack, val_loss, val_rmse, nfe)
+        return _read_epoch(pack, val_loss, val_rmse, nfes)
 
     def keep_best(self, j: int) -> dict:
         self.packer.write_back(self.pack, j)
@@ -909,7 +955,8 @@ class _PackedCells:
         model = self.models[self.pack.members[j]]
         model.load_state_dict(best_state)
         model.eval()
-        model._nfe = nfe
+        model.reset_nfe()
+        model.count_nfe(nfe)
 
     def drop(self, keep: list[int]) -> None:
         self.pack = self.packer.compact(self.pack, keep)
@@ -927,8 +974,8 @@ def graphed_single(
 ) -> _PackedCells | None:
     """One cell on CUDA as a pack of one, its step captured into a CUDA graph (the arithmetic of
     its eager step); None where the model or its splits cannot be packed (trained eagerly)."""
-    if device.type != "cuda" or not packable(model, device):
-        return None
+    if device.type != "cuda" or model.packs_itself() or not packable(model, device):
+        return None  # a model that packs itself is not captured: its own step, eagerly
     if not _packable_grids([train_split], [val_split]):
         return None
     return _PackedCells([model], [train_split], [val_split], config, device, [seed], [label], None)

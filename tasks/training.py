@@ -17,7 +17,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
@@ -224,7 +224,7 @@ class _Readout:
     div_batch: list[int]
     val_loss: list[float]
     val_rmse: list[float]
-    nfe: int
+    nfe: list[int]  # function evaluations of each cell's epoch
 
 
 def _record_step(flags, losses: torch.Tensor, norm: torch.Tensor | None, batch_no, batch: int):
@@ -252,8 +252,11 @@ def _record_step(flags, losses: torch.Tensor, norm: torch.Tensor | None, batch_n
     return ok
 
 
-def _read_epoch(flags, val_loss: torch.Tensor, val_rmse: torch.Tensor, nfe: int) -> _Readout:
-    """The epoch's one host read: ``flags`` (see :func:`_record_step`) and the validation."""
+def _read_epoch(
+    flags, val_loss: torch.Tensor, val_rmse: torch.Tensor, nfe: int | Sequence[int]
+) -> _Readout:
+    """The epoch's one host read: ``flags`` (see :func:`_record_step`) and the validation;
+    ``nfe``: one count for all cells, or one per cell."""
     tensors = (flags.active, flags.total, flags.div_kind, flags.div_value, flags.div_batch)
     values = torch.stack(
         [t.reshape(-1).to(torch.float64) for t in (*tensors, val_loss, val_rmse)]
@@ -267,7 +270,7 @@ def _read_epoch(flags, val_loss: torch.Tensor, val_rmse: torch.Tensor, nfe: int)
         [int(b) for b in batches],
         v_loss,
         v_rmse,
-        nfe,
+        [nfe] * len(v_rmse) if isinstance(nfe, int) else list(nfe),
     )
 
 
@@ -419,7 +422,7 @@ def _train_loop(
                 cells.diverged(j)
                 continue
             record = EpochRecord(
-                epoch, out.totals[j] / n_train, out.val_loss[j], val_rmse, seconds, out.nfe
+                epoch, out.totals[j] / n_train, out.val_loss[j], val_rmse, seconds, out.nfe[j]
             )
             cell.history.append(record)
             if val_rmse < cell.best_rmse:
@@ -439,7 +442,7 @@ def _train_loop(
             if stopped is None:
                 keep.append(j)
                 continue
-            cells.finish(j, cell.best_state, out.nfe)
+            cells.finish(j, cell.best_state, out.nfe[j])
             cell.result = TrainResult(
                 tuple(cell.history),
                 cell.best_epoch,

@@ -17,6 +17,7 @@ __all__ = [
     "check_obs",
     "check_solver",
     "odeint_grid",
+    "shared_grid",
 ]
 
 #: torchdiffeq methods that step on the output grid (one step per interval by default).
@@ -69,6 +70,17 @@ def _rows_equal(t: torch.Tensor) -> bool:
     return host_bool((t == t[:1]).all())
 
 
+def shared_grid(t0: torch.Tensor, query_t: torch.Tensor) -> torch.Tensor | None:
+    """The grid ``[t0, query_t…]`` as ``[T_q + 1]`` when every sample has the same one, else None.
+
+    ``t0 [B]``, ``query_t [B, T_q]``; query times before the initial time are an error.
+    """
+    grid = torch.cat([t0.unsqueeze(1), query_t], dim=1)  # [B, T_q + 1]
+    if host_bool((grid[:, 1] < grid[:, 0]).any()):
+        raise ValueError("query times must not precede the model's initial time")
+    return grid[0] if _rows_equal(grid) else None
+
+
 def odeint_grid(
     field: Field,
     x0: torch.Tensor,
@@ -93,19 +105,17 @@ def odeint_grid(
     takes exactly the steps it would take on each sample's own grid, and an adaptive solver is
     told that t_b'(τ) jumps at the integers (``jump_t``).
     """
-    grid = torch.cat([t0.unsqueeze(1), query_t], dim=1)  # [B, T_q + 1]
-    if host_bool((grid[:, 1] < grid[:, 0]).any()):
-        raise ValueError("query times must not precede the model's initial time")
+    shared = shared_grid(t0, query_t)
     options: dict = {}
-    if _rows_equal(grid):
-        times = grid[0]
+    if shared is not None:
+        times = shared
         # A first query at the initial time itself: x(t0) = x0 needs no extra grid point.
         start_at_query = host_bool(times[1] == times[0])
         if start_at_query:
             times = times[1:]
         func = field
     else:
-        knots = grid
+        knots = torch.cat([t0.unsqueeze(1), query_t], dim=1)  # [B, T_q + 1]
         steps = knots[:, 1:] - knots[:, :-1]  # [B, T_q]
         last = steps.shape[1] - 1
 
@@ -115,9 +125,9 @@ def odeint_grid(
             t = knots.index_select(1, k).squeeze(1) + (tau - k.to(tau)) * dt
             return dt.unsqueeze(-1) * field(t, x)
 
-        times = torch.arange(grid.shape[1], dtype=x0.dtype, device=x0.device)
+        times = torch.arange(knots.shape[1], dtype=x0.dtype, device=x0.device)
         start_at_query = False
-        if solver in ADAPTIVE_SOLVERS and grid.shape[1] > 2:
+        if solver in ADAPTIVE_SOLVERS and knots.shape[1] > 2:
             options["jump_t"] = times[1:-1]
     kwargs: dict = dict(rtol=rtol, atol=atol, method=solver, options=options or None)
     if adjoint:

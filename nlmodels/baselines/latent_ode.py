@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal, get_args
 
 import torch
 from torch import nn
 
-from nlmodels.base import ForecastModel
+from nlmodels.base import ForecastModel, MemberRun
+from nlmodels.baselines._dopri import dopri5_lanes
 from nlmodels.baselines._encoders import ODERNNEncoder
-from nlmodels.baselines._mlp import mlp
-from nlmodels.baselines._solve import check_inputs, check_obs, check_solver, odeint_grid
+from nlmodels.baselines._mlp import mlp, stacked_linear, stacked_mlp
+from nlmodels.baselines._solve import (
+    check_inputs,
+    check_obs,
+    check_solver,
+    odeint_grid,
+    shared_grid,
+)
 from nlmodels.model_registry import register_model
 
 __all__ = ["LatentODE"]
@@ -40,6 +47,11 @@ class LatentODE(ForecastModel):
     summed KL over the predicted values.
 
     Default sizes give 18,069 parameters for D = 1 (paper, Table 7: 18,565).
+
+    dopri5 (without the adjoint) on a time grid shared by the batch is solved by
+    :func:`~nlmodels.baselines._dopri.dopri5_lanes` (torchdiffeq's dopri5, step for step), with
+    the whole batch as one lane; packed training (:meth:`packed_losses`) solves one lane per
+    member, so each member takes the steps its unpacked run takes.
     """
 
     def __init__(
@@ -97,11 +109,14 @@ class LatentODE(ForecastModel):
             like.shape, generator=self._sampler, dtype=like.dtype, device=like.device
         )
 
-    def _evolve_hidden(self, h: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
+    def _evolve_hidden(
+        self, h: torch.Tensor, dt: torch.Tensor, field: Callable | None = None
+    ) -> torch.Tensor:
+        field = self.rec_field if field is None else field
         step = (dt / self.encoder_steps).unsqueeze(-1)
         for _ in range(self.encoder_steps):
             self.count_nfe()
-            h = h + step * self.rec_field(h)
+            h = h + step * field(h)
         return h
 
     def _f(self, t: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -111,23 +126,48 @@ class LatentODE(ForecastModel):
     def encode(self, obs_t: torch.Tensor, obs_x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Posterior mean and std of z₀ (at each trajectory's first observed time), ``[B, K]``."""
         ot = check_obs(obs_t, obs_x, self.state_dim)
-        mean, raw = self.encoder(ot, obs_x, self._evolve_hidden).chunk(2, dim=-1)
+        return self._posterior(self.encoder(ot, obs_x, self._evolve_hidden))
+
+    @staticmethod
+    def _posterior(encoded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, raw = encoded.chunk(2, dim=-1)
         return mean, nn.functional.softplus(raw) + 1e-6
 
     def decode(self, t0: torch.Tensor, z0: torch.Tensor, query_t: torch.Tensor) -> torch.Tensor:
         """Solve the latent ODE from ``z0 [B, K]`` at ``t0 [B]``; decode at ``query_t [B, T_q]``."""
-        z = odeint_grid(
-            self._f,
+        grid = shared_grid(t0, query_t) if self._solves_in_lanes() else None
+        if grid is None:
+            z = odeint_grid(
+                self._f,
+                z0,
+                t0,
+                query_t,
+                solver=self.solver,
+                rtol=self.rtol,
+                atol=self.atol,
+                adjoint=self.adjoint,
+                params=tuple(self.latent_field.parameters()),
+            )
+        else:
+            z = self._solve_lanes(lambda z: self.latent_field(z[0]).unsqueeze(0), z0[None], grid)
+            self.count_nfe(z.nfe[0])
+            z = z.y[0].transpose(0, 1)
+        return self.decoder(z)
+
+    def _solves_in_lanes(self) -> bool:
+        return self.solver == "dopri5" and not self.adjoint
+
+    def _solve_lanes(self, field: Callable[[torch.Tensor], torch.Tensor], z0, grid):
+        """dopri5 of the autonomous ``field`` from ``z0 [L, B, K]`` through the shared ``grid``."""
+        lanes = z0.shape[0]
+        return dopri5_lanes(
+            lambda t, z: field(z),
             z0,
-            t0,
-            query_t,
-            solver=self.solver,
+            grid[:1].expand(lanes),
+            grid[1:].expand(lanes, -1),
             rtol=self.rtol,
             atol=self.atol,
-            adjoint=self.adjoint,
-            params=tuple(self.latent_field.parameters()),
         )
-        return self.decoder(z)
 
     def forward(
         self, obs_t: torch.Tensor, obs_x: torch.Tensor, query_t: torch.Tensor
@@ -164,10 +204,79 @@ class LatentODE(ForecastModel):
         mean, std = self.encode(ot, obs_x)
         z0 = mean + std * self._standard_normal(std)
         pred = self.decode(self._z0_time(ot, qt), z0, qt)
+        return self._negative_elbo(mean, std, pred, target)
+
+    def _negative_elbo(
+        self, mean: torch.Tensor, std: torch.Tensor, pred: torch.Tensor, target: torch.Tensor
+    ) -> torch.Tensor:
         var = self.obs_std**2
         log_lik = -0.5 * ((target - pred) ** 2 / var + math.log(2 * math.pi * var))
         kl = 0.5 * (mean**2 + std**2 - 1.0 - 2.0 * torch.log(std)).sum(-1)
+        values = target.shape[-2] * target.shape[-1]  # T_q · D
         if self.kl_average == "latents":
-            kl = kl * (target[0].numel() / self.latent_dim)
-        elbo = log_lik.sum(dim=(1, 2)) - kl
-        return -(elbo / target[0].numel()).mean()
+            kl = kl * (values / self.latent_dim)
+        elbo = log_lik.sum(dim=(-2, -1)) - kl
+        return -(elbo / values).mean(-1)  # [..., B] → [...]: one loss per member when stacked
+
+    # ----- packed training (tasks.packing) ----------------------------------------------------
+
+    def packs_itself(self) -> bool:
+        """Packed exactly with dopri5 (one solver lane per member) or Euler; not the adjoint."""
+        return not self.adjoint and self.solver in ("dopri5", "euler")
+
+    def packed_losses(
+        self,
+        members: Sequence[ForecastModel],
+        state: Mapping[str, torch.Tensor],
+        run: MemberRun,
+        obs_t: torch.Tensor,
+        obs_x: torch.Tensor,
+        query_t: torch.Tensor,
+        target: torch.Tensor,
+    ) -> torch.Tensor:
+        """Each member's negative ELBO ``[M]``, as its :meth:`training_loss` computes it: the
+        encoder, decoder and latent ODE of all members at once from their stacked weights, each
+        member's sample drawn from its own stream (the draws its unpacked run makes), the latent
+        ODE solved with one lane per member."""
+        mean, std = self._packed_encode(state, obs_t, obs_x)
+        noise = torch.stack(
+            [m._standard_normal(s) for m, s in zip(members, std.unbind(0), strict=True)]
+        )
+        pred = self._packed_decode(members, state, run, obs_t, obs_x, query_t, mean + std * noise)
+        return self._negative_elbo(mean, std, pred, target)
+
+    def packed_forward(
+        self,
+        members: Sequence[ForecastModel],
+        state: Mapping[str, torch.Tensor],
+        run: MemberRun,
+        obs_t: torch.Tensor,
+        obs_x: torch.Tensor,
+        query_t: torch.Tensor,
+    ) -> torch.Tensor:
+        """Each member's :meth:`forward` ``[M, B, T_q, D]`` (the posterior mean decoded)."""
+        mean, _ = self._packed_encode(state, obs_t, obs_x)
+        return self._packed_decode(members, state, run, obs_t, obs_x, query_t, mean)
+
+    def _packed_encode(self, state, obs_t, obs_x) -> tuple[torch.Tensor, torch.Tensor]:
+        if obs_t.dim() != 1:
+            raise ValueError("packed Latent ODE training needs the members' shared time grid")
+        ot = check_obs(obs_t, obs_x[0], self.state_dim)
+        rec_field = stacked_mlp(self.rec_field, state, "rec_field.")
+        encoded = self.encoder.stacked(
+            state, "encoder.", ot, obs_x, lambda h, dt: self._evolve_hidden(h, dt, rec_field)
+        )
+        return self._posterior(encoded)
+
+    def _packed_decode(self, members, state, run, obs_t, obs_x, query_t, z0) -> torch.Tensor:
+        ot, qt = check_inputs(obs_t, obs_x[0], query_t, self.state_dim)
+        t0 = self._z0_time(ot, qt)
+        if not self._solves_in_lanes():  # Euler: a fixed grid, vmapped as it is
+            return run(lambda m, z: m.decode(t0, z, qt), z0)
+        grid = shared_grid(t0, qt)
+        if grid is None:
+            raise ValueError("packed Latent ODE training needs a time grid shared by the batch")
+        sol = self._solve_lanes(stacked_mlp(self.latent_field, state, "latent_field."), z0, grid)
+        for j, member in enumerate(members):
+            member.count_nfe(sol.nfe[j])
+        return stacked_linear(state, "decoder.")(sol.y.transpose(1, 2))
