@@ -31,7 +31,7 @@ from tasks._workers import worker_stop_event
 from tasks.config import CellConfig, DataConfig, RunConfig, run_name
 from tasks.evaluation import evaluate, outlier_census, plot_extrapolation, plot_loss_curves
 from tasks.modelio import ModelSpec, model_params, resolved_model_args, save_model
-from tasks.packing import train_packed
+from tasks.packing import prefers_one_by_one, train_packed
 from tasks.placement import place_pack
 from tasks.reporting import CellResult, stored_result
 from tasks.tracking import Tracker, TrackingSettings, claim_owner
@@ -99,6 +99,9 @@ class CellRuntime:
     max_workers: int = 1
     isolation: Literal["process", "thread"] = "thread"
     task_runner: Literal["thread", "dask"] = "thread"
+    #: where :func:`tasks.engine.run_cells` placed this pack under ``device="auto"`` (``cpu`` /
+    #: ``cuda``); None: the pack is placed where it runs
+    placed: str | None = None
 
     @classmethod
     def for_tracker(cls, tracker: Tracker, **kw) -> CellRuntime:
@@ -220,8 +223,10 @@ def fit_cells(
         # The full traceback next to the run: the tag only holds the message.
         tracker.log_text(members[i].run_id, "".join(traceback.format_exception(e)), "error.txt")
 
-    # The step this pack runs, as measured (the engine placed it the same way, from the cache).
-    device = place_pack(list(cells), rt.device, cache_dir=rt.cache_dir)
+    # The step this pack runs, as measured: where the engine placed it (on a machine that has
+    # that device), else placed here the same way, from the cache.
+    placed = rt.placed if rt.placed != "cuda" or torch.cuda.is_available() else None
+    device = place_pack(list(cells), placed or rt.device, cache_dir=rt.cache_dir)
     for i, m in enumerate(members):
         try:
             _set_up(m, rt, device)
@@ -263,6 +268,8 @@ def fit_cells(
             on_epoch=lambda j, r: log_epoch(idx[j], r),
             stop=stop,
             progress=rt.progress,
+            # as the engine plans and the probe measures: one by one where packing is slower
+            pack=not prefers_one_by_one(members[idx[0]].model, device),
         )
 
     try:

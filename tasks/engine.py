@@ -26,6 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -43,6 +44,7 @@ from tasks.reporting import CellResult, stored_result
 from tasks.tracking import Tracker
 
 __all__ = [
+    "CPU_PACK_MEMBERS",
     "GPU_LANES",
     "collect_results",
     "in_lanes",
@@ -54,6 +56,12 @@ __all__ = [
 
 #: GPU packs training at once under ``--device auto`` (the other workers train CPU packs).
 GPU_LANES = 2
+
+#: The most cells one CPU pack holds (the packs on a machine without CUDA, or under
+#: ``--device cpu``): a constant, so that the packs, and hence the table, depend on the
+#: configuration only, never on the machine (workers, timings). Packing on the CPU saves
+#: per-operation overhead only; bigger packs would only hold one worker longer.
+CPU_PACK_MEMBERS = 5
 
 
 def stored_results(
@@ -71,8 +79,10 @@ def stored_results(
     return reused, todo
 
 
-def _packable(cell: CellConfig) -> bool:
-    """Whether the cell's model trains packed (else its seeds are better spread over workers)."""
+def _packable(cell: CellConfig, device: str = "cpu") -> bool:
+    """Whether the cell's model trains packed on ``device`` (else its seeds are better spread
+    over workers): :func:`tasks.packing.packable` and not
+    :func:`tasks.packing.prefers_one_by_one` there (Neural Laplace packs on CUDA only)."""
     from datasets import SYSTEMS
     from nlmodels import build_model
     from tasks.packing import packable, prefers_one_by_one
@@ -81,8 +91,8 @@ def _packable(cell: CellConfig) -> bool:
         model = build_model(cell.method, SYSTEMS[cell.system].state_dim, **cell.model)
     except Exception:
         return False  # the cell fails on its own, with its error, when it runs
-    cpu = torch.device("cpu")
-    return packable(model, cpu) and not prefers_one_by_one(model, cpu)
+    dev = torch.device(device)
+    return packable(model, dev) and not prefers_one_by_one(model, dev)
 
 
 def make_packs(
@@ -90,13 +100,15 @@ def make_packs(
     pack: bool,
     *,
     pack_size: Callable[[list[CellConfig]], int] | None = None,
+    device: str = "cpu",
 ) -> list[list[CellConfig]]:
     """Cells grouped by :func:`~tasks.cell.pack_key` (first-appearance order) where their model
-    trains packed (:func:`tasks.packing.packable`); one cell per pack otherwise, or when ``pack``
-    is off, so that cells that would train one by one spread over the workers instead.
+    trains packed on ``device`` (:func:`_packable`); one cell per pack otherwise, or when
+    ``pack`` is off, so that cells that would train one by one spread over the workers instead.
 
-    ``pack_size(group)``: the most cells one pack of that group may hold; the group is then
-    split into the fewest packs of near-equal size (:func:`tasks.placement.split_evenly`).
+    ``pack_size(group)``: the most cells one pack of that group may hold (default
+    :data:`CPU_PACK_MEMBERS`); the group is then split into the fewest packs of near-equal size
+    (:func:`tasks.placement.split_evenly`).
     """
     if not pack:
         return [[c] for c in cells]
@@ -105,8 +117,9 @@ def make_packs(
         groups.setdefault(pack_key(c), []).append(c)
     packs: list[list[CellConfig]] = []
     for group in groups.values():
-        if len(group) > 1 and _packable(group[0]):
-            packs += [group] if pack_size is None else split_evenly(group, pack_size(group))
+        if len(group) > 1 and _packable(group[0], device):
+            most = CPU_PACK_MEMBERS if pack_size is None else pack_size(group)
+            packs += split_evenly(group, most)
         else:
             packs += [[c] for c in group]
     return packs
@@ -129,8 +142,11 @@ def plan_packs(
     every pack on the CPU. With CUDA and ``device`` ``auto`` or ``cuda``, packable groups are
     split by :func:`tasks.placement.gpu_pack_size` (``lanes`` packs share the GPU's memory);
     under ``auto`` each pack then goes where :func:`tasks.placement.place_pack` measured it
-    faster. ``measure``/``cuda_available``/``free_bytes`` replace the probes, CUDA's presence and
-    the free GPU memory (tests, projections).
+    faster (the CPU side measured as it would run there: one by one for a model that prefers
+    it, :func:`tasks.packing.prefers_one_by_one`; such a pack placed on the CPU is then split
+    into single cells, which spread over the workers). ``measure``/``cuda_available``/
+    ``free_bytes`` replace the probes, CUDA's presence and the free GPU memory (tests,
+    projections).
     """
     has_cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
     if device == "cpu" or not has_cuda:  # ("cuda" without CUDA: each cell fails, saying so)
@@ -146,11 +162,18 @@ def plan_packs(
             free_bytes=free_bytes,
         )
 
-    packs = make_packs(cells, pack, pack_size=size)
+    packs = make_packs(cells, pack, pack_size=size, device="cuda")
     if device == "cuda":
         return [(p, "cuda") for p in packs]
     kw = {"cache_dir": cache_dir, "measure": measure, "cuda_available": True}
-    return [(p, place_pack(p, "auto", **kw).type) for p in packs]
+    placed: list[tuple[list[CellConfig], str]] = []
+    for p in packs:
+        where = place_pack(p, "auto", **kw).type
+        if where == "cpu" and len(p) > 1 and not _packable(p[0], "cpu"):
+            placed += [([c], "cpu") for c in p]
+        else:
+            placed.append((p, where))
+    return placed
 
 
 def in_lanes(
@@ -274,17 +297,22 @@ def run_cells(cells: Sequence[CellConfig], runtime: CellRuntime) -> list[CellRes
             position=0,
             leave=True,
         )
+        where = {id(p): d for p, d in placed}
+
+        def submit(p: list[CellConfig]) -> PrefectFuture:
+            # Under auto each pack runs where it was placed (the worker measures nothing again).
+            rt = replace(runtime, placed=where[id(p)]) if runtime.device == "auto" else runtime
+            return pack_task.submit(p, rt)
+
         t0 = time.perf_counter()
         try:
             with pool, quiet_logs:
                 try:
                     if runtime.device == "auto" and n_gpu:
                         # GPU packs in their lanes, CPU packs on the other workers
-                        completed = in_lanes(
-                            placed, lambda p: pack_task.submit(p, runtime), runtime.max_workers
-                        )
+                        completed = in_lanes(placed, submit, runtime.max_workers)
                     else:
-                        futures = {pack_task.submit(p, runtime): p for p in packs}
+                        futures = {submit(p): p for p in packs}
                         completed = ((f, futures[f]) for f in as_completed(list(futures)))
                     for fut, pack in completed:
                         done = collect_results(fut, pack)

@@ -153,12 +153,13 @@ def probe_pack(cell: CellConfig, device: torch.device, members: int = 1) -> Prob
     ``tasks.packing.train_packed`` of ``members`` models of the cell's method on synthetic
     splits of the cell's shapes (one training batch and at most one validation batch per
     epoch), :data:`PROBE_EPOCHS` epochs: whatever that path runs (CUDA graphs, the native CPU
-    kernels, one by one for models that do not pack) is what is timed. The last epoch's time,
+    kernels, one by one for models that do not pack or that prefer it there:
+    :func:`tasks.packing.prefers_one_by_one`) is what is timed. The last epoch's time,
     per member, scaled by the cell's real number of training batches, is the cost of one
     cell-epoch; on CUDA the peak memory of the run, per member, plus the rest of the cell's data.
     """
     from nlmodels import build_model
-    from tasks.packing import train_packed
+    from tasks.packing import prefers_one_by_one, train_packed
 
     device = torch.device(device)
     s = cell_shapes(cell)
@@ -186,6 +187,9 @@ def probe_pack(cell: CellConfig, device: torch.device, members: int = 1) -> Prob
             config,
             device=device,
             seeds=list(range(members)),
+            # what the cells will run: one by one where packing is slower (the engine splits
+            # such a pack on the CPU, and its worker trains it so)
+            pack=not prefers_one_by_one(models[0], device),
         )
     except Exception:  # e.g. out of memory: this device cannot run the pack (the cell, if it
         if cuda:  # cannot run anywhere, fails on its own with its error)

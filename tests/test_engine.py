@@ -6,7 +6,7 @@ import torch
 
 from tasks.cell import CellRuntime, pack_key, run_pack
 from tasks.config import CellConfig, TrainConfig
-from tasks.engine import make_packs
+from tasks.engine import CPU_PACK_MEMBERS, make_packs
 from tasks.placement import choose_fastest, place_cell
 from tasks.tracking import Tracker
 
@@ -45,6 +45,18 @@ def test_make_packs_groups_seeds_in_order():
     assert make_packs(nl, pack=True) == [[c] for c in nl]
     dopri = [_cell(s, model={"solver": "dopri5"}) for s in range(2)]
     assert make_packs(dopri, pack=True) == [[c] for c in dopri]
+    # On CUDA Neural Laplace packs (its plain formulas, graph-captured).
+    assert make_packs(nl, pack=True, device="cuda") == [nl]
+
+
+def test_cpu_packs_are_capped_by_a_constant_not_by_the_machine():
+    # Cross-system groups of one shape can be large; on the CPU they split into packs of at
+    # most CPU_PACK_MEMBERS, whatever the worker count or CPU of the machine.
+    cells = [_cell(s, system=sys) for sys in ("integro_de", "sine") for s in range(6)]
+    assert len({pack_key(c) for c in cells}) == 1
+    packs = make_packs(cells, pack=True)
+    assert [len(p) for p in packs] == [4, 4, 4] and CPU_PACK_MEMBERS == 5
+    assert [c for p in packs for c in p] == cells
 
 
 def test_auto_placement_follows_the_measurement(tmp_path):

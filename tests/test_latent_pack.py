@@ -263,6 +263,19 @@ def test_latent_ode_packed_equals_unpacked(settings):
         assert len({r.history[0].nfe for _, r in unpacked}) > 1
 
 
+def test_cross_system_latent_ode_cells_pack_once_per_time_grid():
+    """Cells of other systems (other time grids) in one call: the Latent ODE's lanes share one
+    grid, so it packs each grid's members together, and every member gets its unpacked run."""
+    seeds = [0, 1, 2, 3]
+    datas = [_data(s, t_end=t_end) for s, t_end in zip(seeds, (3.0, 5.0, 3.0, 5.0))]
+    cfg = _cfg(epochs=2, lr=0.05)
+    unpacked = _unpacked("latent_ode", seeds, cfg, datas, **SMALL)
+    packed = _packed("latent_ode", seeds, cfg, datas, **SMALL)
+    assert [r.packed_members for _, r in packed] == [2, 2, 2, 2]
+    for a, b, d in zip(unpacked, packed, datas, strict=True):
+        _assert_same(a, b, d[2])
+
+
 def test_a_diverging_latent_ode_member_leaves_the_others_unchanged():
     seeds = [0, 1, 2]
     datas = [_data(s) for s in seeds]

@@ -112,6 +112,44 @@ def test_without_cuda_nothing_is_measured_and_packs_are_the_configured_ones(tmp_
     assert not (tmp_path / "placement.json").exists()
 
 
+def test_neural_laplace_packs_where_placed_on_cuda_and_spreads_one_by_one_on_the_cpu(tmp_path):
+    cells = [_cell(s, method="neural_laplace") for s in range(6)]
+    kw = {"pack": True, "device": "auto", "cuda_available": True, "free_bytes": 64 * 2**30}
+
+    def measure_with(cpu, cuda):
+        def measure(cell, device, members):
+            return Probe({"cpu": cpu, "cuda": cuda / members}[device.type], 2**20)
+
+        return measure
+
+    on_gpu = plan_packs(cells, cache_dir=tmp_path / "a", measure=measure_with(1.0, 1.0), **kw)
+    assert [(len(p), d) for p, d in on_gpu] == [(6, "cuda")]
+    # The CPU measured faster: the cells train one by one there, one pack each (spread over
+    # the workers), as the probe measured them (tests/test_placement: the probe's own path).
+    on_cpu = plan_packs(cells, cache_dir=tmp_path / "b", measure=measure_with(0.01, 1.0), **kw)
+    assert on_cpu == [([c], "cpu") for c in cells]
+
+
+def test_the_probe_runs_what_the_cells_will_run(monkeypatch):
+    import tasks.packing as packing
+
+    seen: list[tuple[str, bool, int]] = []
+    real = packing.train_packed
+
+    def spy(models, *a, **kw):
+        results = real(models, *a, **kw)
+        seen.append((type(models[0]).__name__, kw["pack"], results[0].packed_members))
+        return results
+
+    monkeypatch.setattr(packing, "train_packed", spy)
+    cpu = torch.device("cpu")
+    for method in ("neural_laplace", "node"):
+        assert 0 < probe_pack(_cell(0, method=method), cpu, 2).seconds < 60
+    # Neural Laplace on the CPU: one by one on its native kernels (what its cells run there);
+    # the NODE packed.
+    assert seen == [("NeuralLaplace", False, 1), ("NODE", True, 2)]
+
+
 def test_gpu_pack_size_follows_memory_and_measured_throughput(tmp_path):
     gib = 2**30
 
@@ -260,7 +298,9 @@ def test_gpu_check_smallest_writes_its_summary(tmp_path):
     # Both timed models have a row with positive seconds per cell-epoch, eager and packed ×2.
     node = re.search(r"^\| node \| float64 \| cpu \| ([\d.]+) \| ([\d.]+) \|", text, re.M)
     assert node and float(node.group(1)) > 0 and float(node.group(2)) > 0
-    assert re.search(r"^\| neural_laplace \| float64 \| cpu \| [\d.]+ \| not packable", text, re.M)
+    # Neural Laplace packs (its plain formulas); the projection trains it one by one on the CPU.
+    nl = re.search(r"^\| neural_laplace \| float64 \| cpu \| ([\d.]+) \| ([\d.]+) \|", text, re.M)
+    assert nl and float(nl.group(1)) > 0 and float(nl.group(2)) > 0
     # The projection plans the 180 cells on the CPU and gives a finite wall time for the two
     # timed models; the four others are named as left out.
     assert "180 cells × 1000 epochs, 2 workers, no GPU" in text
