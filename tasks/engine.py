@@ -16,7 +16,9 @@ It must be called inside a Prefect flow (it submits tasks to the flow's task run
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
@@ -109,6 +111,17 @@ def _data_keys(cells: Iterable[CellConfig]) -> list[tuple[str, DataConfig, int]]
     return list(seen.values())
 
 
+def _print_finished(done: Sequence[CellResult], n: int, total: int, seconds: float) -> None:
+    """One line per finished cell (progress when the output is not a terminal)."""
+    for i, r in enumerate(done, start=n - len(done) + 1):
+        outcome = (
+            f"test RMSE {r.test_rmse:.4f}"
+            if r.ok
+            else f"{r.status}: {(r.error or 'no result').splitlines()[0]}"
+        )
+        print(f"cell {i}/{total} {r.key}: {outcome} ({seconds:.0f} s)", flush=True)
+
+
 def run_cells(cells: Sequence[CellConfig], runtime: CellRuntime) -> list[CellResult]:
     """Train (or reuse, by config hash) ``cells``: one result per cell, in input order.
 
@@ -131,6 +144,10 @@ def run_cells(cells: Sequence[CellConfig], runtime: CellRuntime) -> list[CellRes
         runtime.max_workers,
         tracker.settings.tracking_uri,
     )
+    # Bars redraw in place: in a terminal only. Redirected, a line per finished cell instead.
+    lines = runtime.progress and not (sys.stdout.isatty() and sys.stderr.isatty())
+    if lines:
+        runtime = dataclasses.replace(runtime, progress=False)
     if todo:
         wait([simulate_task.submit(s, d, seed) for s, d, seed in _data_keys(todo)])
         isolated = (
@@ -153,7 +170,7 @@ def run_cells(cells: Sequence[CellConfig], runtime: CellRuntime) -> list[CellRes
             position=0,
             leave=True,
         )
-        t0 = time.perf_counter()
+        t0, finished = time.perf_counter(), 0
         try:
             with pool, quiet_logs:
                 try:
@@ -163,6 +180,9 @@ def run_cells(cells: Sequence[CellConfig], runtime: CellRuntime) -> list[CellRes
                         for r in done:
                             by_hash[r.config_hash] = r
                         bar.update(len(done))
+                        finished += len(done)
+                        if lines:
+                            _print_finished(done, finished, len(todo), time.perf_counter() - t0)
                         bar.set_postfix(
                             failed=sum(not r.ok for r in by_hash.values()),
                             reused=len(reused),

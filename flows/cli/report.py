@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from flows.cli._common import add_selection, resolve
+from flows.cli._common import add_selection, check_selection, resolve
 
 __all__ = ["add_parser", "run"]
 
@@ -36,7 +36,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="address of a running MLflow UI: run ids become links to it "
         "(default $NLLAB_MLFLOW_UI, or the tracking server)",
     )
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, precheck=check_selection)
     return p
 
 
