@@ -157,9 +157,16 @@ def run_cells(cells: Sequence[CellConfig], runtime: CellRuntime) -> list[CellRes
         )
         pool = worker_processes(runtime.max_workers) if isolated else nullcontext()
         # Log lines (Prefect's, ours) are printed above the progress bars instead of through them.
+        # Only loggers that print to the console: a logger without a console handler (the root,
+        # usually) would get one, and print every record it receives a second time, bare.
+        printing = [
+            lg
+            for lg in (logging.getLogger("prefect"), logging.getLogger())
+            if any(isinstance(h, logging.StreamHandler) for h in lg.handlers)
+        ]
         quiet_logs = (
-            logging_redirect_tqdm(loggers=[logging.getLogger("prefect"), logging.getLogger()])
-            if runtime.progress
+            logging_redirect_tqdm(loggers=printing)
+            if runtime.progress and printing
             else nullcontext()
         )
         bar = tqdm(
