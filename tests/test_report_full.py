@@ -74,7 +74,8 @@ def test_runs_table_says_trained_for_the_benchmarks_own_cells(mlflow_store, tmp_
     from tasks.reporting import results_table
     from tasks.tracking import Tracker
 
-    config = resolve_config("smoke", None, {"systems": ["integro_de"], "methods": ["node", "anode"]})
+    selection = {"systems": ["integro_de"], "methods": ["node", "anode"]}
+    config = resolve_config("smoke", None, selection)
     node, anode = config.cells()
     t = Tracker.connect()
     earlier = t.create_run("benchmark-smoke", {"nllab.kind": "benchmark"})

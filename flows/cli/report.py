@@ -43,6 +43,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     # With a profile named, bad values fail here, before MLflow loads.
     config = resolve(args) if args.profile else None
+    # Loading MLflow and reading every run takes seconds: say so before the first result.
+    print("nllab report: loading MLflow and reading the tracking store …", flush=True)
     from flows.report_full import report_command
 
     return report_command(args, config)
