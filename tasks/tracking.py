@@ -349,8 +349,8 @@ class Tracker:
         self._experiment_id: str | None = None
         self._claims_run_id: str | None = None
         self._dataset_lock = threading.Lock()
-        #: run id -> (name, id) of the logged model this process logged for it (:meth:`log_model`)
-        self._run_models: dict[str, tuple[str, str]] = {}
+        #: run id -> id of the logged model this process logged for it (:meth:`log_model`)
+        self._run_models: dict[str, str] = {}
 
     # -- connection -------------------------------------------------------------------------
     @classmethod
@@ -526,7 +526,7 @@ class Tracker:
     ) -> None:
         ts = int(time.time() * 1000)
         # Metrics logged after the run's model are linked to it (the UI's Models tab).
-        model_id = self._run_models.get(run_id, (None, None))[1]
+        model_id = self._run_models.get(run_id)
         items = [Metric(k, float(v), ts, step or 0, model_id=model_id) for k, v in metrics.items()]
         for i in range(0, len(items), _METRIC_BATCH):
             self.client.log_batch(run_id, metrics=items[i : i + _METRIC_BATCH])
@@ -540,14 +540,16 @@ class Tracker:
 
     def log_model(self, run_id: str, folder: str | Path, artifact_path: str = "model") -> str:
         """Log a saved model (the folder of :func:`tasks.modelio.save_model`) as an MLflow 3
-        *logged model* of the run, named ``artifact_path``, with the ``pyfunc`` flavour's own
+        *logged model* of the run, with the ``pyfunc`` flavour's own
         logging: an ``MLmodel`` with a tensor signature and an input example, the model code of
         :mod:`tasks.pyfunc_model` (no pickle) and the weights as its ``weights`` artifact.
         ``predict({"obs_t", "obs_x", "query_t"})`` returns the extrapolation.
 
         The model carries the run's params, and metrics the run logs afterwards (``test_rmse``)
         are linked to it (:meth:`log_metrics`), so the experiment's Models tab lists it with its
-        score. Returns the logged model's id (``models:/<id>`` loads it)."""
+        score, named after the cell (``neural_laplace-integro_de-s0``; ``artifact_path`` for a
+        run without those tags). Returns the logged model's id (``models:/<id>`` loads it), which
+        ``runs:/<run id>/<artifact_path>`` also reaches."""
         from importlib.metadata import PackageNotFoundError, version
 
         import numpy as np
@@ -584,9 +586,11 @@ class Tracker:
             except PackageNotFoundError:
                 requirements.append(package)
         run = self.client.get_run(run_id)
+        cell = [run.data.tags.get(k) for k in ("method", "system", "seed")]
+        name = f"{cell[0]}-{cell[1]}-s{cell[2]}" if all(cell) else artifact_path
         logged = self.client.create_logged_model(
             self.experiment_id,
-            name=artifact_path,
+            name=name.replace(".", "_"),  # MLflow refuses / : . % and quotes in a model's name
             source_run_id=run_id,
             params=dict(run.data.params),
             tags={k: run.data.tags[k] for k in ("system", "method", "seed") if k in run.data.tags},
@@ -606,7 +610,7 @@ class Tracker:
             with warnings.catch_warnings(record=True) as caught:
                 Model.log(
                     None,  # artifact_path: MLflow 3 names a model by ``name``
-                    name=artifact_path,
+                    name=logged.name,
                     flavor=mlflow.pyfunc,
                     run_id=run_id,
                     model_id=logged.model_id,
@@ -620,17 +624,17 @@ class Tracker:
             if not str(w.message).startswith("Failed to infer signature from type hint"):
                 warnings.showwarning(w.message, w.category, w.filename, w.lineno)
         self.client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
-        self._run_models[run_id] = (artifact_path, logged.model_id)
+        self._run_models[run_id] = logged.model_id
         return logged.model_id
 
-    def logged_model_id(self, run_id: str, name: str = "model") -> str | None:
-        """The id of the run's logged model ``name`` (the newest), or ``None`` (a run from
-        before models were logged as MLflow 3 logged models keeps its model as artifacts)."""
-        if self._run_models.get(run_id, ("", ""))[0] == name:
-            return self._run_models[run_id][1]
+    def logged_model_id(self, run_id: str) -> str | None:
+        """The id of the run's logged model (the newest; a cell logs one), or ``None`` (a run
+        from before models were logged as MLflow 3 logged models keeps its model as artifacts)."""
+        if run_id in self._run_models:
+            return self._run_models[run_id]
         found = self.client.search_logged_models(
             [self.experiment_id],
-            filter_string=f"source_run_id = '{run_id}' and name = '{name}'",
+            filter_string=f"source_run_id = '{run_id}'",
             order_by=[{"field_name": "creation_timestamp", "ascending": False}],
             max_results=1,
         )
@@ -672,12 +676,14 @@ class Tracker:
         return self.client.get_run(run_id)
 
     def download(self, run_id: str, path: str, dst: str | Path) -> Path:
-        """Download a run artifact; ``path`` may also name the run's logged model (``model``)."""
-        if self.logged_model_id(run_id, path.strip("/")) is None:
+        """Download a run artifact; ``"model"`` is the run's logged model (or, for a run from
+        before models were logged so, its ``model`` artifact folder)."""
+        model_id = self.logged_model_id(run_id) if path.strip("/") == "model" else None
+        if model_id is None:
             return Path(self.client.download_artifacts(run_id, path, str(dst)))
         return Path(
             mlflow.artifacts.download_artifacts(
-                artifact_uri=f"runs:/{run_id}/{path.strip('/')}",
+                artifact_uri=f"models:/{model_id}",
                 dst_path=str(dst),
                 tracking_uri=self.settings.tracking_uri,
             )
@@ -895,11 +901,12 @@ class Tracker:
         """Make the MLflow UI open this experiment as a model-training one, with the results in
         view; returns the key of the saved view (the runs page's ``viewStateShareKey``).
 
-        Two experiment tags, which the UI reads: ``mlflow.experimentKind`` (the classic
-        machine-learning sidebar, also on a run's page, not the GenAI one) and a shared view
-        state (what the UI's *Share* button saves) whose run table shows ``test_rmse``, the best
-        validation RMSE, epochs and training time beside the system and method. The parallel
-        coordinates' axes and other per-browser choices cannot be set from the server."""
+        Two experiment tags, which the UI reads: ``mlflow.experimentKind`` (a model-training
+        experiment, not a GenAI one) and a shared view state (what the UI's *Share* button
+        saves) whose run table shows ``test_rmse``, the best validation RMSE, epochs and
+        training time beside the system and method. Which sidebar a page opened without
+        ``workflowType`` shows, the plain page's columns and the parallel coordinates' axes are
+        the browser's own choices (MLflow keeps them in its local storage)."""
         columns = [
             "attributes.`Models`",
             "attributes.`Dataset`",
@@ -960,7 +967,7 @@ class Tracker:
     def _register(self, name: str, run_id: str, artifact_path: str, test_rmse: float) -> str:
         """A new version of ``name`` pointing at the run's logged model (``models:/<id>``), or,
         for a run whose model is only run artifacts, at ``runs:/<run id>/<artifact_path>``."""
-        model_id = self.logged_model_id(run_id, artifact_path)
+        model_id = self.logged_model_id(run_id)
         mv = self.client.create_model_version(
             name,
             source=f"models:/{model_id}" if model_id else f"runs:/{run_id}/{artifact_path}",

@@ -89,6 +89,7 @@ def test_pyfunc_champion_after_moving_the_home(tmp_path, monkeypatch, prefect_se
     assert model_id is not None and mv.source == f"models:/{model_id}"
     logged = tracker.client.get_logged_model(model_id)
     assert logged.source_run_id == run_id and str(logged.status) == "READY"
+    assert logged.name == f"neural_laplace-{SYSTEM}-s0"  # the Models tab tells them apart
     assert {m.key: m.value for m in logged.metrics}["test_rmse"] == spec.test_rmse
     assert logged.params["training.epochs"] == "2" and logged.params["method"] == "neural_laplace"
     listed = tracker.client.search_logged_models([tracker.experiment_id])
