@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -43,6 +45,29 @@ def _wait_health(address: str, proc: subprocess.Popen, timeout: float = 120.0) -
         except OSError:
             time.sleep(0.5)
     pytest.fail(f"the MLflow UI did not answer on {address}")
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def _what_a_browser_sees(url: str) -> dict[str, str]:
+    """The text of the runs page at ``url`` and of the experiment's Models tab, in headless
+    chromium (Debian's, as the report's browser test; skipped where it is not installed)."""
+    from playwright.sync_api import sync_playwright
+
+    models = url.split("/runs?")[0] + "/models?workflowType=machine_learning"
+    seen = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1700, "height": 1000})
+            for key, address, text in (("runs", url, "test_rmse"), ("models", models, "-s0")):
+                page.goto(address)
+                page.get_by_text(text).first.wait_for(timeout=60_000)
+                seen[key] = page.inner_text("body")
+        finally:
+            browser.close()
+    return seen
 
 
 def _nllab(*args: str, env: dict) -> subprocess.Popen:
@@ -110,6 +135,13 @@ def test_ui_serves_the_benchmark_and_refuses_a_busy_port(mlflow_store, prefect_s
         for m in models:
             assert "test_rmse" in {x["key"] for x in m["data"]["metrics"]}
             assert m["info"]["source_run_id"] in {r["info"]["run_id"] for r in runs}
+        opened = first.stdout.readline() + first.stdout.readline()
+        assert "viewStateShareKey=nllab-results" in opened, opened
+        if Path(CHROMIUM).exists() and importlib.util.find_spec("playwright"):
+            seen = _what_a_browser_sees(opened.split("open ")[1].split()[0])
+            assert "test_rmse" in seen["runs"]  # a column of the saved view
+            assert "node-integro_de-s0" in seen["models"]  # the Models tab, one per cell
+            assert "neural_laplace-integro_de-s0" in seen["models"]
         # a second UI on the same port: a clear refusal, not a silent "open …"
         second = _nllab("ui", "--port", str(port), "--no-browser", env=env)
         out, err = second.communicate(timeout=120)
@@ -118,8 +150,8 @@ def test_ui_serves_the_benchmark_and_refuses_a_busy_port(mlflow_store, prefect_s
     finally:
         first.send_signal(signal.SIGTERM)
         out, err = first.communicate(timeout=60)
-    assert f"#/experiments/{exp}/runs?viewStateShareKey=nllab-results&workflowType=" in out
-    assert out.startswith("nllab ui: starting the MLflow UI")  # said before it answers
+    assert f"#/experiments/{exp}/runs?viewStateShareKey=nllab-results&workflowType=" in opened
+    assert opened.startswith("nllab ui: starting the MLflow UI")  # said before it answers
     assert "Warning" not in err and "Registry store URI not provided" not in err, err
     assert first.returncode != 0  # stopped by the signal
     # the server it started is gone with it: the port is free again
