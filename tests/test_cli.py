@@ -171,6 +171,7 @@ def test_benchmark_command_and_exit_codes(mlflow_store, prefect_server, tmp_path
     # the report now finds the finished cell, with no flags: the latest benchmark's config
     assert main(["report", "--out", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
+    assert out.startswith("nllab report: loading MLflow and reading the tracking store")
     assert "profile smoke" in out and "2 of 2 cells have finished runs" not in out
     assert "1 of 2 cells have finished runs" in out  # neural_laplace finished, node failed
     table = out.split("cells have finished runs")[0].splitlines()[:-1]
@@ -258,6 +259,7 @@ def test_budget_help_says_what_each_command_does_without_it(capsys):
         ("benchmark --config missing.toml", "config file 'missing.toml' does not exist"),
         ("tune --method laplace --system sine --trials 2", "unknown method 'laplace'"),
         ("study noise --methods nod", "unknown method 'nod'"),
+        ("serve --config missing.toml --check", "schedules file 'missing.toml' does not exist"),
     ],
 )
 def test_usage_errors_answer_before_the_heavy_stack_loads(argv, message, tmp_path):
