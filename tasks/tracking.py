@@ -905,8 +905,8 @@ class Tracker:
         experiment, not a GenAI one) and a shared view state (what the UI's *Share* button
         saves) whose run table shows ``test_rmse``, the best validation RMSE, epochs and
         training time beside the system and method. Which sidebar a page opened without
-        ``workflowType`` shows, the plain page's columns and the parallel coordinates' axes are
-        the browser's own choices (MLflow keeps them in its local storage)."""
+        ``workflowType`` shows and the plain page's columns are the browser's own choices
+        (MLflow keeps them in its local storage); charts are left to the user."""
         columns = [
             "attributes.`Models`",
             "attributes.`Dataset`",
