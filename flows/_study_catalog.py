@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import MappingProxyType
 
-__all__ = ["STUDY_CATALOG", "StudyEntry"]
+__all__ = ["ABLATIONS", "STUDY_CATALOG", "StudyEntry"]
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,8 @@ class StudyEntry:
     name: str
     title: str
     paper_ref: str
+    #: its factor can be re-run from a registered model (``nllab reproduce --ablation NAME``)
+    ablation: bool = False
 
 
 #: Study name (as ``nllab study NAME``) -> entry, in the paper's order.
@@ -28,16 +30,19 @@ STUDY_CATALOG = MappingProxyType(
                 "stereographic",
                 "Stereographic map ablation",
                 "Table 5 (Table:ablate): stereographic projection off/on",
+                ablation=True,
             ),
             StudyEntry(
                 "latent-dim",
                 "Latent size K of Neural Laplace",
                 "Table 5 (Table:ablate): latent dimension K on Lotka–Volterra",
+                ablation=True,
             ),
             StudyEntry(
                 "noise",
                 "Noisy observations",
                 "Table:AdditionalNoiseResult (σ = 0.1, 3 seeds)",
+                ablation=True,
             ),
             StudyEntry(
                 "sample-size",
@@ -53,6 +58,7 @@ STUDY_CATALOG = MappingProxyType(
                 "ilt",
                 "ILT algorithms",
                 "Table 12 (ILTtimeres, RMSE of cos t) and figure ILTcompar (training loss)",
+                ablation=True,
             ),
             StudyEntry(
                 "solvers",
@@ -88,3 +94,6 @@ STUDY_CATALOG = MappingProxyType(
         )
     }
 )
+
+#: Studies whose factor ``nllab reproduce --ablation`` re-runs, in the paper's order.
+ABLATIONS: tuple[str, ...] = tuple(e.name for e in STUDY_CATALOG.values() if e.ablation)

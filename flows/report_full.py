@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import hashlib
 import html
 import io
@@ -42,8 +43,12 @@ from tasks.reporting import (
 )
 from tasks.tracking import Tracker
 
+#: The command the report suggests when no tuning study has run: complete, as it can be typed.
+TUNE_EXAMPLE = "nllab tune --method neural_laplace --system lotka_volterra_dde --trials 10"
+
 __all__ = [
     "MANIFEST",
+    "TUNE_EXAMPLE",
     "OwnedFolder",
     "ReportPaths",
     "ReportSection",
@@ -172,8 +177,16 @@ def benchmark_config(tracker: Tracker) -> tuple[RunConfig, str] | None:
             return None  # a parent from an older version without its config
 
 
-def stored_cell_results(tracker: Tracker, config: RunConfig) -> list[CellResult]:
-    """Every cell of ``config``: its finished run (with the top-share metrics) or ``missing``."""
+def stored_cell_results(
+    tracker: Tracker, config: RunConfig, parent_run_id: str | None = None
+) -> list[CellResult]:
+    """Every cell of ``config``: its finished run (with the top-share metrics) or ``missing``.
+
+    A cell whose run is a child of ``parent_run_id`` (by default the latest finished benchmark)
+    was trained by that benchmark (status ``finished``, shown as "trained"); any other finished
+    run was reused from an earlier one (``reused``)."""
+    if parent_run_id is None:
+        parent_run_id = tracker.latest_run("benchmark")
     cells = config.cells()
     done = tracker.finished_cells(c.config_hash() for c in cells)
     out = []
@@ -182,8 +195,15 @@ def stored_cell_results(tracker: Tracker, config: RunConfig) -> list[CellResult]
         if rec is None:
             out.append(CellResult(c.system, c.method, c.seed, "missing"))
             continue
-        out.append(stored_result(c.system, c.method, c.seed, rec))
+        r = stored_result(c.system, c.method, c.seed, rec)
+        if parent_run_id is not None and rec.tags.get("mlflow.parentRunId") == parent_run_id:
+            r = dataclasses.replace(r, status="finished")
+        out.append(r)
     return out
+
+
+#: How the runs table names a cell's status: a cell the benchmark itself ran was trained.
+_STATUS_WORDS = {"finished": "trained"}
 
 
 def _study_section(tracker: Tracker, name: str, title: str, paper_ref: str, link) -> ReportSection:
@@ -322,7 +342,7 @@ def _benchmark_section(tracker: Tracker, results, link) -> ReportSection:
         tuple(
             (
                 TableCell(r.key),
-                TableCell(r.status),
+                TableCell(_STATUS_WORDS.get(r.status, r.status)),
                 TableCell("–" if r.test_rmse is None else f"{r.test_rmse:.4g}"),
                 TableCell((r.run_id or "–")[:12], link=link(r.run_id)),
             )
@@ -387,7 +407,7 @@ def build_report(
         body.append(f"<h2>{html.escape(s.title)} <code>{html.escape(s.name)}</code></h2>")
         body.append(f'<p class="meta">paper: {html.escape(s.paper_ref)}</p>')
         if s.run_id is None and not s.tables:
-            cmd = {"benchmark": "nllab benchmark", "tune": "nllab tune"}.get(
+            cmd = {"benchmark": "nllab benchmark", "tune": TUNE_EXAMPLE}.get(
                 s.name, f"nllab study {s.name}"
             )
             md.append(f"_No run yet: `{cmd}`._\n")

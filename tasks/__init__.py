@@ -93,6 +93,7 @@ __all__ = [
     "save_model",
     "select_device",
     "simulate_data",
+    "tracking_uri",
     "train",
     "train_packed",
 ]
@@ -121,3 +122,12 @@ def load_registered_model(
     # The weights are in memory once loaded: the downloaded copy is not kept.
     with tempfile.TemporaryDirectory(prefix="nllab-model-") as tmp:
         return load_model(tracker.download_model(uri, tmp), device=device)
+
+
+def tracking_uri(tracking: TrackingConfig | None = None) -> str:
+    """The MLflow tracking URI the platform logs to: ``MLFLOW_TRACKING_URI`` (or ``mlflow.env``)
+    if set, else the embedded store under ``$NLLAB_HOME``. ``mlflow.set_tracking_uri(
+    tasks.tracking_uri())`` lets any MLflow client read its runs, models and registry."""
+    from tasks.tracking import TrackingSettings
+
+    return TrackingSettings.resolve(tracking).tracking_uri

@@ -10,6 +10,7 @@ Prefect home and start-up timeout default to values that work on a small offline
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -34,6 +35,19 @@ def _data_home() -> Path:
     return Path(home).expanduser().resolve() if home else Path.home() / ".nllab"
 
 
+class _NoServerHowTo(logging.Filter):
+    """Prefect's notice that it starts a temporary server, without the link to its how-to on
+    running a dedicated one: the README says when and how to run one (``nllab serve``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith("Starting temporary server"):
+            record.msg = record.msg.split("\n", 1)[0]
+        return True
+
+
+_SERVER_NOTICE = _NoServerHowTo()
+
+
 def configure_environment() -> None:
     """Apply offline switches, ``mlflow.env`` (environment variables win) and Prefect defaults."""
     os.environ.update(_OFFLINE)
@@ -54,3 +68,10 @@ def configure_environment() -> None:
     os.environ.setdefault("PREFECT_LOGGING_SERVER_LEVEL", "WARNING")
     # One progress bar per artifact upload would drown the training progress bars.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    # MLflow's INFO lines (creating the store's tables, validating a model's input example)
+    # are bookkeeping a user cannot act on; its warnings and errors still show.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    # Prefect logs the notice on its root logger, which its logging setup keeps filters on.
+    prefect_logger = logging.getLogger("prefect")
+    if _SERVER_NOTICE not in prefect_logger.filters:
+        prefect_logger.addFilter(_SERVER_NOTICE)

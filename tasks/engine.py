@@ -21,7 +21,9 @@ It must be called inside a Prefect flow (it submits tasks to the flow's task run
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -247,6 +249,17 @@ def _torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def _print_finished(done: Sequence[CellResult], n: int, total: int, seconds: float) -> None:
+    """One line per finished cell (progress when the output is not a terminal)."""
+    for i, r in enumerate(done, start=n - len(done) + 1):
+        outcome = (
+            f"test RMSE {r.test_rmse:.4f}"
+            if r.ok
+            else f"{r.status}: {(r.error or 'no result').splitlines()[0]}"
+        )
+        print(f"cell {i}/{total} {r.key}: {outcome} ({seconds:.0f} s)", flush=True)
+
+
 def run_cells(cells: Sequence[CellConfig], runtime: CellRuntime) -> list[CellResult]:
     """Train (or reuse, by config hash) ``cells``: one result per cell, in input order.
 
@@ -275,6 +288,10 @@ def run_cells(cells: Sequence[CellConfig], runtime: CellRuntime) -> list[CellRes
         runtime.max_workers,
         tracker.settings.tracking_uri,
     )
+    # Bars redraw in place: in a terminal only. Redirected, a line per finished cell instead.
+    lines = runtime.progress and not (sys.stdout.isatty() and sys.stderr.isatty())
+    if lines:
+        runtime = dataclasses.replace(runtime, progress=False)
     if todo:
         wait([simulate_task.submit(s, d, seed) for s, d, seed in _data_keys(todo)])
         isolated = (
@@ -284,9 +301,16 @@ def run_cells(cells: Sequence[CellConfig], runtime: CellRuntime) -> list[CellRes
         )
         pool = worker_processes(runtime.max_workers) if isolated else nullcontext()
         # Log lines (Prefect's, ours) are printed above the progress bars instead of through them.
+        # Only loggers that print to the console: a logger without a console handler (the root,
+        # usually) would get one, and print every record it receives a second time, bare.
+        printing = [
+            lg
+            for lg in (logging.getLogger("prefect"), logging.getLogger())
+            if any(isinstance(h, logging.StreamHandler) for h in lg.handlers)
+        ]
         quiet_logs = (
-            logging_redirect_tqdm(loggers=[logging.getLogger("prefect"), logging.getLogger()])
-            if runtime.progress
+            logging_redirect_tqdm(loggers=printing)
+            if runtime.progress and printing
             else nullcontext()
         )
         bar = tqdm(
@@ -304,7 +328,7 @@ def run_cells(cells: Sequence[CellConfig], runtime: CellRuntime) -> list[CellRes
             rt = replace(runtime, placed=where[id(p)]) if runtime.device == "auto" else runtime
             return pack_task.submit(p, rt)
 
-        t0 = time.perf_counter()
+        t0, finished = time.perf_counter(), 0
         try:
             with pool, quiet_logs:
                 try:
@@ -319,6 +343,9 @@ def run_cells(cells: Sequence[CellConfig], runtime: CellRuntime) -> list[CellRes
                         for r in done:
                             by_hash[r.config_hash] = r
                         bar.update(len(done))
+                        finished += len(done)
+                        if lines:
+                            _print_finished(done, finished, len(todo), time.perf_counter() - t0)
                         bar.set_postfix(
                             failed=sum(not r.ok for r in by_hash.values()),
                             reused=len(reused),

@@ -30,6 +30,7 @@ __all__ = [
 
 _WEIGHTS = "state_dict.pt"
 _SPEC = "model.json"
+_NP_DTYPES = {"float64": np.float64, "float32": np.float32}
 
 
 @dataclass(frozen=True)
@@ -134,11 +135,12 @@ def forecast(model: ForecastModel, spec: ModelSpec, inputs: Mapping[str, Any]) -
     if missing:
         raise ValueError(f"missing inputs {sorted(missing)}; expected obs_t, obs_x, query_t")
     normaliser = Normaliser.from_dict(spec.normaliser)
-    dtype = torch.float64 if spec.dtype == "float64" else torch.float32
     device = next(model.parameters()).device
 
     def tensor(x: Any) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(x), dtype=dtype, device=device)
+        # A writable copy in the model's dtype: any float input is cast, and arrays MLflow
+        # hands over read-only never reach torch (which warns about them).
+        return torch.from_numpy(np.array(x, dtype=_NP_DTYPES[spec.dtype])).to(device)
 
     obs_x = np.asarray(normaliser.transform(np.asarray(inputs["obs_x"])))
     pred = model(tensor(inputs["obs_t"]), tensor(obs_x), tensor(inputs["query_t"]))

@@ -14,7 +14,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks._workers import WorkerStopped, run_in_worker, worker_pool_active
 from tasks.cell import CellRuntime, run_pack, simulate_data
-from tasks.config import CellConfig, DataConfig
+from tasks.config import CellConfig, DataConfig, cell_variant
 from tasks.reporting import CellResult
 
 __all__ = ["PackFailed", "pack_task", "simulate_task"]
@@ -27,11 +27,15 @@ def simulate_task(system: str, data: DataConfig, seed: int) -> str:
 
 
 def pack_label(cells: Sequence[CellConfig]) -> str:
-    """``system/method/seed0`` for one cell, ``system/method/seeds 0,1,2`` for a pack."""
+    """``system/method/seed0`` for one cell, ``system/method/seeds 0,1,2`` for a pack, and what
+    sets the cells apart from the model's defaults, if anything (``… (stereographic=False)``),
+    so that the variants of a study have distinct task names."""
     c = cells[0]
-    if len(cells) == 1:
-        return c.key
-    return f"{c.system}/{c.method}/seeds {','.join(str(x.seed) for x in cells)}"
+    label = c.key if len(cells) == 1 else f"{c.system}/{c.method}/seeds "
+    if len(cells) > 1:
+        label += ",".join(str(x.seed) for x in cells)
+    variant = cell_variant(c)
+    return f"{label} ({variant})" if variant else label
 
 
 def _task_run_name() -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -377,9 +377,10 @@ def render_table(table: Table, fmt: Format, *, width: int = 100, color: bool = F
     raise ValueError(f"unknown table format {fmt!r}; valid: terminal, markdown, latex, html")
 
 
+#: How the best cell of a column is marked: bold, which a terminal shows as ``*``.
+_BEST, _BEST_TERMINAL = "best per system in bold", "best per system marked *"
 _CAPTION = (
-    "Test RMSE (normalised, extrapolated half), mean ± std over seeds; best per system in bold "
-    "(* in a terminal); "
+    f"Test RMSE (normalised, extrapolated half), mean ± std over seeds; {_BEST}; "
     "the paper's figure (5 seeds, N = 1000, 1000 epochs) in brackets; ▲ better than the paper, "
     "✓ within its ± band, ▼ worse."
 )
@@ -477,7 +478,9 @@ class ResultsTable:
         return render_table(self.main_table(), "latex")
 
     def to_terminal(self, width: int = 100, color: bool = False) -> str:
-        return render_table(self.main_table(), "terminal", width=width, color=color)
+        table = self.main_table()
+        table = replace(table, caption=table.caption.replace(_BEST, _BEST_TERMINAL))
+        return render_table(table, "terminal", width=width, color=color)
 
     def write(self, folder: str | Path, stem: str = "results") -> list[Path]:
         """Write ``stem.csv``, ``stem.md`` and ``stem.tex`` into ``folder``."""

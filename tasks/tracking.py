@@ -44,6 +44,7 @@ from tasks.config import TrackingConfig
 __all__ = [
     "CHAMPION",
     "CLAIM_STALE_AFTER",
+    "UI_VIEW_KEY",
     "Promotion",
     "RunRecord",
     "Tracker",
@@ -66,6 +67,12 @@ CLAIM_STALE_AFTER = 600.0
 #: Tags recording which process owns a run, so a later start can end runs whose process is gone.
 _HOST_TAG, _PROC_TAG = "nllab.host", "nllab.process"
 _CLAIMS_KIND = "claims"
+#: Experiment tags the MLflow UI reads: the experiment's kind (which view it opens on) and a
+#: shared view state of its runs page (:meth:`Tracker.set_ui_view`).
+_KIND_TAG, _KIND_ML = "mlflow.experimentKind", "custom_model_development"
+_SHARED_VIEW_TAG = "mlflow.sharedViewState."
+#: The key of the results view of the runs page (``?viewStateShareKey=``).
+UI_VIEW_KEY = "nllab-results"
 
 
 class TrackingUnavailable(RuntimeError):
@@ -105,6 +112,8 @@ def relocate_artifacts(db_path: str | Path, old_root: str, new_root: str) -> int
         ("experiments", "artifact_location"),
         ("runs", "artifact_uri"),
         ("logged_models", "artifact_location"),
+        # a registry version of a logged model records where its files were
+        ("model_versions", "storage_location"),
     )
     changed = 0
     with sqlite3.connect(str(db_path), timeout=60) as db:
@@ -340,6 +349,8 @@ class Tracker:
         self._experiment_id: str | None = None
         self._claims_run_id: str | None = None
         self._dataset_lock = threading.Lock()
+        #: run id -> id of the logged model this process logged for it (:meth:`log_model`)
+        self._run_models: dict[str, str] = {}
 
     # -- connection -------------------------------------------------------------------------
     @classmethod
@@ -419,7 +430,9 @@ class Tracker:
             return exp.experiment_id
         try:
             return self.client.create_experiment(
-                name, artifact_location=self.settings.artifact_root
+                name,
+                artifact_location=self.settings.artifact_root,
+                tags={_KIND_TAG: _KIND_ML},  # the UI's model-training view, not the GenAI one
             )
         except MlflowException:
             # Another process created it between our lookup and create.
@@ -512,7 +525,9 @@ class Tracker:
         self, run_id: str, metrics: Mapping[str, float], step: int | None = None
     ) -> None:
         ts = int(time.time() * 1000)
-        items = [Metric(k, float(v), ts, step or 0) for k, v in metrics.items()]
+        # Metrics logged after the run's model are linked to it (the UI's Models tab).
+        model_id = self._run_models.get(run_id)
+        items = [Metric(k, float(v), ts, step or 0, model_id=model_id) for k, v in metrics.items()]
         for i in range(0, len(items), _METRIC_BATCH):
             self.client.log_batch(run_id, metrics=items[i : i + _METRIC_BATCH])
 
@@ -523,19 +538,28 @@ class Tracker:
         else:
             self.client.log_artifact(run_id, str(p), artifact_path)
 
-    def log_model(self, run_id: str, folder: str | Path, artifact_path: str = "model") -> None:
-        """Log a saved model (the folder of :func:`tasks.modelio.save_model`) as a standard
-        MLflow ``pyfunc`` model: an ``MLmodel`` with a signature, the model code of
+    def log_model(self, run_id: str, folder: str | Path, artifact_path: str = "model") -> str:
+        """Log a saved model (the folder of :func:`tasks.modelio.save_model`) as an MLflow 3
+        *logged model* of the run, with the ``pyfunc`` flavour's own
+        logging: an ``MLmodel`` with a tensor signature and an input example, the model code of
         :mod:`tasks.pyfunc_model` (no pickle) and the weights as its ``weights`` artifact.
-        ``predict({"obs_t", "obs_x", "query_t"})`` returns the extrapolation."""
+        ``predict({"obs_t", "obs_x", "query_t"})`` returns the extrapolation.
+
+        The model carries the run's params, and metrics the run logs afterwards (``test_rmse``)
+        are linked to it (:meth:`log_metrics`), so the experiment's Models tab lists it with its
+        score, named after the cell (``neural_laplace-integro_de-s0``; ``artifact_path`` for a
+        run without those tags). Returns the logged model's id (``models:/<id>`` loads it), which
+        ``runs:/<run id>/<artifact_path>`` also reaches."""
         from importlib.metadata import PackageNotFoundError, version
 
         import numpy as np
-        from mlflow.models import ModelSignature
+        from mlflow.entities import LoggedModelStatus
+        from mlflow.models import Model, ModelSignature
         from mlflow.types.schema import Schema, TensorSpec
 
         folder = Path(folder)
-        dim = int(json.loads((folder / "model.json").read_text())["state_dim"])
+        spec = json.loads((folder / "model.json").read_text())
+        dim = int(spec["state_dim"])
         f64 = np.dtype("float64")
         signature = ModelSignature(
             inputs=Schema(
@@ -547,28 +571,74 @@ class Tracker:
             ),
             outputs=Schema([TensorSpec(f64, (-1, -1, dim))]),
         )
+        # One trajectory of 8 observed points (the training set's mean state) and 4 queries
+        # after them: small, in physical units, and checked by MLflow against the model.
+        mean = np.asarray(spec.get("normaliser", {}).get("mean", [0.0] * dim), dtype=f64)
+        example = {
+            "obs_t": np.linspace(0.0, 1.0, 8)[None],
+            "obs_x": np.broadcast_to(mean.reshape(1, 1, -1), (1, 8, dim)).copy(),
+            "query_t": np.linspace(1.25, 2.0, 4)[None],
+        }
         requirements = []
         for package in ("torch", "numpy", "neural-laplace-lab"):
             try:
                 requirements.append(f"{package}=={version(package)}")
             except PackageNotFoundError:
                 requirements.append(package)
+        run = self.client.get_run(run_id)
+        cell = [run.data.tags.get(k) for k in ("method", "system", "seed")]
+        name = f"{cell[0]}-{cell[1]}-s{cell[2]}" if all(cell) else artifact_path
+        logged = self.client.create_logged_model(
+            self.experiment_id,
+            name=name.replace(".", "_"),  # MLflow refuses / : . % and quotes in a model's name
+            source_run_id=run_id,
+            params=dict(run.data.params),
+            tags={k: run.data.tags[k] for k in ("system", "method", "seed") if k in run.data.tags},
+            model_type=str(spec.get("method", "")) or None,
+        )
         code = Path(__file__).resolve().parent / "pyfunc_model.py"
         with tempfile.TemporaryDirectory(prefix="nllab-pyfunc-") as tmp:
             # MLflow keeps an artifact folder's own name: copy it as "weights".
             weights = shutil.copytree(folder, Path(tmp) / "weights")
-            path = Path(tmp) / artifact_path
-            with warnings.catch_warnings():
-                # the signature is given: an input example would only re-run the model
-                warnings.filterwarnings("ignore", message=".*input example.*")
-                mlflow.pyfunc.save_model(
-                    str(path),
+            # The pyfunc flavour's own logging (what mlflow.pyfunc.log_model runs), with the
+            # run named explicitly: cells log from worker threads, which have no active run.
+            # It links the model to the run and sets the MLmodel's run_id.
+            mlflow.set_tracking_uri(self.settings.tracking_uri)
+            # MLflow reports, past any filter, that it cannot turn the dict-of-arrays hint into
+            # a signature (it takes list[...] hints only): the signature is given, so that
+            # report is dropped and any other warning shown as usual.
+            with warnings.catch_warnings(record=True) as caught:
+                Model.log(
+                    None,  # artifact_path: MLflow 3 names a model by ``name``
+                    name=logged.name,
+                    flavor=mlflow.pyfunc,
+                    run_id=run_id,
+                    model_id=logged.model_id,
                     python_model=str(code),
                     artifacts={"weights": str(weights)},
                     signature=signature,
+                    input_example=example,
                     pip_requirements=requirements,
                 )
-            self.client.log_artifacts(run_id, str(path), artifact_path)
+        for w in caught:
+            if not str(w.message).startswith("Failed to infer signature from type hint"):
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+        self.client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
+        self._run_models[run_id] = logged.model_id
+        return logged.model_id
+
+    def logged_model_id(self, run_id: str) -> str | None:
+        """The id of the run's logged model (the newest; a cell logs one), or ``None`` (a run
+        from before models were logged as MLflow 3 logged models keeps its model as artifacts)."""
+        if run_id in self._run_models:
+            return self._run_models[run_id]
+        found = self.client.search_logged_models(
+            [self.experiment_id],
+            filter_string=f"source_run_id = '{run_id}'",
+            order_by=[{"field_name": "creation_timestamp", "ascending": False}],
+            max_results=1,
+        )
+        return found[0].model_id if found else None
 
     def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
         self.client.log_text(run_id, text, artifact_file)
@@ -606,7 +676,18 @@ class Tracker:
         return self.client.get_run(run_id)
 
     def download(self, run_id: str, path: str, dst: str | Path) -> Path:
-        return Path(self.client.download_artifacts(run_id, path, str(dst)))
+        """Download a run artifact; ``"model"`` is the run's logged model (or, for a run from
+        before models were logged so, its ``model`` artifact folder)."""
+        model_id = self.logged_model_id(run_id) if path.strip("/") == "model" else None
+        if model_id is None:
+            return Path(self.client.download_artifacts(run_id, path, str(dst)))
+        return Path(
+            mlflow.artifacts.download_artifacts(
+                artifact_uri=f"models:/{model_id}",
+                dst_path=str(dst),
+                tracking_uri=self.settings.tracking_uri,
+            )
+        )
 
     def end_stale_runs(self, *, stale_after: float = CLAIM_STALE_AFTER) -> list[str]:
         """End KILLED every RUNNING run of the experiment that can never finish; their ids.
@@ -816,6 +897,34 @@ class Tracker:
             )
         )
 
+    def set_ui_view(self) -> str:
+        """Make the MLflow UI open this experiment as a model-training one, with the results in
+        view; returns the key of the saved view (the runs page's ``viewStateShareKey``).
+
+        Two experiment tags, which the UI reads: ``mlflow.experimentKind`` (a model-training
+        experiment, not a GenAI one) and a shared view state (what the UI's *Share* button
+        saves) whose run table shows ``test_rmse``, the best validation RMSE, epochs and
+        training time beside the system and method. Which sidebar a page opened without
+        ``workflowType`` shows and the plain page's columns are the browser's own choices
+        (MLflow keeps them in its local storage); charts are left to the user."""
+        columns = [
+            "attributes.`Models`",
+            "attributes.`Dataset`",
+            "tags.`system`",
+            "tags.`method`",
+            "tags.`seed`",
+            "metrics.`test_rmse`",
+            "metrics.`best_val_rmse`",
+            "metrics.`epochs_run`",
+            "metrics.`train_seconds`",
+        ]
+        view = {"selectedColumns": columns, "columnOrder": columns}
+        self.client.set_experiment_tag(self.experiment_id, _KIND_TAG, _KIND_ML)
+        self.client.set_experiment_tag(
+            self.experiment_id, _SHARED_VIEW_TAG + UI_VIEW_KEY, json.dumps(view)
+        )
+        return UI_VIEW_KEY
+
     def run_url(self, ui_address: str, run_id: str) -> str:
         """The run's page in the MLflow UI served at ``ui_address``."""
         return f"{ui_address.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
@@ -856,12 +965,15 @@ class Tracker:
         return Promotion(name, True, version, test_rmse, previous)
 
     def _register(self, name: str, run_id: str, artifact_path: str, test_rmse: float) -> str:
-        """A new version of ``name`` from the run's model, by its ``runs:/`` URI."""
+        """A new version of ``name`` pointing at the run's logged model (``models:/<id>``), or,
+        for a run whose model is only run artifacts, at ``runs:/<run id>/<artifact_path>``."""
+        model_id = self.logged_model_id(run_id)
         mv = self.client.create_model_version(
             name,
-            source=f"runs:/{run_id}/{artifact_path}",
+            source=f"models:/{model_id}" if model_id else f"runs:/{run_id}/{artifact_path}",
             run_id=run_id,
             tags={"test_rmse": repr(float(test_rmse))},
+            model_id=model_id,
         )
         return str(mv.version)
 

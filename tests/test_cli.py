@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -170,6 +171,7 @@ def test_benchmark_command_and_exit_codes(mlflow_store, prefect_server, tmp_path
     # the report now finds the finished cell, with no flags: the latest benchmark's config
     assert main(["report", "--out", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
+    assert out.startswith("nllab report: loading MLflow and reading the tracking store")
     assert "profile smoke" in out and "2 of 2 cells have finished runs" not in out
     assert "1 of 2 cells have finished runs" in out  # neural_laplace finished, node failed
     table = out.split("cells have finished runs")[0].splitlines()[:-1]
@@ -231,9 +233,85 @@ def test_epochs_and_budget_flags_reach_the_training_config(command):
         assert resolve(args, "quick").training.max_train_seconds == 12.5
 
 
-def test_budget_help_names_the_quick_profiles_budget(capsys):
-    from tasks.config import QUICK_BUDGET_SECONDS
+def test_budget_help_says_what_each_command_does_without_it(capsys):
+    """The quick benchmark has no wall-clock budget (fixed epochs per model); quick studies
+    cap each cell at 20 s (as the README says)."""
+    from flows.studies._config import QUICK_TRAINING
 
     with pytest.raises(SystemExit):
         main(["benchmark", "--help"])
-    assert f"(quick profile: {QUICK_BUDGET_SECONDS:g};" in " ".join(capsys.readouterr().out.split())
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: none; the quick profile trains each model its fixed epochs;" in text
+    with pytest.raises(SystemExit):
+        main(["study", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"quick profile: {QUICK_TRAINING['max_train_seconds']:g}, with 30 epochs" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ("benchmark --systems lotka", "unknown system 'lotka'; valid: "),
+        ("study stereografic", "unknown study 'stereografic'; valid studies: stereographic"),
+        ("reproduce models:/nope@champion", "no registered model version at 'models:/nope@"),
+        ("reproduce models:/nope", "names no version"),
+        ("reproduce models:/x@champion --ablation stereo", "unknown ablation 'stereo'"),
+        ("benchmark --config missing.toml", "config file 'missing.toml' does not exist"),
+        ("tune --method laplace --system sine --trials 2", "unknown method 'laplace'"),
+        ("study noise --methods nod", "unknown method 'nod'"),
+        ("serve --config missing.toml --check", "schedules file 'missing.toml' does not exist"),
+    ],
+)
+def test_usage_errors_answer_before_the_heavy_stack_loads(argv, message, tmp_path):
+    """Names, files and registry URIs are checked before torch, MLflow or Prefect load: exit 2
+    in under a second (best of three, the machine may be busy), none of them imported."""
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "NLLAB_HOME": str(tmp_path)}
+    cmd = [sys.executable, "-m", "flows.cli", *argv.split()]
+    seconds = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        seconds.append(time.perf_counter() - t0)
+        assert r.returncode == 2, r.stderr
+        assert message in r.stderr and len(r.stderr.strip().splitlines()) <= 2, r.stderr
+        if min(seconds) < 1.0:
+            break
+    assert min(seconds) < 1.0, seconds
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", *cmd[1:]],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if "|" in line}
+    assert r.returncode == 2 and loaded, r.stderr
+    assert not loaded & {"torch", "mlflow", "prefect", "optuna", "numpy"}
+    assert not (tmp_path / "mlflow").exists()  # nothing created either
+
+
+def test_registry_uri_check_reads_the_embedded_store(tmp_path, monkeypatch):
+    """With no MLflow: a name, an alias and a version that exist pass; others are refused with
+    the registered models listed."""
+    import sqlite3
+
+    from flows.cli._common import UsageError, check_registry_uri
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("NLLAB_HOME", str(tmp_path))
+    (tmp_path / "mlflow").mkdir()
+    with sqlite3.connect(tmp_path / "mlflow" / "mlflow.db") as db:
+        db.execute("create table registered_models (name text)")
+        db.execute("create table model_versions (name text, version integer)")
+        db.execute("create table registered_model_aliases (alias text, version int, name text)")
+        db.execute("insert into registered_models values ('nl-x')")
+        db.execute("insert into model_versions values ('nl-x', 1)")
+        db.execute("insert into registered_model_aliases values ('champion', 1, 'nl-x')")
+    check_registry_uri("models:/nl-x@champion")
+    check_registry_uri("models:/nl-x/1")
+    for uri in ("models:/nl-x@best", "models:/nl-x/2", "models:/nl-y@champion"):
+        with pytest.raises(UsageError, match=r"registered models: nl-x$"):
+            check_registry_uri(uri)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
+    check_registry_uri("models:/nl-y@champion")  # a server store answers later, through MLflow

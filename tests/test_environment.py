@@ -50,3 +50,43 @@ def test_offline_switches_are_set_before_mlflow_and_prefect_load(first, tmp_path
 
 
 _OFFLINE = ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK", "PREFECT_SERVER_ANALYTICS_ENABLED")
+
+
+#: What must never reach a user's console: warnings they cannot act on, and bookkeeping.
+_NOISE = (
+    "Warning",  # any Python warning: MLflow's type hints, torch's non-writable arrays, …
+    "type hints",
+    "not writable",
+    "how-to-guides",  # Prefect's link after "Starting temporary server"
+    "INFO mlflow",  # MLflow's store creation and input-example checks
+    "\r",  # a progress bar redrawn in place
+)
+
+
+def test_smoke_benchmark_console_is_quiet_when_redirected(tmp_path):
+    """A smoke benchmark with its output redirected: no warning or bookkeeping line, no bar
+    redraws but one line per finished cell, one Prefect line per task."""
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "NLLAB_"))},
+        "PYTHONPATH": str(ROOT),
+        "NLLAB_HOME": str(tmp_path / "home"),
+    }
+    argv = "benchmark --profile smoke --systems integro_de --methods node neural_laplace"
+    r = subprocess.run(
+        [sys.executable, "-m", "flows.cli", *argv.split(), "--epochs", "1"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr
+    both = r.stdout + r.stderr
+    for noise in _NOISE:
+        assert noise not in both, (noise, both)
+    cells = [line for line in both.splitlines() if " integro_de/" in line and "test RMSE" in line]
+    assert len(cells) == 2 and any("cell 2/2 " in line for line in cells), both
+    finished = [line for line in both.splitlines() if "Finished in state Completed()" in line]
+    names = [line.split(" - ")[0].split("|")[-1].strip() for line in finished]
+    assert len(names) == len(set(names)), finished  # one line per task (and the flow)
+    assert "Starting temporary server" in r.stderr  # the notice stays, without its link

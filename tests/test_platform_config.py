@@ -9,7 +9,8 @@ import pytest
 from tasks.config import (
     MAIN_SYSTEMS,
     METHODS,
-    QUICK_BUDGET_SECONDS,
+    QUICK_EPOCHS,
+    SYSTEM_NAMES,
     CellConfig,
     ConfigError,
     DataConfig,
@@ -28,10 +29,15 @@ def test_profiles_set_their_sizes():
     assert paper.training.epochs == 1000 and paper.training.patience is None  # as the code
     assert paper.training.lr == 1e-3 and paper.training.batch_size == 128
     assert paper.training.grad_clip == 1.0 and paper.training.dtype == "float64"
-    assert smoke.training.epochs < quick.training.epochs <= paper.training.epochs
-    # quick gives every cell the same training time; the epoch ceiling is the paper's
-    assert quick.training.max_train_seconds == QUICK_BUDGET_SECONDS
+    # quick: a fixed number of epochs per model (about equal time on the reference machine,
+    # a faster model trains more), no wall-clock budget, so any machine gets the same table
+    assert quick.training.max_train_seconds is None
     assert paper.training.max_train_seconds is None
+    epochs = {c.method: c.training.epochs for c in quick.cells()}
+    assert epochs == QUICK_EPOCHS and set(QUICK_EPOCHS) == set(METHODS)
+    assert epochs["neural_laplace"] > epochs["node"] == epochs["anode"] > epochs["latent_ode"]
+    assert epochs["latent_ode"] > epochs["nf_coupling"] == epochs["nf_resnet"]
+    assert all(smoke.training.epochs < n < paper.training.epochs for n in epochs.values())
     assert len(paper.cells()) == 6 * 6 * 5
     # the paper profile runs the Latent ODE as the reference code does; the others as published
     reference = {"z0_time": "first_query", "kl_average": "latents"}
@@ -204,3 +210,32 @@ def test_execution_settings_are_apart_from_the_experiment(tmp_path):
     # how it executes never changes what a cell is
     fast = resolve_config(None, f, {"max_workers": 1, "device": "cpu", "torch_threads": 2})
     assert [c.config_hash() for c in fast.cells()] == [c.config_hash() for c in cfg.cells()]
+
+
+def test_quick_epochs_give_way_to_explicit_epochs(tmp_path):
+    """An epoch count from a file or a flag applies to every method; the profile's per-method
+    counts stay where nothing else is said (and leave the other profiles' cells alone)."""
+    flag = resolve_config("quick", None, {"training": {"epochs": 7}})
+    assert {c.training.epochs for c in flag.cells()} == {7} and flag.method_epochs == {}
+    f = tmp_path / "e.toml"
+    f.write_text("[training]\nepochs = 9\n")
+    assert {c.training.epochs for c in resolve_config("quick", f).cells()} == {9}
+    budget = resolve_config("quick", None, {"training": {"max_train_seconds": 5.0}})
+    assert {c.method: c.training.epochs for c in budget.cells()} == QUICK_EPOCHS
+    assert {c.training.max_train_seconds for c in budget.cells()} == {5.0}
+    own = resolve_config("smoke", None, {"method_epochs": {"node": 3}})
+    assert {c.method: c.training.epochs for c in own.cells()}["node"] == 3
+    assert resolve_config("paper").method_epochs == {}
+    with pytest.raises(ConfigError, match="unknown method 'nod'"):
+        resolve_config("quick", None, {"method_epochs": {"nod": 3}})
+    with pytest.raises(ConfigError, match="at least 1"):
+        resolve_config("quick", None, {"method_epochs": {"node": 0}})
+
+
+def test_name_lists_known_without_numpy_match_the_registries():
+    """The command line checks names from these lists before numpy or torch load."""
+    from datasets import SYSTEMS
+    from nlmodels import MODELS
+
+    assert set(SYSTEM_NAMES) == set(SYSTEMS) and list(SYSTEM_NAMES) == sorted(SYSTEM_NAMES)
+    assert set(METHODS) == set(MODELS)

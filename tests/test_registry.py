@@ -5,6 +5,8 @@ interrupted between registering and moving the alias does not register the run t
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 
 import mlflow
 import numpy as np
@@ -15,6 +17,7 @@ from tasks import load_registered_model
 from tasks.cell import prepare_cell, simulate_data
 from tasks.config import CellConfig, resolve_config
 from tasks.evaluation import evaluate
+from tasks.modelio import forecast
 from tasks.tracking import Tracker
 
 SYSTEM = "integro_de"
@@ -81,4 +84,37 @@ def test_pyfunc_champion_after_moving_the_home(tmp_path, monkeypatch, prefect_se
     assert p.promoted and p.version == version
     assert len(tracker.client.search_model_versions(f"name = '{name}'")) == 1
     mv = tracker.client.get_model_version(name, version)
-    assert mv.source == f"runs:/{run_id}/model"
+    # the version points at the cell's MLflow 3 logged model, which carries its params and score
+    model_id = tracker.logged_model_id(run_id)
+    assert model_id is not None and mv.source == f"models:/{model_id}"
+    logged = tracker.client.get_logged_model(model_id)
+    assert logged.source_run_id == run_id and str(logged.status) == "READY"
+    assert logged.name == f"neural_laplace-{SYSTEM}-s0"  # the Models tab tells them apart
+    assert {m.key: m.value for m in logged.metrics}["test_rmse"] == spec.test_rmse
+    assert logged.params["training.epochs"] == "2" and logged.params["method"] == "neural_laplace"
+    listed = tracker.client.search_logged_models([tracker.experiment_id])
+    assert model_id in {m.model_id for m in listed}
+    assert pyfunc.metadata.run_id == run_id
+
+    # a fresh shell loads it with the README's lines (no stray store in the working folder)
+    code = (
+        "import mlflow, numpy as np\n"
+        "from tasks import tracking_uri\n"
+        "mlflow.set_tracking_uri(tracking_uri())\n"
+        f"m = mlflow.pyfunc.load_model({uri!r})\n"
+        "x = np.load('x.npz')\n"
+        "np.save('got.npy', m.predict({k: x[k] for k in x.files}))\n"
+        "print(m.metadata.run_id)\n"
+    )
+    np.savez(tmp_path / "x.npz", **{k: np.ascontiguousarray(v) for k, v in inputs.items()})
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == run_id and "Warning" not in r.stderr, r.stderr
+    np.testing.assert_allclose(np.load(tmp_path / "got.npy"), own, rtol=1e-9, atol=1e-12)
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()
+
+    # float32 input is cast to the model's float64 by the platform's own forecaster
+    f32 = {k: np.asarray(v, dtype=np.float32) for k, v in inputs.items()}
+    np.testing.assert_allclose(forecast(again, spec, f32), own, rtol=1e-4, atol=1e-5)

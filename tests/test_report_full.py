@@ -52,3 +52,47 @@ def test_report_of_empty_store(mlflow_store, tmp_path):
     paths = build_report(Tracker.connect(), tmp_path)
     assert "No run yet" in paths.html.read_text()
     assert paths.markdown.read_text().count("_No run yet") == 14  # benchmark, 12 studies, tuning
+
+
+def test_empty_tuning_section_suggests_a_command_that_parses(mlflow_store, tmp_path):
+    from flows.cli import build_parser
+    from flows.report_full import TUNE_EXAMPLE, build_report
+    from tasks.tracking import Tracker
+
+    args = build_parser().parse_args(TUNE_EXAMPLE.split()[1:])
+    args.precheck(args)  # its names are valid too
+    assert (args.command, args.trials) == ("tune", 10)
+    paths = build_report(Tracker.connect(), tmp_path)
+    assert f"<code>{TUNE_EXAMPLE}</code>" in paths.html.read_text()
+
+
+def test_runs_table_says_trained_for_the_benchmarks_own_cells(mlflow_store, tmp_path):
+    """A cell run that is a child of the latest finished benchmark was trained by it; a cell
+    found from an earlier benchmark was reused. The HTML caption names no terminal."""
+    from flows.report_full import build_report, stored_cell_results
+    from tasks.config import resolve_config
+    from tasks.reporting import results_table
+    from tasks.tracking import Tracker
+
+    selection = {"systems": ["integro_de"], "methods": ["node", "anode"]}
+    config = resolve_config("smoke", None, selection)
+    node, anode = config.cells()
+    t = Tracker.connect()
+    earlier = t.create_run("benchmark-smoke", {"nllab.kind": "benchmark"})
+    t.end_run(earlier, "FINISHED")
+    latest = t.create_run("benchmark-smoke", {"nllab.kind": "benchmark"})
+    for cell, parent in ((node, latest), (anode, earlier)):
+        run = t.create_run(
+            cell.key, {"nllab.kind": "cell", "config_hash": cell.config_hash()}, parent
+        )
+        t.log_metrics(run, {"test_rmse": 0.5})
+        t.end_run(run, "FINISHED")
+    t.end_run(latest, "FINISHED")
+
+    results = stored_cell_results(t, config)
+    assert [r.status for r in results] == ["finished", "reused"]
+    page = build_report(t, tmp_path, results=results).html.read_text()
+    runs = page[page.index("<th>status</th>") :]
+    assert "<td>trained</td>" in runs and "<td>reused</td>" in runs
+    assert "in a terminal" not in page and "best per system in bold" in page
+    assert "best per system marked *" in results_table(results).to_terminal()

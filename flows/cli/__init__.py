@@ -61,13 +61,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``nllab`` console script; returns the exit code."""
     args = build_parser().parse_args(argv)  # exits 2 on usage errors, 0 on --help
     configure_environment()  # offline switches and tracking defaults, before the stack loads
-    from datasets._cache import CacheError, require_writable_home
     from tasks.config import ConfigError
 
     try:
+        if (check := getattr(args, "precheck", None)) is not None:
+            check(args)  # names, files, registry URIs: before torch, MLflow or Prefect load
+        from datasets._cache import require_writable_home
+
         require_writable_home()
         return args.handler(args)
-    except (ConfigError, UsageError, CacheError) as e:
+    except (ConfigError, UsageError) as e:
         print(f"nllab {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -77,6 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return EXIT_INTERRUPTED
     except Exception as e:
+        cache = sys.modules.get("datasets._cache")
+        if cache is not None and isinstance(e, cache.CacheError):
+            print(f"nllab {args.command}: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
         # The tracking adapter is loaded by now if the store was the problem.
         tracking = sys.modules.get("tasks.tracking")
         if tracking is not None and isinstance(e, tracking.TrackingUnavailable):

@@ -7,7 +7,11 @@ usage errors never import torch, mlflow or prefect.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+import os
+import sqlite3
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import closing as contextlib_closing
+from pathlib import Path
 
 __all__ = [
     "EXIT_FAILED",
@@ -18,6 +22,8 @@ __all__ = [
     "UsageError",
     "add_runner_options",
     "add_selection",
+    "check_names",
+    "check_registry_uri",
     "parse_seeds",
     "split_names",
 ]
@@ -101,14 +107,19 @@ def add_selection(
         p.add_argument("--device", choices=DEVICES, help="default: auto")
 
 
-def add_training_options(p: argparse.ArgumentParser) -> None:
-    """``--epochs N --budget SECONDS``: the training budget of every cell."""
+def add_training_options(
+    p: argparse.ArgumentParser,
+    budget_default: str = "none; the quick profile trains each model its fixed epochs",
+) -> None:
+    """``--epochs N --budget SECONDS``: the training budget of every cell; ``budget_default``
+    says what the command does without ``--budget``."""
     p.add_argument("--epochs", type=int, metavar="N", help="override the profile's epochs")
     p.add_argument(
         "--budget",
         type=_budget,
         metavar="SECONDS",
-        help="training seconds each cell gets (quick profile: 25; 'none': no time limit)",
+        help="training seconds each cell gets at most (default: "
+        f"{budget_default}; 'none': no time limit)",
     )
 
 
@@ -166,3 +177,114 @@ def resolve(args: argparse.Namespace, profile: str | None = None):
         except RuntimeError as e:
             raise UsageError(str(e)) from None
     return config
+
+
+# -- checks before the heavy stack ------------------------------------------------------------
+# Names, files and registry URIs are checked with the standard library and pydantic only, so a
+# misspelt name answers in a fraction of a second; the full validation (model settings, value
+# ranges, memory) follows in :func:`resolve`, still before MLflow or Prefect load.
+
+
+def _invalid(where: str, message: str):
+    from tasks.config import ConfigError
+
+    return ConfigError(f"invalid configuration:\n  {where}: {message}")
+
+
+def _check(kind: str, where: str, names: Sequence[str] | None, valid: Sequence[str]) -> None:
+    if names is None:
+        return
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise _invalid(
+            where, f"unknown {kind} {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}"
+        )
+
+
+def check_names(
+    *,
+    systems: Sequence[str] | None = None,
+    methods: Sequence[str] | None = None,
+    config_file: str | None = None,
+) -> None:
+    """Check system and method names, and the config file's (that it exists and parses, and
+    the names and profile it holds), without importing numpy, torch, MLflow or Prefect.
+    Raises :class:`~tasks.config.ConfigError` (exit code 2) naming the valid choices."""
+    from tasks.config import METHODS, PROFILES, SYSTEM_NAMES, load_config_file
+
+    valid_methods = tuple(sorted(METHODS))
+    _check("system", "systems", systems, SYSTEM_NAMES)
+    _check("method", "methods", methods, valid_methods)
+    if config_file is None:
+        return
+    layer = load_config_file(config_file)
+    if "profile" in layer and layer["profile"] not in PROFILES:
+        profile = layer["profile"]
+        raise _invalid("profile", f"unknown profile {profile!r}; valid: {', '.join(PROFILES)}")
+    for key, valid in (("systems", SYSTEM_NAMES), ("methods", valid_methods)):
+        names = layer.get(key)
+        if isinstance(names, list | tuple) and all(isinstance(n, str) for n in names):
+            _check(key[:-1], key, names, valid)
+    for key in ("models", "method_epochs"):
+        if isinstance(layer.get(key), Mapping):
+            _check("method", key, list(layer[key]), valid_methods)
+
+
+def check_selection(args: argparse.Namespace) -> None:
+    """:func:`check_names` of the ``--systems``, ``--methods`` and ``--config`` arguments."""
+    check_names(
+        systems=split_names(getattr(args, "systems", None)),
+        methods=split_names(getattr(args, "methods", None)),
+        config_file=getattr(args, "config", None),
+    )
+
+
+def _store_uri() -> str:
+    """The tracking URI :class:`tasks.tracking.TrackingSettings` resolves by default, read
+    without MLflow (the embedded store's path mirrors ``datasets.data_home``)."""
+    if uri := os.environ.get("MLFLOW_TRACKING_URI"):
+        return uri
+    home = os.environ.get("NLLAB_HOME")
+    root = Path(home).expanduser().resolve() if home else Path.home() / ".nllab"
+    return f"sqlite:///{(root / 'mlflow' / 'mlflow.db').resolve()}"
+
+
+def check_registry_uri(uri: str) -> None:
+    """A registry URI's form (``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``) and, in an
+    embedded (sqlite) store, that the version exists: read with ``sqlite3``, without MLflow.
+    Raises :class:`UsageError` listing the registered models. A server store is asked later,
+    through MLflow."""
+    ref = uri.removeprefix("models:/") if uri.startswith("models:/") else ""
+    if not ref.strip("/"):
+        raise UsageError(
+            f"expected a registry URI 'models:/NAME@ALIAS' or 'models:/NAME/VERSION', got {uri!r}"
+        )
+    if "@" not in ref and "/" not in ref:
+        raise UsageError(f"{uri!r} names no version: use models:/{ref}@champion or models:/{ref}/1")
+    store = _store_uri()
+    if not store.startswith("sqlite:///"):
+        return
+    db_path = Path(store.removeprefix("sqlite:///"))
+    if "@" in ref:
+        name, alias = ref.split("@", 1)
+        query = "select 1 from registered_model_aliases where name = ? and alias = ?"
+        args: tuple[str, ...] = (name, alias)
+    else:
+        name, version = ref.rsplit("/", 1)
+        query = "select 1 from model_versions where name = ? and cast(version as text) = ?"
+        args = (name, version)
+    names: list[str] = []
+    if db_path.is_file():
+        try:
+            with contextlib_closing(
+                sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5)
+            ) as db:
+                if db.execute(query, args).fetchone() is not None:
+                    return
+                names = sorted(r[0] for r in db.execute("select name from registered_models"))
+        except sqlite3.Error:
+            return  # an old or busy store: MLflow itself answers later
+    raise UsageError(
+        f"no registered model version at {uri!r} in {store}; "
+        f"registered models: {', '.join(names) or 'none'}"
+    )

@@ -10,6 +10,7 @@ from flows.cli._common import (
     add_runner_options,
     add_selection,
     add_training_options,
+    check_selection,
     resolve,
 )
 
@@ -35,15 +36,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="use the best configuration of each (system, method)'s `nllab tune` study",
     )
     p.add_argument("--storage", metavar="URL", help="Optuna storage of the tuned studies")
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, precheck=check_selection)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()  # the figure printed is the user's wait, imports and Prefect included
+    config = resolve(args)  # bad values answer before MLflow and Prefect load
     from flows.benchmark import run_benchmark
 
-    config = resolve(args)
     if args.tuned:
         from tasks.tuning import apply_tuned
 

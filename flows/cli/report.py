@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from flows.cli._common import add_selection, resolve
+from flows.cli._common import add_selection, check_selection, resolve
 
 __all__ = ["add_parser", "run"]
 
@@ -36,13 +36,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="address of a running MLflow UI: run ids become links to it "
         "(default $NLLAB_MLFLOW_UI, or the tracking server)",
     )
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, precheck=check_selection)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     # With a profile named, bad values fail here, before MLflow loads.
     config = resolve(args) if args.profile else None
+    # Loading MLflow and reading every run takes seconds: say so before the first result.
+    print("nllab report: loading MLflow and reading the tracking store …", flush=True)
     from flows.report_full import report_command
 
     return report_command(args, config)

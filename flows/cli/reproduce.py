@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from flows.cli._common import add_runner_options
+from flows.cli._common import UsageError, add_runner_options, check_registry_uri
 
 __all__ = ["add_parser", "run"]
 
@@ -28,8 +28,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--fresh-data", action="store_true", help="re-simulate instead of reading the data cache"
     )
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, precheck=precheck)
     return p
+
+
+def precheck(args: argparse.Namespace) -> None:
+    """The ablation's name and the registry URI (in an embedded store, that the version
+    exists), before the heavy stack loads."""
+    from flows._study_catalog import ABLATIONS
+
+    if args.ablation is not None and args.ablation not in ABLATIONS:
+        raise UsageError(f"unknown ablation {args.ablation!r}; valid: {', '.join(ABLATIONS)}")
+    check_registry_uri(args.model_uri)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from flows.cli._common import UsageError
 
 __all__ = ["add_parser", "run"]
 
@@ -20,8 +23,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument("--port", type=int, default=4200, help="port for --start-server")
     p.add_argument("--check", action="store_true", help="validate and list, do not serve")
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, precheck=precheck)
     return p
+
+
+def precheck(args: argparse.Namespace) -> None:
+    """A schedules file named but missing answers before Prefect loads."""
+    if args.config is not None and not Path(args.config).is_file():
+        raise UsageError(f"schedules file {args.config!r} does not exist")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from flows.cli._common import add_selection, resolve
+from flows.cli._common import add_selection, check_selection, resolve
 
 __all__ = ["add_parser", "run"]
 
@@ -13,14 +13,14 @@ __all__ = ["add_parser", "run"]
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("simulate", help="simulate (or load from cache) the data sets")
     add_selection(p, methods=False, device=False)
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, precheck=check_selection)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
+    config = resolve(args)
     from tasks.cell import simulate_data
 
-    config = resolve(args)
     for system in config.systems:
         for seed in config.seeds:
             t0 = time.perf_counter()

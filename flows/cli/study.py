@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import ast
+from pathlib import Path
 
-from flows.cli._common import add_runner_options, add_training_options
+from flows.cli._common import (
+    UsageError,
+    add_runner_options,
+    add_training_options,
+    check_names,
+    split_names,
+)
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "study_help"]
 
 
 def _describe() -> str:
@@ -19,6 +27,46 @@ def _describe() -> str:
     )
 
 
+def study_help(name: str) -> str:
+    """The description ``nllab study NAME --help`` prints: the study's title, the paper's table
+    or figure it reproduces, and its module's docstring (read from the file, not imported)."""
+    from flows._study_catalog import STUDY_CATALOG
+
+    entry = STUDY_CATALOG[name]
+    source = Path(__file__).resolve().parent.parent / "studies" / f"{name.replace('-', '_')}.py"
+    try:
+        doc = ast.get_docstring(ast.parse(source.read_text())) or ""
+    except (OSError, SyntaxError):
+        doc = ""
+    text = f"nllab study {name}: {entry.title}.\nPaper: {entry.paper_ref}."
+    if doc:
+        text += "\n\n" + doc.replace("``", "`")
+    text += (
+        "\n\nIts tables, figures and the paper's numbers are logged to one MLflow parent run; "
+        "finished cells are reused."
+    )
+    return text
+
+
+class _StudyHelp(argparse.Action):
+    """``-h/--help``: after a study's name (``nllab study noise --help``), that study's help;
+    otherwise the list of studies."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from flows._study_catalog import STUDY_CATALOG
+
+        name = getattr(namespace, "name", None)
+        if name in STUDY_CATALOG:
+            parser.describe = None
+            parser.description = study_help(name)
+            parser.usage = f"nllab study {name} [options]"
+        parser.print_help()
+        parser.exit()
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     from tasks.config import DEVICES, PROFILES
 
@@ -26,6 +74,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "study",
         help="run one of the paper's studies (ablations, noise, ILT, NFE, CMI, …)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
+    )
+    p.add_argument(
+        "-h", "--help", action=_StudyHelp, help="show this help (after NAME: that study's help)"
     )
     p.describe = _describe  # built only when help is shown
     p.add_argument("name", metavar="NAME", help="a study (listed above; `nllab study --help`)")
@@ -34,11 +86,22 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--methods", nargs="+", metavar="NAME", help="default: the study's models")
     p.add_argument("--seeds", nargs="+", metavar="N", help="seeds, e.g. 0 1 2 or 0,1,2")
     p.add_argument("--device", choices=DEVICES, help="default: auto")
-    add_training_options(p)
+    add_training_options(
+        p, budget_default="quick profile: 20, with 30 epochs and patience 10; paper: none"
+    )
     p.add_argument("--max-workers", type=int, metavar="N", help="cells trained at once")
     add_runner_options(p)
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, precheck=precheck)
     return p
+
+
+def precheck(args: argparse.Namespace) -> None:
+    """The study's name and the system and method names, before the heavy stack loads."""
+    from flows._study_catalog import STUDY_CATALOG
+
+    if args.name not in STUDY_CATALOG:
+        raise UsageError(f"unknown study {args.name!r}; valid studies: {', '.join(STUDY_CATALOG)}")
+    check_names(systems=split_names(args.systems), methods=split_names(args.methods))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from flows.cli._common import add_runner_options, add_training_options
+from flows.cli._common import add_runner_options, add_training_options, check_names
 
 __all__ = ["add_parser", "run"]
 
@@ -34,11 +34,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--n-jobs", type=int, default=1, metavar="N", help="parallel trials")
     p.add_argument("--pruner", choices=("median", "hyperband"), default="median")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
-    add_training_options(p)
+    add_training_options(p, budget_default="none")
     p.add_argument("--device", choices=DEVICES, default="cpu")
     add_runner_options(p, default="thread")
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, precheck=precheck)
     return p
+
+
+def precheck(args: argparse.Namespace) -> None:
+    """The method, system and config file, before the heavy stack loads."""
+    check_names(systems=[args.system], methods=[args.method], config_file=args.config)
 
 
 def run(args: argparse.Namespace) -> int:
