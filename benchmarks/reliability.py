@@ -354,10 +354,11 @@ def home_faults(scratch: Path) -> None:
     shutil.move(model, model.with_name("model.aside"))
     r = _cli(copy, "reproduce", CHAMPION_URI)
     lines = r.stderr.strip().splitlines()
+    last = (lines or [""])[-1]
     ok = r.returncode in (2, 3) and len(_error_lines(r.stderr)) == 1 and champion in r.stderr
     ok = ok and "Traceback" not in r.stderr
     _row("reproduce, champion's model missing", ok, time.monotonic() - t0,
-         f"exit {r.returncode}, {len(lines)} stderr lines: …{(lines or [''])[-1][-100:]}")  # fmt: skip
+         f"exit {r.returncode}, {len(lines)} stderr lines: …{last[-100:]}")  # fmt: skip
     shutil.move(model.with_name("model.aside"), model)
 
     t0 = time.monotonic()
