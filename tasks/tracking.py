@@ -440,15 +440,15 @@ class Tracker:
         """Keep the home self-contained: point every artifact location the embedded store
         records (absolute paths, as MLflow stores them) at the artifact folder beside it.
 
-        Only for the embedded default layout. Any recorded root ``<somewhere>/mlflow/artifacts``
-        other than this home's is rewritten, whether or not it still exists: after ``cp -a`` of a
-        home, the copy's new runs, models and registry versions then live in the copy, never in
-        the original (which may be deleted without losing anything of the copy's). Idempotent,
-        so concurrent processes may both call it.
+        Only for the embedded default layout (this home's own ``mlflow.db``). Any recorded
+        root ``<somewhere>/mlflow/artifacts`` other than this home's is rewritten, whether or not
+        it still exists: after ``cp -a`` of a home, the copy's new runs, models and registry
+        versions then live in the copy, never in the original (which may be deleted without
+        losing anything of the copy's). Idempotent, so concurrent processes may both call it.
         """
         new = self.settings.artifact_root
         if (
-            not self.settings.is_embedded
+            self.settings.tracking_uri != embedded_tracking_uri()  # another home's store: not ours
             or os.environ.get("NLLAB_ARTIFACT_ROOT")
             or new != _embedded_artifact_root()
         ):
