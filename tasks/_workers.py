@@ -9,8 +9,10 @@ spawned processes by default; the Prefect task (a thread) just waits for its cel
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import CancelledError, Future
@@ -45,9 +47,22 @@ def _init_worker(stop) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _watch_parent(parent: int) -> None:
+    """Once the parent is gone (``kill -9``), stop the running cell at its next batch (its run
+    ends KILLED) and end this worker: no orphan trains on for a command that no longer exists."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    if _WORKER_STOP is not None:
+        _WORKER_STOP.set()
+    time.sleep(30)
+    os._exit(1)
+
+
 def _worker_main(conn: Connection, stop) -> None:
     """A worker's loop: run each ``(fn, args)`` it receives, send back ``(ok, value)``."""
     _init_worker(stop)
+    watcher = threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True)
+    watcher.start()
     while True:
         try:
             job = conn.recv()
@@ -61,9 +76,14 @@ def _worker_main(conn: Connection, stop) -> None:
         except BaseException as e:  # sent to the caller, who re-raises it
             reply = (False, e)
         try:
-            conn.send(reply)
-        except Exception as e:  # an unpicklable result or error
-            conn.send((False, RuntimeError(f"{type(e).__name__}: {e}")))
+            try:
+                conn.send(reply)
+            except (OSError, EOFError):
+                raise
+            except Exception as e:  # an unpicklable result or error
+                conn.send((False, RuntimeError(f"{type(e).__name__}: {e}")))
+        except (OSError, EOFError):
+            return  # the parent is gone
 
 
 def worker_stop_event():
