@@ -384,6 +384,16 @@ def home_faults(scratch: Path) -> None:
          f"reproduce then: exit {back.returncode}")  # fmt: skip
 
 
+def _epochs_logged(home: Path, n: int) -> bool:
+    """Whether a RUNNING cell run has logged ``n`` epochs."""
+    try:
+        rows = _sql(home, "SELECT COUNT(*) FROM metrics m JOIN runs r ON r.run_uuid = m.run_uuid "
+                    "WHERE r.status = 'RUNNING' AND m.key = 'train_loss'")  # fmt: skip
+    except sqlite3.Error:
+        return False
+    return rows[0][0] >= n
+
+
 def suspended(scratch: Path, stale: float = 60.0) -> None:
     """Ctrl-Z (SIGSTOP to the process group) of a benchmark mid-cell for longer than the
     claim's stale time (``stale`` seconds here, longer than a command's start), the same command
@@ -396,12 +406,16 @@ def suspended(scratch: Path, stale: float = 60.0) -> None:
     a = subprocess.Popen([sys.executable, "-m", "flows.cli", *one], cwd=ROOT, env=env, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          start_new_session=True)  # fmt: skip
-    while not _cell_runs(home, "RUNNING") and a.poll() is None:
+    # Stopped between epochs, not inside a cell's first burst of writes: a process stopped
+    # while it holds sqlite's write lock blocks every writer of the store until it resumes.
+    while not _epochs_logged(home, 3) and a.poll() is None:
         time.sleep(0.2)
     os.killpg(a.pid, signal.SIGSTOP)
     b = _cli(home, *one, env=env)
     os.killpg(a.pid, signal.SIGCONT)
     out_a = a.communicate()[0]
+    (home / "a.log").write_text(out_a)
+    (home / "b.log").write_text(b.stdout + b.stderr)
     finished = _finished_cells(_store_runs(home))
     twice = sum(len(ids) > 1 for ids in finished.values())
     waiting = (b.stdout + b.stderr).count("waiting for cell")
@@ -411,7 +425,7 @@ def suspended(scratch: Path, stale: float = 60.0) -> None:
     _row("suspended past the stale time", ok, time.monotonic() - t0,
          f"cells trained twice: {twice}; 'waiting for cell' lines: {waiting}; resumed run "
          f"ended KILLED (lost claim): {fenced}; exits {a.returncode}/{b.returncode}; "
-         f"resumed: {_summary(out_a)}")  # fmt: skip
+         f"resumed: {_summary(out_a)}; second: {_summary(b.stdout)}")  # fmt: skip
     for line in (b.stdout + b.stderr + out_a).splitlines():
         if "waiting for cell" in line or "lost its claim" in line:
             print(f"        {line.strip()[:160]}")
