@@ -264,8 +264,9 @@ def _create_embedded_store(db_path: Path, artifact_root: str | None) -> None:
 def _broken_store_message(db_path: Path, error: BaseException) -> str:
     if "database is locked" in str(error):
         return (
-            f"the MLflow store {db_path} is busy (locked by another process for too long); "
-            "run the command again"
+            f"the MLflow store {db_path} is busy (locked by another process for too long; a "
+            "process suspended with Ctrl-Z holds its lock until resumed with `fg`); run the "
+            "command again"
         )
     return (
         f"the MLflow store {db_path} cannot be opened ({type(error).__name__}: "
