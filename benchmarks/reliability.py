@@ -11,6 +11,14 @@
    finished cells lost or trained twice, runs left RUNNING, processes left behind, unusable stores.
 5. Two identical ``nllab benchmark`` commands on one fresh home, 3 s apart: exit codes, cells
    trained twice, tracebacks.
+6. ``home``: ``cp -a`` of a home then a benchmark on the copy (files written into the original;
+   the copy's champion reproduced after deleting the original); a FINISHED run's model deleted
+   (trained again, said in one line); the champion's model missing, then its run deleted and
+   purged (``reproduce``: one line, exit 2; a retrain replaces the alias).
+7. ``suspend``: Ctrl-Z of a benchmark mid-cell past the claim's stale time, the same command
+   meanwhile, then SIGCONT: cells trained twice, the waiting line, the resumed run fenced off.
+8. ``worker``: kill -9, then SIGTERM, of one worker process (process isolation): only its cell
+   fails, nothing stays RUNNING.
 
     PYTHONPATH=. python benchmarks/reliability.py [--tries 4] [--scratch /tmp/nllab-probes]
 """
@@ -248,11 +256,219 @@ def bad_inputs(scratch: Path) -> None:
     print(f"bad inputs: {len(cases)} tried, {clean} clear messages without a traceback")
 
 
+# -- second pass: a copied home, a deleted model, a purged champion, a suspended process, a dead
+# worker. Each row prints pass or FAIL and its seconds.
+PAIR = [
+    "--profile", "smoke", "--systems", "integro_de", "--methods", "node", "neural_laplace",
+    "--epochs", "5", "--max-workers", "2", "--no-progress",
+]  # fmt: skip
+CHAMPION_URI = "models:/neural-laplace-integro_de@champion"
+
+
+def _row(name: str, ok: bool, seconds: float, detail: str) -> None:
+    print(f"  {'pass' if ok else 'FAIL'}  {name:<34} {seconds:6.1f} s  {detail}", flush=True)
+
+
+def _cli(home: Path, *args: str, env: dict[str, str] | None = None):
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT,
+                          env=env or _env(home), capture_output=True, text=True)  # fmt: skip
+
+
+def _summary(out: str) -> str:
+    return next((ln for ln in reversed(out.splitlines()) if " cells: " in ln), "?").strip()
+
+
+def _error_lines(err: str) -> list[str]:
+    return [ln for ln in err.splitlines() if "error" in ln.lower()]
+
+
+def _cell_runs(home: Path, status: str | None = None) -> list[tuple[str, str, str, str]]:
+    """``(run id, status, config hash, artifact uri)`` of the active cell runs."""
+    return [
+        (run_id, st, h, _artifact_uri(home, run_id))
+        for run_id, st, kind, h in _store_runs(home)
+        if kind == "cell" and (status is None or st == status)
+    ]
+
+
+def _sql(home: Path, query: str, *args: object) -> list[tuple]:
+    db = home / "mlflow" / "mlflow.db"
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+        return con.execute(query, args).fetchall()
+
+
+def _artifact_uri(home: Path, run_id: str) -> str:
+    return _sql(home, "SELECT artifact_uri FROM runs WHERE run_uuid = ?", run_id)[0][0]
+
+
+def _tag(home: Path, run_id: str, key: str) -> str | None:
+    rows = _sql(home, "SELECT value FROM tags WHERE run_uuid = ? AND key = ?", run_id, key)
+    return rows[0][0] if rows else None
+
+
+def _champion_run(home: Path) -> str:
+    query = (
+        "SELECT v.run_id FROM registered_model_aliases a JOIN model_versions v "
+        "ON v.name = a.name AND v.version = a.version WHERE a.name = ? AND a.alias = 'champion'"
+    )
+    return _sql(home, query, "neural-laplace-integro_de")[0][0]
+
+
+def _files(folder: Path) -> dict[str, int]:
+    return {str(p): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+
+
+def home_faults(scratch: Path) -> None:
+    """A copied home, a FINISHED run whose model was deleted, a champion whose model or run is
+    gone: each on one home, in that order."""
+    print("a copied home, deleted models, a purged champion")
+    base = _fresh(scratch / "home")
+    orig, copy = base / "orig", base / "copy"
+    t0 = time.monotonic()
+    first = _cli(orig, "benchmark", *PAIR, "--seeds", "0")
+    shutil.copytree(orig, copy, symlinks=True)  # cp -a
+    before = _files(orig)
+    second = _cli(copy, "benchmark", *PAIR, "--seeds", "0", "1")  # 2 reused, 2 new cells
+    after = _files(orig)
+    touched = sum(after.get(f) != m for f, m in before.items()) + len(set(after) - set(before))
+    shutil.rmtree(orig)
+    again = _cli(copy, "reproduce", CHAMPION_URI)
+    ok = first.returncode == second.returncode == again.returncode == 0 and touched == 0
+    _row("copied home stays independent", ok, time.monotonic() - t0,
+         f"files written into the original: {touched}; reproduce in the copy after deleting "
+         f"the original: exit {again.returncode}; {_summary(second.stdout)}")  # fmt: skip
+
+    t0 = time.monotonic()
+    champion = _champion_run(copy)
+    victim = next(r for r, _, _, _ in _cell_runs(copy, "FINISHED") if r != champion)
+    shutil.rmtree(_artifact_uri(copy, victim))
+    rerun = _cli(copy, "benchmark", *PAIR, "--seeds", "0", "1")
+    told = [ln for ln in (rerun.stdout + rerun.stderr).splitlines() if victim in ln]
+    summary = _summary(rerun.stdout)
+    ok = rerun.returncode == 0 and "1 finished, 3 reused" in summary and len(told) == 1
+    _row("finished run without its model", ok, time.monotonic() - t0,
+         f"{summary}; lines naming the run: {len(told)}")  # fmt: skip
+
+    t0 = time.monotonic()
+    model = Path(_artifact_uri(copy, champion)) / "model"
+    shutil.move(model, model.with_name("model.aside"))
+    r = _cli(copy, "reproduce", CHAMPION_URI)
+    lines = r.stderr.strip().splitlines()
+    last = (lines or [""])[-1]
+    ok = r.returncode in (2, 3) and len(_error_lines(r.stderr)) == 1 and champion in r.stderr
+    ok = ok and "Traceback" not in r.stderr
+    _row("reproduce, champion's model missing", ok, time.monotonic() - t0,
+         f"exit {r.returncode}, {len(lines)} stderr lines: …{last[-100:]}")  # fmt: skip
+    shutil.move(model.with_name("model.aside"), model)
+
+    t0 = time.monotonic()
+    purge = (
+        "import sys; from mlflow import MlflowClient; "
+        "MlflowClient(sys.argv[1]).delete_run(sys.argv[2])"
+    )
+    uri = f"sqlite:///{copy / 'mlflow' / 'mlflow.db'}"
+    subprocess.run([sys.executable, "-c", purge, uri, champion], env=_env(copy), check=True)
+    subprocess.run([sys.executable, "-m", "mlflow", "gc", "--backend-store-uri", uri,
+                    "--run-ids", champion], env={**_env(copy), "MLFLOW_TRACKING_URI": uri},
+                   check=True, capture_output=True)  # fmt: skip
+    r = _cli(copy, "reproduce", CHAMPION_URI)
+    gone_ok = r.returncode in (2, 3) and len(_error_lines(r.stderr)) == 1
+    gone_ok = gone_ok and "Traceback" not in r.stderr
+    rerun = _cli(copy, "benchmark", *PAIR, "--seeds", "0", "1")  # trains the purged cell again
+    replaced = _champion_run(copy) != champion
+    back = _cli(copy, "reproduce", CHAMPION_URI)
+    ok = gone_ok and rerun.returncode == 0 and replaced and back.returncode == 0
+    _row("champion's run deleted and purged", ok, time.monotonic() - t0,
+         f"reproduce exit {r.returncode} ({(_error_lines(r.stderr) or [''])[0][:60]}...); "
+         f"retrain: {_summary(rerun.stdout)}; alias replaced: {replaced}; "
+         f"reproduce then: exit {back.returncode}")  # fmt: skip
+
+
+def _epochs_logged(home: Path, n: int) -> bool:
+    """Whether a RUNNING cell run has logged ``n`` epochs."""
+    try:
+        rows = _sql(home, "SELECT COUNT(*) FROM metrics m JOIN runs r ON r.run_uuid = m.run_uuid "
+                    "WHERE r.status = 'RUNNING' AND m.key = 'train_loss'")  # fmt: skip
+    except sqlite3.Error:
+        return False
+    return rows[0][0] >= n
+
+
+def suspended(scratch: Path, stale: float = 60.0) -> None:
+    """Ctrl-Z (SIGSTOP to the process group) of a benchmark mid-cell for longer than the
+    claim's stale time (``stale`` seconds here, longer than a command's start), the same command
+    meanwhile, then SIGCONT."""
+    home = _fresh(scratch / "suspended")
+    env = {**_env(home), "NLLAB_CLAIM_STALE_SECONDS": str(stale)}
+    one = ["benchmark", "--profile", "smoke", "--systems", "integro_de", "--methods",
+           "neural_laplace", "--seeds", "0", "--epochs", "150", "--no-progress"]  # fmt: skip
+    t0 = time.monotonic()
+    a = subprocess.Popen([sys.executable, "-m", "flows.cli", *one], cwd=ROOT, env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         start_new_session=True)  # fmt: skip
+    # Stopped between epochs, not inside a cell's first burst of writes: a process stopped
+    # while it holds sqlite's write lock blocks every writer of the store until it resumes.
+    while not _epochs_logged(home, 3) and a.poll() is None:
+        time.sleep(0.2)
+    os.killpg(a.pid, signal.SIGSTOP)
+    b = _cli(home, *one, env=env)
+    os.killpg(a.pid, signal.SIGCONT)
+    out_a = a.communicate()[0]
+    (home / "a.log").write_text(out_a)
+    (home / "b.log").write_text(b.stdout + b.stderr)
+    finished = _finished_cells(_store_runs(home))
+    twice = sum(len(ids) > 1 for ids in finished.values())
+    waiting = (b.stdout + b.stderr).count("waiting for cell")
+    killed = [r for r, st, _, _ in _cell_runs(home, "KILLED")]
+    fenced = sum("lost its claim" in (_tag(home, r, "error") or "") for r in killed)
+    ok = twice == 0 and waiting == 1 and fenced == 1 and a.returncode == b.returncode == 0
+    _row("suspended past the stale time", ok, time.monotonic() - t0,
+         f"cells trained twice: {twice}; 'waiting for cell' lines: {waiting}; resumed run "
+         f"ended KILLED (lost claim): {fenced}; exits {a.returncode}/{b.returncode}; "
+         f"resumed: {_summary(out_a)}; second: {_summary(b.stdout)}")  # fmt: skip
+    for line in (b.stdout + b.stderr + out_a).splitlines():
+        if "waiting for cell" in line or "lost its claim" in line:
+            print(f"        {line.strip()[:160]}")
+
+
+def worker_death(scratch: Path) -> None:
+    """kill -9, then SIGTERM, of one worker process (process isolation) mid-cell."""
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        home = _fresh(scratch / f"worker-{sig.name}")
+        cfg = home / "isolation.toml"
+        cfg.write_text('isolation = "process"\n')
+        args = ["benchmark", "--profile", "smoke", "--systems", "integro_de",
+                "piecewise_forcing_ode", "--methods", "node", "neural_laplace", "--seeds", "0",
+                "--epochs", "20", "--max-workers", "2", "--no-progress", "--no-register",
+                "--config", str(cfg)]  # fmt: skip
+        t0 = time.monotonic()
+        p = _nllab(home, *args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        victim = None
+        while victim is None and p.poll() is None:
+            time.sleep(0.2)
+            running = _cell_runs(home, "RUNNING")
+            if running:
+                victim = int((_tag(home, running[0][0], "nllab.process") or "0").split(":")[0])
+        if victim:
+            os.kill(victim, sig)
+        out = p.communicate()[0]
+        runs = _cell_runs(home)
+        count = {st: sum(x[1] == st for x in runs) for st in ("FINISHED", "FAILED", "RUNNING")}
+        ok = count == {"FINISHED": 3, "FAILED": 1, "RUNNING": 0} and "BrokenProcessPool" not in out
+        _row(f"{sig.name} of one worker", ok, time.monotonic() - t0,
+             f"cell runs {count}; exit {p.returncode}; BrokenProcessPool "
+             f"{out.count('BrokenProcessPool')}, tracebacks {out.count('Traceback')}; "
+             f"{_summary(out)}")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tries", type=int, default=4)
     ap.add_argument("--scratch", type=Path, default=Path("/tmp/nllab-probes"))
-    ap.add_argument("--only", choices=("race", "ctrl-c", "bad", "kill9", "twins"))
+    ap.add_argument(
+        "--only",
+        choices=("race", "ctrl-c", "bad", "kill9", "twins", "home", "suspend", "worker"),
+    )
     ap.add_argument(
         "--kill-at",
         type=float,
@@ -274,6 +490,12 @@ def main() -> None:
         kill9(a.scratch, a.kill_at)
     if a.only in (None, "twins"):
         twins(a.scratch)
+    if a.only in (None, "home"):
+        home_faults(a.scratch)
+    if a.only in (None, "suspend"):
+        suspended(a.scratch)
+    if a.only in (None, "worker"):
+        worker_death(a.scratch)
 
 
 if __name__ == "__main__":

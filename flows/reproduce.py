@@ -44,6 +44,7 @@ __all__ = [
     "ablation_cells",
     "add_reproduce_parser",
     "cmd_reproduce",
+    "deleted_run_warning",
     "reproduce",
     "reproduce_flow",
     "resolve_model",
@@ -69,14 +70,37 @@ class ModelRef:
     name: str
     version: str
     run_id: str
+    run_deleted: bool = False  # the source run is soft-deleted (restorable) but still usable
 
 
 def resolve_model(tracker: Tracker, uri: str) -> ModelRef:
-    """The model version and source run of ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``."""
+    """The model version and source run of ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``.
+
+    Raises ``LookupError`` in one line when there is no such version, or when its source run
+    was purged from the store or its model artifact is missing (naming that run).
+    """
     name, version, run_id = tracker.model_version(uri)
     if not run_id:
         raise LookupError(f"{uri!r} (version {version}) has no source run to reproduce")
-    return ModelRef(uri, name, version, run_id)
+    # a soft-deleted run is still usable (with a warning) while its model is there
+    problem = tracker.run_problem(run_id, allow_deleted=True)
+    if problem is not None:
+        raise LookupError(
+            f"{uri} points at version {version} of {name!r} (run {run_id}), but {problem}; run "
+            f"`nllab benchmark` again to train and register a new champion"
+        )
+    deleted = tracker.get_run_data(run_id).info.lifecycle_stage == "deleted"
+    return ModelRef(uri, name, version, run_id, deleted)
+
+
+def deleted_run_warning(ref: ModelRef) -> str | None:
+    """The one-line warning for a model whose source run is soft-deleted, or ``None``."""
+    if not ref.run_deleted:
+        return None
+    return (
+        f"warning: the source run {ref.run_id} of {ref.uri} is deleted (restore it in the "
+        "MLflow UI, or `mlflow gc` will purge it and this model with it)"
+    )
 
 
 # -- verification -------------------------------------------------------------------------------
@@ -314,8 +338,11 @@ def _ablation_table(name: str | None, rows: list[tuple[Any, CellResult]]) -> str
 
 
 def reproduce(uri: str, ablation: str | None = None, **kwargs: Any) -> ReproduceResult:
-    # A wrong URI fails here, in seconds, before Prefect starts (``LookupError``).
-    resolve_model(Tracker.connect(), uri)
+    # A wrong URI, a purged run or a missing model fails here, in seconds, before Prefect
+    # starts (``LookupError``).
+    warning = deleted_run_warning(resolve_model(Tracker.connect(), uri))
+    if warning is not None:
+        print(f"nllab reproduce: {warning}", file=sys.stderr)
     with flow_settings():
         return reproduce_flow(uri, ablation, **kwargs)
 

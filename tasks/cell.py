@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 import tempfile
 import threading
 import time
@@ -34,7 +35,7 @@ from tasks.modelio import ModelSpec, model_params, resolved_model_args, save_mod
 from tasks.packing import prefers_one_by_one, train_packed
 from tasks.placement import place_pack
 from tasks.reporting import CellResult, stored_result
-from tasks.tracking import Tracker, TrackingSettings, claim_owner
+from tasks.tracking import RunRecord, Tracker, TrackingSettings, claim_owner
 from tasks.training import (
     EpochRecord,
     TrainingDiverged,
@@ -45,6 +46,7 @@ from tasks.training import (
 
 __all__ = [
     "CellRuntime",
+    "ClaimLost",
     "FitOutcome",
     "fit_cells",
     "pack_key",
@@ -430,6 +432,43 @@ def _evaluate_and_log(
 #: Seconds between checks while another process trains a cell this one also needs.
 CLAIM_POLL_SECONDS = 2.0
 
+_TOLD: set[str] = set()
+_TOLD_LOCK = threading.Lock()
+
+
+def notify_once(key: str, message: str) -> None:
+    """Tell the user ``message`` once per ``key`` in this process: on the flow's log inside a
+    Prefect run, else on stderr (worker processes share the terminal)."""
+    with _TOLD_LOCK:
+        if key in _TOLD:
+            return
+        _TOLD.add(key)
+    try:
+        from prefect import get_run_logger
+
+        get_run_logger().warning(message)
+    except Exception:  # no Prefect run here (a worker process, a plain call)
+        print(f"nllab: {message}", file=sys.stderr, flush=True)
+
+
+def reusable_run(tracker: Tracker, cell: CellConfig) -> RunRecord | None:
+    """The cell's finished run if its model is present and loads; else ``None`` (and, when a
+    finished run's model is unusable, the user is told once why the cell is trained again)."""
+    h = cell.config_hash()
+    found, broken = tracker.reusable_cells([h])
+    if h in broken:
+        tell_unusable(cell, *broken[h])
+    return found.get(h)
+
+
+def tell_unusable(cell: CellConfig, record: RunRecord, problem: str) -> None:
+    """Tell the user once why ``cell``'s finished run ``record`` is not reused."""
+    notify_once(
+        f"unusable:{record.run_id}",
+        f"cell {cell.key}: not reusing its finished run {record.run_id}: {problem}; "
+        "training it again",
+    )
+
 
 def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
     """Train and evaluate ``cells`` (one pack: see :func:`pack_key`) in their own MLflow child
@@ -437,9 +476,11 @@ def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
 
     Each cell is claimed in the store first (:meth:`tasks.tracking.Tracker.cell_claim`), so two
     processes on one store never train the same cell: a cell claimed elsewhere is awaited and
-    reused when it finishes, or taken over when its claim goes stale. A failed member's run ends
-    FAILED with its error; the others finish. Ctrl-C (``KeyboardInterrupt``) still propagates,
-    after ending every open run as KILLED.
+    reused when it finishes, or taken over when its claim goes stale. A process that lost its
+    claim while it trained (suspended past the stale time, its cell taken over) does not log the
+    cell FINISHED: its run ends KILLED and it awaits the new holder's result. A failed member's
+    run ends FAILED with its error; the others finish. Ctrl-C (``KeyboardInterrupt``) still
+    propagates, after ending every open run as KILLED.
     """
     tracker = rt.tracker
     owner = claim_owner()
@@ -451,12 +492,14 @@ def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
             h = c.config_hash()
             if not claims.enter_context(tracker.cell_claim(h, owner)):
                 elsewhere.append(c)
-            elif (done := tracker.finished_cells([h]).get(h)) is not None:
+            elif (done := reusable_run(tracker, c)) is not None:
                 results[h] = stored_result(c.system, c.method, c.seed, done)  # finished meanwhile
             else:
                 mine.append(c)
         if mine:
-            results.update((r.config_hash, r) for r in _train_pack(mine, rt))
+            lost: list[CellConfig] = []
+            results.update((r.config_hash, r) for r in _train_pack(mine, rt, owner, lost))
+            elsewhere += lost
     for c in elsewhere:
         results[c.config_hash()] = _await_cell(c, rt)
     return [results[c.config_hash()] for c in cells]
@@ -464,11 +507,11 @@ def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
 
 def _await_cell(cell: CellConfig, rt: CellRuntime) -> CellResult:
     """The result of a cell another process has claimed: reused once it finishes there, trained
-    here if its claim is released or goes stale first."""
+    here if its claim is released or goes stale first. Says once whom it waits for."""
     tracker, h = rt.tracker, cell.config_hash()
     stop = rt.stop if rt.stop is not None else worker_stop_event()
     while True:
-        if (done := tracker.finished_cells([h]).get(h)) is not None:
+        if (done := reusable_run(tracker, cell)) is not None:
             return stored_result(cell.system, cell.method, cell.seed, done)
         if stop is not None and stop.is_set():
             return CellResult(
@@ -479,18 +522,38 @@ def _await_cell(cell: CellConfig, rt: CellRuntime) -> CellResult:
                 config_hash=h,
                 error="interrupted while another process trained it",
             )
-        with tracker.cell_claim(h, claim_owner()) as mine:
+        owner = claim_owner()
+        with tracker.cell_claim(h, owner) as mine:
             if mine:
-                if (done := tracker.finished_cells([h]).get(h)) is not None:
+                if (done := reusable_run(tracker, cell)) is not None:
                     return stored_result(cell.system, cell.method, cell.seed, done)
-                return _train_pack([cell], rt)[0]
+                lost: list[CellConfig] = []
+                (result,) = _train_pack([cell], rt, owner, lost)
+                if not lost:
+                    return result
+            elif (holder := tracker.claim_holder(h)) is not None:
+                notify_once(
+                    f"waiting:{h}:{holder}",
+                    f"waiting for cell {cell.key} ({h[:12]}), held by {holder}",
+                )
         time.sleep(CLAIM_POLL_SECONDS)
 
 
-def _train_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
-    """:func:`run_pack` for cells this process holds the claims of."""
+def _train_pack(
+    cells: Sequence[CellConfig],
+    rt: CellRuntime,
+    owner: str | None = None,
+    lost: list[CellConfig] | None = None,
+) -> list[CellResult]:
+    """:func:`run_pack` for cells this process holds the claims of (as ``owner``, if given).
+
+    With ``owner``, each cell's claim is checked (:meth:`~tasks.tracking.Tracker.holds_cell`,
+    the fence) before its run is ended FINISHED; a cell whose claim was lost meanwhile ends
+    KILLED instead, is appended to ``lost`` and comes back ``interrupted``.
+    """
     tracker = rt.tracker
     hashes = [c.config_hash() for c in cells]
+    tokens = [None if owner is None else tracker.claim_generation(h, owner) for h in hashes]
     run_ids: list[str] = []
     try:
         for c, h in zip(cells, hashes, strict=True):
@@ -506,10 +569,26 @@ def _train_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult
         )
         return [_unfinished(c, h, status, e) for c, h in zip(cells, hashes, strict=True)]
     results = []
-    for c, h, r, out in zip(cells, hashes, run_ids, outcomes, strict=True):
+    for c, h, r, out, token in zip(cells, hashes, run_ids, outcomes, tokens, strict=True):
         if not isinstance(out, FitOutcome):  # this member diverged; the others went on
             tracker.end_with_error(r, out)
             results.append(_unfinished(c, h, "failed", out))
+            continue
+        if owner is not None and not tracker.holds_cell(h, owner, token):
+            # Fenced: another process took the cell over (this one was stopped past the stale
+            # time); its run is the cell's one FINISHED run, this one must not be another.
+            holder = tracker.claim_holder(h) or "another process (since released)"
+            lost_claim = ClaimLost(
+                f"this process lost its claim on cell {c.key} while training it (stopped "
+                f"longer than the claim's stale time); {holder} took it over, so this run "
+                "is not logged as FINISHED"
+            )
+            tracker.set_tags(r, {"error": f"ClaimLost: {lost_claim}"})
+            tracker.end_run(r, "KILLED")
+            notify_once(f"lost:{r}", str(lost_claim))
+            if lost is not None:
+                lost.append(c)
+            results.append(_unfinished(c, h, "interrupted", lost_claim))
             continue
         tracker.end_run(r, "FINISHED")
         results.append(
@@ -526,6 +605,10 @@ def _train_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult
             )
         )
     return results
+
+
+class ClaimLost(RuntimeError):
+    """A cell's claim was taken over while this process trained it; its run ends KILLED."""
 
 
 def _unfinished(

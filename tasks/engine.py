@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tasks._workers import worker_pool_active, worker_processes
-from tasks.cell import CellRuntime, pack_key
+from tasks.cell import CellRuntime, pack_key, tell_unusable
 from tasks.config import CellConfig, DataConfig
 from tasks.placement import Measure, gpu_pack_size, place_pack, split_evenly
 from tasks.prefect_tasks import PackFailed, pack_task, simulate_task
@@ -69,13 +69,21 @@ CPU_PACK_MEMBERS = 5
 def stored_results(
     tracker: Tracker, cells: Sequence[CellConfig]
 ) -> tuple[list[CellResult], list[CellConfig]]:
-    """Split cells into those with a finished run in the store (as results) and those to run."""
-    done = tracker.finished_cells(c.config_hash() for c in cells)
+    """Split cells into those with a finished run in the store (as results) and those to run.
+
+    A finished run counts only if its model artifact is present and loads
+    (:meth:`tasks.tracking.Tracker.reusable_cells`); otherwise its cell is run again and the
+    user is told why, in one line per run.
+    """
+    done, broken = tracker.reusable_cells(c.config_hash() for c in cells)
     reused, todo = [], []
     for c in cells:
-        rec = done.get(c.config_hash())
+        h = c.config_hash()
+        rec = done.get(h)
         if rec is None:
             todo.append(c)
+            if h in broken:
+                tell_unusable(c, *broken[h])
         else:
             reused.append(stored_result(c.system, c.method, c.seed, rec))
     return reused, todo

@@ -12,7 +12,7 @@ from dataclasses import replace
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks._workers import WorkerStopped, run_in_worker, worker_pool_active
+from tasks._workers import WorkerDied, WorkerStopped, run_in_worker, worker_pool_active
 from tasks.cell import CellRuntime, run_pack, simulate_data
 from tasks.config import CellConfig, DataConfig, cell_variant
 from tasks.reporting import CellResult
@@ -56,9 +56,24 @@ def pack_task(cells: list[CellConfig], runtime: CellRuntime) -> list[CellResult]
         results = run_in_worker(run_pack, cells, runtime)
     except WorkerStopped:
         return [_not_started(c) for c in cells]
+    except WorkerDied as e:
+        # Its worker died mid-pack (kill -9, SIGTERM): only these cells fail, their runs too.
+        runtime.tracker.end_runs_of_process(e.pid, f"WorkerDied: {e}")
+        results = [_died(c, e) for c in cells]
     if any(r.status == "failed" for r in results):
         raise PackFailed(results)
     return results
+
+
+def _died(cell: CellConfig, error: WorkerDied) -> CellResult:
+    return CellResult(
+        cell.system,
+        cell.method,
+        cell.seed,
+        "failed",
+        config_hash=cell.config_hash(),
+        error=f"WorkerDied: {error}",
+    )
 
 
 def _not_started(cell: CellConfig) -> CellResult:

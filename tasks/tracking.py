@@ -62,8 +62,19 @@ RunStatus = Literal["FINISHED", "FAILED", "KILLED"]
 _MAX_TAG = 5000
 _PARAM_BATCH = 100
 _METRIC_BATCH = 1000
-#: Seconds without a heartbeat after which another process may take over a claimed cell.
-CLAIM_STALE_AFTER = 600.0
+
+
+def _stale_after_from_env(default: float = 600.0) -> float:
+    try:
+        value = float(os.environ.get("NLLAB_CLAIM_STALE_SECONDS") or default)
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+#: Seconds without a heartbeat after which another process may take over a claimed cell
+#: (``NLLAB_CLAIM_STALE_SECONDS`` overrides the 600 s, e.g. for fault probes).
+CLAIM_STALE_AFTER = _stale_after_from_env()
 #: Tags recording which process owns a run, so a later start can end runs whose process is gone.
 _HOST_TAG, _PROC_TAG = "nllab.host", "nllab.process"
 _CLAIMS_KIND = "claims"
@@ -73,6 +84,7 @@ _KIND_TAG, _KIND_ML = "mlflow.experimentKind", "custom_model_development"
 _SHARED_VIEW_TAG = "mlflow.sharedViewState."
 #: The key of the results view of the runs page (``?viewStateShareKey=``).
 UI_VIEW_KEY = "nllab-results"
+_BOOKKEEPING_PREFIX = "nllab-bookkeeping-"
 
 
 class TrackingUnavailable(RuntimeError):
@@ -112,8 +124,7 @@ def relocate_artifacts(db_path: str | Path, old_root: str, new_root: str) -> int
         ("experiments", "artifact_location"),
         ("runs", "artifact_uri"),
         ("logged_models", "artifact_location"),
-        # a registry version of a logged model records where its files were
-        ("model_versions", "storage_location"),
+        ("model_versions", "storage_location"),  # a registered logged model's own folder
     )
     changed = 0
     with sqlite3.connect(str(db_path), timeout=60) as db:
@@ -136,6 +147,40 @@ def relocate_artifacts(db_path: str | Path, old_root: str, new_root: str) -> int
             )
             changed += cur.rowcount
     return changed
+
+
+def _foreign_artifact_roots(db_path: str | Path, root: str) -> list[str]:
+    """Artifact roots of the embedded default layout (``.../mlflow/artifacts``) that an
+    embedded store's experiments record, other than ``root``: those of the home it was
+    copied or moved from."""
+    import sqlite3
+
+    suffix = "/mlflow/artifacts"
+    with contextlib.closing(sqlite3.connect(str(db_path), timeout=60)) as db:
+        rows = db.execute("select distinct artifact_location from experiments").fetchall()
+    found = []
+    for (location,) in rows:
+        loc = (location or "").removeprefix("file://").rstrip("/")
+        if "://" in loc or not loc.endswith(suffix) or loc == root:
+            continue
+        found.append(location.rstrip("/"))
+    return found
+
+
+def _local_path(uri: str | None) -> Path | None:
+    """The folder of a local artifact URI (a plain path or ``file://``), else ``None``."""
+    if not uri:
+        return None
+    if uri.startswith("file://"):
+        from mlflow.utils.file_utils import local_file_uri_to_path
+
+        return Path(local_file_uri_to_path(uri))
+    return None if ":" in uri.split("/", 1)[0] else Path(uri)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error)
+    return text.splitlines()[0] if text else ""
 
 
 def _host_id() -> str:
@@ -226,8 +271,9 @@ def _create_embedded_store(db_path: Path, artifact_root: str | None) -> None:
 def _broken_store_message(db_path: Path, error: BaseException) -> str:
     if "database is locked" in str(error):
         return (
-            f"the MLflow store {db_path} is busy (locked by another process for too long); "
-            "run the command again"
+            f"the MLflow store {db_path} is busy (locked by another process for too long; a "
+            "process suspended with Ctrl-Z holds its lock until resumed with `fg`); run the "
+            "command again"
         )
     return (
         f"the MLflow store {db_path} cannot be opened ({type(error).__name__}: "
@@ -323,6 +369,7 @@ class RunRecord:
     test_rmse: float | None
     tags: Mapping[str, str]
     metrics: Mapping[str, float] = field(default_factory=dict)
+    artifact_uri: str | None = None
 
 
 @dataclass(frozen=True)
@@ -376,6 +423,7 @@ class Tracker:
                 except Exception as e:
                     raise TrackingUnavailable(_broken_store_message(db_path, e)) from None
                 tracker = cls._open(settings, db_path)
+        tracker._retire_old_claims_runs()
         tracker.end_stale_runs()
         return tracker
 
@@ -399,24 +447,25 @@ class Tracker:
         return tracker
 
     def _follow_moved_home(self) -> None:
-        """After ``$NLLAB_HOME`` was moved, point the embedded store's recorded artifact
-        locations (absolute paths, as MLflow stores them) at the artifact folder beside it.
+        """Keep the home self-contained: point every artifact location the embedded store
+        records (absolute paths, as MLflow stores them) at the artifact folder beside it.
 
-        Only for the embedded default layout, and only when the recorded folder is gone: the
-        runs, their models and the registry (whose versions point at ``runs:/`` URIs) then work
-        from the new place. Idempotent, so concurrent processes may both call it.
+        Only for the embedded default layout (this home's own ``mlflow.db``). Any recorded
+        root ``<somewhere>/mlflow/artifacts`` other than this home's is rewritten, whether or not
+        it still exists: after ``cp -a`` of a home, the copy's new runs, models and registry
+        versions then live in the copy, never in the original (which may be deleted without
+        losing anything of the copy's). Idempotent, so concurrent processes may both call it.
         """
         new = self.settings.artifact_root
         if (
-            not self.settings.is_embedded
+            self.settings.tracking_uri != embedded_tracking_uri()  # another home's store: not ours
             or os.environ.get("NLLAB_ARTIFACT_ROOT")
             or new != _embedded_artifact_root()
         ):
             return
-        old = self.client.get_experiment(self.experiment_id).artifact_location
-        if not old or old == new or "://" in old or Path(old).exists():
-            return
-        relocate_artifacts(self.settings.tracking_uri.removeprefix("sqlite:///"), old, new)
+        db = self.settings.tracking_uri.removeprefix("sqlite:///")
+        for old in _foreign_artifact_roots(db, new):
+            relocate_artifacts(db, old, new)
 
     def _ensure_experiment(self) -> str:
         name = self.settings.experiment
@@ -724,29 +773,81 @@ class Tracker:
             ended.append(r.info.run_id)
         return ended
 
+    def end_runs_of_process(self, pid: int, error: str, status: RunStatus = "FAILED") -> list[str]:
+        """End ``status`` (tag ``error``) every RUNNING run that process ``pid`` of this host
+        created, e.g. a worker process that died mid-cell; their ids."""
+        host, ended = _host_id(), []
+        for r in list(self._search("attributes.status = 'RUNNING'")):
+            tags = r.data.tags
+            if tags.get(_HOST_TAG) == host and tags.get(_PROC_TAG, "").split(":")[0] == str(pid):
+                self.set_tags(r.info.run_id, {"error": error[:_MAX_TAG]})
+                self.end_run(r.info.run_id, status)
+                ended.append(r.info.run_id)
+        return ended
+
     # -- cell claims ------------------------------------------------------------------------
-    # A claim on a config hash is the param ``claim.<hash>.<generation>`` of one "claims" run of
-    # the experiment. Params are write-once in every MLflow store (a second value for the same
-    # key is refused by the database's unique key), so exactly one owner wins each generation,
-    # on sqlite, Postgres or a tracking server alike. The tag ``claim.<hash>.<generation>.beat``
-    # holds the owner's latest heartbeat (epoch seconds) or ``released``; a stale or released
-    # generation is taken over by claiming the next one.
+    # A claim on a config hash is the param ``claim.<hash>.<generation>`` of one "claims" run.
+    # Params are write-once in every MLflow store (a second value for the same key is refused by
+    # the database's unique key), so exactly one owner wins each generation, on sqlite, Postgres
+    # or a tracking server alike. The tag ``claim.<hash>.<generation>.beat`` holds the owner's
+    # latest heartbeat (epoch seconds) or ``released``; a stale or released generation is taken
+    # over by claiming the next one. The generation is the claim's fencing token: a holder writes
+    # a cell's final state only while its generation is still the newest (:meth:`holds_cell`).
+    #
+    # The claims run lives in a bookkeeping experiment of its own (``nllab-bookkeeping-<id>``, one
+    # per experiment), so a user browsing the experiment's runs never sees it; every host of a
+    # shared tracking server finds it by that name.
+
+    def _bookkeeping_experiment(self) -> str:
+        name = f"{_BOOKKEEPING_PREFIX}{self.experiment_id}"
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        note = (
+            f"nllab bookkeeping of experiment {self.settings.experiment!r} (id "
+            f"{self.experiment_id}): cell claims and heartbeats. No results here; it is kept out "
+            "of the experiment's run list on purpose. Do not delete it while nllab runs."
+        )
+        try:
+            return self.client.create_experiment(
+                name,
+                artifact_location=self.settings.artifact_root,
+                tags={"mlflow.note.content": note, "nllab.kind": "bookkeeping"},
+            )
+        except MlflowException:
+            exp = self.client.get_experiment_by_name(name)  # created meanwhile by another
+            if exp is None:
+                raise
+            return exp.experiment_id
 
     def _claims_run(self) -> str:
         if self._claims_run_id is None:
             query = f"tags.`nllab.kind` = '{_CLAIMS_KIND}'"
-            runs = list(self._search(query))
+            exp_id = self._bookkeeping_experiment()
+            runs = self.client.search_runs([exp_id], query, max_results=100)
             if not runs:
                 with self._store_lock():
-                    runs = list(self._search(query))
+                    runs = self.client.search_runs([exp_id], query, max_results=100)
                     if not runs:
-                        run_id = self.create_run("nllab-claims", {"nllab.kind": _CLAIMS_KIND})
-                        self.end_run(run_id, "FINISHED")  # bookkeeping, never "running"
-                        runs = list(self._search(query))
+                        run = self.client.create_run(
+                            exp_id, run_name="nllab-claims", tags={"nllab.kind": _CLAIMS_KIND}
+                        )
+                        self.end_run(run.info.run_id, "FINISHED")  # bookkeeping, never "running"
+                        runs = self.client.search_runs([exp_id], query, max_results=100)
             # Processes of a server store that create it at once settle on the oldest one.
             first = min(runs, key=lambda r: (r.info.start_time, r.info.run_id))
             self._claims_run_id = first.info.run_id
         return self._claims_run_id
+
+    def _retire_old_claims_runs(self) -> list[str]:
+        """Delete (MLflow's soft delete: hidden, restorable) the claims runs that older versions
+        kept in the experiment itself; their claims are ignored (a cell claimed only there can be
+        claimed again at once). Their ids."""
+        old = [r.info.run_id for r in self._search(f"tags.`nllab.kind` = '{_CLAIMS_KIND}'")]
+        for run_id in old:
+            with contextlib.suppress(MlflowException):  # deleted meanwhile by another process
+                self.client.delete_run(run_id)
+        return old
 
     def _claims_data(self):
         return self.client.get_run(self._claims_run()).data
@@ -800,6 +901,44 @@ class Tracker:
             return False
         self._beat(config_hash, state.generation, repr(time.time()))
         return True
+
+    def holds_cell(self, config_hash: str, owner: str, generation: int | None = None) -> bool:
+        """The fence before a cell's final write: whether ``owner`` still holds the newest claim
+        on ``config_hash`` (of ``generation``, the fencing token of :meth:`claim_generation`,
+        when given); if so the claim's heartbeat is renewed, so that no other process can take it
+        over for the next ``stale_after`` seconds.
+
+        A holder suspended (``SIGSTOP``, a laptop lid) past the stale time may have lost its
+        claim to a process that trained the cell meanwhile: it must then not log the cell as
+        FINISHED (which would give one config hash two finished runs).
+        """
+        state = self._claim_state(config_hash)
+        if state is None or state.owner != owner or state.beat is None:
+            return False
+        if generation is not None and state.generation != generation:
+            return False
+        self._beat(config_hash, state.generation, repr(time.time()))
+        return True
+
+    def claim_generation(self, config_hash: str, owner: str) -> int | None:
+        """The generation (fencing token) of ``owner``'s live claim on ``config_hash``, or
+        ``None`` if it holds none."""
+        state = self._claim_state(config_hash)
+        if state is None or state.owner != owner or state.beat is None:
+            return None
+        return state.generation
+
+    def claim_holder(self, config_hash: str) -> str | None:
+        """Who holds the claim on ``config_hash``, for people: ``pid P on host H since T``
+        (``T`` in UTC), or ``None`` when nobody holds it."""
+        state = self._claim_state(config_hash)
+        if state is None or state.beat is None:
+            return None
+        parts = state.owner.split("/")
+        host = parts[0].split("[", 1)[0] if parts else state.owner
+        pid = parts[1].split(":", 1)[0] if len(parts) > 1 else "?"
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(state.at))
+        return f"pid {pid} on host {host} since {since}"
 
     def release_cell(self, config_hash: str, owner: str) -> None:
         """Give up ``owner``'s claim (no-op if it does not hold it)."""
@@ -857,23 +996,80 @@ class Tracker:
 
     def finished_cells(self, hashes: Iterable[str]) -> dict[str, RunRecord]:
         """Finished cell runs with one of these config hashes (the newest per hash)."""
+        return self.reusable_cells(hashes, check_model=False)[0]
+
+    def reusable_cells(
+        self, hashes: Iterable[str], *, check_model: bool = True
+    ) -> tuple[dict[str, RunRecord], dict[str, tuple[RunRecord, str]]]:
+        """``(reusable, unusable)``: per config hash, the newest finished cell run whose model
+        artifact is present and loads (:meth:`model_problem`); and, for hashes that have
+        finished runs but none with a usable model, the newest such run and what is wrong
+        with it (the cell must be trained again). ``check_model=False``: any finished run."""
         wanted = set(hashes)
         found: dict[str, RunRecord] = {}
+        broken: dict[str, tuple[RunRecord, str]] = {}
         runs = self._search(
             "tags.`nllab.kind` = 'cell' and attributes.status = 'FINISHED'",
             order_by=["attributes.start_time DESC"],
         )
         for r in runs:
             h = r.data.tags.get("config_hash")
-            if h in wanted and h not in found:
-                found[h] = RunRecord(
-                    r.info.run_id,
-                    h,
-                    r.data.metrics.get("test_rmse"),
-                    dict(r.data.tags),
-                    dict(r.data.metrics),
-                )
-        return found
+            if h not in wanted or h in found:
+                continue
+            record = RunRecord(
+                r.info.run_id,
+                h,
+                r.data.metrics.get("test_rmse"),
+                dict(r.data.tags),
+                dict(r.data.metrics),
+                r.info.artifact_uri,
+            )
+            problem = self.model_problem(record) if check_model else None
+            if problem is None:
+                found[h] = record
+                broken.pop(h, None)
+            else:
+                broken.setdefault(h, (record, problem))
+        return found, broken
+
+    def model_problem(self, record: RunRecord, artifact_path: str = "model") -> str | None:
+        """Why the model logged by a finished cell run cannot be used, or ``None`` when it is
+        present and loads. Local artifacts are loaded (:func:`tasks.modelio.load_model`: the
+        weights read back into the model); a remote artifact store is only listed."""
+        uri = record.artifact_uri or self.client.get_run(record.run_id).info.artifact_uri
+        local = _local_path(uri)
+        if local is None:
+            try:
+                listed = self.client.list_artifacts(record.run_id, artifact_path)
+            except Exception as e:
+                return f"its model cannot be listed ({type(e).__name__}: {_first_line(e)})"
+            if not listed and not self._logged_model_folders(record.run_id):
+                return f"its model is missing from the artifact store ({uri}/{artifact_path})"
+            return None
+        from tasks.modelio import load_model
+
+        folder = local / artifact_path
+        if not folder.is_dir():
+            logged = self._logged_model_folders(record.run_id)
+            if not logged:
+                return f"its model folder {folder} is missing"
+            folder = logged[0]
+        try:
+            load_model(folder)
+        except Exception as e:
+            return f"its model at {folder} does not load ({type(e).__name__}: {_first_line(e)})"
+        return None
+
+    def _logged_model_folders(self, run_id: str) -> list[Path]:
+        """Local artifact folders of MLflow 3 logged models whose source is ``run_id``."""
+        try:
+            models = self.client.search_logged_models(
+                [self.experiment_id], filter_string=f"source_run_id = '{run_id}'"
+            )
+        except Exception:
+            return []
+        paths = [_local_path(m.artifact_location) for m in models]
+        return [p for p in paths if p is not None and p.is_dir()]
 
     def child_runs(self, parent_run_id: str) -> list:
         return list(self._search(f"tags.`mlflow.parentRunId` = '{parent_run_id}'"))
@@ -936,10 +1132,14 @@ class Tracker:
         """Register ``run_id``'s model as a new version of ``name`` and move the champion alias
         to it, only if it beats the current champion's test RMSE (lower is better).
 
-        Existing versions are never deleted or overwritten, and a run already registered under
-        ``name`` (say, by a process killed before it moved the alias) is not registered again:
-        its version is reused.
+        The registry never points at nothing: a deleted run (or one whose model is gone) is
+        never promoted, and a champion whose run was deleted (soft or purged) or whose model is
+        gone is replaced by any usable run, even one of equal RMSE. Existing versions are never
+        deleted or overwritten, and a run already registered under ``name`` (say, by a process
+        killed before it moved the alias) is not registered again: its version is reused.
         """
+        if self.run_problem(run_id, artifact_path) is not None:
+            return Promotion(name, False, None, test_rmse, None)
         try:
             self.client.create_registered_model(
                 name, description="Best Neural Laplace model of this system (lowest test RMSE)."
@@ -954,7 +1154,8 @@ class Tracker:
             if current.run_id == run_id:
                 return Promotion(name, False, str(current.version), test_rmse, test_rmse)
             previous = float(current.tags.get("test_rmse", "inf"))
-            if not test_rmse < previous:
+            gone = current.run_id and self.run_problem(current.run_id, artifact_path)
+            if not gone and not test_rmse < previous:
                 return Promotion(name, False, None, test_rmse, previous)
         same_run = self.client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
         if same_run:
@@ -963,6 +1164,20 @@ class Tracker:
             version = str(self._register(name, run_id, artifact_path, test_rmse))
         self.client.set_registered_model_alias(name, CHAMPION, version)
         return Promotion(name, True, version, test_rmse, previous)
+
+    def run_problem(
+        self, run_id: str, artifact_path: str = "model", *, allow_deleted: bool = False
+    ) -> str | None:
+        """Why ``run_id``'s model cannot serve (its run deleted, unless ``allow_deleted``;
+        purged; or its model gone), or ``None``."""
+        try:
+            run = self.client.get_run(run_id)
+        except MlflowException:
+            return f"its run {run_id} no longer exists (deleted and purged)"
+        if run.info.lifecycle_stage == "deleted" and not allow_deleted:
+            return f"its run {run_id} is deleted"
+        record = RunRecord(run_id, "", None, {}, {}, run.info.artifact_uri)
+        return self.model_problem(record, artifact_path)
 
     def _register(self, name: str, run_id: str, artifact_path: str, test_rmse: float) -> str:
         """A new version of ``name`` pointing at the run's logged model (``models:/<id>``), or,

@@ -1,0 +1,252 @@
+"""Faults a user meets: a copied home that must stay independent of the original, a finished run
+whose model was deleted, a claimant that lost its claim while stopped, a worker process killed
+mid-cell, a registry alias whose run is gone, and bookkeeping kept out of the user's runs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from nlmodels import build_model
+from tasks.cell import CellRuntime, run_pack
+from tasks.config import CellConfig, TrainConfig
+from tasks.engine import stored_results
+from tasks.modelio import ModelSpec, load_model, save_model
+from tasks.tracking import Tracker
+from tasks.training import seeded
+
+
+def _use_home(monkeypatch, home: Path) -> None:
+    monkeypatch.setenv("NLLAB_HOME", str(home))
+    for var in ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def _cell_run(t: Tracker, tmp: Path, config_hash: str, rmse: float = 0.5) -> str:
+    """A FINISHED cell run of ``config_hash`` with a saved (untrained) model, as a cell logs it."""
+    with seeded(0):
+        model = build_model("node", 1)
+    with t.run("cell", {"nllab.kind": "cell", "config_hash": config_hash}) as run_id:
+        save_model(model, ModelSpec(method="node", state_dim=1, test_rmse=rmse), tmp / run_id)
+        t.log_artifact(run_id, tmp / run_id, "model")
+        t.log_metrics(run_id, {"test_rmse": rmse})
+    return run_id
+
+
+def _artifacts(t: Tracker, run_id: str) -> Path:
+    return Path(t.get_run_data(run_id).info.artifact_uri)
+
+
+def _cell(seed: int, epochs: int = 2) -> CellConfig:
+    return CellConfig(
+        system="integro_de",
+        method="node",
+        seed=seed,
+        data={"n_trajectories": 24, "n_points": 30},
+        training=TrainConfig(epochs=epochs, batch_size=8),
+    )
+
+
+# -- a self-contained home -----------------------------------------------------------------------
+def test_a_copied_home_writes_only_into_itself(tmp_path, monkeypatch):
+    A, B = "a1" * 32, "b2" * 32
+    _use_home(monkeypatch, tmp_path / "orig")
+    t = Tracker.connect()
+    first = _cell_run(t, tmp_path / "m", A)
+    assert t.promote_if_better("neural-laplace-copy", first, 0.5).promoted
+    shutil.copytree(tmp_path / "orig", tmp_path / "copy", symlinks=True)  # cp -a
+
+    _use_home(monkeypatch, tmp_path / "copy")
+    c = Tracker.connect()
+    second = _cell_run(c, tmp_path / "m", B)
+    for run in (first, second):
+        assert _artifacts(c, run).is_relative_to(tmp_path / "copy")
+    assert not [p for p in (tmp_path / "orig").rglob("*") if second in p.name]
+
+    shutil.rmtree(tmp_path / "orig")  # loses nothing of the copy's
+    found, broken = c.reusable_cells([A, B])
+    assert set(found) == {A, B} and not broken
+    champion = c.download_model("models:/neural-laplace-copy@champion", tmp_path / "d")
+    assert load_model(champion)[1].test_rmse == 0.5
+
+
+def test_a_finished_run_without_a_usable_model_is_trained_again(mlflow_store, tmp_path, capsys):
+    t = Tracker.connect()
+    gone, corrupt, fine = _cell(0), _cell(1), _cell(2)
+    runs = {c.seed: _cell_run(t, tmp_path, c.config_hash()) for c in (gone, corrupt, fine)}
+    reused, todo = stored_results(t, [gone, corrupt, fine])
+    assert len(reused) == 3 and not todo
+
+    shutil.rmtree(_artifacts(t, runs[0]) / "model")
+    (weights,) = [p for p in (_artifacts(t, runs[1]) / "model").iterdir() if p.suffix != ".json"]
+    weights.write_bytes(b"not a torch file")
+    capsys.readouterr()
+    reused, todo = stored_results(t, [gone, corrupt, fine])
+    assert [r.run_id for r in reused] == [runs[2]] and todo == [gone, corrupt]
+    err = capsys.readouterr().err.splitlines()
+    for seed, why in ((0, "is missing"), (1, "does not load")):
+        (line,) = [ln for ln in err if runs[seed] in ln]  # one line each, naming the run
+        assert why in line and "training it again" in line
+    stored_results(t, [gone, corrupt])
+    assert not capsys.readouterr().err  # said once
+
+
+# -- no double training --------------------------------------------------------------------------
+def test_a_claimant_that_lost_its_claim_does_not_log_finished(
+    mlflow_store, tmp_path, monkeypatch, capsys
+):
+    import tasks.cell as cell_module
+
+    monkeypatch.setattr(cell_module, "CLAIM_POLL_SECONDS", 0.05)
+    t = Tracker.connect()
+    rt = CellRuntime.for_tracker(t, parent_run_id=None, profile="smoke", device="cpu")
+    cell = _cell(5)
+    h = cell.config_hash()
+    thief = "host-x[1]/4242:7/abcd"
+    real = cell_module.fit_cells
+    taken: list[str] = []
+
+    def stopped_past_the_stale_time(cells, rt_, run_ids, **kw):
+        out = real(cells, rt_, run_ids, **kw)
+        # While this process was stopped, another host took the stale claim over and trains
+        # the cell; it finishes it a moment later.
+        assert t.claim_cell(h, thief, stale_after=0.0)
+
+        def finish_elsewhere() -> None:
+            taken.append(_cell_run(t, tmp_path, h, rmse=0.25))
+            t.release_cell(h, thief)
+
+        threading.Timer(0.5, finish_elsewhere).start()
+        return out
+
+    monkeypatch.setattr(cell_module, "fit_cells", stopped_past_the_stale_time)
+    (result,) = run_pack([cell], rt)
+    assert result.status == "reused" and result.run_id == taken[0]
+    runs = t.client.search_runs([t.experiment_id], f"tags.config_hash = '{h}'")
+    status = sorted(r.info.status for r in runs)
+    assert status == ["FINISHED", "KILLED"]  # one FINISHED run for the config hash
+    (killed,) = [r for r in runs if r.info.status == "KILLED"]
+    assert "lost its claim" in killed.data.tags["error"]
+    err = capsys.readouterr().err
+    assert err.count("waiting for cell") == 1
+    assert "held by pid 4242 on host host-x since" in err
+
+
+# -- a worker's death fails its own cell ---------------------------------------------------------
+def test_a_dead_worker_fails_only_its_own_call():
+    from tasks._workers import WorkerDied, run_in_worker, worker_pids, worker_processes
+
+    with worker_processes(2), ThreadPoolExecutor(2) as ex:
+        calls = [ex.submit(run_in_worker, time.sleep, 3) for _ in range(2)]
+        deadline = time.monotonic() + 60
+        while len(worker_pids()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        victim = worker_pids()[0]
+        os.kill(victim, signal.SIGKILL)
+        outcomes = []
+        for call in calls:
+            try:
+                outcomes.append(call.result())
+            except WorkerDied as e:
+                outcomes.append(e)
+        died = [o for o in outcomes if isinstance(o, WorkerDied)]
+        assert len(died) == 1 and outcomes.count(None) == 1
+        assert died[0].pid == victim and "SIGKILL" in str(died[0])
+        # the pool replaced the dead worker and goes on
+        assert run_in_worker(os.getpid) not in (victim, os.getpid())
+    assert worker_pids() == []
+
+
+def test_kill_9_of_one_worker_fails_only_its_cell(mlflow_store):
+    from tasks._workers import worker_processes
+    from tasks.prefect_tasks import PackFailed, pack_task
+
+    t = Tracker.connect()
+    rt = CellRuntime.for_tracker(t, parent_run_id=None, profile="smoke", device="cpu")
+    doomed, survivor = _cell(6, epochs=3000), _cell(7, epochs=2)
+
+    def run(cell: CellConfig):
+        try:
+            return pack_task.fn([cell], rt)
+        except PackFailed as e:
+            return list(e.results)
+
+    with worker_processes(2), ThreadPoolExecutor(2) as ex:
+        futures = [ex.submit(run, doomed), ex.submit(run, survivor)]
+        query = f"tags.config_hash = '{doomed.config_hash()}' and attributes.status = 'RUNNING'"
+        deadline = time.monotonic() + 120
+        while not (running := t.client.search_runs([t.experiment_id], query)):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        os.kill(int(running[0].data.tags["nllab.process"].split(":")[0]), signal.SIGKILL)
+        (lost,), (kept,) = (f.result(timeout=180) for f in futures)
+    assert lost.status == "failed" and "WorkerDied" in lost.error
+    assert kept.status == "finished"
+    runs = {r.data.tags["seed"]: r for r in t.client.search_runs([t.experiment_id], "")}
+    assert runs["6"].info.status == "FAILED" and "died" in runs["6"].data.tags["error"]
+    assert runs["7"].info.status == "FINISHED"
+
+
+# -- the registry never points at nothing --------------------------------------------------------
+def test_an_alias_whose_run_is_gone_is_replaced_and_reproduce_says_so(
+    mlflow_store, tmp_path, capsys
+):
+    from mlflow.tracking._tracking_service.utils import _get_store
+
+    from flows.reproduce import (
+        add_reproduce_parser,
+        cmd_reproduce,
+        deleted_run_warning,
+        resolve_model,
+    )
+
+    t = Tracker.connect()
+    name, h = "neural-laplace-gone", "c3" * 32
+    uri = f"models:/{name}@champion"
+    champion = _cell_run(t, tmp_path, h)
+    assert t.promote_if_better(name, champion, 0.5).promoted
+    deleted = _cell_run(t, tmp_path, h, rmse=0.1)
+    t.client.delete_run(deleted)
+    assert not t.promote_if_better(name, deleted, 0.1).promoted  # a deleted run is skipped
+
+    t.client.delete_run(champion)  # soft-deleted: still reproducible, with a warning
+    warning = deleted_run_warning(resolve_model(t, uri))
+    assert warning and champion in warning and "\n" not in warning
+
+    _get_store()._hard_delete_run(champion)  # as `mlflow gc` does
+    parser = argparse.ArgumentParser()
+    add_reproduce_parser(parser.add_subparsers())
+    capsys.readouterr()
+    assert cmd_reproduce(parser.parse_args(["reproduce", uri])) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and champion in err and "Traceback" not in err
+
+    again = _cell_run(t, tmp_path, h)  # an equal retrain replaces the alias
+    p = t.promote_if_better(name, again, 0.5)
+    assert p.promoted and t.champion(name) == (p.version, again)
+
+    shutil.rmtree(_artifacts(t, again) / "model")  # a champion without its model: replaced too
+    third = _cell_run(t, tmp_path, h, rmse=0.9)
+    assert t.promote_if_better(name, third, 0.9).promoted
+    assert resolve_model(t, uri).run_id == third
+
+
+# -- bookkeeping out of sight --------------------------------------------------------------------
+def test_claims_are_not_runs_of_the_users_experiment(mlflow_store):
+    t = Tracker.connect()
+    # a store of an older version: its claims run sits in the experiment itself
+    old = t.create_run("nllab-claims", {"nllab.kind": "claims"})
+    t.end_run(old, "FINISHED")
+    t = Tracker.connect()  # migration: the old run is deleted (hidden, restorable)
+    assert t.get_run_data(old).info.lifecycle_stage == "deleted"
+    assert t.claim_cell("e5" * 32, "owner-a") and t.heartbeat_cell("e5" * 32, "owner-a")
+    assert not t.claim_cell("e5" * 32, "owner-b")
+    assert t.client.search_runs([t.experiment_id], "") == []  # the user sees no run
+    holder = t.claim_holder("e5" * 32)
+    assert holder is not None and holder.startswith("pid ")
