@@ -93,13 +93,16 @@ def test_child_runs_hold_params_metrics_tags_artifacts(first):
         assert 0 < metrics["test_top_share"] <= 1
         assert metrics["test_rmse_without_top"] <= metrics["test_rmse"]
         files = {f.path for f in t.client.list_artifacts(run.info.run_id)}
-        assert {"config.json", "plots", "model"} <= files
+        assert {"config.json", "plots"} <= files
         plots = {f.path for f in t.client.list_artifacts(run.info.run_id, "plots")}
         assert plots == {"plots/loss_curves.png", "plots/extrapolation.png"}
-        model = {f.path for f in t.client.list_artifacts(run.info.run_id, "model")}
-        assert {"model/MLmodel", "model/pyfunc_model.py", "model/artifacts"} <= model
-        weights = {f.path for f in t.client.list_artifacts(run.info.run_id, "model/artifacts")}
-        assert weights == {"model/artifacts/weights"}
+        # the model is the run's MLflow 3 logged model, with its own artifacts
+        model_id = t.logged_model_id(run.info.run_id)
+        assert model_id is not None
+        model = {f.path for f in t.client.list_logged_model_artifacts(model_id)}
+        assert {"MLmodel", "pyfunc_model.py", "artifacts"} <= model
+        weights = {f.path for f in t.client.list_logged_model_artifacts(model_id, "artifacts")}
+        assert weights == {"artifacts/weights"}
         # the fully resolved constructor arguments, defaults included
         assert params["model.state_dim"] == params["state_dim"]
         if tags["method"] == "neural_laplace":
