@@ -682,7 +682,8 @@ class _Run:
             for b_i, start in enumerate(range(0, n_train, bs)):
                 if stop is not None and stop.is_set():
                     raise TrainingInterrupted(
-                        f"{self.labels[pack.members[0]]}: stopped at epoch {epoch}"
+                        f"{', '.join(self.labels[m] for m in pack.members)}: stopped at "
+                        f"epoch {epoch}"
                     )
                 batch = min(bs, n_train - start)
                 n_step += 1
