@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import logging
 import os
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from tasks.config import RunConfig
 
-__all__ = ["flow_settings", "guarded_servers", "make_task_runner"]
+__all__ = ["flow_settings", "guarded_servers", "make_task_runner", "quiet_environment_faults"]
 
 # The interpreter's last full garbage collection at exit walks the whole heap that Prefect, MLflow
 # and torch built (seconds on a busy machine, after Ctrl-C too); the OS frees it all anyway.
@@ -145,11 +146,38 @@ def _guard_temporary_server() -> None:
         _GuardedServer()
 
 
+class _QuietEnvironmentFaults(logging.Filter):
+    """Drops console records about a fault of the environment (a full disk, a server gone):
+    ``nllab`` reports it once, in one line, and writes the traceback to a log file
+    (:mod:`flows.cli._faults`); Prefect would print one traceback per failed task and flow."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from flows.cli._faults import describe_fault, names_fault
+
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None and describe_fault(error) is not None:
+            return False
+        return not names_fault(record.getMessage())
+
+
+_QUIET = _QuietEnvironmentFaults()
+
+
+def quiet_environment_faults() -> None:
+    """Put :class:`_QuietEnvironmentFaults` on the console handlers (idempotent)."""
+    for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs"):
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, logging.StreamHandler) and _QUIET not in handler.filters:
+                handler.addFilter(_QUIET)
+
+
 @contextmanager
 def flow_settings() -> Iterator[None]:
     """Settings for a flow call: no heartbeat (it adds ~1 s per flow call on the local server),
-    and a temporary API server that survives the terminal's Ctrl-C and dies with this process."""
+    a temporary API server that survives the terminal's Ctrl-C and dies with this process, and
+    no console tracebacks of environment faults (reported once by the command line)."""
     _guard_temporary_server()
+    quiet_environment_faults()
     with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
 

@@ -59,11 +59,12 @@ def tune_flow(spec: TuneSpec) -> TuneResult:
         try:
             # Queued trials (the paper point, retries of stale ones) run here first: claiming a
             # WAITING trial is not atomic on sqlite, so two shards could both take the same one.
-            queued = session.counts()[TrialState.WAITING]
-            session.optimize(min(queued, session.remaining()), 1)
-            shards = split_trials(session.remaining(), spec.n_jobs)
-            logger.info("study %s: %s trials on Dask", spec.study_name, shards)
-            wait([trials_task.submit(spec, session.parent_run_id, n) for n in shards])
+            with sigterm_interrupts():
+                queued = session.counts()[TrialState.WAITING]
+                session.optimize(min(queued, session.remaining()), 1)
+                shards = split_trials(session.remaining(), spec.n_jobs)
+                logger.info("study %s: %s trials on Dask", spec.study_name, shards)
+                wait([trials_task.submit(spec, session.parent_run_id, n) for n in shards])
         except BaseException as e:
             session.end_parent(e)
             raise

@@ -565,9 +565,13 @@ class _Session:
                 return  # every trial of the round failed: the study ends short, as reported
 
     def end_parent(self, error: BaseException) -> None:
-        """End the parent run because of ``error``: KILLED for Ctrl-C or SIGTERM, else FAILED."""
+        """End the parent run because of ``error``: KILLED for Ctrl-C, SIGTERM or any other
+        interruption that is not an error (a ``BaseException`` such as Prefect's termination
+        signal), else FAILED with the error as its tag."""
         try:
-            self.tracker.end_with_error(self.parent_run_id, error)
+            self.tracker.set_tags(self.parent_run_id, {"error": f"{type(error).__name__}: {error}"})
+            killed = not isinstance(error, Exception)
+            self.tracker.end_run(self.parent_run_id, "KILLED" if killed else "FAILED")
         except Exception:  # the store itself may be what failed; the error is reported anyway
             logging.getLogger(__name__).debug("could not end the parent run", exc_info=True)
 
@@ -644,7 +648,10 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
     FAIL and the parent run KILLED; the next call runs the missing trials."""
     session = open_session(spec)
     try:
-        session.run_to_total()
+        # Inside the flow too: Prefect's engine installs a SIGTERM handler of its own that
+        # Optuna does not see as an interruption (the trial would stay RUNNING).
+        with sigterm_interrupts():
+            session.run_to_total()
     except BaseException as e:
         session.end_parent(e)
         raise

@@ -209,8 +209,8 @@ def test_execution_settings_are_apart_from_the_experiment(tmp_path):
 @pytest.mark.parametrize(
     ("toml", "line"),
     [
-        ('[models.node]\nhidden = "128"', "models: node setting 'hidden' must be a list of integers"),
-        ("[models.node]\nhidden = 128", "models: node setting 'hidden' must be a list of integers"),
+        ('[models.node]\nhidden = "128"', "node setting 'hidden' must be a list of integers"),
+        ("[models.node]\nhidden = 128", "node setting 'hidden' must be a list of integers"),
         ("[training]\nepochs = true", "training.epochs: must be an integer, got true"),
         ('[training]\nlr = "1e-3"', 'training.lr: must be a number, got "1e-3"'),
         ('[models.neural_laplace]\nlatent_dim = "4"', "'latent_dim' must be an integer, got \"4\""),
@@ -259,5 +259,5 @@ def test_seeds_beyond_32_bits_are_refused():
 
 
 def test_an_experiment_name_longer_than_mlflow_allows_is_a_config_error():
-    with pytest.raises(ConfigError, match="tracking.experiment: String should have at most 500"):
+    with pytest.raises(ConfigError, match=r"tracking\.experiment: String should have at most 500"):
         resolve_config("smoke", overrides={"tracking": {"experiment": "x" * 501}})

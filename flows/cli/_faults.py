@@ -22,6 +22,7 @@ __all__ = [
     "check_free_space",
     "connect_error",
     "describe_fault",
+    "names_fault",
     "write_log",
 ]
 
@@ -93,6 +94,13 @@ def _chain(error: BaseException) -> list[BaseException]:
         seen.append(error)
         error = error.__cause__ or error.__context__
     return seen
+
+
+def names_fault(message: str) -> bool:
+    """Whether a log message is about a full disk (e.g. Prefect's "Finished in state Failed
+    ('... database or disk is full')")."""
+    text = message.lower()
+    return any(marker in text for marker in _DISK_FULL)
 
 
 def describe_fault(error: BaseException, home: Path | None = None) -> str | None:
