@@ -481,6 +481,7 @@ def serve_pair(scratch: Path) -> None:
             out1 = second.communicate()[0]
         seconds = time.monotonic() - t0
         last = (out1.strip().splitlines() or ["?"])[-1]
+        (scratch / "serve-second.log").write_text(out1)
         _row("the server stopped under the second", second.returncode == 3
              and "Traceback" not in out1, f"exit {second.returncode} after {seconds:.1f} s, "
              f"tracebacks {out1.count('Traceback')} | {last[:90]}")  # fmt: skip

@@ -14,6 +14,7 @@ command explains how to start one.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import subprocess
 import sys
@@ -442,6 +443,29 @@ def pause_deployments(names: list[str]) -> None:
             client.pause_deployment(client.read_deployment_by_name(name).id)
 
 
+_CONNECTION_MODULES = ("websockets", "httpx", "httpcore")
+
+
+class _NoConnectionTracebacks(logging.Filter):
+    """Keeps the line of a console record about a lost connection to the server (Prefect's
+    runner logs one per reconnect attempt), without its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        module = type(error).__module__ if error is not None else ""
+        if isinstance(error, OSError) or module.split(".")[0] in _CONNECTION_MODULES:
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _quiet_connection_errors() -> None:
+    quiet = _NoConnectionTracebacks()
+    for name in ("", "prefect"):
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, logging.StreamHandler):
+                handler.addFilter(quiet)
+
+
 def _interrupt_main() -> None:
     """Stop ``serve`` in the main thread as Ctrl-C does."""
     import signal
@@ -488,6 +512,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             )
             lease.beat()
             lease.watch(_interrupt_main)
+            _quiet_connection_errors()
             # Not Prefect's pause of every served deployment at exit: another instance may
             # serve them too. This one pauses what no other live instance serves (below).
             try:
