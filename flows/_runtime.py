@@ -33,7 +33,13 @@ from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from tasks.config import RunConfig
 
-__all__ = ["flow_settings", "guarded_servers", "make_task_runner", "quiet_environment_faults"]
+__all__ = [
+    "flow_settings",
+    "guarded_servers",
+    "make_task_runner",
+    "quiet_environment_faults",
+    "server_log",
+]
 
 # The interpreter's last full garbage collection at exit walks the whole heap that Prefect, MLflow
 # and torch built (seconds on a busy machine, after Ctrl-C too); the OS frees it all anyway.
@@ -62,8 +68,15 @@ def guarded_servers(parent: int) -> list[int]:
 # nothing of the platform, so it starts as fast as Prefect's own.
 _GUARD = """
 import os, signal, sys, threading, time
-_, _mark, parent, *args = sys.argv
+_, _mark, parent, log, *args = sys.argv
 parent = int(parent)
+try:  # the server's own errors go to a log file, not the terminal of the command
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+except OSError:
+    pass
 
 def watch():
     while os.getppid() == parent:
@@ -77,6 +90,19 @@ import uvicorn.main
 sys.argv = ["uvicorn", *args]
 uvicorn.main.main()
 """
+
+
+def server_log() -> Path:
+    """Where the temporary Prefect server's own output goes: ``$NLLAB_HOME/logs``. Its errors
+    (a full disk, a request it failed) would otherwise flood the command's terminal."""
+    from datasets import data_home
+
+    folder = data_home() / "logs"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass  # the guard then leaves the output on the terminal
+    return folder / "prefect-server.log"
 
 
 class _GuardedServer(SubprocessASGIServer):
@@ -100,10 +126,11 @@ class _GuardedServer(SubprocessASGIServer):
             **get_current_settings().to_environment_variables(exclude_unset=True),
         }
         return subprocess.Popen(
-            [sys.executable, "-c", _GUARD, SERVER_MARK, str(os.getpid()), *uvicorn],
+            [sys.executable, "-c", _GUARD, SERVER_MARK, str(os.getpid()), str(server_log()),
+             *uvicorn],
             env=env,
             start_new_session=True,
-        )
+        )  # fmt: skip
 
     def start(self, timeout: int | None = None) -> None:
         # Servers of processes started together on one Prefect home would migrate its database
@@ -165,7 +192,7 @@ _QUIET = _QuietEnvironmentFaults()
 
 def quiet_environment_faults() -> None:
     """Put :class:`_QuietEnvironmentFaults` on the console handlers (idempotent)."""
-    for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs"):
+    for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs", "mlflow"):
         for handler in logging.getLogger(name).handlers:
             if isinstance(handler, logging.StreamHandler) and _QUIET not in handler.filters:
                 handler.addFilter(_QUIET)
