@@ -609,7 +609,9 @@ class RunConfig(_Frozen):
     @classmethod
     def _valid_seeds(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         if not v or any(not 0 <= s <= MAX_SEED for s in v) or len(set(v)) != len(v):
-            raise ValueError(f"seeds must be distinct integers from 0 to {MAX_SEED}, got {list(v)}")
+            raise ValueError(
+                f"seeds must be distinct non-negative integers up to {MAX_SEED}, got {list(v)}"
+            )
         return v
 
     @model_validator(mode="after")

@@ -106,7 +106,7 @@ def test_dask_address_implies_dask_and_an_unreachable_scheduler_fails_in_seconds
         (["benchmark", *SMOKE, "--tuned", "--storage", "notaurl"], 2,
          "cannot open the Optuna storage 'notaurl'"),
         (["benchmark", *SMOKE, "--seeds", "99999999999999999999"], 2,
-         "--seeds takes integers from 0 to 4294967295"),
+         "--seeds takes non-negative integers up to 4294967295"),
     ],
 )  # fmt: skip
 def test_bad_command_line_values_are_one_line(tmp_path, monkeypatch, capfd, args, code, message):

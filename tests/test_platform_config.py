@@ -253,7 +253,7 @@ def test_every_bad_model_option_is_its_own_line_and_valid_ones_still_pass():
 
 
 def test_seeds_beyond_32_bits_are_refused():
-    with pytest.raises(ConfigError, match="seeds must be distinct integers from 0 to 4294967295"):
+    with pytest.raises(ConfigError, match="distinct non-negative integers up to 4294967295"):
         resolve_config("smoke", overrides={"seeds": [99999999999999999999]})
     assert resolve_config("smoke", overrides={"seeds": [2**32 - 1]}).seeds == (2**32 - 1,)
 

@@ -65,9 +65,9 @@ def parse_seeds(values: Sequence[str] | None) -> list[int] | None:
         seeds = [int(n) for n in names]
     except ValueError:
         seeds = []
-    if not seeds or any(not 0 <= s <= MAX_SEED for s in seeds):
+    if not seeds or any(s > MAX_SEED for s in seeds):  # negatives: the config says so
         raise UsageError(
-            f"--seeds takes integers from 0 to {MAX_SEED}, got {' '.join(values)!r}"
+            f"--seeds takes non-negative integers up to {MAX_SEED}, got {' '.join(values)!r}"
         ) from None
     return seeds
 
