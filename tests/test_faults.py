@@ -144,3 +144,22 @@ def test_report_out_naming_a_file_is_one_line(tmp_path, monkeypatch, capfd):
         (line,) = _errors(capfd.readouterr().err)
         assert f"--out '{out}'" in line and "names the folder" in line
     assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_a_lost_tracking_server_is_named_and_a_plain_error_is_not(monkeypatch, tmp_path):
+    from mlflow.exceptions import MlflowException
+
+    from flows.cli._faults import describe_fault, fault_in_text
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
+    lost = MlflowException(
+        "API request to endpoint /api/2.0/mlflow/runs/log-batch failed with exception "
+        "HTTPConnectionPool(host='127.0.0.1', port=5999): Max retries exceeded with url: ... "
+        "(Caused by NewConnectionError(... [Errno 111] Connection refused))"
+    )
+    line = describe_fault(lost, tmp_path)
+    assert line.startswith("the MLflow tracking server http://127.0.0.1:5999 stopped answering")
+    assert fault_in_text(f"MlflowException: {lost}", tmp_path) == line  # a failed cell's error
+    assert fault_in_text("ValueError: latent_dim must be positive", tmp_path) is None
+    # a refused connection to something else is not blamed on the tracking server
+    assert describe_fault(ConnectionRefusedError(111, "Connection refused"), tmp_path) is None

@@ -22,6 +22,7 @@ __all__ = [
     "check_free_space",
     "connect_error",
     "describe_fault",
+    "fault_in_text",
     "names_fault",
     "write_log",
 ]
@@ -101,6 +102,11 @@ def names_fault(message: str) -> bool:
     ('... database or disk is full')")."""
     text = message.lower()
     return any(marker in text for marker in _DISK_FULL)
+
+
+def fault_in_text(text: str, home: Path | None = None) -> str | None:
+    """:func:`describe_fault` of an error known only by its text (a failed cell's ``error``)."""
+    return describe_fault(RuntimeError(text), home)
 
 
 def describe_fault(error: BaseException, home: Path | None = None) -> str | None:
