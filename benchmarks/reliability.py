@@ -322,12 +322,18 @@ def _study(home: Path, name: str) -> dict[str, int]:
     return {s: sum(t.state.name == s for t in trials) for s in states}
 
 
-def tune_sigterm(scratch: Path, trials: int = 6) -> None:
+def tune_ctrl_c(scratch: Path) -> None:
+    """Ctrl-C (SIGINT to the process group) of ``nllab tune`` during a trial, then again."""
+    tune_sigterm(scratch, sig=signal.SIGINT)
+
+
+def tune_sigterm(scratch: Path, trials: int = 6, sig: int = signal.SIGTERM) -> None:
     """SIGTERM to ``nllab tune --trials 6`` during a trial, then the same command at once."""
-    home = _fresh(scratch / "tune-term")
+    home = _fresh(scratch / f"tune-{signal.Signals(sig).name}")
     args = ["tune", "--method", "node", "--system", "integro_de", "--trials", str(trials),
             "--profile", "smoke"]  # fmt: skip
-    p = _nllab(home, *args, "--epochs", "400", stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    p = _nllab(home, *args, "--epochs", "400", stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+               start_new_session=True)  # fmt: skip
     t0 = time.monotonic()
     while time.monotonic() - t0 < 240:  # until a trial has run a while
         time.sleep(1)
@@ -337,15 +343,19 @@ def tune_sigterm(scratch: Path, trials: int = 6) -> None:
         except (KeyError, Exception):
             continue
     time.sleep(5)
-    p.send_signal(signal.SIGTERM)
+    if sig == signal.SIGINT:
+        os.killpg(p.pid, sig)  # as the terminal sends Ctrl-C: to the whole group
+    else:
+        p.send_signal(sig)  # as `kill PID` does
     out = p.communicate()[0]
     runs = _store_runs(home)
     counts = _study(home, "node-integro_de-smoke")
     parent = [st for _, st, kind, _ in runs if kind == "tune"]
-    ok = p.returncode == 143 and "Traceback" not in out and counts["RUNNING"] == 0
+    code = 143 if sig == signal.SIGTERM else 130
+    ok = p.returncode == code and "Traceback" not in out and counts["RUNNING"] == 0
     ok &= parent == ["KILLED"]
-    _row("SIGTERM of nllab tune", ok, f"exit {p.returncode}, tracebacks {out.count('Traceback')}, "
-         f"trials {counts}, parent run {parent}")  # fmt: skip
+    _row(f"{signal.Signals(sig).name} of nllab tune", ok, f"exit {p.returncode}, tracebacks "
+         f"{out.count('Traceback')}, trials {counts}, parent run {parent}")  # fmt: skip
     r = subprocess.run([sys.executable, "-m", "flows.cli", *args, "--epochs", "3"], cwd=ROOT,
                        env=_env(home), capture_output=True, text=True)  # fmt: skip
     counts = _study(home, "node-integro_de-smoke")
@@ -543,6 +553,7 @@ def main() -> None:
 _SECOND_PASS = {
     "strict": strict_inputs,
     "tune-sigterm": tune_sigterm,
+    "tune-ctrl-c": tune_ctrl_c,
     "disk-full": disk_full,
     "serve": serve_pair,
 }
