@@ -11,6 +11,18 @@
    finished cells lost or trained twice, runs left RUNNING, processes left behind, unusable stores.
 5. Two identical ``nllab benchmark`` commands on one fresh home, 3 s apart: exit codes, cells
    trained twice, tracebacks.
+6. ``--only strict``: config values of the wrong kind or range (``hidden = "128"``,
+   ``epochs = true``, ``solver = "eular"``, ...) and the smaller bad inputs (a 501-character
+   ``NLLAB_EXPERIMENT``, ``report --out`` a file, ``tune --trials 0``, a seed past 32 bits, a
+   malformed Optuna storage, ``--dask-address`` with no scheduler or with the thread runner):
+   exit 2 (3 for the scheduler), one error line, no traceback.
+7. ``--only tune-sigterm`` / ``tune-ctrl-c``: SIGTERM (SIGINT to the group) of ``nllab tune
+   --trials 6`` mid-trial: exit 143 (130), no traceback, no trial left RUNNING, the parent run
+   KILLED; then the same command at once: 6 finished trials, the parent FINISHED.
+8. ``--only disk-full`` (root: a tmpfs home): 2.4 MB free at the start, the disk filling up
+   mid-run: exit 3 with one line, no traceback; freed, the same command: nothing lost.
+9. ``--only serve``: two ``nllab serve`` on one Prefect server: Ctrl-C of the first leaves the
+   shared deployment unpaused; the server stopped, the second says so and exits 3.
 
     PYTHONPATH=. python benchmarks/reliability.py [--tries 4] [--scratch /tmp/nllab-probes]
 """
