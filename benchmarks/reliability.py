@@ -452,6 +452,51 @@ def disk_full(scratch: Path) -> None:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
+def tracking_lost(scratch: Path) -> None:
+    """The MLflow tracking server killed once the first cell has finished. The client's HTTP
+    retries are shortened (``MLFLOW_HTTP_REQUEST_MAX_RETRIES=1``, timeout 10 s) so that the
+    probe takes minutes, not the default retries' quarter of an hour."""
+    home = _fresh(scratch / "tracking-lost")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    exe = Path(sys.executable).with_name("mlflow")
+    server = subprocess.Popen(
+        [str(exe), "server", "--backend-store-uri", f"sqlite:///{home / 'server.db'}",
+         "--artifacts-destination", str(home / "artifacts"), "--serve-artifacts",
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        env={**_env(home), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        from flows.serve import _healthy
+
+        t0 = time.monotonic()
+        while not _healthy(url) and time.monotonic() - t0 < 240:
+            time.sleep(1)
+        env = {**_env(home), "MLFLOW_TRACKING_URI": url, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+               "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}  # fmt: skip
+        p = subprocess.Popen([sys.executable, "-m", "flows.cli", "benchmark", *CELLS], cwd=ROOT,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)  # fmt: skip
+        head = []
+        for line in p.stdout:
+            head.append(line)
+            if "Task run 'integro_de/" in line and "Completed()" in line:
+                break
+        os.killpg(server.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        out = "".join(head) + p.communicate(timeout=900)[0]
+        (scratch / "tracking-lost.log").write_text(out)
+        r = subprocess.CompletedProcess(p.args, p.returncode, "", out)
+        ok, detail = _one_clear_line(r, (3,))
+        _row("tracking server killed mid-run", ok and "stopped answering" in out,
+             f"{time.monotonic() - t0:5.1f} s after the kill: {detail}")  # fmt: skip
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+
+
 def _deployment_paused(api: str, name: str) -> bool | None:
     import json
     import urllib.request
@@ -568,6 +613,7 @@ _SECOND_PASS = {
     "tune-ctrl-c": tune_ctrl_c,
     "disk-full": disk_full,
     "serve": serve_pair,
+    "tracking-lost": tracking_lost,
 }
 
 if __name__ == "__main__":

@@ -98,10 +98,10 @@ def _chain(error: BaseException) -> list[BaseException]:
 
 
 def names_fault(message: str) -> bool:
-    """Whether a log message is about a full disk (e.g. Prefect's "Finished in state Failed
-    ('... database or disk is full')")."""
-    text = message.lower()
-    return any(marker in text for marker in _DISK_FULL)
+    """Whether a log message is about a fault of the environment (e.g. Prefect's "Finished in
+    state Failed('... database or disk is full')", urllib3's retries against a tracking server
+    that is gone)."""
+    return fault_in_text(message) is not None
 
 
 def fault_in_text(text: str, home: Path | None = None) -> str | None:
