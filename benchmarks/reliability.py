@@ -19,6 +19,18 @@
    meanwhile, then SIGCONT: cells trained twice, the waiting line, the resumed run fenced off.
 8. ``worker``: kill -9, then SIGTERM, of one worker process (process isolation): only its cell
    fails, nothing stays RUNNING.
+9. ``--only strict``: config values of the wrong kind or range (``hidden = "128"``,
+   ``epochs = true``, ``solver = "eular"``, ...) and the smaller bad inputs (a 501-character
+   ``NLLAB_EXPERIMENT``, ``report --out`` a file, ``tune --trials 0``, a seed past 32 bits, a
+   malformed Optuna storage, ``--dask-address`` with no scheduler or with the thread runner):
+   exit 2 (3 for the scheduler), one error line, no traceback.
+10. ``--only tune-sigterm`` / ``tune-ctrl-c``: SIGTERM (SIGINT to the group) of ``nllab tune
+   --trials 6`` mid-trial: exit 143 (130), no traceback, no trial left RUNNING, the parent run
+   KILLED; then the same command at once: 6 finished trials, the parent FINISHED.
+11. ``--only disk-full`` (root: a tmpfs home): 2.4 MB free at the start, the disk filling up
+   mid-run: exit 3 with one line, no traceback; freed, the same command: nothing lost.
+12. ``--only serve``: two ``nllab serve`` on one Prefect server: Ctrl-C of the first leaves the
+   shared deployment unpaused; the server stopped, the second says so and exits 3.
 
     PYTHONPATH=. python benchmarks/reliability.py [--tries 4] [--scratch /tmp/nllab-probes]
 """
@@ -29,6 +41,7 @@ import argparse
 import os
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -461,13 +474,324 @@ def worker_death(scratch: Path) -> None:
              f"{_summary(out)}")  # fmt: skip
 
 
+# -- second pass: strict config values, SIGTERM of tune, a full disk, two serves -----------------
+def _row(name: str, ok: bool, detail: str) -> bool:
+    print(f"  {'pass' if ok else 'FAIL'}  {name:<34} {detail}", flush=True)
+    return ok
+
+
+def _one_clear_line(r: subprocess.CompletedProcess, codes: tuple[int, ...]) -> tuple[bool, str]:
+    """Exit code in ``codes``, no traceback, and one ``error:`` line (continuation lines of one
+    error, indented, are allowed)."""
+    errors = [ln for ln in r.stderr.splitlines() if "error:" in ln]
+    ok = r.returncode in codes and "Traceback" not in r.stdout + r.stderr and len(errors) == 1
+    return ok, f"exit {r.returncode}, tracebacks {r.stderr.count('Traceback')}: " + (
+        errors[0][:100] if errors else r.stderr.strip()[-100:]
+    )
+
+
+def strict_inputs(scratch: Path) -> None:
+    """Values of the wrong kind or out of range, and the smaller bad inputs: exit 2 (or 3 for
+    an unreachable scheduler), one line, no traceback, before any training."""
+    b = _fresh(scratch / "strict")
+    files = {
+        'hidden = "128"': '[models.node]\nhidden = "128"\n',
+        "hidden = 128": "[models.node]\nhidden = 128\n",
+        "epochs = true": "[training]\nepochs = true\n",
+        'latent_dim = "4"': '[models.neural_laplace]\nlatent_dim = "4"\n',
+        "latent_dim = -1": "[models.neural_laplace]\nlatent_dim = -1\n",
+        'solver = "eular"': '[models.node]\nsolver = "eular"\n',
+        'ilt = "talbott"': '[models.neural_laplace]\nilt = "talbott"\n',
+    }
+    cases: list[tuple[str, list[str], dict[str, str], tuple[int, ...]]] = []
+    for name, body in files.items():
+        f = b / f"{len(cases)}.toml"
+        f.write_text(body)
+        cases.append((name, ["benchmark", "--profile", "smoke", "--config", str(f)], {}, (2,)))
+    (b / "afile").write_text("")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+    one = ["--profile", "smoke", "--systems", "integro_de", "--methods", "node"]
+    tune = ["tune", "--method", "node", "--system", "integro_de"]
+    cases += [
+        ("NLLAB_EXPERIMENT of 501 chars", ["report", "--profile", "smoke"],
+         {"NLLAB_EXPERIMENT": "x" * 501}, (2,)),
+        ("report --out a file", ["report", "--out", str(b / "afile")], {}, (2,)),
+        ("tune --trials 0", [*tune, "--trials", "0"], {}, (2,)),
+        ("--seeds 99999999999999999999", ["benchmark", *one, "--seeds", "9" * 20], {}, (2,)),
+        ("tune --storage notaurl", [*tune, "--trials", "2", "--storage", "notaurl"], {}, (2,)),
+        ("benchmark --tuned --storage notaurl",
+         ["benchmark", *one, "--tuned", "--storage", "notaurl"], {}, (2,)),
+        ("--dask-address, no scheduler", ["benchmark", *one, "--dask-address", dead], {}, (3,)),
+        ("--task-runner thread --dask-address",
+         ["benchmark", *one, "--task-runner", "thread", "--dask-address", dead], {}, (2,)),
+    ]  # fmt: skip
+    passed = 0
+    for name, args, extra, codes in cases:
+        t0 = time.monotonic()
+        env = {**_env(b / "h"), **extra}
+        r = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env,
+                           capture_output=True, text=True)  # fmt: skip
+        ok, detail = _one_clear_line(r, codes)
+        passed += _row(name, ok, f"{time.monotonic() - t0:5.1f} s {detail}")
+    print(f"strict inputs: {passed} of {len(cases)} refused with one line, no traceback")
+
+
+def _study(home: Path, name: str) -> dict[str, int]:
+    import optuna
+
+    url = f"sqlite:///{home / 'optuna' / 'optuna.db'}"
+    trials = optuna.load_study(study_name=name, storage=url).trials
+    states = ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING")
+    return {s: sum(t.state.name == s for t in trials) for s in states}
+
+
+def tune_ctrl_c(scratch: Path) -> None:
+    """Ctrl-C (SIGINT to the process group) of ``nllab tune`` during a trial, then again."""
+    tune_sigterm(scratch, sig=signal.SIGINT)
+
+
+def tune_sigterm(scratch: Path, trials: int = 6, sig: int = signal.SIGTERM) -> None:
+    """SIGTERM to ``nllab tune --trials 6`` during a trial, then the same command at once."""
+    home = _fresh(scratch / f"tune-{signal.Signals(sig).name}")
+    args = ["tune", "--method", "node", "--system", "integro_de", "--trials", str(trials),
+            "--profile", "smoke"]  # fmt: skip
+    p = _nllab(home, *args, "--epochs", "400", stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+               start_new_session=True)  # fmt: skip
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 240:  # until a trial has run a while
+        time.sleep(1)
+        try:
+            if _study(home, "node-integro_de-smoke")["RUNNING"]:
+                break
+        except (KeyError, Exception):
+            continue
+    time.sleep(5)
+    if sig == signal.SIGINT:
+        os.killpg(p.pid, sig)  # as the terminal sends Ctrl-C: to the whole group
+    else:
+        p.send_signal(sig)  # as `kill PID` does
+    out = p.communicate()[0]
+    runs = _store_runs(home)
+    counts = _study(home, "node-integro_de-smoke")
+    parent = [st for _, st, kind, _ in runs if kind == "tune"]
+    code = 143 if sig == signal.SIGTERM else 130
+    ok = p.returncode == code and "Traceback" not in out and counts["RUNNING"] == 0
+    ok &= parent == ["KILLED"]
+    _row(f"{signal.Signals(sig).name} of nllab tune", ok, f"exit {p.returncode}, tracebacks "
+         f"{out.count('Traceback')}, trials {counts}, parent run {parent}")  # fmt: skip
+    r = subprocess.run([sys.executable, "-m", "flows.cli", *args, "--epochs", "3"], cwd=ROOT,
+                       env=_env(home), capture_output=True, text=True)  # fmt: skip
+    counts = _study(home, "node-integro_de-smoke")
+    runs = _store_runs(home)
+    parent = [st for _, st, kind, _ in runs if kind == "tune"]
+    finished = counts["COMPLETE"] + counts["PRUNED"]
+    summary = next((ln for ln in r.stdout.splitlines() if ln.startswith("study ")), "?")
+    _row("the same command at once", r.returncode == 0 and finished == trials
+         and parent == ["FINISHED"], f"exit {r.returncode}, {finished} of {trials} finished "
+         f"trials; parent {parent} | {summary}")  # fmt: skip
+
+
+def _tmpfs(path: Path, megabytes: int) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(path)],
+                       capture_output=True)  # fmt: skip
+    return r.returncode == 0
+
+
+def _fill(path: Path) -> None:
+    """Write ``path`` until its disk is full."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        for size in (2**20, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                continue
+    finally:
+        os.close(fd)
+
+
+def disk_full(scratch: Path) -> None:
+    """A home on a small tmpfs (needs root): too little free space at the start, and a disk
+    that fills up mid-run (a file written beside the store), then the same command once freed."""
+    mnt = scratch / "full"
+    subprocess.run(["umount", str(mnt)], capture_output=True)
+    if not _tmpfs(mnt, 80):
+        print("disk full: skipped (cannot mount a tmpfs here; needs root)")
+        return
+    try:
+        home = mnt / "home"
+        home.mkdir()
+        filler = mnt / "filler"
+        # 2.4 MB free at the start
+        free = shutil.disk_usage(mnt).free
+        subprocess.run(["fallocate", "-l", str(free - 2_400_000), str(filler)], check=True)
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "flows.cli", "benchmark", *CELLS], cwd=ROOT,
+                           env=_env(home), capture_output=True, text=True)  # fmt: skip
+        ok, detail = _one_clear_line(r, (3,))
+        _row("2.4 MB free at the start", ok and "MB free" in r.stderr,
+             f"{time.monotonic() - t0:5.1f} s {detail}")  # fmt: skip
+        filler.unlink()
+        # fills up once the first cell has finished
+        p = _nllab(home, "benchmark", *CELLS, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        t0 = time.monotonic()
+        head = []
+        for line in p.stdout:
+            head.append(line)
+            if "Task run 'integro_de/" in line and "Completed()" in line:
+                break
+        _fill(filler)
+        out = "".join(head) + p.communicate()[0]
+        (scratch / "disk-full-midrun.log").write_text(out)
+        r = subprocess.CompletedProcess(p.args, p.returncode, "", out)
+        ok, detail = _one_clear_line(r, (3,))
+        _row("disk fills up mid-run", ok and "is full" in out,
+             f"{time.monotonic() - t0:5.1f} s {detail}")  # fmt: skip
+        before = _finished_cells(_store_runs(home))
+        filler.unlink()
+        r = subprocess.run([sys.executable, "-m", "flows.cli", "benchmark", *CELLS], cwd=ROOT,
+                           env=_env(home), capture_output=True, text=True)  # fmt: skip
+        after = _finished_cells(_store_runs(home))
+        lost = sum(set(after.get(h, [])) != set(ids) for h, ids in before.items())
+        running = sum(st == "RUNNING" for _, st, _, _ in _store_runs(home))
+        _row("freed, the same command", r.returncode == 0 and not lost and not running,
+             f"exit {r.returncode}, {len(before)} cells finished before, lost {lost}, "
+             f"RUNNING {running}, tracebacks {r.stderr.count('Traceback')}")  # fmt: skip
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def tracking_lost(scratch: Path) -> None:
+    """The MLflow tracking server killed once the first cell has finished. The client's HTTP
+    retries are shortened (``MLFLOW_HTTP_REQUEST_MAX_RETRIES=1``, timeout 10 s) so that the
+    probe takes minutes, not the default retries' quarter of an hour."""
+    home = _fresh(scratch / "tracking-lost")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    exe = Path(sys.executable).with_name("mlflow")
+    server = subprocess.Popen(
+        [str(exe), "server", "--backend-store-uri", f"sqlite:///{home / 'server.db'}",
+         "--artifacts-destination", str(home / "artifacts"), "--serve-artifacts",
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        env={**_env(home), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        from flows.serve import _healthy
+
+        t0 = time.monotonic()
+        while not _healthy(url) and time.monotonic() - t0 < 240:
+            time.sleep(1)
+        env = {**_env(home), "MLFLOW_TRACKING_URI": url, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+               "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}  # fmt: skip
+        p = subprocess.Popen([sys.executable, "-m", "flows.cli", "benchmark", *CELLS], cwd=ROOT,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)  # fmt: skip
+        head = []
+        for line in p.stdout:
+            head.append(line)
+            if "Task run 'integro_de/" in line and "Completed()" in line:
+                break
+        os.killpg(server.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        out = "".join(head) + p.communicate(timeout=900)[0]
+        (scratch / "tracking-lost.log").write_text(out)
+        r = subprocess.CompletedProcess(p.args, p.returncode, "", out)
+        ok, detail = _one_clear_line(r, (3,))
+        _row("tracking server killed mid-run", ok and "stopped answering" in out,
+             f"{time.monotonic() - t0:5.1f} s after the kill: {detail}")  # fmt: skip
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+
+
+def _deployment_paused(api: str, name: str) -> bool | None:
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{api}/deployments/name/{name}", timeout=5) as r:
+            return bool(json.loads(r.read())["paused"])
+    except OSError:
+        return None
+
+
+def serve_pair(scratch: Path) -> None:
+    """Two ``nllab serve`` on one Prefect server: Ctrl-C of the first leaves the second's
+    deployments unpaused; the server stopped, the second says so and exits."""
+    home = _fresh(scratch / "serve")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    api = f"http://127.0.0.1:{port}/api"
+    schedules = home / "schedules.toml"
+    schedules.write_text('[[schedule]]\nname = "nightly"\nflow = "benchmark"\ncron = "0 2 * * *"\n')
+    env = {**_env(home), "PREFECT_HOME": str(home / "prefect"),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}  # fmt: skip
+    exe = Path(sys.executable).with_name("prefect")
+    server = subprocess.Popen([str(exe), "server", "start", "--host", "127.0.0.1", "--port",
+                               str(port)], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        from flows.serve import _healthy
+
+        t0 = time.monotonic()
+        while not _healthy(api) and time.monotonic() - t0 < 180:
+            time.sleep(1)
+        serve_env = {**env, "PREFECT_API_URL": api}
+        procs = []
+        for _ in range(2):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "flows.cli", "serve", "--config", str(schedules)],
+                cwd=ROOT, env=serve_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True, start_new_session=True))  # fmt: skip
+            time.sleep(1)
+        name = "nllab-scheduled-benchmark/nightly"
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 180 and _deployment_paused(api, name) is not False:
+            time.sleep(1)
+        time.sleep(25)  # both serving, both have beaten
+        first = procs[0]
+        os.killpg(first.pid, signal.SIGINT)
+        t0 = time.monotonic()
+        out0 = first.communicate(timeout=120)[0]
+        seconds = time.monotonic() - t0
+        paused = _deployment_paused(api, name)
+        _row("Ctrl-C of the first serve", first.returncode == 0 and paused is False
+             and "Traceback" not in out0, f"exit {first.returncode} after {seconds:.1f} s; "
+             f"the shared deployment paused: {paused}")  # fmt: skip
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+        t0 = time.monotonic()
+        second = procs[1]
+        try:
+            out1 = second.communicate(timeout=120)[0]
+        except subprocess.TimeoutExpired:
+            os.killpg(second.pid, signal.SIGKILL)
+            out1 = second.communicate()[0]
+        seconds = time.monotonic() - t0
+        last = (out1.strip().splitlines() or ["?"])[-1]
+        (scratch / "serve-second.log").write_text(out1)
+        _row("the server stopped under the second", second.returncode == 3
+             and "Traceback" not in out1, f"exit {second.returncode} after {seconds:.1f} s, "
+             f"tracebacks {out1.count('Traceback')} | {last[:90]}")  # fmt: skip
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tries", type=int, default=4)
     ap.add_argument("--scratch", type=Path, default=Path("/tmp/nllab-probes"))
     ap.add_argument(
         "--only",
-        choices=("race", "ctrl-c", "bad", "kill9", "twins", "home", "suspend", "worker"),
+        choices=("race", "ctrl-c", "bad", "kill9", "twins", *_SECOND_PASS),
     )
     ap.add_argument(
         "--kill-at",
@@ -490,13 +814,23 @@ def main() -> None:
         kill9(a.scratch, a.kill_at)
     if a.only in (None, "twins"):
         twins(a.scratch)
-    if a.only in (None, "home"):
-        home_faults(a.scratch)
-    if a.only in (None, "suspend"):
-        suspended(a.scratch)
-    if a.only in (None, "worker"):
-        worker_death(a.scratch)
+    for name, probe in _SECOND_PASS.items():
+        if a.only in (None, name):
+            probe(a.scratch)
 
+
+#: Probes of the second pass, by ``--only`` name.
+_SECOND_PASS = {
+    "home": home_faults,
+    "suspend": suspended,
+    "worker": worker_death,
+    "strict": strict_inputs,
+    "tune-sigterm": tune_sigterm,
+    "tune-ctrl-c": tune_ctrl_c,
+    "disk-full": disk_full,
+    "serve": serve_pair,
+    "tracking-lost": tracking_lost,
+}
 
 if __name__ == "__main__":
     main()

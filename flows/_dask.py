@@ -20,7 +20,9 @@ from tasks.tracking import TrackingSettings
 
 __all__ = [
     "DaskSetupError",
+    "DaskUnreachable",
     "check_cluster_tracking",
+    "check_scheduler",
     "dask_task_runner",
     "is_local_address",
 ]
@@ -28,6 +30,32 @@ __all__ = [
 
 class DaskSetupError(RuntimeError):
     """The Dask setup cannot work as configured; the message says what to change."""
+
+
+class DaskUnreachable(DaskSetupError):
+    """No Dask scheduler answers at the given address (a fault of the environment)."""
+
+
+#: Seconds to wait for a scheduler's port to accept a connection before giving up.
+CONNECT_SECONDS = 5.0
+
+
+def check_scheduler(address: str, timeout: float = CONNECT_SECONDS) -> None:
+    """Raise :class:`DaskUnreachable` unless something accepts connections at ``address``'s
+    host and port within ``timeout`` seconds (before any flow starts, instead of Dask's own
+    retries with tracebacks). Only ``tcp://`` and ``tls://`` addresses are probed."""
+    from flows.cli._faults import connect_error
+
+    error = connect_error(address, timeout)
+    if isinstance(error, ValueError):
+        raise DaskSetupError(
+            f"--dask-address must be a scheduler address like tcp://HOST:8786, got {address!r}"
+        )
+    if error is not None:
+        raise DaskUnreachable(
+            f"no Dask scheduler answers at {address} ({error.strerror or error}, waited "
+            f"{timeout:.0f} s): start it (`dask scheduler --port PORT`) or correct --dask-address"
+        )
 
 
 def is_local_address(address: str) -> bool:
@@ -73,6 +101,7 @@ def dask_task_runner(
             )
         if tracking is not None:
             check_cluster_tracking(address, tracking)
+        check_scheduler(address)
         return DaskTaskRunner(address=address)
     return DaskTaskRunner(
         cluster_kwargs={

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import logging
 import os
 import subprocess
 import sys
@@ -32,7 +33,13 @@ from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from tasks.config import RunConfig
 
-__all__ = ["flow_settings", "guarded_servers", "make_task_runner"]
+__all__ = [
+    "flow_settings",
+    "guarded_servers",
+    "make_task_runner",
+    "quiet_environment_faults",
+    "server_log",
+]
 
 # The interpreter's last full garbage collection at exit walks the whole heap that Prefect, MLflow
 # and torch built (seconds on a busy machine, after Ctrl-C too); the OS frees it all anyway.
@@ -61,8 +68,15 @@ def guarded_servers(parent: int) -> list[int]:
 # nothing of the platform, so it starts as fast as Prefect's own.
 _GUARD = """
 import os, signal, sys, threading, time
-_, _mark, parent, *args = sys.argv
+_, _mark, parent, log, *args = sys.argv
 parent = int(parent)
+try:  # the server's own errors go to a log file, not the terminal of the command
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+except OSError:
+    pass
 
 def watch():
     while os.getppid() == parent:
@@ -76,6 +90,19 @@ import uvicorn.main
 sys.argv = ["uvicorn", *args]
 uvicorn.main.main()
 """
+
+
+def server_log() -> Path:
+    """Where the temporary Prefect server's own output goes: ``$NLLAB_HOME/logs``. Its errors
+    (a full disk, a request it failed) would otherwise flood the command's terminal."""
+    from datasets import data_home
+
+    folder = data_home() / "logs"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass  # the guard then leaves the output on the terminal
+    return folder / "prefect-server.log"
 
 
 class _GuardedServer(SubprocessASGIServer):
@@ -99,10 +126,11 @@ class _GuardedServer(SubprocessASGIServer):
             **get_current_settings().to_environment_variables(exclude_unset=True),
         }
         return subprocess.Popen(
-            [sys.executable, "-c", _GUARD, SERVER_MARK, str(os.getpid()), *uvicorn],
+            [sys.executable, "-c", _GUARD, SERVER_MARK, str(os.getpid()), str(server_log()),
+             *uvicorn],
             env=env,
             start_new_session=True,
-        )
+        )  # fmt: skip
 
     def start(self, timeout: int | None = None) -> None:
         # Servers of processes started together on one Prefect home would migrate its database
@@ -145,11 +173,38 @@ def _guard_temporary_server() -> None:
         _GuardedServer()
 
 
+class _QuietEnvironmentFaults(logging.Filter):
+    """Drops console records about a fault of the environment (a full disk, a server gone):
+    ``nllab`` reports it once, in one line, and writes the traceback to a log file
+    (:mod:`flows.cli._faults`); Prefect would print one traceback per failed task and flow."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from flows.cli._faults import describe_fault, names_fault
+
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None and describe_fault(error) is not None:
+            return False
+        return not names_fault(record.getMessage())
+
+
+_QUIET = _QuietEnvironmentFaults()
+
+
+def quiet_environment_faults() -> None:
+    """Put :class:`_QuietEnvironmentFaults` on the console handlers (idempotent)."""
+    for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs", "mlflow"):
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, logging.StreamHandler) and _QUIET not in handler.filters:
+                handler.addFilter(_QUIET)
+
+
 @contextmanager
 def flow_settings() -> Iterator[None]:
     """Settings for a flow call: no heartbeat (it adds ~1 s per flow call on the local server),
-    and a temporary API server that survives the terminal's Ctrl-C and dies with this process."""
+    a temporary API server that survives the terminal's Ctrl-C and dies with this process, and
+    no console tracebacks of environment faults (reported once by the command line)."""
     _guard_temporary_server()
+    quiet_environment_faults()
     with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
 

@@ -16,17 +16,22 @@ from optuna.trial import TrialState
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
+from pydantic import ValidationError
 
 from flows._runtime import flow_settings
-from flows.cli._common import training_overrides
+from flows.cli._common import task_runner, training_overrides
 from flows.cli.tune import add_parser as add_tune_parser  # loads without Prefect
+from tasks.search_spaces import search_space
 from tasks.tuning import (
+    StorageUnavailable,
     TuneResult,
     TuneSpec,
     TuningError,
     open_session,
+    open_storage,
     run_trials,
     run_tuning,
+    sigterm_interrupts,
 )
 
 __all__ = ["add_tune_parser", "cmd_tune", "run_tune", "split_trials", "tune_flow"]
@@ -51,13 +56,18 @@ def tune_flow(spec: TuneSpec) -> TuneResult:
         result = run_tuning(spec)
     else:
         session = open_session(spec)
-        # Queued trials (the paper point, retries of stale ones) run here first: claiming a
-        # WAITING trial is not atomic on sqlite, so two shards could both take the same one.
-        queued = session.counts()[TrialState.WAITING]
-        session.optimize(min(queued, session.remaining()), 1)
-        shards = split_trials(session.remaining(), spec.n_jobs)
-        logger.info("study %s: %s trials on Dask", spec.study_name, shards)
-        wait([trials_task.submit(spec, session.parent_run_id, n) for n in shards])
+        try:
+            # Queued trials (the paper point, retries of stale ones) run here first: claiming a
+            # WAITING trial is not atomic on sqlite, so two shards could both take the same one.
+            with sigterm_interrupts():
+                queued = session.counts()[TrialState.WAITING]
+                session.optimize(min(queued, session.remaining()), 1)
+                shards = split_trials(session.remaining(), spec.n_jobs)
+                logger.info("study %s: %s trials on Dask", spec.study_name, shards)
+                wait([trials_task.submit(spec, session.parent_run_id, n) for n in shards])
+        except BaseException as e:
+            session.end_parent(e)
+            raise
         result = session.finish()
     logger.info(
         "study %s: best trial %d, validation RMSE %.6g; %s",
@@ -103,23 +113,43 @@ def spec_from_args(args: argparse.Namespace) -> TuneSpec:
         config_file=args.config,
         overrides=overrides,
         device=args.device,
-        task_runner=args.task_runner,
+        task_runner=task_runner(args) or "thread",
         dask_address=args.dask_address,
     )
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
-    """Handler of ``nllab tune``: 0 done, 1 no trial completed, 2 bad arguments."""
-    from pydantic import ValidationError
+def _one_line(err: ValidationError) -> str:
+    """A pydantic error of the tuning spec as ``n_trials: must be ... (got 0)`` lines."""
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or 'spec'}: "
+        f"{e['msg'].removeprefix('Value error, ')} (got {e.get('input')!r})"
+        for e in err.errors()
+    )
 
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Handler of ``nllab tune``: 0 done, 1 no trial completed, 2 bad arguments; an unreachable
+    storage raises :class:`~tasks.tuning.StorageUnavailable` (exit 3 in ``nllab``). SIGTERM
+    ends the running trial FAIL and the parent run KILLED, as Ctrl-C does."""
     try:
         spec = spec_from_args(args)
         spec.run_config()  # unknown system/method, bad profile: a usage error before any work
+        search_space(spec.method)  # a method with no search space: before Prefect starts
+        # A malformed URL (exit 2) or an unreachable server (exit 3): before Prefect starts.
+        open_storage(spec.storage).engine.dispose()
     except ValidationError as e:
+        print(f"nllab tune: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except StorageUnavailable:
+        raise
+    except (TuningError, ValueError) as e:  # a malformed storage URL; no search space
         print(f"nllab tune: error: {e}", file=sys.stderr)
         return 2
     try:
-        result = run_tune(spec)
+        with sigterm_interrupts():
+            result = run_tune(spec)
+    except StorageUnavailable:
+        raise
     except TuningError as e:
         print(f"nllab tune: error: {e}", file=sys.stderr)
         return 1

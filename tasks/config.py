@@ -29,6 +29,8 @@ __all__ = [
     "DEVICES",
     "EXECUTION_KEYS",
     "MAIN_SYSTEMS",
+    "MAX_EXPERIMENT_NAME",
+    "MAX_SEED",
     "METHODS",
     "PROFILES",
     "QUICK_EPOCHS",
@@ -38,6 +40,7 @@ __all__ = [
     "DataConfig",
     "Device",
     "ExecutionConfig",
+    "ModelOptionError",
     "Profile",
     "RunConfig",
     "TrackingConfig",
@@ -46,6 +49,7 @@ __all__ = [
     "known_systems",
     "load_config_file",
     "model_arguments",
+    "model_option_types",
     "model_signature",
     "resolve_config",
 ]
@@ -88,6 +92,12 @@ PROFILES: tuple[str, ...] = get_args(Profile)
 #: Where cells train: ``auto`` measures which is faster (``tasks.placement``).
 Device = Literal["auto", "cpu", "cuda"]
 DEVICES: tuple[str, ...] = get_args(Device)
+
+#: The largest seed: NumPy's and the data simulators' generators take 32-bit seeds.
+MAX_SEED = 2**32 - 1
+
+#: The longest MLflow experiment name (MLflow refuses longer ones).
+MAX_EXPERIMENT_NAME = 500
 
 #: Bumped when the meaning of a cell's fields changes, so old hashes stop matching.
 _HASH_SCHEMA = 1
@@ -186,21 +196,153 @@ def _json_value(v: Any) -> Any:
         return repr(v)  # a default that is not a plain value never equals an override
 
 
-def _check_model_overrides(method: str, overrides: Mapping[str, Any]) -> None:
-    if method not in known_methods():
-        return  # reported by the method check
+class ModelOptionError(ValueError):
+    """Model options that the model's constructor would refuse or misread: one line each,
+    each line naming its model and option (``node setting 'hidden' must be ...``)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+#: Options whose valid names are a registry's keys rather than a ``Literal`` annotation.
+def _registry_choices() -> dict[str, tuple[str, ...]]:
+    from nlmodels.baselines._solve import SOLVERS
+    from nlmodels.ilt import ILT_ALGORITHMS
+
+    return {"solver": tuple(SOLVERS), "ilt": tuple(sorted(ILT_ALGORITHMS))}
+
+
+@functools.cache
+def model_option_types(method: str) -> dict[str, Any]:
+    """Name -> type annotation of every keyword argument of ``method`` (the first constructor
+    that names it, as :func:`model_signature` takes its default)."""
+    import typing
+
+    hints: dict[str, Any] = {}
+    for init in _constructors(method):
+        try:
+            found = typing.get_type_hints(init)
+        except (NameError, TypeError):  # an annotation only a type checker resolves
+            continue
+        for name in model_signature(method):
+            if name in found:
+                hints.setdefault(name, found[name])
+    return hints
+
+
+@functools.cache
+def _strict_adapter(hint: Any) -> Any:
+    """A strict pydantic validator of ``hint`` (no string -> sequence, no bool -> int, no
+    string -> number), or ``None`` for a type that no config value can hold (a module)."""
+    from pydantic import TypeAdapter
+    from pydantic.errors import PydanticSchemaGenerationError
+
+    try:
+        return TypeAdapter(hint, config=ConfigDict(strict=True))
+    except PydanticSchemaGenerationError:
+        return None
+
+
+def _range_problem(hint: Any, value: Any, default: Any) -> str | None:
+    """A number outside the range its default implies: an integer option whose default is
+    positive (a width, a count) must be at least 1, one whose default is 0 at least 0; a float
+    option with a positive default (a tolerance, a scale) must be positive; layer widths are
+    at least 1. The models' constructors refuse (or silently misbuild) anything else."""
+    if isinstance(value, bool) or isinstance(default, bool):
+        return None
+    if isinstance(value, int) and isinstance(default, int):
+        low = 1 if default > 0 else 0 if default == 0 else None
+        if low is not None and value < low:
+            return f"must be at least {low}, got {value}"
+    elif isinstance(value, int | float) and isinstance(default, float) and default > 0:
+        if value <= 0:
+            return f"must be positive, got {value}"
+    elif isinstance(value, list | tuple) and isinstance(default, list | tuple):
+        bad = [w for w in value if isinstance(w, int) and w < 1]
+        if bad:
+            return f"layer widths must be at least 1, got {list(value)}"
+    return None
+
+
+_KIND_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "a flag",
+    list: "a list",
+    tuple: "a list",
+}
+
+
+def _describe_type(hint: Any) -> str:
+    import typing
+    from collections.abc import Sequence
+
+    origin = typing.get_origin(hint)
+    if hint is int:
+        return "an integer"
+    if hint is float:
+        return "a number"
+    if hint is bool:
+        return "true or false"
+    if hint is str:
+        return "a string"
+    if origin in (Sequence, list, tuple) and get_args(hint)[:1] == (int,):
+        return "a list of integers such as [64, 64]"
+    args = [a for a in get_args(hint) if a is not type(None)]
+    if len(args) == 1:
+        return f"{_describe_type(args[0])} (or left out)"
+    return str(hint)
+
+
+def _option_problems(method: str, overrides: Mapping[str, Any]) -> list[str]:
+    """What is wrong with each model option of ``overrides`` (empty when all are valid)."""
     valid = model_arguments(method)
     unknown = [k for k in overrides if k not in valid]
     if unknown:
-        raise ValueError(
+        return [
             f"unknown {method} setting {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}"
-        )
-    for name, allowed in model_choices(method).items():
-        if name in overrides and overrides[name] not in allowed:
-            raise ValueError(
-                f"{method} setting {name!r} must be one of {', '.join(map(repr, allowed))}, "
-                f"got {overrides[name]!r}"
+        ]
+    problems = []
+    choices = {
+        **{k: v for k, v in _registry_choices().items() if k in valid},
+        **model_choices(method),
+    }
+    hints, defaults = model_option_types(method), model_signature(method)
+    for name, value in overrides.items():
+        where = f"{method} setting {name!r}"
+        if name in choices:
+            if value not in choices[name] or isinstance(value, bool):
+                problems.append(
+                    f"{where} must be one of {', '.join(map(repr, choices[name]))}, got {value!r}"
+                )
+            continue
+        adapter = _strict_adapter(hints[name]) if name in hints else None
+        if adapter is None:
+            continue
+        try:
+            adapter.validate_python(value)
+        except ValidationError:
+            problems.append(
+                f"{where} must be {_describe_type(hints[name])}, got {_show(value)} "
+                f"({_KIND_NAMES.get(type(value), type(value).__name__)})"
             )
+            continue
+        if (problem := _range_problem(hints[name], value, defaults.get(name))) is not None:
+            problems.append(f"{where} {problem}")
+    return problems
+
+
+def _check_model_overrides(method: str, overrides: Mapping[str, Any]) -> None:
+    """Raise :class:`ModelOptionError` listing every option of ``overrides`` that ``method``'s
+    constructor does not take, or would refuse or misread: the value is checked strictly against
+    the constructor's annotation, its ``Literal`` choices, the solver and ILT registries, and the
+    range its default implies (:func:`_range_problem`)."""
+    if method not in known_methods():
+        return  # reported by the method check
+    if problems := _option_problems(method, overrides):
+        raise ModelOptionError(problems)
 
 
 def _check_names(kind: str, names: tuple[str, ...], valid: tuple[str, ...]) -> tuple[str, ...]:
@@ -216,10 +358,56 @@ def _check_names(kind: str, names: tuple[str, ...], valid: tuple[str, ...]) -> t
     return names
 
 
+def _show(value: Any) -> str:
+    """A value as a config file spells it (``true``, ``"128"``)."""
+    try:
+        return json.dumps(value)
+    except TypeError:
+        return repr(value)
+
+
+def _coercion_problem(annotation: Any, value: Any) -> str | None:
+    """Why ``value`` must not be coerced to ``annotation`` (``None`` if it may): pydantic's lax
+    mode reads ``true`` as the integer 1 and ``"128"`` as a number; a config value must already
+    be of its setting's kind (an integral float such as TOML's ``2e6`` still counts as one)."""
+    import types
+    import typing
+
+    if value is None:
+        return None
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) != 1:
+            return None
+        annotation = args[0]
+    if typing.get_origin(annotation) is tuple and isinstance(value, list | tuple):
+        items = get_args(annotation)
+        for i, item in enumerate(value):
+            kind = items[0] if items[1:] == (Ellipsis,) else items[i] if i < len(items) else None
+            if kind is not None and (problem := _coercion_problem(kind, item)) is not None:
+                return f"item {i + 1} {problem}"
+        return None
+    if annotation is bool and not isinstance(value, bool):
+        return f"must be true or false, got {_show(value)}"
+    if annotation in (int, float) and isinstance(value, bool | str):
+        return f"must be {'an integer' if annotation is int else 'a number'}, got {_show(value)}"
+    return None
+
+
 class _Frozen(BaseModel):
     # allow_inf_nan=False: an infinite noise level or learning rate (TOML accepts `inf` and
     # `nan`) is refused with the field's name instead of failing deep inside a run.
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_coercion(cls, value: Any, info: Any) -> Any:
+        """Strict kinds: no bool -> int (``epochs = true`` is not 1 epoch), no string ->
+        number or flag; checked before pydantic would convert the value."""
+        field = cls.model_fields.get(info.field_name)
+        if field is not None and (problem := _coercion_problem(field.annotation, value)):
+            raise ValueError(problem)
+        return value
 
 
 class DataConfig(_Frozen):
@@ -266,7 +454,12 @@ class TrackingConfig(_Frozen):
     """Where runs go. ``tracking_uri=None``: ``MLFLOW_TRACKING_URI``, else the embedded store."""
 
     tracking_uri: str | None = None
-    experiment: str | None = Field(None, description="None: NLLAB_EXPERIMENT, else 'nllab'")
+    experiment: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_EXPERIMENT_NAME,
+        description="None: NLLAB_EXPERIMENT, else 'nllab'",
+    )
     register_models: bool = True
 
 
@@ -275,7 +468,7 @@ class CellConfig(_Frozen):
 
     system: str
     method: str
-    seed: int = Field(ge=0)
+    seed: int = Field(ge=0, le=MAX_SEED)
     data: DataConfig = DataConfig()
     training: TrainConfig = TrainConfig()
     model: dict[str, Scalar] = Field(default_factory=dict, description="build_model overrides")
@@ -346,6 +539,19 @@ class ExecutionConfig(_Frozen):
         description="train cells that differ only in seed as one packed model (exact per cell)",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _address_implies_dask(cls, data: Any) -> Any:
+        """A scheduler address means the Dask runner; with ``thread`` it would be ignored."""
+        if isinstance(data, Mapping) and data.get("dask_address"):
+            if data.get("task_runner", "dask") != "dask":
+                raise ValueError(
+                    f'dask_address {data["dask_address"]!r} needs task_runner = "dask" '
+                    f"(got {data['task_runner']!r}); a scheduler address implies it"
+                )
+            data = {**data, "task_runner": "dask"}
+        return data
+
 
 #: Settings of :class:`ExecutionConfig`, also accepted at the top level of a config file, a
 #: profile or the command-line overrides (``max_workers = 4`` means ``execution.max_workers``).
@@ -402,12 +608,22 @@ class RunConfig(_Frozen):
     def _valid_methods(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         return _check_names("method", v, known_methods())
 
-    @field_validator("models")
+    @field_validator("models", mode="before")
     @classmethod
-    def _valid_model_keys(cls, v: dict[str, dict[str, Scalar]]) -> dict[str, dict[str, Scalar]]:
+    def _valid_model_keys(cls, v: Any) -> Any:
+        # Before pydantic's own coercion, so that each bad option is one line naming it (and a
+        # value of the wrong type is reported as such, not as one error per type it is not).
+        if not isinstance(v, Mapping) or not all(isinstance(o, Mapping) for o in v.values()):
+            return v  # pydantic names what is wrong with the shape
         _check_names("method", tuple(v), known_methods()) if v else None
-        for method, overrides in v.items():
-            _check_model_overrides(method, overrides)
+        problems = [
+            p
+            for method, overrides in v.items()
+            if method in known_methods()
+            for p in _option_problems(method, overrides)
+        ]
+        if problems:
+            raise ModelOptionError(problems)
         return v
 
     @field_validator("method_epochs")
@@ -422,8 +638,10 @@ class RunConfig(_Frozen):
     @field_validator("seeds")
     @classmethod
     def _valid_seeds(cls, v: tuple[int, ...]) -> tuple[int, ...]:
-        if not v or any(s < 0 for s in v) or len(set(v)) != len(v):
-            raise ValueError(f"seeds must be distinct non-negative integers, got {list(v)}")
+        if not v or any(not 0 <= s <= MAX_SEED for s in v) or len(set(v)) != len(v):
+            raise ValueError(
+                f"seeds must be distinct non-negative integers up to {MAX_SEED}, got {list(v)}"
+            )
         return v
 
     @model_validator(mode="after")
@@ -585,7 +803,9 @@ def _format_validation(err: ValidationError) -> str:
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown setting"
-        lines.append(f"  {where}: {msg}")
+        cause = (e.get("ctx") or {}).get("error")
+        problems = cause.problems if isinstance(cause, ModelOptionError) else [msg]
+        lines += [f"  {where}: {problem}" for problem in problems]
     return "invalid configuration:\n" + "\n".join(lines)
 
 

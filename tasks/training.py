@@ -404,7 +404,9 @@ def _train_loop(
         cells.begin_epoch()
         for b_i, start in enumerate(range(0, n_train, bs)):
             if stop is not None and stop.is_set():
-                raise TrainingInterrupted(f"{labels[cells.members[0]]}: stopped at epoch {epoch}")
+                # every member named: each member's KILLED run carries this message
+                names = ", ".join(labels[m] for m in cells.members)
+                raise TrainingInterrupted(f"{names}: stopped at epoch {epoch}")
             cells.train_step(b_i, start, min(bs, n_train - start))
         out = cells.end_epoch()
         seconds = time.perf_counter() - t0

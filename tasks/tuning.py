@@ -50,15 +50,17 @@ from tasks.config import (
     resolve_config,
 )
 from tasks.search_spaces import Suggestion, paper_params, search_space, suggest
-from tasks.tracking import Tracker, claim_owner
+from tasks.tracking import Tracker, _owner_gone, claim_owner
 from tasks.training import EpochRecord, TrainingDiverged, select_device
 
 #: What every study minimises: the validation RMSE of the trial (normalised units).
 OBJECTIVE = "val_rmse"
 
 __all__ = [
+    "StorageUnavailable",
     "TuneResult",
     "TuneSpec",
+    "TuneTerminated",
     "TunedCells",
     "TunedOverrides",
     "TuningError",
@@ -69,6 +71,7 @@ __all__ = [
     "redact",
     "run_trials",
     "run_tuning",
+    "sigterm_interrupts",
     "study_name",
     "tuned_overrides",
 ]
@@ -76,6 +79,8 @@ __all__ = [
 #: Study user attribute holding the best configuration (see :func:`tuned_overrides`).
 BEST_ATTR = "best"
 PARENT_ATTR = "mlflow_parent_run_id"
+#: Trial user attribute naming the process that runs it (``tasks.tracking.claim_owner``).
+OWNER_ATTR = "owner"
 
 
 _PARENT_WAIT_SECONDS = 60.0  # how long a process waits for another to create the parent run
@@ -84,6 +89,38 @@ _SCHEMA_ATTEMPTS = 6  # opening a fresh server database: tries before giving up
 
 class TuningError(RuntimeError):
     """A study cannot be opened or has no usable result; the message says why."""
+
+
+class StorageUnavailable(TuningError):
+    """The Optuna storage is well named but cannot be reached or written (a server that does
+    not answer, a full disk): a fault of the environment, not of the command."""
+
+
+class TuneTerminated(KeyboardInterrupt):
+    """SIGTERM during a study: handled as Ctrl-C (the running trial ends FAIL, the parent run
+    KILLED), so that a terminated study resumes like an interrupted one."""
+
+    exit_code = 143  # 128 + SIGTERM, as the shell reports a process the signal ended
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`TuneTerminated` in the main thread (as SIGINT
+    raises ``KeyboardInterrupt``); outside the main thread, nothing changes."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, _frame: Any) -> None:
+        raise TuneTerminated(f"terminated by signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class TuneSpec(BaseModel):
@@ -174,12 +211,16 @@ def open_storage(
                 )
         except Exception as e:
             if attempt == _SCHEMA_ATTEMPTS or not _lost_schema_race(e):
+                first = str(e).splitlines()[0] if str(e) else ""
+                if isinstance(e, sqlalchemy.exc.OperationalError):
+                    raise StorageUnavailable(
+                        f"cannot reach the Optuna storage {redact(url)!r}: {first}"
+                    ) from e
                 raise TuningError(
                     f"cannot open the Optuna storage {redact(url)!r}: {type(e).__name__}: "
-                    f"{str(e).splitlines()[0] if str(e) else ''}\n"
-                    "Use an SQLAlchemy URL such as sqlite:////ABS/PATH/optuna.db or "
+                    f"{first}. Use an SQLAlchemy URL such as sqlite:////ABS/PATH/optuna.db or "
                     "postgresql+psycopg2://USER:PASSWORD@HOST:5432/optuna (with the driver "
-                    "installed)."
+                    "installed)"
                 ) from e
             # Jitter so that two losers of one race do not collide again.
             time.sleep(0.2 * attempt * (1 + random.random()))
@@ -265,6 +306,8 @@ class _QuietSurplus(logging.Filter):
         self.numbers: set[int] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
+            return False  # Ctrl-C or SIGTERM: the command says so once, without a traceback
         message = record.getMessage()
         return not any(message.startswith(f"Trial {n} failed") for n in self.numbers)
 
@@ -349,6 +392,10 @@ class _Session:
                 run = self.tracker.get_run_data(recorded)
                 if run.info.experiment_id == self.tracker.experiment_id:
                     self.tracker.set_tags(recorded, {"resumed": "true"})
+                    if "error" in run.data.tags:  # the error of an earlier, ended session
+                        self.tracker.client.delete_tag(recorded, "error")
+                    if run.info.status != "RUNNING":
+                        self.tracker.client.update_run(recorded, status="RUNNING")
                     return recorded
             except Exception:
                 pass  # another tracking store: start a parent there
@@ -399,6 +446,7 @@ class _Session:
             }
         )
         trial.set_user_attr("overrides", s.as_json())
+        trial.set_user_attr(OWNER_ATTR, claim_owner())
         tags = {
             "nllab.kind": "trial",
             "method": self.spec.method,
@@ -443,10 +491,7 @@ class _Session:
         threads = self.config.execution.torch_threads
         if threads is not None and torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
-        # Fail (and re-enqueue) the trials of a killed process before drawing new ones.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(self.study)
+        self.fail_dead_trials()
         total = self.spec.n_trials
         counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
         # A surplus trial is expected when processes share the study: no warning with traceback.
@@ -481,6 +526,54 @@ class _Session:
             )
         finally:
             optuna_log.removeFilter(quiet)
+
+    def fail_dead_trials(self) -> list[int]:
+        """Fail (and re-enqueue) the RUNNING trials whose process is gone: at once for a process
+        of this host that has ended, by heartbeat (no beat for the grace period) for any other.
+        Returns the numbers of the trials failed here."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.study)
+        failed = []
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            owner = t.user_attrs.get(OWNER_ATTR)
+            if owner and _owner_gone(owner):
+                try:
+                    self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                except RuntimeError:
+                    continue  # finished (or failed by another process) meanwhile
+                failed.append(t.number)
+                self.study.enqueue_trial(
+                    t.params, user_attrs={"origin": str(t.user_attrs.get("origin", "sampler"))}
+                )
+        return failed
+
+    def run_to_total(self) -> None:
+        """Run trials until the study holds ``spec.n_trials`` finished (complete or pruned)
+        ones. A trial RUNNING in another process keeps its place while it runs; should the study
+        still fall short once this process's trials are done (that trial failed, or its process
+        died), this process waits for those trials (failing them by heartbeat once stale) and
+        runs the missing ones, for as long as each round adds a finished trial."""
+        self.optimize(self.remaining(), self.spec.n_jobs)
+        while (missing := self.remaining()) > 0:
+            if self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                time.sleep(min(self.spec.heartbeat_seconds, 5))
+                self.fail_dead_trials()
+                continue
+            self.optimize(missing, self.spec.n_jobs)
+            if self.remaining() == missing:
+                return  # every trial of the round failed: the study ends short, as reported
+
+    def end_parent(self, error: BaseException) -> None:
+        """End the parent run because of ``error``: KILLED for Ctrl-C, SIGTERM or any other
+        interruption that is not an error (a ``BaseException`` such as Prefect's termination
+        signal), else FAILED with the error as its tag."""
+        try:
+            self.tracker.set_tags(self.parent_run_id, {"error": f"{type(error).__name__}: {error}"})
+            killed = not isinstance(error, Exception)
+            self.tracker.end_run(self.parent_run_id, "KILLED" if killed else "FAILED")
+        except Exception:  # the store itself may be what failed; the error is reported anyway
+            logging.getLogger(__name__).debug("could not end the parent run", exc_info=True)
 
     def finish(self) -> TuneResult:
         done = [t for t in self.study.get_trials(deepcopy=False) if t.state.is_finished()]
@@ -549,9 +642,19 @@ def open_session(spec: TuneSpec, parent_run_id: str | None = None) -> _Session:
 
 
 def run_tuning(spec: TuneSpec) -> TuneResult:
-    """Run the study until it holds ``spec.n_trials`` complete or pruned trials; resumable."""
+    """Run the study until it holds ``spec.n_trials`` complete or pruned trials; resumable.
+
+    Interrupted (Ctrl-C, or SIGTERM under :func:`sigterm_interrupts`), the running trial ends
+    FAIL and the parent run KILLED; the next call runs the missing trials."""
     session = open_session(spec)
-    session.optimize(session.remaining(), spec.n_jobs)
+    try:
+        # Inside the flow too: Prefect's engine installs a SIGTERM handler of its own that
+        # Optuna does not see as an interruption (the trial would stay RUNNING).
+        with sigterm_interrupts():
+            session.run_to_total()
+    except BaseException as e:
+        session.end_parent(e)
+        raise
     return session.finish()
 
 

@@ -149,7 +149,9 @@ def test_cli_import_parser_and_help_load_no_heavy_module(help_of):
     assert r.stdout.strip() == "[]"
 
 
-def test_benchmark_command_and_exit_codes(mlflow_store, prefect_server, tmp_path, capsys):
+def test_benchmark_command_and_exit_codes(
+    mlflow_store, prefect_server, tmp_path, capsys, monkeypatch
+):
     args = ["benchmark", "--profile", "smoke", "--systems", "integro_de", "--no-progress"]
     assert main([*args, "--methods", "neural_laplace"]) == 0
     out = capsys.readouterr().out
@@ -162,10 +164,19 @@ def test_benchmark_command_and_exit_codes(mlflow_store, prefect_server, tmp_path
     assert main([*args, "--methods", "neural_laplace,node", "--config", str(typo)]) == 2
     err = capsys.readouterr().err
     assert "unknown node setting 'no_such_option'" in err and "augment_dim" in err
-    # a failing cell (a value the model rejects when built): exit 1 and a hint to re-run
+    # a value the model's constructor would refuse: a usage error before any work
     bad = tmp_path / "bad.toml"
     bad.write_text("[models.node]\naugment_dim = -1\n")
-    assert main([*args, "--methods", "neural_laplace,node", "--config", str(bad)]) == 1
+    assert main([*args, "--methods", "neural_laplace,node", "--config", str(bad)]) == 2
+    assert "node setting 'augment_dim' must be at least 0, got -1" in capsys.readouterr().err
+    # a failing cell (its model fails as it runs): exit 1 and a hint to re-run
+    from nlmodels.baselines.ode import NODE
+
+    def broken(self, *a, **k):
+        raise RuntimeError("the vector field blew up")
+
+    monkeypatch.setattr(NODE, "forward", broken)
+    assert main([*args, "--methods", "neural_laplace,node"]) == 1
     out = capsys.readouterr().out
     assert "1 reused, 1 failed" in out and "run the same command again" in out
     # the report now finds the finished cell, with no flags: the latest benchmark's config

@@ -385,13 +385,15 @@ def test_stop_event_interrupts():
     stop = threading.Event()
     stop.set()
     datas = [_data(s) for s in (0, 1)]
-    with pytest.raises(TrainingInterrupted):
+    # the error names every member of the pack: each member's KILLED run names its own seed
+    with pytest.raises(TrainingInterrupted, match="node/seed0, node/seed1: stopped at epoch"):
         train_packed(
             [_model("node", 0), _model("node", 1)],
             [d[0] for d in datas],
             [d[1] for d in datas],
             _cfg(),
             seeds=[0, 1],
+            labels=["node/seed0", "node/seed1"],
             stop=stop,
         )
 

@@ -152,8 +152,8 @@ def test_device_and_profile_do_not_change_cell_hashes():
 
 
 def test_flat_params_cover_every_setting():
-    p = CellConfig(system="integro_de", method="node", seed=2, model={"hidden": 8}).flat_params()
-    assert p["seed"] == "2" and p["training.lr"] == "0.001" and p["model.hidden"] == "8"
+    p = CellConfig(system="integro_de", method="node", seed=2, model={"hidden": (8,)}).flat_params()
+    assert p["seed"] == "2" and p["training.lr"] == "0.001" and p["model.hidden"] == "[8]"
     assert p["data.fractions"] == "[0.8, 0.1, 0.1]"
     assert p["training.patience"] == "100"
 
@@ -239,3 +239,60 @@ def test_name_lists_known_without_numpy_match_the_registries():
 
     assert set(SYSTEM_NAMES) == set(SYSTEMS) and list(SYSTEM_NAMES) == sorted(SYSTEM_NAMES)
     assert set(METHODS) == set(MODELS)
+
+
+@pytest.mark.parametrize(
+    ("toml", "line"),
+    [
+        ('[models.node]\nhidden = "128"', "node setting 'hidden' must be a list of integers"),
+        ("[models.node]\nhidden = 128", "node setting 'hidden' must be a list of integers"),
+        ("[training]\nepochs = true", "training.epochs: must be an integer, got true"),
+        ('[training]\nlr = "1e-3"', 'training.lr: must be a number, got "1e-3"'),
+        ('[models.neural_laplace]\nlatent_dim = "4"', "'latent_dim' must be an integer, got \"4\""),
+        ("[models.neural_laplace]\nlatent_dim = -1", "'latent_dim' must be at least 1, got -1"),
+        ('[models.node]\nsolver = "eular"', "node setting 'solver' must be one of 'euler'"),
+        ('[models.neural_laplace]\nilt = "talbott"', "'ilt' must be one of 'cme', 'dehoog'"),
+        ("[models.node]\nadjoint = 1", "node setting 'adjoint' must be true or false, got 1"),
+        ("[models.node]\nrtol = 0", "node setting 'rtol' must be positive, got 0"),
+        ("[models.anode]\naugment_dim = 0", "anode setting 'augment_dim' must be at least 1"),
+        ("[data]\nfractions = [0.8, 0.1, true]", "data.fractions: item 3 must be a number"),
+        ('pack = "yes"', 'execution.pack: must be true or false, got "yes"'),
+        ("seeds = [0, true]", "seeds: item 2 must be an integer, got true"),
+    ],
+)
+def test_values_of_the_wrong_kind_or_range_are_refused_with_one_line(tmp_path, toml, line):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(toml + "\n")
+    with pytest.raises(ConfigError) as err:
+        resolve_config("smoke", cfg, {})
+    lines = str(err.value).splitlines()
+    assert lines[0] == "invalid configuration:" and len(lines) == 2, lines
+    assert line in lines[1]
+
+
+def test_every_bad_model_option_is_its_own_line_and_valid_ones_still_pass():
+    bad = {"node": {"hidden": "8", "solver": "eular"}, "neural_laplace": {"latent_dim": 0}}
+    with pytest.raises(ConfigError) as err:
+        resolve_config("smoke", overrides={"models": bad})
+    assert len(str(err.value).splitlines()) == 4
+    good = {
+        "node": {"hidden": [8, 8], "solver": "rk4", "rtol": 1e-4, "augment_dim": 0},
+        "neural_laplace": {"ilt": "talbot", "latent_dim": 4, "max_frequency": 2, "terms": 17},
+        "latent_ode": {"obs_std": 1, "encoder_steps": 2},  # an integer is a number
+    }
+    cfg = resolve_config("smoke", overrides={"models": good, "data": {"n_trajectories": 2e3}})
+    assert cfg.models["node"]["hidden"] == (8, 8) and cfg.data.n_trajectories == 2000
+    # the tuned path validates through the cell config alike
+    with pytest.raises(ValueError, match="node setting 'hidden' must be a list of integers"):
+        CellConfig(system="integro_de", method="node", seed=0, model={"hidden": "64"})
+
+
+def test_seeds_beyond_32_bits_are_refused():
+    with pytest.raises(ConfigError, match="distinct non-negative integers up to 4294967295"):
+        resolve_config("smoke", overrides={"seeds": [99999999999999999999]})
+    assert resolve_config("smoke", overrides={"seeds": [2**32 - 1]}).seeds == (2**32 - 1,)
+
+
+def test_an_experiment_name_longer_than_mlflow_allows_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"tracking\.experiment: String should have at most 500"):
+        resolve_config("smoke", overrides={"tracking": {"experiment": "x" * 501}})

@@ -95,3 +95,51 @@ def test_no_server_explains_how_to_start_one(tmp_path, capsys, monkeypatch):
     assert "benchmark-nightly" in capsys.readouterr().out
     bad = _write(tmp_path, '[[schedule]]\nname = "z"\nflow = "benchmark"\ncron = "bad"\n')
     assert cmd_serve(parser.parse_args(["serve", "--config", str(bad)])) == 2
+
+
+def test_instances_on_one_server_pause_only_what_no_other_serves(prefect_server, monkeypatch):
+    from prefect.client.orchestration import get_client
+
+    import flows.serve as serve
+
+    deployments = build_deployments(load_schedules())[:2]
+    ids = [d.apply() for d in deployments]
+    names = [f"{d.flow_name}/{d.name}" for d in deployments]
+    first, second = serve.ServeLease("http://x/api", names), serve.ServeLease("http://x/api", names)
+    first.beat()
+    second.beat()
+    assert first.served_by_others() == set(names) == second.served_by_others()
+    assert first.release() == []  # the second still serves them: nothing to pause
+    assert second.served_by_others() == set()
+    alone = second.release()
+    assert alone == sorted(names)
+    serve.pause_deployments(alone)
+    with get_client(sync_client=True) as client:
+        assert all(client.read_deployment(i).paused for i in ids)
+    # an instance that died without cleaning up stops counting once its beat is stale
+    ghost, me = serve.ServeLease("http://x/api", names), serve.ServeLease("http://x/api", names)
+    ghost.beat()
+    assert me.served_by_others() == set(names)
+    monkeypatch.setattr(serve.time, "time", lambda: 10**10)
+    assert me.served_by_others() == set() and me.release() == sorted(names)
+
+
+def test_a_serve_whose_server_stops_answering_is_told_to_stop(monkeypatch):
+    import threading
+    import time
+
+    import flows.serve as serve
+
+    up = threading.Event()
+    up.set()
+    monkeypatch.setattr(serve, "_healthy", lambda url, timeout=2.0: up.is_set())
+    monkeypatch.setattr(serve.ServeLease, "beat", lambda self: None)
+    lost = threading.Event()
+    lease = serve.ServeLease("http://127.0.0.1:9/api", ["f/d"])
+    thread = lease.watch(lost.set, every=0.05)
+    time.sleep(0.3)
+    assert not lost.is_set() and not lease.server_lost.is_set()  # healthy: keeps serving
+    up.clear()
+    assert lost.wait(5) and lease.server_lost.is_set()
+    thread.join(5)
+    assert not thread.is_alive()

@@ -4,7 +4,9 @@ Each subcommand has its own module here with ``add_parser(subparsers)`` and a ``
 handler that imports the heavy stack (torch, mlflow, prefect) only when the command runs, so
 ``--help`` and usage errors answer at once. Exit codes, mapped once in :func:`main`: 0 success;
 1 some cells failed or a runtime error; 2 a usage or configuration error (unknown name, bad value,
-missing GPU, busy port); 3 the tracking store cannot be reached; 130 Ctrl-C.
+missing GPU, busy port); 3 a fault of the environment (the tracking store, Optuna storage or Dask
+scheduler cannot be reached, a full disk: one line, the traceback in ``$NLLAB_HOME/logs``);
+130 Ctrl-C; 143 SIGTERM of ``nllab tune``.
 """
 
 from __future__ import annotations
@@ -63,30 +65,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_environment()  # offline switches and tracking defaults, before the stack loads
     from tasks.config import ConfigError
 
+    home = None
     try:
         if (check := getattr(args, "precheck", None)) is not None:
             check(args)  # names, files, registry URIs: before torch, MLflow or Prefect load
         from datasets._cache import require_writable_home
+        from flows.cli._common import check_environment
+        from flows.cli._faults import check_free_space
 
-        require_writable_home()
+        check_environment()
+        home = require_writable_home()
+        check_free_space(home)
         return args.handler(args)
     except (ConfigError, UsageError) as e:
         print(f"nllab {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print(
             f"\nnllab {args.command}: interrupted; finished cells are kept, run again to resume",
             file=sys.stderr,
         )
-        return EXIT_INTERRUPTED
+        return getattr(e, "exit_code", EXIT_INTERRUPTED)  # 143 for SIGTERM
     except Exception as e:
+        from flows.cli._faults import describe_fault, write_log
+
         cache = sys.modules.get("datasets._cache")
         if cache is not None and isinstance(e, cache.CacheError):
             print(f"nllab {args.command}: error: {e}", file=sys.stderr)
             return EXIT_USAGE
-        # The tracking adapter is loaded by now if the store was the problem.
-        tracking = sys.modules.get("tasks.tracking")
-        if tracking is not None and isinstance(e, tracking.TrackingUnavailable):
-            print(f"nllab {args.command}: error: {e}", file=sys.stderr)
+        # A full disk, a server gone: one line naming it; the traceback goes to a log file.
+        if (fault := describe_fault(e, home)) is not None:
+            log = write_log(args.command, e, home)
+            where = f" (details: {log})" if log is not None else ""
+            print(f"nllab {args.command}: error: {fault}{where}", file=sys.stderr)
             return EXIT_TRACKING
+        if type(e).__name__ in ("DaskSetupError", "TuningError"):  # a setting to change
+            print(f"nllab {args.command}: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
         raise

@@ -22,10 +22,13 @@ __all__ = [
     "UsageError",
     "add_runner_options",
     "add_selection",
+    "check_environment",
     "check_names",
     "check_registry_uri",
     "parse_seeds",
+    "positive_int",
     "split_names",
+    "task_runner",
 ]
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TRACKING, EXIT_INTERRUPTED = 1, 2, 3, 130
@@ -62,10 +65,54 @@ def parse_seeds(values: Sequence[str] | None) -> list[int] | None:
     names = split_names(values)
     if names is None:
         return None
+    from tasks.config import MAX_SEED
+
     try:
-        return [int(n) for n in names]
+        seeds = [int(n) for n in names]
     except ValueError:
-        raise UsageError(f"--seeds takes non-negative integers, got {' '.join(values)!r}") from None
+        seeds = []
+    if not seeds or any(s > MAX_SEED for s in seeds):  # negatives: the config says so
+        raise UsageError(
+            f"--seeds takes non-negative integers up to {MAX_SEED}, got {' '.join(values)!r}"
+        ) from None
+    return seeds
+
+
+def positive_int(text: str) -> int:
+    """An ``argparse`` type: an integer of at least 1 (``--trials 0`` is a usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of at least 1, got {text!r}")
+    return value
+
+
+def task_runner(args: argparse.Namespace) -> str | None:
+    """The task runner the arguments ask for: ``--dask-address`` implies ``dask``, and with
+    ``--task-runner thread`` it is a :class:`UsageError` (it would be silently ignored)."""
+    runner, address = getattr(args, "task_runner", None), getattr(args, "dask_address", None)
+    if address and runner == "thread":
+        raise UsageError(
+            f"--dask-address {address} needs the Dask runner: drop --task-runner thread "
+            "(--dask-address implies --task-runner dask)"
+        )
+    return "dask" if address else runner
+
+
+def check_environment() -> None:
+    """Environment variables that would fail deep inside a run: a :class:`UsageError` now."""
+    import os
+
+    from tasks.config import MAX_EXPERIMENT_NAME
+
+    name = os.environ.get("NLLAB_EXPERIMENT", "")
+    if len(name) > MAX_EXPERIMENT_NAME:
+        raise UsageError(
+            f"NLLAB_EXPERIMENT is {len(name)} characters long; MLflow experiment names have at "
+            f"most {MAX_EXPERIMENT_NAME}"
+        )
 
 
 def add_runner_options(p: argparse.ArgumentParser, default: str | None = None) -> None:
@@ -151,7 +198,7 @@ def overrides(args: argparse.Namespace) -> dict:
         "seeds": parse_seeds(getattr(args, "seeds", None)),
         "device": getattr(args, "device", None),
         "max_workers": getattr(args, "max_workers", None),
-        "task_runner": getattr(args, "task_runner", None),
+        "task_runner": task_runner(args),
         "dask_address": getattr(args, "dask_address", None),
         "pack": getattr(args, "pack", None),
     }
@@ -169,6 +216,18 @@ def resolve(args: argparse.Namespace, profile: str | None = None):
     from tasks.config import resolve_config
 
     config = resolve_config(profile or args.profile, args.config, overrides(args))
+    if address := config.execution.dask_address:
+        # Seconds, before the stack loads: not Dask's retries, with tracebacks, a minute later.
+        from flows.cli._faults import EnvironmentFault, connect_error
+
+        if isinstance(error := connect_error(address, 5.0), ValueError):
+            raise UsageError(f"--dask-address takes tcp://HOST:PORT, got {address!r}")
+        if error is not None:
+            raise EnvironmentFault(
+                f"no Dask scheduler answers at {address} "
+                f"({getattr(error, 'strerror', None) or error}): start it "
+                "(`dask scheduler --port PORT`) or correct --dask-address"
+            )
     if config.execution.device == "cuda":
         from tasks.training import select_device
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from flows.cli._common import add_selection, check_selection, resolve
+from flows.cli._common import UsageError, add_selection, check_selection, resolve
 
 __all__ = ["add_parser", "run"]
 
@@ -40,7 +41,20 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+def check_out_folder(out: str | None) -> None:
+    """``--out`` must name a folder (existing or not): a :class:`UsageError` if it, or a folder
+    above it, is a file."""
+    if not out:
+        return
+    path = Path(out)
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            what = "is a file" if p == path else f"is below {str(p)!r}, a file"
+            raise UsageError(f"--out {out!r} {what}; --out names the folder the report goes into")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_out_folder(args.out)
     # With a profile named, bad values fail here, before MLflow loads.
     config = resolve(args) if args.profile else None
     # Loading MLflow and reading every run takes seconds: say so before the first result.

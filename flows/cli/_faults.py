@@ -1,0 +1,161 @@
+"""Faults of the environment as one line and exit code 3: a full disk, a tracking server, Optuna
+storage or Dask scheduler that cannot be reached.
+
+The terminal gets one line naming the cause; the full traceback goes to a log file under
+``$NLLAB_HOME/logs`` that the line names. Only the standard library loads here.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+__all__ = [
+    "MIN_FREE_MB",
+    "EnvironmentFault",
+    "check_free_space",
+    "connect_error",
+    "describe_fault",
+    "fault_in_text",
+    "names_fault",
+    "write_log",
+]
+
+#: Free megabytes a command needs in ``$NLLAB_HOME`` to start (``NLLAB_MIN_FREE_MB`` overrides):
+#: the MLflow store, the Prefect database and the data cache all grow as it runs, and a disk that
+#: fills up mid-run fails every cell at once.
+MIN_FREE_MB = 50.0
+
+_DISK_FULL = ("database or disk is full", "no space left on device", "disk quota exceeded")
+_UNREACHABLE = (
+    "connection refused",
+    "max retries exceeded",
+    "failed to establish a new connection",
+    "name or service not known",
+    "could not connect to server",
+    "connection reset by peer",
+    "remotedisconnected",
+)
+
+
+class EnvironmentFault(RuntimeError):
+    """The machine, not the command, is at fault (exit 3); the message says what to do."""
+
+
+def _free_mb(folder: Path) -> float | None:
+    try:
+        return shutil.disk_usage(folder).free / 2**20
+    except OSError:
+        return None
+
+
+def check_free_space(folder: Path, min_mb: float | None = None) -> None:
+    """Raise :class:`EnvironmentFault` when ``folder``'s disk has less than ``min_mb`` free
+    (default ``NLLAB_MIN_FREE_MB``, else :data:`MIN_FREE_MB`)."""
+    if min_mb is None:
+        try:
+            min_mb = float(os.environ.get("NLLAB_MIN_FREE_MB", MIN_FREE_MB))
+        except ValueError:
+            min_mb = MIN_FREE_MB
+    free = _free_mb(folder)
+    if free is not None and free < min_mb:
+        raise EnvironmentFault(
+            f"only {free:.1f} MB free on the disk of {str(folder)!r} (at least {min_mb:.0f} MB "
+            "needed: the MLflow store, Prefect's database and the data cache grow as a command "
+            "runs); free some space or set NLLAB_HOME to a folder on another disk"
+        )
+
+
+def connect_error(address: str, timeout: float) -> OSError | ValueError | None:
+    """Why nothing accepts a TCP connection at ``scheme://host:port`` within ``timeout``
+    seconds (``None`` when something does, or for a scheme that is not probed)."""
+    import socket
+
+    scheme, _, rest = address.partition("://")
+    if scheme not in ("tcp", "tls"):
+        return None
+    host, _, port = rest.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout).close()
+    except (OSError, ValueError) as e:
+        return e
+    return None
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error`` and the exceptions it was raised from or during, outermost first."""
+    seen: list[BaseException] = []
+    while error is not None and error not in seen and len(seen) < 32:
+        seen.append(error)
+        error = error.__cause__ or error.__context__
+    return seen
+
+
+def names_fault(message: str) -> bool:
+    """Whether a log message is about a fault of the environment (e.g. Prefect's "Finished in
+    state Failed('... database or disk is full')", urllib3's retries against a tracking server
+    that is gone)."""
+    return fault_in_text(message) is not None
+
+
+def fault_in_text(text: str, home: Path | None = None) -> str | None:
+    """:func:`describe_fault` of an error known only by its text (a failed cell's ``error``)."""
+    return describe_fault(RuntimeError(text), home)
+
+
+def describe_fault(error: BaseException, home: Path | None = None) -> str | None:
+    """One line naming the environmental cause of ``error``, or ``None`` if it is not one."""
+    chain = _chain(error)
+    for e in chain:
+        if isinstance(e, EnvironmentFault):
+            return str(e)
+    for e in chain:
+        text = f"{type(e).__name__}: {e}".lower()
+        full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+        if full or any(marker in text for marker in _DISK_FULL):
+            where = home if home is not None else Path(getattr(e, "filename", None) or ".")
+            free = _free_mb(where)
+            left = f" ({free:.1f} MB free)" if free is not None else ""
+            return (
+                f"the disk of {str(where)!r} is full{left}: free some space, then run the same "
+                "command again (finished work is kept)"
+            )
+    # Faults the platform already names (a store, a storage, a scheduler it cannot reach).
+    for e in chain:
+        if type(e).__name__ in ("TrackingUnavailable", "StorageUnavailable", "DaskUnreachable"):
+            return str(e) or type(e).__name__
+    for e in chain:
+        text = str(e).lower()
+        if any(marker in text for marker in _UNREACHABLE):
+            uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+            if uri.startswith(("http://", "https://")) and (
+                "mlflow" in type(e).__module__ or "/api/2.0/mlflow" in text or uri in str(e)
+            ):
+                return (
+                    f"the MLflow tracking server {uri} stopped answering; start it again, then "
+                    "run the same command (finished cells are kept)"
+                )
+    return None
+
+
+def write_log(command: str, error: BaseException, home: Path | None) -> Path | None:
+    """Write ``error``'s full traceback to ``home/logs`` (else the temporary folder); the path,
+    or ``None`` when no file could be written (a full disk everywhere)."""
+    text = "".join(traceback.format_exception(error))
+    name = f"nllab-{command}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    folders = ([home / "logs"] if home is not None else []) + [Path(tempfile.gettempdir())]
+    for folder in folders:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / name
+            path.write_text(f"nllab {' '.join(sys.argv[1:])}\n\n{text}")
+            return path
+        except OSError:
+            continue
+    return None
