@@ -27,13 +27,17 @@ def simulate_task(system: str, data: DataConfig, seed: int) -> str:
 
 
 def pack_label(cells: Sequence[CellConfig]) -> str:
-    """``system/method/seed0`` for one cell, ``system/method/seeds 0,1,2`` for a pack, and what
-    sets the cells apart from the model's defaults, if anything (``… (stereographic=False)``),
-    so that the variants of a study have distinct task names."""
+    """``system/method/seed0`` for one cell, ``system/method/seeds 0,1,2`` for a pack of one
+    system, ``method: system/seed0, other/seed0`` for a pack across systems, and what sets the
+    cells apart from the model's defaults, if anything (``… (stereographic=False)``), so that
+    the variants of a study have distinct task names."""
     c = cells[0]
-    label = c.key if len(cells) == 1 else f"{c.system}/{c.method}/seeds "
-    if len(cells) > 1:
-        label += ",".join(str(x.seed) for x in cells)
+    if len(cells) == 1:
+        label = c.key
+    elif len({x.system for x in cells}) == 1:
+        label = f"{c.system}/{c.method}/seeds " + ",".join(str(x.seed) for x in cells)
+    else:
+        label = f"{c.method}: " + ", ".join(f"{x.system}/seed{x.seed}" for x in cells)
     variant = cell_variant(c)
     return f"{label} ({variant})" if variant else label
 

@@ -145,3 +145,12 @@ def test_claims_keep_two_owners_from_training_one_cell(mlflow_store, monkeypatch
     assert got.status == "reused" and got.run_id == trained.run_id
     cell_runs = t.client.search_runs([t.experiment_id], "tags.`nllab.kind` = 'cell'")
     assert len(cell_runs) == 1  # trained once
+
+
+def test_pack_labels_name_every_cell_of_a_pack():
+    from tasks.prefect_tasks import pack_label
+
+    assert pack_label([_cell(0)]) == "integro_de/node/seed0"
+    assert pack_label([_cell(0), _cell(1)]) == "integro_de/node/seeds 0,1"
+    mixed = [_cell(0), _cell(0, system="sine", data={"n_trajectories": 30})]
+    assert pack_label(mixed) == "node: integro_de/seed0, sine/seed0"
