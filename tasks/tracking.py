@@ -1043,9 +1043,9 @@ class Tracker:
                 listed = self.client.list_artifacts(record.run_id, artifact_path)
             except Exception as e:
                 return f"its model cannot be listed ({type(e).__name__}: {_first_line(e)})"
-            if not listed and not self._logged_model_folders(record.run_id):
-                return f"its model is missing from the artifact store ({uri}/{artifact_path})"
-            return None
+            if listed or self._remote_logged_model(record.run_id):
+                return None
+            return f"its model is missing from the artifact store ({uri}/{artifact_path})"
         from tasks.modelio import load_model
 
         folder = local / artifact_path
@@ -1059,6 +1059,18 @@ class Tracker:
         except Exception as e:
             return f"its model at {folder} does not load ({type(e).__name__}: {_first_line(e)})"
         return None
+
+    def _remote_logged_model(self, run_id: str) -> bool:
+        """Whether the run's MLflow 3 logged model lists its ``MLmodel`` in a remote artifact
+        store (an ``mlflow-artifacts:`` server, an object store): listed, not loaded."""
+        try:
+            model_id = self.logged_model_id(run_id)
+            if model_id is None:
+                return False
+            files = self.client.list_logged_model_artifacts(model_id)
+        except Exception:
+            return False
+        return any(f.path == "MLmodel" for f in files)
 
     def _logged_model_folders(self, run_id: str) -> list[Path]:
         """Local artifact folders of MLflow 3 logged models whose source is ``run_id``."""
