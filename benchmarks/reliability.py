@@ -278,7 +278,7 @@ PAIR = [
 CHAMPION_URI = "models:/neural-laplace-integro_de@champion"
 
 
-def _row(name: str, ok: bool, seconds: float, detail: str) -> None:
+def _timed_row(name: str, ok: bool, seconds: float, detail: str) -> None:
     print(f"  {'pass' if ok else 'FAIL'}  {name:<34} {seconds:6.1f} s  {detail}", flush=True)
 
 
@@ -347,7 +347,7 @@ def home_faults(scratch: Path) -> None:
     shutil.rmtree(orig)
     again = _cli(copy, "reproduce", CHAMPION_URI)
     ok = first.returncode == second.returncode == again.returncode == 0 and touched == 0
-    _row("copied home stays independent", ok, time.monotonic() - t0,
+    _timed_row("copied home stays independent", ok, time.monotonic() - t0,
          f"files written into the original: {touched}; reproduce in the copy after deleting "
          f"the original: exit {again.returncode}; {_summary(second.stdout)}")  # fmt: skip
 
@@ -359,7 +359,7 @@ def home_faults(scratch: Path) -> None:
     told = [ln for ln in (rerun.stdout + rerun.stderr).splitlines() if victim in ln]
     summary = _summary(rerun.stdout)
     ok = rerun.returncode == 0 and "1 finished, 3 reused" in summary and len(told) == 1
-    _row("finished run without its model", ok, time.monotonic() - t0,
+    _timed_row("finished run without its model", ok, time.monotonic() - t0,
          f"{summary}; lines naming the run: {len(told)}")  # fmt: skip
 
     t0 = time.monotonic()
@@ -370,7 +370,7 @@ def home_faults(scratch: Path) -> None:
     last = (lines or [""])[-1]
     ok = r.returncode in (2, 3) and len(_error_lines(r.stderr)) == 1 and champion in r.stderr
     ok = ok and "Traceback" not in r.stderr
-    _row("reproduce, champion's model missing", ok, time.monotonic() - t0,
+    _timed_row("reproduce, champion's model missing", ok, time.monotonic() - t0,
          f"exit {r.returncode}, {len(lines)} stderr lines: …{last[-100:]}")  # fmt: skip
     shutil.move(model.with_name("model.aside"), model)
 
@@ -391,7 +391,7 @@ def home_faults(scratch: Path) -> None:
     replaced = _champion_run(copy) != champion
     back = _cli(copy, "reproduce", CHAMPION_URI)
     ok = gone_ok and rerun.returncode == 0 and replaced and back.returncode == 0
-    _row("champion's run deleted and purged", ok, time.monotonic() - t0,
+    _timed_row("champion's run deleted and purged", ok, time.monotonic() - t0,
          f"reproduce exit {r.returncode} ({(_error_lines(r.stderr) or [''])[0][:60]}...); "
          f"retrain: {_summary(rerun.stdout)}; alias replaced: {replaced}; "
          f"reproduce then: exit {back.returncode}")  # fmt: skip
@@ -435,7 +435,7 @@ def suspended(scratch: Path, stale: float = 60.0) -> None:
     killed = [r for r, st, _, _ in _cell_runs(home, "KILLED")]
     fenced = sum("lost its claim" in (_tag(home, r, "error") or "") for r in killed)
     ok = twice == 0 and waiting == 1 and fenced == 1 and a.returncode == b.returncode == 0
-    _row("suspended past the stale time", ok, time.monotonic() - t0,
+    _timed_row("suspended past the stale time", ok, time.monotonic() - t0,
          f"cells trained twice: {twice}; 'waiting for cell' lines: {waiting}; resumed run "
          f"ended KILLED (lost claim): {fenced}; exits {a.returncode}/{b.returncode}; "
          f"resumed: {_summary(out_a)}; second: {_summary(b.stdout)}")  # fmt: skip
@@ -450,10 +450,11 @@ def worker_death(scratch: Path) -> None:
         home = _fresh(scratch / f"worker-{sig.name}")
         cfg = home / "isolation.toml"
         cfg.write_text('isolation = "process"\n')
+        # --no-pack: one cell a worker (integro and piecewise would pack their node cells)
         args = ["benchmark", "--profile", "smoke", "--systems", "integro_de",
                 "piecewise_forcing_ode", "--methods", "node", "neural_laplace", "--seeds", "0",
                 "--epochs", "20", "--max-workers", "2", "--no-progress", "--no-register",
-                "--config", str(cfg)]  # fmt: skip
+                "--no-pack", "--config", str(cfg)]  # fmt: skip
         t0 = time.monotonic()
         p = _nllab(home, *args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         victim = None
@@ -468,7 +469,7 @@ def worker_death(scratch: Path) -> None:
         runs = _cell_runs(home)
         count = {st: sum(x[1] == st for x in runs) for st in ("FINISHED", "FAILED", "RUNNING")}
         ok = count == {"FINISHED": 3, "FAILED": 1, "RUNNING": 0} and "BrokenProcessPool" not in out
-        _row(f"{sig.name} of one worker", ok, time.monotonic() - t0,
+        _timed_row(f"{sig.name} of one worker", ok, time.monotonic() - t0,
              f"cell runs {count}; exit {p.returncode}; BrokenProcessPool "
              f"{out.count('BrokenProcessPool')}, tracebacks {out.count('Traceback')}; "
              f"{_summary(out)}")  # fmt: skip
