@@ -314,6 +314,15 @@ def _artifact_uri(home: Path, run_id: str) -> str:
     return _sql(home, "SELECT artifact_uri FROM runs WHERE run_uuid = ?", run_id)[0][0]
 
 
+def _model_folder(home: Path, run_id: str) -> Path:
+    """Where a cell run's model lies: its MLflow 3 logged model's folder, else (a run from
+    before models were logged so) the run's ``model`` artifact folder."""
+    rows = _sql(home, "SELECT artifact_location FROM logged_models WHERE source_run_id = ?", run_id)
+    if rows:
+        return Path(rows[0][0].removeprefix("file://"))
+    return Path(_artifact_uri(home, run_id)) / "model"
+
+
 def _tag(home: Path, run_id: str, key: str) -> str | None:
     rows = _sql(home, "SELECT value FROM tags WHERE run_uuid = ? AND key = ?", run_id, key)
     return rows[0][0] if rows else None
@@ -354,7 +363,7 @@ def home_faults(scratch: Path) -> None:
     t0 = time.monotonic()
     champion = _champion_run(copy)
     victim = next(r for r, _, _, _ in _cell_runs(copy, "FINISHED") if r != champion)
-    shutil.rmtree(_artifact_uri(copy, victim))
+    shutil.rmtree(_model_folder(copy, victim))
     rerun = _cli(copy, "benchmark", *PAIR, "--seeds", "0", "1")
     told = [ln for ln in (rerun.stdout + rerun.stderr).splitlines() if victim in ln]
     summary = _summary(rerun.stdout)
@@ -363,7 +372,7 @@ def home_faults(scratch: Path) -> None:
          f"{summary}; lines naming the run: {len(told)}")  # fmt: skip
 
     t0 = time.monotonic()
-    model = Path(_artifact_uri(copy, champion)) / "model"
+    model = _model_folder(copy, champion)
     shutil.move(model, model.with_name("model.aside"))
     r = _cli(copy, "reproduce", CHAMPION_URI)
     lines = r.stderr.strip().splitlines()

@@ -97,6 +97,34 @@ def test_a_finished_run_without_a_usable_model_is_trained_again(mlflow_store, tm
     assert not capsys.readouterr().err  # said once
 
 
+def test_a_finished_run_whose_logged_model_is_gone_is_trained_again(mlflow_store, tmp_path, capsys):
+    """Cells log their model as an MLflow 3 logged model (not among the run's artifacts): a
+    finished run whose logged model's folder is gone is trained again, said in one line."""
+    t = Tracker.connect()
+    gone, fine = _cell(0), _cell(1)
+    runs = {}
+    for c in (gone, fine):
+        with seeded(0):
+            model = build_model("node", 1)
+        with t.run("cell", {"nllab.kind": "cell", "config_hash": c.config_hash()}) as run_id:
+            save_model(
+                model, ModelSpec(method="node", state_dim=1, test_rmse=0.5), tmp_path / run_id
+            )
+            t.log_model(run_id, tmp_path / run_id)
+            t.log_metrics(run_id, {"test_rmse": 0.5})
+        runs[c.seed] = run_id
+    reused, todo = stored_results(t, [gone, fine])
+    assert len(reused) == 2 and not todo
+    assert not (_artifacts(t, runs[0]) / "model").exists()  # the model is not a run artifact
+    location = t.client.get_logged_model(t.logged_model_id(runs[0])).artifact_location
+    shutil.rmtree(Path(location.removeprefix("file://")))
+    capsys.readouterr()
+    reused, todo = stored_results(t, [gone, fine])
+    assert [r.run_id for r in reused] == [runs[1]] and todo == [gone]
+    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if runs[0] in ln]
+    assert "is missing" in line and "training it again" in line
+
+
 # -- no double training --------------------------------------------------------------------------
 def test_a_claimant_that_lost_its_claim_does_not_log_finished(
     mlflow_store, tmp_path, monkeypatch, capsys
