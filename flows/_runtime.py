@@ -31,6 +31,7 @@ from prefect.settings import (
 )
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
+from tasks._filelock import exclusive
 from tasks.config import RunConfig
 
 __all__ = [
@@ -135,7 +136,7 @@ class _GuardedServer(SubprocessASGIServer):
     def start(self, timeout: int | None = None) -> None:
         # Servers of processes started together on one Prefect home would migrate its database
         # at the same time: one starts (and migrates) at a time.
-        with _exclusive(Path(PREFECT_HOME.value()).expanduser() / ".nllab-server-start.lock"):
+        with exclusive(Path(PREFECT_HOME.value()).expanduser() / ".nllab-server-start.lock"):
             super().start(timeout)
 
     def stop(self) -> None:
@@ -145,23 +146,6 @@ class _GuardedServer(SubprocessASGIServer):
             self.server_process.terminate()
         self.server_process = None
         super().stop()
-
-
-@contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``lock_path`` (nothing where that is impossible)."""
-    try:
-        import fcntl
-
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    except (ImportError, OSError):
-        yield  # Prefect itself reports an unusable home
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _guard_temporary_server() -> None:

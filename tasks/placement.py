@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tasks._filelock import exclusive
 from tasks.config import CellConfig
 from tasks.training import TrainResult, seeded, select_device
 
@@ -240,21 +241,15 @@ def _probe_key(cell: CellConfig, members: int) -> str:
 
 @contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive ``flock`` next to ``path`` (threads of this process: also ``_LOCK``)."""
+    """An exclusive ``flock`` next to ``path`` (threads of this process: also ``_LOCK``); in a
+    read-only home, the thread lock only (entries may then not be kept)."""
     with _LOCK:
         try:
-            import fcntl
-
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        except (ImportError, OSError):
-            yield  # a read-only home: the thread lock only (entries may then not be kept)
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        with exclusive(path.with_suffix(".lock")):
             yield
-        finally:
-            os.close(fd)
 
 
 def _read(path: Path) -> dict[str, dict[str, float]]:
