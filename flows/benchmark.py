@@ -21,7 +21,7 @@ from tasks.cell import CellRuntime
 from tasks.config import RunConfig
 from tasks.engine import run_cells, stored_results
 from tasks.reporting import CellResult, ResultsTable, parent_summary, results_table
-from tasks.tracking import Promotion, Tracker
+from tasks.tracking import Promotion, RunTags, Tracker, parent_run
 
 __all__ = [
     "BenchmarkSummary",
@@ -79,24 +79,23 @@ def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
         "the native C kernels" if native_cpu_kernels() else "the pure-torch path",
     )
     stop = threading.Event()
-    tags = {"nllab.kind": "benchmark", "profile": config.profile}
-    with tracker.run(f"benchmark-{config.profile}", tags) as parent:
+    with parent_run(
+        tracker,
+        f"benchmark-{config.profile}",
+        kind="benchmark",
+        tags={RunTags.PROFILE: config.profile},
         # The experiment as parameters and run_config.json; how it executed as tags.
-        tracker.log_params(
-            parent,
-            {
-                "profile": config.profile,
-                "systems": ",".join(config.systems),
-                "methods": ",".join(config.methods),
-                "seeds": ",".join(map(str, config.seeds)),
-                "n_cells": len(cells),
-            },
-        )
-        tracker.set_tags(
-            parent,
-            {f"execution.{k}": v for k, v in config.execution.model_dump(mode="json").items()},
-        )
-        tracker.log_text(parent, config.experiment_json(), "run_config.json")
+        params={
+            "profile": config.profile,
+            "systems": ",".join(config.systems),
+            "methods": ",".join(config.methods),
+            "seeds": ",".join(map(str, config.seeds)),
+            "n_cells": len(cells),
+        },
+        execution=config.execution.model_dump(mode="json"),
+        config_json=(config.experiment_json(), "run_config.json"),
+    ) as run:
+        parent = run.run_id
         runtime = CellRuntime.for_config(
             tracker, config, parent, stop=stop if config.execution.task_runner == "thread" else None
         )
@@ -111,15 +110,7 @@ def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
             results, f"Benchmark, profile {config.profile}"
         )
         tracker.log_metrics(parent, summary_metrics)
-        tracker.set_tags(
-            parent,
-            {
-                "cells_finished": sum(r.status == "finished" for r in results),
-                "cells_reused": sum(r.status == "reused" for r in results),
-                "cells_failed": len(failed),
-                "mlflow.note.content": description[:5000],
-            },
-        )
+        run.record_cells(results, note=description)
         for r in failed:
             logger.error("cell %s/%s/seed%d %s: %s", r.system, r.method, r.seed, r.status, r.error)
     return BenchmarkSummary(
@@ -141,7 +132,7 @@ def run_benchmark(config: RunConfig) -> BenchmarkSummary:
     if not todo:
         promotions = _promote(tracker, reused) if config.tracking.register_models else []
         first = reused[0].run_id if reused else None
-        parent = tracker.get_run_data(first).data.tags.get("mlflow.parentRunId", first)
+        parent = tracker.get_run_data(first).data.tags.get(RunTags.PARENT, first)
         return BenchmarkSummary(
             parent,
             tuple(reused),

@@ -33,7 +33,7 @@ from tasks.engine import run_cells
 from tasks.evaluation import evaluate
 from tasks.modelio import load_model
 from tasks.reporting import CellResult
-from tasks.tracking import Tracker
+from tasks.tracking import RunTags, Tracker, parent_run
 
 __all__ = [
     "DataMismatch",
@@ -122,7 +122,7 @@ def _recorded_cell(
     spec_cell: Mapping[str, Any], tags: Mapping[str, str], run_id: str
 ) -> CellConfig:
     cell = CellConfig.model_validate(dict(spec_cell))
-    recorded = tags.get("config_hash")
+    recorded = tags.get(RunTags.CONFIG_HASH)
     if recorded and cell.config_hash() != recorded:
         raise DataMismatch(
             f"run {run_id}: its recorded config no longer hashes to {recorded[:12]} "
@@ -273,17 +273,23 @@ def reproduce_flow(
     logger.info("%s: test RMSE %.12g reproduced (logged %.12g)", uri, v.test_rmse, v.logged_rmse)
     variants = ablation_cells(v.cell, ablation) if ablation else []
     tracker = Tracker.connect()
-    link = {"nllab.source_run_id": v.ref.run_id, "nllab.source_model": uri}
+    link = {RunTags.SOURCE_RUN: v.ref.run_id, RunTags.SOURCE_MODEL: uri}
     tags = {
         **link,
-        "nllab.kind": "reproduce",
         "registered_model": v.ref.name,
         "model_version": v.ref.version,
-        "dataset_hash": v.dataset_hash,
+        RunTags.DATASET_HASH: v.dataset_hash,
         "ablation": ablation or "none",
     }
     results: list[tuple[Any, CellResult]] = []
-    with tracker.run(f"reproduce-{v.ref.name}-v{v.ref.version}", tags, v.ref.run_id) as run_id:
+    with parent_run(
+        tracker,
+        f"reproduce-{v.ref.name}-v{v.ref.version}",
+        kind="reproduce",
+        tags=tags,
+        source_run_id=v.ref.run_id,
+    ) as run:
+        run_id = run.run_id
         tracker.log_metrics(
             run_id,
             {
@@ -315,6 +321,7 @@ def reproduce_flow(
                     tracker.set_tags(r.run_id, {**link, "ablation": ablation, "value": value})
                 results.append((value, r))
             tracker.log_text(run_id, _ablation_table(ablation, results), "ablation.md")
+            run.record_cells([r for _, r in results])
     return ReproduceResult(v, ablation, run_id, tuple(results), time.perf_counter() - t0)
 
 

@@ -29,13 +29,13 @@ import torch
 from datasets import SYSTEMS, Dataset, Prepared, data_home, load_or_simulate, prepare
 from nlmodels import ForecastModel, build_model, native_cpu_kernels
 from tasks._workers import worker_stop_event
-from tasks.config import CellConfig, DataConfig, RunConfig, run_name
+from tasks.config import CellConfig, DataConfig, RunConfig
 from tasks.evaluation import evaluate, outlier_census, plot_extrapolation, plot_loss_curves
 from tasks.modelio import ModelSpec, model_params, resolved_model_args, save_model
 from tasks.packing import prefers_one_by_one, train_packed
 from tasks.placement import place_pack
 from tasks.reporting import CellResult, stored_result
-from tasks.tracking import RunRecord, Tracker, TrackingSettings, claim_owner
+from tasks.tracking import RunRecord, Tracker, TrackingSettings, claim_owner, run_name
 from tasks.training import (
     EpochRecord,
     TrainingDiverged,

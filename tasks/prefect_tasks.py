@@ -14,8 +14,9 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks._workers import WorkerDied, WorkerStopped, run_in_worker, worker_pool_active
 from tasks.cell import CellRuntime, run_pack, simulate_data
-from tasks.config import CellConfig, DataConfig, cell_variant
+from tasks.config import CellConfig, DataConfig
 from tasks.reporting import CellResult
+from tasks.tracking import cell_variant
 
 __all__ = ["PackFailed", "pack_task", "simulate_task"]
 

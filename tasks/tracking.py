@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import mlflow
 from mlflow import MlflowClient
@@ -39,21 +39,26 @@ from mlflow.entities import (
 from mlflow.exceptions import MlflowException
 
 from datasets import data_home
-from tasks.config import TrackingConfig
+from tasks.config import CellConfig, TrackingConfig, non_default_overrides
 
 __all__ = [
     "CHAMPION",
     "CLAIM_STALE_AFTER",
     "UI_VIEW_KEY",
+    "ParentRun",
     "Promotion",
     "RunRecord",
+    "RunTags",
     "Tracker",
     "TrackingSettings",
     "TrackingUnavailable",
+    "cell_variant",
     "claim_owner",
     "embedded_tracking_uri",
     "git_commit",
+    "parent_run",
     "relocate_artifacts",
+    "run_name",
 ]
 
 CHAMPION = "champion"
@@ -85,6 +90,31 @@ _SHARED_VIEW_TAG = "mlflow.sharedViewState."
 #: The key of the results view of the runs page (``?viewStateShareKey=``).
 UI_VIEW_KEY = "nllab-results"
 _BOOKKEEPING_PREFIX = "nllab-bookkeeping-"
+
+
+class RunTags:
+    """The names of the run tags the platform writes and reads (one place for every command)."""
+
+    KIND = "nllab.kind"  # benchmark, study:<name>, reproduce, tune, trial, cell
+    STUDY = "nllab.study"
+    PROFILE = "profile"
+    SYSTEM = "system"
+    METHOD = "method"
+    SEED = "seed"
+    CONFIG_HASH = "config_hash"
+    DATASET_HASH = "dataset_hash"
+    ERROR = "error"
+    RESUMED = "resumed"
+    SOURCE_RUN = "nllab.source_run_id"
+    SOURCE_MODEL = "nllab.source_model"
+    EXECUTION_PREFIX = "execution."
+    CELLS = "cells"
+    CELLS_FINISHED = "cells_finished"
+    CELLS_REUSED = "cells_reused"
+    CELLS_FAILED = "cells_failed"
+    PARENT = "mlflow.parentRunId"
+    NOTE = "mlflow.note.content"
+    GIT_COMMIT = "mlflow.source.git.commit"
 
 
 class TrackingUnavailable(RuntimeError):
@@ -321,8 +351,8 @@ def _abandoned_cell_run(run, claims, stale_after: float) -> bool:
     """Whether ``run`` is a cell run whose process lost its cell's claim: no heartbeat for
     ``stale_after`` seconds, or the claim taken over by another process since the run began."""
     tags = run.data.tags
-    config_hash = tags.get("config_hash")
-    if tags.get("nllab.kind") != "cell" or not config_hash:
+    config_hash = tags.get(RunTags.CONFIG_HASH)
+    if tags.get(RunTags.KIND) != "cell" or not config_hash:
         return False
     state = _claim_state_in(claims, config_hash)
     if state is None:
@@ -522,10 +552,10 @@ class Tracker:
     ) -> str:
         all_tags = {
             **{k: str(v) for k, v in tags.items()},
-            "mlflow.source.git.commit": git_commit(),
+            RunTags.GIT_COMMIT: git_commit(),
         }
         if parent_run_id is not None:
-            all_tags["mlflow.parentRunId"] = parent_run_id
+            all_tags[RunTags.PARENT] = parent_run_id
         all_tags[_HOST_TAG] = _host_id()
         all_tags[_PROC_TAG] = _process_token(os.getpid()) or str(os.getpid())
         run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
@@ -558,7 +588,7 @@ class Tracker:
             "Interrupted"
         )
         try:
-            self.set_tags(run_id, {"error": f"{type(error).__name__}: {error}"[:_MAX_TAG]})
+            self.set_tags(run_id, {RunTags.ERROR: f"{type(error).__name__}: {error}"[:_MAX_TAG]})
         finally:
             self.end_run(run_id, "KILLED" if interrupted else "FAILED")
 
@@ -767,7 +797,7 @@ class Tracker:
                 if not _abandoned_cell_run(r, claims, stale_after):
                     continue
             self.set_tags(
-                r.info.run_id, {"error": f"process {token} ended without closing this run"}
+                r.info.run_id, {RunTags.ERROR: f"process {token} ended without closing this run"}
             )
             self.end_run(r.info.run_id, "KILLED")
             ended.append(r.info.run_id)
@@ -780,7 +810,7 @@ class Tracker:
         for r in list(self._search("attributes.status = 'RUNNING'")):
             tags = r.data.tags
             if tags.get(_HOST_TAG) == host and tags.get(_PROC_TAG, "").split(":")[0] == str(pid):
-                self.set_tags(r.info.run_id, {"error": error[:_MAX_TAG]})
+                self.set_tags(r.info.run_id, {RunTags.ERROR: error[:_MAX_TAG]})
                 self.end_run(r.info.run_id, status)
                 ended.append(r.info.run_id)
         return ended
@@ -812,7 +842,7 @@ class Tracker:
             return self.client.create_experiment(
                 name,
                 artifact_location=self.settings.artifact_root,
-                tags={"mlflow.note.content": note, "nllab.kind": "bookkeeping"},
+                tags={RunTags.NOTE: note, RunTags.KIND: "bookkeeping"},
             )
         except MlflowException:
             exp = self.client.get_experiment_by_name(name)  # created meanwhile by another
@@ -830,7 +860,7 @@ class Tracker:
                     runs = self.client.search_runs([exp_id], query, max_results=100)
                     if not runs:
                         run = self.client.create_run(
-                            exp_id, run_name="nllab-claims", tags={"nllab.kind": _CLAIMS_KIND}
+                            exp_id, run_name="nllab-claims", tags={RunTags.KIND: _CLAIMS_KIND}
                         )
                         self.end_run(run.info.run_id, "FINISHED")  # bookkeeping, never "running"
                         runs = self.client.search_runs([exp_id], query, max_results=100)
@@ -1013,7 +1043,7 @@ class Tracker:
             order_by=["attributes.start_time DESC"],
         )
         for r in runs:
-            h = r.data.tags.get("config_hash")
+            h = r.data.tags.get(RunTags.CONFIG_HASH)
             if h not in wanted or h in found:
                 continue
             record = RunRecord(
@@ -1262,3 +1292,95 @@ class Tracker:
         except MlflowException as e:
             raise LookupError(f"no registered model at {uri!r}: {e.message}") from e
         return Path(path)
+
+
+@dataclass(frozen=True)
+class ParentRun:
+    """An open parent run of a command: the run id and the tracker that logs into it."""
+
+    tracker: Tracker
+    run_id: str
+
+    def record_cells(self, results: Iterable[Any], *, note: str | None = None) -> None:
+        """Tag how the command's cells ended (``cells``, ``cells_finished|reused|failed``)
+        and, with ``note``, the run's description shown on its MLflow page."""
+        results = list(results)
+        statuses = [r.status for r in results]
+        tags: dict[str, object] = {
+            RunTags.CELLS: len(results),
+            RunTags.CELLS_FINISHED: statuses.count("finished"),
+            RunTags.CELLS_REUSED: statuses.count("reused"),
+            RunTags.CELLS_FAILED: sum(not r.ok for r in results),
+        }
+        if note is not None:
+            tags[RunTags.NOTE] = note[:_MAX_TAG]
+        self.tracker.set_tags(self.run_id, tags)
+
+
+@contextmanager
+def parent_run(
+    tracker: Tracker,
+    name: str,
+    *,
+    kind: str,
+    params: Mapping[str, object] | None = None,
+    tags: Mapping[str, object] | None = None,
+    execution: Mapping[str, object] | None = None,
+    config_json: tuple[str, str] | None = None,
+    source_run_id: str | None = None,
+    resume: str | None = None,
+) -> Iterator[ParentRun]:
+    """The parent run of one command (benchmark, study, reproduce, tune), every command alike.
+
+    It is tagged with its ``kind`` and ``tags``, logs ``params``, the execution settings as
+    ``execution.*`` tags (how it ran, not what: they are not part of any config hash) and
+    ``config_json`` (text, artifact file name). ``source_run_id`` nests it under another run;
+    ``resume`` reopens a recorded run instead of creating one. The run ends FINISHED only if the
+    block completes; otherwise as :meth:`Tracker.run` ends it.
+    """
+    all_tags = {RunTags.KIND: kind, **{k: str(v) for k, v in (tags or {}).items()}}
+    if resume is None:
+        run_id = tracker.create_run(name, all_tags, source_run_id)
+    else:
+        run_id = resume
+        tracker.set_tags(run_id, {**all_tags, RunTags.RESUMED: "true"})
+    try:
+        if params:
+            tracker.log_params(run_id, params)
+        if execution:
+            tracker.set_tags(
+                run_id, {f"{RunTags.EXECUTION_PREFIX}{k}": v for k, v in execution.items()}
+            )
+        if config_json is not None:
+            tracker.log_text(run_id, config_json[0], config_json[1])
+        yield ParentRun(tracker, run_id)
+    except BaseException as e:
+        tracker.end_with_error(run_id, e)
+        raise
+    tracker.end_run(run_id, "FINISHED")
+
+
+def run_name(cell: CellConfig, variant: str | None = None) -> str:
+    """The MLflow run name of a cell: method and variant first, so runs read apart in the UI's
+    truncated name column: ``neural_laplace · lotka_volterra_dde · s0 · stereographic=False``.
+    ``variant`` defaults to :func:`cell_variant`."""
+    variant = cell_variant(cell) if variant is None else variant
+    parts = [cell.method, cell.system, f"s{cell.seed}"]
+    if variant:
+        parts.append(variant)
+    return " · ".join(parts)
+
+
+def cell_variant(cell: CellConfig) -> str:
+    """What sets a cell apart from its model's defaults and clean data, e.g.
+    ``latent_dim=4, noise_std=0.1`` (empty for a plain cell)."""
+    parts = [
+        f"{k}={json.dumps(v) if isinstance(v, list | tuple) else v}"
+        for k, v in non_default_overrides(cell.method, cell.model).items()
+    ]
+    data = cell.data
+    for name in ("noise_std", "n_train", "n_observed"):
+        value = getattr(data, name)
+        if value:
+            parts.append(f"{name}={value}")
+    return ", ".join(parts)

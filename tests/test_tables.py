@@ -9,9 +9,10 @@ import re
 import numpy as np
 import pytest
 
-from tasks.config import METHODS, CellConfig, run_name
+from tasks.config import METHODS, CellConfig
 from tasks.modelio import model_params, resolved_model_args
 from tasks.reporting import CellResult, Table, TableCell, render_table, results_table
+from tasks.tracking import run_name
 
 SYSTEMS = ("spiral_dde", "lotka_volterra_dde", "mackey_glass_dde", "integro_de")
 

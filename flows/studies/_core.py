@@ -34,7 +34,7 @@ from tasks.config import CellConfig, DataConfig, Profile, RunConfig, TrainConfig
 from tasks.engine import run_cells
 from tasks.modelio import ModelSpec, load_model
 from tasks.reporting import CellResult
-from tasks.tracking import Tracker
+from tasks.tracking import RunTags, Tracker, parent_run
 
 __all__ = [
     "Factor",
@@ -285,25 +285,22 @@ def execute_study(spec: StudySpec, config: StudyConfig, body: StudyBody) -> Stud
     """Run ``body`` under one parent run and log its tables, figures and the paper's numbers."""
     t0 = time.perf_counter()
     tracker = Tracker.connect(config.run.tracking)
-    tags = {
-        "nllab.kind": f"study:{spec.name}",
-        "nllab.study": spec.name,
-        "profile": config.profile,
-    }
-    with tracker.run(f"study-{spec.name}-{config.profile}", tags) as parent:
-        tracker.log_params(
-            parent,
-            {
-                "study": spec.name,
-                "profile": config.profile,
-                "seeds": ",".join(map(str, config.run.seeds)),
-                "systems": ",".join(config.systems or ()) or "default",
-                "methods": ",".join(config.methods or ()) or "default",
-            },
-        )
-        execution = config.run.execution.model_dump(mode="json")
-        tracker.set_tags(parent, {f"execution.{k}": v for k, v in execution.items()})
-        tracker.log_text(parent, config.model_dump_json(indent=2), "study_config.json")
+    with parent_run(
+        tracker,
+        f"study-{spec.name}-{config.profile}",
+        kind=f"study:{spec.name}",
+        tags={RunTags.STUDY: spec.name, RunTags.PROFILE: config.profile},
+        params={
+            "study": spec.name,
+            "profile": config.profile,
+            "seeds": ",".join(map(str, config.run.seeds)),
+            "systems": ",".join(config.systems or ()) or "default",
+            "methods": ",".join(config.methods or ()) or "default",
+        },
+        execution=config.run.execution.model_dump(mode="json"),
+        config_json=(config.model_dump_json(indent=2), "study_config.json"),
+    ) as run:
+        parent = run.run_id
         runtime = CellRuntime.for_config(tracker, config.run, parent, progress=False)
         with tempfile.TemporaryDirectory(prefix=f"nllab-study-{spec.name}-") as tmp:
             folder = Path(tmp)
@@ -312,14 +309,7 @@ def execute_study(spec: StudySpec, config: StudyConfig, body: StudyBody) -> Stud
             figures = _write_outputs(spec, config, out, folder, time.perf_counter() - t0, ctx)
             tracker.log_artifact(parent, folder / ARTIFACT_DIR, ARTIFACT_DIR)
         cells = tuple(ctx._results.values())
-        tracker.set_tags(
-            parent,
-            {
-                "cells": len(cells),
-                "cells_failed": sum(not c.ok for c in cells),
-                "cells_reused": sum(c.status == "reused" for c in cells),
-            },
-        )
+        run.record_cells(cells)
         seconds = time.perf_counter() - t0
         tracker.log_metrics(parent, {"study_seconds": seconds})
     return StudySummary(
