@@ -7,6 +7,7 @@ float64 numpy throughout.
 """
 
 from datasets._cache import CacheError, data_home, load_or_simulate
+from datasets._dde import solve_constant_history_dde
 from datasets._plot import plot_trajectories
 from datasets._prepare import NORMALISE_ON, Normaliser, Prepared, SplitData, prepare
 from datasets._simulate import DATA_VERSION, Dataset, check_memory, simulate
@@ -29,4 +30,5 @@ __all__ = [
     "plot_trajectories",
     "prepare",
     "simulate",
+    "solve_constant_history_dde",
 ]

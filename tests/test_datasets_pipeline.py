@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
+import tempfile
 
 import numpy as np
 import pytest
@@ -312,8 +314,8 @@ def test_unwritable_cache_dir_keeps_a_good_file(tmp_path, monkeypatch):
         raise PermissionError(13, "Permission denied")
 
     # a hit never writes, so it works from a read-only folder
-    monkeypatch.setattr("datasets._cache.tempfile.mkstemp", fail)
-    monkeypatch.setattr("datasets._cache.tempfile.TemporaryFile", fail)
+    monkeypatch.setattr(tempfile, "mkstemp", fail)
+    monkeypatch.setattr(tempfile, "TemporaryFile", fail)
     np.testing.assert_array_equal(load_or_simulate("sine", **kw).x, good.x)
     with pytest.raises(CacheError, match="not writable"):
         load_or_simulate("sine", **{**kw, "seed": 9})
@@ -324,7 +326,7 @@ def test_failed_write_leaves_no_partial_file(tmp_path, monkeypatch):
     def boom(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("datasets._cache.os.replace", boom)
+    monkeypatch.setattr(os, "replace", boom)
     with pytest.raises(CacheError, match="could not write"):
         load_or_simulate("sine", n_trajectories=3, n_points=8, cache_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []

@@ -9,8 +9,7 @@ import pytest
 from scipy import signal
 from scipy.integrate import solve_ivp
 
-from datasets import PROPERTIES, SYSTEMS, simulate
-from datasets._dde import solve_constant_history_dde
+from datasets import PROPERTIES, SYSTEMS, simulate, solve_constant_history_dde
 
 TIGHT = {"method": "DOP853", "rtol": 1e-12, "atol": 1e-12}
 
