@@ -3,7 +3,6 @@ on sqlite, resume after a killed trial, the best config read back for the benchm
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -215,29 +214,29 @@ def test_kill_9_mid_trial_then_resume(tmp_path, mlflow_store):
 
 
 def test_cli_tune_prints_the_dashboard_command(tmp_path, mlflow_store, prefect_server, capsys):
-    from flows.tune import add_tune_parser, cmd_tune
+    from flows.cli import main
 
-    parser = argparse.ArgumentParser()
-    add_tune_parser(parser.add_subparsers())
     storage = f"sqlite:///{tmp_path / 'cli.db'}"
-    args = parser.parse_args(
-        [
-            "tune",
-            "--method",
-            "node",
-            "--system",
-            "integro_de",
-            "--trials",
-            "2",
-            "--profile",
-            "smoke",
-            "--storage",
-            storage,
-            "--epochs",
-            "2",
-        ]
+    assert (
+        main(
+            [
+                "tune",
+                "--method",
+                "node",
+                "--system",
+                "integro_de",
+                "--trials",
+                "2",
+                "--profile",
+                "smoke",
+                "--storage",
+                storage,
+                "--epochs",
+                "2",
+            ]
+        )
+        == 0
     )
-    assert cmd_tune(args) == 0
     out = capsys.readouterr().out
     assert f"optuna-dashboard {storage}" in out and "best trial" in out
     # NODE's widths are searched as tuples and come back as tuples.
