@@ -14,14 +14,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
 
 from flows._runtime import flow_settings
-from tasks.tuning import (
-    TuneResult,
-    TuneSpec,
-    open_session,
-    run_trials,
-    run_tuning,
-    sigterm_interrupts,
-)
+from tasks.tuning import TuneResult, TuneSession, TuneSpec, run_trials, run_tuning
 
 __all__ = ["run_tune", "split_trials", "tune_flow"]
 
@@ -41,23 +34,17 @@ def trials_task(spec: TuneSpec, parent_run_id: str, n_trials: int) -> int:
 def tune_flow(spec: TuneSpec) -> TuneResult:
     """Run (or resume) the study of ``spec`` until it holds ``spec.n_trials`` trials."""
     logger = get_run_logger()
-    if spec.task_runner == "thread":
-        result = run_tuning(spec)
-    else:
-        session = open_session(spec)
-        try:
-            # Queued trials (the paper point, retries of stale ones) run here first: claiming a
-            # WAITING trial is not atomic on sqlite, so two shards could both take the same one.
-            with sigterm_interrupts():
-                queued = session.counts()[TrialState.WAITING]
-                session.optimize(min(queued, session.remaining()), 1)
-                shards = split_trials(session.remaining(), spec.n_jobs)
-                logger.info("study %s: %s trials on Dask", spec.study_name, shards)
-                wait([trials_task.submit(spec, session.parent_run_id, n) for n in shards])
-        except BaseException as e:
-            session.end_parent(e)
-            raise
-        result = session.finish()
+
+    def on_dask(session: TuneSession) -> None:
+        # Queued trials (the paper point, retries of stale ones) run here first: claiming a
+        # WAITING trial is not atomic on sqlite, so two shards could both take the same one.
+        queued = session.counts()[TrialState.WAITING]
+        session.optimize(min(queued, session.remaining()), 1)
+        shards = split_trials(session.remaining(), spec.n_jobs)
+        logger.info("study %s: %s trials on Dask", spec.study_name, shards)
+        wait([trials_task.submit(spec, session.parent_run_id, n) for n in shards])
+
+    result = run_tuning(spec) if spec.task_runner == "thread" else run_tuning(spec, on_dask)
     logger.info(
         "study %s: best trial %d, validation RMSE %.6g; %s",
         result.study_name,

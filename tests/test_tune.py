@@ -28,6 +28,7 @@ from tasks.tuning import (
     open_session,
     open_storage,
     run_tuning,
+    study_parent_run,
     tuned_overrides,
 )
 
@@ -118,7 +119,8 @@ def test_deliberately_bad_trial_is_pruned(tmp_path, mlflow_store):
     }
     for params in (good, good, bad):
         session.study.enqueue_trial(params)
-    session.optimize(3, 1)
+    with study_parent_run(session):
+        session.optimize(3, 1)
     states = [t.state for t in session.study.trials]
     assert states == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED]
     pruned = session.study.trials[2]
@@ -147,6 +149,40 @@ def test_diverging_trial_is_pruned_and_the_study_goes_on(tmp_path, mlflow_store,
     assert r.best_trial == 1
 
 
+def test_the_parent_run_ends_failed_or_killed_and_is_resumed_without_its_error(
+    tmp_path, mlflow_store
+):
+    """One parent run per study across sessions: FAILED when no trial completed, KILLED by
+    Ctrl-C, and reopened (tagged ``resumed``, the old error cleared) by the next session."""
+    from tasks.tuning import TuningError
+
+    spec = _spec(tmp_path, n_trials=1)
+    t = Tracker.connect()
+    with pytest.raises(TuningError, match="no completed trial"):
+        run_tuning(spec, trials=lambda session: None)  # a session that ran no trial
+    study = optuna.load_study(study_name=spec.study_name, storage=spec.storage)
+    parent_id = study.user_attrs["mlflow_parent_run_id"]
+    failed = t.get_run_data(parent_id)
+    assert failed.info.status == "FAILED" and "no completed trial" in failed.data.tags["error"]
+
+    def interrupted(session) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_tuning(spec, trials=interrupted)
+    killed = t.get_run_data(parent_id)
+    assert killed.info.status == "KILLED" and killed.data.tags["resumed"] == "true"
+    assert killed.data.tags["error"].startswith("KeyboardInterrupt")
+
+    r = run_tuning(spec)
+    assert r.parent_run_id == parent_id and r.n_complete + r.n_pruned == 1
+    done = t.get_run_data(parent_id)
+    assert done.info.status == "FINISHED" and "error" not in done.data.tags
+    assert done.data.params["n_trials"] == "1" and done.data.tags["nllab.kind"] == "tune"
+    tune_runs = t.client.search_runs([t.experiment_id], "tags.`nllab.kind` = 'tune'")
+    assert [p.info.run_id for p in tune_runs] == [parent_id]
+
+
 def test_parallel_trials_on_sqlite(tmp_path, mlflow_store, caplog):
     r = run_tuning(_spec(tmp_path, n_jobs=2, n_trials=4, start_from_paper=False))
     assert r.n_complete + r.n_pruned == 4 and r.n_failed == 0
@@ -157,7 +193,8 @@ def test_parallel_trials_on_sqlite(tmp_path, mlflow_store, caplog):
 def test_resume_fails_the_stale_trial_and_keeps_finished_ones(tmp_path, mlflow_store):
     spec = _spec(tmp_path, n_trials=3, heartbeat_seconds=1, grace_seconds=2)
     session = open_session(spec)
-    session.optimize(1, 1)
+    with study_parent_run(session):
+        session.optimize(1, 1)
     (done,) = session.study.trials
     # A process killed mid-trial leaves a RUNNING trial whose heartbeat stops.
     storage = open_storage(spec.storage, heartbeat_seconds=1, grace_seconds=2)
@@ -274,7 +311,7 @@ def test_processes_starting_one_study_at_once_share_one_parent_run(
     import time
 
     spec = _spec(tmp_path)
-    sessions = [open_session(spec, parent_run_id="chosen later") for _ in range(2)]
+    sessions = [open_session(spec) for _ in range(2)]
     create_run = Tracker.create_run
 
     def slow_create_run(self, *args, **kwargs):
@@ -287,7 +324,8 @@ def test_processes_starting_one_study_at_once_share_one_parent_run(
 
     def choose(session) -> None:
         start_together.wait()
-        chosen.append(session._parent_run())
+        with study_parent_run(session) as parent:
+            chosen.append(parent.run_id)
 
     threads = [threading.Thread(target=choose, args=(s,)) for s in sessions]
     for t in threads:
