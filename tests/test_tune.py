@@ -183,6 +183,23 @@ def test_the_parent_run_ends_failed_or_killed_and_is_resumed_without_its_error(
     assert [p.info.run_id for p in tune_runs] == [parent_id]
 
 
+def test_shards_given_the_parent_run_log_their_trials_under_it(tmp_path, mlflow_store):
+    """The Dask path's shape without Dask: shards opened with the study's parent run id (as
+    ``flows.tune`` submits them) run their trials under it; the study ends FINISHED."""
+    from tasks.tuning import run_trials
+
+    spec = _spec(tmp_path, n_trials=3, start_from_paper=False)
+
+    def in_shards(session) -> None:
+        for n in (2, 1):
+            run_trials(spec, session.parent_run_id, n)
+
+    r = run_tuning(spec, trials=in_shards)
+    assert r.n_complete + r.n_pruned == 3
+    assert len(_children(r.parent_run_id)) == 3
+    assert Tracker.connect().get_run_data(r.parent_run_id).info.status == "FINISHED"
+
+
 def test_parallel_trials_on_sqlite(tmp_path, mlflow_store, caplog):
     r = run_tuning(_spec(tmp_path, n_jobs=2, n_trials=4, start_from_paper=False))
     assert r.n_complete + r.n_pruned == 4 and r.n_failed == 0
