@@ -692,7 +692,7 @@ def tracking_lost(scratch: Path) -> None:
         env={**_env(home), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     try:
-        from flows.serve import _healthy
+        from flows.prefect_server import healthy as _healthy
 
         t0 = time.monotonic()
         while not _healthy(url) and time.monotonic() - t0 < 240:
@@ -748,7 +748,7 @@ def serve_pair(scratch: Path) -> None:
                                str(port)], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     try:
-        from flows.serve import _healthy
+        from flows.prefect_server import healthy as _healthy
 
         t0 = time.monotonic()
         while not _healthy(api) and time.monotonic() - t0 < 180:

@@ -13,7 +13,6 @@ Only reads the model registry: no model version is created, changed or deleted.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
@@ -25,7 +24,6 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows._runtime import flow_settings, make_task_runner
-from flows.cli.reproduce import add_parser as add_reproduce_parser  # loads without Prefect
 from flows.studies._core import Factor
 from tasks.cell import CellRuntime, prepare_cell, simulate_data
 from tasks.config import CellConfig, RunConfig, TrackingConfig
@@ -42,8 +40,6 @@ __all__ = [
     "ReproductionMismatch",
     "Verification",
     "ablation_cells",
-    "add_reproduce_parser",
-    "cmd_reproduce",
     "deleted_run_warning",
     "reproduce",
     "reproduce_flow",
@@ -352,43 +348,3 @@ def reproduce(uri: str, ablation: str | None = None, **kwargs: Any) -> Reproduce
         print(f"nllab reproduce: {warning}", file=sys.stderr)
     with flow_settings():
         return reproduce_flow(uri, ablation, **kwargs)
-
-
-# -- command line -------------------------------------------------------------------------------
-def cmd_reproduce(args: argparse.Namespace) -> int:
-    """Handler of ``nllab reproduce``: 0 reproduced, 1 mismatch, 2 unknown URI or ablation."""
-    ablations = _ablations()
-    if args.ablation is not None and args.ablation not in ablations:
-        print(
-            f"nllab reproduce: error: unknown ablation {args.ablation!r}; "
-            f"valid: {', '.join(ablations)}",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        result = reproduce(
-            args.model_uri,
-            args.ablation,
-            max_workers=args.max_workers,
-            task_runner=args.task_runner,
-            dask_address=args.dask_address,
-            fresh_data=args.fresh_data,
-            pack=args.pack is not False,
-        )
-    except (LookupError, ValueError) as e:
-        print(f"nllab reproduce: error: {e}", file=sys.stderr)
-        return 2
-    except (DataMismatch, ReproductionMismatch) as e:
-        print(f"nllab reproduce: error: {e}", file=sys.stderr)
-        return 1
-    v = result.verification
-    print(
-        f"{v.ref.uri} = {v.ref.name} version {v.ref.version} (run {v.ref.run_id}): "
-        f"test RMSE {v.test_rmse:.12g}, logged {v.logged_rmse:.12g} "
-        f"(|diff| {v.difference:.2g}) - reproduced"
-    )
-    if result.ablation:
-        print(_ablation_table(result.ablation, list(result.cells)))
-        print(f"ablation runs are nested under run {result.run_id} (linked to {v.ref.run_id})")
-    failed = [r for _, r in result.cells if not r.ok]
-    return 1 if failed else 0

@@ -4,25 +4,13 @@ The schedules come from a TOML file (default: ``flows/schedules.toml``: the smok
 nightly, chosen studies weekly). Every entry is validated before anything is served; a malformed
 entry is a :class:`ScheduleError` naming it.
 
-Schedules need a Prefect server: the temporary server that flows start on their own cannot
-schedule ("Cannot schedule flows on an ephemeral server"). With ``PREFECT_API_URL`` set, the
-deployments are served against that server; without it, ``--start-server`` starts
-``prefect server start`` (offline, 127.0.0.1) for the lifetime of the command, otherwise the
-command explains how to start one.
+Schedules need a Prefect server (:mod:`flows.prefect_server`); several ``nllab serve`` instances
+may serve one server (:mod:`flows.serving`). The command itself is :mod:`flows.cli.serve`.
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
-import os
-import subprocess
-import sys
-import threading
-import time
 import tomllib
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -36,21 +24,16 @@ from pydantic import (
     model_validator,
 )
 
-from flows.cli.serve import add_parser as add_serve_parser  # loads without Prefect
 from tasks.config import Profile
 
 __all__ = [
     "DEFAULT_SCHEDULES",
     "BenchmarkEntry",
     "ScheduleError",
-    "ServeLease",
-    "ServerMissing",
+    "StudyEntry",
     "TuneEntry",
-    "add_serve_parser",
     "build_deployments",
-    "cmd_serve",
     "load_schedules",
-    "pause_deployments",
     "scheduled_benchmark",
     "scheduled_study",
     "scheduled_tune",
@@ -61,10 +44,6 @@ DEFAULT_SCHEDULES = Path(__file__).resolve().parent / "schedules.toml"
 
 class ScheduleError(ValueError):
     """A schedules file or entry is malformed; the message names the entry."""
-
-
-class ServerMissing(RuntimeError):
-    """No Prefect server to schedule on; the message says how to start one."""
 
 
 # -- deployable flows (resolved at run time, so each run reads the current settings) ----------
@@ -274,270 +253,3 @@ def build_deployments(entries: list[BenchmarkEntry | TuneEntry | StudyEntry]) ->
         )
         for e in entries
     ]
-
-
-# -- the Prefect server -------------------------------------------------------------------------
-def _api_url() -> str | None:
-    from prefect.settings import PREFECT_API_URL
-
-    return PREFECT_API_URL.value() or None
-
-
-def require_server(api_url: str | None) -> str:
-    if api_url:
-        return api_url
-    raise ServerMissing(
-        "schedules need a Prefect server; the temporary one that flows start on their own "
-        "cannot schedule. Either\n"
-        "  1. start one (offline; UI on http://127.0.0.1:4200):\n"
-        "       prefect server start --host 127.0.0.1 --port 4200\n"
-        "     then, in this shell:\n"
-        "       export PREFECT_API_URL=http://127.0.0.1:4200/api\n"
-        "       nllab serve\n"
-        "  2. or let this command start one for as long as it runs:\n"
-        "       nllab serve --start-server"
-    )
-
-
-def _healthy(api_url: str, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=timeout) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
-def start_server(port: int = 4200, timeout: float = 90.0) -> tuple[subprocess.Popen, str]:
-    """Start ``prefect server start`` on 127.0.0.1:``port``; returns the process and API URL."""
-    api = f"http://127.0.0.1:{port}/api"
-    if _healthy(api):
-        raise ServerMissing(f"a server already answers on {api}: export PREFECT_API_URL={api}")
-    exe = Path(sys.executable).with_name("prefect")
-    cmd = [str(exe) if exe.exists() else "prefect", "server", "start"]
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    env.pop("PREFECT_API_URL", None)
-    proc = subprocess.Popen(
-        [*cmd, "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise ServerMissing(f"`prefect server start` exited with code {proc.returncode}")
-        if _healthy(api):
-            return proc, api
-        time.sleep(1.0)
-    proc.terminate()
-    raise ServerMissing(f"the Prefect server did not answer on {api} within {timeout:.0f} s")
-
-
-# -- instances sharing one server ---------------------------------------------------------------
-#: The Prefect variable listing the live ``nllab serve`` instances of a server and what each
-#: serves (``{instance: {"deployments": [FLOW/NAME, ...], "beat": UNIX_SECONDS}}``).
-REGISTRY_VARIABLE = "nllab_serve_instances"
-#: Seconds between an instance's heartbeats (and health checks of the server).
-BEAT_SECONDS = 10.0
-#: An instance whose last heartbeat is older than this is gone (killed without cleaning up).
-STALE_SECONDS = 60.0
-#: Failed health checks in a row after which the server counts as gone.
-MISSES = 2
-
-
-class ServeLease:
-    """This process's entry among the live ``nllab serve`` instances of one Prefect server.
-
-    Instances with the same schedules serve the same deployments; Prefect's own shutdown pauses
-    every deployment its runner served, so one instance's Ctrl-C would pause the others'. Instead,
-    each instance beats in a server-side variable, and on exit pauses only the deployments that
-    no other live instance serves (:meth:`release`). A watcher thread (:meth:`watch`) also checks
-    the server's health: once it stops answering, the instance is told to stop.
-    """
-
-    def __init__(self, api_url: str, deployments: list[str]) -> None:
-        import socket
-
-        self.api_url = api_url
-        self.deployments = sorted(deployments)
-        self.instance = f"{socket.gethostname()}/{os.getpid()}/{os.urandom(3).hex()}"
-        self.server_lost = threading.Event()
-        self._done = threading.Event()
-
-    def _entries(self) -> dict[str, Any]:
-        from prefect.variables import Variable
-
-        value = Variable.get(REGISTRY_VARIABLE, default=None)
-        return dict(value) if isinstance(value, dict) else {}
-
-    def _store(self, entries: dict[str, Any]) -> None:
-        from prefect.variables import Variable
-
-        Variable.set(REGISTRY_VARIABLE, entries, overwrite=True)
-
-    def beat(self) -> None:
-        """Record (or refresh) this instance; entries gone stale are dropped."""
-        now = time.time()
-        entries = {
-            k: v
-            for k, v in self._entries().items()
-            if isinstance(v, dict) and now - float(v.get("beat", 0)) < STALE_SECONDS
-        }
-        entries[self.instance] = {"deployments": self.deployments, "beat": now}
-        self._store(entries)
-
-    def served_by_others(self) -> set[str]:
-        now = time.time()
-        return {
-            name
-            for k, v in self._entries().items()
-            if k != self.instance
-            and isinstance(v, dict)
-            and now - float(v.get("beat", 0)) < STALE_SECONDS
-            for name in v.get("deployments", ())
-        }
-
-    def release(self) -> list[str]:
-        """Remove this instance; the deployments that no other live instance serves (the ones
-        to pause)."""
-        self._done.set()
-        others = self.served_by_others()
-        entries = self._entries()
-        entries.pop(self.instance, None)
-        self._store(entries)
-        return [d for d in self.deployments if d not in others]
-
-    def watch(self, on_lost: Callable[[], None], every: float = BEAT_SECONDS) -> threading.Thread:
-        """Beat every ``every`` seconds in a daemon thread; after :data:`MISSES` failed health
-        checks in a row, set :attr:`server_lost` and call ``on_lost`` once."""
-        import contextvars
-
-        def loop() -> None:
-            misses = 0
-            while not self._done.wait(every):
-                if _healthy(self.api_url, timeout=min(every, 3.0)):
-                    misses = 0
-                    try:
-                        self.beat()
-                    except Exception:  # a hiccup of the server: the next beat repairs it
-                        pass
-                    continue
-                misses += 1
-                if misses >= MISSES:
-                    self.server_lost.set()
-                    on_lost()
-                    return
-
-        context = contextvars.copy_context()  # Prefect's settings (the API URL) included
-        thread = threading.Thread(target=context.run, args=(loop,), daemon=True)
-        thread.start()
-        return thread
-
-
-def pause_deployments(names: list[str]) -> None:
-    """Pause the deployments ``FLOW/NAME`` (their schedules stop making runs)."""
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        for name in names:
-            client.pause_deployment(client.read_deployment_by_name(name).id)
-
-
-_CONNECTION_MODULES = ("websockets", "httpx", "httpcore")
-
-
-class _NoConnectionTracebacks(logging.Filter):
-    """Keeps the line of a console record about a lost connection to the server (Prefect's
-    runner logs one per reconnect attempt), without its traceback."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        error = record.exc_info[1] if record.exc_info else None
-        module = type(error).__module__ if error is not None else ""
-        if isinstance(error, OSError) or module.split(".")[0] in _CONNECTION_MODULES:
-            record.exc_info, record.exc_text = None, None
-        return True
-
-
-def _quiet_connection_errors() -> None:
-    quiet = _NoConnectionTracebacks()
-    for name in ("", "prefect"):
-        for handler in logging.getLogger(name).handlers:
-            if isinstance(handler, logging.StreamHandler):
-                handler.addFilter(quiet)
-
-
-def _interrupt_main() -> None:
-    """Stop ``serve`` in the main thread as Ctrl-C does."""
-    import signal
-
-    os.kill(os.getpid(), signal.SIGINT)
-
-
-# -- command line -------------------------------------------------------------------------------
-def cmd_serve(args: argparse.Namespace) -> int:
-    """Handler of ``nllab serve``: 2 on a malformed schedule or no server, else serves."""
-    try:
-        entries = load_schedules(args.config)
-    except ScheduleError as e:
-        print(f"nllab serve: error: {e}", file=sys.stderr)
-        return 2
-    for e in entries:
-        state = " (paused)" if e.paused else ""
-        print(f"  {e.name:<44} {e.flow:<9} cron '{e.cron}' {e.timezone}{state}")
-    if args.check:
-        return 0
-    server = None
-    api = _api_url()
-    try:
-        if not api and args.start_server:
-            server, api = start_server(args.port)
-            print(f"started a Prefect server: {api} (UI http://127.0.0.1:{args.port})")
-        require_server(api)
-    except ServerMissing as e:
-        print(f"nllab serve: error: {e}", file=sys.stderr)
-        return 2
-    from prefect import serve
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    lease = None
-    try:
-        with temporary_settings({PREFECT_API_URL: api}):
-            deployments = build_deployments(entries)
-            lease = ServeLease(api, [f"{d.flow_name}/{d.name}" for d in deployments])
-            print(f"serving {len(entries)} deployments on {api} (Ctrl-C to stop)")
-            # Prefect's own hint, `prefect deployment run NAME`, needs this in the other shell.
-            print(
-                f"to trigger one from another shell, first: export PREFECT_API_URL={api}",
-                flush=True,
-            )
-            lease.beat()
-            lease.watch(_interrupt_main)
-            _quiet_connection_errors()
-            # Not Prefect's pause of every served deployment at exit: another instance may
-            # serve them too. This one pauses what no other live instance serves (below).
-            try:
-                serve(*deployments, pause_on_shutdown=False)
-            except KeyboardInterrupt:
-                pass
-            if lease.server_lost.is_set():
-                print(
-                    f"nllab serve: error: the Prefect server at {api} stopped answering; "
-                    "stopped serving (start the server again, then run `nllab serve`)",
-                    file=sys.stderr,
-                )
-                return 3
-            alone = lease.release()
-            if alone:
-                pause_deployments(alone)
-            kept = len(lease.deployments) - len(alone)
-            print(
-                f"paused {len(alone)} deployments"
-                + (f"; {kept} stay served by another nllab serve" if kept else "")
-            )
-    finally:
-        if lease is not None:
-            lease._done.set()
-        if server is not None:
-            server.terminate()
-            server.wait(timeout=30)
-    return 0

@@ -4,7 +4,6 @@ mid-cell, a registry alias whose run is gone, and bookkeeping kept out of the us
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import signal
@@ -227,12 +226,8 @@ def test_an_alias_whose_run_is_gone_is_replaced_and_reproduce_says_so(
 ):
     from mlflow.tracking._tracking_service.utils import _get_store
 
-    from flows.reproduce import (
-        add_reproduce_parser,
-        cmd_reproduce,
-        deleted_run_warning,
-        resolve_model,
-    )
+    from flows.cli import main
+    from flows.reproduce import deleted_run_warning, resolve_model
 
     t = Tracker.connect()
     name, h = "neural-laplace-gone", "c3" * 32
@@ -248,10 +243,8 @@ def test_an_alias_whose_run_is_gone_is_replaced_and_reproduce_says_so(
     assert warning and champion in warning and "\n" not in warning
 
     _get_store()._hard_delete_run(champion)  # as `mlflow gc` does
-    parser = argparse.ArgumentParser()
-    add_reproduce_parser(parser.add_subparsers())
     capsys.readouterr()
-    assert cmd_reproduce(parser.parse_args(["reproduce", uri])) == 2
+    assert main(["reproduce", uri]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and champion in err and "Traceback" not in err
 

@@ -3,16 +3,12 @@ source run, clear errors, and a registry that is only read."""
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 import torch
 
 from flows.reproduce import (
     DataMismatch,
     ablation_cells,
-    add_reproduce_parser,
-    cmd_reproduce,
     reproduce,
     verify_registered,
 )
@@ -119,9 +115,9 @@ def test_ablation_runs_are_linked_and_the_registry_is_untouched(registered, pref
 
 
 def test_cli_reproduce_exit_codes(registered, prefect_server, capsys):
-    parser = argparse.ArgumentParser()
-    add_reproduce_parser(parser.add_subparsers())
-    assert cmd_reproduce(parser.parse_args(["reproduce", URI])) == 0
+    from flows.cli import main
+
+    assert main(["reproduce", URI]) == 0
     assert "reproduced" in capsys.readouterr().out
-    assert cmd_reproduce(parser.parse_args(["reproduce", "models:/nope@champion"])) == 2
+    assert main(["reproduce", "models:/nope@champion"]) == 2
     assert "no registered model version" in capsys.readouterr().err

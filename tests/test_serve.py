@@ -3,21 +3,13 @@ are errors naming the entry; serving without a Prefect server explains how to ge
 
 from __future__ import annotations
 
-import argparse
 import tomllib
 
 import pytest
 
-from flows.serve import (
-    DEFAULT_SCHEDULES,
-    ScheduleError,
-    ServerMissing,
-    add_serve_parser,
-    build_deployments,
-    cmd_serve,
-    load_schedules,
-    require_server,
-)
+from flows.cli import main
+from flows.prefect_server import ServerMissing, require_server
+from flows.serve import DEFAULT_SCHEDULES, ScheduleError, build_deployments, load_schedules
 
 
 def test_default_schedules_become_deployments_with_their_crons():
@@ -85,22 +77,20 @@ def test_no_server_explains_how_to_start_one(tmp_path, capsys, monkeypatch):
     with pytest.raises(ServerMissing, match="prefect server start"):
         require_server(None)
     assert require_server("http://127.0.0.1:4200/api") == "http://127.0.0.1:4200/api"
-    parser = argparse.ArgumentParser()
-    add_serve_parser(parser.add_subparsers())
-    monkeypatch.setattr("flows.serve._api_url", lambda: None)
-    assert cmd_serve(parser.parse_args(["serve"])) == 2
+    monkeypatch.setattr("flows.prefect_server.api_url", lambda: None)
+    assert main(["serve"]) == 2
     err = capsys.readouterr().err
     assert "PREFECT_API_URL" in err and "--start-server" in err
-    assert cmd_serve(parser.parse_args(["serve", "--check"])) == 0
+    assert main(["serve", "--check"]) == 0
     assert "benchmark-nightly" in capsys.readouterr().out
     bad = _write(tmp_path, '[[schedule]]\nname = "z"\nflow = "benchmark"\ncron = "bad"\n')
-    assert cmd_serve(parser.parse_args(["serve", "--config", str(bad)])) == 2
+    assert main(["serve", "--config", str(bad)]) == 2
 
 
 def test_instances_on_one_server_pause_only_what_no_other_serves(prefect_server, monkeypatch):
     from prefect.client.orchestration import get_client
 
-    import flows.serve as serve
+    import flows.serving as serve
 
     deployments = build_deployments(load_schedules())[:2]
     ids = [d.apply() for d in deployments]
@@ -128,11 +118,11 @@ def test_a_serve_whose_server_stops_answering_is_told_to_stop(monkeypatch):
     import threading
     import time
 
-    import flows.serve as serve
+    import flows.serving as serve
 
     up = threading.Event()
     up.set()
-    monkeypatch.setattr(serve, "_healthy", lambda url, timeout=2.0: up.is_set())
+    monkeypatch.setattr(serve, "healthy", lambda url, timeout=2.0: up.is_set())
     monkeypatch.setattr(serve.ServeLease, "beat", lambda self: None)
     lost = threading.Event()
     lease = serve.ServeLease("http://127.0.0.1:9/api", ["f/d"])

@@ -130,31 +130,31 @@ def test_nfe_constant_for_neural_laplace_growing_for_node(smoke):
 
 
 def test_cli_runs_a_study_and_rejects_unknown(smoke, capsys):
-    from flows.studies.cli import main
+    from flows.cli import main
 
-    assert main(["waveforms", "--profile", "smoke", "--seeds", "0"]) == 0
+    assert main(["study", "waveforms", "--profile", "smoke", "--seeds", "0"]) == 0
     out = capsys.readouterr().out
     assert "## waveforms" in out and "2 reused, 0 failed" in out  # the smoke cells, reused
-    assert main(["nope", "--profile", "smoke"]) == 2
+    assert main(["study", "nope", "--profile", "smoke"]) == 2
     err = capsys.readouterr().err
     assert "unknown study 'nope'" in err and "frequency-filter" in err
 
 
-def test_study_cli_takes_the_task_runner_flags():
-    import argparse
+def test_study_cli_takes_the_task_runner_flags(monkeypatch, capsys):
+    from flows.cli import main
 
-    from flows.studies.cli import _config, add_study_parser
+    ran = []
 
-    parser = argparse.ArgumentParser()
-    add_study_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(
-        ["study", "noise", "--profile", "smoke", "--task-runner", "dask", "--max-workers", "3"]
-    )
-    run = _config(args).run
-    assert run.execution.task_runner == "dask" and run.execution.max_workers == 3
-    assert _config(
-        parser.parse_args(["study", "noise", "--profile", "smoke"])
-    ).run.execution.task_runner == ("thread")
+    def stop_before_running(config):  # the study's config as `nllab study` built it
+        ran.append(config.run)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("flows.studies.run_study", stop_before_running)
+    args = ["study", "noise", "--profile", "smoke"]
+    assert main([*args, "--task-runner", "dask", "--max-workers", "3"]) == 130
+    assert main(args) == 130
+    assert ran[0].execution.task_runner == "dask" and ran[0].execution.max_workers == 3
+    assert ran[1].execution.task_runner == "thread"
 
 
 def test_tone_amplitude_is_exact_on_any_grid():

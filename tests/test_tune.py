@@ -3,7 +3,6 @@ on sqlite, resume after a killed trial, the best config read back for the benchm
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -29,6 +28,7 @@ from tasks.tuning import (
     open_session,
     open_storage,
     run_tuning,
+    study_parent_run,
     tuned_overrides,
 )
 
@@ -119,7 +119,8 @@ def test_deliberately_bad_trial_is_pruned(tmp_path, mlflow_store):
     }
     for params in (good, good, bad):
         session.study.enqueue_trial(params)
-    session.optimize(3, 1)
+    with study_parent_run(session):
+        session.optimize(3, 1)
     states = [t.state for t in session.study.trials]
     assert states == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED]
     pruned = session.study.trials[2]
@@ -148,6 +149,57 @@ def test_diverging_trial_is_pruned_and_the_study_goes_on(tmp_path, mlflow_store,
     assert r.best_trial == 1
 
 
+def test_the_parent_run_ends_failed_or_killed_and_is_resumed_without_its_error(
+    tmp_path, mlflow_store
+):
+    """One parent run per study across sessions: FAILED when no trial completed, KILLED by
+    Ctrl-C, and reopened (tagged ``resumed``, the old error cleared) by the next session."""
+    from tasks.tuning import TuningError
+
+    spec = _spec(tmp_path, n_trials=1)
+    t = Tracker.connect()
+    with pytest.raises(TuningError, match="no completed trial"):
+        run_tuning(spec, trials=lambda session: None)  # a session that ran no trial
+    study = optuna.load_study(study_name=spec.study_name, storage=spec.storage)
+    parent_id = study.user_attrs["mlflow_parent_run_id"]
+    failed = t.get_run_data(parent_id)
+    assert failed.info.status == "FAILED" and "no completed trial" in failed.data.tags["error"]
+
+    def interrupted(session) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_tuning(spec, trials=interrupted)
+    killed = t.get_run_data(parent_id)
+    assert killed.info.status == "KILLED" and killed.data.tags["resumed"] == "true"
+    assert killed.data.tags["error"].startswith("KeyboardInterrupt")
+
+    r = run_tuning(spec)
+    assert r.parent_run_id == parent_id and r.n_complete + r.n_pruned == 1
+    done = t.get_run_data(parent_id)
+    assert done.info.status == "FINISHED" and "error" not in done.data.tags
+    assert done.data.params["n_trials"] == "1" and done.data.tags["nllab.kind"] == "tune"
+    tune_runs = t.client.search_runs([t.experiment_id], "tags.`nllab.kind` = 'tune'")
+    assert [p.info.run_id for p in tune_runs] == [parent_id]
+
+
+def test_shards_given_the_parent_run_log_their_trials_under_it(tmp_path, mlflow_store):
+    """The Dask path's shape without Dask: shards opened with the study's parent run id (as
+    ``flows.tune`` submits them) run their trials under it; the study ends FINISHED."""
+    from tasks.tuning import run_trials
+
+    spec = _spec(tmp_path, n_trials=3, start_from_paper=False)
+
+    def in_shards(session) -> None:
+        for n in (2, 1):
+            run_trials(spec, session.parent_run_id, n)
+
+    r = run_tuning(spec, trials=in_shards)
+    assert r.n_complete + r.n_pruned == 3
+    assert len(_children(r.parent_run_id)) == 3
+    assert Tracker.connect().get_run_data(r.parent_run_id).info.status == "FINISHED"
+
+
 def test_parallel_trials_on_sqlite(tmp_path, mlflow_store, caplog):
     r = run_tuning(_spec(tmp_path, n_jobs=2, n_trials=4, start_from_paper=False))
     assert r.n_complete + r.n_pruned == 4 and r.n_failed == 0
@@ -158,7 +210,8 @@ def test_parallel_trials_on_sqlite(tmp_path, mlflow_store, caplog):
 def test_resume_fails_the_stale_trial_and_keeps_finished_ones(tmp_path, mlflow_store):
     spec = _spec(tmp_path, n_trials=3, heartbeat_seconds=1, grace_seconds=2)
     session = open_session(spec)
-    session.optimize(1, 1)
+    with study_parent_run(session):
+        session.optimize(1, 1)
     (done,) = session.study.trials
     # A process killed mid-trial leaves a RUNNING trial whose heartbeat stops.
     storage = open_storage(spec.storage, heartbeat_seconds=1, grace_seconds=2)
@@ -215,29 +268,29 @@ def test_kill_9_mid_trial_then_resume(tmp_path, mlflow_store):
 
 
 def test_cli_tune_prints_the_dashboard_command(tmp_path, mlflow_store, prefect_server, capsys):
-    from flows.tune import add_tune_parser, cmd_tune
+    from flows.cli import main
 
-    parser = argparse.ArgumentParser()
-    add_tune_parser(parser.add_subparsers())
     storage = f"sqlite:///{tmp_path / 'cli.db'}"
-    args = parser.parse_args(
-        [
-            "tune",
-            "--method",
-            "node",
-            "--system",
-            "integro_de",
-            "--trials",
-            "2",
-            "--profile",
-            "smoke",
-            "--storage",
-            storage,
-            "--epochs",
-            "2",
-        ]
+    assert (
+        main(
+            [
+                "tune",
+                "--method",
+                "node",
+                "--system",
+                "integro_de",
+                "--trials",
+                "2",
+                "--profile",
+                "smoke",
+                "--storage",
+                storage,
+                "--epochs",
+                "2",
+            ]
+        )
+        == 0
     )
-    assert cmd_tune(args) == 0
     out = capsys.readouterr().out
     assert f"optuna-dashboard {storage}" in out and "best trial" in out
     # NODE's widths are searched as tuples and come back as tuples.
@@ -275,7 +328,7 @@ def test_processes_starting_one_study_at_once_share_one_parent_run(
     import time
 
     spec = _spec(tmp_path)
-    sessions = [open_session(spec, parent_run_id="chosen later") for _ in range(2)]
+    sessions = [open_session(spec) for _ in range(2)]
     create_run = Tracker.create_run
 
     def slow_create_run(self, *args, **kwargs):
@@ -288,7 +341,8 @@ def test_processes_starting_one_study_at_once_share_one_parent_run(
 
     def choose(session) -> None:
         start_together.wait()
-        chosen.append(session._parent_run())
+        with study_parent_run(session) as parent:
+            chosen.append(parent.run_id)
 
     threads = [threading.Thread(target=choose, args=(s,)) for s in sessions]
     for t in threads:

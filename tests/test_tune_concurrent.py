@@ -87,10 +87,10 @@ def test_two_processes_on_one_study_stop_at_its_total_and_never_draw_the_same_po
 
 
 def test_the_sampler_replays_a_study_from_its_seed(tmp_path):
-    from tasks.tuning import _TrialSeededTPE
+    from tasks.tuning import TrialSeededTPE
 
     def draws(seed: int) -> list[float]:
-        study = optuna.create_study(sampler=_TrialSeededTPE(seed=seed, n_startup_trials=3))
+        study = optuna.create_study(sampler=TrialSeededTPE(seed=seed, n_startup_trials=3))
         study.optimize(lambda t: t.suggest_float("x", 0.0, 1.0), n_trials=5)
         return [t.params["x"] for t in study.trials]
 

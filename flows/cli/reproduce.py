@@ -1,10 +1,17 @@
-"""``nllab reproduce``: re-evaluate a registered model (handler in :mod:`flows.reproduce`)."""
+"""``nllab reproduce``: re-evaluate a registered model (the flow: :mod:`flows.reproduce`)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from flows.cli._common import UsageError, add_runner_options, check_registry_uri
+from flows.cli._common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    UsageError,
+    add_runner_options,
+    check_registry_uri,
+)
 
 __all__ = ["add_parser", "run"]
 
@@ -43,6 +50,33 @@ def precheck(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flows.reproduce import cmd_reproduce
+    """Handler of ``nllab reproduce``: 0 reproduced, 1 mismatch, 2 unknown URI or ablation."""
+    from flows.reproduce import DataMismatch, ReproductionMismatch, _ablation_table, reproduce
 
-    return cmd_reproduce(args)
+    try:
+        result = reproduce(
+            args.model_uri,
+            args.ablation,
+            max_workers=args.max_workers,
+            task_runner=args.task_runner,
+            dask_address=args.dask_address,
+            fresh_data=args.fresh_data,
+            pack=args.pack is not False,
+        )
+    except (LookupError, ValueError) as e:  # an unknown URI or ablation
+        print(f"nllab reproduce: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except (DataMismatch, ReproductionMismatch) as e:
+        print(f"nllab reproduce: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    v = result.verification
+    print(
+        f"{v.ref.uri} = {v.ref.name} version {v.ref.version} (run {v.ref.run_id}): "
+        f"test RMSE {v.test_rmse:.12g}, logged {v.logged_rmse:.12g} "
+        f"(|diff| {v.difference:.2g}) - reproduced"
+    )
+    if result.ablation:
+        print(_ablation_table(result.ablation, list(result.cells)))
+        print(f"ablation runs are nested under run {result.run_id} (linked to {v.ref.run_id})")
+    failed = [r for _, r in result.cells if not r.ok]
+    return EXIT_FAILED if failed else 0

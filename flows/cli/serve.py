@@ -1,11 +1,12 @@
-"""``nllab serve``: scheduled deployments (handler in :mod:`flows.serve`)."""
+"""``nllab serve``: scheduled deployments (the flows and schedules: :mod:`flows.serve`)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from flows.cli._common import UsageError
+from flows.cli._common import EXIT_TRACKING, EXIT_USAGE, UsageError
 
 __all__ = ["add_parser", "run"]
 
@@ -34,6 +35,49 @@ def precheck(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flows.serve import cmd_serve
+    """Handler of ``nllab serve``: 2 on a malformed schedule or no server, 3 when the server
+    stops answering, else serves until Ctrl-C (0)."""
+    from flows import prefect_server
+    from flows.serve import ScheduleError, load_schedules
 
-    return cmd_serve(args)
+    try:
+        entries = load_schedules(args.config)
+    except ScheduleError as e:
+        print(f"nllab serve: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    for e in entries:
+        state = " (paused)" if e.paused else ""
+        print(f"  {e.name:<44} {e.flow:<9} cron '{e.cron}' {e.timezone}{state}")
+    if args.check:
+        return 0
+    server = None
+    api = prefect_server.api_url()
+    try:
+        if not api and args.start_server:
+            server, api = prefect_server.start_server(args.port)
+            print(f"started a Prefect server: {api} (UI http://127.0.0.1:{args.port})")
+        prefect_server.require_server(api)
+    except prefect_server.ServerMissing as e:
+        print(f"nllab serve: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    from flows.serving import serve_deployments
+
+    try:
+        outcome = serve_deployments(entries, api)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=30)
+    if outcome.server_lost:
+        print(
+            f"nllab serve: error: the Prefect server at {api} stopped answering; "
+            "stopped serving (start the server again, then run `nllab serve`)",
+            file=sys.stderr,
+        )
+        return EXIT_TRACKING
+    kept = outcome.kept
+    print(
+        f"paused {len(outcome.paused)} deployments"
+        + (f"; {kept} stay served by another nllab serve" if kept else "")
+    )
+    return 0

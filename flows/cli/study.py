@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import ast
+import sys
 from pathlib import Path
 
 from flows.cli._common import (
+    EXIT_FAILED,
     UsageError,
     add_runner_options,
     add_training_options,
     check_names,
+    parse_seeds,
     split_names,
+    training_overrides,
 )
 
 __all__ = ["add_parser", "run", "study_help"]
@@ -104,7 +108,56 @@ def precheck(args: argparse.Namespace) -> None:
     check_names(systems=split_names(args.systems), methods=split_names(args.methods))
 
 
-def run(args: argparse.Namespace) -> int:
-    from flows.studies.cli import cmd_study
+def _config(args: argparse.Namespace):
+    """The :class:`~flows.studies.StudyConfig` the arguments ask for."""
+    from flows.studies import get_study, study_config
 
-    return cmd_study(args)
+    get_study(args.name)  # unknown name: ValueError listing the valid ones
+    seeds = parse_seeds(args.seeds)
+    overrides: dict = {}
+    if training := training_overrides(args):
+        overrides["training"] = training
+    for key in ("max_workers", "task_runner", "dask_address", "pack"):
+        if getattr(args, key, None) is not None:
+            overrides[key] = getattr(args, key)
+    config = study_config(
+        args.name,
+        args.profile,
+        systems=split_names(args.systems),
+        methods=split_names(args.methods),
+        seeds=seeds,
+        device=args.device,
+        overrides=overrides,
+    )
+    if config.run.execution.device == "cuda":
+        from tasks.training import select_device
+
+        select_device("cuda")  # RuntimeError with the reason when CUDA is absent
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of ``nllab study``: run the study; print its tables and where they are tracked.
+    0 every cell finished or reused, 1 some failed; tracking unavailable and Ctrl-C propagate
+    (:func:`flows.cli.main` maps them to 3 and 130)."""
+    from flows.studies import run_study
+    from flows.studies._tables import to_markdown
+
+    try:
+        config = _config(args)
+    except (ValueError, RuntimeError) as e:  # ConfigError is a ValueError; CUDA missing
+        raise UsageError(str(e)) from None
+    summary = run_study(config)
+    for name, table in summary.tables.items():
+        print(f"\n## {name}\n")
+        print(to_markdown(table))
+    failed = [c for c in summary.cells if not c.ok]
+    print(
+        f"study {summary.study} ({summary.profile}): {len(summary.cells)} cells, "
+        f"{sum(c.status == 'reused' for c in summary.cells)} reused, {len(failed)} failed; "
+        f"{summary.seconds:.0f} s; parent run {summary.parent_run_id} "
+        f"(artifacts under study/)"
+    )
+    for c in failed:
+        print(f"  {c.key} {c.status}: {c.error}", file=sys.stderr)
+    return EXIT_FAILED if failed else 0

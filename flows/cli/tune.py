@@ -1,12 +1,23 @@
-"""``nllab tune``: an Optuna study for one method on one system (handler in :mod:`flows.tune`)."""
+"""``nllab tune``: an Optuna study for one method on one system (the flow: :mod:`flows.tune`)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import Any
 
-from flows.cli._common import add_runner_options, add_training_options, check_names, positive_int
+from flows.cli._common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    add_runner_options,
+    add_training_options,
+    check_names,
+    positive_int,
+    task_runner,
+    training_overrides,
+)
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "spec_from_args"]
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -48,7 +59,85 @@ def precheck(args: argparse.Namespace) -> None:
     check_names(systems=[args.system], methods=[args.method], config_file=args.config)
 
 
-def run(args: argparse.Namespace) -> int:
-    from flows.tune import cmd_tune
+def spec_from_args(args: argparse.Namespace):
+    """The :class:`~tasks.tuning.TuneSpec` of the parsed arguments (pydantic validates it)."""
+    from tasks.tuning import TuneSpec
 
-    return cmd_tune(args)
+    overrides: dict[str, Any] = {"progress": False}
+    if args.pack is not None:
+        overrides["pack"] = args.pack
+    if training := training_overrides(args):
+        overrides["training"] = training
+    return TuneSpec(
+        method=args.method,
+        system=args.system,
+        profile=args.profile,
+        n_trials=args.trials,
+        n_jobs=args.n_jobs,
+        storage=args.storage,
+        name=args.study_name,
+        seed=args.seed,
+        pruner=args.pruner,
+        config_file=args.config,
+        overrides=overrides,
+        device=args.device,
+        task_runner=task_runner(args) or "thread",
+        dask_address=args.dask_address,
+    )
+
+
+def _one_line(err) -> str:
+    """A pydantic error of the tuning spec as ``n_trials: must be ... (got 0)`` lines."""
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or 'spec'}: "
+        f"{e['msg'].removeprefix('Value error, ')} (got {e.get('input')!r})"
+        for e in err.errors()
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of ``nllab tune``: 0 done, 1 no trial completed, 2 bad arguments; an unreachable
+    storage raises :class:`~tasks.tuning.StorageUnavailable` (exit 3 in ``nllab``). SIGTERM
+    ends the running trial FAIL and the parent run KILLED, as Ctrl-C does."""
+    from pydantic import ValidationError
+
+    from flows.tune import run_tune
+    from tasks.search_spaces import search_space
+    from tasks.tuning import StorageUnavailable, TuningError, open_storage, sigterm_interrupts
+
+    try:
+        spec = spec_from_args(args)
+        spec.run_config()  # unknown system/method, bad profile: a usage error before any work
+        search_space(spec.method)  # a method with no search space: before Prefect starts
+        # A malformed URL (exit 2) or an unreachable server (exit 3): before Prefect starts.
+        open_storage(spec.storage).engine.dispose()
+    except ValidationError as e:
+        print(f"nllab tune: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_USAGE
+    except StorageUnavailable:
+        raise
+    except (TuningError, ValueError) as e:  # a malformed storage URL; no search space
+        print(f"nllab tune: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        with sigterm_interrupts():
+            result = run_tune(spec)
+    except StorageUnavailable:
+        raise
+    except TuningError as e:
+        print(f"nllab tune: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except ValueError as e:  # e.g. no search space for the method
+        print(f"nllab tune: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    b = result.best
+    print(
+        f"study {result.study_name}: {result.n_complete} complete, {result.n_pruned} pruned, "
+        f"{result.n_failed} failed trials"
+    )
+    first = f" (first trial: {result.first_value:.6g})" if result.first_value is not None else ""
+    print(f"best trial {result.best_trial}: validation RMSE {result.best_value:.6g}{first}")
+    print(f"  model overrides {b.model}; training overrides {b.training}")
+    print(f"MLflow parent run {result.parent_run_id}; use it with: nllab benchmark --tuned")
+    print(f"dashboard: {result.dashboard}")
+    return 0

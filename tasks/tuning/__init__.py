@@ -1,0 +1,105 @@
+"""Hyperparameter search with Optuna, as plain functions (the Prefect flow is ``flows.tune``).
+
+A study tunes one method on one system at one profile's budget. Trials train on the cell's
+training split and are scored by their best validation RMSE (the test split is never looked at);
+every epoch is reported to Optuna, so the pruner (median or Hyperband) can stop bad trials early.
+A trial whose training diverges (NaN) is pruned and the study goes on.
+
+Studies live in an Optuna RDB storage (:mod:`.storage`): an embedded sqlite file under
+``data_home()/"optuna"`` by default, any SQLAlchemy URL (Postgres for several machines)
+otherwise. Trials send heartbeats, so the trial of a killed process (``kill -9``) is marked FAIL
+when the study is next opened and retried (``RetryFailedTrialCallback``); ``load_if_exists``
+resumes the study where it stopped. Each trial (:mod:`.trials`) is a nested MLflow run under the
+study's one parent run (:mod:`.parent`; explicit ``parent_run_id``, so parallel trials never mix
+runs). The best configuration is stored in the study's user attributes and as
+``best_config.json`` on the parent run; :func:`tuned_overrides` reads it back (:mod:`.tuned`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tasks.tuning.parent import finish_study, study_parent_run
+from tasks.tuning.session import TuneSession
+from tasks.tuning.spec import (
+    BEST_ATTR,
+    OBJECTIVE,
+    OWNER_ATTR,
+    PARENT_ATTR,
+    StorageUnavailable,
+    TuneResult,
+    TuneSpec,
+    TuneTerminated,
+    TuningError,
+    sigterm_interrupts,
+    study_name,
+)
+from tasks.tuning.storage import (
+    TrialSeededTPE,
+    dashboard_command,
+    default_storage_url,
+    open_storage,
+    redact,
+)
+from tasks.tuning.tuned import TunedCells, TunedOverrides, apply_tuned, tuned_overrides
+
+__all__ = [
+    "BEST_ATTR",
+    "OBJECTIVE",
+    "OWNER_ATTR",
+    "PARENT_ATTR",
+    "StorageUnavailable",
+    "TrialSeededTPE",
+    "TuneResult",
+    "TuneSession",
+    "TuneSpec",
+    "TuneTerminated",
+    "TunedCells",
+    "TunedOverrides",
+    "TuningError",
+    "apply_tuned",
+    "dashboard_command",
+    "default_storage_url",
+    "open_session",
+    "open_storage",
+    "redact",
+    "run_trials",
+    "run_tuning",
+    "sigterm_interrupts",
+    "study_name",
+    "study_parent_run",
+    "tuned_overrides",
+]
+
+
+def open_session(spec: TuneSpec, parent_run_id: str | None = None) -> TuneSession:
+    """Open (or create) the study of ``spec``; the paper point is enqueued in a new study.
+    Its trials run under ``parent_run_id``, or inside :func:`study_parent_run`."""
+    session = TuneSession(spec, parent_run_id)
+    session.enqueue_paper_point()
+    return session
+
+
+def run_tuning(
+    spec: TuneSpec, trials: Callable[[TuneSession], None] = TuneSession.run_to_total
+) -> TuneResult:
+    """Run the study until it holds ``spec.n_trials`` complete or pruned trials; resumable.
+
+    ``trials`` runs them (default: in this process, ``spec.n_jobs`` threads; ``flows.tune``
+    passes one that shards them on Dask). The study's parent run lives for this one block:
+    FINISHED with the best trial recorded; FAILED when no trial completed; interrupted (Ctrl-C,
+    or SIGTERM under :func:`sigterm_interrupts`), the running trial ends FAIL and the parent run
+    KILLED, and the next call runs the missing trials under the same parent."""
+    session = open_session(spec)
+    with study_parent_run(session) as parent:
+        # Inside the flow too: Prefect's engine installs a SIGTERM handler of its own that
+        # Optuna does not see as an interruption (the trial would stay RUNNING).
+        with sigterm_interrupts():
+            trials(session)
+        return finish_study(session, parent)
+
+
+def run_trials(spec: TuneSpec, parent_run_id: str, n_trials: int) -> int:
+    """Run ``n_trials`` trials of an opened study in this process (a shard on a Dask worker)."""
+    TuneSession(spec, parent_run_id).optimize(n_trials, 1)
+    return n_trials

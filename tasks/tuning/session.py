@@ -1,0 +1,156 @@
+"""An opened study in one process: its storage, the data set it trains on, the tracker, and
+the loop that runs trials until the study holds its trial count (shared with other processes
+through the storage)."""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+
+import optuna
+import torch
+from optuna.trial import FrozenTrial, TrialState
+
+from tasks.cell import CellRuntime, simulate_data
+from tasks.search_spaces import paper_params, search_space
+from tasks.tracking import Tracker, _owner_gone
+from tasks.training import select_device
+from tasks.tuning.spec import OWNER_ATTR, TuneSpec, TuningError
+from tasks.tuning.storage import default_storage_url, open_storage, open_study
+from tasks.tuning.trials import QuietSurplus, StudyFull, run_trial
+
+__all__ = ["TuneSession"]
+
+
+class TuneSession:
+    """The study of ``spec`` opened (or created) in this process, with its data and tracker.
+
+    Trials hang under the MLflow run ``parent_run_id``: a Dask shard is given it, otherwise
+    :func:`tasks.tuning.study_parent_run` chooses it and :meth:`attach` links the session to it.
+    """
+
+    def __init__(self, spec: TuneSpec, parent_run_id: str | None = None) -> None:
+        search_space(spec.method)  # unknown method: clear error before anything is created
+        self.spec = spec
+        self.config = spec.run_config()
+        self.cell = self.config.cells()[0]
+        self.storage_url = spec.storage or default_storage_url()
+        self.storage = open_storage(
+            self.storage_url,
+            heartbeat_seconds=spec.heartbeat_seconds,
+            grace_seconds=spec.grace_seconds,
+        )
+        self.study = open_study(spec, self.storage, self.cell.training.epochs)
+        select_device(spec.device)  # CUDA asked for but absent: a clear error up front
+        ds = simulate_data(self.cell.system, self.cell.data, self.cell.seed)
+        self.dataset_hash = ds.fingerprint
+        self.tracker = Tracker.connect(self.config.tracking)
+        self.parent_run_id: str | None = None
+        self.runtime: CellRuntime | None = None
+        if parent_run_id is not None:
+            self.attach(parent_run_id)
+
+    def attach(self, parent_run_id: str) -> None:
+        """Log this session's trials under the MLflow run ``parent_run_id``."""
+        self.parent_run_id = parent_run_id
+        self.runtime = CellRuntime.for_config(
+            self.tracker, self.config, parent_run_id, device=self.spec.device, progress=False
+        )
+
+    # -- the study's trials ---------------------------------------------------------------------
+    def counts(self) -> dict[TrialState, int]:
+        trials = self.study.get_trials(deepcopy=False)
+        return {s: sum(t.state == s for t in trials) for s in TrialState}
+
+    def remaining(self) -> int:
+        c = self.counts()
+        return max(0, self.spec.n_trials - c[TrialState.COMPLETE] - c[TrialState.PRUNED])
+
+    def enqueue_paper_point(self) -> None:
+        if self.spec.start_from_paper and not self.study.trials:
+            self.study.enqueue_trial(paper_params(self.spec.method), user_attrs={"origin": "paper"})
+
+    def objective(self, trial: optuna.Trial) -> float:
+        return run_trial(trial, self.spec, self.cell, self.tracker, self.runtime)
+
+    def optimize(self, n_trials: int, n_jobs: int) -> None:
+        if n_trials <= 0:
+            return
+        if self.runtime is None:
+            raise TuningError("no parent run to log trials under: run them in study_parent_run")
+        threads = self.config.execution.torch_threads
+        if threads is not None and torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        self.fail_dead_trials()
+        total = self.spec.n_trials
+        counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+        # A surplus trial is expected when processes share the study: no warning with traceback.
+        quiet = QuietSurplus()
+
+        def within_total(trial: optuna.Trial) -> float:
+            # Other processes may share the study: the storage numbers trials uniquely, so the
+            # trials counted before this one decide whether it is one too many.
+            before = self.study.get_trials(deepcopy=False, states=counted)
+            if sum(t.number < trial.number for t in before) >= total:
+                self.study.stop()
+                quiet.numbers.add(trial.number)
+                trial.set_user_attr("surplus", True)
+                raise StudyFull(f"the study already holds its {total} trials")
+            return self.objective(trial)
+
+        def stop_when_full(study: optuna.Study, _: FrozenTrial) -> None:
+            if len(study.get_trials(deepcopy=False, states=counted)) >= total:
+                study.stop()
+
+        optuna_log = logging.getLogger("optuna.study._optimize")
+        optuna_log.addFilter(quiet)
+        try:
+            self.study.optimize(
+                within_total,
+                n_trials=n_trials,
+                n_jobs=n_jobs,
+                # Any other error fails only its trial; the study goes on (the run keeps it).
+                catch=(Exception,),
+                callbacks=[stop_when_full],
+                gc_after_trial=False,
+            )
+        finally:
+            optuna_log.removeFilter(quiet)
+
+    def fail_dead_trials(self) -> list[int]:
+        """Fail (and re-enqueue) the RUNNING trials whose process is gone: at once for a process
+        of this host that has ended, by heartbeat (no beat for the grace period) for any other.
+        Returns the numbers of the trials failed here."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.study)
+        failed = []
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            owner = t.user_attrs.get(OWNER_ATTR)
+            if owner and _owner_gone(owner):
+                try:
+                    self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                except RuntimeError:
+                    continue  # finished (or failed by another process) meanwhile
+                failed.append(t.number)
+                self.study.enqueue_trial(
+                    t.params, user_attrs={"origin": str(t.user_attrs.get("origin", "sampler"))}
+                )
+        return failed
+
+    def run_to_total(self) -> None:
+        """Run trials until the study holds ``spec.n_trials`` finished (complete or pruned)
+        ones. A trial RUNNING in another process keeps its place while it runs; should the study
+        still fall short once this process's trials are done (that trial failed, or its process
+        died), this process waits for those trials (failing them by heartbeat once stale) and
+        runs the missing ones, for as long as each round adds a finished trial."""
+        self.optimize(self.remaining(), self.spec.n_jobs)
+        while (missing := self.remaining()) > 0:
+            if self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                time.sleep(min(self.spec.heartbeat_seconds, 5))
+                self.fail_dead_trials()
+                continue
+            self.optimize(missing, self.spec.n_jobs)
+            if self.remaining() == missing:
+                return  # every trial of the round failed: the study ends short, as reported

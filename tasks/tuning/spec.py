@@ -1,0 +1,132 @@
+"""What a study is asked to do (:class:`TuneSpec`), what it gives back (:class:`TuneResult`),
+its errors, and SIGTERM handled as Ctrl-C."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.config import CellConfig, Device, Profile, RunConfig, resolve_config
+from tasks.search_spaces import Suggestion
+
+__all__ = [
+    "BEST_ATTR",
+    "OBJECTIVE",
+    "OWNER_ATTR",
+    "PARENT_ATTR",
+    "StorageUnavailable",
+    "TuneResult",
+    "TuneSpec",
+    "TuneTerminated",
+    "TuningError",
+    "sigterm_interrupts",
+    "study_name",
+]
+
+#: What every study minimises: the validation RMSE of the trial (normalised units).
+OBJECTIVE = "val_rmse"
+#: Study user attribute holding the best configuration (see :func:`tasks.tuning.tuned_overrides`).
+BEST_ATTR = "best"
+#: Study user attribute holding the study's MLflow parent run id.
+PARENT_ATTR = "mlflow_parent_run_id"
+#: Trial user attribute naming the process that runs it (``tasks.tracking.claim_owner``).
+OWNER_ATTR = "owner"
+
+
+class TuningError(RuntimeError):
+    """A study cannot be opened or has no usable result; the message says why."""
+
+
+class StorageUnavailable(TuningError):
+    """The Optuna storage is well named but cannot be reached or written (a server that does
+    not answer, a full disk): a fault of the environment, not of the command."""
+
+
+class TuneTerminated(KeyboardInterrupt):
+    """SIGTERM during a study: handled as Ctrl-C (the running trial ends FAIL, the parent run
+    KILLED), so that a terminated study resumes like an interrupted one."""
+
+    exit_code = 143  # 128 + SIGTERM, as the shell reports a process the signal ended
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`TuneTerminated` in the main thread (as SIGINT
+    raises ``KeyboardInterrupt``); outside the main thread, nothing changes."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, _frame: Any) -> None:
+        raise TuneTerminated(f"terminated by signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class TuneSpec(BaseModel):
+    """What to tune and how (validated at the edge: CLI, schedules, flows)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    method: str
+    system: str
+    profile: Profile = "smoke"
+    n_trials: int = Field(20, ge=1, description="trials (complete or pruned) the study should hold")
+    n_jobs: int = Field(1, ge=1, description="trials run at the same time")
+    storage: str | None = Field(None, description="SQLAlchemy URL; None: sqlite under data_home()")
+    name: str | None = Field(None, description="study name; None: METHOD-SYSTEM-PROFILE")
+    seed: int = Field(0, ge=0, description="TPE sampler seed")
+    pruner: Literal["median", "hyperband"] = "median"
+    startup_trials: int = Field(5, ge=1, description="random trials before TPE models the space")
+    start_from_paper: bool = Field(True, description="first trial: the paper's configuration")
+    heartbeat_seconds: int = Field(30, ge=1)
+    grace_seconds: int | None = Field(None, ge=1, description="None: 2 x heartbeat")
+    config_file: str | None = None
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description="RunConfig overrides (data, training, tracking, ...)"
+    )
+    device: Device = "cpu"
+    task_runner: Literal["thread", "dask"] = "thread"
+    dask_address: str | None = None
+
+    @property
+    def study_name(self) -> str:
+        return self.name or study_name(self.method, self.system, self.profile)
+
+    def run_config(self) -> RunConfig:
+        """The profile's run configuration narrowed to this study's system and method."""
+        over = {**self.overrides, "systems": [self.system], "methods": [self.method]}
+        return resolve_config(self.profile, self.config_file, over)
+
+    def base_cell(self) -> CellConfig:
+        return self.run_config().cells()[0]
+
+
+def study_name(method: str, system: str, profile: str) -> str:
+    return f"{method}-{system}-{profile}"
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    study_name: str
+    storage: str  # redacted
+    parent_run_id: str
+    best_trial: int
+    best_value: float
+    best: Suggestion
+    first_value: float | None  # value of the study's first finished trial (the paper point)
+    n_complete: int
+    n_pruned: int
+    n_failed: int
+    dashboard: str

@@ -1,0 +1,153 @@
+"""Where studies live: an Optuna RDB storage (an embedded sqlite file under
+``data_home()/"optuna"`` by default, any SQLAlchemy URL otherwise) with heartbeats, so the trial
+of a killed process is failed when the study is next opened and retried once; and opening a
+study with its seeded sampler and its pruner."""
+
+from __future__ import annotations
+
+import random
+import shlex
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+import sqlalchemy.exc
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.trial import FrozenTrial
+
+from datasets import data_home
+from tasks.tuning.spec import OBJECTIVE, StorageUnavailable, TuneSpec, TuningError
+
+__all__ = [
+    "TrialSeededTPE",
+    "dashboard_command",
+    "default_storage_url",
+    "open_storage",
+    "open_study",
+    "redact",
+]
+
+_SCHEMA_ATTEMPTS = 6  # opening a fresh server database: tries before giving up
+
+
+def default_storage_url() -> str:
+    return f"sqlite:///{(data_home() / 'optuna' / 'optuna.db').resolve()}"
+
+
+def redact(url: str) -> str:
+    """The URL with any password hidden (for logs, tags and printed commands)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url
+
+
+def open_storage(
+    url: str | None = None, *, heartbeat_seconds: int = 30, grace_seconds: int | None = None
+) -> RDBStorage:
+    """An RDB storage with heartbeats; stale trials are failed and retried once.
+
+    sqlite waits up to 60 s for a lock instead of failing (parallel trials, several processes).
+    Processes that open one fresh server database together race to create its tables
+    (neither PostgreSQL's nor sqlite's ``CREATE TABLE`` checks and creates atomically); the
+    losers retry, and then find the schema in place.
+    """
+    url = url or default_storage_url()
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}}
+    else:
+        engine_kwargs = {"pool_pre_ping": True}
+    for attempt in range(1, _SCHEMA_ATTEMPTS + 1):
+        try:
+            with warnings.catch_warnings():
+                # Heartbeats are marked experimental since Optuna 2.9; they resume a study.
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return RDBStorage(
+                    url,
+                    engine_kwargs=engine_kwargs,
+                    heartbeat_interval=heartbeat_seconds,
+                    grace_period=grace_seconds,
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),
+                )
+        except Exception as e:
+            if attempt == _SCHEMA_ATTEMPTS or not _lost_schema_race(e):
+                first = str(e).splitlines()[0] if str(e) else ""
+                if isinstance(e, sqlalchemy.exc.OperationalError):
+                    raise StorageUnavailable(
+                        f"cannot reach the Optuna storage {redact(url)!r}: {first}"
+                    ) from e
+                raise TuningError(
+                    f"cannot open the Optuna storage {redact(url)!r}: {type(e).__name__}: "
+                    f"{first}. Use an SQLAlchemy URL such as sqlite:////ABS/PATH/optuna.db or "
+                    "postgresql+psycopg2://USER:PASSWORD@HOST:5432/optuna (with the driver "
+                    "installed)"
+                ) from e
+            # Jitter so that two losers of one race do not collide again.
+            time.sleep(0.2 * attempt * (1 + random.random()))
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _lost_schema_race(error: Exception) -> bool:
+    """Whether ``error`` is another process creating the same tables or rows at the same time."""
+    if not isinstance(error, sqlalchemy.exc.DBAPIError):
+        return False
+    if isinstance(error, (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError)):
+        return True  # duplicate key in the catalog or in version_info; table already there
+    return "already exists" in str(error) or "database is locked" in str(error)
+
+
+def dashboard_command(url: str) -> str:
+    """The command that opens the Optuna dashboard on ``url`` (password hidden)."""
+    return f"optuna-dashboard {shlex.quote(redact(url))}"
+
+
+def _pruner(spec: TuneSpec, epochs: int) -> optuna.pruners.BasePruner:
+    if spec.pruner == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max(epochs, 1))
+    # Not before a quarter of the epochs: early curves of good and bad trials cross.
+    return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=epochs // 4)
+
+
+class TrialSeededTPE(optuna.samplers.TPESampler):
+    """TPE whose random state is reseeded from ``(seed, trial number)`` before each trial.
+
+    The storage gives every trial of a study a unique number, so processes sharing a study never
+    draw the same random points (one fixed seed per process would make them all draw the same
+    sequence), a resumed study does not redraw its first points, and the same study replays
+    identically from the same seed.
+    """
+
+    def __init__(self, seed: int, **kwargs: Any) -> None:
+        super().__init__(seed=seed, **kwargs)
+        self._base_seed = seed
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        state = np.random.SeedSequence([self._base_seed, trial.number]).generate_state(1)[0]
+        self._rng.rng.seed(int(state))
+        self._random_sampler._rng.rng.seed(int(state))
+        super().before_trial(study, trial)
+
+
+def open_study(spec: TuneSpec, storage: RDBStorage, epochs: int) -> optuna.Study:
+    """The study of ``spec`` in ``storage`` (created if absent): minimising :data:`OBJECTIVE`,
+    sampled by :class:`TrialSeededTPE`, pruned by the spec's pruner over ``epochs``."""
+    study = optuna.create_study(
+        storage=storage,
+        study_name=spec.study_name,
+        direction="minimize",
+        sampler=TrialSeededTPE(seed=spec.seed, n_startup_trials=spec.startup_trials),
+        pruner=_pruner(spec, epochs),
+        load_if_exists=True,
+    )
+    if study.metric_names != [OBJECTIVE]:
+        # The objective's name in optuna-dashboard and the study's metadata.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([OBJECTIVE])
+    return study
