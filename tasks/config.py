@@ -23,6 +23,14 @@ from pydantic import (
     model_validator,
 )
 
+from tasks._config_checks import (
+    ModelOptionError,
+    check_model_overrides,
+    check_names,
+    coercion_problem,
+    format_validation,
+    option_problems,
+)
 from tasks._config_files import (
     ConfigError,
     deep_merge,
@@ -31,7 +39,6 @@ from tasks._config_files import (
     profile_file,
     profile_layer,
 )
-from tasks._model_options import ModelOptionError, check_model_overrides, option_problems, show
 
 if TYPE_CHECKING:  # served by __getattr__ below, on first use
     from nlmodels.model_registry import model_arguments, model_option_types, model_signature
@@ -133,47 +140,6 @@ def known_methods() -> tuple[str, ...]:
     return tuple(sorted(MODELS))
 
 
-def _check_names(kind: str, names: tuple[str, ...], valid: tuple[str, ...]) -> tuple[str, ...]:
-    if not names:
-        raise ValueError(f"at least one {kind} is required; valid {kind}s: {', '.join(valid)}")
-    unknown = [n for n in names if n not in valid]
-    if unknown:
-        raise ValueError(
-            f"unknown {kind} {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}"
-        )
-    if len(set(names)) != len(names):
-        raise ValueError(f"duplicate {kind} in {list(names)}")
-    return names
-
-
-def _coercion_problem(annotation: Any, value: Any) -> str | None:
-    """Why ``value`` must not be coerced to ``annotation`` (``None`` if it may): pydantic's lax
-    mode reads ``true`` as the integer 1 and ``"128"`` as a number; a config value must already
-    be of its setting's kind (an integral float such as TOML's ``2e6`` still counts as one)."""
-    import types
-    import typing
-
-    if value is None:
-        return None
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        args = [a for a in get_args(annotation) if a is not type(None)]
-        if len(args) != 1:
-            return None
-        annotation = args[0]
-    if typing.get_origin(annotation) is tuple and isinstance(value, list | tuple):
-        items = get_args(annotation)
-        for i, item in enumerate(value):
-            kind = items[0] if items[1:] == (Ellipsis,) else items[i] if i < len(items) else None
-            if kind is not None and (problem := _coercion_problem(kind, item)) is not None:
-                return f"item {i + 1} {problem}"
-        return None
-    if annotation is bool and not isinstance(value, bool):
-        return f"must be true or false, got {show(value)}"
-    if annotation in (int, float) and isinstance(value, bool | str):
-        return f"must be {'an integer' if annotation is int else 'a number'}, got {show(value)}"
-    return None
-
-
 #: Names of the model registry's introspection (:mod:`nlmodels.model_registry`) that this module
 #: re-exports on first use, and the quick profile's epochs (read from its file on first use):
 #: importing ``tasks.config`` imports neither torch nor a profile file.
@@ -209,7 +175,7 @@ class _Frozen(BaseModel):
         """Strict kinds: no bool -> int (``epochs = true`` is not 1 epoch), no string ->
         number or flag; checked before pydantic would convert the value."""
         field = cls.model_fields.get(info.field_name)
-        if field is not None and (problem := _coercion_problem(field.annotation, value)):
+        if field is not None and (problem := coercion_problem(field.annotation, value)):
             raise ValueError(problem)
         return value
 
@@ -405,12 +371,12 @@ class RunConfig(_Frozen):
     @field_validator("systems")
     @classmethod
     def _valid_systems(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        return _check_names("system", v, known_systems())
+        return check_names("system", v, known_systems())
 
     @field_validator("methods")
     @classmethod
     def _valid_methods(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        return _check_names("method", v, known_methods())
+        return check_names("method", v, known_methods())
 
     @field_validator("models", mode="before")
     @classmethod
@@ -419,7 +385,7 @@ class RunConfig(_Frozen):
         # value of the wrong type is reported as such, not as one error per type it is not).
         if not isinstance(v, Mapping) or not all(isinstance(o, Mapping) for o in v.values()):
             return v  # pydantic names what is wrong with the shape
-        _check_names("method", tuple(v), known_methods()) if v else None
+        check_names("method", tuple(v), known_methods()) if v else None
         problems = [
             p
             for method, overrides in v.items()
@@ -433,7 +399,7 @@ class RunConfig(_Frozen):
     @field_validator("method_epochs")
     @classmethod
     def _valid_method_epochs(cls, v: dict[str, int]) -> dict[str, int]:
-        _check_names("method", tuple(v), known_methods()) if v else None
+        check_names("method", tuple(v), known_methods()) if v else None
         bad = {m: n for m, n in v.items() if n < 1}
         if bad:
             raise ValueError(f"epochs must be at least 1, got {bad}")
@@ -485,19 +451,6 @@ class RunConfig(_Frozen):
         return cells
 
 
-def _format_validation(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        where = ".".join(str(x) for x in e["loc"]) or "config"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown setting"
-        cause = (e.get("ctx") or {}).get("error")
-        problems = cause.problems if isinstance(cause, ModelOptionError) else [msg]
-        lines += [f"  {where}: {problem}" for problem in problems]
-    return "invalid configuration:\n" + "\n".join(lines)
-
-
 def resolve_config(
     profile: str | None = None,
     config_file: str | Path | None = None,
@@ -524,4 +477,4 @@ def resolve_config(
     try:
         return RunConfig.model_validate(merged)
     except ValidationError as e:
-        raise ConfigError(_format_validation(e)) from None
+        raise ConfigError(format_validation(e)) from None

@@ -1,4 +1,6 @@
-"""Validation of a config's model options against what each model's constructor accepts.
+"""The checks behind :mod:`tasks.config`'s validation and their one-line messages: names
+(systems, methods), strict value kinds, and a config's model options against what each model's
+constructor accepts.
 
 What a model accepts is read from the model registry (:mod:`nlmodels.model_registry`), on first
 use: importing this module does not import torch (``nllab --help`` stays fast). Every problem is
@@ -14,7 +16,15 @@ from typing import Any, get_args
 
 from pydantic import ConfigDict, ValidationError
 
-__all__ = ["ModelOptionError", "check_model_overrides", "option_problems", "show"]
+__all__ = [
+    "ModelOptionError",
+    "check_model_overrides",
+    "check_names",
+    "coercion_problem",
+    "format_validation",
+    "option_problems",
+    "show",
+]
 
 
 class ModelOptionError(ValueError):
@@ -149,3 +159,57 @@ def check_model_overrides(method: str, overrides: Mapping[str, Any]) -> None:
 
     if method in MODELS and (problems := option_problems(method, overrides)):
         raise ModelOptionError(problems)
+
+
+def check_names(kind: str, names: tuple[str, ...], valid: tuple[str, ...]) -> tuple[str, ...]:
+    if not names:
+        raise ValueError(f"at least one {kind} is required; valid {kind}s: {', '.join(valid)}")
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise ValueError(
+            f"unknown {kind} {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}"
+        )
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate {kind} in {list(names)}")
+    return names
+
+
+def coercion_problem(annotation: Any, value: Any) -> str | None:
+    """Why ``value`` must not be coerced to ``annotation`` (``None`` if it may): pydantic's lax
+    mode reads ``true`` as the integer 1 and ``"128"`` as a number; a config value must already
+    be of its setting's kind (an integral float such as TOML's ``2e6`` still counts as one)."""
+    import types
+    import typing
+
+    if value is None:
+        return None
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) != 1:
+            return None
+        annotation = args[0]
+    if typing.get_origin(annotation) is tuple and isinstance(value, list | tuple):
+        items = get_args(annotation)
+        for i, item in enumerate(value):
+            kind = items[0] if items[1:] == (Ellipsis,) else items[i] if i < len(items) else None
+            if kind is not None and (problem := coercion_problem(kind, item)) is not None:
+                return f"item {i + 1} {problem}"
+        return None
+    if annotation is bool and not isinstance(value, bool):
+        return f"must be true or false, got {show(value)}"
+    if annotation in (int, float) and isinstance(value, bool | str):
+        return f"must be {'an integer' if annotation is int else 'a number'}, got {show(value)}"
+    return None
+
+
+def format_validation(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(x) for x in e["loc"]) or "config"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown setting"
+        cause = (e.get("ctx") or {}).get("error")
+        problems = cause.problems if isinstance(cause, ModelOptionError) else [msg]
+        lines += [f"  {where}: {problem}" for problem in problems]
+    return "invalid configuration:\n" + "\n".join(lines)
