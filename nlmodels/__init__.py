@@ -11,7 +11,16 @@ from nlmodels import baselines as _baselines  # noqa: F401  (registers the basel
 from nlmodels.accel.native import native_enabled as native_cpu_kernels
 from nlmodels.base import ForecastModel
 from nlmodels.ilt import ILT_ALGORITHMS, ILTAlgorithm, get_ilt
-from nlmodels.model_registry import MODELS, build_model, register_model
+from nlmodels.model_registry import (
+    MODELS,
+    build_model,
+    model_arguments,
+    model_choices,
+    model_option_types,
+    model_signature,
+    non_default_overrides,
+    register_model,
+)
 from nlmodels.neural_laplace import NeuralLaplace
 from nlmodels.stereographic import from_sphere, to_sphere
 
@@ -24,7 +33,12 @@ __all__ = [
     "build_model",
     "from_sphere",
     "get_ilt",
+    "model_arguments",
+    "model_choices",
+    "model_option_types",
+    "model_signature",
     "native_cpu_kernels",
+    "non_default_overrides",
     "register_model",
     "to_sphere",
 ]

@@ -1,14 +1,37 @@
 """The model registry: :data:`MODELS`, ``@register_model(name)`` and
-``build_model("node", state_dim=2)`` (the generic decorator is :mod:`nlmodels._registrar`)."""
+``build_model("node", state_dim=2)`` (the generic decorator is :mod:`nlmodels._registrar`).
+
+It also answers what a registered model accepts, read from its constructors without building
+it (:func:`model_signature`, :func:`model_choices`, :func:`model_option_types`): the config
+layer validates model options against these (``tasks.config``), and a cell's hash leaves out
+the options equal to the model's own default (:func:`non_default_overrides`), in the manner of
+torchdiffeq's solver table, where a name maps to a class whose keywords are its options.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import inspect
+import json
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
 from nlmodels._registrar import name_registrar
 from nlmodels.base import ForecastModel
 
-__all__ = ["MODELS", "build_model", "register_model"]
+__all__ = [
+    "MODELS",
+    "build_model",
+    "model_arguments",
+    "model_choices",
+    "model_constructors",
+    "model_option_types",
+    "model_signature",
+    "non_default_overrides",
+    "register_model",
+    "registry_choices",
+]
 
 #: registry name -> model class; each class takes ``state_dim`` first and paper sizes by default.
 MODELS: dict[str, type[ForecastModel]] = {}
@@ -25,3 +48,96 @@ def build_model(name: str, state_dim: int, **overrides: Any) -> ForecastModel:
     if int(state_dim) < 1:
         raise ValueError(f"state_dim must be >= 1, got {state_dim}")
     return MODELS[name](int(state_dim), **overrides)
+
+
+def model_constructors(method: str) -> list[Callable[..., None]]:
+    """The ``__init__`` functions that take ``build_model(method, ...)``'s keywords: the
+    model's own and, where it forwards ``**kwargs``, its bases'."""
+    inits = []
+    for klass in MODELS[method].__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        inits.append(vars(klass)["__init__"])
+        kinds = (p.kind for p in inspect.signature(inits[-1]).parameters.values())
+        if inspect.Parameter.VAR_KEYWORD not in kinds:
+            break
+    return inits
+
+
+@functools.cache
+def model_signature(method: str) -> dict[str, Any]:
+    """Name -> default (``inspect.Parameter.empty`` when required) of every keyword argument
+    ``build_model(method, state_dim, **kw)`` accepts, read from the model's constructors.
+    Nothing is built; read once per method (the result is shared: do not modify it)."""
+    params: dict[str, Any] = {}
+    for init in model_constructors(method):
+        for p in inspect.signature(init).parameters.values():
+            named = p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            if named and p.name not in ("self", "state_dim"):
+                params.setdefault(p.name, p.default)
+    return params
+
+
+def _type_hints(init: Callable[..., None]) -> dict[str, Any] | None:
+    try:
+        return typing.get_type_hints(init)
+    except (NameError, TypeError):  # an annotation only a type checker resolves
+        return None
+
+
+@functools.cache
+def model_choices(method: str) -> dict[str, tuple[Any, ...]]:
+    """Name -> allowed values of every keyword argument of ``method`` annotated ``Literal``."""
+    choices: dict[str, tuple[Any, ...]] = {}
+    for init in model_constructors(method):
+        for name, hint in (_type_hints(init) or {}).items():
+            if typing.get_origin(hint) is Literal:
+                choices.setdefault(name, typing.get_args(hint))
+    return choices
+
+
+@functools.cache
+def model_option_types(method: str) -> dict[str, Any]:
+    """Name -> type annotation of every keyword argument of ``method`` (the first constructor
+    that names it, as :func:`model_signature` takes its default)."""
+    hints: dict[str, Any] = {}
+    for init in model_constructors(method):
+        found = _type_hints(init)
+        if found is None:
+            continue
+        for name in model_signature(method):
+            if name in found:
+                hints.setdefault(name, found[name])
+    return hints
+
+
+def model_arguments(method: str) -> tuple[str, ...]:
+    """The keyword arguments ``build_model(method, state_dim, **kw)`` accepts."""
+    return tuple(model_signature(method))
+
+
+def registry_choices() -> dict[str, tuple[str, ...]]:
+    """Options whose valid names are a registry's keys rather than a ``Literal`` annotation:
+    the ODE solvers of the baselines and the ILT algorithms."""
+    from nlmodels.baselines._solve import SOLVERS
+    from nlmodels.ilt import ILT_ALGORITHMS
+
+    return {"solver": tuple(SOLVERS), "ilt": tuple(sorted(ILT_ALGORITHMS))}
+
+
+def _json_value(v: Any) -> Any:
+    try:
+        return json.loads(json.dumps(v))
+    except TypeError:
+        return repr(v)  # a default that is not a plain value never equals an override
+
+
+def non_default_overrides(method: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The model overrides whose value differs from the model's own default (compared as JSON,
+    so a tuple equals the list default it spells); all of them for an unknown method."""
+    defaults = model_signature(method) if method in MODELS else {}
+    return {
+        k: v
+        for k, v in overrides.items()
+        if k not in defaults or json.dumps(_json_value(v)) != json.dumps(_json_value(defaults[k]))
+    }

@@ -8,13 +8,11 @@ not, such as the device or the profile name), so a finished cell can be recognis
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -24,6 +22,29 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from tasks._config_checks import (
+    ModelOptionError,
+    check_model_overrides,
+    check_names,
+    coercion_problem,
+    format_validation,
+    option_problems,
+)
+from tasks._config_files import (
+    ConfigError,
+    deep_merge,
+    lift_execution,
+    load_config_file,
+    profile_file,
+    profile_layer,
+)
+
+if TYPE_CHECKING:  # served by __getattr__ below, on first use
+    from nlmodels.model_registry import model_arguments, model_option_types, model_signature
+
+    #: Epochs each model trains in the ``quick`` profile (its file's ``method_epochs``).
+    QUICK_EPOCHS: dict[str, int]
 
 __all__ = [
     "DEVICES",
@@ -51,6 +72,7 @@ __all__ = [
     "model_arguments",
     "model_option_types",
     "model_signature",
+    "profile_file",
     "resolve_config",
 ]
 
@@ -86,7 +108,7 @@ SYSTEM_NAMES: tuple[str, ...] = (
     "square",
     "stiff_van_der_pol",
 )
-#: Size presets of a run (see ``_PROFILES``): one definition for every layer.
+#: Size presets of a run, each a config file the package ships (``tasks/profiles/<name>.yaml``).
 Profile = Literal["smoke", "quick", "paper"]
 PROFILES: tuple[str, ...] = get_args(Profile)
 #: Where cells train: ``auto`` measures which is faster (``tasks.placement``).
@@ -106,10 +128,6 @@ _HASH_SCHEMA = 1
 Scalar = bool | int | float | str | tuple[int, ...]
 
 
-class ConfigError(ValueError):
-    """An invalid configuration value; the message names the problem and the valid choices."""
-
-
 def known_systems() -> tuple[str, ...]:
     from datasets import SYSTEMS
 
@@ -122,276 +140,28 @@ def known_methods() -> tuple[str, ...]:
     return tuple(sorted(MODELS))
 
 
-def _constructors(method: str) -> list[Any]:
-    """The ``__init__`` functions that take ``build_model(method, ...)``'s keywords: the
-    model's own and, where it forwards ``**kwargs``, its bases'."""
-    import inspect
-
-    from nlmodels import MODELS
-
-    inits = []
-    for klass in MODELS[method].__mro__:
-        if "__init__" not in vars(klass):
-            continue
-        inits.append(vars(klass)["__init__"])
-        kinds = (p.kind for p in inspect.signature(inits[-1]).parameters.values())
-        if inspect.Parameter.VAR_KEYWORD not in kinds:
-            break
-    return inits
+#: Names of the model registry's introspection (:mod:`nlmodels.model_registry`) that this module
+#: re-exports on first use, and the quick profile's epochs (read from its file on first use):
+#: importing ``tasks.config`` imports neither torch nor a profile file.
+_LAZY = ("model_arguments", "model_choices", "model_option_types", "model_signature")
 
 
-@functools.cache
-def model_signature(method: str) -> dict[str, Any]:
-    """Name -> default (``inspect.Parameter.empty`` when required) of every keyword argument
-    ``build_model(method, state_dim, **kw)`` accepts, read from the model's constructors.
-    Nothing is built; read once per method (the result is shared: do not modify it)."""
-    import inspect
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from nlmodels import model_registry
 
-    params: dict[str, Any] = {}
-    for init in _constructors(method):
-        for p in inspect.signature(init).parameters.values():
-            named = p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-            if named and p.name not in ("self", "state_dim"):
-                params.setdefault(p.name, p.default)
-    return params
-
-
-@functools.cache
-def model_choices(method: str) -> dict[str, tuple[Any, ...]]:
-    """Name -> allowed values of every keyword argument of ``method`` annotated ``Literal``."""
-    import typing
-
-    choices: dict[str, tuple[Any, ...]] = {}
-    for init in _constructors(method):
-        try:
-            hints = typing.get_type_hints(init)
-        except (NameError, TypeError):  # an annotation only a type checker resolves
-            continue
-        for name, hint in hints.items():
-            if typing.get_origin(hint) is Literal:
-                choices.setdefault(name, get_args(hint))
-    return choices
+        return getattr(model_registry, name)
+    if name == "QUICK_EPOCHS":
+        return dict(profile_layer("quick")["method_epochs"])
+    raise AttributeError(f"module 'tasks.config' has no attribute {name!r}")
 
 
 def non_default_overrides(method: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """The model overrides whose value differs from the model's own default (compared as JSON,
-    so a tuple equals the list default it spells); all of them for an unknown method."""
-    defaults = model_signature(method) if method in known_methods() else {}
-    return {
-        k: v
-        for k, v in overrides.items()
-        if k not in defaults or json.dumps(_json_value(v)) != json.dumps(_json_value(defaults[k]))
-    }
+    """:func:`nlmodels.model_registry.non_default_overrides`, importing the models (torch) on
+    first call rather than with this module."""
+    from nlmodels.model_registry import non_default_overrides as of_registry
 
-
-def model_arguments(method: str) -> tuple[str, ...]:
-    """The keyword arguments ``build_model(method, state_dim, **kw)`` accepts."""
-    return tuple(model_signature(method))
-
-
-def _json_value(v: Any) -> Any:
-    try:
-        return json.loads(json.dumps(v))
-    except TypeError:
-        return repr(v)  # a default that is not a plain value never equals an override
-
-
-class ModelOptionError(ValueError):
-    """Model options that the model's constructor would refuse or misread: one line each,
-    each line naming its model and option (``node setting 'hidden' must be ...``)."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = problems
-
-
-#: Options whose valid names are a registry's keys rather than a ``Literal`` annotation.
-def _registry_choices() -> dict[str, tuple[str, ...]]:
-    from nlmodels.baselines._solve import SOLVERS
-    from nlmodels.ilt import ILT_ALGORITHMS
-
-    return {"solver": tuple(SOLVERS), "ilt": tuple(sorted(ILT_ALGORITHMS))}
-
-
-@functools.cache
-def model_option_types(method: str) -> dict[str, Any]:
-    """Name -> type annotation of every keyword argument of ``method`` (the first constructor
-    that names it, as :func:`model_signature` takes its default)."""
-    import typing
-
-    hints: dict[str, Any] = {}
-    for init in _constructors(method):
-        try:
-            found = typing.get_type_hints(init)
-        except (NameError, TypeError):  # an annotation only a type checker resolves
-            continue
-        for name in model_signature(method):
-            if name in found:
-                hints.setdefault(name, found[name])
-    return hints
-
-
-@functools.cache
-def _strict_adapter(hint: Any) -> Any:
-    """A strict pydantic validator of ``hint`` (no string -> sequence, no bool -> int, no
-    string -> number), or ``None`` for a type that no config value can hold (a module)."""
-    from pydantic import TypeAdapter
-    from pydantic.errors import PydanticSchemaGenerationError
-
-    try:
-        return TypeAdapter(hint, config=ConfigDict(strict=True))
-    except PydanticSchemaGenerationError:
-        return None
-
-
-def _range_problem(hint: Any, value: Any, default: Any) -> str | None:
-    """A number outside the range its default implies: an integer option whose default is
-    positive (a width, a count) must be at least 1, one whose default is 0 at least 0; a float
-    option with a positive default (a tolerance, a scale) must be positive; layer widths are
-    at least 1. The models' constructors refuse (or silently misbuild) anything else."""
-    if isinstance(value, bool) or isinstance(default, bool):
-        return None
-    if isinstance(value, int) and isinstance(default, int):
-        low = 1 if default > 0 else 0 if default == 0 else None
-        if low is not None and value < low:
-            return f"must be at least {low}, got {value}"
-    elif isinstance(value, int | float) and isinstance(default, float) and default > 0:
-        if value <= 0:
-            return f"must be positive, got {value}"
-    elif isinstance(value, list | tuple) and isinstance(default, list | tuple):
-        bad = [w for w in value if isinstance(w, int) and w < 1]
-        if bad:
-            return f"layer widths must be at least 1, got {list(value)}"
-    return None
-
-
-_KIND_NAMES = {
-    str: "a string",
-    int: "an integer",
-    float: "a number",
-    bool: "a flag",
-    list: "a list",
-    tuple: "a list",
-}
-
-
-def _describe_type(hint: Any) -> str:
-    import typing
-    from collections.abc import Sequence
-
-    origin = typing.get_origin(hint)
-    if hint is int:
-        return "an integer"
-    if hint is float:
-        return "a number"
-    if hint is bool:
-        return "true or false"
-    if hint is str:
-        return "a string"
-    if origin in (Sequence, list, tuple) and get_args(hint)[:1] == (int,):
-        return "a list of integers such as [64, 64]"
-    args = [a for a in get_args(hint) if a is not type(None)]
-    if len(args) == 1:
-        return f"{_describe_type(args[0])} (or left out)"
-    return str(hint)
-
-
-def _option_problems(method: str, overrides: Mapping[str, Any]) -> list[str]:
-    """What is wrong with each model option of ``overrides`` (empty when all are valid)."""
-    valid = model_arguments(method)
-    unknown = [k for k in overrides if k not in valid]
-    if unknown:
-        return [
-            f"unknown {method} setting {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}"
-        ]
-    problems = []
-    choices = {
-        **{k: v for k, v in _registry_choices().items() if k in valid},
-        **model_choices(method),
-    }
-    hints, defaults = model_option_types(method), model_signature(method)
-    for name, value in overrides.items():
-        where = f"{method} setting {name!r}"
-        if name in choices:
-            if value not in choices[name] or isinstance(value, bool):
-                problems.append(
-                    f"{where} must be one of {', '.join(map(repr, choices[name]))}, got {value!r}"
-                )
-            continue
-        adapter = _strict_adapter(hints[name]) if name in hints else None
-        if adapter is None:
-            continue
-        try:
-            adapter.validate_python(value)
-        except ValidationError:
-            problems.append(
-                f"{where} must be {_describe_type(hints[name])}, got {_show(value)} "
-                f"({_KIND_NAMES.get(type(value), type(value).__name__)})"
-            )
-            continue
-        if (problem := _range_problem(hints[name], value, defaults.get(name))) is not None:
-            problems.append(f"{where} {problem}")
-    return problems
-
-
-def _check_model_overrides(method: str, overrides: Mapping[str, Any]) -> None:
-    """Raise :class:`ModelOptionError` listing every option of ``overrides`` that ``method``'s
-    constructor does not take, or would refuse or misread: the value is checked strictly against
-    the constructor's annotation, its ``Literal`` choices, the solver and ILT registries, and the
-    range its default implies (:func:`_range_problem`)."""
-    if method not in known_methods():
-        return  # reported by the method check
-    if problems := _option_problems(method, overrides):
-        raise ModelOptionError(problems)
-
-
-def _check_names(kind: str, names: tuple[str, ...], valid: tuple[str, ...]) -> tuple[str, ...]:
-    if not names:
-        raise ValueError(f"at least one {kind} is required; valid {kind}s: {', '.join(valid)}")
-    unknown = [n for n in names if n not in valid]
-    if unknown:
-        raise ValueError(
-            f"unknown {kind} {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}"
-        )
-    if len(set(names)) != len(names):
-        raise ValueError(f"duplicate {kind} in {list(names)}")
-    return names
-
-
-def _show(value: Any) -> str:
-    """A value as a config file spells it (``true``, ``"128"``)."""
-    try:
-        return json.dumps(value)
-    except TypeError:
-        return repr(value)
-
-
-def _coercion_problem(annotation: Any, value: Any) -> str | None:
-    """Why ``value`` must not be coerced to ``annotation`` (``None`` if it may): pydantic's lax
-    mode reads ``true`` as the integer 1 and ``"128"`` as a number; a config value must already
-    be of its setting's kind (an integral float such as TOML's ``2e6`` still counts as one)."""
-    import types
-    import typing
-
-    if value is None:
-        return None
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        args = [a for a in get_args(annotation) if a is not type(None)]
-        if len(args) != 1:
-            return None
-        annotation = args[0]
-    if typing.get_origin(annotation) is tuple and isinstance(value, list | tuple):
-        items = get_args(annotation)
-        for i, item in enumerate(value):
-            kind = items[0] if items[1:] == (Ellipsis,) else items[i] if i < len(items) else None
-            if kind is not None and (problem := _coercion_problem(kind, item)) is not None:
-                return f"item {i + 1} {problem}"
-        return None
-    if annotation is bool and not isinstance(value, bool):
-        return f"must be true or false, got {_show(value)}"
-    if annotation in (int, float) and isinstance(value, bool | str):
-        return f"must be {'an integer' if annotation is int else 'a number'}, got {_show(value)}"
-    return None
+    return of_registry(method, overrides)
 
 
 class _Frozen(BaseModel):
@@ -405,7 +175,7 @@ class _Frozen(BaseModel):
         """Strict kinds: no bool -> int (``epochs = true`` is not 1 epoch), no string ->
         number or flag; checked before pydantic would convert the value."""
         field = cls.model_fields.get(info.field_name)
-        if field is not None and (problem := _coercion_problem(field.annotation, value)):
+        if field is not None and (problem := coercion_problem(field.annotation, value)):
             raise ValueError(problem)
         return value
 
@@ -475,7 +245,7 @@ class CellConfig(_Frozen):
 
     @model_validator(mode="after")
     def _valid_model(self) -> CellConfig:
-        _check_model_overrides(self.method, self.model)
+        check_model_overrides(self.method, self.model)
         return self
 
     @property
@@ -601,12 +371,12 @@ class RunConfig(_Frozen):
     @field_validator("systems")
     @classmethod
     def _valid_systems(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        return _check_names("system", v, known_systems())
+        return check_names("system", v, known_systems())
 
     @field_validator("methods")
     @classmethod
     def _valid_methods(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        return _check_names("method", v, known_methods())
+        return check_names("method", v, known_methods())
 
     @field_validator("models", mode="before")
     @classmethod
@@ -615,12 +385,12 @@ class RunConfig(_Frozen):
         # value of the wrong type is reported as such, not as one error per type it is not).
         if not isinstance(v, Mapping) or not all(isinstance(o, Mapping) for o in v.values()):
             return v  # pydantic names what is wrong with the shape
-        _check_names("method", tuple(v), known_methods()) if v else None
+        check_names("method", tuple(v), known_methods()) if v else None
         problems = [
             p
             for method, overrides in v.items()
             if method in known_methods()
-            for p in _option_problems(method, overrides)
+            for p in option_problems(method, overrides)
         ]
         if problems:
             raise ModelOptionError(problems)
@@ -629,7 +399,7 @@ class RunConfig(_Frozen):
     @field_validator("method_epochs")
     @classmethod
     def _valid_method_epochs(cls, v: dict[str, int]) -> dict[str, int]:
-        _check_names("method", tuple(v), known_methods()) if v else None
+        check_names("method", tuple(v), known_methods()) if v else None
         bad = {m: n for m, n in v.items() if n < 1}
         if bad:
             raise ValueError(f"epochs must be at least 1, got {bad}")
@@ -681,134 +451,6 @@ class RunConfig(_Frozen):
         return cells
 
 
-#: Epochs each model trains in the ``quick`` profile: the same *training time* for every model
-#: on a stated reference machine, as a fixed count, so the table is the same on every machine.
-#: Reference: the project's 2-core x86-64 VM, torch 2.13 CPU, one thread per cell, 2 cells at a
-#: time, nothing else running, 25 s of training per cell; the epochs each model ran in those
-#: 25 s (``make benchmark``, parent run ``4a2b06634f02…``) were Neural Laplace 217–250, NODE and
-#: ANODE 103–131, the Latent ODE 39–47, the Neural Flows 31–45. Each count is the middle of
-#: its model's range, rounded to 5: a faster model trains more epochs, as in the paper's claim.
-QUICK_EPOCHS: dict[str, int] = {
-    "node": 115,
-    "anode": 115,
-    "latent_ode": 45,
-    "nf_coupling": 40,
-    "nf_resnet": 40,
-    "neural_laplace": 235,
-}
-
-#: Profile layers over the defaults. ``quick`` is sized to finish the whole main table in
-#: about 10 minutes on a 2-core CPU (measured; see the README).
-_PROFILES: dict[str, dict[str, Any]] = {
-    "smoke": {
-        "seeds": [0],
-        "data": {"n_trajectories": 40},
-        "training": {"epochs": 2, "patience": None, "batch_size": 16},
-        "max_workers": 2,
-        "isolation": "thread",  # seconds matter more than isolation for a smoke run
-        "torch_threads": 1,
-    },
-    # quick: what a user with ten minutes has. Every model gets about the same training time
-    # (the paper's claim includes speed) as a fixed number of epochs per model (QUICK_EPOCHS),
-    # so the answer does not depend on the machine's speed or load; `--budget` adds a
-    # wall-clock cap for those who want one. No early stopping: it would hand back time a
-    # user has anyway (the best-validation weights are kept either way). Smaller batches and
-    # a larger step than the paper's: a few hundred optimiser steps is all this budget buys.
-    "quick": {
-        "seeds": [0],
-        "data": {"n_trajectories": 200},
-        "training": {"epochs": 1000, "patience": None, "batch_size": 32, "lr": 3e-3},
-        "method_epochs": QUICK_EPOCHS,
-        "max_workers": 2,
-        "torch_threads": 1,
-    },
-    "paper": {
-        "seeds": [0, 1, 2, 3, 4],
-        # the reference code z-scores over every trajectory before the split
-        "data": {"n_trajectories": 1000, "normalise_on": "all"},
-        # the reference code trains all 1000 epochs (its patience defaults to the epoch count);
-        # the paper's text says patience 100, which stopped integro well short of its score
-        "training": {"epochs": 1000, "patience": None},
-        # the reference's Latent ODE: z0 at the first predicted time, KL averaged over latents
-        "models": {"latent_ode": {"z0_time": "first_query", "kl_average": "latents"}},
-        "max_workers": 4,
-        "torch_threads": None,
-    },
-}
-
-
-def _lift_execution(layer: Mapping[str, Any]) -> dict[str, Any]:
-    """A config layer with its top-level execution settings moved under ``execution``, so that
-    layers merge setting by setting whichever spelling each uses."""
-    out = {k: v for k, v in layer.items() if k not in EXECUTION_KEYS}
-    lifted = {k: layer[k] for k in EXECUTION_KEYS if k in layer}
-    if lifted or "execution" in layer:
-        out["execution"] = {**dict(layer.get("execution") or {}), **lifted}
-    return out
-
-
-def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in top.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) and k != "models":
-            out[k] = _deep_merge(dict(out[k]), v)
-        elif isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
-            # per-method overrides merge one level deeper (method -> keyword)
-            merged = dict(out[k])
-            for method, kw in v.items():
-                merged[method] = {**merged.get(method, {}), **kw}
-            out[k] = merged
-        else:
-            out[k] = v
-    return out
-
-
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a TOML, JSON or YAML config file (validated later by :func:`resolve_config`)."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist")
-    suffix = p.suffix.lower()
-    try:
-        if suffix == ".toml":
-            data = tomllib.loads(p.read_text())
-        elif suffix == ".json":
-            data = json.loads(p.read_text())
-        elif suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(p.read_text()) or {}
-        else:
-            raise ConfigError(
-                f"config file {p.name!r}: unknown format {suffix!r}; "
-                "valid: .toml, .json, .yaml, .yml"
-            )
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"config file {str(p)!r} is not valid {suffix[1:].upper()}: {e}") from e
-    except ImportError as e:  # pragma: no cover - yaml ships with mlflow/prefect
-        raise ConfigError("YAML config files need PyYAML installed") from e
-    except Exception as e:
-        if isinstance(e, ConfigError):
-            raise
-        raise ConfigError(f"config file {str(p)!r} could not be parsed: {e}") from e
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(p)!r} must hold a table/mapping at the top level")
-    return data
-
-
-def _format_validation(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        where = ".".join(str(x) for x in e["loc"]) or "config"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown setting"
-        cause = (e.get("ctx") or {}).get("error")
-        problems = cause.problems if isinstance(cause, ModelOptionError) else [msg]
-        lines += [f"  {where}: {problem}" for problem in problems]
-    return "invalid configuration:\n" + "\n".join(lines)
-
-
 def resolve_config(
     profile: str | None = None,
     config_file: str | Path | None = None,
@@ -822,15 +464,17 @@ def resolve_config(
     file_layer = load_config_file(config_file) if config_file is not None else {}
     cli_layer = {k: v for k, v in (overrides or {}).items() if v is not None}
     name = profile or cli_layer.get("profile") or file_layer.get("profile") or "quick"
-    if name not in _PROFILES:
+    if name not in PROFILES:
         raise ConfigError(f"unknown profile {name!r}; valid profiles: {', '.join(PROFILES)}")
-    layers = [_lift_execution(x) for x in (_PROFILES[name], file_layer, cli_layer)]
+    layers = [
+        lift_execution(x, EXECUTION_KEYS) for x in (profile_layer(name), file_layer, cli_layer)
+    ]
     if any("epochs" in dict(x.get("training") or {}) for x in layers[1:]):
         # epochs asked for explicitly apply to every method, unless per-method ones are too
         layers[0].pop("method_epochs", None)
-    merged = _deep_merge(_deep_merge(layers[0], layers[1]), layers[2])
+    merged = deep_merge(deep_merge(layers[0], layers[1]), layers[2])
     merged["profile"] = name
     try:
         return RunConfig.model_validate(merged)
     except ValidationError as e:
-        raise ConfigError(_format_validation(e)) from None
+        raise ConfigError(format_validation(e)) from None

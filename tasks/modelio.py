@@ -66,8 +66,7 @@ def resolved_model_args(
     """Every constructor argument of the registered model ``method``: its defaults (read with
     :func:`inspect.signature`, following ``**kwargs`` to the parent class) overridden by
     ``overrides``, as JSON values (tuples as lists). Nothing is built."""
-    from nlmodels import MODELS
-    from tasks.config import model_signature
+    from nlmodels import MODELS, model_signature
 
     if method not in MODELS:
         raise ValueError(f"unknown model {method!r}; valid models: {', '.join(sorted(MODELS))}")

@@ -17,7 +17,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
@@ -27,6 +27,17 @@ import torch
 from tqdm.auto import tqdm
 
 from nlmodels import ForecastModel
+from tasks._packed_cells import pack_of_one
+from tasks._steps import (
+    DTYPES,
+    Flags,
+    Readout,
+    Tensors,
+    predict_tensors,
+    read_epoch,
+    record_step,
+    validate,
+)
 from tasks.config import TrainConfig
 
 __all__ = [
@@ -41,7 +52,6 @@ __all__ = [
     "train",
 ]
 
-_DTYPES = {"float64": torch.float64, "float32": torch.float32}
 # torch's CPU generator is process-global: seeding and drawing initial weights must not interleave
 # between concurrently running cells, or the same seed would give different models.
 _RNG_LOCK = threading.Lock()
@@ -120,51 +130,6 @@ def select_device(name: str) -> torch.device:
     raise ValueError(f"unknown device {name!r}; valid devices: auto, cpu, cuda")
 
 
-def _as_tensor(a: np.ndarray, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    # A copy: cached data sets are read-only arrays, and torch wants writable memory.
-    return torch.tensor(np.asarray(a), dtype=dtype, device=device)
-
-
-def _rows(t: torch.Tensor, idx: torch.Tensor | slice) -> torch.Tensor:
-    # Times are shared ([T]) or per trajectory ([n, T]); only the latter is indexed by trajectory.
-    return t[idx] if t.dim() == 2 else t
-
-
-@dataclass(frozen=True)
-class _Tensors:
-    obs_t: torch.Tensor
-    obs_x: torch.Tensor
-    query_t: torch.Tensor
-    target: torch.Tensor
-
-    @classmethod
-    def of(cls, split, device: torch.device, dtype: torch.dtype) -> _Tensors:
-        return cls(
-            *(
-                _as_tensor(getattr(split, f), device, dtype)
-                for f in ("obs_t", "obs_x", "query_t", "target")
-            )
-        )
-
-    def __len__(self) -> int:
-        return self.obs_x.shape[0]
-
-    def batch(self, idx: torch.Tensor | slice) -> _Tensors:
-        return _Tensors(
-            _rows(self.obs_t, idx), self.obs_x[idx], _rows(self.query_t, idx), self.target[idx]
-        )
-
-
-@torch.no_grad()
-def _predict_tensors(model: ForecastModel, data: _Tensors, batch_size: int) -> torch.Tensor:
-    model.eval()
-    outs = []
-    for start in range(0, len(data), batch_size):
-        b = data.batch(slice(start, start + batch_size))
-        outs.append(model(b.obs_t, b.obs_x, b.query_t))
-    return torch.cat(outs, dim=0)
-
-
 def predict(
     model: ForecastModel,
     split,
@@ -175,30 +140,8 @@ def predict(
 ) -> np.ndarray:
     """Predict a split's query points (normalised scale), as numpy ``[n, T_q, D]``."""
     device = device or next(model.parameters()).device
-    data = _Tensors.of(split, device, _DTYPES[dtype])
-    return _predict_tensors(model, data, batch_size).cpu().numpy()
-
-
-def _uses_mse(model: ForecastModel) -> bool:
-    return type(model).training_loss is ForecastModel.training_loss
-
-
-@torch.no_grad()
-def _validate(
-    model: ForecastModel, val: _Tensors, batch_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validation loss and RMSE as float64 device scalars (read with the epoch's flags)."""
-    pred = _predict_tensors(model, val, batch_size)
-    mse = torch.mean((pred - val.target) ** 2).to(torch.float64)
-    if _uses_mse(model):
-        return mse, mse.sqrt()
-    # Models with their own objective (Latent ODE: ELBO): report it, so curves are comparable.
-    total = torch.zeros((), dtype=torch.float64, device=mse.device)
-    for s in range(0, len(val), batch_size):
-        b = val.batch(slice(s, s + batch_size))
-        loss = model.training_loss(b.obs_t, b.obs_x, b.query_t, b.target)
-        total = total + loss.to(torch.float64) * len(b)
-    return total / len(val), mse.sqrt()
+    data = Tensors.of(split, device, DTYPES[dtype])
+    return predict_tensors(model, data, batch_size).cpu().numpy()
 
 
 def epoch_bar(config: TrainConfig, label: str, progress: bool, budget: float | None = None):
@@ -210,92 +153,6 @@ def epoch_bar(config: TrainConfig, label: str, progress: bool, budget: float | N
     if budget is not None:
         epochs, label = iter(epochs), f"{label} (budget {budget:.0f} s)"
     return tqdm(epochs, desc=label, disable=not progress, leave=True, unit="ep")
-
-
-@dataclass(frozen=True)
-class _Readout:
-    """One epoch of the cells still training, read to the host once (position j: the j-th of
-    ``cells.members``)."""
-
-    active: list[bool]  # not diverged during the epoch
-    totals: list[float]  # sum over batches of loss × batch size
-    div_kind: list[int]  # 0 none, 1 loss, 2 gradient norm
-    div_value: list[float]
-    div_batch: list[int]
-    val_loss: list[float]
-    val_rmse: list[float]
-    nfe: list[int]  # function evaluations of each cell's epoch
-
-
-def _record_step(flags, losses: torch.Tensor, norm: torch.Tensor | None, batch_no, batch: int):
-    """Device-side bookkeeping of one step for ``flags`` (tensors ``active``, ``total``,
-    ``div_kind``, ``div_value``, ``div_batch``, one entry per cell, or 0-dim for one cell): the
-    first non-finite loss or gradient norm of each cell, and the loss sum of those still active.
-    Returns which cells may take the step (active and finite). Reads nothing on the host."""
-    active = flags.active
-    finite_loss = torch.isfinite(losses)
-    loss64 = losses.detach().to(torch.float64)
-    if norm is None:
-        finite_norm, norm64 = torch.ones_like(finite_loss), torch.zeros_like(loss64)
-    else:
-        finite_norm, norm64 = torch.isfinite(norm), norm.detach().to(torch.float64)
-    ok = active & finite_loss & finite_norm
-    bad_loss = active & ~finite_loss
-    bad_norm = active & finite_loss & ~finite_norm
-    flags.div_kind.copy_(torch.where(bad_loss, 1, torch.where(bad_norm, 2, flags.div_kind)))
-    flags.div_value.copy_(
-        torch.where(bad_loss, loss64, torch.where(bad_norm, norm64, flags.div_value))
-    )
-    flags.div_batch.copy_(torch.where(bad_loss | bad_norm, batch_no, flags.div_batch))
-    flags.total.copy_(torch.where(active, flags.total + loss64 * batch, flags.total))
-    flags.active.copy_(ok)
-    return ok
-
-
-def _read_epoch(
-    flags, val_loss: torch.Tensor, val_rmse: torch.Tensor, nfe: int | Sequence[int]
-) -> _Readout:
-    """The epoch's one host read: ``flags`` (see :func:`_record_step`) and the validation;
-    ``nfe``: one count for all cells, or one per cell."""
-    tensors = (flags.active, flags.total, flags.div_kind, flags.div_value, flags.div_batch)
-    values = torch.stack(
-        [t.reshape(-1).to(torch.float64) for t in (*tensors, val_loss, val_rmse)]
-    ).tolist()
-    active, totals, kinds, div_values, batches, v_loss, v_rmse = values
-    return _Readout(
-        [bool(a) for a in active],
-        totals,
-        [int(k) for k in kinds],
-        div_values,
-        [int(b) for b in batches],
-        v_loss,
-        v_rmse,
-        [nfe] * len(v_rmse) if isinstance(nfe, int) else list(nfe),
-    )
-
-
-@dataclass
-class _Flags:
-    """The per-step bookkeeping of one cell, on its device (see :func:`_record_step`)."""
-
-    active: torch.Tensor
-    total: torch.Tensor
-    div_kind: torch.Tensor
-    div_value: torch.Tensor
-    div_batch: torch.Tensor
-
-    @classmethod
-    def zeros(cls, shape: tuple[int, ...], device: torch.device) -> _Flags:
-        def z(dtype: torch.dtype) -> torch.Tensor:
-            return torch.zeros(shape, dtype=dtype, device=device)
-
-        return cls(
-            torch.ones(shape, dtype=torch.bool, device=device),
-            z(torch.float64),
-            z(torch.long),
-            z(torch.float64),
-            z(torch.long),
-        )
 
 
 class _EagerCell:
@@ -315,7 +172,7 @@ class _EagerCell:
         self.optimiser = torch.optim.Adam(self.params, lr=config.lr)
         # A private generator: the shuffling order depends on this cell's seed only.
         self.gen = torch.Generator().manual_seed(seed)
-        self.flags = _Flags.zeros((), torch.device(device))
+        self.flags = Flags.zeros((), torch.device(device))
         self.device = device
         self.order = torch.empty(0)
 
@@ -335,17 +192,17 @@ class _EagerCell:
         if clip is not None:
             norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
         with torch.no_grad():
-            ok = _record_step(self.flags, loss, norm, b_i, batch)
+            ok = record_step(self.flags, loss, norm, b_i, batch)
             before = [p.detach().clone() for p in self.params]
         self.optimiser.step()
         with torch.no_grad():
             for p, old in zip(self.params, before, strict=True):
                 p.copy_(torch.where(ok, p, old))
 
-    def end_epoch(self) -> _Readout:
+    def end_epoch(self) -> Readout:
         nfe = self.model.nfe
-        val_loss, val_rmse = _validate(self.model, self.val_data, self.config.batch_size)
-        return _read_epoch(self.flags, val_loss, val_rmse, nfe)
+        val_loss, val_rmse = validate(self.model, self.val_data, self.config.batch_size)
+        return read_epoch(self.flags, val_loss, val_rmse, nfe)
 
     def keep_best(self, j: int) -> dict:
         return copy.deepcopy(self.model.state_dict())
@@ -383,7 +240,7 @@ def _train_loop(
     budget: float | None,
 ) -> list[TrainResult | TrainingDiverged]:
     """Train ``cells`` (a step function over one or several cells; see :class:`_EagerCell` and
-    :class:`tasks.packing._PackedCells`) for up to ``config.epochs`` epochs of ``n_train``
+    :class:`tasks._packed_cells.PackedCells`) for up to ``config.epochs`` epochs of ``n_train``
     trajectories in batches of ``config.batch_size``.
 
     Per cell: early stopping on validation RMSE (``patience``), the best-validation weights
@@ -476,6 +333,7 @@ def train(
     stop: threading.Event | None = None,
     progress: bool = False,
     label: str = "train",
+    step: Literal["auto", "eager", "packed"] = "auto",
 ) -> TrainResult:
     """Train ``model`` in place on ``train_split``; early-stop on ``val_split`` RMSE.
 
@@ -485,26 +343,30 @@ def train(
     gradient raises :class:`TrainingDiverged` (at the end of the epoch in which it happened; the
     model keeps the weights it had before that step).
 
-    On CUDA a model that :func:`tasks.packing.packable` accepts trains as a pack of one, its
-    step captured into a CUDA graph (the same arithmetic; its shapes are fixed); elsewhere the
-    module and ``torch.optim.Adam`` step eagerly.
+    ``step``: ``auto`` trains a model that :func:`tasks.packing.packable` accepts on CUDA as a
+    pack of one, its step captured into a CUDA graph (the same arithmetic; its shapes are
+    fixed), and elsewhere steps the module and ``torch.optim.Adam`` eagerly; ``eager`` always
+    does the latter; ``packed`` always trains a pack of one (captured on CUDA only), so that
+    the arithmetic of the CUDA path can be checked on the CPU (an error where the model or its
+    splits cannot be packed).
     """
+    if step not in ("auto", "eager", "packed"):
+        raise ValueError(f"unknown step {step!r}; valid: auto, eager, packed")
     device = torch.device(device)
-    dtype = _DTYPES[config.dtype]
+    dtype = DTYPES[config.dtype]
     model.to(device=device, dtype=dtype)
-    train_data = _Tensors.of(train_split, device, dtype)
-    val_data = _Tensors.of(val_split, device, dtype)
+    train_data = Tensors.of(train_split, device, dtype)
+    val_data = Tensors.of(val_split, device, dtype)
     if len(train_data) == 0 or len(val_data) == 0:
         raise ValueError(
             f"training needs trajectories in both splits (train {len(train_data)}, "
             f"val {len(val_data)}); increase n_trajectories"
         )
-    if device.type == "cuda":
-        from tasks.packing import graphed_single  # packing builds on this module
-
-        cells = graphed_single(model, train_split, val_split, config, device, seed, label)
-    else:
-        cells = None
+    cells = None
+    if step == "packed" or (step == "auto" and device.type == "cuda"):
+        cells = pack_of_one(model, train_split, val_split, config, device, seed, label)
+        if cells is None and step == "packed":
+            raise ValueError(f"{label}: {type(model).__name__} cannot train as a pack of one")
     if cells is None:
         cells = _EagerCell(model, train_data, val_data, config, seed, device)
     callback = None if on_epoch is None else (lambda _i, r: on_epoch(r))

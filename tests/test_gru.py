@@ -49,11 +49,11 @@ def test_the_packers_plain_gru_matches_nn_gru(layers, batch_first):
     fused RNN kernels): outputs, final states and gradients, and batched over members."""
     from torch.func import functional_call, vmap
 
-    from tasks.packing import _GRU
+    from tasks.packing import PlainGRU
 
     torch.manual_seed(1)
     gru = torch.nn.GRU(3, 5, layers, batch_first=batch_first).double()
-    plain = _GRU(gru)
+    plain = PlainGRU(gru)
     assert dict(plain.named_parameters()).keys() == dict(gru.named_parameters()).keys()
     x = torch.randn(4, 9, 3, dtype=torch.float64, requires_grad=True)
     expected, got = gru(x), plain(x)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import threading
 
@@ -18,7 +17,7 @@ from nlmodels.accel import plain_formulas
 from nlmodels.base import host_bool, recorded_host_bools
 from nlmodels.baselines._solve import _euler
 from tasks.config import TrainConfig
-from tasks.packing import _GRUCell, packable, train_packed
+from tasks.packing import PlainGRUCell, packable, train_packed
 from tasks.training import (
     TrainingDiverged,
     TrainingInterrupted,
@@ -322,27 +321,22 @@ def test_pack_false_trains_one_by_one():
 def test_a_single_cell_as_a_pack_of_one_equals_train(name):
     """The step train() runs for one cell on CUDA (a pack of one, graph-captured there), run on
     the CPU through the same training loop: the cell's result is that of its eager step."""
-    from tasks.packing import _PackedCells
-    from tasks.training import _train_loop
-
     tr, va, te = _data(0)
     cfg = _cfg(epochs=4, patience=1, lr=0.05)
     (eager,) = _unpacked(name, [0], cfg, [(tr, va, te)])
     model = _model(name, 0).double()
-    cells = _PackedCells([model], [tr], [va], cfg, torch.device("cpu"), [0], ["m0"], None)
-    (result,) = _train_loop(
-        cells,
-        cells.n_train,
-        cfg,
-        ["m0"],
-        initial_states=[copy.deepcopy(model.state_dict())],
-        on_epoch=None,
-        stop=None,
-        progress=False,
-        budget=None,
-    )
+    result = train(model, tr, va, cfg, seed=0, label="m0", step="packed")
     assert result.packed_members == 1 and not result.graphs
     _assert_same(eager, (model, result), te)
+
+
+def test_a_pack_of_one_is_refused_for_a_model_that_cannot_pack():
+    tr, va, _ = _data(0)
+    model = _model("node", 0, solver="dopri5").double()  # adaptive steps: not packable
+    with pytest.raises(ValueError, match="cannot train as a pack of one"):
+        train(model, tr, va, _cfg(epochs=1), step="packed")
+    with pytest.raises(ValueError, match="unknown step"):
+        train(model, tr, va, _cfg(epochs=1), step="graph")
 
 
 @pytest.mark.gpu
@@ -410,7 +404,7 @@ def test_gru_cell_matches_torch_exactly():
     torch.manual_seed(0)
     cell = nn.GRUCell(3, 5).double()
     x, h = torch.randn(4, 3, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
-    assert torch.equal(_GRUCell(cell)(x, h), cell(x, h))
+    assert torch.equal(PlainGRUCell(cell)(x, h), cell(x, h))
 
 
 def test_euler_matches_torchdiffeq_exactly():
@@ -491,19 +485,19 @@ def test_cuda_graphs_equal_eager(name):
 def test_device_scalar_adam_and_replayed_checks_match_the_eager_step(name):
     """The arithmetic a CUDA graph replays (Adam's step size read from device scalars, the
     models' host checks replayed from a tape) against the CPU step, run on the CPU."""
-    from tasks.packing import _Packer
-    from tasks.training import _Tensors
+    from tasks._packer import Packer
+    from tasks._steps import Tensors
 
     datas = [_data(s) for s in (0, 1)]
 
     def run(device_scalars: bool, tape_mode: str) -> list[torch.Tensor]:
         models = [_model(name, s).double() for s in (0, 1)]
         data = {
-            i: (_Tensors.of(d[0], torch.device("cpu"), torch.float64),) * 2
+            i: (Tensors.of(d[0], torch.device("cpu"), torch.float64),) * 2
             for i, d in enumerate(datas)
         }
         first = data[0][0]
-        packer = _Packer(models, torch.device("cpu"), 1.0, 0.01, first.obs_t, first.query_t)
+        packer = Packer(models, torch.device("cpu"), 1.0, 0.01, first.obs_t, first.query_t)
         packer.device_scalars = device_scalars
         pack = packer.pack([0, 1], data)
         packer.set_mode(pack, True)

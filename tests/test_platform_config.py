@@ -9,13 +9,16 @@ import pytest
 from tasks.config import (
     MAIN_SYSTEMS,
     METHODS,
+    PROFILES,
     QUICK_EPOCHS,
     SYSTEM_NAMES,
     CellConfig,
     ConfigError,
     DataConfig,
     TrainConfig,
+    load_config_file,
     model_arguments,
+    profile_file,
     resolve_config,
 )
 
@@ -296,3 +299,26 @@ def test_seeds_beyond_32_bits_are_refused():
 def test_an_experiment_name_longer_than_mlflow_allows_is_a_config_error():
     with pytest.raises(ConfigError, match=r"tracking\.experiment: String should have at most 500"):
         resolve_config("smoke", overrides={"tracking": {"experiment": "x" * 501}})
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_a_shipped_profile_is_a_config_file_that_gives_its_cells(profile, tmp_path):
+    """Each profile is a config file the package ships: it reads through the same loader as a
+    user's file, and ``--config`` of a copy of it gives the cells ``--profile`` gives."""
+    import shutil
+
+    path = profile_file(profile)
+    assert path.is_file() and path.read_text().lstrip().startswith("#")  # explained inside
+    layer = load_config_file(path)
+    assert layer["profile"] == profile
+    copy = shutil.copy(path, tmp_path / path.name)
+    by_file, by_name = resolve_config(config_file=copy), resolve_config(profile)
+    assert by_file == by_name
+    assert [c.config_hash() for c in by_file.cells()] == [c.config_hash() for c in by_name.cells()]
+
+
+def test_the_shipped_profiles_are_the_profiles():
+    from tasks._config_files import PROFILE_DIR
+
+    assert sorted(p.stem for p in PROFILE_DIR.glob("*.yaml")) == sorted(PROFILES)
+    assert QUICK_EPOCHS == load_config_file(profile_file("quick"))["method_epochs"]

@@ -1,0 +1,215 @@
+"""The checks behind :mod:`tasks.config`'s validation and their one-line messages: names
+(systems, methods), strict value kinds, and a config's model options against what each model's
+constructor accepts.
+
+What a model accepts is read from the model registry (:mod:`nlmodels.model_registry`), on first
+use: importing this module does not import torch (``nllab --help`` stays fast). Every problem is
+one line naming its model and option (``node setting 'hidden' must be ...``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping
+from typing import Any, get_args
+
+from pydantic import ConfigDict, ValidationError
+
+__all__ = [
+    "ModelOptionError",
+    "check_model_overrides",
+    "check_names",
+    "coercion_problem",
+    "format_validation",
+    "option_problems",
+    "show",
+]
+
+
+class ModelOptionError(ValueError):
+    """Model options that the model's constructor would refuse or misread: one line each,
+    each line naming its model and option (``node setting 'hidden' must be ...``)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def show(value: Any) -> str:
+    """A value as a config file spells it (``true``, ``"128"``)."""
+    try:
+        return json.dumps(value)
+    except TypeError:
+        return repr(value)
+
+
+@functools.cache
+def _strict_adapter(hint: Any) -> Any:
+    """A strict pydantic validator of ``hint`` (no string -> sequence, no bool -> int, no
+    string -> number), or ``None`` for a type that no config value can hold (a module)."""
+    from pydantic import TypeAdapter
+    from pydantic.errors import PydanticSchemaGenerationError
+
+    try:
+        return TypeAdapter(hint, config=ConfigDict(strict=True))
+    except PydanticSchemaGenerationError:
+        return None
+
+
+def _range_problem(hint: Any, value: Any, default: Any) -> str | None:
+    """A number outside the range its default implies: an integer option whose default is
+    positive (a width, a count) must be at least 1, one whose default is 0 at least 0; a float
+    option with a positive default (a tolerance, a scale) must be positive; layer widths are
+    at least 1. The models' constructors refuse (or silently misbuild) anything else."""
+    if isinstance(value, bool) or isinstance(default, bool):
+        return None
+    if isinstance(value, int) and isinstance(default, int):
+        low = 1 if default > 0 else 0 if default == 0 else None
+        if low is not None and value < low:
+            return f"must be at least {low}, got {value}"
+    elif isinstance(value, int | float) and isinstance(default, float) and default > 0:
+        if value <= 0:
+            return f"must be positive, got {value}"
+    elif isinstance(value, list | tuple) and isinstance(default, list | tuple):
+        bad = [w for w in value if isinstance(w, int) and w < 1]
+        if bad:
+            return f"layer widths must be at least 1, got {list(value)}"
+    return None
+
+
+_KIND_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "a flag",
+    list: "a list",
+    tuple: "a list",
+}
+
+
+def _describe_type(hint: Any) -> str:
+    import typing
+    from collections.abc import Sequence
+
+    origin = typing.get_origin(hint)
+    if hint is int:
+        return "an integer"
+    if hint is float:
+        return "a number"
+    if hint is bool:
+        return "true or false"
+    if hint is str:
+        return "a string"
+    if origin in (Sequence, list, tuple) and get_args(hint)[:1] == (int,):
+        return "a list of integers such as [64, 64]"
+    args = [a for a in get_args(hint) if a is not type(None)]
+    if len(args) == 1:
+        return f"{_describe_type(args[0])} (or left out)"
+    return str(hint)
+
+
+def option_problems(method: str, overrides: Mapping[str, Any]) -> list[str]:
+    """What is wrong with each model option of ``overrides`` (empty when all are valid)."""
+    from nlmodels import model_registry as models
+
+    valid = models.model_arguments(method)
+    unknown = [k for k in overrides if k not in valid]
+    if unknown:
+        return [
+            f"unknown {method} setting {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}"
+        ]
+    problems = []
+    choices = {
+        **{k: v for k, v in models.registry_choices().items() if k in valid},
+        **models.model_choices(method),
+    }
+    hints, defaults = models.model_option_types(method), models.model_signature(method)
+    for name, value in overrides.items():
+        where = f"{method} setting {name!r}"
+        if name in choices:
+            if value not in choices[name] or isinstance(value, bool):
+                problems.append(
+                    f"{where} must be one of {', '.join(map(repr, choices[name]))}, got {value!r}"
+                )
+            continue
+        adapter = _strict_adapter(hints[name]) if name in hints else None
+        if adapter is None:
+            continue
+        try:
+            adapter.validate_python(value)
+        except ValidationError:
+            problems.append(
+                f"{where} must be {_describe_type(hints[name])}, got {show(value)} "
+                f"({_KIND_NAMES.get(type(value), type(value).__name__)})"
+            )
+            continue
+        if (problem := _range_problem(hints[name], value, defaults.get(name))) is not None:
+            problems.append(f"{where} {problem}")
+    return problems
+
+
+def check_model_overrides(method: str, overrides: Mapping[str, Any]) -> None:
+    """Raise :class:`ModelOptionError` listing every option of ``overrides`` that ``method``'s
+    constructor does not take, or would refuse or misread: the value is checked strictly against
+    the constructor's annotation, its ``Literal`` choices, the solver and ILT registries, and the
+    range its default implies (:func:`_range_problem`). An unknown method is left to the check
+    of method names."""
+    from nlmodels import MODELS
+
+    if method in MODELS and (problems := option_problems(method, overrides)):
+        raise ModelOptionError(problems)
+
+
+def check_names(kind: str, names: tuple[str, ...], valid: tuple[str, ...]) -> tuple[str, ...]:
+    if not names:
+        raise ValueError(f"at least one {kind} is required; valid {kind}s: {', '.join(valid)}")
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise ValueError(
+            f"unknown {kind} {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}"
+        )
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate {kind} in {list(names)}")
+    return names
+
+
+def coercion_problem(annotation: Any, value: Any) -> str | None:
+    """Why ``value`` must not be coerced to ``annotation`` (``None`` if it may): pydantic's lax
+    mode reads ``true`` as the integer 1 and ``"128"`` as a number; a config value must already
+    be of its setting's kind (an integral float such as TOML's ``2e6`` still counts as one)."""
+    import types
+    import typing
+
+    if value is None:
+        return None
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) != 1:
+            return None
+        annotation = args[0]
+    if typing.get_origin(annotation) is tuple and isinstance(value, list | tuple):
+        items = get_args(annotation)
+        for i, item in enumerate(value):
+            kind = items[0] if items[1:] == (Ellipsis,) else items[i] if i < len(items) else None
+            if kind is not None and (problem := coercion_problem(kind, item)) is not None:
+                return f"item {i + 1} {problem}"
+        return None
+    if annotation is bool and not isinstance(value, bool):
+        return f"must be true or false, got {show(value)}"
+    if annotation in (int, float) and isinstance(value, bool | str):
+        return f"must be {'an integer' if annotation is int else 'a number'}, got {show(value)}"
+    return None
+
+
+def format_validation(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(x) for x in e["loc"]) or "config"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown setting"
+        cause = (e.get("ctx") or {}).get("error")
+        problems = cause.problems if isinstance(cause, ModelOptionError) else [msg]
+        lines += [f"  {where}: {problem}" for problem in problems]
+    return "invalid configuration:\n" + "\n".join(lines)
