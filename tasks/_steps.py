@@ -18,6 +18,7 @@ __all__ = [
     "Flags",
     "Readout",
     "Tensors",
+    "as_tensor",
     "predict_tensors",
     "read_epoch",
     "record_step",
@@ -29,8 +30,9 @@ __all__ = [
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
-def _as_tensor(a: np.ndarray, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    # A copy: cached data sets are read-only arrays, and torch wants writable memory.
+def as_tensor(a: np.ndarray, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A writable copy of ``a`` as a ``dtype`` tensor on ``device`` (cached data sets and the
+    arrays MLflow hands over are read-only, and torch wants writable memory)."""
     return torch.tensor(np.asarray(a), dtype=dtype, device=device)
 
 
@@ -41,6 +43,9 @@ def _rows(t: torch.Tensor, idx: torch.Tensor | slice) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Tensors:
+    """A split's arrays (``datasets.SplitData``) as tensors on the training device; times are
+    shared ``[T]`` or per trajectory ``[n, T]``."""
+
     obs_t: torch.Tensor
     obs_x: torch.Tensor
     query_t: torch.Tensor
@@ -50,7 +55,7 @@ class Tensors:
     def of(cls, split, device: torch.device, dtype: torch.dtype) -> Tensors:
         return cls(
             *(
-                _as_tensor(getattr(split, f), device, dtype)
+                as_tensor(getattr(split, f), device, dtype)
                 for f in ("obs_t", "obs_x", "query_t", "target")
             )
         )

@@ -30,7 +30,6 @@ __all__ = [
 
 _WEIGHTS = "state_dict.pt"
 _SPEC = "model.json"
-_NP_DTYPES = {"float64": np.float64, "float32": np.float32}
 
 
 @dataclass(frozen=True)
@@ -129,6 +128,7 @@ def forecast(model: ForecastModel, spec: ModelSpec, inputs: Mapping[str, Any]) -
     ``[n, Tq, D]``. Values are normalised with the run's own training statistics on the way in
     and mapped back on the way out."""
     from datasets import Normaliser
+    from tasks._steps import DTYPES, as_tensor
 
     missing = {"obs_t", "obs_x", "query_t"} - set(inputs)
     if missing:
@@ -139,7 +139,7 @@ def forecast(model: ForecastModel, spec: ModelSpec, inputs: Mapping[str, Any]) -
     def tensor(x: Any) -> torch.Tensor:
         # A writable copy in the model's dtype: any float input is cast, and arrays MLflow
         # hands over read-only never reach torch (which warns about them).
-        return torch.from_numpy(np.array(x, dtype=_NP_DTYPES[spec.dtype])).to(device)
+        return as_tensor(x, device, DTYPES[spec.dtype])
 
     obs_x = np.asarray(normaliser.transform(np.asarray(inputs["obs_x"])))
     pred = model(tensor(inputs["obs_t"]), tensor(obs_x), tensor(inputs["query_t"]))

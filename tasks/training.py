@@ -5,9 +5,11 @@ on validation RMSE with the best-validation weights restored at the end.
 
 One loop (:func:`_train_loop`) trains a single cell and a pack of cells
 (:mod:`tasks.packing`): one stopping rule, one best-weights rule, one history. It drives a
-step function (an eager module and optimiser step here, the batched step of a pack there) that
-keeps losses, divergence flags and clipping on the device; the loop reads them once per epoch,
-with the validation.
+step function (an eager module and optimiser step here, the batched step of a pack in
+:mod:`tasks._packed_cells`) that keeps losses, divergence flags and clipping on the device; the
+loop reads them once per epoch, with the validation. The step pieces both kinds share are in
+:mod:`tasks._steps`; this module imports the packed step (a single cell on CUDA trains as a
+pack of one) and :mod:`tasks.packing`, which trains several cells, imports this one.
 """
 
 from __future__ import annotations
