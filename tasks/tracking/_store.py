@@ -675,7 +675,7 @@ class Tracker:
             tags={k: run.data.tags[k] for k in ("system", "method", "seed") if k in run.data.tags},
             model_type=str(spec.get("method", "")) or None,
         )
-        code = Path(__file__).resolve().parent / "pyfunc_model.py"
+        code = Path(__file__).resolve().parent.parent / "pyfunc_model.py"
         with tempfile.TemporaryDirectory(prefix="nllab-pyfunc-") as tmp:
             # MLflow keeps an artifact folder's own name: copy it as "weights".
             weights = shutil.copytree(folder, Path(tmp) / "weights")
