@@ -251,7 +251,7 @@ def test_the_claim_of_a_dead_process_of_this_host_is_taken_over_at_once(mlflow_s
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, "-c", code], env=env, timeout=120, check=False)
     tracker = Tracker.connect()
-    assert tracker._claim_state(H) is not None  # the dead process did claim it
+    assert tracker.claim_holder(H) is not None  # the dead process did claim it
     assert tracker.claim_cell(H, "owner-b")  # long before the default stale_after
 
 

@@ -39,6 +39,45 @@ def test_connect_creates_store_and_experiment(mlflow_store):
     assert Tracker.connect(TrackingConfig(experiment="exp-a")).experiment_id == t.experiment_id
 
 
+def test_a_command_connects_once_per_store_and_afresh_when_the_store_changed(monkeypatch, tmp_path):
+    """A second ``connect`` to the same store returns the tracker already opened; another
+    home, experiment or a deleted store gets a fresh, checked connection."""
+
+    def use_home(home: Path) -> None:  # as a new command in that home sees the environment
+        monkeypatch.setenv("NLLAB_HOME", str(home))
+        for var in ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT", "NLLAB_EXPERIMENT"):
+            monkeypatch.delenv(var, raising=False)
+
+    home = tmp_path / "home"
+    use_home(home)
+    first = Tracker.connect()
+    assert Tracker.connect() is first and Tracker.connect(TrackingConfig()) is first
+    other = Tracker.connect(TrackingConfig(experiment="other"))
+    assert other is not first and other.experiment_id != first.experiment_id
+    assert Tracker.connect(TrackingConfig(experiment="other")) is other
+
+    # A run left RUNNING by a process that is gone is still ended by a reused connection.
+    orphan = first.create_run("orphan", {"nllab.kind": "cell"})
+    first.set_tags(orphan, {"nllab.process": "999999999:1"})  # no such pid on this host
+    assert Tracker.connect() is first
+    assert first.get_run_data(orphan).info.status == "KILLED"
+
+    moved = tmp_path / "moved"
+    use_home(moved)  # another home: its own store
+    elsewhere = Tracker.connect()
+    assert elsewhere is not first
+    assert elsewhere.settings.tracking_uri.endswith(f"{moved}/mlflow/mlflow.db")
+    assert (moved / "mlflow" / "mlflow.db").is_file()
+
+    use_home(home)
+    assert Tracker.connect() is first
+    (home / "mlflow" / "mlflow.db").unlink()  # the store deleted: created again
+    again = Tracker.connect()
+    assert again is not first and (home / "mlflow" / "mlflow.db").stat().st_size > 0
+    assert again.client.get_experiment(again.experiment_id).name == "nllab"
+    assert Tracker.connect() is again
+
+
 def test_unreachable_server_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
@@ -129,8 +168,8 @@ def test_concurrent_writers_keep_sqlite_intact(mlflow_store):
     lock = threading.Lock()
 
     def writer(i: int) -> None:
-        # half share one client (as flow cells do), half open their own (as other processes)
-        t = shared if i % 2 else Tracker.connect()
+        # half share the command's tracker, half a worker's own (Tracker.attach, as task workers)
+        t = shared if i % 2 else Tracker.attach(shared.settings, shared.experiment_id)
         try:
             with t.run(f"w{i}", {"nllab.kind": "cell", "config_hash": f"h{i}"}) as rid:
                 t.log_params(rid, {f"p{k}": k for k in range(30)})

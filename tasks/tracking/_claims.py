@@ -1,0 +1,335 @@
+"""Cell claims of the MLflow adapter: one process at a time trains a cell.
+
+A claim on a config hash is the param ``claim.<hash>.<generation>`` of one "claims" run. Params
+are write-once in every MLflow store (a second value for the same key is refused by the
+database's unique key), so exactly one owner wins each generation, on sqlite, Postgres or a
+tracking server alike. The tag ``claim.<hash>.<generation>.beat`` holds the owner's latest
+heartbeat (epoch seconds) or ``released``; a stale or released generation is taken over by
+claiming the next one. The generation is the claim's fencing token: a holder writes a cell's
+final state only while its generation is still the newest (:meth:`_ClaimsMixin.holds_cell`).
+
+The claims run lives in a bookkeeping experiment of its own (``nllab-bookkeeping-<id>``, one per
+experiment), so a user browsing the experiment's runs never sees it; every host of a shared
+tracking server finds it by that name. Owners name a host and a process (pid and start time),
+so the claim of a process of this host that has ended is taken over at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from tasks.tracking._store import TrackingSettings
+from tasks.tracking.tags import RunTags
+
+__all__ = ["CLAIM_STALE_AFTER", "claim_owner"]
+
+
+def _stale_after_from_env(default: float = 600.0) -> float:
+    try:
+        value = float(os.environ.get("NLLAB_CLAIM_STALE_SECONDS") or default)
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+#: Seconds without a heartbeat after which another process may take over a claimed cell
+#: (``NLLAB_CLAIM_STALE_SECONDS`` overrides the 600 s, e.g. for fault probes).
+CLAIM_STALE_AFTER = _stale_after_from_env()
+
+
+_CLAIMS_KIND = "claims"
+_BOOKKEEPING_PREFIX = "nllab-bookkeeping-"
+
+
+def _host_id() -> str:
+    """This host, as pids are meaningful: the host name and (on Linux) the pid namespace, so
+    two containers with one host name never judge each other's processes."""
+    try:
+        ns = os.readlink("/proc/self/ns/pid").removeprefix("pid:")
+    except OSError:
+        return socket.gethostname()
+    return f"{socket.gethostname()}{ns}"
+
+
+def _process_token(pid: int) -> str | None:
+    """``PID:START`` of a live process on this host (START: its start time in clock ticks since
+    boot, from ``/proc``, so a recycled pid does not pass as the old process), or ``None``."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, owned by someone else
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return str(pid)  # no /proc (not Linux): the pid alone
+    # Field 22 (starttime); the command name (field 2) may hold spaces, so split after ")".
+    return f"{pid}:{stat.rsplit(')', 1)[1].split()[19]}"
+
+
+def _process_alive(token: str) -> bool:
+    pid = token.split(":", 1)[0]
+    if not pid.isdigit():
+        return True  # not ours to judge
+    current = _process_token(int(pid))
+    if current is None:
+        return False
+    return ":" not in token or ":" not in current or current == token
+
+
+def claim_owner() -> str:
+    """A claim owner naming this process: ``HOST/PID:START/RANDOM`` (unique per call)."""
+    token = _process_token(os.getpid()) or str(os.getpid())
+    return f"{_host_id()}/{token}/{os.urandom(4).hex()}"
+
+
+def _owner_gone(owner: str) -> bool:
+    """Whether ``owner`` (from :func:`claim_owner`) is a process of this host that has ended."""
+    parts = owner.split("/")
+    return len(parts) == 3 and parts[0] == _host_id() and not _process_alive(parts[1])
+
+
+class _Claim(NamedTuple):
+    generation: int
+    owner: str
+    at: float  # when it was claimed (epoch seconds)
+    beat: float | None  # the owner's last heartbeat; None once released
+
+
+def _claim_state_in(claims, config_hash: str) -> _Claim | None:
+    """The newest claim on ``config_hash`` in the claims run's data."""
+    prefix = f"claim.{config_hash}."
+    gens = [int(k[len(prefix) :]) for k in claims.params if k.startswith(prefix)]
+    if not gens:
+        return None
+    g = max(gens)
+    record = json.loads(claims.params[f"{prefix}{g}"])
+    beat = claims.tags.get(f"{prefix}{g}.beat", repr(record["at"]))
+    return _Claim(
+        g, record["owner"], float(record["at"]), None if beat == "released" else float(beat)
+    )
+
+
+def _abandoned_cell_run(run, claims, stale_after: float) -> bool:
+    """Whether ``run`` is a cell run whose process lost its cell's claim: no heartbeat for
+    ``stale_after`` seconds, or the claim taken over by another process since the run began."""
+    tags = run.data.tags
+    config_hash = tags.get(RunTags.CONFIG_HASH)
+    if tags.get(RunTags.KIND) != "cell" or not config_hash:
+        return False
+    state = _claim_state_in(claims, config_hash)
+    if state is None:
+        return False
+    if state.owner.split("/")[:2] == [tags.get(RunTags.HOST), tags.get(RunTags.PROCESS)]:
+        return state.beat is not None and time.time() - state.beat > stale_after
+    return state.at * 1000 > run.info.start_time
+
+
+class _ClaimsMixin:
+    """Cell claims, heartbeats and fencing, kept in the bookkeeping experiment."""
+
+    settings: TrackingSettings
+    client: MlflowClient
+    _claims_run_id: str | None
+
+    if TYPE_CHECKING:
+
+        @property
+        def experiment_id(self) -> str: ...
+        def _store_lock(self) -> contextlib.AbstractContextManager[None]: ...
+        def _search(self, filter_string: str, order_by: list[str] | None = None) -> Iterator: ...
+        def set_tags(self, run_id: str, tags: Mapping[str, object]) -> None: ...
+        def end_run(self, run_id: str, status: Any) -> None: ...
+
+    def _bookkeeping_experiment(self) -> str:
+        name = f"{_BOOKKEEPING_PREFIX}{self.experiment_id}"
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        note = (
+            f"nllab bookkeeping of experiment {self.settings.experiment!r} (id "
+            f"{self.experiment_id}): cell claims and heartbeats. No results here; it is kept out "
+            "of the experiment's run list on purpose. Do not delete it while nllab runs."
+        )
+        try:
+            return self.client.create_experiment(
+                name,
+                artifact_location=self.settings.artifact_root,
+                tags={RunTags.NOTE: note, RunTags.KIND: "bookkeeping"},
+            )
+        except MlflowException:
+            exp = self.client.get_experiment_by_name(name)  # created meanwhile by another
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+    def _claims_run(self) -> str:
+        if self._claims_run_id is None:
+            query = f"tags.`{RunTags.KIND}` = '{_CLAIMS_KIND}'"
+            exp_id = self._bookkeeping_experiment()
+            runs = self.client.search_runs([exp_id], query, max_results=100)
+            if not runs:
+                with self._store_lock():
+                    runs = self.client.search_runs([exp_id], query, max_results=100)
+                    if not runs:
+                        run = self.client.create_run(
+                            exp_id, run_name="nllab-claims", tags={RunTags.KIND: _CLAIMS_KIND}
+                        )
+                        self.end_run(run.info.run_id, "FINISHED")  # bookkeeping, never "running"
+                        runs = self.client.search_runs([exp_id], query, max_results=100)
+            # Processes of a server store that create it at once settle on the oldest one.
+            first = min(runs, key=lambda r: (r.info.start_time, r.info.run_id))
+            self._claims_run_id = first.info.run_id
+        return self._claims_run_id
+
+    def _retire_old_claims_runs(self) -> list[str]:
+        """Delete (MLflow's soft delete: hidden, restorable) the claims runs that older versions
+        kept in the experiment itself; their claims are ignored (a cell claimed only there can be
+        claimed again at once). Their ids."""
+        old = [r.info.run_id for r in self._search(f"tags.`{RunTags.KIND}` = '{_CLAIMS_KIND}'")]
+        for run_id in old:
+            with contextlib.suppress(MlflowException):  # deleted meanwhile by another process
+                self.client.delete_run(run_id)
+        return old
+
+    def _claims_data(self):
+        return self.client.get_run(self._claims_run()).data
+
+    def _claim_state(self, config_hash: str) -> _Claim | None:
+        """The newest claim on ``config_hash``, or ``None``."""
+        return _claim_state_in(self._claims_data(), config_hash)
+
+    def _beat(self, config_hash: str, generation: int, value: str) -> None:
+        self.set_tags(self._claims_run(), {f"claim.{config_hash}.{generation}.beat": value})
+
+    def claim_cell(
+        self, config_hash: str, owner: str, *, stale_after: float = CLAIM_STALE_AFTER
+    ) -> bool:
+        """Claim the cell ``config_hash`` for ``owner`` (see :func:`claim_owner`); ``True`` if
+        ``owner`` now holds it (also when it already did), ``False`` if another owner does.
+
+        A claim is taken over when it was released, its owner's last heartbeat is older than
+        ``stale_after`` seconds, or its owner is a process of this host that no longer exists.
+        Of several owners claiming at once exactly one gets ``True``. The holder calls
+        :meth:`heartbeat_cell` more often than every ``stale_after`` seconds while it works,
+        and :meth:`release_cell` at the end (or uses :meth:`cell_claim`).
+        """
+        state = self._claim_state(config_hash)
+        generation = 0
+        if state is not None:
+            if state.beat is not None:
+                if state.owner == owner:
+                    self._beat(config_hash, state.generation, repr(time.time()))
+                    return True
+                if time.time() - state.beat < stale_after and not _owner_gone(state.owner):
+                    return False
+            generation = state.generation + 1
+        key = f"claim.{config_hash}.{generation}"
+        try:
+            self.client.log_param(
+                self._claims_run(), key, json.dumps({"owner": owner, "at": time.time()})
+            )
+        except MlflowException:
+            # Refused: someone claimed this generation first (anything else is re-raised).
+            state = self._claim_state(config_hash)
+            if state is None or state.generation < generation:
+                raise
+            return state.generation == generation and state.owner == owner
+        return True
+
+    def heartbeat_cell(self, config_hash: str, owner: str) -> bool:
+        """Renew ``owner``'s claim; ``False`` if it no longer holds it (taken over, released)."""
+        state = self._claim_state(config_hash)
+        if state is None or state.owner != owner or state.beat is None:
+            return False
+        self._beat(config_hash, state.generation, repr(time.time()))
+        return True
+
+    def holds_cell(self, config_hash: str, owner: str, generation: int | None = None) -> bool:
+        """The fence before a cell's final write: whether ``owner`` still holds the newest claim
+        on ``config_hash`` (of ``generation``, the fencing token of :meth:`claim_generation`,
+        when given); if so the claim's heartbeat is renewed, so that no other process can take it
+        over for the next ``stale_after`` seconds.
+
+        A holder suspended (``SIGSTOP``, a laptop lid) past the stale time may have lost its
+        claim to a process that trained the cell meanwhile: it must then not log the cell as
+        FINISHED (which would give one config hash two finished runs).
+        """
+        state = self._claim_state(config_hash)
+        if state is None or state.owner != owner or state.beat is None:
+            return False
+        if generation is not None and state.generation != generation:
+            return False
+        self._beat(config_hash, state.generation, repr(time.time()))
+        return True
+
+    def claim_generation(self, config_hash: str, owner: str) -> int | None:
+        """The generation (fencing token) of ``owner``'s live claim on ``config_hash``, or
+        ``None`` if it holds none."""
+        state = self._claim_state(config_hash)
+        if state is None or state.owner != owner or state.beat is None:
+            return None
+        return state.generation
+
+    def claim_holder(self, config_hash: str) -> str | None:
+        """Who holds the claim on ``config_hash``, for people: ``pid P on host H since T``
+        (``T`` in UTC), or ``None`` when nobody holds it."""
+        state = self._claim_state(config_hash)
+        if state is None or state.beat is None:
+            return None
+        parts = state.owner.split("/")
+        host = parts[0].split("[", 1)[0] if parts else state.owner
+        pid = parts[1].split(":", 1)[0] if len(parts) > 1 else "?"
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(state.at))
+        return f"pid {pid} on host {host} since {since}"
+
+    def release_cell(self, config_hash: str, owner: str) -> None:
+        """Give up ``owner``'s claim (no-op if it does not hold it)."""
+        state = self._claim_state(config_hash)
+        if state is not None and state.owner == owner and state.beat is not None:
+            self._beat(config_hash, state.generation, "released")
+
+    @contextmanager
+    def cell_claim(
+        self,
+        config_hash: str,
+        owner: str,
+        *,
+        stale_after: float = CLAIM_STALE_AFTER,
+        interval: float | None = None,
+    ) -> Iterator[bool]:
+        """``with tracker.cell_claim(h, owner) as mine:`` :meth:`claim_cell`, then (if ``mine``)
+        a heartbeat every ``interval`` seconds (default ``stale_after / 4``) in a daemon thread
+        while the block runs, and :meth:`release_cell` when it ends, however it ends."""
+        if not self.claim_cell(config_hash, owner, stale_after=stale_after):
+            yield False
+            return
+        done = threading.Event()
+
+        def beat() -> None:
+            while not done.wait(interval or stale_after / 4):
+                with contextlib.suppress(Exception):  # a missed beat is retried next time
+                    if not self.heartbeat_cell(config_hash, owner):
+                        return
+
+        thread = threading.Thread(target=beat, name=f"claim-{config_hash[:8]}", daemon=True)
+        thread.start()
+        try:
+            yield True
+        finally:
+            done.set()
+            thread.join()
+            self.release_cell(config_hash, owner)

@@ -1,0 +1,165 @@
+"""The model registry of the MLflow adapter: each system's champion, promoted only when beaten,
+and registered models read back by ``models:/`` URI."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import mlflow
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from tasks.tracking._queries import RunRecord
+from tasks.tracking._store import TrackingSettings
+
+__all__ = ["CHAMPION", "Promotion"]
+
+#: The registry alias of each registered model's best version.
+CHAMPION = "champion"
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """Outcome of a champion check in the model registry."""
+
+    name: str
+    promoted: bool
+    version: str | None
+    test_rmse: float
+    previous_rmse: float | None
+
+
+class _RegistryMixin:
+    """Registered models: promote a run's model, find the champion, read a version back."""
+
+    settings: TrackingSettings
+    client: MlflowClient
+
+    if TYPE_CHECKING:
+
+        def logged_model_id(self, run_id: str) -> str | None: ...
+        def model_problem(self, record: RunRecord, artifact_path: str = "model") -> str | None: ...
+
+    def promote_if_better(
+        self, name: str, run_id: str, test_rmse: float, artifact_path: str = "model"
+    ) -> Promotion:
+        """Register ``run_id``'s model as a new version of ``name`` and move the champion alias
+        to it, only if it beats the current champion's test RMSE (lower is better).
+
+        The registry never points at nothing: a deleted run (or one whose model is gone) is
+        never promoted, and a champion whose run was deleted (soft or purged) or whose model is
+        gone is replaced by any usable run, even one of equal RMSE. Existing versions are never
+        deleted or overwritten, and a run already registered under ``name`` (say, by a process
+        killed before it moved the alias) is not registered again: its version is reused.
+        """
+        if self.run_problem(run_id, artifact_path) is not None:
+            return Promotion(name, False, None, test_rmse, None)
+        try:
+            self.client.create_registered_model(
+                name, description="Best Neural Laplace model of this system (lowest test RMSE)."
+            )
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        aliases = self.client.get_registered_model(name).aliases
+        previous: float | None = None
+        if CHAMPION in aliases:
+            current = self.client.get_model_version(name, aliases[CHAMPION])
+            if current.run_id == run_id:
+                return Promotion(name, False, str(current.version), test_rmse, test_rmse)
+            previous = float(current.tags.get("test_rmse", "inf"))
+            gone = current.run_id and self.run_problem(current.run_id, artifact_path)
+            if not gone and not test_rmse < previous:
+                return Promotion(name, False, None, test_rmse, previous)
+        same_run = self.client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+        if same_run:
+            version = str(min(int(v.version) for v in same_run))
+        else:
+            version = str(self._register(name, run_id, artifact_path, test_rmse))
+        self.client.set_registered_model_alias(name, CHAMPION, version)
+        return Promotion(name, True, version, test_rmse, previous)
+
+    def run_problem(
+        self, run_id: str, artifact_path: str = "model", *, allow_deleted: bool = False
+    ) -> str | None:
+        """Why ``run_id``'s model cannot serve (its run deleted, unless ``allow_deleted``;
+        purged; or its model gone), or ``None``."""
+        try:
+            run = self.client.get_run(run_id)
+        except MlflowException:
+            return f"its run {run_id} no longer exists (deleted and purged)"
+        if run.info.lifecycle_stage == "deleted" and not allow_deleted:
+            return f"its run {run_id} is deleted"
+        record = RunRecord(run_id, "", None, {}, {}, run.info.artifact_uri)
+        return self.model_problem(record, artifact_path)
+
+    def _register(self, name: str, run_id: str, artifact_path: str, test_rmse: float) -> str:
+        """A new version of ``name`` pointing at the run's logged model (``models:/<id>``), or,
+        for a run whose model is only run artifacts, at ``runs:/<run id>/<artifact_path>``."""
+        model_id = self.logged_model_id(run_id)
+        mv = self.client.create_model_version(
+            name,
+            source=f"models:/{model_id}" if model_id else f"runs:/{run_id}/{artifact_path}",
+            run_id=run_id,
+            tags={"test_rmse": repr(float(test_rmse))},
+            model_id=model_id,
+        )
+        return str(mv.version)
+
+    def champion(self, name: str) -> tuple[str, str] | None:
+        """``(version, run_id)`` of the champion of ``name``, or ``None``."""
+        try:
+            mv = self.client.get_model_version_by_alias(name, CHAMPION)
+        except MlflowException:
+            return None
+        return str(mv.version), mv.run_id
+
+    def model_version(self, uri: str) -> tuple[str, str, str | None]:
+        """``(name, version, source run id)`` of ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``.
+
+        Raises ``LookupError`` naming the registered models when there is no such version.
+        """
+        ref = uri.removeprefix("models:/") if uri.startswith("models:/") else ""
+        if not ref.strip("/"):
+            raise LookupError(
+                "expected a registry URI 'models:/NAME@ALIAS' or 'models:/NAME/VERSION', "
+                f"got {uri!r}"
+            )
+        if "@" not in ref and "/" not in ref:
+            raise LookupError(
+                f"{uri!r} names no version: use models:/{ref}@champion or models:/{ref}/1"
+            )
+        try:
+            if "@" in ref:
+                mv = self.client.get_model_version_by_alias(*ref.split("@", 1))
+            else:
+                mv = self.client.get_model_version(*ref.rsplit("/", 1))
+        except MlflowException as e:
+            names = sorted(m.name for m in self.client.search_registered_models())
+            raise LookupError(
+                f"no registered model version at {uri!r} in {self.settings.tracking_uri} "
+                f"({e.message.splitlines()[0]}); registered models: {', '.join(names) or 'none'}"
+            ) from None
+        return mv.name, str(mv.version), mv.run_id
+
+    def download_model(self, uri: str, dst: str | Path | None = None) -> Path:
+        """Download a registered model (``models:/name@alias`` or ``models:/name/version``)."""
+        if not uri.startswith("models:/"):
+            raise ValueError(
+                f"models are loaded only from the registry: expected 'models:/NAME@ALIAS' or "
+                f"'models:/NAME/VERSION', got {uri!r}"
+            )
+        dst = Path(dst) if dst is not None else Path(tempfile.mkdtemp(prefix="nllab-model-"))
+        try:
+            path = mlflow.artifacts.download_artifacts(
+                artifact_uri=uri,
+                dst_path=str(dst),
+                tracking_uri=self.settings.tracking_uri,
+                registry_uri=self.settings.tracking_uri,
+            )
+        except MlflowException as e:
+            raise LookupError(f"no registered model at {uri!r}: {e.message}") from e
+        return Path(path)

@@ -1,0 +1,78 @@
+"""The parent run of a command (benchmark, study, reproduce, tune): one context for all."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.tracking._tracker import Tracker
+from tasks.tracking.tags import _MAX_TAG, RunTags
+
+__all__ = ["ParentRun", "parent_run"]
+
+
+@dataclass(frozen=True)
+class ParentRun:
+    """An open parent run of a command: the run id and the tracker that logs into it."""
+
+    tracker: Tracker
+    run_id: str
+
+    def record_cells(self, results: Iterable[Any], *, note: str | None = None) -> None:
+        """Tag how the command's cells ended (``cells``, ``cells_finished|reused|failed``)
+        and, with ``note``, the run's description shown on its MLflow page."""
+        results = list(results)
+        statuses = [r.status for r in results]
+        tags: dict[str, object] = {
+            RunTags.CELLS: len(results),
+            RunTags.CELLS_FINISHED: statuses.count("finished"),
+            RunTags.CELLS_REUSED: statuses.count("reused"),
+            RunTags.CELLS_FAILED: sum(not r.ok for r in results),
+        }
+        if note is not None:
+            tags[RunTags.NOTE] = note[:_MAX_TAG]
+        self.tracker.set_tags(self.run_id, tags)
+
+
+@contextmanager
+def parent_run(
+    tracker: Tracker,
+    name: str,
+    *,
+    kind: str,
+    params: Mapping[str, object] | None = None,
+    tags: Mapping[str, object] | None = None,
+    execution: Mapping[str, object] | None = None,
+    config_json: tuple[str, str] | None = None,
+    source_run_id: str | None = None,
+    resume: str | None = None,
+) -> Iterator[ParentRun]:
+    """The parent run of one command (benchmark, study, reproduce, tune), every command alike.
+
+    It is tagged with its ``kind`` and ``tags``, logs ``params``, the execution settings as
+    ``execution.*`` tags (how it ran, not what: they are not part of any config hash) and
+    ``config_json`` (text, artifact file name). ``source_run_id`` nests it under another run;
+    ``resume`` reopens a recorded run instead of creating one. The run ends FINISHED only if the
+    block completes; otherwise as :meth:`Tracker.run` ends it.
+    """
+    all_tags = {RunTags.KIND: kind, **{k: str(v) for k, v in (tags or {}).items()}}
+    if resume is None:
+        run_id = tracker.create_run(name, all_tags, source_run_id)
+    else:
+        run_id = resume
+        tracker.set_tags(run_id, {**all_tags, RunTags.RESUMED: "true"})
+    try:
+        if params:
+            tracker.log_params(run_id, params)
+        if execution:
+            tracker.set_tags(
+                run_id, {f"{RunTags.EXECUTION_PREFIX}{k}": v for k, v in execution.items()}
+            )
+        if config_json is not None:
+            tracker.log_text(run_id, config_json[0], config_json[1])
+        yield ParentRun(tracker, run_id)
+    except BaseException as e:
+        tracker.end_with_error(run_id, e)
+        raise

@@ -1,0 +1,42 @@
+"""The names of the run tags the platform writes and reads, and MLflow's size limits on them.
+
+No MLflow import: commands that only name tags (or test them) stay light.
+"""
+
+from __future__ import annotations
+
+__all__ = ["RunTags"]
+
+# MLflow limits: param values 6000 chars, tag values 8000; a batch holds 1000 metrics / 100 params.
+_MAX_TAG = 5000
+_MAX_PARAM = 6000
+_PARAM_BATCH = 100
+_METRIC_BATCH = 1000
+
+
+class RunTags:
+    """The names of the run tags the platform writes and reads (one place for every command)."""
+
+    KIND = "nllab.kind"  # benchmark, study:<name>, reproduce, tune, trial, cell
+    STUDY = "nllab.study"
+    PROFILE = "profile"
+    SYSTEM = "system"
+    METHOD = "method"
+    SEED = "seed"
+    CONFIG_HASH = "config_hash"
+    DATASET_HASH = "dataset_hash"
+    ERROR = "error"
+    RESUMED = "resumed"
+    SOURCE_RUN = "nllab.source_run_id"
+    SOURCE_MODEL = "nllab.source_model"
+    EXECUTION_PREFIX = "execution."
+    CELLS = "cells"
+    CELLS_FINISHED = "cells_finished"
+    CELLS_REUSED = "cells_reused"
+    CELLS_FAILED = "cells_failed"
+    PARENT = "mlflow.parentRunId"
+    NOTE = "mlflow.note.content"
+    GIT_COMMIT = "mlflow.source.git.commit"
+    #: Which process owns a run, so a later start can end runs whose process is gone.
+    HOST = "nllab.host"
+    PROCESS = "nllab.process"
