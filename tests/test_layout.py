@@ -1,0 +1,147 @@
+"""The shape of the code, read from its import statements (every one, function-level included):
+the floors ``nlmodels``/``datasets`` → ``tasks`` → ``flows`` only import downwards, no module
+imports itself back through others, and no module outgrows a reader (500 lines)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("nlmodels", "datasets", "tasks", "flows")
+MAX_LINES = 500
+#: Which of the project's packages, and which orchestration libraries, each floor may import.
+FLOOR_MAY_IMPORT = {
+    "nlmodels": {"nlmodels"},
+    "datasets": {"datasets"},
+    "tasks": {"nlmodels", "datasets", "tasks"},
+    "flows": {"nlmodels", "datasets", "tasks", "flows"},
+}
+ORCHESTRATION = {"prefect", "prefect_dask", "mlflow", "optuna", "dask", "distributed"}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _imported_names(name: str, path: Path) -> set[str]:
+    """Dotted names of everything ``name`` imports (a ``from pkg import sub`` counts as
+    ``pkg.sub`` when ``sub`` is a module), outside ``if TYPE_CHECKING:`` blocks."""
+    is_package = path.name == "__init__.py"
+    out: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if _is_type_checking(child):
+                continue
+            if isinstance(child, ast.Import):
+                out.update(a.name for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = name.split(".") if is_package else name.split(".")[:-1]
+                    base = base[: len(base) - (child.level - 1)]
+                    module = ".".join([*base, *([child.module] if child.module else [])])
+                else:
+                    module = child.module or ""
+                for alias in child.names:
+                    full = f"{module}.{alias.name}"
+                    out.add(full if full in MODULES else module)
+            else:
+                visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return out
+
+
+def _own_module(dotted: str) -> str | None:
+    while dotted and dotted not in MODULES:
+        dotted = dotted.rpartition(".")[0]
+    return dotted or None
+
+
+IMPORTS = {name: _imported_names(name, path) for name, path in MODULES.items()}
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    edges = {
+        m: {t for n in names if (t := _own_module(n)) and t != m} for m, names in IMPORTS.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for v in edges:
+        if v not in index:
+            connect(v)
+    return components
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    assert _cycles() == []
+
+
+def test_the_cycle_finder_finds_a_cycle(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(IMPORTS, "tasks", {*IMPORTS["tasks"], "flows.cli"})
+    monkeypatch.setitem(IMPORTS, "flows.cli", {*IMPORTS["flows.cli"], "tasks"})
+    assert any({"flows.cli", "tasks"} <= set(c) for c in _cycles())
+
+
+@pytest.mark.parametrize("floor", PACKAGES)
+def test_each_floor_imports_only_downwards(floor: str) -> None:
+    wrong = {
+        f"{module} imports {name}"
+        for module, names in IMPORTS.items()
+        if module.split(".")[0] == floor
+        for name in names
+        if ((top := name.split(".")[0]) in PACKAGES and top not in FLOOR_MAY_IMPORT[floor])
+        or (floor in ("nlmodels", "datasets") and top in ORCHESTRATION)
+    }
+    assert not wrong
+
+
+def test_no_module_outgrows_a_reader() -> None:
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in MODULES.values()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long
