@@ -14,8 +14,7 @@ UI view) and ``_registry`` (champions).
 
 from __future__ import annotations
 
-from tasks.tracking._claims import CLAIM_STALE_AFTER, claim_owner
-from tasks.tracking._claims import _owner_gone as _owner_gone  # not public; for tasks.tuning
+from tasks.tracking._claims import CLAIM_STALE_AFTER, claim_owner, owner_gone
 from tasks.tracking._queries import UI_VIEW_KEY, RunRecord
 from tasks.tracking._registry import CHAMPION, Promotion
 from tasks.tracking._store import (
@@ -45,6 +44,7 @@ __all__ = [
     "claim_owner",
     "embedded_tracking_uri",
     "git_commit",
+    "owner_gone",
     "parent_run",
     "relocate_artifacts",
     "run_name",

@@ -96,7 +96,7 @@ def claim_owner() -> str:
     return f"{_host_id()}/{token}/{os.urandom(4).hex()}"
 
 
-def _owner_gone(owner: str) -> bool:
+def owner_gone(owner: str) -> bool:
     """Whether ``owner`` (from :func:`claim_owner`) is a process of this host that has ended."""
     parts = owner.split("/")
     return len(parts) == 3 and parts[0] == _host_id() and not _process_alive(parts[1])
@@ -234,7 +234,7 @@ class _ClaimsMixin:
                 if state.owner == owner:
                     self._beat(config_hash, state.generation, repr(time.time()))
                     return True
-                if time.time() - state.beat < stale_after and not _owner_gone(state.owner):
+                if time.time() - state.beat < stale_after and not owner_gone(state.owner):
                     return False
             generation = state.generation + 1
         key = f"claim.{config_hash}.{generation}"

@@ -14,7 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tasks.cell import CellRuntime, simulate_data
 from tasks.search_spaces import paper_params, search_space
-from tasks.tracking import Tracker, _owner_gone
+from tasks.tracking import Tracker, owner_gone
 from tasks.training import select_device
 from tasks.tuning.spec import OWNER_ATTR, TuneSpec, TuningError
 from tasks.tuning.storage import default_storage_url, open_storage, open_study
@@ -128,7 +128,7 @@ class TuneSession:
         failed = []
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             owner = t.user_attrs.get(OWNER_ATTR)
-            if owner and _owner_gone(owner):
+            if owner and owner_gone(owner):
                 try:
                     self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
                 except RuntimeError:
