@@ -155,8 +155,9 @@ def _tags(cell: CellConfig, rt: CellRuntime, config_hash: str) -> dict[str, str]
 
 @dataclass(frozen=True)
 class FitOutcome:
-    """A trained and evaluated cell: its test RMSE, how training went, and the test metrics
-    (``test_top_share``, ``test_rmse_without_top``, ...; empty when the test was not scored)."""
+    """A trained and evaluated cell: its test RMSE, how training went, and the metrics its run
+    logged last (:func:`tasks.pipeline.cell_metrics`: ``test_top_share``,
+    ``test_rmse_without_top``, ...; empty when the test was not scored)."""
 
     test_rmse: float
     train: TrainResult
