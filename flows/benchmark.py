@@ -20,7 +20,8 @@ from nlmodels import native_cpu_kernels
 from tasks.cell import CellRuntime
 from tasks.config import RunConfig
 from tasks.engine import run_cells, stored_results
-from tasks.reporting import CellResult, ResultsTable, parent_summary, results_table
+from tasks.reporting import ResultsTable, parent_summary, results_table
+from tasks.results import CellResult
 from tasks.tracking import Promotion, RunTags, Tracker, parent_run
 
 __all__ = [
@@ -66,8 +67,13 @@ def _promote(tracker: Tracker, results: list[CellResult]) -> list[Promotion]:
 
 
 @flow(name="nllab-benchmark", log_prints=True)
-def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
-    """Run (or reuse) every cell of ``config`` and log the results table to a parent run."""
+def benchmark_flow(
+    config: RunConfig, reused: tuple[CellResult, ...] | None = None
+) -> BenchmarkSummary:
+    """Run (or reuse) every cell of ``config`` and log the results table to a parent run.
+
+    ``reused``: the cells :func:`tasks.cell.stored_results` already found finished in this
+    command (the store is not asked again for them)."""
     logger = get_run_logger()
     t0 = time.perf_counter()
     # Connect (and create the sqlite store) before any worker thread writes to it.
@@ -99,7 +105,7 @@ def benchmark_flow(config: RunConfig) -> BenchmarkSummary:
         runtime = CellRuntime.for_config(
             tracker, config, parent, stop=stop if config.execution.task_runner == "thread" else None
         )
-        results = run_cells(cells, runtime)
+        results = run_cells(cells, runtime, reused=reused)
         table = results_table(results)
         with tempfile.TemporaryDirectory(prefix="nllab-report-") as tmp:
             table.write(Path(tmp))
@@ -141,4 +147,5 @@ def run_benchmark(config: RunConfig) -> BenchmarkSummary:
             time.perf_counter() - t0,
         )
     with flow_settings():
-        return benchmark_flow.with_options(task_runner=make_task_runner(config))(config)
+        flow_ = benchmark_flow.with_options(task_runner=make_task_runner(config))
+        return flow_(config, tuple(reused))

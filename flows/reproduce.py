@@ -30,8 +30,8 @@ from tasks.config import CellConfig, RunConfig, TrackingConfig
 from tasks.engine import run_cells
 from tasks.evaluation import evaluate
 from tasks.modelio import load_model
-from tasks.reporting import CellResult
-from tasks.tracking import RunTags, Tracker, parent_run
+from tasks.results import CellResult
+from tasks.tracking import RunRecord, RunTags, Tracker, parent_run
 
 __all__ = [
     "DataMismatch",
@@ -297,14 +297,8 @@ def reproduce_flow(
         if variants:
             config = _run_config(v, max_workers, task_runner, dask_address, pack)
             runtime = CellRuntime.for_config(tracker, config, run_id, device="cpu")
-            source = CellResult(
-                v.cell.system,
-                v.cell.method,
-                v.cell.seed,
-                "reused",
-                v.logged_rmse,
-                v.ref.run_id,
-                v.cell.config_hash(),
+            source = CellResult.reused(
+                v.cell, RunRecord(v.ref.run_id, v.cell.config_hash(), v.logged_rmse, {})
             )
             todo = [c for _, c in variants if c is not v.cell]
             done = iter(_run_ablation(todo, runtime, config))

@@ -41,7 +41,7 @@ _LAZY = {
     "load_model": "tasks.modelio",
     "save_model": "tasks.modelio",
     "PAPER_MAIN_TABLE": "tasks.reporting",
-    "CellResult": "tasks.reporting",
+    "CellResult": "tasks.results",
     "ResultsTable": "tasks.reporting",
     "results_table": "tasks.reporting",
     "Promotion": "tasks.tracking",

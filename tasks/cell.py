@@ -1,10 +1,12 @@
 """Cells end to end: data → model → train → evaluate → one MLflow child run per cell.
 
+The orchestration around the pure core of :mod:`tasks.pipeline` (whose steps return values
+and whose :func:`~tasks.pipeline.log_outcome` logs them): runs, packs, claims and reuse.
 Plain functions (no Prefect), so flows, tuning and tests share them. :func:`run_pack` trains
 cells whose tensors have the same shapes (cells that differ only in seed) as one packed model
 (:func:`tasks.packing.train_packed`); each cell keeps its own child run, config hash, data split,
 initial weights and result. A cell's failure is caught and returned as a
-:class:`~tasks.reporting.CellResult` (its child run ends FAILED with the error), so one diverging
+:class:`~tasks.results.CellResult` (its child run ends FAILED with the error), so one diverging
 model never stops the others.
 """
 
@@ -14,69 +16,57 @@ import hashlib
 import json
 import math
 import sys
-import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
-from datasets import SYSTEMS, Dataset, Prepared, data_home, load_or_simulate, prepare
-from nlmodels import ForecastModel, build_model, native_cpu_kernels
+from datasets import SYSTEMS
 from tasks._workers import worker_stop_event
-from tasks.config import CellConfig, DataConfig, RunConfig
-from tasks.evaluation import evaluate, outlier_census, plot_extrapolation, plot_loss_curves
-from tasks.modelio import ModelSpec, model_params, resolved_model_args, save_model
+from tasks.config import CellConfig, RunConfig
 from tasks.packing import prefers_one_by_one, train_packed
+from tasks.pipeline import (
+    CellSetup,
+    build_cell_model,
+    config_outcome,
+    data_outcome,
+    epoch_metrics,
+    evaluate_cell,
+    log_outcome,
+    model_outcome,
+    prepare_cell,
+    simulate_data,
+)
 from tasks.placement import place_pack
-from tasks.reporting import CellResult, stored_result
-from tasks.tracking import RunRecord, Tracker, TrackingSettings, claim_owner, run_name
+from tasks.results import CellResult
+from tasks.tracking import RunTags, Tracker, TrackingSettings, claim_owner, run_name
 from tasks.training import (
     EpochRecord,
     TrainingDiverged,
     TrainingInterrupted,
     TrainResult,
-    seeded,
 )
 
 __all__ = [
+    "CLAIM_POLL_SECONDS",
     "CellRuntime",
     "ClaimLost",
     "FitOutcome",
     "fit_cells",
+    "notify_once",
     "pack_key",
     "prepare_cell",
     "run_cell",
     "run_pack",
     "simulate_data",
+    "stored_results",
 ]
-
-_DATA_LOCKS: dict[tuple, threading.Lock] = {}
-_DATA_LOCKS_GUARD = threading.Lock()
-
-
-def simulate_data(
-    system: str, data: DataConfig, seed: int, cache_dir: Path | None = None
-) -> Dataset:
-    """The cell's data set, simulated once and then read from the on-disk cache."""
-    key = (system, data.n_trajectories, data.n_points, seed, data.noise_std, cache_dir)
-    with _DATA_LOCKS_GUARD:
-        lock = _DATA_LOCKS.setdefault(key, threading.Lock())
-    # Cells sharing a data set wait for one simulation instead of each running their own.
-    with lock:
-        return load_or_simulate(
-            system,
-            n_trajectories=data.n_trajectories,
-            n_points=data.n_points,
-            seed=seed,
-            noise_std=data.noise_std,
-            cache_dir=cache_dir,
-        )
 
 
 @dataclass(frozen=True)
@@ -133,18 +123,6 @@ class CellRuntime:
         return Tracker.attach(self.tracking, self.experiment_id)
 
 
-def prepare_cell(cell: CellConfig, ds: Dataset) -> Prepared:
-    """The cell's split, observed/predicted halves and normalisation of its data set ``ds``."""
-    return prepare(
-        ds,
-        seed=cell.seed,
-        fractions=cell.data.fractions,
-        n_observed=cell.data.n_observed,
-        n_train=cell.data.n_train,
-        normalise_on=cell.data.normalise_on,
-    )
-
-
 def pack_key(cell: CellConfig) -> str:
     """Cells with the same key have tensors of the same shapes and train as one packed model:
     the same method, model settings and training protocol on data of the same shapes (state
@@ -166,19 +144,20 @@ def pack_key(cell: CellConfig) -> str:
 
 def _tags(cell: CellConfig, rt: CellRuntime, config_hash: str) -> dict[str, str]:
     return {
-        "nllab.kind": "cell",
-        "method": cell.method,
-        "system": cell.system,
-        "seed": str(cell.seed),
-        "profile": rt.profile,
-        "config_hash": config_hash,
+        RunTags.KIND: "cell",
+        RunTags.METHOD: cell.method,
+        RunTags.SYSTEM: cell.system,
+        RunTags.SEED: str(cell.seed),
+        RunTags.PROFILE: rt.profile,
+        RunTags.CONFIG_HASH: config_hash,
     }
 
 
 @dataclass(frozen=True)
 class FitOutcome:
-    """A trained and evaluated cell: its test RMSE, how training went, and the test metrics
-    (``test_top_share``, ``test_rmse_without_top``, ...; empty when the test was not scored)."""
+    """A trained and evaluated cell: its test RMSE, how training went, and the metrics its run
+    logged last (:func:`tasks.pipeline.cell_metrics`: ``test_top_share``,
+    ``test_rmse_without_top``, ...; empty when the test was not scored)."""
 
     test_rmse: float
     train: TrainResult
@@ -192,10 +171,7 @@ class _Member:
     cell: CellConfig
     run_id: str
     config_hash: str
-    ds: Dataset | None = None
-    prepared: Prepared | None = None
-    model: ForecastModel | None = None
-    model_args: dict[str, Any] | None = None
+    setup: CellSetup | None = None
 
 
 def fit_cells(
@@ -231,7 +207,7 @@ def fit_cells(
     device = place_pack(list(cells), placed or rt.device, cache_dir=rt.cache_dir)
     for i, m in enumerate(members):
         try:
-            _set_up(m, rt, device)
+            m.setup = _set_up(m.cell, m.run_id, rt, tracker)
         except Exception as e:
             fail(i, e)
     live = [i for i, m in enumerate(members) if outcomes[i] is None]
@@ -239,17 +215,8 @@ def fit_cells(
         return outcomes  # type: ignore[return-value]
 
     def log_epoch(i: int, r: EpochRecord) -> None:
-        tracker.log_metrics(
-            members[i].run_id,
-            {
-                "train_loss": r.train_loss,
-                "val_loss": r.val_loss,
-                "val_rmse": r.val_rmse,
-                "epoch_seconds": r.seconds,
-                "nfe": r.nfe,
-            },
-            step=r.epoch,
-        )
+        # the one logging hook inside training: the live loss curve
+        tracker.log_metrics(members[i].run_id, epoch_metrics(r), step=r.epoch)
         if on_epoch is not None:
             try:
                 on_epoch(i, r)
@@ -260,9 +227,9 @@ def fit_cells(
 
     def train_members(idx: list[int]) -> list[TrainResult | TrainingDiverged]:
         return train_packed(
-            [members[i].model for i in idx],
-            [members[i].prepared.train for i in idx],
-            [members[i].prepared.val for i in idx],
+            [members[i].setup.model for i in idx],
+            [members[i].setup.prepared.train for i in idx],
+            [members[i].setup.prepared.val for i in idx],
             cells[0].training,
             device=device,
             seeds=[members[i].cell.seed for i in idx],
@@ -271,7 +238,7 @@ def fit_cells(
             stop=stop,
             progress=rt.progress,
             # as the engine plans and the probe measures: one by one where packing is slower
-            pack=not prefers_one_by_one(members[idx[0]].model, device),
+            pack=not prefers_one_by_one(members[idx[0]].setup.model, device),
         )
 
     try:
@@ -301,7 +268,10 @@ def fit_cells(
             continue
         try:
             if evaluate_test:
-                metrics = _evaluate_and_log(members[i], rt, device, res)
+                m = members[i]
+                evaluated = evaluate_cell(m.setup, res, device, m.config_hash)
+                log_outcome(tracker, m.run_id, evaluated)
+                metrics = dict(evaluated.metrics)
                 outcomes[i] = FitOutcome(metrics["test_rmse"], res, metrics)
             else:
                 outcomes[i] = FitOutcome(math.nan, res)
@@ -315,118 +285,17 @@ class _CallbackError(Exception):
     isolation (as ``__cause__``), so that it propagates instead of failing a member."""
 
 
-def _set_up(m: _Member, rt: CellRuntime, device: torch.device) -> None:
-    """Params, data, split and initial weights of one member (weights from its own seed)."""
-    tracker, cell = rt.tracker, m.cell
-    tracker.log_params(m.run_id, {**cell.flat_params(), "device": rt.device, "profile": rt.profile})
-    tracker.log_text(m.run_id, cell.model_dump_json(indent=2), "config.json")
-    m.ds = simulate_data(cell.system, cell.data, cell.seed, rt.cache_dir)
-    m.prepared = prepare_cell(cell, m.ds)
-    # >10σ values per split and dimension: kept, counted
-    tracker.log_metrics(m.run_id, outlier_census(m.prepared))
-    tracker.set_tags(
-        m.run_id, {"dataset_hash": m.ds.fingerprint, "split_hash": m.prepared.fingerprint}
-    )
-    tracker.log_dataset(
-        m.run_id,
-        name=f"{cell.system}-n{m.ds.x.shape[0]}-seed{cell.seed}",
-        digest=m.ds.fingerprint,
-        source=str(rt.cache_dir or data_home() / "cache"),
-        profile={
-            "system": cell.system,
-            "n_trajectories": int(m.ds.x.shape[0]),
-            "n_points": int(m.ds.x.shape[1]),
-            "state_dim": int(m.ds.x.shape[2]),
-            "noise_std": cell.data.noise_std,
-            "split_fingerprint": m.prepared.fingerprint,
-        },
-    )
-    state_dim = int(m.ds.x.shape[-1])
-    with seeded(cell.seed):
-        m.model = build_model(cell.method, state_dim, **cell.model)
-    n_params = sum(p.numel() for p in m.model.parameters())
-    tracker.log_params(m.run_id, {"n_parameters": n_params, "state_dim": state_dim})
-    m.model_args = log_model_args(tracker, m.run_id, cell, state_dim)
-
-
-def log_model_args(
-    tracker: Tracker, run_id: str, cell: CellConfig, state_dim: int
-) -> dict[str, Any]:
-    """Log the model's fully resolved constructor arguments (defaults included) as ``model.*``
-    params and ``model_args.json``; returns them. The config hash is not touched."""
-    args = resolved_model_args(cell.method, state_dim, cell.model)
-    logged = cell.flat_params()
-    tracker.log_params(run_id, {k: v for k, v in model_params(args).items() if k not in logged})
-    tracker.log_text(run_id, json.dumps(args, indent=2, sort_keys=True), "model_args.json")
-    return args
-
-
-def _evaluate_and_log(
-    m: _Member, rt: CellRuntime, device: torch.device, result: TrainResult
-) -> dict[str, float]:
-    tracker, cell, prepared, model = rt.tracker, m.cell, m.prepared, m.model
-    assert prepared is not None and model is not None and m.ds is not None
-    ev, pred = evaluate(
-        model,
-        prepared.test,
-        prepared.normaliser,
-        device=device,
-        dtype=cell.training.dtype,
-        batch_size=cell.training.batch_size,
-    )
-    tracker.set_tags(
-        m.run_id,
-        {
-            "stopped": result.stopped,
-            "device_used": str(device),
-            "packed_members": result.packed_members,
-            "cuda_graphs": result.graphs,
-            # float64 CPU training of Neural Laplace, unpacked, runs the fused C kernels
-            "native_cpu_kernels": cell.method == "neural_laplace"
-            and cell.training.dtype == "float64"
-            and device.type == "cpu"
-            and result.packed_members == 1
-            and native_cpu_kernels(),
-        },
-    )
-    with tempfile.TemporaryDirectory(prefix="nllab-cell-") as tmp:
-        folder = Path(tmp)
-        plot_loss_curves(result.history, folder / "plots" / "loss_curves.png", title=cell.key)
-        plot_extrapolation(
-            prepared.test,
-            pred,
-            prepared.normaliser,
-            folder / "plots" / "extrapolation.png",
-            title=f"{cell.key}: test RMSE {ev.test_rmse:.4f}",
-        )
-        spec = ModelSpec(
-            method=cell.method,
-            state_dim=int(m.ds.x.shape[-1]),
-            overrides=dict(cell.model),
-            dtype=cell.training.dtype,
-            normaliser=prepared.normaliser.to_dict(),
-            cell=cell.model_dump(mode="json"),
-            config_hash=m.config_hash,
-            dataset_fingerprint=m.ds.fingerprint,
-            test_rmse=ev.test_rmse,
-            model_args=m.model_args,
-        )
-        save_model(model.cpu(), spec, folder / "model")
-        tracker.log_artifact(m.run_id, folder / "plots", "plots")
-        tracker.log_model(m.run_id, folder / "model", "model")  # an MLflow pyfunc model
-    # Logged last: a run with test_rmse has all its artifacts.
-    metrics = ev.metrics()
-    tracker.log_metrics(
-        m.run_id,
-        {
-            **metrics,
-            "best_epoch": result.best_epoch,
-            "best_val_rmse": result.best_val_rmse,
-            "epochs_run": len(result.history),
-            "train_seconds": result.seconds,
-        },
-    )
-    return metrics
+def _set_up(cell: CellConfig, run_id: str, rt: CellRuntime, tracker: Tracker) -> CellSetup:
+    """Data, split and initial weights of one member (weights from its own seed), each step's
+    record logged as soon as it is made (a cell that fails later still shows them)."""
+    log_outcome(tracker, run_id, config_outcome(cell, device=rt.device, profile=rt.profile))
+    ds = simulate_data(cell.system, cell.data, cell.seed, rt.cache_dir)
+    prepared = prepare_cell(cell, ds)
+    log_outcome(tracker, run_id, data_outcome(cell, ds, prepared, rt.cache_dir))
+    model, model_args = build_cell_model(cell, int(ds.x.shape[-1]))
+    setup = CellSetup(cell, ds, prepared, model, model_args)
+    log_outcome(tracker, run_id, model_outcome(setup))
+    return setup
 
 
 #: Seconds between checks while another process trains a cell this one also needs.
@@ -451,23 +320,39 @@ def notify_once(key: str, message: str) -> None:
         print(f"nllab: {message}", file=sys.stderr, flush=True)
 
 
-def reusable_run(tracker: Tracker, cell: CellConfig) -> RunRecord | None:
-    """The cell's finished run if its model is present and loads; else ``None`` (and, when a
-    finished run's model is unusable, the user is told once why the cell is trained again)."""
-    h = cell.config_hash()
-    found, broken = tracker.reusable_cells([h])
-    if h in broken:
-        tell_unusable(cell, *broken[h])
-    return found.get(h)
+def stored_results(
+    tracker: Tracker, cells: Iterable[CellConfig]
+) -> tuple[list[CellResult], list[CellConfig]]:
+    """Is this cell done? The one answer: ``cells`` split into those with a finished run in the
+    store (as ``reused`` results) and those to run, in input order.
+
+    A finished run counts only if its model artifact is present and loads
+    (:meth:`tasks.tracking.Tracker.reusable_cells`); otherwise its cell is run again and the
+    user is told why, once per run.
+    """
+    cells = list(cells)
+    done, broken = tracker.reusable_cells(c.config_hash() for c in cells)
+    reused, todo = [], []
+    for c in cells:
+        h = c.config_hash()
+        if (record := done.get(h)) is not None:
+            reused.append(CellResult.reused(c, record))
+            continue
+        todo.append(c)
+        if h in broken:
+            unusable, problem = broken[h]
+            notify_once(
+                f"unusable:{unusable.run_id}",
+                f"cell {c.key}: not reusing its finished run {unusable.run_id}: {problem}; "
+                "training it again",
+            )
+    return reused, todo
 
 
-def tell_unusable(cell: CellConfig, record: RunRecord, problem: str) -> None:
-    """Tell the user once why ``cell``'s finished run ``record`` is not reused."""
-    notify_once(
-        f"unusable:{record.run_id}",
-        f"cell {cell.key}: not reusing its finished run {record.run_id}: {problem}; "
-        "training it again",
-    )
+def _stored(tracker: Tracker, cell: CellConfig) -> CellResult | None:
+    """:func:`stored_results` of one cell: its ``reused`` result, or ``None``."""
+    reused, _ = stored_results(tracker, [cell])
+    return reused[0] if reused else None
 
 
 def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
@@ -492,8 +377,8 @@ def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
             h = c.config_hash()
             if not claims.enter_context(tracker.cell_claim(h, owner)):
                 elsewhere.append(c)
-            elif (done := reusable_run(tracker, c)) is not None:
-                results[h] = stored_result(c.system, c.method, c.seed, done)  # finished meanwhile
+            elif (done := _stored(tracker, c)) is not None:
+                results[h] = done  # finished meanwhile
             else:
                 mine.append(c)
         if mine:
@@ -511,22 +396,17 @@ def _await_cell(cell: CellConfig, rt: CellRuntime) -> CellResult:
     tracker, h = rt.tracker, cell.config_hash()
     stop = rt.stop if rt.stop is not None else worker_stop_event()
     while True:
-        if (done := reusable_run(tracker, cell)) is not None:
-            return stored_result(cell.system, cell.method, cell.seed, done)
+        if (done := _stored(tracker, cell)) is not None:
+            return done
         if stop is not None and stop.is_set():
-            return CellResult(
-                cell.system,
-                cell.method,
-                cell.seed,
-                "interrupted",
-                config_hash=h,
-                error="interrupted while another process trained it",
+            return CellResult.failed(
+                cell, "interrupted", "interrupted while another process trained it"
             )
         owner = claim_owner()
         with tracker.cell_claim(h, owner) as mine:
             if mine:
-                if (done := reusable_run(tracker, cell)) is not None:
-                    return stored_result(cell.system, cell.method, cell.seed, done)
+                if (done := _stored(tracker, cell)) is not None:  # finished meanwhile
+                    return done
                 lost: list[CellConfig] = []
                 (result,) = _train_pack([cell], rt, owner, lost)
                 if not lost:
@@ -567,12 +447,12 @@ def _train_pack(
         status: Literal["failed", "interrupted"] = (
             "interrupted" if isinstance(e, TrainingInterrupted) else "failed"
         )
-        return [_unfinished(c, h, status, e) for c, h in zip(cells, hashes, strict=True)]
+        return [_unfinished(c, status, e) for c in cells]
     results = []
     for c, h, r, out, token in zip(cells, hashes, run_ids, outcomes, tokens, strict=True):
         if not isinstance(out, FitOutcome):  # this member diverged; the others went on
             tracker.end_with_error(r, out)
-            results.append(_unfinished(c, h, "failed", out))
+            results.append(_unfinished(c, "failed", out))
             continue
         if owner is not None and not tracker.holds_cell(h, owner, token):
             # Fenced: another process took the cell over (this one was stopped past the stale
@@ -583,27 +463,15 @@ def _train_pack(
                 f"longer than the claim's stale time); {holder} took it over, so this run "
                 "is not logged as FINISHED"
             )
-            tracker.set_tags(r, {"error": f"ClaimLost: {lost_claim}"})
+            tracker.set_tags(r, {RunTags.ERROR: f"ClaimLost: {lost_claim}"})
             tracker.end_run(r, "KILLED")
             notify_once(f"lost:{r}", str(lost_claim))
             if lost is not None:
                 lost.append(c)
-            results.append(_unfinished(c, h, "interrupted", lost_claim))
+            results.append(_unfinished(c, "interrupted", lost_claim))
             continue
         tracker.end_run(r, "FINISHED")
-        results.append(
-            CellResult(
-                c.system,
-                c.method,
-                c.seed,
-                "finished",
-                out.test_rmse,
-                r,
-                h,
-                top_share=out.metrics.get("test_top_share"),
-                rmse_without_top=out.metrics.get("test_rmse_without_top"),
-            )
-        )
+        results.append(CellResult.fresh(c, r, out.metrics))
     return results
 
 
@@ -612,15 +480,10 @@ class ClaimLost(RuntimeError):
 
 
 def _unfinished(
-    cell: CellConfig,
-    config_hash: str,
-    status: Literal["failed", "interrupted"],
-    error: Exception,
+    cell: CellConfig, status: Literal["failed", "interrupted"], error: Exception
 ) -> CellResult:
     message = str(error) if status == "interrupted" else f"{type(error).__name__}: {error}"
-    return CellResult(
-        cell.system, cell.method, cell.seed, status, config_hash=config_hash, error=message
-    )
+    return CellResult.failed(cell, status, message)
 
 
 def run_cell(cell: CellConfig, rt: CellRuntime) -> CellResult:

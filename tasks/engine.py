@@ -3,7 +3,8 @@
 The benchmark, every study, reproduction and the cells of a tuning trial go through it. Given
 cells and a :class:`~tasks.cell.CellRuntime`, :func:`run_cells`
 
-1. reuses every cell that already has a FINISHED run with its config hash (never retrained);
+1. reuses every cell that already has a FINISHED run with its config hash (never retrained;
+   :func:`tasks.cell.stored_results`, the one answer to "is this cell done?");
 2. simulates each needed data set once, before training starts;
 3. groups the rest into packs (cells whose tensors have the same shapes:
    :func:`tasks.cell.pack_key`), each trained as one batched model when ``runtime.pack`` is on;
@@ -14,7 +15,7 @@ cells and a :class:`~tasks.cell.CellRuntime`, :func:`run_cells`
    Prefect task per pack and one MLflow child run per cell; GPU packs go to at most
    :data:`GPU_LANES` lanes at once while the other workers train CPU packs
    (:func:`in_lanes`), so neither waits behind the other;
-5. returns one :class:`~tasks.reporting.CellResult` per input cell, in input order.
+5. returns one :class:`~tasks.results.CellResult` per input cell, in input order.
 
 It must be called inside a Prefect flow (it submits tasks to the flow's task runner).
 """
@@ -38,12 +39,11 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tasks._workers import worker_pool_active, worker_processes
-from tasks.cell import CellRuntime, pack_key, tell_unusable
+from tasks.cell import CellRuntime, pack_key, stored_results
 from tasks.config import CellConfig, DataConfig
 from tasks.placement import Measure, gpu_pack_size, place_pack, split_evenly
 from tasks.prefect_tasks import PackFailed, pack_task, simulate_task
-from tasks.reporting import CellResult, stored_result
-from tasks.tracking import Tracker
+from tasks.results import CellResult
 
 __all__ = [
     "CPU_PACK_MEMBERS",
@@ -64,29 +64,6 @@ GPU_LANES = 2
 #: configuration only, never on the machine (workers, timings). Packing on the CPU saves
 #: per-operation overhead only; bigger packs would only hold one worker longer.
 CPU_PACK_MEMBERS = 5
-
-
-def stored_results(
-    tracker: Tracker, cells: Sequence[CellConfig]
-) -> tuple[list[CellResult], list[CellConfig]]:
-    """Split cells into those with a finished run in the store (as results) and those to run.
-
-    A finished run counts only if its model artifact is present and loads
-    (:meth:`tasks.tracking.Tracker.reusable_cells`); otherwise its cell is run again and the
-    user is told why, in one line per run.
-    """
-    done, broken = tracker.reusable_cells(c.config_hash() for c in cells)
-    reused, todo = [], []
-    for c in cells:
-        h = c.config_hash()
-        rec = done.get(h)
-        if rec is None:
-            todo.append(c)
-            if h in broken:
-                tell_unusable(c, *broken[h])
-        else:
-            reused.append(stored_result(c.system, c.method, c.seed, rec))
-    return reused, todo
 
 
 def _packable(cell: CellConfig, device: str = "cpu") -> bool:
@@ -217,12 +194,6 @@ def in_lanes(
         yield done, running.pop(done)[0]
 
 
-def _failed(cell: CellConfig, error: str | None = None) -> CellResult:
-    return CellResult(
-        cell.system, cell.method, cell.seed, "failed", config_hash=cell.config_hash(), error=error
-    )
-
-
 def collect_results(future: PrefectFuture, pack: Sequence[CellConfig]) -> list[CellResult]:
     """The results of a pack's task; a crashed or cancelled task fails each of its cells."""
     try:
@@ -234,7 +205,7 @@ def collect_results(future: PrefectFuture, pack: Sequence[CellConfig]) -> list[C
     if isinstance(value, list) and all(isinstance(r, CellResult) for r in value):
         return value
     # The task itself broke (e.g. the tracking store went away mid-cell).
-    return [_failed(c, str(value)) for c in pack]
+    return [CellResult.failed(c, "failed", str(value)) for c in pack]
 
 
 def _data_keys(cells: Iterable[CellConfig]) -> list[tuple[str, DataConfig, int]]:
@@ -268,16 +239,29 @@ def _print_finished(done: Sequence[CellResult], n: int, total: int, seconds: flo
         print(f"cell {i}/{total} {r.key}: {outcome} ({seconds:.0f} s)", flush=True)
 
 
-def run_cells(cells: Sequence[CellConfig], runtime: CellRuntime) -> list[CellResult]:
+def run_cells(
+    cells: Sequence[CellConfig],
+    runtime: CellRuntime,
+    *,
+    reused: Sequence[CellResult] | None = None,
+) -> list[CellResult]:
     """Train (or reuse, by config hash) ``cells``: one result per cell, in input order.
 
     Cells with the same config hash share one run. Failed or interrupted cells are run again next
     time; a failing cell never stops the others. Ctrl-C stops running cells at their next batch
-    (their runs end KILLED) and propagates.
+    (their runs end KILLED) and propagates. ``reused``: the results :func:`stored_results`
+    already gave for these cells in this command (the store is then not asked again; a cell
+    finished meanwhile by another process is still reused, under its claim).
     """
     tracker = runtime.tracker
     unique = list({c.config_hash(): c for c in cells}.values())
-    reused, todo = stored_results(tracker, unique)
+    if reused is None:
+        reused, todo = stored_results(tracker, unique)
+    else:
+        wanted = {c.config_hash() for c in unique}
+        reused = [r for r in reused if r.config_hash in wanted]
+        known = {r.config_hash for r in reused}
+        todo = [c for c in unique if c.config_hash() not in known]
     by_hash: dict[str, CellResult] = {r.config_hash: r for r in reused}
     with _torch_threads(runtime.torch_threads):  # probes run with the workers' thread count
         placed = plan_packs(
@@ -368,5 +352,7 @@ def run_cells(cells: Sequence[CellConfig], runtime: CellRuntime) -> list[CellRes
         finally:
             bar.close()
         for c in todo:
-            by_hash.setdefault(c.config_hash(), _failed(c, "the cell's task did not return"))
+            by_hash.setdefault(
+                c.config_hash(), CellResult.failed(c, "failed", "the cell's task did not return")
+            )
     return [by_hash[c.config_hash()] for c in cells]

@@ -15,10 +15,12 @@ from prefect.cache_policies import NO_CACHE
 from tasks._workers import WorkerDied, WorkerStopped, run_in_worker, worker_pool_active
 from tasks.cell import CellRuntime, run_pack, simulate_data
 from tasks.config import CellConfig, DataConfig
-from tasks.reporting import CellResult
+from tasks.results import CellResult
 from tasks.tracking import cell_variant
 
 __all__ = ["PackFailed", "pack_task", "simulate_task"]
+
+_NOT_STARTED = "interrupted before it started"
 
 
 @task(name="simulate", task_run_name="simulate {system} seed {seed}", cache_policy=NO_CACHE)
@@ -52,44 +54,22 @@ def _task_run_name() -> str:
 @task(name="cells", task_run_name=_task_run_name, cache_policy=NO_CACHE)
 def pack_task(cells: list[CellConfig], runtime: CellRuntime) -> list[CellResult]:
     """Train, evaluate and track a pack of cells. If any failed, this task run fails, with them."""
-    if runtime.stop is not None and runtime.stop.is_set():
-        return [_not_started(c) for c in cells]  # queued when Ctrl-C came
+    if runtime.stop is not None and runtime.stop.is_set():  # queued when Ctrl-C came
+        return [CellResult.failed(c, "interrupted", _NOT_STARTED) for c in cells]
     if worker_pool_active():
         # A thread event cannot cross processes: workers watch the pool's own stop event.
         runtime = replace(runtime, stop=None)
     try:
         results = run_in_worker(run_pack, cells, runtime)
     except WorkerStopped:
-        return [_not_started(c) for c in cells]
+        return [CellResult.failed(c, "interrupted", _NOT_STARTED) for c in cells]
     except WorkerDied as e:
         # Its worker died mid-pack (kill -9, SIGTERM): only these cells fail, their runs too.
         runtime.tracker.end_runs_of_process(e.pid, f"WorkerDied: {e}")
-        results = [_died(c, e) for c in cells]
+        results = [CellResult.failed(c, "failed", f"WorkerDied: {e}") for c in cells]
     if any(r.status == "failed" for r in results):
         raise PackFailed(results)
     return results
-
-
-def _died(cell: CellConfig, error: WorkerDied) -> CellResult:
-    return CellResult(
-        cell.system,
-        cell.method,
-        cell.seed,
-        "failed",
-        config_hash=cell.config_hash(),
-        error=f"WorkerDied: {error}",
-    )
-
-
-def _not_started(cell: CellConfig) -> CellResult:
-    return CellResult(
-        cell.system,
-        cell.method,
-        cell.seed,
-        "interrupted",
-        config_hash=cell.config_hash(),
-        error="interrupted before it started",
-    )
 
 
 class PackFailed(RuntimeError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tasks.cell import CellRuntime, pack_key, run_pack
+from tasks.cell import CellRuntime, pack_key, run_cell, run_pack
 from tasks.config import CellConfig, TrainConfig
 from tasks.engine import CPU_PACK_MEMBERS, make_packs
 from tasks.placement import choose_fastest, place_cell
@@ -89,16 +89,16 @@ def test_auto_placement_follows_the_measurement(tmp_path):
 
 
 def test_a_failing_member_leaves_the_others_finished(mlflow_store, monkeypatch):
-    import tasks.cell as cell_module
+    import tasks.pipeline as pipeline
 
-    real = cell_module.build_model
+    real = pipeline.build_model
 
     def build(method, state_dim, **kw):
         if torch.initial_seed() == 1:  # the member of seed 1 cannot be built
             raise RuntimeError("no model for seed 1")
         return real(method, state_dim, **kw)
 
-    monkeypatch.setattr(cell_module, "build_model", build)
+    monkeypatch.setattr(pipeline, "build_model", build)
     t = Tracker.connect()
     rt = CellRuntime.for_tracker(t, parent_run_id=None, profile="smoke", device="cpu")
     cells = [_cell(0), _cell(1), _cell(2)]
@@ -111,9 +111,9 @@ def test_a_failing_member_leaves_the_others_finished(mlflow_store, monkeypatch):
     assert runs["0"].info.status == runs["2"].info.status == "FINISHED"
     assert runs["0"].data.tags["packed_members"] in ("1", "2")
     # The survivors equal their runs alone (the packing contract: 1e-8 in float64 on CPU).
-    monkeypatch.setattr(cell_module, "build_model", real)
+    monkeypatch.setattr(pipeline, "build_model", real)
     for i in (0, 2):
-        alone = cell_module._train_pack([cells[i]], rt)[0]  # trained again, not reused
+        alone = run_cell(cells[i], rt)  # trained again, not reused
         assert abs(alone.test_rmse - results[i].test_rmse) <= 1e-8
 
 
@@ -137,7 +137,7 @@ def test_claims_keep_two_owners_from_training_one_cell(mlflow_store, monkeypatch
     assert waiter.is_alive()  # waiting on the other owner's claim, training nothing
     assert not t.finished_cells([h])
     # The other owner trains it (here: this test, under the same claim), then releases it.
-    trained = cell_module._train_pack([cell], rt)[0]
+    trained = run_cell(cell, rt)
     t.release_cell(h, other)
     waiter.join(timeout=60)
     assert not waiter.is_alive()

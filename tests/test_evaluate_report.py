@@ -18,7 +18,8 @@ from tasks.evaluation import (
     plot_loss_curves,
     top_error_share,
 )
-from tasks.reporting import PAPER_MAIN_TABLE, CellResult, results_table
+from tasks.reporting import PAPER_MAIN_TABLE, results_table
+from tasks.results import CellResult
 from tasks.training import EpochRecord
 
 
@@ -187,7 +188,7 @@ def test_paper_table_is_complete():
 
 
 def test_ranking_orders_ours_beside_the_paper():
-    from tasks.reporting import CellResult, render_table
+    from tasks.tables import render_table
 
     # The paper on Lotka–Volterra: NL .0475 < Latent ODE .2182 < NODE .3102 < ANODE ...
     ours = {"neural_laplace": 0.05, "latent_ode": 0.40, "node": 0.30}  # NODE and Latent swapped

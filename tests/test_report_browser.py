@@ -56,7 +56,7 @@ def open_in_browser(path: Path) -> PageFacts:
 
 
 def _results():
-    from tasks.reporting import CellResult
+    from tasks.results import CellResult
 
     rng = np.random.default_rng(3)
     out = []

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from flows.report_full import MANIFEST, UnownedFiles, build_report
-from tasks.reporting import CellResult
+from tasks.results import CellResult
 from tasks.tracking import Tracker
 
 RESULTS = [

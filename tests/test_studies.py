@@ -177,7 +177,7 @@ def test_stereographic_on_is_the_benchmark_cell(monkeypatch):
     study after a benchmark of the same profile reuses them; "off" differs only in the map."""
     import dataclasses
 
-    from flows.studies import _core, stereographic, study_config
+    from flows.studies import STUDIES, StudyContext, stereographic, study_config
     from tasks.config import resolve_config
 
     captured = []
@@ -187,10 +187,11 @@ def test_stereographic_on_is_the_benchmark_cell(monkeypatch):
     monkeypatch.setattr(stereographic, "plot_bars", lambda *a, **k: None)
     monkeypatch.setattr(stereographic, "StudyOutput", lambda tables: tables)
     config = study_config("stereographic", "smoke")
-    fields = {f.name: None for f in dataclasses.fields(_core.StudyContext) if f.init}
-    ctx = _core.StudyContext(**{**fields, "config": config, "spec": stereographic.SPEC})
-    monkeypatch.setattr(_core.StudyContext, "figure", lambda self, name: None)
-    stereographic._body(ctx)
+    study = STUDIES["stereographic"]
+    fields = {f.name: None for f in dataclasses.fields(StudyContext) if f.init}
+    ctx = StudyContext(**{**fields, "config": config, "spec": study.spec})
+    monkeypatch.setattr(StudyContext, "figure", lambda self, name: None)
+    study.body(ctx)
     bench = {c.key: c.config_hash() for c in resolve_config("smoke").cells()}
     on = [c for keys, c in captured if keys["stereographic"] == "on"]
     off = [c for keys, c in captured if keys["stereographic"] == "off"]

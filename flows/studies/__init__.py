@@ -14,12 +14,13 @@ from types import MappingProxyType
 
 from flows._study_catalog import STUDY_CATALOG
 from flows.studies._config import StudyConfig, study_config
-from flows.studies._core import Study, StudySpec, StudySummary
+from flows.studies._core import Study, StudyContext, StudySpec, StudySummary
 
 __all__ = [
     "STUDIES",
     "Study",
     "StudyConfig",
+    "StudyContext",
     "StudySpec",
     "StudySummary",
     "get_study",

@@ -33,7 +33,7 @@ from tasks.cell import CellRuntime, prepare_cell, simulate_data
 from tasks.config import CellConfig, DataConfig, Profile, RunConfig, TrainConfig
 from tasks.engine import run_cells
 from tasks.modelio import ModelSpec, load_model
-from tasks.reporting import CellResult
+from tasks.results import CellResult
 from tasks.tracking import RunTags, Tracker, parent_run
 
 __all__ = [

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tasks.reporting import CellResult
+from tasks.results import CellResult
 
 __all__ = [
     "MATCH_TOLERANCE",
@@ -98,6 +98,6 @@ def rmse_records(
 
 def to_markdown(frame: pd.DataFrame) -> str:
     """A GitHub Markdown table, numbers with 4 significant digits, verdicts marked."""
-    from tasks.reporting import Table, render_table
+    from tasks.tables import Table, render_table
 
     return render_table(Table.from_frame(frame), "markdown")

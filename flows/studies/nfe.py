@@ -20,7 +20,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec
 from flows.studies._plots import plot_lines
-from tasks.reporting import CellResult
+from tasks.results import CellResult
 
 DTS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
 N_POINTS = (1, 10, 100, 1000)

@@ -1,0 +1,297 @@
+"""The pure core of a cell: plain steps that return values, and the one function that logs them.
+
+A cell's data set is simulated (:func:`simulate_data`) and split (:func:`prepare_cell`), its
+model built (:func:`build_cell_model`), trained (by :func:`tasks.packing.train_packed`, in
+:func:`tasks.cell.fit_cells`) and evaluated (:func:`evaluate_cell`). Each step's record is a
+:class:`CellOutcome` (:func:`config_outcome`, :func:`data_outcome`, :func:`model_outcome`,
+:func:`evaluate_cell`: params, tags, metrics, figures, the model to save, the data set), and
+:func:`log_outcome` is the one place an outcome reaches the tracker. A new test metric goes
+into :func:`cell_metrics` (or :meth:`tasks.evaluation.Evaluation.metrics`) and nowhere else;
+the per-epoch metrics of the live loss curve are :func:`epoch_metrics`.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from datasets import Dataset, Prepared, data_home, load_or_simulate, prepare
+from nlmodels import ForecastModel, build_model, native_cpu_kernels
+from tasks.config import CellConfig, DataConfig
+from tasks.evaluation import (
+    Evaluation,
+    evaluate,
+    outlier_census,
+    plot_extrapolation,
+    plot_loss_curves,
+)
+from tasks.modelio import ModelSpec, model_params, resolved_model_args, save_model
+from tasks.tracking import RunTags
+from tasks.training import EpochRecord, TrainResult, seeded
+
+if TYPE_CHECKING:
+    from tasks.tracking import Tracker
+
+__all__ = [
+    "CellOutcome",
+    "CellSetup",
+    "LoggedDataset",
+    "build_cell_model",
+    "cell_metrics",
+    "config_outcome",
+    "data_outcome",
+    "epoch_metrics",
+    "evaluate_cell",
+    "log_outcome",
+    "model_outcome",
+    "prepare_cell",
+    "simulate_data",
+]
+
+_DATA_LOCKS: dict[tuple, threading.Lock] = {}
+_DATA_LOCKS_GUARD = threading.Lock()
+
+
+def simulate_data(
+    system: str, data: DataConfig, seed: int, cache_dir: Path | None = None
+) -> Dataset:
+    """The cell's data set, simulated once and then read from the on-disk cache."""
+    key = (system, data.n_trajectories, data.n_points, seed, data.noise_std, cache_dir)
+    with _DATA_LOCKS_GUARD:
+        lock = _DATA_LOCKS.setdefault(key, threading.Lock())
+    # Cells sharing a data set wait for one simulation instead of each running their own.
+    with lock:
+        return load_or_simulate(
+            system,
+            n_trajectories=data.n_trajectories,
+            n_points=data.n_points,
+            seed=seed,
+            noise_std=data.noise_std,
+            cache_dir=cache_dir,
+        )
+
+
+def prepare_cell(cell: CellConfig, ds: Dataset) -> Prepared:
+    """The cell's split, observed/predicted halves and normalisation of its data set ``ds``."""
+    return prepare(
+        ds,
+        seed=cell.seed,
+        fractions=cell.data.fractions,
+        n_observed=cell.data.n_observed,
+        n_train=cell.data.n_train,
+        normalise_on=cell.data.normalise_on,
+    )
+
+
+@dataclass(frozen=True)
+class LoggedDataset:
+    """A data set as a run records it (an MLflow dataset input)."""
+
+    name: str
+    digest: str
+    source: str
+    profile: Mapping[str, object]
+
+
+@dataclass(frozen=True)
+class CellOutcome:
+    """What one step of a cell has to record: ``params``; ``texts`` (artifact file → text);
+    ``tags``; the ``dataset`` it used; ``figures`` (file name under ``plots/`` → PNG bytes);
+    the ``model`` to save (the module and its :class:`~tasks.modelio.ModelSpec`); and
+    ``metrics``, which :func:`log_outcome` logs last."""
+
+    params: Mapping[str, object] = field(default_factory=dict)
+    texts: Mapping[str, str] = field(default_factory=dict)
+    tags: Mapping[str, object] = field(default_factory=dict)
+    dataset: LoggedDataset | None = None
+    figures: Mapping[str, bytes] = field(default_factory=dict)
+    model: tuple[ForecastModel, ModelSpec] | None = None
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class CellSetup:
+    """A cell ready to train: its data set, split, initial model and the model's fully
+    resolved constructor arguments (defaults included)."""
+
+    cell: CellConfig
+    ds: Dataset
+    prepared: Prepared
+    model: ForecastModel
+    model_args: dict[str, Any]
+
+    @property
+    def state_dim(self) -> int:
+        return int(self.ds.x.shape[-1])
+
+
+def build_cell_model(cell: CellConfig, state_dim: int) -> tuple[ForecastModel, dict[str, Any]]:
+    """The cell's model with its initial weights (drawn from the cell's own seed) and its
+    resolved constructor arguments."""
+    with seeded(cell.seed):
+        model = build_model(cell.method, state_dim, **cell.model)
+    return model, resolved_model_args(cell.method, state_dim, cell.model)
+
+
+def config_outcome(cell: CellConfig, *, device: str, profile: str) -> CellOutcome:
+    """What a cell records first: its config as params (with the device asked for and the
+    profile) and as ``config.json``."""
+    return CellOutcome(
+        params={**cell.flat_params(), "device": device, "profile": profile},
+        texts={"config.json": cell.model_dump_json(indent=2)},
+    )
+
+
+def data_outcome(
+    cell: CellConfig, ds: Dataset, prepared: Prepared, cache_dir: Path | None = None
+) -> CellOutcome:
+    """What a cell records of its data: the data set and split fingerprints, the >10σ outlier
+    census of each split (kept, counted) and the data set itself."""
+    return CellOutcome(
+        tags={RunTags.DATASET_HASH: ds.fingerprint, "split_hash": prepared.fingerprint},
+        dataset=LoggedDataset(
+            name=f"{cell.system}-n{ds.x.shape[0]}-seed{cell.seed}",
+            digest=ds.fingerprint,
+            source=str(cache_dir or data_home() / "cache"),
+            profile={
+                "system": cell.system,
+                "n_trajectories": int(ds.x.shape[0]),
+                "n_points": int(ds.x.shape[1]),
+                "state_dim": int(ds.x.shape[2]),
+                "noise_std": cell.data.noise_std,
+                "split_fingerprint": prepared.fingerprint,
+            },
+        ),
+        metrics=outlier_census(prepared),
+    )
+
+
+def model_outcome(setup: CellSetup) -> CellOutcome:
+    """What a cell records of its model: its size, state dimension and fully resolved
+    constructor arguments (``model.*`` params not already in the config, and
+    ``model_args.json``). The config hash is not touched."""
+    logged = setup.cell.flat_params()
+    resolved = {k: v for k, v in model_params(setup.model_args).items() if k not in logged}
+    return CellOutcome(
+        params={
+            "n_parameters": sum(p.numel() for p in setup.model.parameters()),
+            "state_dim": setup.state_dim,
+            **resolved,
+        },
+        texts={"model_args.json": json.dumps(setup.model_args, indent=2, sort_keys=True)},
+    )
+
+
+def epoch_metrics(record: EpochRecord) -> dict[str, float]:
+    """The metrics of one training epoch (the live loss curve)."""
+    return {
+        "train_loss": record.train_loss,
+        "val_loss": record.val_loss,
+        "val_rmse": record.val_rmse,
+        "epoch_seconds": record.seconds,
+        "nfe": record.nfe,
+    }
+
+
+def cell_metrics(ev: Evaluation, result: TrainResult) -> dict[str, float]:
+    """A trained cell's final metrics: the test scores and how training went."""
+    return {
+        **ev.metrics(),
+        "best_epoch": result.best_epoch,
+        "best_val_rmse": result.best_val_rmse,
+        "epochs_run": len(result.history),
+        "train_seconds": result.seconds,
+    }
+
+
+def evaluate_cell(
+    setup: CellSetup, result: TrainResult, device: torch.device, config_hash: str
+) -> CellOutcome:
+    """Score a trained cell on its test split: the metrics (:func:`cell_metrics`), how it
+    trained (tags), its loss-curve and extrapolation figures and its model to save."""
+    cell, prepared, model = setup.cell, setup.prepared, setup.model
+    ev, pred = evaluate(
+        model,
+        prepared.test,
+        prepared.normaliser,
+        device=device,
+        dtype=cell.training.dtype,
+        batch_size=cell.training.batch_size,
+    )
+    tags = {
+        "stopped": result.stopped,
+        "device_used": str(device),
+        "packed_members": result.packed_members,
+        "cuda_graphs": result.graphs,
+        # float64 CPU training of Neural Laplace, unpacked, runs the fused C kernels
+        "native_cpu_kernels": cell.method == "neural_laplace"
+        and cell.training.dtype == "float64"
+        and device.type == "cpu"
+        and result.packed_members == 1
+        and native_cpu_kernels(),
+    }
+    with tempfile.TemporaryDirectory(prefix="nllab-plots-") as tmp:
+        folder = Path(tmp)
+        paths = [
+            plot_loss_curves(result.history, folder / "loss_curves.png", title=cell.key),
+            plot_extrapolation(
+                prepared.test,
+                pred,
+                prepared.normaliser,
+                folder / "extrapolation.png",
+                title=f"{cell.key}: test RMSE {ev.test_rmse:.4f}",
+            ),
+        ]
+        figures = {p.name: p.read_bytes() for p in paths}
+    spec = ModelSpec(
+        method=cell.method,
+        state_dim=setup.state_dim,
+        overrides=dict(cell.model),
+        dtype=cell.training.dtype,
+        normaliser=prepared.normaliser.to_dict(),
+        cell=cell.model_dump(mode="json"),
+        config_hash=config_hash,
+        dataset_fingerprint=setup.ds.fingerprint,
+        test_rmse=ev.test_rmse,
+        model_args=setup.model_args,
+    )
+    return CellOutcome(
+        tags=tags, figures=figures, model=(model, spec), metrics=cell_metrics(ev, result)
+    )
+
+
+def log_outcome(tracker: Tracker, run_id: str, outcome: CellOutcome) -> None:
+    """Log ``outcome`` to run ``run_id``: params, texts, tags, data set, figures (under
+    ``plots/``), model (an MLflow pyfunc logged model), and the metrics last, so that a run with
+    a ``test_rmse`` has all its artifacts."""
+    if outcome.params:
+        tracker.log_params(run_id, outcome.params)
+    for name, text in outcome.texts.items():
+        tracker.log_text(run_id, text, name)
+    if outcome.tags:
+        tracker.set_tags(run_id, outcome.tags)
+    if (d := outcome.dataset) is not None:
+        tracker.log_dataset(
+            run_id, name=d.name, digest=d.digest, source=d.source, profile=d.profile
+        )
+    if outcome.figures or outcome.model is not None:
+        with tempfile.TemporaryDirectory(prefix="nllab-cell-") as tmp:
+            folder = Path(tmp)
+            if outcome.figures:
+                (folder / "plots").mkdir()
+                for name, data in outcome.figures.items():
+                    (folder / "plots" / name).write_bytes(data)
+                tracker.log_artifact(run_id, folder / "plots", "plots")
+            if outcome.model is not None:
+                model, spec = outcome.model
+                save_model(model.cpu(), spec, folder / "model")
+                tracker.log_model(run_id, folder / "model", "model")
+    if outcome.metrics:
+        tracker.log_metrics(run_id, outcome.metrics)
