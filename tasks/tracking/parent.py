@@ -76,3 +76,4 @@ def parent_run(
     except BaseException as e:
         tracker.end_with_error(run_id, e)
         raise
+    tracker.end_run(run_id, "FINISHED")
