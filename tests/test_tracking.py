@@ -81,6 +81,42 @@ def test_a_command_connects_once_per_store_and_afresh_when_the_store_changed(mon
     assert Tracker.connect() is again
 
 
+def test_a_parent_run_ends_as_its_command_ends(mlflow_store):
+    """``parent_run``: tags, params, ``execution.*`` tags and the config file; FINISHED when
+    the block completes, FAILED with the error when it raises, KILLED when interrupted."""
+    t = Tracker.connect()
+    with parent_run(
+        t,
+        "bench",
+        kind="benchmark",
+        params={"profile": "smoke"},
+        tags={RunTags.PROFILE: "smoke"},
+        execution={"device": "cpu"},
+        config_json=('{"a": 1}', "run_config.json"),
+    ) as run:
+        run.record_cells([], note="nothing to do")
+    done = t.get_run_data(run.run_id)
+    assert done.info.status == "FINISHED"
+    assert done.data.params == {"profile": "smoke"}
+    tags = done.data.tags
+    assert tags[RunTags.KIND] == "benchmark" and tags[RunTags.PROFILE] == "smoke"
+    assert tags[f"{RunTags.EXECUTION_PREFIX}device"] == "cpu"
+    assert (tags[RunTags.CELLS], tags[RunTags.NOTE]) == ("0", "nothing to do")
+    assert [f.path for f in t.client.list_artifacts(run.run_id)] == ["run_config.json"]
+    assert t.latest_run("benchmark") == run.run_id
+    with pytest.raises(ValueError), parent_run(t, "bad", kind="benchmark") as failed:
+        raise ValueError("no cells")
+    with pytest.raises(KeyboardInterrupt), parent_run(t, "stop", kind="study:x") as stopped:
+        raise KeyboardInterrupt
+    assert t.get_run_data(failed.run_id).info.status == "FAILED"
+    assert t.get_run_data(failed.run_id).data.tags[RunTags.ERROR] == "ValueError: no cells"
+    assert t.get_run_data(stopped.run_id).info.status == "KILLED"
+    with parent_run(t, "again", kind="benchmark", resume=failed.run_id) as resumed:
+        assert resumed.run_id == failed.run_id
+    assert t.get_run_data(failed.run_id).info.status == "FINISHED"
+    assert t.get_run_data(failed.run_id).data.tags[RunTags.RESUMED] == "true"
+
+
 def test_unreachable_server_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")

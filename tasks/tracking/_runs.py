@@ -329,9 +329,8 @@ class _RunsMixin:
         host, ended = _host_id(), []
         for r in list(self._search("attributes.status = 'RUNNING'")):
             tags = r.data.tags
-            if tags.get(RunTags.HOST) == host and tags.get(RunTags.PROCESS, "").split(":")[
-                0
-            ] == str(pid):
+            run_pid = tags.get(RunTags.PROCESS, "").split(":")[0]
+            if tags.get(RunTags.HOST) == host and run_pid == str(pid):
                 self.set_tags(r.info.run_id, {RunTags.ERROR: error[:_MAX_TAG]})
                 self.end_run(r.info.run_id, status)
                 ended.append(r.info.run_id)
