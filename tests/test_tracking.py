@@ -94,14 +94,19 @@ def test_a_parent_run_ends_as_its_command_ends(mlflow_store):
         execution={"device": "cpu"},
         config_json=('{"a": 1}', "run_config.json"),
     ) as run:
-        run.record_cells([], note="nothing to do")
+        run.record_cells(
+            [SimpleNamespace(status=s, ok=s in ("finished", "reused")) for s in STATUSES],
+            note="one failed",
+        )
     done = t.get_run_data(run.run_id)
     assert done.info.status == "FINISHED"
     assert done.data.params == {"profile": "smoke"}
     tags = done.data.tags
     assert tags[RunTags.KIND] == "benchmark" and tags[RunTags.PROFILE] == "smoke"
     assert tags[f"{RunTags.EXECUTION_PREFIX}device"] == "cpu"
-    assert (tags[RunTags.CELLS], tags[RunTags.NOTE]) == ("0", "nothing to do")
+    counts = [RunTags.CELLS, RunTags.CELLS_FINISHED, RunTags.CELLS_REUSED, RunTags.CELLS_FAILED]
+    assert [tags[k] for k in counts] == ["4", "1", "2", "1"]
+    assert tags[RunTags.NOTE] == "one failed"
     assert [f.path for f in t.client.list_artifacts(run.run_id)] == ["run_config.json"]
     assert t.latest_run("benchmark") == run.run_id
     with pytest.raises(ValueError), parent_run(t, "bad", kind="benchmark") as failed:
@@ -144,44 +149,6 @@ def test_run_states(mlflow_store):
     assert t.get_run_data(bad).data.tags["error"] == "ValueError: broken cell"
     hist = t.client.get_metric_history(ok, "m")
     assert [(m.step, m.value) for m in hist] == [(3, 1.0)]
-
-
-def test_a_parent_run_records_the_command_and_ends_as_its_block_ends(mlflow_store):
-    t = Tracker.connect()
-    with parent_run(
-        t,
-        "benchmark-smoke",
-        kind="benchmark",
-        params={"profile": "smoke"},
-        tags={RunTags.PROFILE: "smoke"},
-        execution={"max_workers": 2},
-        config_json=('{"a": 1}', "run_config.json"),
-    ) as ok:
-        ok.record_cells(
-            [SimpleNamespace(status=s, ok=s in ("finished", "reused")) for s in STATUSES]
-        )
-    with pytest.raises(ValueError), parent_run(t, "study", kind="study:x") as bad:
-        raise ValueError("broken study")
-    with pytest.raises(KeyboardInterrupt), parent_run(t, "tune", kind="tune") as killed:
-        raise KeyboardInterrupt
-    with parent_run(t, "tune", kind="tune", resume=killed.run_id) as resumed:
-        assert resumed.run_id == killed.run_id
-    run = t.get_run_data(ok.run_id)
-    assert run.info.status == "FINISHED"
-    assert run.data.params == {"profile": "smoke"}
-    assert {k: run.data.tags[k] for k in ("nllab.kind", "profile", "execution.max_workers")} == {
-        "nllab.kind": "benchmark",
-        "profile": "smoke",
-        "execution.max_workers": "2",
-    }
-    cells = {k: run.data.tags[k] for k in ("cells", "cells_finished", "cells_reused")}
-    assert cells == {"cells": "4", "cells_finished": "1", "cells_reused": "2"}
-    assert run.data.tags["cells_failed"] == "1"
-    assert [f.path for f in t.client.list_artifacts(ok.run_id)] == ["run_config.json"]
-    assert t.get_run_data(bad.run_id).info.status == "FAILED"
-    assert t.get_run_data(bad.run_id).data.tags["error"] == "ValueError: broken study"
-    again = t.get_run_data(killed.run_id)
-    assert (again.info.status, again.data.tags["resumed"]) == ("FINISHED", "true")
 
 
 def test_finished_cells_ignore_unfinished_runs(mlflow_store):
