@@ -44,7 +44,7 @@ def check_scheduler(address: str, timeout: float = CONNECT_SECONDS) -> None:
     """Raise :class:`DaskUnreachable` unless something accepts connections at ``address``'s
     host and port within ``timeout`` seconds (before any flow starts, instead of Dask's own
     retries with tracebacks). Only ``tcp://`` and ``tls://`` addresses are probed."""
-    from flows.cli._faults import connect_error
+    from flows.faults import connect_error
 
     error = connect_error(address, timeout)
     if isinstance(error, ValueError):

@@ -160,10 +160,10 @@ def _guard_temporary_server() -> None:
 class _QuietEnvironmentFaults(logging.Filter):
     """Drops console records about a fault of the environment (a full disk, a server gone):
     ``nllab`` reports it once, in one line, and writes the traceback to a log file
-    (:mod:`flows.cli._faults`); Prefect would print one traceback per failed task and flow."""
+    (:mod:`flows.faults`); Prefect would print one traceback per failed task and flow."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from flows.cli._faults import describe_fault, names_fault
+        from flows.faults import describe_fault, names_fault
 
         error = record.exc_info[1] if record.exc_info else None
         if error is not None and describe_fault(error) is not None:

@@ -13,14 +13,11 @@ refuses to replace anything else unless forced.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import dataclasses
 import html
 import io
 import json
-import os
-import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,7 +48,6 @@ __all__ = [
     "build_report",
     "collect_sections",
     "main_table_figure",
-    "report_command",
 ]
 
 
@@ -361,62 +357,3 @@ def build_report(
     md_path = out.add("report.md", "\n".join(md))
     out.commit()
     return ReportPaths(html_path, md_path, tuple(figures), tuple(results_paths))
-
-
-# -- the command ----------------------------------------------------------------------------
-def _selection_given(args: argparse.Namespace) -> bool:
-    return any(
-        getattr(args, k, None) is not None
-        for k in ("profile", "config", "systems", "methods", "seeds")
-    )
-
-
-def report_command(args: argparse.Namespace, config: RunConfig | None = None) -> int:
-    """Handler of ``nllab report``: 0 written; 1 nothing finished matches; 2 files in the way.
-
-    ``config``: the configuration to report, already resolved from the arguments; ``None``
-    takes the latest finished benchmark's (with ``--systems``, … applied to its profile).
-    """
-    from datasets import data_home
-    from flows.cli._common import EXIT_FAILED, EXIT_USAGE, resolve
-
-    tracker = Tracker.connect(config.tracking if config else None)
-    if config is None:
-        latest = benchmark_config(tracker)
-        if _selection_given(args):
-            config = resolve(args, profile=latest[0].profile if latest else None)
-            tracker = Tracker.connect(config.tracking)
-        elif latest is None:
-            print(
-                f"nllab report: no finished benchmark in {tracker.settings.tracking_uri}: run "
-                "`nllab benchmark --profile smoke` first, or name one with --profile",
-                file=sys.stderr,
-            )
-            return EXIT_FAILED
-        else:
-            config = latest[0]
-            print(f"the latest finished benchmark (run {latest[1]}): profile {config.profile}")
-    results = stored_cell_results(tracker, config)
-    found = sum(r.ok for r in results)
-    if not found:
-        print(
-            f"nllab report: 0 of {len(results)} cells of profile {config.profile!r} have finished "
-            f"runs in {tracker.settings.tracking_uri}; nothing to report",
-            file=sys.stderr,
-        )
-        return EXIT_FAILED
-    table = results_table(results)
-    print(table.to_terminal(color=sys.stdout.isatty()))
-    out = Path(args.out) if args.out else data_home() / "reports" / config.profile
-    ui = getattr(args, "mlflow_ui", None) or os.environ.get("NLLAB_MLFLOW_UI")
-    if ui is None and tracker.settings.tracking_uri.startswith(("http://", "https://")):
-        ui = tracker.settings.tracking_uri
-    try:
-        paths = build_report(tracker, out, results=results, ui_address=ui, force=args.force)
-    except UnownedFiles as e:
-        print(f"nllab report: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    print(f"{found} of {len(results)} cells have finished runs")
-    print(f"written: {', '.join(str(p) for p in paths.results)}")
-    print(f"full report of the latest benchmark and study runs: {paths.html} ({paths.markdown})")
-    return 0

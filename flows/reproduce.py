@@ -40,6 +40,7 @@ __all__ = [
     "ReproductionMismatch",
     "Verification",
     "ablation_cells",
+    "ablation_table",
     "deleted_run_warning",
     "reproduce",
     "reproduce_flow",
@@ -310,7 +311,7 @@ def reproduce_flow(
                 if r.run_id and r.status == "finished":
                     tracker.set_tags(r.run_id, {**link, "ablation": ablation, "value": value})
                 results.append((value, r))
-            tracker.log_text(run_id, _ablation_table(ablation, results), "ablation.md")
+            tracker.log_text(run_id, ablation_table(ablation, results), "ablation.md")
             run.record_cells([r for _, r in results])
     return ReproduceResult(v, ablation, run_id, tuple(results), time.perf_counter() - t0)
 
@@ -326,7 +327,9 @@ def _run_ablation(
     return ablation_subflow()
 
 
-def _ablation_table(name: str | None, rows: list[tuple[Any, CellResult]]) -> str:
+def ablation_table(name: str | None, rows: list[tuple[Any, CellResult]]) -> str:
+    """An ablation's cells as a Markdown table: the value, how the cell ended, its test RMSE and
+    run id (logged as ``ablation.md`` and printed by ``nllab reproduce``)."""
     lines = [f"| {name} | status | test RMSE | run |", "|---|---|---|---|"]
     for value, r in rows:
         rmse = "" if r.test_rmse is None else f"{r.test_rmse:.6g}"

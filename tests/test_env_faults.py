@@ -59,7 +59,7 @@ def test_a_full_disk_mid_benchmark_is_one_line_exit_3_and_a_log(
 def test_an_os_level_disk_full_is_recognised_anywhere_in_the_chain(tmp_path):
     import errno
 
-    from flows.cli._faults import describe_fault
+    from flows.faults import describe_fault
 
     try:
         try:
@@ -72,7 +72,7 @@ def test_an_os_level_disk_full_is_recognised_anywhere_in_the_chain(tmp_path):
 
 
 def test_too_little_free_space_refuses_to_start(tmp_path, monkeypatch, capfd):
-    import flows.cli._faults as faults
+    import flows.faults as faults
 
     home = tmp_path / "home"
     monkeypatch.setenv("NLLAB_HOME", str(home))
@@ -149,7 +149,7 @@ def test_report_out_naming_a_file_is_one_line(tmp_path, monkeypatch, capfd):
 def test_a_lost_tracking_server_is_named_and_a_plain_error_is_not(monkeypatch, tmp_path):
     from mlflow.exceptions import MlflowException
 
-    from flows.cli._faults import describe_fault, fault_in_text
+    from flows.faults import describe_fault, fault_in_text
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
     lost = MlflowException(

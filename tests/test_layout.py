@@ -145,3 +145,28 @@ def test_no_module_outgrows_a_reader() -> None:
         if (n := len(path.read_text().splitlines())) > MAX_LINES
     }
     assert not long
+
+
+def test_flows_never_import_the_command_line() -> None:
+    """Handlers call flows; a flow that imported ``flows.cli`` would make a command a flow's
+    dependency (and bring back the cycles of re-exported parsers)."""
+    wrong = {
+        f"{module} imports {name}"
+        for module, names in IMPORTS.items()
+        if module.startswith("flows") and not module.startswith("flows.cli")
+        for name in names
+        if name == "flows.cli" or name.startswith("flows.cli.")
+    }
+    assert not wrong
+
+
+def test_a_cell_result_is_built_only_by_its_constructors() -> None:
+    """``CellResult(...)`` appears in one module, its own: everywhere else a result comes from
+    ``CellResult.fresh``, ``.reused`` or ``.failed``, so no copy repeats a cell's identity."""
+    builders = {
+        name
+        for name, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "CellResult"
+    }
+    assert builders <= {"tasks.results"}

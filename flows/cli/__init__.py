@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             check(args)  # names, files, registry URIs: before torch, MLflow or Prefect load
         from datasets._cache import require_writable_home
         from flows.cli._common import check_environment
-        from flows.cli._faults import check_free_space
+        from flows.faults import check_free_space
 
         check_environment()
         home = require_writable_home()
@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return getattr(e, "exit_code", EXIT_INTERRUPTED)  # 143 for SIGTERM
     except Exception as e:
-        from flows.cli._faults import describe_fault, write_log
+        from flows.faults import describe_fault, write_log
 
         cache = sys.modules.get("datasets._cache")
         if cache is not None and isinstance(e, cache.CacheError):

@@ -218,7 +218,7 @@ def resolve(args: argparse.Namespace, profile: str | None = None):
     config = resolve_config(profile or args.profile, args.config, overrides(args))
     if address := config.execution.dask_address:
         # Seconds, before the stack loads: not Dask's retries, with tracebacks, a minute later.
-        from flows.cli._faults import EnvironmentFault, connect_error
+        from flows.faults import EnvironmentFault, connect_error
 
         if isinstance(error := connect_error(address, 5.0), ValueError):
             raise UsageError(f"--dask-address takes tcp://HOST:PORT, got {address!r}")

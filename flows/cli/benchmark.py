@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"parent run {summary.parent_run_id}; compare the runs with: nllab ui")
     if not summary.ok:
-        from flows.cli._faults import EnvironmentFault, fault_in_text
+        from flows.faults import EnvironmentFault, fault_in_text
 
         # Cells failed by the machine (a full disk, a tracking server gone): exit 3, one line.
         faults = [f for r in summary.results if r.error and (f := fault_in_text(r.error))]

@@ -51,7 +51,7 @@ def precheck(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``nllab reproduce``: 0 reproduced, 1 mismatch, 2 unknown URI or ablation."""
-    from flows.reproduce import DataMismatch, ReproductionMismatch, _ablation_table, reproduce
+    from flows.reproduce import DataMismatch, ReproductionMismatch, ablation_table, reproduce
 
     try:
         result = reproduce(
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         f"(|diff| {v.difference:.2g}) - reproduced"
     )
     if result.ablation:
-        print(_ablation_table(result.ablation, list(result.cells)))
+        print(ablation_table(result.ablation, list(result.cells)))
         print(f"ablation runs are nested under run {result.run_id} (linked to {v.ref.run_id})")
     failed = [r for _, r in result.cells if not r.ok]
     return EXIT_FAILED if failed else 0
