@@ -3,23 +3,15 @@
 from __future__ import annotations
 
 import torch
+from cells import tiny_cell
 
 from tasks.cell import CellRuntime, pack_key, run_cell, run_pack
-from tasks.config import CellConfig, TrainConfig
+from tasks.config import TrainConfig
 from tasks.engine import CPU_PACK_MEMBERS, make_packs
 from tasks.placement import choose_fastest, place_cell
 from tasks.tracking import Tracker
 
-
-def _cell(seed: int, **kw) -> CellConfig:
-    base = {
-        "system": "integro_de",
-        "method": "node",
-        "seed": seed,
-        "data": {"n_trajectories": 30},
-        "training": TrainConfig(epochs=2, batch_size=8, patience=None),
-    }
-    return CellConfig.model_validate({**base, **kw})
+_cell = tiny_cell
 
 
 def test_pack_key_ignores_the_seed_and_systems_of_the_same_shapes():

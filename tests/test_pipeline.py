@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from cells import tiny_cell
 
 from tasks.cell import CellRuntime, run_cell, stored_results
-from tasks.config import CellConfig, TrainConfig
+from tasks.config import CellConfig
 from tasks.pipeline import (
     CellOutcome,
     CellSetup,
@@ -22,16 +23,7 @@ from tasks.results import CellResult
 from tasks.tracking import RunRecord, RunTags, Tracker
 from tasks.training import EpochRecord, TrainResult, predict
 
-
-def _cell(seed: int = 0, **kw) -> CellConfig:
-    base = {
-        "system": "integro_de",
-        "method": "node",
-        "seed": seed,
-        "data": {"n_trajectories": 30},
-        "training": TrainConfig(epochs=2, batch_size=8, patience=None),
-    }
-    return CellConfig.model_validate({**base, **kw})
+_cell = tiny_cell
 
 
 def test_result_constructors_carry_the_cells_identity():

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from cells import tiny_cell
 
-from tasks.config import CellConfig, TrainConfig
 from tasks.engine import in_lanes, make_packs, plan_packs
 from tasks.placement import (
     Probe,
@@ -29,15 +29,7 @@ from tasks.placement import (
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _cell(seed: int, **kw) -> CellConfig:
-    base = {
-        "system": "integro_de",
-        "method": "node",
-        "seed": seed,
-        "data": {"n_trajectories": 30},
-        "training": TrainConfig(epochs=2, batch_size=8, patience=None),
-    }
-    return CellConfig.model_validate({**base, **kw})
+_cell = tiny_cell
 
 
 def test_the_cache_keeps_every_entry_under_concurrent_writers(tmp_path):
