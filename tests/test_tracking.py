@@ -58,6 +58,9 @@ def test_a_command_connects_once_per_store_and_afresh_when_the_store_changed(mon
     other = Tracker.connect(TrackingConfig(experiment="other"))
     assert other is not first and other.experiment_id != first.experiment_id
     assert Tracker.connect(TrackingConfig(experiment="other")) is other
+    other.client.delete_experiment(other.experiment_id)  # meanwhile, in the UI or a script
+    with pytest.raises(TrackingUnavailable, match="experiment 'other' is deleted"):
+        Tracker.connect(TrackingConfig(experiment="other"))
 
     # A run left RUNNING by a process that is gone is still ended by a reused connection.
     orphan = first.create_run("orphan", {"nllab.kind": "cell"})

@@ -263,11 +263,11 @@ class _StoreMixin:
 
         One connection per process and store: connecting again with the same resolved settings
         (and the same ``NLLAB_HOME`` and ``NLLAB_ARTIFACT_ROOT``) returns the tracker already
-        opened, without locking, creating or opening the store or looking up the experiment
-        again; only its two queries for leftovers (:meth:`_tidy`) run again, which also check
-        that the store still answers. An embedded store whose file was deleted or replaced
-        since, or a store that no longer answers, gets a fresh, checked connection (re-created,
-        or refused with what to do).
+        opened, without locking, creating or opening the store again; only a check that its
+        experiment is still active and its two queries for leftovers (:meth:`_tidy`) run again,
+        which also check that the store still answers. An embedded store whose file was deleted
+        or replaced since, a deleted experiment, or a store that no longer answers gets a fresh,
+        checked connection (re-created, or refused with what to do).
         """
         settings = TrackingSettings.resolve(config)
         # Registry calls made through the fluent helpers must hit the same store.
@@ -278,8 +278,13 @@ class _StoreMixin:
             opened = _CONNECTED.get(key)
         if opened is not None and opened[1] == _store_identity(settings):
             try:
-                opened[0]._tidy()
-                return opened[0]
+                tracker = opened[0]
+                # deleted since (another process, the UI): a fresh connection says what to do
+                if tracker.client.get_experiment(tracker.experiment_id).lifecycle_stage == (
+                    "active"
+                ):
+                    tracker._tidy()
+                    return tracker
             except Exception:
                 pass  # the store no longer answers: a fresh connection says why
         tracker = cls._connect(settings)
