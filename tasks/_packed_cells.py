@@ -21,7 +21,6 @@ from tasks.config import TrainConfig
 
 __all__ = [
     "PackedCells",
-    "graphed_single",
     "pack_of_one",
     "packable",
     "packable_grids",
@@ -258,19 +257,3 @@ def pack_of_one(
     if not packable_grids([train_split], [val_split]):
         return None
     return PackedCells([model], [train_split], [val_split], config, device, [seed], [label], None)
-
-
-def graphed_single(
-    model: ForecastModel,
-    train_split: SplitData,
-    val_split: SplitData,
-    config: TrainConfig,
-    device: torch.device,
-    seed: int,
-    label: str,
-) -> PackedCells | None:
-    """One cell on CUDA as a pack of one, its step captured into a CUDA graph
-    (:func:`pack_of_one`); None off CUDA or where it cannot be packed (trained eagerly)."""
-    if device.type != "cuda":
-        return None
-    return pack_of_one(model, train_split, val_split, config, device, seed, label)

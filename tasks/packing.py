@@ -39,7 +39,7 @@ from torch import nn
 
 from datasets import SplitData
 from nlmodels import ForecastModel
-from tasks._packed_cells import PackedCells, graphed_single, packable, packable_grids, shared_grids
+from tasks._packed_cells import PackedCells, packable, packable_grids, shared_grids
 from tasks._packed_gru import PlainGRU, PlainGRUCell
 from tasks._steps import DTYPES
 from tasks.config import TrainConfig
@@ -54,7 +54,6 @@ from tasks.training import (
 __all__ = [
     "PlainGRU",
     "PlainGRUCell",
-    "graphed_single",
     "packable",
     "prefers_one_by_one",
     "train_packed",
