@@ -13,7 +13,7 @@ from nlmodels import build_model
 from nlmodels.baselines import LatentODE
 from nlmodels.baselines._dopri import _tableau, dopri5_lanes
 from nlmodels.baselines._mlp import stacked_linear, stacked_mlp
-from tasks.packing import packable, train_packed
+from tasks.packing import packable
 from tasks.training import TrainingDiverged, seeded, train
 
 # Small sizes: the tests train in seconds; the architecture is the paper's.
@@ -315,16 +315,7 @@ def test_lanes_and_the_packed_latent_ode_on_cuda_equal_the_cpu():
     for s, (tr, va, _) in zip(seeds, datas, strict=True):
         model = _model("latent_ode", s, **SMALL)
         alone.append((model, train(model, tr, va, cfg, device="cuda", seed=s, label=f"m{s}")))
-    models = [_model("latent_ode", s, **SMALL) for s in seeds]
-    results = train_packed(
-        models,
-        [d[0] for d in datas],
-        [d[1] for d in datas],
-        cfg,
-        device="cuda",
-        seeds=seeds,
-        labels=[f"m{s}" for s in seeds],
-    )
-    assert all(r.packed_members == 2 for r in results)
-    for a, b, d in zip(alone, zip(models, results, strict=True), datas, strict=True):
+    packed = _packed("latent_ode", seeds, cfg, datas, device="cuda", **SMALL)
+    assert all(r.packed_members == 2 for _, r in packed)
+    for a, b, d in zip(alone, packed, datas, strict=True):
         _assert_same(a, b, d[2])

@@ -96,7 +96,7 @@ def _unpacked(name, seeds, cfg, datas, **kw):
     return out
 
 
-def _packed(name, seeds, cfg, datas, *, on_epoch=None, **kw):
+def _packed(name, seeds, cfg, datas, *, on_epoch=None, device="cpu", **kw):
     models = [_model(name, s, **kw) for s in seeds]
     records = {i: [] for i in range(len(seeds))}
 
@@ -110,6 +110,7 @@ def _packed(name, seeds, cfg, datas, *, on_epoch=None, **kw):
         [d[0] for d in datas],
         [d[1] for d in datas],
         cfg,
+        device=device,
         seeds=seeds,
         labels=[f"m{s}" for s in seeds],
         on_epoch=record,
