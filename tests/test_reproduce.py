@@ -56,12 +56,17 @@ def test_registered_model_reproduces_the_logged_test_rmse(registered):
     assert abs(again.test_rmse - result.test_rmse) <= 1e-9
 
 
-def test_changed_simulator_is_a_clear_data_error(registered, monkeypatch):
+def test_changed_simulator_is_a_clear_data_error(registered, monkeypatch, capsys):
     import datasets._simulate
+    from flows.cli import main
 
     monkeypatch.setattr(datasets._simulate, "DATA_VERSION", "changed")
     with pytest.raises(DataMismatch, match="can no longer be rebuilt"):
         verify_registered(URI)
+    # the command: one line naming it, exit 1 (it ran, and did not reproduce)
+    assert main(["reproduce", URI]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("nllab reproduce: error: ") and "can no longer be rebuilt" in err[-1]
 
 
 @pytest.mark.parametrize(

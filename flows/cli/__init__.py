@@ -21,6 +21,7 @@ from flows.cli._common import (
     EXIT_INTERRUPTED,
     EXIT_TRACKING,
     EXIT_USAGE,
+    CommandFailed,
     Parser,
     UsageError,
     add_runner_options,
@@ -77,9 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         home = require_writable_home()
         check_free_space(home)
         return args.handler(args)
-    except (ConfigError, UsageError) as e:
+    except (ConfigError, UsageError, CommandFailed) as e:
         print(f"nllab {args.command}: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_FAILED if isinstance(e, CommandFailed) else EXIT_USAGE
     except KeyboardInterrupt as e:
         print(
             f"\nnllab {args.command}: interrupted; finished cells are kept, run again to resume",

@@ -18,6 +18,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_TRACKING",
     "EXIT_USAGE",
+    "CommandFailed",
     "Parser",
     "UsageError",
     "add_runner_options",
@@ -36,6 +37,11 @@ EXIT_FAILED, EXIT_USAGE, EXIT_TRACKING, EXIT_INTERRUPTED = 1, 2, 3, 130
 
 class UsageError(ValueError):
     """A bad command-line value: exit code 2 with the message."""
+
+
+class CommandFailed(RuntimeError):
+    """The command ran and did not succeed (a mismatch, no completed trial): exit code 1 with
+    the message."""
 
 
 class Parser(argparse.ArgumentParser):

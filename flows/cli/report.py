@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from flows.cli._common import (
     EXIT_FAILED,
-    EXIT_USAGE,
     UsageError,
     add_selection,
     check_selection,
@@ -132,8 +131,7 @@ def _report(args: argparse.Namespace, config: RunConfig | None) -> int:
     try:
         paths = build_report(tracker, out, results=results, ui_address=ui, force=args.force)
     except UnownedFiles as e:
-        print(f"nllab report: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(str(e)) from None
     print(f"{found} of {len(results)} cells have finished runs")
     print(f"written: {', '.join(str(p) for p in paths.results)}")
     print(f"full report of the latest benchmark and study runs: {paths.html} ({paths.markdown})")

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from flows.cli._common import (
     EXIT_FAILED,
-    EXIT_USAGE,
+    CommandFailed,
     UsageError,
     add_runner_options,
     check_registry_uri,
@@ -64,11 +63,9 @@ def run(args: argparse.Namespace) -> int:
             pack=args.pack is not False,
         )
     except (LookupError, ValueError) as e:  # an unknown URI or ablation
-        print(f"nllab reproduce: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(str(e)) from None
     except (DataMismatch, ReproductionMismatch) as e:
-        print(f"nllab reproduce: error: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        raise CommandFailed(str(e)) from None
     v = result.verification
     print(
         f"{v.ref.uri} = {v.ref.name} version {v.ref.version} (run {v.ref.run_id}): "

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from flows.cli._common import EXIT_TRACKING, EXIT_USAGE, UsageError
+from flows.cli._common import EXIT_TRACKING, UsageError
 
 __all__ = ["add_parser", "run"]
 
@@ -43,8 +43,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         entries = load_schedules(args.config)
     except ScheduleError as e:
-        print(f"nllab serve: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(str(e)) from None
     for e in entries:
         state = " (paused)" if e.paused else ""
         print(f"  {e.name:<44} {e.flow:<9} cron '{e.cron}' {e.timezone}{state}")
@@ -58,8 +57,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"started a Prefect server: {api} (UI http://127.0.0.1:{args.port})")
         prefect_server.require_server(api)
     except prefect_server.ServerMissing as e:
-        print(f"nllab serve: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(str(e)) from None
     from flows.serving import serve_deployments
 
     try:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from flows.cli._common import (
-    EXIT_FAILED,
-    EXIT_USAGE,
+    CommandFailed,
+    UsageError,
     add_runner_options,
     add_training_options,
     check_names,
@@ -112,24 +111,20 @@ def run(args: argparse.Namespace) -> int:
         # A malformed URL (exit 2) or an unreachable server (exit 3): before Prefect starts.
         open_storage(spec.storage).engine.dispose()
     except ValidationError as e:
-        print(f"nllab tune: error: {_one_line(e)}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(_one_line(e)) from None
     except StorageUnavailable:
         raise
     except (TuningError, ValueError) as e:  # a malformed storage URL; no search space
-        print(f"nllab tune: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(str(e)) from None
     try:
         with sigterm_interrupts():
             result = run_tune(spec)
     except StorageUnavailable:
         raise
     except TuningError as e:
-        print(f"nllab tune: error: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        raise CommandFailed(str(e)) from None
     except ValueError as e:  # e.g. no search space for the method
-        print(f"nllab tune: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(str(e)) from None
     b = result.best
     print(
         f"study {result.study_name}: {result.n_complete} complete, {result.n_pruned} pruned, "
