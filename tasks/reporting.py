@@ -158,7 +158,9 @@ class ResultsTable:
         ok = self.frame.dropna(subset=["mean"])
         return {s: g.loc[g["mean"].idxmin(), "method"] for s, g in ok.groupby("system")}
 
-    def _cell(self, method: str, system: str, links: Mapping[tuple[str, str], str]) -> TableCell:
+    def _cell(
+        self, method: str, system: str, links: Mapping[tuple[str, str], str], seeds: bool = False
+    ) -> TableCell:
         rows = self.frame[(self.frame.method == method) & (self.frame.system == system)]
         if rows.empty:
             return TableCell("–")
@@ -172,8 +174,9 @@ class ResultsTable:
                 f"dominated by a few samples ({r['top_share']:.0%} of the error); "
                 f"{r['rmse_without_top']:.4f} without them"
             )
+        text = _fmt(r["mean"], r["std"] if r["n_seeds"] > 1 else None)
         return TableCell(
-            _fmt(r["mean"], r["std"] if r["n_seeds"] > 1 else None),
+            f"{text} (n={r['n_seeds']})" if seeds else text,
             paper=paper,
             best=self._best().get(system) == method,
             verdict=verdict(r["mean"], r["std"], r["paper_mean"], r["paper_std"]),
@@ -181,12 +184,16 @@ class ResultsTable:
             flag=flag,
         )
 
-    def main_table(self, links: Mapping[tuple[str, str], str] | None = None) -> Table:
+    def main_table(
+        self, links: Mapping[tuple[str, str], str] | None = None, *, seeds: bool = False
+    ) -> Table:
         """Methods × systems, ours beside the paper's mean ± std; ``links`` (method, system) →
-        URL makes a cell a link (its runs in the MLflow UI)."""
+        URL makes a cell a link (its runs in the MLflow UI); ``seeds``: each cell says how many
+        seeds its mean is over."""
         links = links or {}
         rows = tuple(
-            (TableCell(m), *(self._cell(m, s, links) for s in self.systems)) for m in self.methods
+            (TableCell(m), *(self._cell(m, s, links, seeds) for s in self.systems))
+            for m in self.methods
         )
         return Table(("method", *self.systems), rows, _CAPTION)
 

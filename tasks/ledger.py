@@ -1,0 +1,354 @@
+"""The results ledger: one JSON line per finished full-budget cell, kept in the repository.
+
+A machine's MLflow store does not outlive the machine, and the paper profile's 180 cells (six
+methods × six systems × five seeds, Table 3 of the paper) take far longer than one working
+stretch on any one machine. The ledger is what accumulates instead: plain text, reviewed like
+code, appended to by ``nllab ledger run`` as each cell finishes, on whatever hardware is at hand.
+
+A record names its cell (``system``, ``method``, ``seed``, ``config_hash``), the code it ran
+at (``commit``, and ``numerics`` when a numerics fingerprint exists), its scores (``test_rmse``,
+``best_val_rmse``, ``rmse_without_top``, ``top_share``), how it trained (``epochs``,
+``best_epoch``, ``train_seconds``), where (``device``, ``hardware``) and the MLflow ``run_id``
+on the machine that made it. Only the standard library, numpy and pandas load here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from tasks.config import CellConfig
+    from tasks.reporting import ResultsTable
+
+__all__ = [
+    "DEFAULT_LEDGER",
+    "CellState",
+    "LedgerError",
+    "LedgerRecord",
+    "append_records",
+    "cell_states",
+    "current_records",
+    "hardware_name",
+    "ledger_table",
+    "read_ledger",
+    "record_of_run",
+]
+
+#: The repository's ledger of the paper profile (``results/paper/ledger.jsonl``).
+DEFAULT_LEDGER = Path(__file__).resolve().parent.parent / "results" / "paper" / "ledger.jsonl"
+
+State = Literal["recorded", "missing", "other_config", "other_numerics"]
+
+
+class LedgerError(ValueError):
+    """A malformed or duplicate ledger line (the message names the file and line number)."""
+
+
+@dataclass(frozen=True)
+class LedgerRecord:
+    """One finished cell, as the ledger keeps it (the field names are the file's keys).
+
+    ``status``/``ok``/``top_share``/``rmse_without_top`` make a record usable wherever a
+    :class:`tasks.results.CellResult` is aggregated (:func:`tasks.reporting.results_table`).
+    """
+
+    system: str
+    method: str
+    seed: int
+    config_hash: str
+    commit: str | None
+    numerics: str | None
+    test_rmse: float
+    best_val_rmse: float | None
+    rmse_without_top: float | None
+    top_share: float | None
+    epochs: int | None
+    best_epoch: int | None
+    train_seconds: float | None
+    device: str | None
+    hardware: str | None
+    run_id: str | None
+    note: str = ""
+
+    status = "finished"
+    ok = True
+
+    @property
+    def key(self) -> tuple[str, str, int, str, str | None]:
+        """What makes two records the same result: the cell, its config and its numerics."""
+        return (self.system, self.method, self.seed, self.config_hash, self.numerics)
+
+    @property
+    def cell_key(self) -> str:
+        return f"{self.system}/{self.method}/seed{self.seed}"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> LedgerRecord:
+        """Validate one decoded line; raises ``ValueError`` naming the first bad field."""
+        if not isinstance(data, Mapping):
+            raise ValueError("a record is a JSON object")
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ValueError(f"unknown field(s) {', '.join(unknown)}")
+        missing = [n for n in names if n not in data and n != "note"]
+        if missing:
+            raise ValueError(f"missing field(s) {', '.join(missing)}")
+        for name in ("system", "method", "config_hash"):
+            if not isinstance(data[name], str) or not data[name]:
+                raise ValueError(f"{name} must be a non-empty string")
+        for name in ("commit", "numerics", "device", "hardware", "run_id"):
+            if data[name] is not None and not isinstance(data[name], str):
+                raise ValueError(f"{name} must be a string or null")
+        if not isinstance(data.get("note", ""), str):
+            raise ValueError("note must be a string")
+        for name in ("seed", "epochs", "best_epoch"):
+            v = data[name]
+            if v is None and name != "seed":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
+        for name in ("test_rmse", "best_val_rmse", "rmse_without_top", "top_share"):
+            v = data[name]
+            if v is None and name != "test_rmse":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise ValueError(f"{name} must be a finite number, got {v!r}")
+            if v < 0 or (name == "top_share" and v > 1):
+                raise ValueError(f"{name} out of range: {v!r}")
+        v = data["train_seconds"]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v < 0):
+            raise ValueError(f"train_seconds must be a non-negative number, got {v!r}")
+        return cls(**{n: data[n] for n in names if n in data})
+
+
+def read_ledger(path: str | Path = DEFAULT_LEDGER) -> list[LedgerRecord]:
+    """Every record of the ledger at ``path`` in file order (none if the file is absent).
+
+    Raises :class:`LedgerError` naming ``path:line`` for a line that is not a valid record and
+    for a duplicate (the same cell, config hash and numerics as an earlier line)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    if path.is_dir():
+        raise LedgerError(f"{path}: is a directory, not a ledger file")
+    records: list[LedgerRecord] = []
+    first: dict[tuple, int] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = LedgerRecord.from_mapping(json.loads(line))
+        except (ValueError, TypeError) as e:  # JSONDecodeError is a ValueError
+            raise LedgerError(f"{path}:{number}: not a valid ledger record: {e}") from None
+        if record.key in first:
+            raise LedgerError(
+                f"{path}:{number}: duplicate of line {first[record.key]} "
+                f"({record.cell_key}, config {record.config_hash[:12]})"
+            )
+        first[record.key] = number
+        records.append(record)
+    return records
+
+
+def append_records(path: str | Path, records: Iterable[LedgerRecord]) -> list[LedgerRecord]:
+    """Append the ``records`` the ledger does not hold yet, each line flushed to disk before
+    the next (a killed process leaves whole lines); returns those appended.
+
+    Several processes may append at once: the file is locked and re-read under the lock."""
+    from tasks._filelock import exclusive
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive(path.with_name(path.name + ".lock")):
+        held = {r.key for r in read_ledger(path)}
+        new = []
+        for r in records:
+            if r.key not in held:
+                held.add(r.key)
+                new.append(r)
+        if new:
+            # A file whose last line lacks its newline (an editor) gets one first.
+            prefix = ""
+            if path.exists() and path.stat().st_size:
+                with path.open("rb") as f:
+                    f.seek(-1, os.SEEK_END)
+                    prefix = "" if f.read(1) == b"\n" else "\n"
+            with path.open("a", encoding="utf-8") as f:
+                f.write(prefix)
+                for r in new:
+                    f.write(r.to_json() + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+    return new
+
+
+@dataclass(frozen=True)
+class CellState:
+    """Where one cell of a profile stands in the ledger."""
+
+    system: str
+    method: str
+    seed: int
+    state: State
+    record: LedgerRecord | None = None
+
+
+def _pick(candidates: Sequence[LedgerRecord], numerics: str | None) -> LedgerRecord:
+    """Of one cell's records under today's config: the one at today's numerics if any, else
+    the latest line."""
+    same = [r for r in candidates if numerics is not None and r.numerics == numerics]
+    return (same or list(candidates))[-1]
+
+
+def cell_states(
+    records: Sequence[LedgerRecord],
+    cells: Sequence[CellConfig],
+    numerics: Mapping[str, str] | None = None,
+) -> list[CellState]:
+    """Each of ``cells`` as ``recorded`` (a record under its config hash, at today's numerics
+    or with no fingerprint to compare), ``other_numerics`` (recorded under a different
+    numerics fingerprint than ``numerics[method]``), ``other_config`` (only records under
+    another config hash) or ``missing``."""
+    by_cell: dict[tuple[str, str, int], list[LedgerRecord]] = {}
+    for r in records:
+        by_cell.setdefault((r.system, r.method, r.seed), []).append(r)
+    states = []
+    for c in cells:
+        mine = by_cell.get((c.system, c.method, c.seed), [])
+        current = [r for r in mine if r.config_hash == c.config_hash()]
+        today = (numerics or {}).get(c.method)
+        if current:
+            r = _pick(current, today)
+            stale = today is not None and r.numerics is not None and r.numerics != today
+            states.append(
+                CellState(c.system, c.method, c.seed, "other_numerics" if stale else "recorded", r)
+            )
+        elif mine:
+            states.append(CellState(c.system, c.method, c.seed, "other_config", mine[-1]))
+        else:
+            states.append(CellState(c.system, c.method, c.seed, "missing"))
+    return states
+
+
+def current_records(
+    records: Sequence[LedgerRecord],
+    cells: Sequence[CellConfig],
+    numerics: Mapping[str, str] | None = None,
+) -> list[LedgerRecord]:
+    """One record per cell of ``cells`` that holds one under its config hash (older numerics
+    included: they are the ledger's history until replaced)."""
+    return [
+        s.record
+        for s in cell_states(records, cells, numerics)
+        if s.record is not None and s.state in ("recorded", "other_numerics")
+    ]
+
+
+def ledger_table(records: Iterable[LedgerRecord], cells: Sequence[CellConfig] = ()) -> ResultsTable:
+    """The paper's Table 3 from ledger records: mean ± std over the recorded seeds (with the
+    number of seeds), the paper's figure and verdict beside it, dominated cells flagged with
+    the score without their top share (:func:`tasks.reporting.results_table`). Every (method,
+    system) of ``cells`` has its place, "–" where nothing is recorded yet."""
+    import pandas as pd
+
+    from tasks.reporting import PAPER_MAIN_TABLE, ResultsTable, results_table
+
+    table = results_table(records)
+    have = set(zip(table.frame["method"], table.frame["system"], strict=True))
+    empty = []
+    for c in cells:
+        if (c.method, c.system) not in have:
+            have.add((c.method, c.system))
+            paper = PAPER_MAIN_TABLE.get((c.method, c.system))
+            nan = float("nan")
+            empty.append(
+                {
+                    "method": c.method,
+                    "system": c.system,
+                    "n_seeds": 0,
+                    "n_failed": 0,
+                    "mean": nan,
+                    "std": nan,
+                    "paper_mean": paper.mean if paper else nan,
+                    "paper_std": paper.std if paper else nan,
+                    "top_share": nan,
+                    "rmse_without_top": nan,
+                }
+            )
+    if not empty:
+        return table
+    frame = pd.DataFrame(empty, columns=table.frame.columns)
+    return ResultsTable(
+        pd.concat([table.frame, frame], ignore_index=True) if len(table.frame) else frame
+    )
+
+
+def hardware_name(device: str) -> str:
+    """The model of the processor that trained on ``device`` (``cuda…``: the GPU's name)."""
+    if device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(torch.device(device))
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None or not math.isfinite(value) else int(value)
+
+
+def record_of_run(
+    cell: CellConfig,
+    run_id: str,
+    metrics: Mapping[str, float],
+    tags: Mapping[str, str],
+    *,
+    hardware: str,
+    numerics: str | None = None,
+) -> LedgerRecord:
+    """The ledger record of ``cell``'s finished run (its final metrics and tags as the cell
+    path logs them: :func:`tasks.pipeline.cell_metrics`, :func:`tasks.pipeline.evaluate_cell`)."""
+    from tasks.tracking.tags import RunTags
+
+    def metric(name: str) -> float | None:
+        v = metrics.get(name)
+        return None if v is None or not math.isfinite(v) else float(v)
+
+    test = metric("test_rmse")
+    if test is None:
+        raise ValueError(f"run {run_id} of {cell.key} has no finite test_rmse")
+    return LedgerRecord(
+        system=cell.system,
+        method=cell.method,
+        seed=cell.seed,
+        config_hash=cell.config_hash(),
+        commit=tags.get(RunTags.GIT_COMMIT) or None,
+        numerics=numerics,
+        test_rmse=test,
+        best_val_rmse=metric("best_val_rmse"),
+        rmse_without_top=metric("test_rmse_without_top"),
+        top_share=metric("test_top_share"),
+        epochs=_int(metrics.get("epochs_run")),
+        best_epoch=_int(metrics.get("best_epoch")),
+        train_seconds=metric("train_seconds"),
+        device=tags.get("device_used") or None,
+        hardware=hardware,
+        run_id=run_id,
+    )
