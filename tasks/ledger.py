@@ -170,7 +170,7 @@ def append_records(path: str | Path, records: Iterable[LedgerRecord]) -> list[Le
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with exclusive(path.with_name(path.name + ".lock")):
+    with exclusive(path):  # the ledger file itself: no lock file beside it in the repository
         held = {r.key for r in read_ledger(path)}
         new = []
         for r in records:
