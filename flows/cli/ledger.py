@@ -74,8 +74,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--torch-threads", type=positive_int, metavar="N", help="torch threads per cell"
     )
     training.add_argument("--device", choices=DEVICES, help="default: auto")
-    training.add_argument("--poll", type=float, default=20.0, metavar="SECONDS", help=argparse.SUPPRESS)
-    training.add_argument("--no-register", action="store_true", help="leave the model registry alone")
+    training.add_argument(
+        "--poll", type=float, default=20.0, metavar="SECONDS", help=argparse.SUPPRESS
+    )
+    training.add_argument(
+        "--no-register", action="store_true", help="leave the model registry alone"
+    )
     training.add_argument(
         "--nice", type=int, default=19, metavar="N", help="CPU niceness added (default: 19)"
     )
