@@ -19,7 +19,11 @@ def name_registrar(
     def register(name: str) -> Callable[[C], C]:
         def decorate(cls: C) -> C:
             if name in table and table[name] is not cls:
-                raise ValueError(f"{kind} name {name!r} is already registered")
+                old = table[name]
+                raise ValueError(
+                    f"{kind} name {name!r} is registered twice: by "
+                    f"{old.__module__}.{old.__qualname__} and by {cls.__module__}.{cls.__qualname__}"
+                )
             setattr(cls, attribute, name)
             table[name] = cls
             return cls
