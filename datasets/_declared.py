@@ -188,6 +188,8 @@ def check_trajectories(
     def fail(problem: str) -> ValueError:
         return DataFileError(f"{where}: {problem}")
 
+    ids = np.asarray(ids).tolist()  # plain ints and strings in the messages
+
     bad = ~np.isfinite(t)
     if bad.any():
         i, j = np.argwhere(bad)[0]

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 __all__ = [
     "SystemDeclaration",
     "SystemSource",
+    "data_file_problem",
     "declared_data",
     "declared_names",
     "ensure_declared",
@@ -194,6 +195,18 @@ def declared_data(
             "n_points": min(data.n_points or 10**9, info.default_points),
         }
     )
+
+
+def data_file_problem(err: Any) -> str | None:
+    """The one line of a validation error that is a data file's problem (which names the file
+    and the problem itself), else None."""
+    from datasets._declared import DataFileError
+
+    for e in err.errors():
+        cause = (e.get("ctx") or {}).get("error")
+        if isinstance(cause, DataFileError):
+            return str(cause)
+    return None
 
 
 def declared_names(layer: Mapping[str, Any]) -> tuple[str, ...]:

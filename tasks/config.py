@@ -33,7 +33,13 @@ from tasks._config_checks import (
     format_validation,
     option_problems,
 )
-from tasks._declarations import SystemDeclaration, SystemSource, declared_data, resolve_sources
+from tasks._declarations import (
+    SystemDeclaration,
+    SystemSource,
+    data_file_problem,
+    declared_data,
+    resolve_sources,
+)
 from tasks._names import known_methods, known_systems, quick_epochs_for
 from tasks._config_files import (
     ConfigError,
@@ -334,9 +340,7 @@ class RunConfig(_Frozen):
     tracking) and, apart from it, how it executes (:attr:`execution`)."""
 
     profile: Profile = "quick"
-    define_systems: dict[str, SystemDeclaration] = Field(
-        default_factory=dict, description="systems from data files or simulators, by name"
-    )
+    define_systems: dict[str, SystemDeclaration] = Field(default_factory=dict)  # by name
     systems: tuple[str, ...] = MAIN_SYSTEMS
     methods: tuple[str, ...] = METHODS
     seeds: tuple[int, ...] = (0,)
@@ -491,4 +495,4 @@ def resolve_config(
     try:
         return RunConfig.model_validate(merged)
     except ValidationError as e:
-        raise ConfigError(format_validation(e)) from None
+        raise ConfigError(data_file_problem(e) or format_validation(e)) from None
