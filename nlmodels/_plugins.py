@@ -14,6 +14,8 @@ import sys
 import threading
 from importlib.metadata import entry_points
 
+from nlmodels._registrar import DuplicateName
+
 __all__ = ["MODEL_ENTRY_POINTS", "find_model", "model_names", "model_sources", "plugin_problems"]
 
 #: The entry point group of model plugins.
@@ -46,9 +48,12 @@ def load_plugins() -> None:
             try:
                 ep.load()
             except Exception as err:
-                # a half-imported plugin keeps nothing it registered before failing
+                # a half-imported plugin keeps nothing it registered before failing; a name two
+                # plugins claim is neither's (which one a run used would depend on the order)
                 for name in set(MODELS) - set(before):
                     del MODELS[name]
+                if isinstance(err, DuplicateName) and err.name in _SOURCES:
+                    del MODELS[err.name], _SOURCES[err.name]
                 problem = (
                     f"model plugin {ep.name!r} ({ep.value}, package {dist}) is left out: "
                     f"{_first_line(err)}"

@@ -10,6 +10,14 @@ from typing import TypeVar
 C = TypeVar("C", bound=type)
 
 
+class DuplicateName(ValueError):
+    """A second class registered under a name already taken (the message names both)."""
+
+    def __init__(self, message: str, name: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+
 def name_registrar(
     table: dict[str, type], kind: str, attribute: str
 ) -> Callable[[str], Callable[[C], C]]:
@@ -20,9 +28,10 @@ def name_registrar(
         def decorate(cls: C) -> C:
             if name in table and table[name] is not cls:
                 old = table[name]
-                raise ValueError(
+                raise DuplicateName(
                     f"{kind} name {name!r} is registered twice: by "
-                    f"{old.__module__}.{old.__qualname__} and by {cls.__module__}.{cls.__qualname__}"
+                    f"{old.__module__}.{old.__qualname__} and by {cls.__module__}.{cls.__qualname__}",
+                    name,
                 )
             setattr(cls, attribute, name)
             table[name] = cls
