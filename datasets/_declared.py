@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from datasets._simulate import _available_memory
-from datasets._systems import BUILTIN_SYSTEMS, _Raw, _register, _System, SystemInfo
+from datasets._systems import BUILTIN_SYSTEMS, SystemInfo, _Raw, _register, _System
 
 __all__ = [
     "FORMATS",
@@ -133,7 +133,9 @@ def _long_form(
         bad = np.isnan(v) & frame[c].notna().to_numpy()
         if bad.any():
             row = int(np.argmax(bad))
-            raise _fail(path, f"column {c!r} is not numeric ({frame[c].iloc[row]!r} in row {row + 2})")
+            raise _fail(
+                path, f"column {c!r} is not numeric ({frame[c].iloc[row]!r} in row {row + 2})"
+            )
         values[c] = v
     codes, ids = pd.factorize(frame[trajectory], sort=False)
     if (codes < 0).any():
@@ -175,7 +177,12 @@ def _npz(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, ...
     except (TypeError, ValueError):
         raise _fail(path, f"t and x must be numeric, got {t.dtype} and {x.dtype}") from None
     n = x.shape[0]
-    return np.arange(n), np.broadcast_to(t, (n, t.size)), x, tuple(f"x{i}" for i in range(x.shape[2]))
+    return (
+        np.arange(n),
+        np.broadcast_to(t, (n, t.size)),
+        x,
+        tuple(f"x{i}" for i in range(x.shape[2])),
+    )
 
 
 def check_trajectories(
@@ -266,7 +273,12 @@ def _rows(n: int, total: int, rng: np.random.Generator, name: str) -> np.ndarray
     return np.arange(total) if n == total else np.sort(rng.choice(total, n, replace=False))
 
 
-def _from_arrays(info: SystemInfo, t: np.ndarray, make: Callable[[int, np.random.Generator], np.ndarray], fingerprint: str) -> _System:
+def _from_arrays(
+    info: SystemInfo,
+    t: np.ndarray,
+    make: Callable[[int, np.random.Generator], np.ndarray],
+    fingerprint: str,
+) -> _System:
     def grid(n_points: int) -> tuple[np.ndarray, np.ndarray]:
         sub = t[_subgrid(t, n_points, info.name)]
         return sub, sub.copy()
@@ -301,8 +313,12 @@ def declare_file(
     _check_file(p)
     found = file_digest(p)
     if digest is not None and found != digest:
-        raise _fail(p, f"changed since its cells were configured (sha256 {found[:12]}…, was {digest[:12]}…)")
-    t, x, labels = read_trajectories(p, trajectory=trajectory, time=time, state=state, n_observed=n_observed)
+        raise _fail(
+            p, f"changed since its cells were configured (sha256 {found[:12]}…, was {digest[:12]}…)"
+        )
+    t, x, labels = read_trajectories(
+        p, trajectory=trajectory, time=time, state=state, n_observed=n_observed
+    )
     info = SystemInfo(
         name=name,
         state_dim=x.shape[2],
@@ -316,7 +332,9 @@ def declare_file(
         source=f"file {p} (sha256 {found[:12]})",
     )
     columns = json.dumps([trajectory, time, list(labels)])
-    system = _from_arrays(info, t, lambda n, rng: x[_rows(n, x.shape[0], rng, name)], found + columns)
+    system = _from_arrays(
+        info, t, lambda n, rng: x[_rows(n, x.shape[0], rng, name)], found + columns
+    )
     _register(system)
     return info
 
@@ -335,7 +353,9 @@ def _simulator(target: str) -> Callable[..., Any]:
     try:
         fn = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as err:
-        raise ValueError(f"simulator {target!r} cannot be imported ({type(err).__name__}: {err})") from None
+        raise ValueError(
+            f"simulator {target!r} cannot be imported ({type(err).__name__}: {err})"
+        ) from None
     if not callable(fn):
         raise ValueError(f"simulator {target!r} is not a function")
     return fn
@@ -354,7 +374,11 @@ def simulator_fingerprint(target: str, options: Mapping[str, Any]) -> str:
 
 
 def declare_simulator(
-    name: str, target: str, options: Mapping[str, Any] | None = None, *, n_observed: int | None = None
+    name: str,
+    target: str,
+    options: Mapping[str, Any] | None = None,
+    *,
+    n_observed: int | None = None,
 ) -> SystemInfo:
     """Register system ``name`` simulated by the user's function ``target`` called as
     ``fn(n_trajectories, seed, **options) -> (t [T], x [N, T, D])``; its grid must not depend on
@@ -371,7 +395,9 @@ def declare_simulator(
             raise ValueError(f"{where} failed ({type(err).__name__}: {err})") from err
         t, x = np.asarray(t, dtype=np.float64), np.asarray(x, dtype=np.float64)
         if t.ndim != 1 or x.ndim != 3 or x.shape[:2] != (n, t.size):
-            raise ValueError(f"{where} must return t [T] and x [{n}, T, D], got {t.shape} and {x.shape}")
+            raise ValueError(
+                f"{where} must return t [T] and x [{n}, T, D], got {t.shape} and {x.shape}"
+            )
         check_trajectories(where, np.arange(n), np.broadcast_to(t, (n, t.size)), x, n_observed)
         return t, x
 

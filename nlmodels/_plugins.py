@@ -16,7 +16,7 @@ from importlib.metadata import entry_points
 
 from nlmodels._registrar import DuplicateName
 
-__all__ = ["MODEL_ENTRY_POINTS", "find_model", "model_names", "model_sources", "plugin_problems"]
+__all__ = ["MODEL_ENTRY_POINTS", "find_model", "load_plugins", "model_sources", "plugin_problems"]
 
 #: The entry point group of model plugins.
 MODEL_ENTRY_POINTS = "nllab.models"
@@ -32,16 +32,14 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
 
 
-def load_plugins() -> None:
-    """Import every ``nllab.models`` entry point once per process."""
+def load_plugins(MODELS: dict[str, type]) -> None:
+    """Import every ``nllab.models`` entry point once per process (into the registry
+    ``MODELS``, where the built-in models are already)."""
     global _LOADED
     with _LOCK:
         if _LOADED:
             return
         _LOADED = True
-        import nlmodels  # noqa: F401  (the built-in models register first)
-        from nlmodels.model_registry import MODELS
-
         for ep in sorted(entry_points(group=MODEL_ENTRY_POINTS), key=lambda e: e.name):
             dist = getattr(ep.dist, "name", None) or "?"
             before = dict(MODELS)
@@ -65,15 +63,14 @@ def load_plugins() -> None:
                 _SOURCES[name] = f"plugin {ep.value} (package {dist})"
 
 
-def find_model(name: str) -> None:
+def find_model(name: str, MODELS: dict[str, type]) -> None:
     """Make ``name`` known if a plugin or its ``module:ClassName`` spelling provides it;
     raises ``ValueError`` when ``module:ClassName`` cannot be imported or is not a model."""
     from nlmodels.base import ForecastModel
-    from nlmodels.model_registry import MODELS
 
     if name in MODELS:
         return
-    load_plugins()
+    load_plugins(MODELS)
     if name in MODELS or ":" not in name:
         return
     module, _, attr = name.partition(":")
@@ -88,21 +85,11 @@ def find_model(name: str) -> None:
         _SOURCES[name] = f"class {name}"
 
 
-def model_names() -> tuple[str, ...]:
-    """Every registered model, plugins included, sorted."""
-    from nlmodels.model_registry import MODELS
-
-    load_plugins()
-    return tuple(sorted(MODELS))
-
-
 def model_sources() -> dict[str, str]:
-    """Where each model not built into nlmodels came from."""
-    load_plugins()
+    """Where each model not built into nlmodels came from (after :func:`load_plugins`)."""
     return dict(_SOURCES)
 
 
 def plugin_problems() -> tuple[str, ...]:
-    """The one-line reason of each plugin left out."""
-    load_plugins()
+    """The one-line reason of each plugin left out (after :func:`load_plugins`)."""
     return tuple(_PROBLEMS)

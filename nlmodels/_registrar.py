@@ -27,11 +27,9 @@ def name_registrar(
     def register(name: str) -> Callable[[C], C]:
         def decorate(cls: C) -> C:
             if name in table and table[name] is not cls:
-                old = table[name]
+                old, new = (f"{c.__module__}.{c.__qualname__}" for c in (table[name], cls))
                 raise DuplicateName(
-                    f"{kind} name {name!r} is registered twice: by "
-                    f"{old.__module__}.{old.__qualname__} and by {cls.__module__}.{cls.__qualname__}",
-                    name,
+                    f"{kind} name {name!r} is registered twice: by {old} and by {new}", name
                 )
             setattr(cls, attribute, name)
             table[name] = cls

@@ -17,19 +17,22 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from nlmodels._plugins import find_model, model_names, plugin_problems
+from nlmodels._plugins import find_model as _find_model
+from nlmodels._plugins import load_plugins, model_sources, plugin_problems
 from nlmodels._registrar import name_registrar
 from nlmodels.base import ForecastModel
 
 __all__ = [
     "MODELS",
     "build_model",
+    "find_model",
     "model_arguments",
     "model_choices",
     "model_constructors",
     "model_names",
     "model_option_types",
     "model_signature",
+    "model_sources",
     "non_default_overrides",
     "plugin_problems",
     "register_model",
@@ -41,6 +44,19 @@ MODELS: dict[str, type[ForecastModel]] = {}
 
 #: ``@register_model("name")``: class decorator adding a :class:`ForecastModel` to :data:`MODELS`
 register_model = name_registrar(MODELS, "model", "registry_name")
+
+
+def find_model(name: str) -> None:
+    """Make ``name`` known if a plugin (entry point group ``nllab.models``) or its
+    ``module:ClassName`` spelling provides it (:mod:`nlmodels._plugins`); ``ValueError`` when
+    ``module:ClassName`` cannot be imported or is no model."""
+    _find_model(name, MODELS)
+
+
+def model_names() -> tuple[str, ...]:
+    """Every registered model, plugins included, sorted."""
+    load_plugins(MODELS)
+    return tuple(sorted(MODELS))
 
 
 def build_model(name: str, state_dim: int, **overrides: Any) -> ForecastModel:

@@ -57,7 +57,9 @@ class SystemDeclaration(_Strict):
     @model_validator(mode="after")
     def _one_origin(self) -> SystemDeclaration:
         if (self.file is None) == (self.simulator is None):
-            raise ValueError("declare either file = '...' or simulator = '...', not both or neither")
+            raise ValueError(
+                "declare either file = '...' or simulator = '...', not both or neither"
+            )
         if self.simulator is not None and self.state is not None:
             raise ValueError("state columns belong to a data file, not to a simulator")
         return self
@@ -104,9 +106,7 @@ def _declare(name: str, source: SystemSource, n_observed: int | None = None) -> 
             raise ValueError(
                 f"simulator {source.simulator!r} changed since its cells were configured"
             )
-        _declared.declare_simulator(
-            name, source.simulator, source.options, n_observed=n_observed
-        )
+        _declared.declare_simulator(name, source.simulator, source.options, n_observed=n_observed)
 
 
 def ensure_declared(name: str, source: SystemSource | None) -> None:

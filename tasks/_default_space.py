@@ -46,8 +46,9 @@ def _drawers(method: str) -> tuple[dict[str, Callable[[optuna.Trial], Any]], dic
         elif _widths(default) and typing.get_origin(hint) in (Sequence, tuple, list, None):
             w = max(default)
             draws[name] = lambda tr, n=name, w=w: (
-                tr.suggest_int(f"{n}_width", max(1, w // 4), w * 4, log=True),
-            ) * tr.suggest_int(f"{n}_depth", 1, 3)
+                (tr.suggest_int(f"{n}_width", max(1, w // 4), w * 4, log=True),)
+                * tr.suggest_int(f"{n}_depth", 1, 3)
+            )
             paper[f"{name}_width"], paper[f"{name}_depth"] = w, len(default)
             continue
         else:

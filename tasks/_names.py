@@ -29,7 +29,7 @@ def known_systems() -> tuple[str, ...]:
 def known_methods(wanted: Iterable[str] = ()) -> tuple[str, ...]:
     """Registered models, plugins included, and those of ``wanted`` spelled ``module:Class``
     (imported here; ``ValueError`` when one cannot be)."""
-    from nlmodels._plugins import find_model, model_names
+    from nlmodels.model_registry import find_model, model_names
 
     for name in wanted:
         if isinstance(name, str) and ":" in name:

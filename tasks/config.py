@@ -33,14 +33,6 @@ from tasks._config_checks import (
     format_validation,
     option_problems,
 )
-from tasks._declarations import (
-    SystemDeclaration,
-    SystemSource,
-    data_file_problem,
-    declared_data,
-    resolve_sources,
-)
-from tasks._names import known_methods, known_systems, quick_epochs_for
 from tasks._config_files import (
     ConfigError,
     deep_merge,
@@ -49,6 +41,14 @@ from tasks._config_files import (
     profile_file,
     profile_layer,
 )
+from tasks._declarations import (
+    SystemDeclaration,
+    SystemSource,
+    data_file_problem,
+    declared_data,
+    resolve_sources,
+)
+from tasks._names import known_methods, known_systems, quick_epochs_for
 
 if TYPE_CHECKING:  # served by __getattr__ below, on first use
     from nlmodels.model_registry import model_arguments, model_option_types, model_signature

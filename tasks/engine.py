@@ -75,7 +75,9 @@ def _packable(cell: CellConfig, device: str = "cpu") -> bool:
     from tasks.packing import packable, prefers_one_by_one
 
     try:
-        model = build_model(cell.method, system_info(cell.system, cell.data).state_dim, **cell.model)
+        model = build_model(
+            cell.method, system_info(cell.system, cell.data).state_dim, **cell.model
+        )
     except Exception:
         return False  # the cell fails on its own, with its error, when it runs
     dev = torch.device(device)

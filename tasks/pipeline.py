@@ -165,7 +165,9 @@ def data_outcome(
         dataset=LoggedDataset(
             name=f"{cell.system}-n{ds.x.shape[0]}-seed{cell.seed}",
             digest=src.digest if src is not None and src.kind == "file" else ds.fingerprint,
-            source=(src.path or src.simulator or "") if src is not None else str(cache_dir or data_home() / "cache"),
+            source=(src.path or src.simulator or "")
+            if src is not None
+            else str(cache_dir or data_home() / "cache"),
             profile={
                 **origin,
                 "system": cell.system,

@@ -50,8 +50,16 @@ def _bad_cases(tmp: Path) -> dict[str, tuple[Path, str, str]]:
     np.savez(tmp / "no_x.npz", t=np.arange(5.0))
     return {
         "empty": (tmp / "empty.csv", "", "is empty"),
-        "nan": (_csv(tmp / "nan.csv", nan), "", "non-finite value (nan) in trajectory 1 at t = 0.2"),
-        "inf": (_csv(tmp / "inf.csv", inf), "", "non-finite value (inf) in trajectory 2 at t = 0.3"),
+        "nan": (
+            _csv(tmp / "nan.csv", nan),
+            "",
+            "non-finite value (nan) in trajectory 1 at t = 0.2",
+        ),
+        "inf": (
+            _csv(tmp / "inf.csv", inf),
+            "",
+            "non-finite value (inf) in trajectory 2 at t = 0.3",
+        ),
         "one trajectory": (
             _csv(tmp / "one.csv", [r for r in rows if r[0] == 0]),
             "",
@@ -70,7 +78,11 @@ def _bad_cases(tmp: Path) -> dict[str, tuple[Path, str, str]]:
             "",
             "trajectory 2 has a different time grid from trajectory 0 (t = 0.45 against 0.4",
         ),
-        "missing column": (_csv(tmp / "miss.csv", rows), 'state = ["a", "b"]\n', "missing column 'b'"),
+        "missing column": (
+            _csv(tmp / "miss.csv", rows),
+            'state = ["a", "b"]\n',
+            "missing column 'b'",
+        ),
         "extra column": (
             _csv(tmp / "extra.csv", [(*r, 0) for r in rows], "trajectory,t,a,junk"),
             'state = ["a"]\n',
@@ -101,9 +113,21 @@ def test_a_bad_file_is_one_line_and_exit_2_as_the_user_sees_it(tmp_path: Path, c
     home = tmp_path / "home"
     env = {**os.environ, "NLLAB_HOME": str(home), "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "benchmark", "--profile", "smoke", "--config",
-         str(_config(tmp_path, data, extra))],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "benchmark",
+            "--profile",
+            "smoke",
+            "--config",
+            str(_config(tmp_path, data, extra)),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
     )
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
@@ -115,9 +139,19 @@ def test_a_bad_file_is_one_line_and_exit_2_as_the_user_sees_it(tmp_path: Path, c
 @pytest.mark.parametrize(
     "case",
     [
-        "inf", "one trajectory", "too few times", "observed too long", "duplicate time",
-        "not increasing", "missing column", "extra column", "not numeric", "wrong format",
-        "unknown suffix", "npz without x", "missing file",
+        "inf",
+        "one trajectory",
+        "too few times",
+        "observed too long",
+        "duplicate time",
+        "not increasing",
+        "missing column",
+        "extra column",
+        "not numeric",
+        "wrong format",
+        "unknown suffix",
+        "npz without x",
+        "missing file",
     ],
 )
 def test_every_bad_file_case_is_named_with_exit_2_and_an_empty_store(

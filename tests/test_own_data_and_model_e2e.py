@@ -34,11 +34,25 @@ def test_own_data_and_plugin_model_benchmark_report_register_reproduce(tmp_path:
     def nllab(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "-m", "flows.cli", *args],
-            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=timeout,
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=timeout,
         )
 
-    bench = nllab("benchmark", "--config", str(CONFIG), "--profile", "smoke", "--systems",
-                  "pendulum_lab", "--methods", "deepsets", "neural_laplace")
+    bench = nllab(
+        "benchmark",
+        "--config",
+        str(CONFIG),
+        "--profile",
+        "smoke",
+        "--systems",
+        "pendulum_lab",
+        "--methods",
+        "deepsets",
+        "neural_laplace",
+    )
     assert bench.returncode == 0, bench.stderr[-3000:]
     table = bench.stdout
     assert "pendulum_lab" in table and "deepsets" in table
@@ -57,12 +71,20 @@ def test_own_data_and_plugin_model_benchmark_report_register_reproduce(tmp_path:
     register = (
         "from tasks.tracking import RunTags, Tracker\n"
         "t = Tracker.connect()\n"
-        "(r,) = [r for r in t.finished_runs('cell') if r.data.tags.get(RunTags.METHOD) == 'deepsets']\n"
-        "p = t.promote_if_better('deepsets-pendulum_lab', r.info.run_id, r.data.metrics['test_rmse'])\n"
+        "(r,) = [r for r in t.finished_runs('cell')\n"
+        "        if r.data.tags.get(RunTags.METHOD) == 'deepsets']\n"
+        "p = t.promote_if_better(\n"
+        "    'deepsets-pendulum_lab', r.info.run_id, r.data.metrics['test_rmse'])\n"
         "assert p.promoted, p\n"
     )
-    reg = subprocess.run([sys.executable, "-c", register], capture_output=True, text=True,
-                         env=env, cwd=tmp_path, timeout=120)
+    reg = subprocess.run(
+        [sys.executable, "-c", register],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert reg.returncode == 0, reg.stderr[-3000:]
     rep = nllab("reproduce", "models:/deepsets-pendulum_lab@champion")
     assert rep.returncode == 0, rep.stderr[-3000:]

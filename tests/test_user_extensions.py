@@ -11,7 +11,6 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from tasks.config import resolve_config
 
@@ -20,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _write_csv(path: Path, x: np.ndarray, t: np.ndarray) -> Path:
     rows = ["trajectory,t,u,v"] + [
-        f"{n},{float(t[i])!r},{float(x[n, i, 0])!r},{float(x[n, i, 1])!r}" for n in range(x.shape[0]) for i in range(t.size)
+        f"{n},{float(t[i])!r},{float(x[n, i, 0])!r},{float(x[n, i, 1])!r}"
+        for n in range(x.shape[0])
+        for i in range(t.size)
     ]
     path.write_text("\n".join(rows) + "\n")
     return path
@@ -152,5 +153,7 @@ def test_two_plugins_registering_one_name_are_refused_naming_both(tmp_path: Path
     assert len(lines) == 2, proc.stderr
     methods = proc.stdout.strip().split(",")
     # neither plugin's model is used (which one would depend on the order); built-ins all work
-    assert {"node", "anode", "latent_ode", "nf_coupling", "nf_resnet", "neural_laplace"} <= set(methods)
+    assert {"node", "anode", "latent_ode", "nf_coupling", "nf_resnet", "neural_laplace"} <= set(
+        methods
+    )
     assert "shared_name" not in methods

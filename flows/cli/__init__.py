@@ -58,7 +58,17 @@ __all__ = [
 
 #: Subcommands in the order ``nllab --help`` lists them.
 _SUBCOMMANDS = (
-    simulate, benchmark, report, ui, study, tune, reproduce, serve, ledger, systems, models
+    simulate,
+    benchmark,
+    report,
+    ui,
+    study,
+    tune,
+    reproduce,
+    serve,
+    ledger,
+    systems,
+    models,
 )
 
 

@@ -26,13 +26,18 @@ def run(args: argparse.Namespace) -> int:
         plugins = [f"{ep.name} (plugin {ep.value})" for ep in entry_points(group="nllab.models")]
         print("\n".join([*sorted(METHODS), *plugins]))
         return 0
-    from nlmodels._plugins import model_sources, plugin_problems
-    from nlmodels.model_registry import model_names, model_signature
+    from nlmodels.model_registry import (
+        model_names,
+        model_signature,
+        model_sources,
+        plugin_problems,
+    )
     from tasks._names import DEFAULT_QUICK_EPOCHS
     from tasks.config import QUICK_EPOCHS
 
+    names = model_names()  # loads the plugins
     sources = model_sources()
-    for name in model_names():
+    for name in names:
         paper = "Table 3" if name in METHODS else "—"
         source = sources.get(name, "built-in")
         epochs = QUICK_EPOCHS.get(name, DEFAULT_QUICK_EPOCHS)

@@ -41,20 +41,35 @@ def run(args: argparse.Namespace) -> int:
     from tasks._declarations import resolve_sources
 
     rows = [
-        (n, SYSTEMS[n].state_dim, "built-in", ", ".join(sorted(SYSTEMS[n].properties)) or "—",
-         "Table 3" if n in MAIN_SYSTEMS else "Appendix C")
+        (
+            n,
+            SYSTEMS[n].state_dim,
+            "built-in",
+            ", ".join(sorted(SYSTEMS[n].properties)) or "—",
+            "Table 3" if n in MAIN_SYSTEMS else "Appendix C",
+        )
         for n in SYSTEM_NAMES
     ]
     try:
-        defs = {n: SystemDeclaration.model_validate(d) for n, d in layer.get("define_systems", {}).items()}
+        defs = {
+            n: SystemDeclaration.model_validate(d)
+            for n, d in layer.get("define_systems", {}).items()
+        }
         resolve_sources(defs, tuple(defs), None)
     except ValueError as err:
         raise UsageError(str(err).splitlines()[-1].strip()) from None
     for name, d in defs.items():
         info = SYSTEMS[name]
         options = json.dumps(d.options) if d.options else ""
-        rows.append((name, info.state_dim, f"{info.source} {options}".strip(),
-                     f"N={info.default_trajectories} T={info.default_points}", "—"))
+        rows.append(
+            (
+                name,
+                info.state_dim,
+                f"{info.source} {options}".strip(),
+                f"N={info.default_trajectories} T={info.default_points}",
+                "—",
+            )
+        )
     for name, target in plugins.items():
         if name not in declared:
             rows.append((name, "?", f"plugin simulator {target}", "declare it to use it", "—"))

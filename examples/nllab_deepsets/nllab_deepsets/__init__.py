@@ -19,7 +19,13 @@ __all__ = ["DeepSets"]
 
 
 def _mlp(n_in: int, width: int, n_out: int) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(n_in, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(), nn.Linear(width, n_out))
+    return nn.Sequential(
+        nn.Linear(n_in, width),
+        nn.Tanh(),
+        nn.Linear(width, width),
+        nn.Tanh(),
+        nn.Linear(width, n_out),
+    )
 
 
 @register_model("deepsets")
@@ -38,7 +44,9 @@ class DeepSets(ForecastModel):
         self.encoder = _mlp(1 + self.state_dim, hidden, latent_dim)
         self.decoder = _mlp(latent_dim + 1, hidden, self.state_dim)
 
-    def forward(self, obs_t: torch.Tensor, obs_x: torch.Tensor, query_t: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, obs_t: torch.Tensor, obs_x: torch.Tensor, query_t: torch.Tensor
+    ) -> torch.Tensor:
         batch = obs_x.shape[0]
         t_obs = batch_times(obs_t, batch).unsqueeze(-1)  # [B, T_o, 1]
         t_q = batch_times(query_t, batch).unsqueeze(-1)  # [B, T_q, 1]
