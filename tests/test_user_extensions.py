@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -71,6 +72,12 @@ def test_a_data_file_system_gets_its_own_split_and_n_observed(tmp_path: Path) ->
     np.testing.assert_array_equal(prepared.train.query_t, t[5:])
     rows = np.concatenate([prepared.train.index, prepared.val.index, prepared.test.index])
     assert sorted(rows.tolist()) == list(range(20))
+    # the run's MLflow dataset input is the file itself: its path and content digest
+    from datasets._declared import file_digest
+    from tasks.pipeline import data_outcome
+
+    logged = data_outcome(cell, ds, prepared).dataset
+    assert logged.source == str(data.resolve()) and logged.digest == file_digest(data)
 
 
 def test_a_simulator_system_hashes_its_source_and_options(tmp_path: Path, monkeypatch) -> None:
@@ -157,3 +164,67 @@ def test_two_plugins_registering_one_name_are_refused_naming_both(tmp_path: Path
         methods
     )
     assert "shared_name" not in methods
+
+
+EXAMPLE = ROOT / "examples" / "pendulum_lab.toml"
+
+
+def test_listing_names_imports_no_torch_and_systems_lists_a_declared_file(tmp_path) -> None:
+    code = (
+        "import sys\nfrom flows.cli import main\n"
+        "assert main(['models', '--names']) == 0\n"
+        "assert main(['systems', '--names']) == 0\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+        f"assert main(['systems', '--config', {str(EXAMPLE)!r}]) == 0\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NLLAB_HOME": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    names = proc.stdout.split()
+    assert {"node", "neural_laplace", "integro_de", "spiral_dde"} <= set(names)
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("pendulum_lab ")]
+    assert line.split()[1] == "2" and "N=60 T=100" in line and "pendulum.csv (sha256" in line
+
+
+def test_a_plugin_model_without_a_space_gets_one_around_its_typed_defaults() -> None:
+    import optuna
+
+    from nlmodels import ForecastModel
+    from nlmodels.model_registry import MODELS
+    from tasks.search_spaces import paper_params, search_space
+
+    class Toy(ForecastModel):
+        def __init__(
+            self,
+            state_dim: int,
+            *,
+            width: int = 32,
+            scale: float = 0.5,
+            gate: bool = True,
+            act: Literal["tanh", "relu"] = "tanh",
+            hidden: tuple[int, ...] = (16, 16),
+        ) -> None:
+            super().__init__()
+
+    MODELS["toy_space_test"] = Toy
+    try:
+        space = search_space("toy_space_test")
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+        study.enqueue_trial(paper_params("toy_space_test"))
+        first = space.draw(study.ask())  # the model's own defaults, as the paper point
+        assert first.model == {
+            "width": 32,
+            "scale": 0.5,
+            "gate": True,
+            "act": "tanh",
+            "hidden": (16, 16),
+        }
+        for _ in range(20):
+            m = space.draw(study.ask()).model
+            assert 8 <= m["width"] <= 128 and 0.05 <= m["scale"] <= 5.0
+            assert m["act"] in ("tanh", "relu") and isinstance(m["gate"], bool)
+            assert 1 <= len(m["hidden"]) <= 3 and 4 <= m["hidden"][0] <= 64
+    finally:
+        del MODELS["toy_space_test"]
