@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import pytest
 
 from tasks.config import resolve_config
 
@@ -228,3 +229,45 @@ def test_a_plugin_model_without_a_space_gets_one_around_its_typed_defaults() -> 
             assert 1 <= len(m["hidden"]) <= 3 and 4 <= m["hidden"][0] <= 64
     finally:
         del MODELS["toy_space_test"]
+
+
+def test_a_class_named_module_colon_class_is_a_method_and_a_bad_one_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from flows.cli._common import check_names
+    from nlmodels.model_registry import MODELS, build_model
+    from tasks.config import ConfigError
+
+    (tmp_path / "toymod.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from nlmodels import ForecastModel
+
+            class Last(ForecastModel):  # not registered: named by module:Class
+                def __init__(self, state_dim: int, *, gain: float = 1.0) -> None:
+                    super().__init__()
+                    self.gain = torch.nn.Parameter(torch.tensor(gain, dtype=torch.float64))
+
+                def forward(self, obs_t, obs_x, query_t):
+                    last = obs_x[:, -1:, :]
+                    return self.gain * last.expand(-1, query_t.shape[-1], -1)
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        check_names(methods=["toymod:Last", "node"])  # the fast check lets it through
+        cells = resolve_config("smoke", overrides={"methods": ["toymod:Last"]}).cells()
+        assert {c.method for c in cells} == {"toymod:Last"}
+        model = build_model("toymod:Last", 2, gain=2.0).double()
+        x = torch.arange(12.0, dtype=torch.float64).reshape(1, 6, 2)
+        y = model(torch.arange(6.0), x, torch.arange(6.0, 9.0))
+        torch.testing.assert_close(y, 2.0 * x[:, -1:, :].expand(1, 3, 2))
+        with pytest.raises(ConfigError, match="method 'toymod:Nope' cannot be imported"):
+            resolve_config("smoke", overrides={"methods": ["toymod:Nope"]})
+    finally:
+        MODELS.pop("toymod:Last", None)
+        sys.modules.pop("toymod", None)
