@@ -19,6 +19,22 @@ from tasks.config import resolve_config
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def _forget_declared_systems():
+    """Systems these tests declare leave the process's registry afterwards (other tests list
+    the built-in ones)."""
+    from datasets import _systems
+    from tasks import _declarations
+
+    before = dict(_systems._SYSTEMS), dict(_systems._INFOS), dict(_declarations._DECLARED)
+    yield
+    for table, saved in zip(
+        (_systems._SYSTEMS, _systems._INFOS, _declarations._DECLARED), before, strict=True
+    ):
+        table.clear()
+        table.update(saved)
+
+
 def _write_csv(path: Path, x: np.ndarray, t: np.ndarray) -> Path:
     rows = ["trajectory,t,u,v"] + [
         f"{n},{float(t[i])!r},{float(x[n, i, 0])!r},{float(x[n, i, 1])!r}"
