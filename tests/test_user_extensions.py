@@ -287,3 +287,29 @@ def test_a_class_named_module_colon_class_is_a_method_and_a_bad_one_one_line(
     finally:
         MODELS.pop("toymod:Last", None)
         sys.modules.pop("toymod", None)
+
+
+def test_a_simulator_from_an_nllab_systems_entry_point(tmp_path: Path, monkeypatch) -> None:
+    from tasks.cell import simulate_data
+
+    (tmp_path / "ramp_sim.py").write_text(
+        "import numpy as np\n\n"
+        "def ramp(n_trajectories, seed, slope=1.0):\n"
+        "    t = np.linspace(0.0, 1.0, 6)\n"
+        "    x0 = np.arange(n_trajectories, dtype=float)\n"
+        "    return t, (x0[:, None] + slope * t)[..., None]\n"
+    )
+    info = tmp_path / "ramp-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ramp\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[nllab.systems]\nramp = ramp_sim:ramp\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        'systems = ["my_ramp"]\nmethods = ["node"]\n[define_systems.my_ramp]\n'
+        'simulator = "ramp"\noptions = { slope = 3.0 }\n'
+    )
+    (cell,) = resolve_config("smoke", cfg).cells()
+    ds = simulate_data(cell.system, cell.data, cell.seed, tmp_path / "cache")
+    # every trajectory rises by slope × t from its start
+    np.testing.assert_allclose(ds.x[:, :, 0] - ds.x[:, :1, 0], 3.0 * np.tile(ds.t, (40, 1)))
