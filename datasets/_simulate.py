@@ -146,7 +146,8 @@ def _check_workers(workers: int | None) -> int | None:
 
 
 def _fingerprint(req: _Request) -> str:
-    t, tp = _SYSTEMS[req.system].grid(req.n_points)
+    system = _SYSTEMS[req.system]
+    t, tp = system.grid(req.n_points)
     payload = {
         "data_version": DATA_VERSION,
         "system": req.system,
@@ -156,6 +157,8 @@ def _fingerprint(req: _Request) -> str:
         "noise_std": req.noise_std.hex(),  # exact, unlike a decimal repr
         "grid": hashlib.sha256(t.tobytes() + tp.tobytes()).hexdigest(),
     }
+    if system.fingerprint:  # a declared system: its file's digest or its simulator's source
+        payload["source"] = system.fingerprint
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 

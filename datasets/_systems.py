@@ -36,6 +36,8 @@ class SystemInfo:
         ic_labels: meaning of each column of ``Dataset.ic``.
         grid: how the time grid ``Dataset.t`` (and ``Dataset.t_physical``) is built.
         initial_conditions: how the N initial conditions are chosen.
+        source: where the system comes from: ``built-in``, or a user's data file or simulator
+            (``datasets._declared``).
     """
 
     name: str
@@ -47,6 +49,7 @@ class SystemInfo:
     ic_labels: tuple[str, ...]
     grid: str
     initial_conditions: str
+    source: str = "built-in"
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,9 @@ class _System:
     info: SystemInfo
     grid: _GridFn
     generate: _GenFn
+    #: what the data depend on beyond name and grid (a data file's digest, a simulator's
+    #: source); empty for the built-in systems, whose data fingerprints stay as they were
+    fingerprint: str = ""
 
 
 def _ref_last(a: float, b: float) -> float:
@@ -328,5 +334,19 @@ _SYSTEMS: dict[str, _System] = {
     ]
 }
 
-#: Read-only registry of the benchmark systems, by name.
-SYSTEMS: Mapping[str, SystemInfo] = MappingProxyType({n: s.info for n, s in _SYSTEMS.items()})
+#: The built-in systems, by name (a declared system never takes one of these names).
+BUILTIN_SYSTEMS: frozenset[str] = frozenset(_SYSTEMS)
+_INFOS: dict[str, SystemInfo] = {n: s.info for n, s in _SYSTEMS.items()}
+
+#: Read-only registry of the benchmark systems, by name: the built-in ones and those declared in
+#: this process from a data file or a simulator (:mod:`datasets._declared`).
+SYSTEMS: Mapping[str, SystemInfo] = MappingProxyType(_INFOS)
+
+
+def _register(system: _System) -> None:
+    """Add (or replace) a declared system; a built-in name is refused."""
+    name = system.info.name
+    if name in BUILTIN_SYSTEMS:
+        raise ValueError(f"{name!r} is a built-in system; declare yours under another name")
+    _SYSTEMS[name] = system
+    _INFOS[name] = system.info

@@ -10,6 +10,14 @@ from typing import TypeVar
 C = TypeVar("C", bound=type)
 
 
+class DuplicateName(ValueError):
+    """A second class registered under a name already taken (the message names both)."""
+
+    def __init__(self, message: str, name: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+
 def name_registrar(
     table: dict[str, type], kind: str, attribute: str
 ) -> Callable[[str], Callable[[C], C]]:
@@ -19,7 +27,10 @@ def name_registrar(
     def register(name: str) -> Callable[[C], C]:
         def decorate(cls: C) -> C:
             if name in table and table[name] is not cls:
-                raise ValueError(f"{kind} name {name!r} is already registered")
+                old, new = (f"{c.__module__}.{c.__qualname__}" for c in (table[name], cls))
+                raise DuplicateName(
+                    f"{kind} name {name!r} is registered twice: by {old} and by {new}", name
+                )
             setattr(cls, attribute, name)
             table[name] = cls
             return cls

@@ -17,18 +17,24 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+from nlmodels._plugins import find_model as _find_model
+from nlmodels._plugins import load_plugins, model_sources, plugin_problems
 from nlmodels._registrar import name_registrar
 from nlmodels.base import ForecastModel
 
 __all__ = [
     "MODELS",
     "build_model",
+    "find_model",
     "model_arguments",
     "model_choices",
     "model_constructors",
+    "model_names",
     "model_option_types",
     "model_signature",
+    "model_sources",
     "non_default_overrides",
+    "plugin_problems",
     "register_model",
     "registry_choices",
 ]
@@ -40,8 +46,23 @@ MODELS: dict[str, type[ForecastModel]] = {}
 register_model = name_registrar(MODELS, "model", "registry_name")
 
 
+def find_model(name: str) -> None:
+    """Make ``name`` known if a plugin (entry point group ``nllab.models``) or its
+    ``module:ClassName`` spelling provides it (:mod:`nlmodels._plugins`); ``ValueError`` when
+    ``module:ClassName`` cannot be imported or is no model."""
+    _find_model(name, MODELS)
+
+
+def model_names() -> tuple[str, ...]:
+    """Every registered model, plugins included, sorted."""
+    load_plugins(MODELS)
+    return tuple(sorted(MODELS))
+
+
 def build_model(name: str, state_dim: int, **overrides: Any) -> ForecastModel:
     """Build a registered model with the paper's sizes, overriding any keyword argument."""
+    if name not in MODELS:
+        find_model(name)
     if name not in MODELS:
         valid = ", ".join(sorted(MODELS))
         raise ValueError(f"unknown model {name!r}; valid models: {valid}")
@@ -53,6 +74,7 @@ def build_model(name: str, state_dim: int, **overrides: Any) -> ForecastModel:
 def model_constructors(method: str) -> list[Callable[..., None]]:
     """The ``__init__`` functions that take ``build_model(method, ...)``'s keywords: the
     model's own and, where it forwards ``**kwargs``, its bases'."""
+    find_model(method)
     inits = []
     for klass in MODELS[method].__mro__:
         if "__init__" not in vars(klass):
@@ -135,6 +157,10 @@ def _json_value(v: Any) -> Any:
 def non_default_overrides(method: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
     """The model overrides whose value differs from the model's own default (compared as JSON,
     so a tuple equals the list default it spells); all of them for an unknown method."""
+    try:
+        find_model(method)  # a plugin's defaults count as the built-ins' do
+    except ValueError:
+        pass
     defaults = model_signature(method) if method in MODELS else {}
     return {
         k: v

@@ -62,7 +62,21 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {str(p)!r} could not be parsed: {e}") from e
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(p)!r} must hold a table/mapping at the top level")
-    return data
+    return _anchor_files(data, p.resolve().parent)
+
+
+def _anchor_files(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """A declared system's relative ``file`` read from the config file's folder (so the
+    config works from any working directory)."""
+    defs = data.get("define_systems")
+    if not isinstance(defs, Mapping):
+        return data
+    anchored = {}
+    for name, d in defs.items():
+        if isinstance(d, Mapping) and isinstance(d.get("file"), str):
+            d = {**d, "file": str(folder / Path(d["file"]).expanduser())}
+        anchored[name] = d
+    return {**data, "define_systems": anchored}
 
 
 def profile_file(name: str) -> Path:

@@ -27,7 +27,7 @@ from typing import Literal
 
 import torch
 
-from datasets import SYSTEMS
+from tasks._declarations import system_info
 from tasks._workers import worker_stop_event
 from tasks.config import CellConfig, RunConfig
 from tasks.packing import prefers_one_by_one, train_packed
@@ -129,7 +129,7 @@ def pack_key(cell: CellConfig) -> str:
     dimension, trajectories, time points, split); the system and seed (which change data, time
     grids, split and initial weights only) may differ."""
     payload = json.loads(cell.canonical_json())
-    info, data = SYSTEMS[cell.system], cell.data
+    info, data = system_info(cell.system, cell.data), cell.data
     del payload["system"], payload["seed"]
     payload["data"] = {
         "state_dim": info.state_dim,

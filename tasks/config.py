@@ -18,7 +18,9 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -39,6 +41,14 @@ from tasks._config_files import (
     profile_file,
     profile_layer,
 )
+from tasks._declarations import (
+    SystemDeclaration,
+    SystemSource,
+    data_file_problem,
+    declared_data,
+    resolve_sources,
+)
+from tasks._names import known_methods, known_systems, quick_epochs_for
 
 if TYPE_CHECKING:  # served by __getattr__ below, on first use
     from nlmodels.model_registry import model_arguments, model_option_types, model_signature
@@ -128,18 +138,6 @@ _HASH_SCHEMA = 1
 Scalar = bool | int | float | str | tuple[int, ...]
 
 
-def known_systems() -> tuple[str, ...]:
-    from datasets import SYSTEMS
-
-    return tuple(sorted(SYSTEMS))
-
-
-def known_methods() -> tuple[str, ...]:
-    from nlmodels import MODELS  # importing nlmodels registers every model
-
-    return tuple(sorted(MODELS))
-
-
 #: Names of the model registry's introspection (:mod:`nlmodels.model_registry`) that this module
 #: re-exports on first use, and the quick profile's epochs (read from its file on first use):
 #: importing ``tasks.config`` imports neither torch nor a profile file.
@@ -194,6 +192,7 @@ class DataConfig(_Frozen):
         description="z-score statistics from the training split, or from every trajectory "
         "before the split (std with ddof=1) as the paper's reference code does",
     )
+    source: SystemSource | None = Field(None, description="a declared system's file/simulator")
 
     @field_validator("fractions")
     @classmethod
@@ -255,12 +254,20 @@ class CellConfig(_Frozen):
     def canonical_json(self) -> str:
         """What the hash covers: every field, with model overrides equal to the model's own
         default left out (``stereographic = true`` is the default model, the same cell)."""
-        payload = {"schema": _HASH_SCHEMA, **self.model_dump(mode="json")}
+        payload = {"schema": _HASH_SCHEMA, **self._dump()}
+        if self.data.source is not None:  # the file's content, not where it lies
+            payload["data"]["source"] = self.data.source.hashed()
         payload["model"] = non_default_overrides(self.method, payload["model"])
         if payload["data"]["normalise_on"] == "train":
             # the default before the setting existed: finished cells keep their hashes
             del payload["data"]["normalise_on"]
         return json.dumps(payload, sort_keys=True, separators=(",", ":"))
+
+    def _dump(self) -> dict[str, Any]:
+        dump = self.model_dump(mode="json")
+        if dump["data"]["source"] is None:  # a built-in system: hashes and params as before
+            del dump["data"]["source"]
+        return dump
 
     def config_hash(self) -> str:
         """sha256 of the canonical JSON of everything that determines this cell's result."""
@@ -277,7 +284,7 @@ class CellConfig(_Frozen):
             else:
                 out[prefix] = json.dumps(value) if isinstance(value, list | tuple) else str(value)
 
-        walk("", self.model_dump(mode="json"))
+        walk("", self._dump())
         return out
 
 
@@ -333,6 +340,7 @@ class RunConfig(_Frozen):
     tracking) and, apart from it, how it executes (:attr:`execution`)."""
 
     profile: Profile = "quick"
+    define_systems: dict[str, SystemDeclaration] = Field(default_factory=dict)  # by name
     systems: tuple[str, ...] = MAIN_SYSTEMS
     methods: tuple[str, ...] = METHODS
     seeds: tuple[int, ...] = (0,)
@@ -354,6 +362,7 @@ class RunConfig(_Frozen):
     )
     tracking: TrackingConfig = TrackingConfig()
     execution: ExecutionConfig = ExecutionConfig()
+    _sources: dict[str, SystemSource] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -370,13 +379,14 @@ class RunConfig(_Frozen):
 
     @field_validator("systems")
     @classmethod
-    def _valid_systems(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        return check_names("system", v, known_systems())
+    def _valid_systems(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        declared = tuple(info.data.get("define_systems") or ())
+        return check_names("system", v, known_systems() + declared)
 
     @field_validator("methods")
     @classmethod
     def _valid_methods(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        return check_names("method", v, known_methods())
+        return check_names("method", v, known_methods(v))
 
     @field_validator("models", mode="before")
     @classmethod
@@ -385,7 +395,7 @@ class RunConfig(_Frozen):
         # value of the wrong type is reported as such, not as one error per type it is not).
         if not isinstance(v, Mapping) or not all(isinstance(o, Mapping) for o in v.values()):
             return v  # pydantic names what is wrong with the shape
-        check_names("method", tuple(v), known_methods()) if v else None
+        check_names("method", tuple(v), known_methods(v)) if v else None
         problems = [
             p
             for method, overrides in v.items()
@@ -399,7 +409,7 @@ class RunConfig(_Frozen):
     @field_validator("method_epochs")
     @classmethod
     def _valid_method_epochs(cls, v: dict[str, int]) -> dict[str, int]:
-        check_names("method", tuple(v), known_methods()) if v else None
+        check_names("method", tuple(v), known_methods(v)) if v else None
         bad = {m: n for m, n in v.items() if n < 1}
         if bad:
             raise ValueError(f"epochs must be at least 1, got {bad}")
@@ -419,9 +429,15 @@ class RunConfig(_Frozen):
         """Fail before simulating when a data set cannot fit in memory (with the estimate)."""
         from datasets import check_memory
 
+        self._sources = resolve_sources(self.define_systems, self.systems, self.data.n_observed)
         for system in self.systems:
-            check_memory(system, self.data.n_trajectories, self.data.n_points)
+            data = self.data_for(system)
+            check_memory(system, data.n_trajectories, data.n_points)
         return self
+
+    def data_for(self, system: str) -> DataConfig:
+        """The data settings of ``system``'s cells (a declared system's carry its source)."""
+        return declared_data(self.data, system, self._sources, self.define_systems)
 
     def cells(self) -> list[CellConfig]:
         """Cells in a stable order: system, then method, then seed."""
@@ -442,7 +458,7 @@ class RunConfig(_Frozen):
                         system=system,
                         method=method,
                         seed=seed,
-                        data=self.data,
+                        data=self.data_for(system),
                         training=training,
                         model=model,
                     )
@@ -474,7 +490,9 @@ def resolve_config(
         layers[0].pop("method_epochs", None)
     merged = deep_merge(deep_merge(layers[0], layers[1]), layers[2])
     merged["profile"] = name
+    if name == "quick" and "method_epochs" in layers[0]:  # the profile sizes each model
+        quick_epochs_for(merged.get("methods") or (), merged["method_epochs"])
     try:
         return RunConfig.model_validate(merged)
     except ValidationError as e:
-        raise ConfigError(format_validation(e)) from None
+        raise ConfigError(data_file_problem(e) or format_validation(e)) from None

@@ -70,12 +70,14 @@ def _packable(cell: CellConfig, device: str = "cpu") -> bool:
     """Whether the cell's model trains packed on ``device`` (else its seeds are better spread
     over workers): :func:`tasks.packing.packable` and not
     :func:`tasks.packing.prefers_one_by_one` there (Neural Laplace packs on CUDA only)."""
-    from datasets import SYSTEMS
     from nlmodels import build_model
+    from tasks._declarations import system_info
     from tasks.packing import packable, prefers_one_by_one
 
     try:
-        model = build_model(cell.method, SYSTEMS[cell.system].state_dim, **cell.model)
+        model = build_model(
+            cell.method, system_info(cell.system, cell.data).state_dim, **cell.model
+        )
     except Exception:
         return False  # the cell fails on its own, with its error, when it runs
     dev = torch.device(device)

@@ -24,6 +24,7 @@ import torch
 
 from datasets import Dataset, Prepared, data_home, load_or_simulate, prepare
 from nlmodels import ForecastModel, build_model, native_cpu_kernels
+from tasks._declarations import ensure_declared
 from tasks.config import CellConfig, DataConfig
 from tasks.evaluation import (
     Evaluation,
@@ -63,7 +64,9 @@ def simulate_data(
     system: str, data: DataConfig, seed: int, cache_dir: Path | None = None
 ) -> Dataset:
     """The cell's data set, simulated once and then read from the on-disk cache."""
-    key = (system, data.n_trajectories, data.n_points, seed, data.noise_std, cache_dir)
+    ensure_declared(system, data.source)  # a declared system, in a process new to it
+    source = data.source.digest if data.source is not None else None
+    key = (system, source, data.n_trajectories, data.n_points, seed, data.noise_std, cache_dir)
     with _DATA_LOCKS_GUARD:
         lock = _DATA_LOCKS.setdefault(key, threading.Lock())
     # Cells sharing a data set wait for one simulation instead of each running their own.
@@ -154,13 +157,19 @@ def data_outcome(
 ) -> CellOutcome:
     """What a cell records of its data: the data set and split fingerprints, the >10σ outlier
     census of each split (kept, counted) and the data set itself."""
+    src = cell.data.source
+    # a data file is logged as itself (its path and content digest), a simulation as the cache
+    origin = {} if src is None else {"source_kind": src.kind, "source_digest": src.digest}
     return CellOutcome(
         tags={RunTags.DATASET_HASH: ds.fingerprint, "split_hash": prepared.fingerprint},
         dataset=LoggedDataset(
             name=f"{cell.system}-n{ds.x.shape[0]}-seed{cell.seed}",
-            digest=ds.fingerprint,
-            source=str(cache_dir or data_home() / "cache"),
+            digest=src.digest if src is not None and src.kind == "file" else ds.fingerprint,
+            source=(src.path or src.simulator or "")
+            if src is not None
+            else str(cache_dir or data_home() / "cache"),
             profile={
+                **origin,
                 "system": cell.system,
                 "n_trajectories": int(ds.x.shape[0]),
                 "n_points": int(ds.x.shape[1]),

@@ -111,10 +111,10 @@ def choose_fastest(seconds: Mapping[str, float]) -> str:
 def cell_shapes(cell: CellConfig) -> dict[str, int]:
     """Training/validation trajectories, observed and predicted points and state dimension of
     ``cell``'s split, from its configuration alone (no data is simulated)."""
-    from datasets import SYSTEMS
     from datasets._prepare import _split_sizes
+    from tasks._declarations import system_info
 
-    info = SYSTEMS[cell.system]
+    info = system_info(cell.system, cell.data)
     d = cell.data
     n_all = d.n_trajectories or info.default_trajectories
     n_points = d.n_points or info.default_points

@@ -166,6 +166,8 @@ class ResultsTable:
             return TableCell("–")
         r = rows.iloc[0]
         paper = "" if np.isnan(r["paper_mean"]) else _fmt(r["paper_mean"], r["paper_std"])
+        if not paper and (system not in MAIN_SYSTEMS or method not in METHODS):
+            paper = "—"  # a user's system or model: the paper has no figure for it
         if np.isnan(r["mean"]):
             return TableCell("failed" if r["n_failed"] else "–", paper=paper)
         flag = ""

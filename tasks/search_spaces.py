@@ -153,7 +153,17 @@ _space(
 
 # -- access -------------------------------------------------------------------------------------
 def search_space(method: str) -> SearchSpace:
+    """``method``'s space: the platform's own, else (a plugin's model) the model's
+    ``search_space`` hook or one derived from its typed options (:mod:`tasks._default_space`)."""
     if method not in SEARCH_SPACES:
+        from nlmodels.model_registry import MODELS, find_model
+
+        find_model(method)
+        if method in MODELS:
+            from tasks._default_space import derived_space
+
+            draw, paper = derived_space(method)
+            return SearchSpace(method, lambda trial: Suggestion(*draw(trial)), paper)
         raise ValueError(
             f"no search space for method {method!r}; methods with one: "
             + ", ".join(sorted(SEARCH_SPACES))

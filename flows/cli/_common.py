@@ -259,6 +259,14 @@ def _invalid(where: str, message: str):
 def _check(kind: str, where: str, names: Sequence[str] | None, valid: Sequence[str]) -> None:
     if names is None:
         return
+    if kind == "method":
+        # a method spelled module:Class, or any name while model plugins are installed, is
+        # checked against the registry with its plugins (tasks.config), once torch may load
+        from importlib.metadata import entry_points
+
+        if entry_points(group="nllab.models"):
+            return
+        names = [n for n in names if ":" not in n]
     unknown = [n for n in names if n not in valid]
     if unknown:
         raise _invalid(
@@ -275,18 +283,20 @@ def check_names(
     """Check system and method names, and the config file's (that it exists and parses, and
     the names and profile it holds), without importing numpy, torch, MLflow or Prefect.
     Raises :class:`~tasks.config.ConfigError` (exit code 2) naming the valid choices."""
+    from tasks._declarations import declared_names
     from tasks.config import METHODS, PROFILES, SYSTEM_NAMES, load_config_file
 
     valid_methods = tuple(sorted(METHODS))
-    _check("system", "systems", systems, SYSTEM_NAMES)
+    layer = load_config_file(config_file) if config_file is not None else {}
+    valid_systems = SYSTEM_NAMES + declared_names(layer)
+    _check("system", "systems", systems, valid_systems)
     _check("method", "methods", methods, valid_methods)
     if config_file is None:
         return
-    layer = load_config_file(config_file)
     if "profile" in layer and layer["profile"] not in PROFILES:
         profile = layer["profile"]
         raise _invalid("profile", f"unknown profile {profile!r}; valid: {', '.join(PROFILES)}")
-    for key, valid in (("systems", SYSTEM_NAMES), ("methods", valid_methods)):
+    for key, valid in (("systems", valid_systems), ("methods", valid_methods)):
         names = layer.get(key)
         if isinstance(names, list | tuple) and all(isinstance(n, str) for n in names):
             _check(key[:-1], key, names, valid)

@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     for system in config.systems:
         for seed in config.seeds:
             t0 = time.perf_counter()
-            ds = simulate_data(system, config.data, seed)
+            ds = simulate_data(system, config.data_for(system), seed)
             print(
                 f"{system:<24} seed {seed}  N={ds.x.shape[0]} T={ds.x.shape[1]} D={ds.x.shape[2]}"
                 f"  fingerprint {ds.fingerprint[:12]}  {time.perf_counter() - t0:.1f} s"

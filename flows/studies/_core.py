@@ -204,7 +204,9 @@ class StudyContext:
             system=system,
             method=method,
             seed=seed,
-            data=DataConfig.model_validate({**self.run.data.model_dump(), **(data or {})}),
+            data=DataConfig.model_validate(
+                {**self.run.data_for(system).model_dump(), **(data or {})}
+            ),
             training=TrainConfig.model_validate(
                 {**self.run.training.model_dump(), **(training or {})}
             ),

@@ -1,0 +1,80 @@
+"""``nllab systems``: the systems a run can use: the built-in ones, those a config file declares
+from a data file or a simulator (``[define_systems.NAME]``), and the simulators packages offer
+(entry points of ``nllab.systems``), with their source, state dimension and options, and the
+paper's table where it has one. Reads numpy and the files, never torch (``--names``: not even
+numpy)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from flows.cli._common import UsageError
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("systems", help="list the systems: built-in, from files, from plugins")
+    p.add_argument("--config", metavar="FILE", help="also the systems this config declares")
+    p.add_argument("--names", action="store_true", help="names only (no data file is read)")
+    p.set_defaults(handler=run)
+    return p
+
+
+def _plugin_simulators() -> dict[str, str]:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value for ep in entry_points(group="nllab.systems")}
+
+
+def run(args: argparse.Namespace) -> int:
+    from tasks._declarations import SystemDeclaration, declared_names
+    from tasks.config import MAIN_SYSTEMS, SYSTEM_NAMES, load_config_file
+
+    layer = load_config_file(args.config) if args.config else {}
+    declared, plugins = declared_names(layer), _plugin_simulators()
+    if args.names:
+        print("\n".join([*SYSTEM_NAMES, *declared, *(p for p in plugins if p not in declared)]))
+        return 0
+    from datasets import SYSTEMS
+    from tasks._declarations import resolve_sources
+
+    rows = [
+        (
+            n,
+            SYSTEMS[n].state_dim,
+            "built-in",
+            ", ".join(sorted(SYSTEMS[n].properties)) or "—",
+            "Table 3" if n in MAIN_SYSTEMS else "Appendix C",
+        )
+        for n in SYSTEM_NAMES
+    ]
+    try:
+        defs = {
+            n: SystemDeclaration.model_validate(d)
+            for n, d in layer.get("define_systems", {}).items()
+        }
+        resolve_sources(defs, tuple(defs), None)
+    except ValueError as err:
+        raise UsageError(str(err).splitlines()[-1].strip()) from None
+    for name, d in defs.items():
+        info = SYSTEMS[name]
+        options = json.dumps(d.options) if d.options else ""
+        rows.append(
+            (
+                name,
+                info.state_dim,
+                f"{info.source} {options}".strip(),
+                f"N={info.default_trajectories} T={info.default_points}",
+                "—",
+            )
+        )
+    for name, target in plugins.items():
+        if name not in declared:
+            rows.append((name, "?", f"plugin simulator {target}", "declare it to use it", "—"))
+    head = ("system", "D", "source", "details", "paper")
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+    for r in [head, *rows]:
+        print("  ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+    return 0

@@ -1,0 +1,215 @@
+"""Systems declared in a config file (``[define_systems.NAME]``): from a data file or a
+simulator of the user's, resolved into the :class:`SystemSource` each of their cells carries.
+
+A cell's source holds what its data depend on (the file's content digest and columns, or the
+simulator's name, options and source fingerprint) and where to find them again (the file's
+path, which the config hash leaves out: the same bytes elsewhere are the same cells). Any
+process that handles the cell declares the system from it on first use (:func:`ensure_declared`),
+so worker processes, tuning and ``nllab reproduce`` need nothing but the cell.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "SystemDeclaration",
+    "SystemSource",
+    "data_file_problem",
+    "declared_data",
+    "declared_names",
+    "ensure_declared",
+    "resolve_sources",
+    "system_info",
+]
+
+Option = bool | int | float | str | tuple[int, ...] | tuple[float, ...]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class SystemDeclaration(_Strict):
+    """One ``[define_systems.NAME]`` table: a data file or a simulator, and how to read it."""
+
+    file: str | None = Field(None, description=".csv, .parquet (long form) or .npz (t, x)")
+    simulator: str | None = Field(
+        None, description="'package.module:function' or an entry point of 'nllab.systems'"
+    )
+    trajectory: str = Field("trajectory", description="long form: the trajectory column")
+    time: str = Field("t", description="long form: the time column")
+    state: tuple[str, ...] | None = Field(
+        None, description="long form: the state columns (None: every other column)"
+    )
+    n_observed: int | None = Field(
+        None, ge=1, description="observed points per trajectory (None: the first half)"
+    )
+    options: dict[str, Option] = Field(
+        default_factory=dict, description="keyword arguments of the simulator"
+    )
+
+    @model_validator(mode="after")
+    def _one_origin(self) -> SystemDeclaration:
+        if (self.file is None) == (self.simulator is None):
+            raise ValueError(
+                "declare either file = '...' or simulator = '...', not both or neither"
+            )
+        if self.simulator is not None and self.state is not None:
+            raise ValueError("state columns belong to a data file, not to a simulator")
+        return self
+
+
+class SystemSource(_Strict):
+    """What a declared system's cell carries: enough to declare the system again anywhere."""
+
+    kind: Literal["file", "simulator"]
+    digest: str = Field(description="sha256 of the file's bytes / of the simulator's source")
+    path: str | None = Field(None, description="where the file was read (not hashed)")
+    trajectory: str = "trajectory"
+    time: str = "t"
+    state: tuple[str, ...] | None = None
+    simulator: str | None = None
+    options: dict[str, Option] = Field(default_factory=dict)
+
+    def hashed(self) -> dict[str, Any]:
+        """The source as a cell's hash covers it: all but the file's location."""
+        return self.model_dump(mode="json", exclude={"path"})
+
+
+_LOCK = threading.Lock()
+_DECLARED: dict[str, str] = {}  # system -> digest declared in this process
+
+
+def _declare(name: str, source: SystemSource, n_observed: int | None = None) -> None:
+    from datasets import _declared
+
+    if source.kind == "file":
+        assert source.path is not None
+        _declared.declare_file(
+            name,
+            source.path,
+            trajectory=source.trajectory,
+            time=source.time,
+            state=source.state,
+            n_observed=n_observed,
+            digest=source.digest,
+        )
+    else:
+        assert source.simulator is not None
+        if _declared.simulator_fingerprint(source.simulator, source.options) != source.digest:
+            raise ValueError(
+                f"simulator {source.simulator!r} changed since its cells were configured"
+            )
+        _declared.declare_simulator(name, source.simulator, source.options, n_observed=n_observed)
+
+
+def ensure_declared(name: str, source: SystemSource | None) -> None:
+    """Declare ``name`` in this process from its cell's ``source`` (once per digest)."""
+    if source is None:
+        return
+    with _LOCK:
+        if _DECLARED.get(name) != source.digest:
+            _declare(name, source)
+            _DECLARED[name] = source.digest
+
+
+def system_info(system: str, data: Any) -> Any:
+    """``datasets.SYSTEMS[system]``, declaring it first from ``data.source`` (a cell's data)."""
+    from datasets import SYSTEMS
+
+    ensure_declared(system, data.source)
+    return SYSTEMS[system]
+
+
+def resolve_sources(
+    declarations: Mapping[str, SystemDeclaration],
+    systems: tuple[str, ...],
+    n_observed: int | None,
+) -> dict[str, SystemSource]:
+    """Check each declared system that ``systems`` uses (the whole file, before anything is
+    written) and declare it in this process; its source, by name."""
+    from datasets import _declared
+
+    out: dict[str, SystemSource] = {}
+    for name in systems:
+        if name not in declarations:
+            continue
+        d = declarations[name]
+        _declared.check_name(name)
+        observed = n_observed or d.n_observed
+        if d.file is not None:
+            path = Path(d.file).expanduser().resolve()
+            # every check of the file, each with its one-line message, before anything is written
+            _declared.declare_file(
+                name, path, trajectory=d.trajectory, time=d.time, state=d.state, n_observed=observed
+            )
+            source = SystemSource(
+                kind="file",
+                digest=_declared.file_digest(path),
+                path=str(path),
+                trajectory=d.trajectory,
+                time=d.time,
+                state=d.state,
+            )
+        else:
+            assert d.simulator is not None
+            _declared.declare_simulator(name, d.simulator, d.options, n_observed=observed)
+            source = SystemSource(
+                kind="simulator",
+                digest=_declared.simulator_fingerprint(d.simulator, d.options),
+                simulator=d.simulator,
+                options=d.options,
+            )
+        with _LOCK:
+            _DECLARED[name] = source.digest
+        out[name] = source
+    return out
+
+
+def declared_data(
+    data: Any,
+    system: str,
+    sources: Mapping[str, SystemSource],
+    declarations: Mapping[str, SystemDeclaration],
+) -> Any:
+    """``data`` (a ``DataConfig``) for the cells of ``system``: a declared system's carry its
+    source, its own ``n_observed`` where the run sets none, and at most the trajectories and
+    times it has (a data file of 150 trajectories under a profile asking for 200 uses 150)."""
+    source = sources.get(system)
+    if source is None:
+        return data
+    from datasets import SYSTEMS
+
+    info = SYSTEMS[system]
+    return data.model_copy(
+        update={
+            "source": source,
+            "n_observed": data.n_observed or declarations[system].n_observed,
+            "n_trajectories": min(data.n_trajectories or 10**9, info.default_trajectories),
+            "n_points": min(data.n_points or 10**9, info.default_points),
+        }
+    )
+
+
+def data_file_problem(err: Any) -> str | None:
+    """The one line of a validation error that is a data file's problem (which names the file
+    and the problem itself), else None."""
+    from datasets._declared import DataFileError
+
+    for e in err.errors():
+        cause = (e.get("ctx") or {}).get("error")
+        if isinstance(cause, DataFileError):
+            return str(cause)
+    return None
+
+
+def declared_names(layer: Mapping[str, Any]) -> tuple[str, ...]:
+    """The system names a config layer declares (read without validating it)."""
+    defs = layer.get("define_systems")
+    return tuple(defs) if isinstance(defs, Mapping) else ()

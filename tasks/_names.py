@@ -1,0 +1,53 @@
+"""The valid system and method names: the built-in ones and those a user adds (systems declared
+in a config file, models from plugins), and the quick profile's stated epoch count for a model
+it does not size.
+
+One list of valid method names, the model registry with its plugins
+(:func:`nlmodels.model_registry.model_names`); ``tasks.config.METHODS`` is only the main
+table's default set.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, MutableMapping
+
+__all__ = ["DEFAULT_QUICK_EPOCHS", "known_methods", "known_systems", "quick_epochs_for"]
+
+#: Epochs of a model that the quick profile's ``method_epochs`` does not list (a plugin's).
+DEFAULT_QUICK_EPOCHS = 100
+
+_TOLD: set[str] = set()
+
+
+def known_systems() -> tuple[str, ...]:
+    from datasets import SYSTEMS
+
+    return tuple(sorted(SYSTEMS))
+
+
+def known_methods(wanted: Iterable[str] = ()) -> tuple[str, ...]:
+    """Registered models, plugins included, and those of ``wanted`` spelled ``module:Class``
+    (imported here; ``ValueError`` when one cannot be)."""
+    from nlmodels.model_registry import find_model, model_names
+
+    for name in wanted:
+        if isinstance(name, str) and ":" in name:
+            find_model(name)
+    return model_names()
+
+
+def quick_epochs_for(methods: Iterable[str], method_epochs: MutableMapping[str, int]) -> None:
+    """Give each of ``methods`` that the quick profile does not size
+    :data:`DEFAULT_QUICK_EPOCHS`, saying so once per method and process."""
+    for method in methods:
+        if not isinstance(method, str) or method in method_epochs:
+            continue
+        method_epochs[method] = DEFAULT_QUICK_EPOCHS
+        if method not in _TOLD:
+            _TOLD.add(method)
+            print(
+                f"nllab: {method!r} has no epoch count in the quick profile; it trains "
+                f"{DEFAULT_QUICK_EPOCHS} epochs (set method_epochs.{method} to change)",
+                file=sys.stderr,
+            )
