@@ -21,6 +21,7 @@ __all__ = [
     "SystemDeclaration",
     "SystemSource",
     "data_file_problem",
+    "declare_plugin_systems",
     "declared_data",
     "declared_names",
     "ensure_declared",
@@ -125,6 +126,24 @@ def system_info(system: str, data: Any) -> Any:
 
     ensure_declared(system, data.source)
     return SYSTEMS[system]
+
+
+def declare_plugin_systems(data: Any) -> Any:
+    """A run config's raw ``data`` in which each system named in ``systems`` that is an entry
+    point of ``nllab.systems`` (and neither built in nor declared) is declared as that
+    simulator with its default options."""
+    if not isinstance(data, Mapping) or not isinstance(data.get("systems"), list | tuple):
+        return data
+    from tasks._names import known_systems, plugin_systems
+
+    declared = dict(data.get("define_systems") or {})
+    plugins = plugin_systems()
+    added = {
+        n: {"simulator": n}
+        for n in data["systems"]
+        if n in plugins and n not in declared and n not in known_systems()
+    }
+    return {**data, "define_systems": {**declared, **added}} if added else data
 
 
 def resolve_sources(

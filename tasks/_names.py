@@ -12,7 +12,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, MutableMapping
 
-__all__ = ["DEFAULT_QUICK_EPOCHS", "known_methods", "known_systems", "quick_epochs_for"]
+__all__ = [
+    "DEFAULT_QUICK_EPOCHS",
+    "known_methods",
+    "known_systems",
+    "plugin_systems",
+    "quick_epochs_for",
+]
 
 #: Epochs of a model that the quick profile's ``method_epochs`` does not list (a plugin's).
 DEFAULT_QUICK_EPOCHS = 100
@@ -24,6 +30,13 @@ def known_systems() -> tuple[str, ...]:
     from datasets import SYSTEMS
 
     return tuple(sorted(SYSTEMS))
+
+
+def plugin_systems() -> frozenset[str]:
+    """The names of the simulators installed as entry points of ``nllab.systems``."""
+    from importlib.metadata import entry_points
+
+    return frozenset(ep.name for ep in entry_points(group="nllab.systems"))
 
 
 def known_methods(wanted: Iterable[str] = ()) -> tuple[str, ...]:

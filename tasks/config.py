@@ -45,6 +45,7 @@ from tasks._declarations import (
     SystemDeclaration,
     SystemSource,
     data_file_problem,
+    declare_plugin_systems,
     declared_data,
     resolve_sources,
 )
@@ -367,6 +368,7 @@ class RunConfig(_Frozen):
     @model_validator(mode="before")
     @classmethod
     def _gather_execution(cls, data: Any) -> Any:
+        data = declare_plugin_systems(data)  # an installed simulator named in systems
         if isinstance(data, Mapping) and any(k in data for k in EXECUTION_KEYS):
             data = dict(data)
             moved = {k: data.pop(k) for k in EXECUTION_KEYS if k in data}

@@ -290,6 +290,7 @@ def test_a_class_named_module_colon_class_is_a_method_and_a_bad_one_one_line(
 
 
 def test_a_simulator_from_an_nllab_systems_entry_point(tmp_path: Path, monkeypatch) -> None:
+    from flows.cli._common import check_names
     from tasks.cell import simulate_data
 
     (tmp_path / "ramp_sim.py").write_text(
@@ -313,3 +314,9 @@ def test_a_simulator_from_an_nllab_systems_entry_point(tmp_path: Path, monkeypat
     ds = simulate_data(cell.system, cell.data, cell.seed, tmp_path / "cache")
     # every trajectory rises by slope × t from its start
     np.testing.assert_allclose(ds.x[:, :, 0] - ds.x[:, :1, 0], 3.0 * np.tile(ds.t, (40, 1)))
+    # named directly in systems, the installed simulator runs with its defaults (slope 1)
+    (cell,) = resolve_config("smoke", overrides={"systems": ["ramp"], "methods": ["node"]}).cells()
+    assert cell.data.source is not None and cell.data.source.simulator == "ramp"
+    ds = simulate_data(cell.system, cell.data, cell.seed, tmp_path / "cache")
+    np.testing.assert_allclose(ds.x[:, :, 0] - ds.x[:, :1, 0], 1.0 * np.tile(ds.t, (40, 1)))
+    check_names(systems=["ramp"])  # the command line's quick check knows it too

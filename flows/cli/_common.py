@@ -288,7 +288,9 @@ def check_names(
 
     valid_methods = tuple(sorted(METHODS))
     layer = load_config_file(config_file) if config_file is not None else {}
-    valid_systems = SYSTEM_NAMES + declared_names(layer)
+    from tasks._names import plugin_systems
+
+    valid_systems = SYSTEM_NAMES + declared_names(layer) + tuple(sorted(plugin_systems()))
     _check("system", "systems", systems, valid_systems)
     _check("method", "methods", methods, valid_methods)
     if config_file is None:
