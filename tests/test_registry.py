@@ -4,6 +4,7 @@ interrupted between registering and moving the alias does not register the run t
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -101,6 +102,13 @@ def test_pyfunc_champion_after_moving_the_home(tmp_path, monkeypatch, prefect_se
     assert logged.name == f"neural_laplace-{SYSTEM}-s0"  # the Models tab tells them apart
     assert {m.key: m.value for m in logged.metrics}["test_rmse"] == spec.test_rmse
     assert logged.params["training.epochs"] == "2" and logged.params["method"] == "neural_laplace"
+    # linked both ways, as mlflow.register_model links them (the Models tab's "Registered
+    # models"), once although the promotion ran twice; its score names the run's data set
+    linked = json.loads(logged.tags["mlflow.modelVersions"])
+    assert linked == [{"name": name, "version": int(version)}]
+    (data,) = tracker.client.get_run(run_id).inputs.dataset_inputs
+    score = next(m for m in logged.metrics if m.key == "test_rmse")
+    assert (score.dataset_name, score.dataset_digest) == (data.dataset.name, data.dataset.digest)
     listed = tracker.client.search_logged_models([tracker.experiment_id])
     assert model_id in {m.model_id for m in listed}
     assert pyfunc.metadata.run_id == run_id
