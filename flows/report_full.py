@@ -31,7 +31,7 @@ from flows._report_folder import MANIFEST, OwnedFolder, UnownedFiles
 from tasks.config import RunConfig
 from tasks.reporting import ResultsTable, results_table
 from tasks.results import CellResult
-from tasks.tables import Table, TableCell, render_table
+from tasks.tables import Table, TableCell, number, render_table
 from tasks.tracking import Tracker
 
 #: The command the report suggests when no tuning study has run: complete, as it can be typed.
@@ -159,7 +159,7 @@ def _tuning_section(tracker: Tracker, link) -> ReportSection:
                 TableCell(t.get("method", "?")),
                 TableCell(t.get("system", "?")),
                 TableCell(t.get("profile", "?")),
-                TableCell("–" if not np.isfinite(best) else f"{best:.4g}"),
+                TableCell(number(best)),
                 TableCell(str(int(m.get("n_trials", 0)))),
                 TableCell(t.get("best_trial", "–")),
                 TableCell(r.info.run_id[:12], link=link(r.info.run_id)),
@@ -254,7 +254,7 @@ def _benchmark_section(tracker: Tracker, results, link) -> ReportSection:
             (
                 TableCell(r.key),
                 TableCell(_STATUS_WORDS.get(r.status, r.status)),
-                TableCell("–" if r.test_rmse is None else f"{r.test_rmse:.4g}"),
+                TableCell(number(r.test_rmse)),
                 TableCell((r.run_id or "–")[:12], link=link(r.run_id)),
             )
             for r in results

@@ -14,7 +14,7 @@ import pandas as pd
 
 from tasks.config import MAIN_SYSTEMS, METHODS
 from tasks.results import CellResult
-from tasks.tables import Table, TableCell, render_table, verdict
+from tasks.tables import Table, TableCell, number, render_table, verdict
 
 __all__ = [
     "PAPER_MAIN_TABLE",
@@ -123,7 +123,7 @@ def _short(method: str) -> str:
 
 def _fmt(mean: float, std: float | None) -> str:
     """``mean ± std``, or the mean alone where there is no spread to show (one seed)."""
-    return f"{mean:.4f}" if std is None else f"{mean:.4f} ± {std:.4f}"
+    return number(mean) if std is None else f"{number(mean)} ± {number(std)}"
 
 
 #: A cell whose few largest squared errors carry more than this share of the total is flagged.
@@ -170,7 +170,7 @@ class ResultsTable:
         if np.isfinite(r["top_share"]) and r["top_share"] > TOP_SHARE_FLAG:
             flag = (
                 f"dominated by a few samples ({r['top_share']:.0%} of the error); "
-                f"{r['rmse_without_top']:.4f} without them"
+                f"{number(r['rmse_without_top'])} without them"
             )
         return TableCell(
             _fmt(r["mean"], r["std"] if r["n_seeds"] > 1 else None),

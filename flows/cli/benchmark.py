@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()  # the figure printed is the user's wait, imports and Prefect included
     config = resolve(args)  # bad values answer before MLflow and Prefect load
     from flows.benchmark import run_benchmark
+    from tasks.tables import number
 
     if args.tuned:
         from tasks.tuning import apply_tuned
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         if p.promoted:
             print(
                 f"registry: {p.name} version {p.version} is now @champion "
-                f"(test RMSE {p.test_rmse:.4f})"
+                f"(test RMSE {number(p.test_rmse)})"
             )
     counts = ", ".join(
         f"{summary.count(s)} {s}" for s in ("finished", "reused", "failed", "interrupted")
@@ -88,11 +89,12 @@ def run(args: argparse.Namespace) -> int:
 def tuned_line(applied, profile: str, storage: str | None) -> str:
     """What ``--tuned`` found: how many cells use a study's best configuration, and what the
     others keep (their profile's settings, not the paper's); with none found, where it looked."""
+    from tasks.tables import plural
     from tasks.tuning import study_name
     from tasks.tuning.storage import default_storage_url, redact
 
     def cells(n: int) -> str:
-        return f"{n} cell{'' if n == 1 else 's'}"
+        return plural(n, "cell")
 
     line = f"tuned configurations for {cells(len(applied.tuned))}"
     if applied.untuned:

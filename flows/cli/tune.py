@@ -109,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
     from flows.tune import run_tune
     from tasks.search_spaces import search_space
+    from tasks.tables import number
     from tasks.tuning import StorageUnavailable, TuningError, open_storage, sigterm_interrupts
 
     try:
@@ -137,8 +138,10 @@ def run(args: argparse.Namespace) -> int:
         f"study {result.study_name}: {result.n_complete} complete, {result.n_pruned} pruned, "
         f"{result.n_failed} failed trials"
     )
-    first = f" (first trial: {result.first_value:.6g})" if result.first_value is not None else ""
-    print(f"best trial {result.best_trial}: validation RMSE {result.best_value:.6g}{first}")
+    first = (
+        f" (first trial: {number(result.first_value)})" if result.first_value is not None else ""
+    )
+    print(f"best trial {result.best_trial}: validation RMSE {number(result.best_value)}{first}")
     print(f"  model overrides {b.model}; training overrides {b.training}")
     print(f"MLflow parent run {result.parent_run_id}")
     print(benchmark_hint(args, result.study_name))
