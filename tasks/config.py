@@ -140,6 +140,18 @@ def known_methods() -> tuple[str, ...]:
     return tuple(sorted(MODELS))
 
 
+def _check_known(kind: str, names: tuple[str, ...]) -> tuple[str, ...]:
+    """:func:`check_names` against the registry; names the package ships pass without loading
+    it (numpy, torch), so a run configuration of built-in names validates on pydantic alone."""
+    builtin, registry = {
+        "system": (SYSTEM_NAMES, known_systems),
+        "method": (METHODS, known_methods),
+    }[kind]
+    if names and set(names) <= set(builtin):
+        return check_names(kind, names, builtin)
+    return check_names(kind, names, registry())
+
+
 #: Names of the model registry's introspection (:mod:`nlmodels.model_registry`) that this module
 #: re-exports on first use, and the quick profile's epochs (read from its file on first use):
 #: importing ``tasks.config`` imports neither torch nor a profile file.
@@ -371,12 +383,12 @@ class RunConfig(_Frozen):
     @field_validator("systems")
     @classmethod
     def _valid_systems(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        return check_names("system", v, known_systems())
+        return _check_known("system", v)
 
     @field_validator("methods")
     @classmethod
     def _valid_methods(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        return check_names("method", v, known_methods())
+        return _check_known("method", v)
 
     @field_validator("models", mode="before")
     @classmethod
@@ -399,7 +411,7 @@ class RunConfig(_Frozen):
     @field_validator("method_epochs")
     @classmethod
     def _valid_method_epochs(cls, v: dict[str, int]) -> dict[str, int]:
-        check_names("method", tuple(v), known_methods()) if v else None
+        _check_known("method", tuple(v)) if v else None
         bad = {m: n for m, n in v.items() if n < 1}
         if bad:
             raise ValueError(f"epochs must be at least 1, got {bad}")
