@@ -93,7 +93,11 @@ def report(tmp_path_factory):
 
         results = _results()
         paths = build_report(
-            Tracker.connect(), folder / "out", results=results, ui_address="http://127.0.0.1:5000"
+            Tracker.connect(),
+            folder / "out",
+            results=results,
+            profile="paper",
+            ui_address="http://127.0.0.1:5000",
         )
         yield paths, results
 

@@ -27,7 +27,7 @@ def _table():
         for m in METHODS
         for seed in (0, 1, 2)
     ]
-    return results, results_table(results)
+    return results, results_table(results, profile="paper")
 
 
 @pytest.mark.parametrize("width", [60, 80, 100, 140])
