@@ -316,7 +316,10 @@ def build_report(
     sections = [s for s in found if s.run_id is not None or s.tables]
     not_run = [s for s in found if s not in sections]
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    legend = "verdict: ▲ better than the paper, ✓ within 10 % (main table: within ± band), ▼ worse"
+    legend = (
+        "verdict: ▲ better than the paper, ✓ within 10 % (main table, paper profile only: "
+        "within ± band), ▼ worse"
+    )
     where = f"{tracker.settings.tracking_uri} (experiment {tracker.settings.experiment})"
     md = [
         "# Neural Laplace Lab: results beside the paper\n",
