@@ -106,14 +106,14 @@ def benchmark_flow(
             tracker, config, parent, stop=stop if config.execution.task_runner == "thread" else None
         )
         results = run_cells(cells, runtime, reused=reused)
-        table = results_table(results)
+        table = results_table(results, profile=config.profile)
         with tempfile.TemporaryDirectory(prefix="nllab-report-") as tmp:
             table.write(Path(tmp))
             tracker.log_artifact(parent, Path(tmp), "results")
         promotions = _promote(tracker, results) if config.tracking.register_models else []
         failed = [r for r in results if not r.ok]
         description, summary_metrics = parent_summary(
-            results, f"Benchmark, profile {config.profile}"
+            results, f"Benchmark, profile {config.profile}", config.profile
         )
         tracker.log_metrics(parent, summary_metrics)
         run.record_cells(results, note=description)
@@ -142,7 +142,7 @@ def run_benchmark(config: RunConfig) -> BenchmarkSummary:
         return BenchmarkSummary(
             parent,
             tuple(reused),
-            results_table(reused),
+            results_table(reused, profile=config.profile),
             tuple(promotions),
             time.perf_counter() - t0,
         )

@@ -29,9 +29,9 @@ import pandas as pd
 
 from flows._report_folder import MANIFEST, OwnedFolder, UnownedFiles
 from tasks.config import RunConfig
-from tasks.reporting import ResultsTable, results_table
+from tasks.reporting import PAPER_BUDGET, ResultsTable, results_table
 from tasks.results import CellResult
-from tasks.tables import Table, TableCell, render_table
+from tasks.tables import Table, TableCell, number, render_table
 from tasks.tracking import Tracker
 
 #: The command the report suggests when no tuning study has run: complete, as it can be typed.
@@ -159,7 +159,7 @@ def _tuning_section(tracker: Tracker, link) -> ReportSection:
                 TableCell(t.get("method", "?")),
                 TableCell(t.get("system", "?")),
                 TableCell(t.get("profile", "?")),
-                TableCell("–" if not np.isfinite(best) else f"{best:.4g}"),
+                TableCell(number(best)),
                 TableCell(str(int(m.get("n_trials", 0)))),
                 TableCell(t.get("best_trial", "–")),
                 TableCell(r.info.run_id[:12], link=link(r.info.run_id)),
@@ -193,13 +193,14 @@ def main_table_figure(table: ResultsTable) -> bytes:
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
     f = table.frame.set_index(["method", "system"])
     x = np.arange(len(methods))
+    paper_label = "paper" if table.judged else f"paper ({PAPER_BUDGET})"
     for ax, s in zip(axes.flat, systems):
         ours = [f.loc[(m, s), "mean"] if (m, s) in f.index else np.nan for m in methods]
         std = [f.loc[(m, s), "std"] if (m, s) in f.index else np.nan for m in methods]
         paper = [f.loc[(m, s), "paper_mean"] if (m, s) in f.index else np.nan for m in methods]
         pstd = [f.loc[(m, s), "paper_std"] if (m, s) in f.index else np.nan for m in methods]
         ax.bar(x, ours, yerr=std, color="#4c72b0", capsize=2, label="ours")
-        ax.errorbar(x, paper, yerr=pstd, fmt="_", color="k", ms=14, mew=2, label="paper")
+        ax.errorbar(x, paper, yerr=pstd, fmt="_", color="k", ms=14, mew=2, label=paper_label)
         ax.set_xticks(x, methods, rotation=35, ha="right", fontsize=7)
         ax.set_yscale("log")
         ax.set_title(s, fontsize=9)
@@ -218,31 +219,34 @@ def collect_sections(
     tracker: Tracker,
     results: Sequence[CellResult] | None = None,
     ui_address: str | None = None,
+    profile: str | None = None,
 ) -> list[ReportSection]:
-    """The main table (from ``results``, else the latest finished benchmark's cells), every
-    registered study and the tuning studies, latest FINISHED parent run each."""
+    """The main table (from ``results``, trained in ``profile``, else the latest finished
+    benchmark's cells), every registered study and the tuning studies, latest FINISHED parent
+    run each; a section that has none has no ``run_id``."""
     from flows.studies import STUDIES
 
     def link(run_id: str | None) -> str | None:
         return tracker.run_url(ui_address, run_id) if ui_address and run_id else None
 
-    sections = [_benchmark_section(tracker, results, link)]
+    sections = [_benchmark_section(tracker, results, profile, link)]
     for name, study in STUDIES.items():
         sections.append(_study_section(tracker, name, study.spec.title, study.spec.paper_ref, link))
     sections.append(_tuning_section(tracker, link))
     return sections
 
 
-def _benchmark_section(tracker: Tracker, results, link) -> ReportSection:
+def _benchmark_section(tracker: Tracker, results, profile: str | None, link) -> ReportSection:
     title, ref = "Main table", "Table 3 (Table:MainMSE)"
     found = benchmark_config(tracker)
     run_id = found[1] if found else None
-    profile = found[0].profile if found else "–"
     if results is None:
         if found is None:
             return ReportSection("benchmark", title, ref, None, "–", {}, {})
-        results = stored_cell_results(tracker, found[0])
-    table = results_table(results)
+        results, profile = stored_cell_results(tracker, found[0]), found[0].profile
+    elif profile is None:
+        raise ValueError("the profile the results were trained in is needed to judge them")
+    table = results_table(results, profile=profile)
     # A cell links to the run of its first finished seed.
     links = {}
     for r in results:
@@ -254,7 +258,7 @@ def _benchmark_section(tracker: Tracker, results, link) -> ReportSection:
             (
                 TableCell(r.key),
                 TableCell(_STATUS_WORDS.get(r.status, r.status)),
-                TableCell("–" if r.test_rmse is None else f"{r.test_rmse:.4g}"),
+                TableCell(number(r.test_rmse)),
                 TableCell((r.run_id or "–")[:12], link=link(r.run_id)),
             )
             for r in results
@@ -278,6 +282,13 @@ def _benchmark_section(tracker: Tracker, results, link) -> ReportSection:
 
 
 # -- rendering ------------------------------------------------------------------------------
+def _run_command(section: str) -> str:
+    """The command that gives a section its first run."""
+    return {"benchmark": "nllab benchmark", "tune": TUNE_EXAMPLE}.get(
+        section, f"nllab study {section}"
+    )
+
+
 _CSS = """body{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1em;font-size:13px}
 td,th{border:1px solid #ccc;padding:3px 7px;text-align:right;vertical-align:top}
@@ -292,15 +303,23 @@ def build_report(
     out_dir: str | Path,
     *,
     results: Sequence[CellResult] | None = None,
+    profile: str | None = None,
     ui_address: str | None = None,
     force: bool = False,
 ) -> ReportPaths:
     """Write ``report.html`` (self-contained), ``report.md`` with ``figures/``, and
-    ``results.{csv,md,tex}`` of the main table to ``out_dir`` (see :class:`OwnedFolder`)."""
+    ``results.{csv,md,tex}`` of the main table (``results``, trained in ``profile``) to
+    ``out_dir`` (see :class:`OwnedFolder`). Only what has run gets a section; one line lists
+    the rest, each with the command that runs it."""
     out = OwnedFolder(Path(out_dir), force)
-    sections = collect_sections(tracker, results, ui_address)
+    found = collect_sections(tracker, results, ui_address, profile)
+    sections = [s for s in found if s.run_id is not None or s.tables]
+    not_run = [s for s in found if s not in sections]
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    legend = "verdict: ▲ better than the paper, ✓ within 10 % (main table: within ± band), ▼ worse"
+    legend = (
+        "verdict: ▲ better than the paper, ✓ within 10 % (main table, paper profile only: "
+        "within ± band), ▼ worse"
+    )
     where = f"{tracker.settings.tracking_uri} (experiment {tracker.settings.experiment})"
     md = [
         "# Neural Laplace Lab: results beside the paper\n",
@@ -310,6 +329,14 @@ def build_report(
         "<h1>Neural Laplace Lab: results beside the paper</h1>",
         f'<p class="meta">Generated {stamp} from {html.escape(where)}. {legend}.</p>',
     ]
+    if not_run:
+        cmds = [_run_command(s.name) for s in not_run]
+        md.append("Not run yet: " + ", ".join(f"`{c}`" for c in cmds) + ".\n")
+        body.append(
+            '<p class="missing">Not run yet: '
+            + ", ".join(f"<code>{html.escape(c)}</code>" for c in cmds)
+            + ".</p>"
+        )
     figures: list[Path] = []
     results_paths: list[Path] = []
     for s in sections:
@@ -317,13 +344,6 @@ def build_report(
         md.append(f"\n## {head}\n")
         body.append(f"<h2>{html.escape(s.title)} <code>{html.escape(s.name)}</code></h2>")
         body.append(f'<p class="meta">paper: {html.escape(s.paper_ref)}</p>')
-        if s.run_id is None and not s.tables:
-            cmd = {"benchmark": "nllab benchmark", "tune": TUNE_EXAMPLE}.get(
-                s.name, f"nllab study {s.name}"
-            )
-            md.append(f"_No run yet: `{cmd}`._\n")
-            body.append(f'<p class="missing">No run yet: <code>{html.escape(cmd)}</code></p>')
-            continue
         if s.name != "tune":
             run_md = f"[{s.run_id}]({s.url})" if s.url else str(s.run_id)
             run_html = html.escape(str(s.run_id))
@@ -347,7 +367,7 @@ def build_report(
                 f'src="data:image/png;base64,{b64}"></p>'
             )
     if results is not None:
-        texts = results_table(results).texts()
+        texts = results_table(results, profile=str(profile)).texts()
         results_paths = [out.add(f"results.{ext}", text) for ext, text in texts.items()]
     page = (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>Neural Laplace Lab '

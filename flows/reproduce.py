@@ -31,6 +31,7 @@ from tasks.engine import run_cells
 from tasks.evaluation import evaluate
 from tasks.modelio import load_model
 from tasks.results import CellResult
+from tasks.tables import Format, Table, TableCell, number, render_table
 from tasks.tracking import RunRecord, RunTags, Tracker, parent_run
 
 __all__ = [
@@ -327,14 +328,21 @@ def _run_ablation(
     return ablation_subflow()
 
 
-def ablation_table(name: str | None, rows: list[tuple[Any, CellResult]]) -> str:
-    """An ablation's cells as a Markdown table: the value, how the cell ended, its test RMSE and
-    run id (logged as ``ablation.md`` and printed by ``nllab reproduce``)."""
-    lines = [f"| {name} | status | test RMSE | run |", "|---|---|---|---|"]
-    for value, r in rows:
-        rmse = "" if r.test_rmse is None else f"{r.test_rmse:.6g}"
-        lines.append(f"| {value} | {r.status} | {rmse} | {r.run_id or ''} |")
-    return "\n".join(lines) + "\n"
+def ablation_table(
+    name: str | None, rows: list[tuple[Any, CellResult]], fmt: Format = "markdown"
+) -> str:
+    """An ablation's cells: the value, how the cell ended, its test RMSE and run id, in Markdown
+    (logged as ``ablation.md``) or for the terminal (printed by ``nllab reproduce``)."""
+    cells = [
+        (
+            TableCell(str(value)),
+            TableCell(r.status),
+            TableCell("" if r.test_rmse is None else number(r.test_rmse)),
+            TableCell(r.run_id or ""),
+        )
+        for value, r in rows
+    ]
+    return render_table(Table((str(name), "status", "test RMSE", "run"), tuple(cells)), fmt)
 
 
 def reproduce(uri: str, ablation: str | None = None, **kwargs: Any) -> ReproduceResult:

@@ -45,12 +45,12 @@ def tune_flow(spec: TuneSpec) -> TuneResult:
         wait([trials_task.submit(spec, session.parent_run_id, n) for n in shards])
 
     result = run_tuning(spec) if spec.task_runner == "thread" else run_tuning(spec, on_dask)
+    # The dashboard line is the command's to print (once), not the flow log's.
     logger.info(
-        "study %s: best trial %d, validation RMSE %.6g; %s",
+        "study %s: best trial %d, validation RMSE %.4g",
         result.study_name,
         result.best_trial,
         result.best_value,
-        result.dashboard,
     )
     return result
 

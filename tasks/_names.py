@@ -14,6 +14,7 @@ from collections.abc import Iterable, MutableMapping
 
 __all__ = [
     "DEFAULT_QUICK_EPOCHS",
+    "check_known",
     "known_methods",
     "known_systems",
     "plugin_systems",
@@ -30,6 +31,21 @@ def known_systems() -> tuple[str, ...]:
     from datasets import SYSTEMS
 
     return tuple(sorted(SYSTEMS))
+
+
+def check_known(
+    kind: str, names: tuple[str, ...], builtin: tuple[str, ...], declared: tuple[str, ...] = ()
+) -> tuple[str, ...]:
+    """``names`` checked against the valid ``kind`` names (a :class:`ValueError` naming them
+    otherwise). Names the package ships (``builtin``) pass without loading the registries
+    (numpy, torch), so a configuration of built-in names validates on pydantic alone; any
+    other is looked up in the registry with its plugins (systems: and those ``declared``)."""
+    from tasks._config_checks import check_names
+
+    if names and set(names) <= set(builtin):
+        return check_names(kind, names, builtin)
+    valid = known_systems() + declared if kind == "system" else known_methods(names)
+    return check_names(kind, names, valid)
 
 
 def plugin_systems() -> frozenset[str]:

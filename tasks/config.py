@@ -49,7 +49,7 @@ from tasks._declarations import (
     declared_data,
     resolve_sources,
 )
-from tasks._names import known_methods, known_systems, quick_epochs_for
+from tasks._names import check_known, known_methods, known_systems, quick_epochs_for
 
 if TYPE_CHECKING:  # served by __getattr__ below, on first use
     from nlmodels.model_registry import model_arguments, model_option_types, model_signature
@@ -383,12 +383,12 @@ class RunConfig(_Frozen):
     @classmethod
     def _valid_systems(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
         declared = tuple(info.data.get("define_systems") or ())
-        return check_names("system", v, known_systems() + declared)
+        return check_known("system", v, SYSTEM_NAMES, declared)
 
     @field_validator("methods")
     @classmethod
     def _valid_methods(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        return check_names("method", v, known_methods(v))
+        return check_known("method", v, METHODS)
 
     @field_validator("models", mode="before")
     @classmethod
@@ -411,7 +411,7 @@ class RunConfig(_Frozen):
     @field_validator("method_epochs")
     @classmethod
     def _valid_method_epochs(cls, v: dict[str, int]) -> dict[str, int]:
-        check_names("method", tuple(v), known_methods(v)) if v else None
+        check_known("method", tuple(v), METHODS) if v else None
         bad = {m: n for m, n in v.items() if n < 1}
         if bad:
             raise ValueError(f"epochs must be at least 1, got {bad}")

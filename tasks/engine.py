@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -44,6 +46,7 @@ from tasks.config import CellConfig, DataConfig
 from tasks.placement import Measure, gpu_pack_size, place_pack, split_evenly
 from tasks.prefect_tasks import PackFailed, pack_task, simulate_task
 from tasks.results import CellResult
+from tasks.tables import number, plural
 
 __all__ = [
     "CPU_PACK_MEMBERS",
@@ -230,15 +233,62 @@ def _torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+#: Seconds of silence after which a redirected run prints a line saying it is still working
+#: (``NLLAB_HEARTBEAT_SECONDS`` changes it).
+HEARTBEAT_SECONDS = float(os.environ.get("NLLAB_HEARTBEAT_SECONDS", "60"))
+
+
+class _Heartbeat:
+    """Prints ``status()`` whenever :data:`HEARTBEAT_SECONDS` pass without a line, from a
+    background thread between :meth:`start` and :meth:`stop` (redirected output, which has no
+    progress bars to show that a long phase is still moving)."""
+
+    def __init__(self, enabled: bool, status: Callable[[], str]) -> None:
+        self.enabled, self.status = enabled, status
+        self.last = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="nllab-heartbeat", daemon=True)
+
+    def printed(self) -> None:
+        """A line was printed: the silence starts again."""
+        self.last = time.monotonic()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(min(HEARTBEAT_SECONDS, 5.0)):
+            if time.monotonic() - self.last >= HEARTBEAT_SECONDS:
+                print(self.status(), flush=True)
+                self.printed()
+
+    def start(self) -> None:
+        if self.enabled:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(round(seconds), 60)
+    return f"{m} min {s} s" if m else f"{s} s"
+
+
 def _print_finished(done: Sequence[CellResult], n: int, total: int, seconds: float) -> None:
-    """One line per finished cell (progress when the output is not a terminal)."""
+    """One line per finished cell (progress when the output is not a terminal): its own
+    training seconds, and the time since the first pack started."""
     for i, r in enumerate(done, start=n - len(done) + 1):
         outcome = (
-            f"test RMSE {r.test_rmse:.4f}"
+            f"test RMSE {number(r.test_rmse)}"
             if r.ok
             else f"{r.status}: {(r.error or 'no result').splitlines()[0]}"
         )
-        print(f"cell {i}/{total} {r.key}: {outcome} ({seconds:.0f} s)", flush=True)
+        trained = f"trained {r.train_seconds:.0f} s, " if r.train_seconds is not None else ""
+        print(
+            f"cell {i}/{total} {r.key}: {outcome} ({trained}{_clock(seconds)} since training "
+            "started)",
+            flush=True,
+        )
 
 
 def run_cells(
@@ -272,12 +322,12 @@ def run_cells(
     packs = [p for p, _ in placed]
     n_gpu = sum(d == "cuda" for _, d in placed)
     get_run_logger().info(
-        "%d cells: %d already finished (reused), %d to run in %d packs (%d on CUDA), "
+        "%s: %d already finished (reused), %d to run in %s (%d on CUDA), "
         "%d at a time; tracking at %s",
-        len(unique),
+        plural(len(unique), "cell"),
         len(reused),
         len(todo),
-        len(packs),
+        plural(len(packs), "pack"),
         n_gpu,
         runtime.max_workers,
         tracker.settings.tracking_uri,
@@ -286,73 +336,91 @@ def run_cells(
     lines = runtime.progress and not (sys.stdout.isatty() and sys.stderr.isatty())
     if lines:
         runtime = dataclasses.replace(runtime, progress=False)
+    t0, finished = time.perf_counter(), 0
+    training = False
+
+    def status() -> str:
+        if not training:
+            return f"… simulating data sets ({_clock(time.perf_counter() - t0)})"
+        return (
+            f"… {finished}/{plural(len(todo), 'cell')} finished, "
+            f"{_clock(time.perf_counter() - t0)} since training started"
+        )
+
+    heartbeat = _Heartbeat(lines and bool(todo), status)
     if todo:
-        wait([simulate_task.submit(s, d, seed) for s, d, seed in _data_keys(todo)])
-        isolated = (
-            runtime.isolation == "process"
-            and runtime.task_runner == "thread"
-            and not worker_pool_active()
-        )
-        pool = worker_processes(runtime.max_workers) if isolated else nullcontext()
-        # Log lines (Prefect's, ours) are printed above the progress bars instead of through them.
-        # Only loggers that print to the console: a logger without a console handler (the root,
-        # usually) would get one, and print every record it receives a second time, bare.
-        printing = [
-            lg
-            for lg in (logging.getLogger("prefect"), logging.getLogger())
-            if any(isinstance(h, logging.StreamHandler) for h in lg.handlers)
-        ]
-        quiet_logs = (
-            logging_redirect_tqdm(loggers=printing)
-            if runtime.progress and printing
-            else nullcontext()
-        )
-        bar = tqdm(
-            total=len(todo),
-            desc="cells",
-            unit="cell",
-            disable=not runtime.progress,
-            position=0,
-            leave=True,
-        )
-        where = {id(p): d for p, d in placed}
-
-        def submit(p: list[CellConfig]) -> PrefectFuture:
-            # Under auto each pack runs where it was placed (the worker measures nothing again).
-            rt = replace(runtime, placed=where[id(p)]) if runtime.device == "auto" else runtime
-            return pack_task.submit(p, rt)
-
-        t0, finished = time.perf_counter(), 0
+        heartbeat.start()
         try:
-            with pool, quiet_logs:
-                try:
-                    if runtime.device == "auto" and n_gpu:
-                        # GPU packs in their lanes, CPU packs on the other workers
-                        completed = in_lanes(placed, submit, runtime.max_workers)
-                    else:
-                        futures = {submit(p): p for p in packs}
-                        completed = ((f, futures[f]) for f in as_completed(list(futures)))
-                    for fut, pack in completed:
-                        done = collect_results(fut, pack)
-                        for r in done:
-                            by_hash[r.config_hash] = r
-                        bar.update(len(done))
-                        finished += len(done)
-                        if lines:
-                            _print_finished(done, finished, len(todo), time.perf_counter() - t0)
-                        bar.set_postfix(
-                            failed=sum(not r.ok for r in by_hash.values()),
-                            reused=len(reused),
-                            elapsed=f"{time.perf_counter() - t0:.0f}s",
-                        )
-                except BaseException:
-                    # Ctrl-C: before the pool shuts down, so queued cells never start; running
-                    # cells stop at their next batch and end KILLED, finished ones stay.
-                    if runtime.stop is not None:
-                        runtime.stop.set()
-                    raise
+            wait([simulate_task.submit(s, d, seed) for s, d, seed in _data_keys(todo)])
+            heartbeat.printed()
+            t0, training = time.perf_counter(), True
+            isolated = (
+                runtime.isolation == "process"
+                and runtime.task_runner == "thread"
+                and not worker_pool_active()
+            )
+            pool = worker_processes(runtime.max_workers) if isolated else nullcontext()
+            # Log lines (Prefect's, ours) are printed above the progress bars, not through them.
+            # Only loggers that print to the console: a logger without a console handler (the
+            # root, usually) would get one, and print every record it receives a second time.
+            printing = [
+                lg
+                for lg in (logging.getLogger("prefect"), logging.getLogger())
+                if any(isinstance(h, logging.StreamHandler) for h in lg.handlers)
+            ]
+            quiet_logs = (
+                logging_redirect_tqdm(loggers=printing)
+                if runtime.progress and printing
+                else nullcontext()
+            )
+            bar = tqdm(
+                total=len(todo),
+                desc="cells",
+                unit="cell",
+                disable=not runtime.progress,
+                position=0,
+                leave=True,
+            )
+            where = {id(p): d for p, d in placed}
+
+            def submit(p: list[CellConfig]) -> PrefectFuture:
+                # Under auto each pack runs where it was placed (the worker measures nothing again).
+                rt = replace(runtime, placed=where[id(p)]) if runtime.device == "auto" else runtime
+                return pack_task.submit(p, rt)
+
+            try:
+                with pool, quiet_logs:
+                    try:
+                        if runtime.device == "auto" and n_gpu:
+                            # GPU packs in their lanes, CPU packs on the other workers
+                            completed = in_lanes(placed, submit, runtime.max_workers)
+                        else:
+                            futures = {submit(p): p for p in packs}
+                            completed = ((f, futures[f]) for f in as_completed(list(futures)))
+                        for fut, pack in completed:
+                            done = collect_results(fut, pack)
+                            for r in done:
+                                by_hash[r.config_hash] = r
+                            bar.update(len(done))
+                            finished += len(done)
+                            if lines:
+                                _print_finished(done, finished, len(todo), time.perf_counter() - t0)
+                                heartbeat.printed()
+                            bar.set_postfix(
+                                failed=sum(not r.ok for r in by_hash.values()),
+                                reused=len(reused),
+                                elapsed=f"{time.perf_counter() - t0:.0f}s",
+                            )
+                    except BaseException:
+                        # Ctrl-C: before the pool shuts down, so queued cells never start; running
+                        # cells stop at their next batch and end KILLED, finished ones stay.
+                        if runtime.stop is not None:
+                            runtime.stop.set()
+                        raise
+            finally:
+                bar.close()
         finally:
-            bar.close()
+            heartbeat.stop()
         for c in todo:
             by_hash.setdefault(
                 c.config_hash(), CellResult.failed(c, "failed", "the cell's task did not return")

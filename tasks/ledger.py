@@ -264,7 +264,7 @@ def ledger_table(records: Iterable[LedgerRecord], cells: Sequence[CellConfig] = 
 
     from tasks.reporting import PAPER_MAIN_TABLE, ResultsTable, results_table
 
-    table = results_table(records)
+    table = results_table(records, profile="paper")
     have = set(zip(table.frame["method"], table.frame["system"], strict=True))
     empty = []
     for c in cells:
@@ -290,7 +290,8 @@ def ledger_table(records: Iterable[LedgerRecord], cells: Sequence[CellConfig] = 
         return table
     frame = pd.DataFrame(empty, columns=table.frame.columns)
     return ResultsTable(
-        pd.concat([table.frame, frame], ignore_index=True) if len(table.frame) else frame
+        pd.concat([table.frame, frame], ignore_index=True) if len(table.frame) else frame,
+        "paper",
     )
 
 

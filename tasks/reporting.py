@@ -14,9 +14,10 @@ import pandas as pd
 
 from tasks.config import MAIN_SYSTEMS, METHODS
 from tasks.results import CellResult
-from tasks.tables import Table, TableCell, render_table, verdict
+from tasks.tables import Table, TableCell, number, render_table, verdict
 
 __all__ = [
+    "PAPER_BUDGET",
     "PAPER_MAIN_TABLE",
     "TOP_SHARE_FLAG",
     "Published",
@@ -123,7 +124,7 @@ def _short(method: str) -> str:
 
 def _fmt(mean: float, std: float | None) -> str:
     """``mean ± std``, or the mean alone where there is no spread to show (one seed)."""
-    return f"{mean:.4f}" if std is None else f"{mean:.4f} ± {std:.4f}"
+    return number(mean) if std is None else f"{number(mean)} ± {number(std)}"
 
 
 #: A cell whose few largest squared errors carry more than this share of the total is flagged.
@@ -132,19 +133,36 @@ TOP_SHARE_FLAG = 0.5
 
 #: How the best cell of a column is marked: bold, which a terminal shows as ``*``.
 _BEST, _BEST_TERMINAL = "best per system in bold", "best per system marked *"
+#: The training budget behind the paper's Table 3; only the ``paper`` profile trains it.
+PAPER_BUDGET = "5 seeds × 1000 epochs, N = 1000"
+_HEAD = f"Test RMSE (normalised, extrapolated half), mean ± std over seeds; {_BEST}; "
 _CAPTION = (
-    f"Test RMSE (normalised, extrapolated half), mean ± std over seeds; {_BEST}; "
-    "the paper's figure (5 seeds, N = 1000, 1000 epochs) in brackets; ▲ better than the paper, "
+    f"{_HEAD}the paper's figure ({PAPER_BUDGET}) in brackets; ▲ better than the paper, "
     "✓ within its ± band, ▼ worse."
 )
+
+
+def _caption_other_budget(profile: str) -> str:
+    return (
+        f"{_HEAD}in brackets the paper's figure, for another budget ({PAPER_BUDGET}) than the "
+        f"{profile} profile's, so no verdict is drawn (the paper profile trains its budget)."
+    )
 
 
 @dataclass(frozen=True)
 class ResultsTable:
     """Long table (one row per method × system); :meth:`main_table` lays it out as the paper's
-    Table 3 (methods × systems) for :func:`render_table`."""
+    Table 3 (methods × systems) for :func:`render_table`. Ours are judged against the paper's
+    figures (▲ ✓ ▼) only when ``profile`` trains the paper's budget; other profiles show the
+    figure beside ours, marked as another budget."""
 
     frame: pd.DataFrame
+    profile: str
+
+    @property
+    def judged(self) -> bool:
+        """Whether the paper's figures are this profile's yardstick (same budget)."""
+        return self.profile == "paper"
 
     @property
     def methods(self) -> list[str]:
@@ -174,14 +192,16 @@ class ResultsTable:
         if np.isfinite(r["top_share"]) and r["top_share"] > TOP_SHARE_FLAG:
             flag = (
                 f"dominated by a few samples ({r['top_share']:.0%} of the error); "
-                f"{r['rmse_without_top']:.4f} without them"
+                f"{number(r['rmse_without_top'])} without them"
             )
         text = _fmt(r["mean"], r["std"] if r["n_seeds"] > 1 else None)
         return TableCell(
             f"{text} (n={r['n_seeds']})" if seeds else text,
             paper=paper,
             best=self._best().get(system) == method,
-            verdict=verdict(r["mean"], r["std"], r["paper_mean"], r["paper_std"]),
+            verdict=verdict(r["mean"], r["std"], r["paper_mean"], r["paper_std"])
+            if self.judged
+            else "",
             link=links.get((method, system)),
             flag=flag,
         )
@@ -197,7 +217,8 @@ class ResultsTable:
             (TableCell(m), *(self._cell(m, s, links, seeds) for s in self.systems))
             for m in self.methods
         )
-        return Table(("method", *self.systems), rows, _CAPTION)
+        caption = _CAPTION if self.judged else _caption_other_budget(self.profile)
+        return Table(("method", *self.systems), rows, caption)
 
     def ranking(self) -> Table:
         """Per system, the methods from best to worst by mean test RMSE, ours beside the
@@ -264,43 +285,47 @@ class ResultsTable:
         return {"csv": self.to_csv(), "md": self.to_markdown(), "tex": self.to_latex()}
 
 
-def parent_summary(results: Sequence[CellResult], title: str) -> tuple[str, dict[str, float]]:
+def parent_summary(
+    results: Sequence[CellResult], title: str, profile: str
+) -> tuple[str, dict[str, float]]:
     """A parent run's description (Markdown, for the ``mlflow.note.content`` tag) and its
-    summary metrics: cell counts, and the mean test RMSE and win count against the paper."""
-    table = results_table(results)
+    summary metrics: cell counts, the mean test RMSE and, in the paper profile (the paper's
+    budget), the win count against the paper."""
+    table = results_table(results, profile=profile)
     ok = [r for r in results if r.ok]
-    verdicts = [
-        verdict(m, s, pm, ps)
-        for m, s, pm, ps in zip(
-            table.frame["mean"],
-            table.frame["std"],
-            table.frame["paper_mean"],
-            table.frame["paper_std"],
-        )
-    ]
     metrics = {
         "cells": float(len(results)),
         "cells_ok": float(len(ok)),
         "cells_failed": float(sum(r.status in ("failed", "interrupted") for r in results)),
         "mean_test_rmse": float(np.mean([r.test_rmse for r in ok])) if ok else float("nan"),
-        "paper_better": float(verdicts.count("better")),
-        "paper_match": float(verdicts.count("match")),
-        "paper_worse": float(verdicts.count("worse")),
     }
     text = (
         f"**{title}**: {len(ok)} of {len(results)} cells finished "
-        f"({int(metrics['cells_failed'])} failed). Against the paper's Table 3: "
-        f"{verdicts.count('better')} better, {verdicts.count('match')} within its band, "
-        f"{verdicts.count('worse')} worse.\n\n" + table.to_markdown()
+        f"({int(metrics['cells_failed'])} failed). "
     )
+    if table.judged:
+        f = table.frame
+        verdicts = [
+            verdict(*row) for row in zip(f["mean"], f["std"], f["paper_mean"], f["paper_std"])
+        ]
+        for v in ("better", "match", "worse"):
+            metrics[f"paper_{v}"] = float(verdicts.count(v))
+        text += (
+            f"Against the paper's Table 3: {verdicts.count('better')} better, "
+            f"{verdicts.count('match')} within its band, {verdicts.count('worse')} worse."
+        )
+    else:
+        text += f"The paper's Table 3 is another budget ({PAPER_BUDGET}): shown, not judged."
+    text += "\n\n" + table.to_markdown()
     ranking = table.ranking()
     if ranking.rows:
         text += "\n\n" + render_table(ranking, "markdown")
     return text, metrics
 
 
-def results_table(results: Iterable[CellResult]) -> ResultsTable:
-    """Aggregate cell results into mean ± std over seeds (population std, as numpy's default)."""
+def results_table(results: Iterable[CellResult], *, profile: str) -> ResultsTable:
+    """Aggregate cell results into mean ± std over seeds (population std, as numpy's default);
+    ``profile``: the profile they were trained in (the paper's figures judge the paper's)."""
     rows = []
     by_key: dict[tuple[str, str], list[CellResult]] = {}
     for r in results:
@@ -336,4 +361,4 @@ def results_table(results: Iterable[CellResult]) -> ResultsTable:
         "top_share",
         "rmse_without_top",
     ]
-    return ResultsTable(pd.DataFrame(rows, columns=columns))
+    return ResultsTable(pd.DataFrame(rows, columns=columns), profile)

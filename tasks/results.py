@@ -39,6 +39,7 @@ class CellResult:
     error: str | None = None
     top_share: float | None = None
     rmse_without_top: float | None = None
+    train_seconds: float | None = None  # the cell's own training time (its run's metric)
 
     @property
     def key(self) -> str:
@@ -91,4 +92,5 @@ class CellResult:
             cell.config_hash(),
             top_share=metrics.get("test_top_share"),
             rmse_without_top=metrics.get("test_rmse_without_top"),
+            train_seconds=metrics.get("train_seconds"),
         )

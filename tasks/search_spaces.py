@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import optuna
+if TYPE_CHECKING:  # the spaces only call the trial they are given: checking a method's
+    import optuna  # space (a schedules file, the command line) does not load Optuna
 
 __all__ = [
     "SEARCH_SPACES",

@@ -19,9 +19,25 @@ __all__ = [
     "Table",
     "TableCell",
     "Verdict",
+    "number",
+    "plural",
     "render_table",
     "verdict",
 ]
+
+
+def number(value: float | None) -> str:
+    """The one number format of every table and summary line: 4 significant digits (0.1126,
+    0.00085, 12.35), ``–`` for a missing or non-finite value."""
+    if value is None or not np.isfinite(value):
+        return "–"
+    return f"{float(value):.4g}"
+
+
+def plural(n: int, noun: str) -> str:
+    """``1 cell``, ``2 cells``: a count and its noun, plural unless one."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
 
 # -- one table model, four renderers ---------------------------------------------------------------
 Verdict = Literal["better", "match", "worse", ""]
@@ -65,7 +81,7 @@ class TableCell:
         if isinstance(value, TableCell):
             return value
         if isinstance(value, float | np.floating):
-            return cls("–" if not np.isfinite(value) else f"{value:.4g}")
+            return cls(number(value))
         return cls(str(value))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -70,23 +71,40 @@ def test_smoke_benchmark_console_is_quiet_when_redirected(tmp_path):
         **{k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "NLLAB_"))},
         "PYTHONPATH": str(ROOT),
         "NLLAB_HOME": str(tmp_path / "home"),
+        "NLLAB_HEARTBEAT_SECONDS": "0.2",  # the minute's silence of a long run, shortened
     }
     argv = "benchmark --profile smoke --systems integro_de --methods node neural_laplace"
-    r = subprocess.run(
-        [sys.executable, "-m", "flows.cli", *argv.split(), "--epochs", "1"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+
+    def benchmark() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "flows.cli", *argv.split(), "--epochs", "1"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    r = benchmark()
     assert r.returncode == 0, r.stderr
     both = r.stdout + r.stderr
     for noise in _NOISE:
         assert noise not in both, (noise, both)
     cells = [line for line in both.splitlines() if " integro_de/" in line and "test RMSE" in line]
     assert len(cells) == 2 and any("cell 2/2 " in line for line in cells), both
+    # each says which seconds it gives: the cell's own training, the time since training began
+    assert all(re.search(r"\(trained \d+ s, \d+ s since training started\)$", c) for c in cells)
+    # silent phases (simulation, training) say that they are still moving
+    beats = [line for line in r.stdout.splitlines() if line.startswith("… ")]
+    assert any("since training started" in line for line in beats), r.stdout
+    assert "2 cells: 0 already finished (reused), 2 to run in 2 packs" in both
     finished = [line for line in both.splitlines() if "Finished in state Completed()" in line]
     names = [line.split(" - ")[0].split("|")[-1].strip() for line in finished]
     assert len(names) == len(set(names)), finished  # one line per task (and the flow)
     assert "Starting temporary server" in r.stderr  # the notice stays, without its link
+
+    # Run again, every cell reused: no Prefect server is started (nothing is left to run).
+    again = benchmark()
+    assert again.returncode == 0, again.stderr
+    assert "2 cells: 0 finished, 2 reused" in again.stdout, again.stdout
+    assert "Starting temporary server" not in again.stdout + again.stderr

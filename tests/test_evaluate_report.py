@@ -18,7 +18,7 @@ from tasks.evaluation import (
     plot_loss_curves,
     top_error_share,
 )
-from tasks.reporting import PAPER_MAIN_TABLE, results_table
+from tasks.reporting import PAPER_MAIN_TABLE, parent_summary, results_table
 from tasks.results import CellResult
 from tasks.training import EpochRecord
 
@@ -151,7 +151,7 @@ def _results():
 
 
 def test_results_table_statistics():
-    t = results_table(_results())
+    t = results_table(_results(), profile="paper")
     f = t.frame.set_index(["method", "system"])
     assert f.loc[("node", "integro_de"), "mean"] == pytest.approx(0.15)
     assert f.loc[("node", "integro_de"), "std"] == pytest.approx(np.std([0.1, 0.2]))
@@ -167,18 +167,39 @@ def test_results_table_statistics():
 
 
 def test_markdown_and_latex_mark_the_best():
-    t = results_table(_results())
+    t = results_table(_results(), profile="paper")
     md = t.to_markdown()
     nl_row = next(line for line in md.splitlines() if line.startswith("| neural_laplace"))
     node_row = next(line for line in md.splitlines() if line.startswith("| node"))
-    assert "**0.0600 ± 0.0100**" in nl_row  # best on integro_de
-    assert "**0.3000**" in nl_row  # only result on spiral_dde: one seed, no ± shown
+    assert "**0.06 ± 0.01**" in nl_row  # best on integro_de (4 significant digits)
+    assert "**0.3**" in nl_row  # only result on spiral_dde: one seed, no ± shown
     assert "failed" in node_row and "**" not in node_row
     assert "(paper 0.0014 ± 0.0005)" in nl_row
     tex = t.to_latex()
-    assert r"\textbf{0.0600 $\pm$ 0.0100}" in tex
+    assert r"\textbf{0.06 $\pm$ 0.01}" in tex
     assert r"neural\_laplace" in tex and tex.count(r"\\") == 3
     assert r"\begin{tabular}{lcc}" in tex
+
+
+def test_only_the_paper_profile_is_judged_against_the_paper():
+    """The paper's figures come from its budget (5 seeds × 1000 epochs, N = 1000): the paper
+    profile is judged against them (▲ ✓ ▼), a smaller profile shows them as another budget."""
+    results = _results()
+    paper, quick = (results_table(results, profile=p) for p in ("paper", "quick"))
+    verdicts = {c.verdict for row in paper.main_table().rows for c in row[1:] if c.text != "failed"}
+    assert verdicts == {"worse"}  # every cell far above the paper's figures
+    assert not any(c.verdict for row in quick.main_table().rows for c in row[1:])
+    md = quick.to_markdown()
+    assert not {"▲", "✓", "▼"} & set(md) and "▼" in paper.to_markdown()
+    assert "(paper 0.0014 ± 0.0005)" in md  # the figure still beside ours
+    assert "another budget (5 seeds × 1000 epochs, N = 1000) than the quick profile's" in md
+    assert "\x1b[31m" not in quick.to_terminal(color=True)
+    assert "\x1b[31m" in paper.to_terminal(color=True)
+    text, metrics = parent_summary(results, "Benchmark", "quick")
+    assert "shown, not judged" in text and "worse" not in text
+    assert not any(k.startswith("paper_") for k in metrics)
+    text, metrics = parent_summary(results, "Benchmark", "paper")
+    assert "0 better, 0 within its band, 3 worse" in text and metrics["paper_worse"] == 3
 
 
 def test_paper_table_is_complete():
@@ -194,7 +215,7 @@ def test_ranking_orders_ours_beside_the_paper():
     ours = {"neural_laplace": 0.05, "latent_ode": 0.40, "node": 0.30}  # NODE and Latent swapped
     results = [CellResult("lotka_volterra_dde", m, 0, "finished", v) for m, v in ours.items()]
     results.append(CellResult("integro_de", "node", 0, "finished", 0.1))  # alone: no ranking
-    ranking = results_table(results).ranking()
+    ranking = results_table(results, profile="quick").ranking()
     assert len(ranking.rows) == 1
     system, mine, paper, winner, tau = (c.text for c in ranking.rows[0])
     assert system == "lotka_volterra_dde"

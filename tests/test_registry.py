@@ -4,9 +4,11 @@ interrupted between registering and moving the alias does not register the run t
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -20,7 +22,15 @@ from tasks.evaluation import evaluate
 from tasks.modelio import forecast
 from tasks.tracking import Tracker
 
-SYSTEM = "integro_de"
+SYSTEM = "lotka_volterra_dde"  # the README's snippet loads its champion
+
+
+def _readme_block(marker: str) -> str:
+    """The README's ```python block that contains ``marker``, as the reader copies it."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:]]
+    (block,) = [b for b in blocks if marker in b]
+    return block
 
 
 def _use_home(monkeypatch, home):
@@ -92,27 +102,32 @@ def test_pyfunc_champion_after_moving_the_home(tmp_path, monkeypatch, prefect_se
     assert logged.name == f"neural_laplace-{SYSTEM}-s0"  # the Models tab tells them apart
     assert {m.key: m.value for m in logged.metrics}["test_rmse"] == spec.test_rmse
     assert logged.params["training.epochs"] == "2" and logged.params["method"] == "neural_laplace"
+    # linked both ways, as mlflow.register_model links them (the Models tab's "Registered
+    # models"), once although the promotion ran twice; its score names the run's data set
+    linked = json.loads(logged.tags["mlflow.modelVersions"])
+    assert linked == [{"name": name, "version": int(version)}]
+    (data,) = tracker.client.get_run(run_id).inputs.dataset_inputs
+    score = next(m for m in logged.metrics if m.key == "test_rmse")
+    assert (score.dataset_name, score.dataset_digest) == (data.dataset.name, data.dataset.digest)
     listed = tracker.client.search_logged_models([tracker.experiment_id])
     assert model_id in {m.model_id for m in listed}
     assert pyfunc.metadata.run_id == run_id
 
-    # a fresh shell loads it with the README's lines (no stray store in the working folder)
-    code = (
-        "import mlflow, numpy as np\n"
-        "from tasks import tracking_uri\n"
-        "mlflow.set_tracking_uri(tracking_uri())\n"
-        f"m = mlflow.pyfunc.load_model({uri!r})\n"
-        "x = np.load('x.npz')\n"
-        "np.save('got.npy', m.predict({k: x[k] for k in x.files}))\n"
-        "print(m.metadata.run_id)\n"
+    # a fresh shell runs the README's snippet as written (no stray store in the working folder)
+    code = _readme_block("mlflow.pyfunc.load_model") + (
+        "np.savez('io.npz', x=x, **inputs)\n"  # what it predicted, from what
     )
-    np.savez(tmp_path / "x.npz", **{k: np.ascontiguousarray(v) for k, v in inputs.items()})
     r = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == run_id and "Warning" not in r.stderr, r.stderr
-    np.testing.assert_allclose(np.load(tmp_path / "got.npy"), own, rtol=1e-9, atol=1e-12)
+    io = np.load(tmp_path / "io.npz")
+    n, tq, d = io["x"].shape
+    assert r.stdout.split() == [f"({n},", f"{tq},", f"{d})", run_id] and n > 0 and d == 2
+    assert "Warning" not in r.stderr, r.stderr
+    np.testing.assert_allclose(
+        io["x"], forecast(again, spec, {k: io[k] for k in inputs}), rtol=1e-9, atol=1e-12
+    )
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()
 
     # float32 input is cast to the model's float64 by the platform's own forecaster

@@ -21,7 +21,7 @@ RESULTS = [
 
 
 def _report(out, force=False):
-    return build_report(Tracker.connect(), out, results=RESULTS, force=force)
+    return build_report(Tracker.connect(), out, results=RESULTS, profile="smoke", force=force)
 
 
 def test_report_never_deletes_or_silently_overwrites_user_files(mlflow_store, tmp_path):

@@ -9,6 +9,7 @@ import torch
 from flows.reproduce import (
     DataMismatch,
     ablation_cells,
+    ablation_table,
     reproduce,
     verify_registered,
 )
@@ -117,6 +118,12 @@ def test_ablation_runs_are_linked_and_the_registry_is_untouched(registered, pref
     assert parent.data.tags["mlflow.parentRunId"] == result.run_id
     assert parent.data.tags["nllab.kind"] == "reproduce"
     assert parent.data.metrics["abs_difference"] <= 1e-9
+    # printed as the benchmark prints its tables (no Markdown), logged as Markdown
+    shown = ablation_table("stereographic", list(out.cells), "terminal")
+    assert "|" not in shown and shown.splitlines()[1].startswith("─")
+    assert f"{new.test_rmse:.4g}" in shown and new.run_id in shown
+    logged = t.client.download_artifacts(out.run_id, "ablation.md")
+    assert open(logged).read().startswith("| stereographic | status | test RMSE | run |")
 
 
 def test_cli_reproduce_exit_codes(registered, prefect_server, capsys):

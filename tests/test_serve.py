@@ -3,13 +3,18 @@ are errors naming the entry; serving without a Prefect server explains how to ge
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tomllib
+from pathlib import Path
 
 import pytest
 
 from flows.cli import main
 from flows.prefect_server import ServerMissing, require_server
 from flows.serve import DEFAULT_SCHEDULES, ScheduleError, build_deployments, load_schedules
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_default_schedules_become_deployments_with_their_crons():
@@ -85,6 +90,43 @@ def test_no_server_explains_how_to_start_one(tmp_path, capsys, monkeypatch):
     assert "benchmark-nightly" in capsys.readouterr().out
     bad = _write(tmp_path, '[[schedule]]\nname = "z"\nflow = "benchmark"\ncron = "bad"\n')
     assert main(["serve", "--config", str(bad)]) == 2
+
+
+def _check_in_a_fresh_process(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, str]:
+    """``nllab serve --check`` in a new interpreter, and which heavy packages it loaded."""
+    code = (
+        "import sys\nfrom flows.cli import main\nrc = main(sys.argv[1:])\n"
+        "print(sorted(m for m in ('torch', 'mlflow', 'optuna') if m in sys.modules), "
+        "file=sys.stderr)\nraise SystemExit(rc)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, "serve", "--check", *args],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "NLLAB_HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    *_, loaded = r.stderr.strip().splitlines()
+    return r, loaded
+
+
+def test_serve_check_validates_every_entry_without_torch_mlflow_or_optuna(tmp_path):
+    r, loaded = _check_in_a_fresh_process(tmp_path)
+    assert r.returncode == 0, r.stderr
+    names = [e["name"] for e in tomllib.loads(DEFAULT_SCHEDULES.read_text())["schedule"]]
+    assert [line.split()[0] for line in r.stdout.splitlines()] == names
+    assert loaded == "[]"
+    # A bad entry behind good ones of every flow is still refused, on the same light path.
+    tune = 'flow = "tune"\ncron = "0 3 * * 0"\nmethod = "node"\nsystem = "sine"\n'
+    study = 'flow = "study"\ncron = "0 4 * * 6"\nstudy = "noise"\nsystems = ["nowhere"]\n'
+    body = (
+        f'[[schedule]]\n{GOOD}\n[[schedule]]\nname = "t"\n{tune}\n[[schedule]]\nname = "s"\n{study}'
+    )
+    r, loaded = _check_in_a_fresh_process(tmp_path, "--config", str(_write(tmp_path, body)))
+    assert r.returncode == 2
+    assert "entry 3 ('s')" in r.stderr and "unknown system 'nowhere'" in r.stderr
+    assert loaded == "[]"
 
 
 def test_instances_on_one_server_pause_only_what_no_other_serves(prefect_server, monkeypatch):

@@ -134,7 +134,11 @@ def test_cli_runs_a_study_and_rejects_unknown(smoke, capsys):
 
     assert main(["study", "waveforms", "--profile", "smoke", "--seeds", "0"]) == 0
     out = capsys.readouterr().out
-    assert "## waveforms" in out and "2 reused, 0 failed" in out  # the smoke cells, reused
+    assert "2 cells, 2 reused, 0 failed" in out  # the smoke cells, reused
+    # its tables as the benchmark prints its own: a rule under the header, no Markdown
+    lines = out.splitlines()
+    assert "waveforms" in lines and "## waveforms" not in out and "|---" not in out
+    assert lines[lines.index("waveforms") + 3].startswith("─")
     assert main(["study", "nope", "--profile", "smoke"]) == 2
     err = capsys.readouterr().err
     assert "unknown study 'nope'" in err and "frequency-filter" in err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -291,11 +292,36 @@ def test_cli_tune_prints_the_dashboard_command(tmp_path, mlflow_store, prefect_s
         )
         == 0
     )
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert f"optuna-dashboard {storage}" in out and "best trial" in out
+    assert (out + err).count("optuna-dashboard") == 1  # printed once, not by the flow log too
     # NODE's widths are searched as tuples and come back as tuples.
     tuned = tuned_overrides("node", "integro_de", "smoke", storage)
     assert isinstance(tuned.model["hidden"], list | tuple)
+
+    # The hint is the exact command that uses the study: run as printed, it finds it.
+    hint = next(line for line in out.splitlines() if line.startswith("use it with: "))
+    words = shlex.split(hint.removeprefix("use it with: "))
+    assert words[:3] == ["nllab", "benchmark", "--tuned"] and "--profile" in words
+    assert main([*words[1:], "--no-register"]) == 0
+    out = capsys.readouterr().out
+    assert "tuned configurations for 1 cell;" not in out  # the one cell is tuned, none left
+    assert out.splitlines()[0] == "tuned configurations for 1 cell"
+    run = Tracker.connect().client.search_runs(
+        [Tracker.connect().experiment_id], "tags.method = 'node' and tags.profile = 'smoke'"
+    )[0]
+    assert json.loads(run.data.params["model.hidden"]) == list(tuned.model["hidden"])
+
+
+def test_benchmark_tuned_without_a_study_says_what_it_kept_and_where_it_looked(tmp_path):
+    from flows.cli.benchmark import tuned_line
+
+    storage = f"sqlite:///{tmp_path / 'none.db'}"
+    config = resolve_config("quick", None, {"systems": ["integro_de"], "methods": ["node"]})
+    line = tuned_line(apply_tuned(config, storage), "quick", storage)
+    assert line.startswith("tuned configurations for 0 cells; 1 cell with no finished")
+    assert "keep the quick profile's configuration" in line and "paper" not in line
+    assert "node-integro_de-quick" in line and storage in line
 
 
 def test_unknown_method_or_storage_is_a_clear_error(tmp_path):

@@ -135,8 +135,9 @@ def add_runner_options(p: argparse.ArgumentParser, default: str | None = None) -
         "--pack",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="train cells that differ only in seed as one batched model, each cell's result "
-        "exactly as unpacked (default: on)",
+        help="train cells of one model and training config whose data have the same shapes "
+        "(seeds of a system, systems of equal sizes) as one batched model, each cell's result "
+        "as unpacked (default: on)",
     )
 
 

@@ -14,7 +14,7 @@ from flows.cli._common import (
     resolve,
 )
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "tuned_line"]
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -44,16 +44,14 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()  # the figure printed is the user's wait, imports and Prefect included
     config = resolve(args)  # bad values answer before MLflow and Prefect load
     from flows.benchmark import run_benchmark
+    from tasks.tables import number
 
     if args.tuned:
         from tasks.tuning import apply_tuned
 
         applied = apply_tuned(config, args.storage)
         config = applied.config
-        print(
-            f"tuned configurations for {len(applied.tuned)} cells; "
-            f"{len(applied.untuned)} cells have no finished study and keep the paper's"
-        )
+        print(tuned_line(applied, config.profile, args.storage))
     summary = run_benchmark(config)
     print()
     print(summary.table.to_terminal())
@@ -66,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         if p.promoted:
             print(
                 f"registry: {p.name} version {p.version} is now @champion "
-                f"(test RMSE {p.test_rmse:.4f})"
+                f"(test RMSE {number(p.test_rmse)})"
             )
     counts = ", ".join(
         f"{summary.count(s)} {s}" for s in ("finished", "reused", "failed", "interrupted")
@@ -86,3 +84,29 @@ def run(args: argparse.Namespace) -> int:
         print("some cells failed (see above); run the same command again to redo only those")
         return EXIT_FAILED
     return 0
+
+
+def tuned_line(applied, profile: str, storage: str | None) -> str:
+    """What ``--tuned`` found: how many cells use a study's best configuration, and what the
+    others keep (their profile's settings, not the paper's); with none found, where it looked."""
+    from tasks.tables import plural
+    from tasks.tuning import study_name
+    from tasks.tuning.storage import default_storage_url, redact
+
+    def cells(n: int) -> str:
+        return plural(n, "cell")
+
+    line = f"tuned configurations for {cells(len(applied.tuned))}"
+    if applied.untuned:
+        line += (
+            f"; {cells(len(applied.untuned))} with no finished {profile}-profile study keep the "
+            f"{profile} profile's configuration"
+        )
+    if not applied.tuned:
+        names = sorted({study_name(c.method, c.system, profile) for c in applied.cells})
+        shown = ", ".join(names[:3]) + (f", … ({len(names)} in all)" if len(names) > 3 else "")
+        line += (
+            f" (looked for studies {shown} in {redact(storage or default_storage_url())}; "
+            "`nllab tune` prints the benchmark line that uses its study)"
+        )
+    return line

@@ -122,14 +122,21 @@ def _report(args: argparse.Namespace, config: RunConfig | None) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILED
-    table = results_table(results)
+    table = results_table(results, profile=config.profile)
     print(table.to_terminal(color=sys.stdout.isatty()))
     out = Path(args.out) if args.out else data_home() / "reports" / config.profile
     ui = getattr(args, "mlflow_ui", None) or os.environ.get("NLLAB_MLFLOW_UI")
     if ui is None and tracker.settings.tracking_uri.startswith(("http://", "https://")):
         ui = tracker.settings.tracking_uri
     try:
-        paths = build_report(tracker, out, results=results, ui_address=ui, force=args.force)
+        paths = build_report(
+            tracker,
+            out,
+            results=results,
+            profile=config.profile,
+            ui_address=ui,
+            force=args.force,
+        )
     except UnownedFiles as e:
         raise UsageError(str(e)) from None
     print(f"{found} of {len(results)} cells have finished runs")

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         f"(|diff| {v.difference:.2g}) - reproduced"
     )
     if result.ablation:
-        print(ablation_table(result.ablation, list(result.cells)))
+        print(ablation_table(result.ablation, list(result.cells), "terminal"))
         print(f"ablation runs are nested under run {result.run_id} (linked to {v.ref.run_id})")
     failed = [r for _, r in result.cells if not r.ok]
     return EXIT_FAILED if failed else 0

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     """Handler of ``nllab serve``: 2 on a malformed schedule or no server, 3 when the server
     stops answering, else serves until Ctrl-C (0)."""
     from flows import prefect_server
-    from flows.serve import ScheduleError, load_schedules
+    from flows._schedules import ScheduleError, load_schedules
 
     try:
         entries = load_schedules(args.config)

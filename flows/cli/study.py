@@ -141,19 +141,19 @@ def run(args: argparse.Namespace) -> int:
     0 every cell finished or reused, 1 some failed; tracking unavailable and Ctrl-C propagate
     (:func:`flows.cli.main` maps them to 3 and 130)."""
     from flows.studies import run_study
-    from flows.studies._tables import to_markdown
+    from tasks.tables import Table, plural, render_table
 
     try:
         config = _config(args)
     except (ValueError, RuntimeError) as e:  # ConfigError is a ValueError; CUDA missing
         raise UsageError(str(e)) from None
     summary = run_study(config)
-    for name, table in summary.tables.items():
-        print(f"\n## {name}\n")
-        print(to_markdown(table))
+    for name, table in summary.tables.items():  # as the benchmark prints its table
+        print(f"\n{name}\n")
+        print(render_table(Table.from_frame(table), "terminal"))
     failed = [c for c in summary.cells if not c.ok]
     print(
-        f"study {summary.study} ({summary.profile}): {len(summary.cells)} cells, "
+        f"study {summary.study} ({summary.profile}): {plural(len(summary.cells), 'cell')}, "
         f"{sum(c.status == 'reused' for c in summary.cells)} reused, {len(failed)} failed; "
         f"{summary.seconds:.0f} s; parent run {summary.parent_run_id} "
         f"(artifacts under study/)"

@@ -27,14 +27,21 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="hyperparameter search (Optuna) for one method on one system",
         description="An Optuna study (TPE, seeded; median or Hyperband pruning on validation "
         "RMSE) whose trials are nested MLflow runs. Interrupted studies resume: run the same "
-        "command again. The best configuration is used by `nllab benchmark --tuned`.",
+        "command again. The best configuration is used by `nllab benchmark --tuned` at the "
+        "same profile (the command prints the exact benchmark line).",
     )
     p.add_argument("--method", required=True, help="model to tune, e.g. neural_laplace")
     p.add_argument("--system", required=True, help="system, e.g. lotka_volterra_dde")
     p.add_argument(
         "--trials", type=positive_int, required=True, metavar="N", help="trials in the study"
     )
-    p.add_argument("--profile", choices=PROFILES, default="smoke", help="budget of each trial")
+    p.add_argument(
+        "--profile",
+        choices=PROFILES,
+        default="smoke",
+        help="budget of each trial (default: smoke); `benchmark --tuned` reads the study at this "
+        "profile",
+    )
     p.add_argument("--config", metavar="FILE", help="TOML, JSON or YAML run config file")
     p.add_argument(
         "--storage",
@@ -102,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
     from flows.tune import run_tune
     from tasks.search_spaces import search_space
+    from tasks.tables import number
     from tasks.tuning import StorageUnavailable, TuningError, open_storage, sigterm_interrupts
 
     try:
@@ -130,9 +138,43 @@ def run(args: argparse.Namespace) -> int:
         f"study {result.study_name}: {result.n_complete} complete, {result.n_pruned} pruned, "
         f"{result.n_failed} failed trials"
     )
-    first = f" (first trial: {result.first_value:.6g})" if result.first_value is not None else ""
-    print(f"best trial {result.best_trial}: validation RMSE {result.best_value:.6g}{first}")
+    first = (
+        f" (first trial: {number(result.first_value)})" if result.first_value is not None else ""
+    )
+    print(f"best trial {result.best_trial}: validation RMSE {number(result.best_value)}{first}")
     print(f"  model overrides {b.model}; training overrides {b.training}")
-    print(f"MLflow parent run {result.parent_run_id}; use it with: nllab benchmark --tuned")
+    print(f"MLflow parent run {result.parent_run_id}")
+    print(benchmark_hint(args, result.study_name))
     print(f"dashboard: {result.dashboard}")
     return 0
+
+
+def benchmark_hint(args: argparse.Namespace, name: str) -> str:
+    """The ``nllab benchmark --tuned`` line that trains the tuned cell: the study's profile,
+    system, method, storage, config file and training flags, so that it finds this study.
+
+    ``benchmark --tuned`` looks studies up by their default name (METHOD-SYSTEM-PROFILE); a
+    study named otherwise cannot be found, and the line says so instead.
+    """
+    import shlex
+
+    from tasks.tuning import study_name
+    from tasks.tuning.storage import redact
+
+    default = study_name(args.method, args.system, args.profile)
+    if name != default:
+        return (
+            f"`nllab benchmark --tuned` reads studies named METHOD-SYSTEM-PROFILE ({default}); "
+            f"this one is named {name}: run it again without --study-name to use it there"
+        )
+    words = ["nllab", "benchmark", "--tuned", "--profile", args.profile]
+    words += ["--systems", args.system, "--methods", args.method]
+    if args.storage:
+        words += ["--storage", redact(args.storage)]
+    if args.config:
+        words += ["--config", args.config]
+    if args.epochs is not None:
+        words += ["--epochs", str(args.epochs)]
+    if args.budget is not None:
+        words += ["--budget", str(args.budget)]
+    return f"use it with: {shlex.join(words)}"

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -64,6 +65,20 @@ _SERVER_WARNINGS = (
     "ignore:starlette.middleware.wsgi is deprecated",
     "ignore::DeprecationWarning",
 )
+
+
+#: Start-up lines of the MLflow server that say nothing a user of ``nllab ui`` acts on: its
+#: security middleware's default (localhost-only) is what ``nllab ui`` binds anyway, and
+#: ``--allowed-hosts`` is ``nllab ui``'s own option.
+_SERVER_CHATTER = ("[MLflow] Security middleware enabled",)
+
+
+def _forward_errors(stream) -> None:
+    """Copy the server's stderr to ours, line by line, without its start-up chatter."""
+    for line in stream:
+        if not line.startswith(_SERVER_CHATTER):
+            sys.stderr.write(line)
+            sys.stderr.flush()
 
 
 def ui_environment() -> dict[str, str]:
@@ -139,7 +154,10 @@ def run(args: argparse.Namespace) -> int:
     url = runs_view_url(address, tracker.experiment_id, view)
     print(f"nllab ui: starting the MLflow UI on {settings.tracking_uri} …", flush=True)
     # Its own process group, so stopping it also stops the server processes it starts.
-    proc = subprocess.Popen(cmd, env=ui_environment(), start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=ui_environment(), start_new_session=True, stderr=subprocess.PIPE, text=True
+    )
+    threading.Thread(target=_forward_errors, args=(proc.stderr,), daemon=True).start()
 
     def on_term(signum, frame):
         raise SystemExit(128 + signum)

@@ -3,6 +3,7 @@ and registered models read back by ``models:/`` URI."""
 
 from __future__ import annotations
 
+import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,8 @@ class _RegistryMixin:
             version = str(min(int(v.version) for v in same_run))
         else:
             version = str(self._register(name, run_id, artifact_path, test_rmse))
+        if model_id := self.logged_model_id(run_id):
+            self._link_version(model_id, name, version)
         self.client.set_registered_model_alias(name, CHAMPION, version)
         return Promotion(name, True, version, test_rmse, previous)
 
@@ -108,6 +111,22 @@ class _RegistryMixin:
             model_id=model_id,
         )
         return str(mv.version)
+
+    def _link_version(self, model_id: str, name: str, version: str) -> None:
+        """Record ``name`` version ``version`` on the logged model ``model_id``, as
+        ``mlflow.register_model`` does (its tag ``mlflow.modelVersions``, a JSON list of
+        ``{"name", "version"}``): the Models tab's "Registered models" column reads it.
+        ``create_model_version`` alone leaves it unset. Idempotent, so a promotion resumed after
+        an interruption links the version once."""
+        from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
+
+        tags = self.client.get_logged_model(model_id).tags
+        linked = json.loads(tags.get(MLFLOW_MODEL_VERSIONS) or "[]")
+        entry = {"name": name, "version": int(version)}  # an int, as MLflow writes it
+        if entry not in [{"name": e["name"], "version": int(e["version"])} for e in linked]:
+            self.client.set_logged_model_tags(
+                model_id, {MLFLOW_MODEL_VERSIONS: json.dumps([*linked, entry])}
+            )
 
     def champion(self, name: str) -> tuple[str, str] | None:
         """``(version, run_id)`` of the champion of ``name``, or ``None``."""

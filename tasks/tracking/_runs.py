@@ -55,6 +55,7 @@ class _RunsMixin:
     _dataset_lock: threading.Lock
     #: run id -> id of the logged model this process logged for it (:meth:`log_model`)
     _run_models: dict[str, str]
+    _run_datasets: dict[str, tuple[str, str]]
 
     if TYPE_CHECKING:
 
@@ -120,9 +121,14 @@ class _RunsMixin:
         self, run_id: str, metrics: Mapping[str, float], step: int | None = None
     ) -> None:
         ts = int(time.time() * 1000)
-        # Metrics logged after the run's model are linked to it (the UI's Models tab).
+        # Metrics logged after the run's model are linked to it and to the run's data set (the
+        # UI's Models tab shows both beside the model).
         model_id = self._run_models.get(run_id)
-        items = [Metric(k, float(v), ts, step or 0, model_id=model_id) for k, v in metrics.items()]
+        name, digest = self._run_datasets.get(run_id, (None, None)) if model_id else (None, None)
+        items = [
+            Metric(k, float(v), ts, step or 0, model_id, dataset_name=name, dataset_digest=digest)
+            for k, v in metrics.items()
+        ]
         for i in range(0, len(items), _METRIC_BATCH):
             self.client.log_batch(run_id, metrics=items[i : i + _METRIC_BATCH])
 
@@ -269,6 +275,7 @@ class _RunsMixin:
             except MlflowException:
                 time.sleep(0.2)
                 self.client.log_inputs(run_id, datasets=inputs)
+        self._run_datasets[run_id] = (ds.name, ds.digest)
 
     def get_run_data(self, run_id: str):
         """Status, tags, params and latest metrics of a run (``mlflow.entities.Run``)."""

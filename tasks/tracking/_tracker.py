@@ -31,3 +31,5 @@ class Tracker(_StoreMixin, _RunsMixin, _ClaimsMixin, _QueriesMixin, _RegistryMix
         self._dataset_lock = threading.Lock()
         #: run id -> id of the logged model this process logged for it (:meth:`log_model`)
         self._run_models: dict[str, str] = {}
+        #: run id -> (name, digest) of the data set it logged (:meth:`log_dataset`)
+        self._run_datasets: dict[str, tuple[str, str]] = {}

@@ -18,9 +18,11 @@ runs). The best configuration is stored in the study's user attributes and as
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from tasks.tuning.parent import finish_study, study_parent_run
-from tasks.tuning.session import TuneSession
+# The spec loads at once (pydantic only); the sessions, storage and runs load on first use
+# (PEP 562), so a schedules file or the command line checks a ``TuneSpec`` without loading
+# Optuna, MLflow or torch.
 from tasks.tuning.spec import (
     BEST_ATTR,
     OBJECTIVE,
@@ -34,14 +36,32 @@ from tasks.tuning.spec import (
     sigterm_interrupts,
     study_name,
 )
-from tasks.tuning.storage import (
-    TrialSeededTPE,
-    dashboard_command,
-    default_storage_url,
-    open_storage,
-    redact,
-)
-from tasks.tuning.tuned import TunedCells, TunedOverrides, apply_tuned, tuned_overrides
+
+if TYPE_CHECKING:
+    from tasks.tuning.parent import study_parent_run
+    from tasks.tuning.session import TuneSession
+    from tasks.tuning.storage import (
+        TrialSeededTPE,
+        dashboard_command,
+        default_storage_url,
+        open_storage,
+        redact,
+    )
+    from tasks.tuning.tuned import TunedCells, TunedOverrides, apply_tuned, tuned_overrides
+
+_LAZY = {
+    "study_parent_run": "parent",
+    "TuneSession": "session",
+    "TrialSeededTPE": "storage",
+    "dashboard_command": "storage",
+    "default_storage_url": "storage",
+    "open_storage": "storage",
+    "redact": "storage",
+    "TunedCells": "tuned",
+    "TunedOverrides": "tuned",
+    "apply_tuned": "tuned",
+    "tuned_overrides": "tuned",
+}
 
 __all__ = [
     "BEST_ATTR",
@@ -72,24 +92,39 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f"tasks.tuning.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tasks.tuning' has no attribute {name!r}")
+
+
 def open_session(spec: TuneSpec, parent_run_id: str | None = None) -> TuneSession:
     """Open (or create) the study of ``spec``; the paper point is enqueued in a new study.
     Its trials run under ``parent_run_id``, or inside :func:`study_parent_run`."""
+    from tasks.tuning.session import TuneSession
+
     session = TuneSession(spec, parent_run_id)
     session.enqueue_paper_point()
     return session
 
 
-def run_tuning(
-    spec: TuneSpec, trials: Callable[[TuneSession], None] = TuneSession.run_to_total
-) -> TuneResult:
+def run_tuning(spec: TuneSpec, trials: Callable[[TuneSession], None] | None = None) -> TuneResult:
     """Run the study until it holds ``spec.n_trials`` complete or pruned trials; resumable.
 
-    ``trials`` runs them (default: in this process, ``spec.n_jobs`` threads; ``flows.tune``
+    ``trials`` runs them (None: ``spec.n_jobs`` threads in this process; ``flows.tune``
     passes one that shards them on Dask). The study's parent run lives for this one block:
     FINISHED with the best trial recorded; FAILED when no trial completed; interrupted (Ctrl-C,
     or SIGTERM under :func:`sigterm_interrupts`), the running trial ends FAIL and the parent run
     KILLED, and the next call runs the missing trials under the same parent."""
+    from tasks.tuning.parent import finish_study, study_parent_run
+    from tasks.tuning.session import TuneSession
+
+    if trials is None:
+        trials = TuneSession.run_to_total
     session = open_session(spec)
     with study_parent_run(session) as parent:
         # Inside the flow too: Prefect's engine installs a SIGTERM handler of its own that
@@ -101,5 +136,7 @@ def run_tuning(
 
 def run_trials(spec: TuneSpec, parent_run_id: str, n_trials: int) -> int:
     """Run ``n_trials`` trials of an opened study in this process (a shard on a Dask worker)."""
+    from tasks.tuning.session import TuneSession
+
     TuneSession(spec, parent_run_id).optimize(n_trials, 1)
     return n_trials
