@@ -167,7 +167,9 @@ class ResultsTable:
         if np.isnan(r["mean"]):
             return TableCell("failed" if r["n_failed"] else "–", paper=paper)
         flag = ""
-        if np.isfinite(r["top_share"]) and r["top_share"] > TOP_SHARE_FLAG:
+        if r.get("n_diverged", 0):  # tables written before the column have none
+            flag = f"diverged in {r['n_diverged']} of {r['n_seeds']} seeds: never registered"
+        elif np.isfinite(r["top_share"]) and r["top_share"] > TOP_SHARE_FLAG:
             flag = (
                 f"dominated by a few samples ({r['top_share']:.0%} of the error); "
                 f"{r['rmse_without_top']:.4f} without them"
@@ -307,6 +309,7 @@ def results_table(results: Iterable[CellResult]) -> ResultsTable:
                 "system": system,
                 "n_seeds": len(values),
                 "n_failed": sum(c.status in ("failed", "interrupted") for c in cells),
+                "n_diverged": sum(c.ok and c.diverged is not None for c in cells),
                 "mean": float(values.mean()) if len(values) else float("nan"),
                 "std": float(values.std()) if len(values) else float("nan"),
                 "paper_mean": paper.mean if paper else float("nan"),
@@ -326,5 +329,6 @@ def results_table(results: Iterable[CellResult]) -> ResultsTable:
         "paper_std",
         "top_share",
         "rmse_without_top",
+        "n_diverged",
     ]
     return ResultsTable(pd.DataFrame(rows, columns=columns))

@@ -39,6 +39,8 @@ class CellResult:
     error: str | None = None
     top_share: float | None = None
     rmse_without_top: float | None = None
+    #: the model never learned (its run's ``diverged`` metric is 1): what shows it, else ``None``
+    diverged: str | None = None
 
     @property
     def key(self) -> str:
@@ -91,4 +93,14 @@ class CellResult:
             cell.config_hash(),
             top_share=metrics.get("test_top_share"),
             rmse_without_top=metrics.get("test_rmse_without_top"),
+            diverged=_diverged(metrics, test_rmse),
         )
+
+
+def _diverged(metrics: Mapping[str, float], test_rmse: float | None) -> str | None:
+    """What shows a diverged cell (its ``diverged`` metric is 1), else ``None``."""
+    if not metrics.get("diverged"):
+        return None
+    best = metrics.get("best_epoch")
+    epoch = f", best epoch {int(best)}" if best is not None else ""
+    return f"test RMSE {test_rmse:.4g}{epoch}"

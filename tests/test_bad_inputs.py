@@ -124,3 +124,35 @@ def test_a_home_that_is_a_file_fails_with_a_message(tmp_path):
     out = _cli(tmp_path / "file" / "home", "simulate", "--profile", "smoke")
     assert out.returncode == 2, out.stdout + out.stderr
     assert "Traceback" not in out.stderr and "is not writable (Not a directory)" in out.stderr
+
+
+@pytest.mark.parametrize("url", ["sqlite:///", "sqlite://", "sqlite:///:memory:", "MISSING"])
+def test_a_storage_that_would_lose_the_study_or_make_a_folder_is_refused(tmp_path, url):
+    missing = tmp_path / "no" / "such"
+    url = f"sqlite:///{missing / 'x.db'}" if url == "MISSING" else url
+    args = ["--method", "node", "--system", "integro_de", "--trials", "1", "--storage", url]
+    out = _cli(tmp_path / "home", "tune", *args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    if "MISSING" in url or "no/such" in url:
+        assert f"the folder '{missing}'" in out.stderr and "does not exist" in out.stderr
+        assert not (tmp_path / "no").exists()
+    else:
+        assert "is in memory: the study would be lost" in out.stderr
+
+
+def test_a_config_that_is_a_directory_says_so(tmp_path):
+    out = _cli(tmp_path / "home", "benchmark", "--config", str(tmp_path), "--profile", "smoke")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"config file '{tmp_path}' is a directory, not a file" in out.stderr
+
+
+def test_open_storage_refuses_what_the_command_line_refuses(tmp_path):
+    from tasks.tuning import TuningError, open_storage
+
+    for url in ("sqlite:///", f"sqlite:///{tmp_path / 'no' / 'x.db'}"):
+        with pytest.raises(TuningError):
+            open_storage(url)
+    assert not (tmp_path / "no").exists()
+    open_storage(f"sqlite:///{tmp_path / 'x.db'}").engine.dispose()  # a named folder: fine
+    assert (tmp_path / "x.db").is_file()

@@ -26,6 +26,7 @@ __all__ = [
     "check_environment",
     "check_names",
     "check_registry_uri",
+    "check_storage",
     "parse_seeds",
     "positive_int",
     "split_names",
@@ -105,6 +106,15 @@ def task_runner(args: argparse.Namespace) -> str | None:
             "(--dask-address implies --task-runner dask)"
         )
     return "dask" if address else runner
+
+
+def check_storage(url: str | None) -> None:
+    """An ``--storage`` URL that would lose the study or need a folder made: a
+    :class:`UsageError` before Optuna loads."""
+    from tasks._storage_urls import sqlite_storage_problem
+
+    if url and (problem := sqlite_storage_problem(url)) is not None:
+        raise UsageError(problem)
 
 
 def check_environment() -> None:
@@ -302,6 +312,7 @@ def check_selection(args: argparse.Namespace) -> None:
         methods=split_names(getattr(args, "methods", None)),
         config_file=getattr(args, "config", None),
     )
+    check_storage(getattr(args, "storage", None))
 
 
 def _store_uri() -> str:

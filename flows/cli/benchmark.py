@@ -62,6 +62,12 @@ def run(args: argparse.Namespace) -> int:
         from tasks.reporting import render_table
 
         print(render_table(ranking, "terminal"))
+    for r in summary.results:
+        if r.ok and r.diverged is not None:
+            print(
+                f"cell {r.key} diverged ({r.diverged}): flagged in its run, never registered; "
+                "try a smaller learning rate"
+            )
     for p in summary.promotions:
         if p.promoted:
             print(

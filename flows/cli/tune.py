@@ -11,6 +11,7 @@ from flows.cli._common import (
     add_runner_options,
     add_training_options,
     check_names,
+    check_storage,
     positive_int,
     task_runner,
     training_overrides,
@@ -56,6 +57,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def precheck(args: argparse.Namespace) -> None:
     """The method, system and config file, before the heavy stack loads."""
     check_names(systems=[args.system], methods=[args.method], config_file=args.config)
+    check_storage(args.storage)
 
 
 def spec_from_args(args: argparse.Namespace):

@@ -1,0 +1,68 @@
+"""A model that never learned finishes, is flagged (run tag, results table, one line) and is
+never registered: the rule of :func:`tasks.evaluation.divergence`, and a benchmark with an
+absurd learning rate run as a user would."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tasks.evaluation import DIVERGED_RMSE_FACTOR, divergence
+from tasks.training import EpochRecord
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _history(*pairs: tuple[float, float]) -> list[EpochRecord]:
+    """Epochs of (train loss, validation RMSE)."""
+    return [EpochRecord(i, loss, loss, val, 0.1, 0) for i, (loss, val) in enumerate(pairs)]
+
+
+def test_the_divergence_rule():
+    target = np.full((4, 5, 2), 2.0)  # RMS 2: the limit is 2 * DIVERGED_RMSE_FACTOR
+    learned = _history((1.0, 1.0), (0.5, 0.6))
+    limit = 2.0 * DIVERGED_RMSE_FACTOR
+    assert divergence(learned, 0.3, target) is None
+    assert divergence(learned, limit, target) is None  # at the limit: still a model
+    assert "over 100x the data's scale" in divergence(learned, limit * 1.01, target)
+    assert divergence(learned, float("inf"), target) is not None
+    worse = _history((1.0, 1.0), (2.0, 3.0), (4.0, 5.0))  # best epoch 0, the loss rose
+    assert "best epoch 0 of 3 and the training loss rose (1 to 4)" in divergence(worse, 1, target)
+    # best epoch 0 alone (a noisy validation) or one epoch is not enough
+    assert divergence(_history((1.0, 1.0), (0.9, 1.1)), 1.0, target) is None
+    assert divergence(_history((1.0, 1.0)), 1.0, target) is None
+
+
+def test_a_benchmark_that_diverges_registers_nothing(tmp_path):
+    home = tmp_path / "home"
+    config = tmp_path / "lr.toml"
+    config.write_text('profile = "smoke"\n[training]\nlr = 1000.0\nepochs = 3\n')
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NLLAB_HOME": str(home)}
+    for var in ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT", "PREFECT_API_URL"):
+        env.pop(var, None)
+    args = ["--config", str(config), "--systems", "integro_de", "--methods", "neural_laplace"]
+    out = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "benchmark", *args, "--no-progress"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "@champion" not in out.stdout
+    lines = [x for x in out.stdout.splitlines() if x.startswith("cell ") and "diverged" in x]
+    assert len(lines) == 1 and "integro_de/neural_laplace/seed0" in lines[0], out.stdout
+    assert "never registered" in lines[0]
+    assert "diverged in 1 of 1 seeds" in out.stdout  # the table's flag
+    with sqlite3.connect(home / "mlflow" / "mlflow.db") as db:
+        assert db.execute("select count(*) from registered_models").fetchone()[0] == 0
+        assert db.execute("select count(*) from model_versions").fetchone()[0] == 0
+        tags = db.execute("select value from tags where key = 'diverged'").fetchall()
+        metric = db.execute("select value from latest_metrics where key = 'diverged'").fetchall()
+    assert len(tags) == 1 and tags[0][0]
+    assert metric == [(1.0,)]
