@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -156,3 +157,28 @@ def test_open_storage_refuses_what_the_command_line_refuses(tmp_path):
     assert not (tmp_path / "no").exists()
     open_storage(f"sqlite:///{tmp_path / 'x.db'}").engine.dispose()  # a named folder: fine
     assert (tmp_path / "x.db").is_file()
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ("--epochs 99999999999999999999", "training.epochs: Input should be less than or equal"),
+        ("[training]\nepochs = 1e20", "training.epochs:"),
+        ("[training]\nepochs = 1000000000000", "less than or equal to 1000000"),
+        ("[models.node]\nhidden = [100000000, 100000000]", "layer widths must be at most 65536"),
+        ("[models.node]\nhidden = [65536, 65536, 65536, 65536]", "GB to train;"),
+    ],
+)
+def test_absurd_sizes_are_refused_when_the_config_is_read(tmp_path, setting, expected):
+    config = tmp_path / "c.toml"
+    args = ["--config", str(config), "--methods", "node", "--systems", "integro_de"]
+    if setting.startswith("--"):
+        args += setting.split()
+        setting = ""
+    config.write_text(f'profile = "smoke"\n{setting}\n')
+    out = _cli(tmp_path / "home", "benchmark", *args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert expected in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "home" / "mlflow").exists()  # refused before anything started
+    if "GB" in expected:  # "this model needs N GB to train; M GB free"
+        assert re.search(r"this model needs [\d,.]+ GB to train; [\d,.]+ GB free", out.stderr)

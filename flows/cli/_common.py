@@ -232,6 +232,12 @@ def resolve(args: argparse.Namespace, profile: str | None = None):
     from tasks.config import resolve_config
 
     config = resolve_config(profile or args.profile, args.config, overrides(args))
+    from tasks._model_memory import check_models_fit
+
+    try:
+        check_models_fit(config.cells(), config.execution.device)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     if address := config.execution.dask_address:
         # Seconds, before the stack loads: not Dask's retries, with tracebacks, a minute later.
         from flows.faults import EnvironmentFault, connect_error
