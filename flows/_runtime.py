@@ -134,10 +134,20 @@ class _GuardedServer(SubprocessASGIServer):
         )  # fmt: skip
 
     def start(self, timeout: int | None = None) -> None:
+        from flows.faults import EnvironmentFault
+        from flows.prefect_server import start_timeout_message, startup_timeout
+
+        seconds = timeout or max(1, round(startup_timeout()))
         # Servers of processes started together on one Prefect home would migrate its database
         # at the same time: one starts (and migrates) at a time.
         with exclusive(Path(PREFECT_HOME.value()).expanduser() / ".nllab-server-start.lock"):
-            super().start(timeout)
+            try:
+                super().start(seconds)
+            except RuntimeError as e:
+                if "Timed out while attempting to connect" not in str(e):
+                    raise
+                what = "Prefect's temporary server"
+                raise EnvironmentFault(start_timeout_message(what, seconds)) from None
 
     def stop(self) -> None:
         # Ask it to stop, without waiting: it shuts down (gracefully, in its own session) while

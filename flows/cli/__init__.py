@@ -82,10 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"nllab {args.command}: error: {e}", file=sys.stderr)
         return EXIT_FAILED if isinstance(e, CommandFailed) else EXIT_USAGE
     except KeyboardInterrupt as e:
-        print(
-            f"\nnllab {args.command}: interrupted; finished cells are kept, run again to resume",
-            file=sys.stderr,
-        )
+        kept = "" if args.command == "serve" else "; finished cells are kept, run again to resume"
+        print(f"\nnllab {args.command}: interrupted{kept}", file=sys.stderr)
         return getattr(e, "exit_code", EXIT_INTERRUPTED)  # 143 for SIGTERM
     except Exception as e:
         from flows.faults import describe_fault, write_log

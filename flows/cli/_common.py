@@ -28,6 +28,7 @@ __all__ = [
     "check_registry_uri",
     "check_storage",
     "parse_seeds",
+    "port",
     "positive_int",
     "split_names",
     "task_runner",
@@ -93,6 +94,17 @@ def positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"a whole number of at least 1, got {text!r}")
+    return value
+
+
+def port(text: str) -> int:
+    """An ``argparse`` type: a TCP port, 1 to 65535 (``--port 99999`` is a usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port from 1 to 65535, got {text!r}")
     return value
 
 
