@@ -71,11 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (check := getattr(args, "precheck", None)) is not None:
             check(args)  # names, files, registry URIs: before torch, MLflow or Prefect load
         from datasets._cache import require_writable_home
-        from flows.cli._common import check_environment
+        from flows.cli._common import check_environment, check_store_paths
         from flows.faults import check_free_space
 
         check_environment()
         home = require_writable_home()
+        check_store_paths(home)
         check_free_space(home)
         return args.handler(args)
     except (ConfigError, UsageError, CommandFailed) as e:

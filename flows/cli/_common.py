@@ -27,6 +27,7 @@ __all__ = [
     "check_names",
     "check_registry_uri",
     "check_storage",
+    "check_store_paths",
     "parse_seeds",
     "port",
     "positive_int",
@@ -127,6 +128,20 @@ def check_storage(url: str | None) -> None:
 
     if url and (problem := sqlite_storage_problem(url)) is not None:
         raise UsageError(problem)
+
+
+def check_store_paths(home: Path) -> None:
+    """Stores sqlite cannot open for their path's length (a deep ``NLLAB_HOME``): a
+    :class:`UsageError` at once, not a "cannot open" minutes later."""
+    from tasks._sqlite_faults import path_too_long
+
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    paths = [Path(os.environ.get("PREFECT_HOME", home / "prefect")) / "prefect.db"]
+    if not uri or uri.startswith("sqlite:///"):
+        paths.append(Path(uri.removeprefix("sqlite:///")) if uri else home / "mlflow" / "mlflow.db")
+    for path in paths:
+        if (problem := path_too_long(path)) is not None:
+            raise UsageError(problem)
 
 
 def check_environment() -> None:
