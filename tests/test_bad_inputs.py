@@ -182,3 +182,16 @@ def test_absurd_sizes_are_refused_when_the_config_is_read(tmp_path, setting, exp
     assert not (tmp_path / "home" / "mlflow").exists()  # refused before anything started
     if "GB" in expected:  # "this model needs N GB to train; M GB free"
         assert re.search(r"this model needs [\d,.]+ GB to train; [\d,.]+ GB free", out.stderr)
+
+
+@pytest.mark.parametrize("out", ["/proc/self/nllab-report", "READ-ONLY"])
+def test_report_out_in_a_place_that_cannot_be_written_is_one_line(tmp_path, out):
+    wrap = None
+    if out == "READ-ONLY":
+        (tmp_path / "ro").mkdir()
+        wrap, out = _read_only(tmp_path / "ro"), str(tmp_path / "ro" / "report")
+        if wrap is None:
+            pytest.skip("cannot make a read-only folder here")
+    out_ = _cli(tmp_path / "home", "report", "--out", out, wrap=wrap)
+    assert out_.returncode == 2, out_.stdout + out_.stderr
+    assert "Traceback" not in out_.stderr and "is not writable; name another folder" in out_.stderr
