@@ -38,21 +38,25 @@ def test_the_divergence_rule():
     assert divergence(_history((1.0, 1.0)), 1.0, target) is None
 
 
-def test_a_benchmark_that_diverges_registers_nothing(tmp_path):
-    home = tmp_path / "home"
-    config = tmp_path / "lr.toml"
-    config.write_text('profile = "smoke"\n[training]\nlr = 1000.0\nepochs = 3\n')
+def _benchmark(home: Path, config: str, method: str) -> subprocess.CompletedProcess:
+    (home.parent / "c.toml").write_text(config)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NLLAB_HOME": str(home)}
     for var in ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT", "PREFECT_API_URL"):
         env.pop(var, None)
-    args = ["--config", str(config), "--systems", "integro_de", "--methods", "neural_laplace"]
-    out = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "benchmark", *args, "--no-progress"],
+    args = ["--config", str(home.parent / "c.toml"), "--systems", "integro_de", "--methods"]
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", "benchmark", *args, method, "--no-progress"],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def test_a_benchmark_that_diverges_registers_nothing(tmp_path):
+    home = tmp_path / "home"
+    config = 'profile = "smoke"\n[training]\nlr = 1000.0\nepochs = 3\n'
+    out = _benchmark(home, config, "neural_laplace")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "@champion" not in out.stdout
     lines = [x for x in out.stdout.splitlines() if x.startswith("cell ") and "diverged" in x]
@@ -66,3 +70,17 @@ def test_a_benchmark_that_diverges_registers_nothing(tmp_path):
         metric = db.execute("select value from latest_metrics where key = 'diverged'").fetchall()
     assert len(tags) == 1 and tags[0][0]
     assert metric == [(1.0,)]
+
+
+def test_a_failed_cell_is_one_line_and_its_traceback_stays_in_its_run(tmp_path):
+    home = tmp_path / "home"
+    config = 'profile = "smoke"\nisolation = "process"\n[training]\nlr = 1e300\nepochs = 1\n'
+    out = _benchmark(home, config, "node")  # the loss overflows: the cell fails
+    assert out.returncode == 1, out.stdout + out.stderr
+    text = out.stdout + out.stderr
+    assert "Traceback" not in text and "PackFailed" not in text
+    assert "leaked semaphore" not in text
+    lines = [x for x in text.splitlines() if "integro_de/node/seed0" in x and "Diverged" in x]
+    assert len(lines) == 1, text
+    errors = list((home / "mlflow" / "artifacts").rglob("error.txt"))
+    assert len(errors) == 1 and "Traceback" in errors[0].read_text()
