@@ -27,6 +27,7 @@ __all__ = [
     "check_names",
     "check_registry_uri",
     "check_storage",
+    "check_tracking_server",
     "check_store_paths",
     "parse_seeds",
     "port",
@@ -142,6 +143,27 @@ def check_store_paths(home: Path) -> None:
     for path in paths:
         if (problem := path_too_long(path)) is not None:
             raise UsageError(problem)
+
+
+def check_tracking_server(timeout: float = 5.0) -> None:
+    """A tracking server (``MLFLOW_TRACKING_URI`` http/https) that accepts no connection: an
+    :class:`~flows.faults.EnvironmentFault` (exit 3) in seconds, before Prefect or a study
+    starts (MLflow's own retries take minutes)."""
+    from urllib.parse import urlsplit
+
+    from flows.faults import EnvironmentFault, connect_error
+
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if not uri.startswith(("http://", "https://")):
+        return
+    parts = urlsplit(uri)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    if (error := connect_error(f"tcp://{parts.hostname}:{port}", timeout)) is not None:
+        raise EnvironmentFault(
+            f"the MLflow tracking server {uri} does not answer "
+            f"({getattr(error, 'strerror', None) or error}); start it, or unset "
+            "MLFLOW_TRACKING_URI to use the embedded store"
+        )
 
 
 def check_environment() -> None:

@@ -12,6 +12,7 @@ from flows.cli._common import (
     add_training_options,
     check_names,
     check_storage,
+    check_tracking_server,
     positive_int,
     task_runner,
     training_overrides,
@@ -106,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
     from tasks.search_spaces import search_space
     from tasks.tuning import StorageUnavailable, TuningError, open_storage, sigterm_interrupts
 
+    # A tracking server that is down: exit 3 before Prefect starts or a study is created.
+    check_tracking_server()
     try:
         spec = spec_from_args(args)
         spec.run_config()  # unknown system/method, bad profile: a usage error before any work
