@@ -24,6 +24,7 @@ __all__ = [
     "add_runner_options",
     "add_selection",
     "check_environment",
+    "check_memory",
     "check_names",
     "check_registry_uri",
     "check_storage",
@@ -129,6 +130,17 @@ def check_storage(url: str | None) -> None:
 
     if url and (problem := sqlite_storage_problem(url)) is not None:
         raise UsageError(problem)
+
+
+def check_memory(config) -> None:
+    """A model of ``config`` whose training cannot fit in the free memory of its device: a
+    :class:`UsageError` ("this model needs N GB to train; M GB free") before anything starts."""
+    from tasks._model_memory import check_models_fit
+
+    try:
+        check_models_fit(config.cells(), config.execution.device)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def check_store_paths(home: Path) -> None:
@@ -281,12 +293,6 @@ def resolve(args: argparse.Namespace, profile: str | None = None):
     from tasks.config import resolve_config
 
     config = resolve_config(profile or args.profile, args.config, overrides(args))
-    from tasks._model_memory import check_models_fit
-
-    try:
-        check_models_fit(config.cells(), config.execution.device)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
     if address := config.execution.dask_address:
         # Seconds, before the stack loads: not Dask's retries, with tracebacks, a minute later.
         from flows.faults import EnvironmentFault, connect_error

@@ -10,6 +10,7 @@ from flows.cli._common import (
     add_runner_options,
     add_selection,
     add_training_options,
+    check_memory,
     check_selection,
     resolve,
 )
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
             f"tuned configurations for {len(applied.tuned)} cells; "
             f"{len(applied.untuned)} cells have no finished study and keep the paper's"
         )
+    check_memory(config)  # the tuned models' sizes too; before MLflow and Prefect start
     summary = run_benchmark(config)
     print()
     print(summary.table.to_terminal())
