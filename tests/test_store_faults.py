@@ -130,3 +130,25 @@ def test_a_benchmark_against_a_held_store_is_one_line_and_exit_3(tmp_path):
     errors = [x for x in out.stderr.splitlines() if x.startswith("nllab benchmark: error:")]
     assert len(errors) == 1 and f"is busy (held by pid {holder.pid}" in errors[0]
     assert len((out.stdout + out.stderr).splitlines()) < 15
+
+
+def test_a_missed_prefect_start_is_one_line_naming_the_timeout(tmp_path, monkeypatch):
+    monkeypatch.setenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "1")
+    out = _cli(tmp_path / "home", "benchmark", "--profile", "smoke", "--methods", "node")
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+    (line,) = [x for x in out.stderr.splitlines() if "error:" in x]
+    assert "Prefect's temporary server did not start within 1 s" in line
+    assert "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=SECONDS" in line
+
+
+def test_the_prefect_start_timeout_grows_with_the_load(monkeypatch):
+    from flows import prefect_server as ps
+
+    monkeypatch.delenv(ps.TIMEOUT_VARIABLE, raising=False)
+    monkeypatch.setattr(ps.os, "cpu_count", lambda: 2)
+    for load, seconds in ((0.5, 90), (2.0, 90), (6.0, 90 + 60 * 2), (16.0, 90 + 60 * 7), (99, 600)):
+        monkeypatch.setattr(ps.os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
+        assert ps.startup_timeout() == seconds
+    monkeypatch.setenv(ps.TIMEOUT_VARIABLE, "45")  # the user's value wins
+    assert ps.startup_timeout() == 45
