@@ -156,6 +156,8 @@ class ResultsTable:
 
     def _best(self) -> dict[str, str]:
         ok = self.frame.dropna(subset=["mean"])
+        if "n_diverged" in ok:  # a method whose every seed diverged is never the best
+            ok = ok[ok["n_diverged"] < ok["n_seeds"]]
         return {s: g.loc[g["mean"].idxmin(), "method"] for s, g in ok.groupby("system")}
 
     def _cell(self, method: str, system: str, links: Mapping[tuple[str, str], str]) -> TableCell:

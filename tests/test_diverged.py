@@ -84,3 +84,22 @@ def test_a_failed_cell_is_one_line_and_its_traceback_stays_in_its_run(tmp_path):
     assert len(lines) == 1, text
     errors = list((home / "mlflow" / "artifacts").rglob("error.txt"))
     assert len(errors) == 1 and "Traceback" in errors[0].read_text()
+
+
+def test_the_table_flags_a_diverged_method_and_never_calls_it_best():
+    from tasks.config import CellConfig
+    from tasks.reporting import results_table
+    from tasks.results import CellResult
+
+    def cell(method: str, rmse: float, diverged: float) -> CellResult:
+        c = CellConfig(system="integro_de", method=method, seed=0)
+        metrics = {"test_rmse": rmse, "best_epoch": 0.0, "diverged": diverged}
+        return CellResult.fresh(c, f"run-{method}", metrics)
+
+    table = results_table([cell("node", 0.5, 0.0), cell("anode", 0.1, 1.0)])
+    assert table.frame.set_index("method")["n_diverged"].to_dict() == {"node": 0, "anode": 1}
+    rows = {r[0].text: r[1] for r in table.main_table().rows}
+    assert rows["node"].best and not rows["anode"].best
+    assert rows["anode"].flag == "diverged in 1 of 1 seeds: never registered"
+    assert not rows["node"].flag
+    assert cell("anode", 0.1, 1.0).diverged == "test RMSE 0.1, best epoch 0"
