@@ -31,6 +31,9 @@
    mid-run: exit 3 with one line, no traceback; freed, the same command: nothing lost.
 12. ``--only serve``: two ``nllab serve`` on one Prefect server: Ctrl-C of the first leaves the
    shared deployment unpaused; the server stopped, the second says so and exits 3.
+13. ``--only diverged|storage|absurd|busy``: the third pass (``benchmarks/reliability_third.py``):
+   a diverged model never registered, storage URLs that would lose a study, absurd sizes, a
+   busy machine or a locked, read-only or too deep store.
 
     PYTHONPATH=. python benchmarks/reliability.py [--tries 4] [--scratch /tmp/nllab-probes]
 """
@@ -796,6 +799,9 @@ def serve_pair(scratch: Path) -> None:
 
 
 def main() -> None:
+    from reliability_third import THIRD_PASS  # its module imports this one's helpers
+
+    _SECOND_PASS.update(THIRD_PASS)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tries", type=int, default=4)
     ap.add_argument("--scratch", type=Path, default=Path("/tmp/nllab-probes"))

@@ -134,10 +134,20 @@ class _GuardedServer(SubprocessASGIServer):
         )  # fmt: skip
 
     def start(self, timeout: int | None = None) -> None:
+        from flows.faults import EnvironmentFault
+        from flows.prefect_server import start_timeout_message, startup_timeout
+
+        seconds = timeout or max(1, round(startup_timeout()))
         # Servers of processes started together on one Prefect home would migrate its database
         # at the same time: one starts (and migrates) at a time.
         with exclusive(Path(PREFECT_HOME.value()).expanduser() / ".nllab-server-start.lock"):
-            super().start(timeout)
+            try:
+                super().start(seconds)
+            except RuntimeError as e:
+                if "Timed out while attempting to connect" not in str(e):
+                    raise
+                what = "Prefect's temporary server"
+                raise EnvironmentFault(start_timeout_message(what, seconds)) from None
 
     def stop(self) -> None:
         # Ask it to stop, without waiting: it shuts down (gracefully, in its own session) while
@@ -160,12 +170,19 @@ def _guard_temporary_server() -> None:
 class _QuietEnvironmentFaults(logging.Filter):
     """Drops console records about a fault of the environment (a full disk, a server gone):
     ``nllab`` reports it once, in one line, and writes the traceback to a log file
-    (:mod:`flows.faults`); Prefect would print one traceback per failed task and flow."""
+    (:mod:`flows.faults`); Prefect would print one traceback per failed task and flow.
+
+    Also drops Prefect's records of a pack task failed by its cells (``PackFailed``): each cell's
+    traceback is in its run (``error.txt``) and the flow says which cell failed in one line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         from flows.faults import describe_fault, names_fault
 
         error = record.exc_info[1] if record.exc_info else None
+        if type(error).__name__ == "PackFailed" or (
+            record.name.startswith("prefect.task_runs") and "PackFailed" in record.getMessage()
+        ):
+            return False
         if error is not None and describe_fault(error) is not None:
             return False
         return not names_fault(record.getMessage())

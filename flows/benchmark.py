@@ -58,7 +58,8 @@ class BenchmarkSummary:
 def _promote(tracker: Tracker, results: list[CellResult]) -> list[Promotion]:
     best: dict[str, CellResult] = {}
     for r in results:
-        if r.method == REGISTERED_METHOD and r.ok and r.run_id:
+        # A model that never learned is kept in its run, never in the registry.
+        if r.method == REGISTERED_METHOD and r.ok and r.run_id and r.diverged is None:
             if r.system not in best or r.test_rmse < best[r.system].test_rmse:
                 best[r.system] = r
     return [

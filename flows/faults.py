@@ -16,6 +16,8 @@ import time
 import traceback
 from pathlib import Path
 
+from tasks._sqlite_faults import sqlite_problem
+
 __all__ = [
     "MIN_FREE_MB",
     "EnvironmentFault",
@@ -126,6 +128,11 @@ def describe_fault(error: BaseException, home: Path | None = None) -> str | None
                 f"the disk of {str(where)!r} is full{left}: free some space, then run the same "
                 "command again (finished work is kept)"
             )
+    # The MLflow store's sqlite errors: busy (and who holds it), read-only, damaged, too long.
+    if (store := _embedded_store(home)) is not None:
+        for e in chain:
+            if _from_mlflow(e, chain) and (line := sqlite_problem(str(e), store)) is not None:
+                return line
     # Faults the platform already names (a store, a storage, a scheduler it cannot reach).
     for e in chain:
         if type(e).__name__ in ("TrackingUnavailable", "StorageUnavailable", "DaskUnreachable"):
@@ -142,6 +149,32 @@ def describe_fault(error: BaseException, home: Path | None = None) -> str | None
                     "run the same command (finished cells are kept)"
                 )
     return None
+
+
+def _embedded_store(home: Path | None) -> Path | None:
+    """The embedded MLflow store's sqlite file, ``None`` when runs go to a tracking server."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if uri.startswith("sqlite:///"):
+        return Path(uri.removeprefix("sqlite:///"))
+    if uri:
+        return None
+    if home is None:
+        from datasets import data_home
+
+        home = data_home()
+    return home / "mlflow" / "mlflow.db"
+
+
+def _from_mlflow(error: BaseException, chain: list[BaseException]) -> bool:
+    """Whether ``error`` came out of MLflow (its store), not Optuna's or Prefect's database."""
+    if any(type(e).__module__.startswith("mlflow") or "mlflow" in str(e).lower() for e in chain):
+        return True  # raised by MLflow, or a failed cell's text naming it
+    tb = error.__traceback__
+    while tb is not None:
+        if "/mlflow/" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def write_log(command: str, error: BaseException, home: Path | None) -> Path | None:

@@ -126,12 +126,17 @@ class ServeLease:
 
 
 def pause_deployments(names: list[str]) -> None:
-    """Pause the deployments ``FLOW/NAME`` (their schedules stop making runs)."""
+    """Pause the deployments ``FLOW/NAME`` (their schedules stop making runs); one that a
+    Ctrl-C kept from being created has nothing to pause."""
     from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
 
     with get_client(sync_client=True) as client:
         for name in names:
-            client.pause_deployment(client.read_deployment_by_name(name).id)
+            try:
+                client.pause_deployment(client.read_deployment_by_name(name).id)
+            except ObjectNotFound:
+                continue
 
 
 _CONNECTION_MODULES = ("websockets", "httpx", "httpcore")
@@ -193,12 +198,13 @@ def serve_deployments(entries: list, api: str) -> ServeOutcome:
                 f"to trigger one from another shell, first: export PREFECT_API_URL={api}",
                 flush=True,
             )
-            lease.beat()
-            lease.watch(_interrupt_main)
-            _quiet_connection_errors()
-            # Not Prefect's pause of every served deployment at exit: another instance may
-            # serve them too. This one pauses what no other live instance serves (below).
+            # A Ctrl-C from here on (serving, or still starting to) pauses, as below.
             try:
+                lease.beat()
+                lease.watch(_interrupt_main)
+                _quiet_connection_errors()
+                # Not Prefect's pause of every served deployment at exit: another instance may
+                # serve them too. This one pauses what no other live instance serves (below).
                 serve(*deployments, pause_on_shutdown=False)
             except KeyboardInterrupt:
                 pass

@@ -17,6 +17,7 @@ from typing import Any, get_args
 from pydantic import ConfigDict, ValidationError
 
 __all__ = [
+    "MAX_WIDTH",
     "ModelOptionError",
     "check_model_overrides",
     "check_names",
@@ -25,6 +26,11 @@ __all__ = [
     "option_problems",
     "show",
 ]
+
+
+#: The largest layer width (or other size-like integer option) a model takes: the paper's
+#: models are 16 to 128 wide, and one layer of this width already holds 2^32 weights.
+MAX_WIDTH = 65_536
 
 
 class ModelOptionError(ValueError):
@@ -61,13 +67,16 @@ def _range_problem(hint: Any, value: Any, default: Any) -> str | None:
     """A number outside the range its default implies: an integer option whose default is
     positive (a width, a count) must be at least 1, one whose default is 0 at least 0; a float
     option with a positive default (a tolerance, a scale) must be positive; layer widths are
-    at least 1. The models' constructors refuse (or silently misbuild) anything else."""
+    at least 1; widths and positive integer options at most :data:`MAX_WIDTH`. The models'
+    constructors refuse (or silently misbuild) anything else."""
     if isinstance(value, bool) or isinstance(default, bool):
         return None
     if isinstance(value, int) and isinstance(default, int):
         low = 1 if default > 0 else 0 if default == 0 else None
         if low is not None and value < low:
             return f"must be at least {low}, got {value}"
+        if default > 0 and value > MAX_WIDTH:
+            return f"must be at most {MAX_WIDTH}, got {value}"
     elif isinstance(value, int | float) and isinstance(default, float) and default > 0:
         if value <= 0:
             return f"must be positive, got {value}"
@@ -75,6 +84,8 @@ def _range_problem(hint: Any, value: Any, default: Any) -> str | None:
         bad = [w for w in value if isinstance(w, int) and w < 1]
         if bad:
             return f"layer widths must be at least 1, got {list(value)}"
+        if any(isinstance(w, int) and w > MAX_WIDTH for w in value):
+            return f"layer widths must be at most {MAX_WIDTH}, got {list(value)}"
     return None
 
 

@@ -35,6 +35,8 @@ class ConfigError(ValueError):
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a TOML, JSON or YAML config file (validated later by :func:`resolve_config`)."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"config file {str(p)!r} is a directory, not a file")
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
     suffix = p.suffix.lower()

@@ -63,7 +63,8 @@ def configure_environment() -> None:
         Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
     except OSError:
         pass  # Prefect itself then reports the unusable folder
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    # The temporary server's start timeout, when not set, grows with the machine's load
+    # (flows.prefect_server.startup_timeout).
     # The ephemeral server's log chatter goes to the same terminal as the progress bars.
     os.environ.setdefault("PREFECT_LOGGING_SERVER_LEVEL", "WARNING")
     # One progress bar per artifact upload would drown the training progress bars.

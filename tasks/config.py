@@ -61,6 +61,8 @@ __all__ = [
     "DEVICES",
     "EXECUTION_KEYS",
     "MAIN_SYSTEMS",
+    "MAX_BATCH",
+    "MAX_EPOCHS",
     "MAX_EXPERIMENT_NAME",
     "MAX_SEED",
     "METHODS",
@@ -131,6 +133,10 @@ MAX_SEED = 2**32 - 1
 
 #: The longest MLflow experiment name (MLflow refuses longer ones).
 MAX_EXPERIMENT_NAME = 500
+#: Bounds of training values that no run could reach (the paper trains 1000 epochs in batches of
+#: 128): a value past them is a typo, refused when the config is read.
+MAX_EPOCHS = 1_000_000
+MAX_BATCH = 1_048_576
 
 #: Bumped when the meaning of a cell's fields changes, so old hashes stop matching.
 _HASH_SCHEMA = 1
@@ -206,9 +212,9 @@ class DataConfig(_Frozen):
 class TrainConfig(_Frozen):
     """Optimisation protocol (paper: Adam 1e-3, batch 128, clipping 1, float64, patience 100)."""
 
-    epochs: int = Field(1000, ge=1)
-    patience: int | None = Field(100, ge=1, description="None: no early stopping")
-    batch_size: int = Field(128, ge=1)
+    epochs: int = Field(1000, ge=1, le=MAX_EPOCHS)
+    patience: int | None = Field(100, ge=1, le=MAX_EPOCHS, description="None: no early stopping")
+    batch_size: int = Field(128, ge=1, le=MAX_BATCH)
     lr: float = Field(1e-3, gt=0.0)
     grad_clip: float | None = Field(1.0, gt=0.0)
     dtype: Literal["float64", "float32"] = "float64"

@@ -18,8 +18,10 @@ from nlmodels import ForecastModel
 from tasks.training import EpochRecord, predict
 
 __all__ = [
+    "DIVERGED_RMSE_FACTOR",
     "DOMINATED_SHARE",
     "Evaluation",
+    "divergence",
     "evaluate",
     "outlier_census",
     "plot_extrapolation",
@@ -159,6 +161,40 @@ def evaluate(
         rmse_without_top=without_top,
     )
     return ev, pred
+
+
+#: A trained model *diverged* when its test RMSE is over this many times the RMS of the test
+#: targets (the error of predicting zero, the training mean on the normalised scale).
+DIVERGED_RMSE_FACTOR = 100.0
+
+
+def divergence(history: Sequence[EpochRecord], test_rmse: float, target: np.ndarray) -> str | None:
+    """Why a trained model never learned, or ``None`` if it did.
+
+    Two rules, either one enough:
+
+    1. its test RMSE is over :data:`DIVERGED_RMSE_FACTOR` times the RMS of the test targets
+       (``target``, normalised): far worse than predicting the mean;
+    2. after more than one epoch, its best validation epoch is the first and its last training
+       loss is above the first epoch's: training only made it worse.
+
+    Such a model finishes (its run keeps the scores) but is flagged and never registered.
+    """
+    scale = float(np.sqrt(np.mean(np.square(np.asarray(target, dtype=np.float64)))))
+    if not np.isfinite(test_rmse) or test_rmse > DIVERGED_RMSE_FACTOR * max(scale, 1e-12):
+        return (
+            f"test RMSE {test_rmse:.4g} is over {DIVERGED_RMSE_FACTOR:g}x the data's scale "
+            f"({scale:.3g})"
+        )
+    if len(history) > 1:
+        best = min(range(len(history)), key=lambda i: history[i].val_rmse)
+        first, last = history[0].train_loss, history[-1].train_loss
+        if best == 0 and not last <= first:
+            return (
+                f"best epoch 0 of {len(history)} and the training loss rose "
+                f"({first:.4g} to {last:.4g})"
+            )
+    return None
 
 
 def _times(t: np.ndarray, i: int) -> np.ndarray:

@@ -79,6 +79,7 @@ class LedgerRecord:
 
     status = "finished"
     ok = True
+    diverged = None  # a diverged cell is never recorded: its run is not a result to keep
 
     @property
     def key(self) -> tuple[str, str, int, str, str | None]:
@@ -278,6 +279,7 @@ def ledger_table(records: Iterable[LedgerRecord], cells: Sequence[CellConfig] = 
                     "system": c.system,
                     "n_seeds": 0,
                     "n_failed": 0,
+                    "n_diverged": 0,
                     "mean": nan,
                     "std": nan,
                     "paper_mean": paper.mean if paper else nan,

@@ -28,6 +28,7 @@ from tasks._declarations import ensure_declared
 from tasks.config import CellConfig, DataConfig
 from tasks.evaluation import (
     Evaluation,
+    divergence,
     evaluate,
     outlier_census,
     plot_extrapolation,
@@ -209,14 +210,16 @@ def epoch_metrics(record: EpochRecord) -> dict[str, float]:
     }
 
 
-def cell_metrics(ev: Evaluation, result: TrainResult) -> dict[str, float]:
-    """A trained cell's final metrics: the test scores and how training went."""
+def cell_metrics(ev: Evaluation, result: TrainResult, diverged: bool = False) -> dict[str, float]:
+    """A trained cell's final metrics: the test scores, how training went and whether the model
+    diverged (``diverged`` 1.0: see :func:`tasks.evaluation.divergence`)."""
     return {
         **ev.metrics(),
         "best_epoch": result.best_epoch,
         "best_val_rmse": result.best_val_rmse,
         "epochs_run": len(result.history),
         "train_seconds": result.seconds,
+        "diverged": float(diverged),
     }
 
 
@@ -246,6 +249,9 @@ def evaluate_cell(
         and result.packed_members == 1
         and native_cpu_kernels(),
     }
+    diverged = divergence(result.history, ev.test_rmse, prepared.test.target)
+    if diverged is not None:
+        tags[RunTags.DIVERGED] = diverged
     with tempfile.TemporaryDirectory(prefix="nllab-plots-") as tmp:
         folder = Path(tmp)
         paths = [
@@ -272,7 +278,10 @@ def evaluate_cell(
         model_args=setup.model_args,
     )
     return CellOutcome(
-        tags=tags, figures=figures, model=(model, spec), metrics=cell_metrics(ev, result)
+        tags=tags,
+        figures=figures,
+        model=(model, spec),
+        metrics=cell_metrics(ev, result, diverged is not None),
     )
 
 

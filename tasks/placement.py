@@ -253,11 +253,23 @@ def _file_lock(path: Path) -> Iterator[None]:
 
 
 def _read(path: Path) -> dict[str, dict[str, float]]:
+    """The cache's entries; any of another shape (valid JSON written by something else, or
+    by hand) is left out, so it is measured again and rewritten."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    return {
+        key: entry
+        for key, entry in data.items()
+        if isinstance(entry, dict)
+        and all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            for v in entry.values()
+        )
+    }
 
 
 def _merge_write(path: Path, entries: Mapping[str, Mapping[str, float]]) -> None:

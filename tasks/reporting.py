@@ -174,6 +174,8 @@ class ResultsTable:
 
     def _best(self) -> dict[str, str]:
         ok = self.frame.dropna(subset=["mean"])
+        if "n_diverged" in ok:  # a method whose every seed diverged is never the best
+            ok = ok[ok["n_diverged"] < ok["n_seeds"]]
         return {s: g.loc[g["mean"].idxmin(), "method"] for s, g in ok.groupby("system")}
 
     def _cell(
@@ -189,7 +191,9 @@ class ResultsTable:
         if np.isnan(r["mean"]):
             return TableCell("failed" if r["n_failed"] else "–", paper=paper)
         flag = ""
-        if np.isfinite(r["top_share"]) and r["top_share"] > TOP_SHARE_FLAG:
+        if r.get("n_diverged", 0):  # tables written before the column have none
+            flag = f"diverged in {r['n_diverged']} of {r['n_seeds']} seeds: never registered"
+        elif np.isfinite(r["top_share"]) and r["top_share"] > TOP_SHARE_FLAG:
             flag = (
                 f"dominated by a few samples ({r['top_share']:.0%} of the error); "
                 f"{number(r['rmse_without_top'])} without them"
@@ -341,6 +345,7 @@ def results_table(results: Iterable[CellResult], *, profile: str) -> ResultsTabl
                 "system": system,
                 "n_seeds": len(values),
                 "n_failed": sum(c.status in ("failed", "interrupted") for c in cells),
+                "n_diverged": sum(c.ok and c.diverged is not None for c in cells),
                 "mean": float(values.mean()) if len(values) else float("nan"),
                 "std": float(values.std()) if len(values) else float("nan"),
                 "paper_mean": paper.mean if paper else float("nan"),
@@ -360,5 +365,6 @@ def results_table(results: Iterable[CellResult], *, profile: str) -> ResultsTabl
         "paper_std",
         "top_share",
         "rmse_without_top",
+        "n_diverged",
     ]
     return ResultsTable(pd.DataFrame(rows, columns=columns), profile)

@@ -40,6 +40,8 @@ class CellResult:
     top_share: float | None = None
     rmse_without_top: float | None = None
     train_seconds: float | None = None  # the cell's own training time (its run's metric)
+    #: the model never learned (its run's ``diverged`` metric is 1): what shows it, else ``None``
+    diverged: str | None = None
 
     @property
     def key(self) -> str:
@@ -93,4 +95,14 @@ class CellResult:
             top_share=metrics.get("test_top_share"),
             rmse_without_top=metrics.get("test_rmse_without_top"),
             train_seconds=metrics.get("train_seconds"),
+            diverged=_diverged(metrics, test_rmse),
         )
+
+
+def _diverged(metrics: Mapping[str, float], test_rmse: float | None) -> str | None:
+    """What shows a diverged cell (its ``diverged`` metric is 1), else ``None``."""
+    if not metrics.get("diverged"):
+        return None
+    best = metrics.get("best_epoch")
+    epoch = f", best epoch {int(best)}" if best is not None else ""
+    return f"test RMSE {test_rmse:.4g}{epoch}"

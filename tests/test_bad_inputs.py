@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -124,3 +125,83 @@ def test_a_home_that_is_a_file_fails_with_a_message(tmp_path):
     out = _cli(tmp_path / "file" / "home", "simulate", "--profile", "smoke")
     assert out.returncode == 2, out.stdout + out.stderr
     assert "Traceback" not in out.stderr and "is not writable (Not a directory)" in out.stderr
+
+
+@pytest.mark.parametrize("url", ["sqlite:///", "sqlite://", "sqlite:///:memory:", "MISSING"])
+def test_a_storage_that_would_lose_the_study_or_make_a_folder_is_refused(tmp_path, url):
+    missing = tmp_path / "no" / "such"
+    url = f"sqlite:///{missing / 'x.db'}" if url == "MISSING" else url
+    args = ["--method", "node", "--system", "integro_de", "--trials", "1", "--storage", url]
+    out = _cli(tmp_path / "home", "tune", *args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    if "MISSING" in url or "no/such" in url:
+        assert f"the folder '{missing}'" in out.stderr and "does not exist" in out.stderr
+        assert not (tmp_path / "no").exists()
+    else:
+        assert "is in memory: the study would be lost" in out.stderr
+
+
+def test_a_config_that_is_a_directory_says_so(tmp_path):
+    out = _cli(tmp_path / "home", "benchmark", "--config", str(tmp_path), "--profile", "smoke")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"config file '{tmp_path}' is a directory, not a file" in out.stderr
+
+
+def test_open_storage_refuses_what_the_command_line_refuses(tmp_path):
+    from tasks.tuning import TuningError, open_storage
+
+    for url in ("sqlite:///", f"sqlite:///{tmp_path / 'no' / 'x.db'}"):
+        with pytest.raises(TuningError):
+            open_storage(url)
+    assert not (tmp_path / "no").exists()
+    open_storage(f"sqlite:///{tmp_path / 'x.db'}").engine.dispose()  # a named folder: fine
+    assert (tmp_path / "x.db").is_file()
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ("--epochs 99999999999999999999", "training.epochs: Input should be less than or equal"),
+        ("[training]\nepochs = 1e20", "training.epochs:"),
+        ("[training]\nepochs = 1000000000000", "less than or equal to 1000000"),
+        ("[models.node]\nhidden = [100000000, 100000000]", "layer widths must be at most 65536"),
+        ("[models.node]\nhidden = [65536, 65536, 65536, 65536]", "GB to train;"),
+    ],
+)
+def test_absurd_sizes_are_refused_when_the_config_is_read(tmp_path, setting, expected):
+    config = tmp_path / "c.toml"
+    args = ["--config", str(config), "--methods", "node", "--systems", "integro_de"]
+    if setting.startswith("--"):
+        args += setting.split()
+        setting = ""
+    config.write_text(f'profile = "smoke"\n{setting}\n')
+    out = _cli(tmp_path / "home", "benchmark", *args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert expected in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "home" / "mlflow").exists()  # refused before anything started
+    if "GB" in expected:  # "this model needs N GB to train; M GB free"
+        assert re.search(r"this model needs [\d,.]+ GB to train; [\d,.]+ GB free", out.stderr)
+
+
+@pytest.mark.parametrize("out", ["/proc/self/nllab-report", "READ-ONLY"])
+def test_report_out_in_a_place_that_cannot_be_written_is_one_line(tmp_path, out):
+    wrap = None
+    if out == "READ-ONLY":
+        (tmp_path / "ro").mkdir()
+        wrap, out = _read_only(tmp_path / "ro"), str(tmp_path / "ro" / "report")
+        if wrap is None:
+            pytest.skip("cannot make a read-only folder here")
+    out_ = _cli(tmp_path / "home", "report", "--out", out, wrap=wrap)
+    assert out_.returncode == 2, out_.stdout + out_.stderr
+    assert "Traceback" not in out_.stderr and "is not writable; name another folder" in out_.stderr
+
+
+@pytest.mark.parametrize("method", ["node", "anode", "neural_laplace", "nf_coupling"])
+def test_the_memory_estimate_counts_the_real_models_parameters(method):
+    from nlmodels import build_model
+    from tasks._model_memory import TRAINING_COPIES, training_bytes
+
+    real = sum(p.numel() for p in build_model(method, 3).parameters())  # allocated for real
+    assert training_bytes(method, 3, {}, "float64") == real * 8 * TRAINING_COPIES
+    assert training_bytes(method, 3, {}, "float32") == real * 4 * TRAINING_COPIES

@@ -163,3 +163,25 @@ def test_a_lost_tracking_server_is_named_and_a_plain_error_is_not(monkeypatch, t
     assert fault_in_text("ValueError: latent_dim must be positive", tmp_path) is None
     # a refused connection to something else is not blamed on the tracking server
     assert describe_fault(ConnectionRefusedError(111, "Connection refused"), tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["tune", "--method", "node", "--system", "integro_de", "--trials", "1"],
+        ["study", "noise", "--profile", "smoke", "--systems", "integro_de"],
+    ],
+)
+def test_tune_and_study_refuse_a_dead_tracking_server_before_starting(
+    tmp_path, monkeypatch, capfd, args
+):
+    home = tmp_path / "home"
+    monkeypatch.setenv("NLLAB_HOME", str(home))
+    uri = f"http://127.0.0.1:{_refused_port()}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    t0 = time.perf_counter()
+    assert main(args) == 3
+    assert time.perf_counter() - t0 < 30  # not Prefect's start and MLflow's retries
+    (line,) = _errors(capfd.readouterr().err)
+    assert f"the MLflow tracking server {uri} does not answer" in line
+    assert not (home / "optuna").exists()  # no empty study left behind

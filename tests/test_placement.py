@@ -263,6 +263,25 @@ def test_cached_probe_measures_only_missing_devices(tmp_path):
     assert calls == ["cuda", "cpu"] and got["cpu"] == got["cuda"] == 1.0
 
 
+@pytest.mark.parametrize(
+    "text", ["[1, 2]", '{"k": [1]}', '{"k": 3}', '{"k": {"cpu": "fast"}}', '{"k": {"cpu": true}}']
+)
+def test_a_cache_of_another_shape_is_measured_again_and_rewritten(tmp_path, text):
+    from tasks.placement import _probe_key
+
+    (tmp_path / "placement.json").write_text(text.replace('"k"', f'"{_probe_key(_cell(0), 3)}"'))
+    calls = []
+
+    def measure(cell, device, members):
+        calls.append(device.type)
+        return 2.0
+
+    got = cached_probe(_cell(0), 3, ("cpu",), cache_dir=tmp_path, measure=measure)
+    assert calls == ["cpu"] and got == {"cpu": 2.0}
+    again = cached_probe(_cell(0), 3, ("cpu",), cache_dir=tmp_path, measure=measure)
+    assert calls == ["cpu"] and again == {"cpu": 2.0}  # rewritten, read back
+
+
 def test_gpu_check_smallest_writes_its_summary(tmp_path):
     import importlib.util
     import re

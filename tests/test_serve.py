@@ -175,3 +175,72 @@ def test_a_serve_whose_server_stops_answering_is_told_to_stop(monkeypatch):
     assert lost.wait(5) and lease.server_lost.is_set()
     thread.join(5)
     assert not thread.is_alive()
+
+
+# -- as a user meets it: a bad port, a dead server, a slow start, Ctrl-C ---------------------------
+def _nllab(home, *args: str, **env: str):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    full = {**os.environ, "PYTHONPATH": str(root), "NLLAB_HOME": str(home), **env}
+    for var in ("MLFLOW_TRACKING_URI", "PREFECT_HOME", *(() if env else ("PREFECT_API_URL",))):
+        full.pop(var, None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", *args],
+        env=full,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+
+
+@pytest.mark.parametrize("command", ["ui", "serve"])
+@pytest.mark.parametrize("port", ["99999", "-1", "0"])
+def test_a_port_outside_1_to_65535_is_a_usage_error(tmp_path, command, port):
+    p = _nllab(tmp_path, command, "--port", port)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and "a TCP port from 1 to 65535" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        ([], {"PREFECT_API_URL": "http://127.0.0.1:9/api"}, "no Prefect server answers at"),
+        (
+            ["--start-server", "--port", "4399"],
+            {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "1"},
+            "did not start within 1 s",
+        ),
+    ],
+)
+def test_a_server_that_does_not_answer_is_one_line_and_exit_3(tmp_path, args, env, expected):
+    p = _nllab(tmp_path, "serve", *args, **env)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 3, out + err
+    assert expected in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    if "start-server" in args:
+        assert "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=SECONDS" in err
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_serve_start_server_pauses_stops_and_exits_130(tmp_path):
+    import os
+    import signal
+
+    from flows.prefect_server import healthy
+
+    p = _nllab(tmp_path, "serve", "--start-server", "--port", "4398")
+    for line in p.stdout:
+        if line.startswith("to trigger"):
+            break
+    # as Ctrl-C in a terminal (the whole foreground group), while serving starts
+    os.killpg(p.pid, signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, out + err
+    assert "Traceback" not in err and "ConnectError" not in err
+    assert "nllab serve: interrupted; paused" in err
+    assert not healthy("http://127.0.0.1:4398/api")  # the server it started is stopped

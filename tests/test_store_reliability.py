@@ -275,3 +275,50 @@ def test_owners_claiming_at_once_get_exactly_one_winner(mlflow_store):
         for t in threads:
             t.join()
         assert len(wins) == 1, wins
+
+
+def _claims_runs(t) -> list[str]:
+    exp = t._bookkeeping_experiment()
+    return [r.info.run_id for r in t.client.search_runs([exp], "tags.`nllab.kind` = 'claims'")]
+
+
+def test_one_claims_run_per_experiment_without_a_store_lock(mlflow_store, monkeypatch):
+    """As against a tracking server (no file lock): threads of one process, and a process that
+    raced another one's creation, leave one claims run."""
+    import contextlib
+
+    from tasks.tracking import Tracker
+
+    monkeypatch.setattr(Tracker, "_store_lock", lambda self: contextlib.nullcontext())
+    first = Tracker.connect()
+    trackers = [Tracker(first.settings) for _ in range(6)]
+    for t in trackers:
+        t._experiment_id = first.experiment_id
+    go = threading.Barrier(len(trackers))
+
+    def claims_run(t):
+        go.wait()
+        return t._claims_run()
+
+    threads_ids = []
+    workers = [
+        threading.Thread(target=lambda t=t: threads_ids.append(claims_run(t))) for t in trackers
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert len(set(threads_ids)) == 1 and _claims_runs(first) == threads_ids[:1]
+
+    # Another process's search ran before this one's run existed: both created one.
+    late = Tracker(first.settings)
+    late._experiment_id = first.experiment_id
+    search, calls = late.client.search_runs, []
+
+    def racing_search(*args, **kw):
+        calls.append(1)
+        return [] if len(calls) <= 2 else search(*args, **kw)
+
+    monkeypatch.setattr(late.client, "search_runs", racing_search)
+    assert late._claims_run() == threads_ids[0]  # the oldest
+    assert _claims_runs(first) == threads_ids[:1]  # its own one deleted

@@ -95,21 +95,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (check := getattr(args, "precheck", None)) is not None:
             check(args)  # names, files, registry URIs: before torch, MLflow or Prefect load
         from datasets._cache import require_writable_home
-        from flows.cli._common import check_environment
+        from flows.cli._common import check_environment, check_store_paths
         from flows.faults import check_free_space
 
         check_environment()
         home = require_writable_home()
+        check_store_paths(home)
         check_free_space(home)
         return args.handler(args)
     except (ConfigError, UsageError, CommandFailed) as e:
         print(f"nllab {args.command}: error: {e}", file=sys.stderr)
         return EXIT_FAILED if isinstance(e, CommandFailed) else EXIT_USAGE
     except KeyboardInterrupt as e:
-        print(
-            f"\nnllab {args.command}: interrupted; finished cells are kept, run again to resume",
-            file=sys.stderr,
-        )
+        kept = "" if args.command == "serve" else "; finished cells are kept, run again to resume"
+        print(f"\nnllab {args.command}: interrupted{kept}", file=sys.stderr)
         return getattr(e, "exit_code", EXIT_INTERRUPTED)  # 143 for SIGTERM
     except Exception as e:
         from flows.faults import describe_fault, write_log

@@ -24,9 +24,14 @@ __all__ = [
     "add_runner_options",
     "add_selection",
     "check_environment",
+    "check_memory",
     "check_names",
     "check_registry_uri",
+    "check_storage",
+    "check_store_paths",
+    "check_tracking_server",
     "parse_seeds",
+    "port",
     "positive_int",
     "split_names",
     "task_runner",
@@ -95,6 +100,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def port(text: str) -> int:
+    """An ``argparse`` type: a TCP port, 1 to 65535 (``--port 99999`` is a usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port from 1 to 65535, got {text!r}")
+    return value
+
+
 def task_runner(args: argparse.Namespace) -> str | None:
     """The task runner the arguments ask for: ``--dask-address`` implies ``dask``, and with
     ``--task-runner thread`` it is a :class:`UsageError` (it would be silently ignored)."""
@@ -105,6 +121,61 @@ def task_runner(args: argparse.Namespace) -> str | None:
             "(--dask-address implies --task-runner dask)"
         )
     return "dask" if address else runner
+
+
+def check_storage(url: str | None) -> None:
+    """An ``--storage`` URL that would lose the study or need a folder made: a
+    :class:`UsageError` before Optuna loads."""
+    from tasks._storage_urls import sqlite_storage_problem
+
+    if url and (problem := sqlite_storage_problem(url)) is not None:
+        raise UsageError(problem)
+
+
+def check_memory(config) -> None:
+    """A model of ``config`` whose training cannot fit in the free memory of its device: a
+    :class:`UsageError` ("this model needs N GB to train; M GB free") before anything starts."""
+    from tasks._model_memory import check_models_fit
+
+    try:
+        check_models_fit(config.cells(), config.execution.device)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def check_store_paths(home: Path) -> None:
+    """Stores sqlite cannot open for their path's length (a deep ``NLLAB_HOME``): a
+    :class:`UsageError` at once, not a "cannot open" minutes later."""
+    from tasks._sqlite_faults import path_too_long
+
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    paths = [Path(os.environ.get("PREFECT_HOME", home / "prefect")) / "prefect.db"]
+    if not uri or uri.startswith("sqlite:///"):
+        paths.append(Path(uri.removeprefix("sqlite:///")) if uri else home / "mlflow" / "mlflow.db")
+    for path in paths:
+        if (problem := path_too_long(path)) is not None:
+            raise UsageError(problem)
+
+
+def check_tracking_server(timeout: float = 5.0) -> None:
+    """A tracking server (``MLFLOW_TRACKING_URI`` http/https) that accepts no connection: an
+    :class:`~flows.faults.EnvironmentFault` (exit 3) in seconds, before Prefect or a study
+    starts (MLflow's own retries take minutes)."""
+    from urllib.parse import urlsplit
+
+    from flows.faults import EnvironmentFault, connect_error
+
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if not uri.startswith(("http://", "https://")):
+        return
+    parts = urlsplit(uri)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    if (error := connect_error(f"tcp://{parts.hostname}:{port}", timeout)) is not None:
+        raise EnvironmentFault(
+            f"the MLflow tracking server {uri} does not answer "
+            f"({getattr(error, 'strerror', None) or error}); start it, or unset "
+            "MLFLOW_TRACKING_URI to use the embedded store"
+        )
 
 
 def check_environment() -> None:
@@ -315,6 +386,7 @@ def check_selection(args: argparse.Namespace) -> None:
         methods=split_names(getattr(args, "methods", None)),
         config_file=getattr(args, "config", None),
     )
+    check_storage(getattr(args, "storage", None))
 
 
 def _store_uri() -> str:

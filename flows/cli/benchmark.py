@@ -10,6 +10,7 @@ from flows.cli._common import (
     add_runner_options,
     add_selection,
     add_training_options,
+    check_memory,
     check_selection,
     resolve,
 )
@@ -52,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         applied = apply_tuned(config, args.storage)
         config = applied.config
         print(tuned_line(applied, config.profile, args.storage))
+    check_memory(config)  # the tuned models' sizes too; before MLflow and Prefect start
     summary = run_benchmark(config)
     print()
     print(summary.table.to_terminal())
@@ -60,6 +62,12 @@ def run(args: argparse.Namespace) -> int:
         from tasks.reporting import render_table
 
         print(render_table(ranking, "terminal"))
+    for r in summary.results:
+        if r.ok and r.diverged is not None:
+            print(
+                f"cell {r.key} diverged ({r.diverged}): flagged in its run, never registered; "
+                "try a smaller learning rate"
+            )
     for p in summary.promotions:
         if p.promoted:
             print(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from pathlib import Path
@@ -63,6 +64,10 @@ def check_out_folder(out: str | None) -> None:
         if p.exists() and not p.is_dir():
             what = "is a file" if p == path else f"is below {str(p)!r}, a file"
             raise UsageError(f"--out {out!r} {what}; --out names the folder the report goes into")
+        if p.exists():  # the nearest folder that exists: the report is written (or made) in it
+            if not os.access(p, os.W_OK | os.X_OK):
+                raise UsageError(f"--out {out!r}: {str(p)!r} is not writable; name another folder")
+            break
 
 
 def run(args: argparse.Namespace) -> int:
@@ -139,6 +144,14 @@ def _report(args: argparse.Namespace, config: RunConfig | None) -> int:
         )
     except UnownedFiles as e:
         raise UsageError(str(e)) from None
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise  # a full disk: exit 3, said as such
+        where = e.filename or out
+        raise UsageError(
+            f"--out {str(out)!r}: cannot write {str(where)!r} ({e.strerror or e}); "
+            "name another folder"
+        ) from None
     print(f"{found} of {len(results)} cells have finished runs")
     print(f"written: {', '.join(str(p) for p in paths.results)}")
     print(f"full report of the latest benchmark and study runs: {paths.html} ({paths.markdown})")

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from flows.cli._common import EXIT_TRACKING, UsageError
+from flows.cli._common import EXIT_INTERRUPTED, EXIT_TRACKING, UsageError, port
 
 __all__ = ["add_parser", "run"]
 
@@ -22,7 +22,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--start-server", action="store_true", help="start a local Prefect server if none is set"
     )
-    p.add_argument("--port", type=int, default=4200, help="port for --start-server")
+    p.add_argument("--port", type=port, default=4200, help="port for --start-server")
     p.add_argument("--check", action="store_true", help="validate and list, do not serve")
     p.set_defaults(handler=run, precheck=precheck)
     return p
@@ -36,7 +36,7 @@ def precheck(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``nllab serve``: 2 on a malformed schedule or no server, 3 when the server
-    stops answering, else serves until Ctrl-C (0)."""
+    does not start, does not answer or stops answering, else serves until Ctrl-C (130)."""
     from flows import prefect_server
     from flows._schedules import ScheduleError, load_schedules
 
@@ -58,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
         prefect_server.require_server(api)
     except prefect_server.ServerMissing as e:
         raise UsageError(str(e)) from None
+    if server is None:
+        prefect_server.require_answer(api)  # a dead PREFECT_API_URL: one line, exit 3
     from flows.serving import serve_deployments
 
     try:
@@ -75,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_TRACKING
     kept = outcome.kept
     print(
-        f"paused {len(outcome.paused)} deployments"
-        + (f"; {kept} stay served by another nllab serve" if kept else "")
+        f"nllab serve: interrupted; paused {len(outcome.paused)} deployments"
+        + (f"; {kept} stay served by another nllab serve" if kept else ""),
+        file=sys.stderr,
     )
-    return 0
+    return EXIT_INTERRUPTED

@@ -13,6 +13,7 @@ from flows.cli._common import (
     add_runner_options,
     add_training_options,
     check_names,
+    check_tracking_server,
     parse_seeds,
     split_names,
     training_overrides,
@@ -147,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         config = _config(args)
     except (ValueError, RuntimeError) as e:  # ConfigError is a ValueError; CUDA missing
         raise UsageError(str(e)) from None
+    check_tracking_server()  # down: exit 3 now, not after Prefect has started
     summary = run_study(config)
     for name, table in summary.tables.items():  # as the benchmark prints its table
         print(f"\n{name}\n")

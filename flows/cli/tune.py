@@ -11,6 +11,8 @@ from flows.cli._common import (
     add_runner_options,
     add_training_options,
     check_names,
+    check_storage,
+    check_tracking_server,
     positive_int,
     task_runner,
     training_overrides,
@@ -63,6 +65,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def precheck(args: argparse.Namespace) -> None:
     """The method, system and config file, before the heavy stack loads."""
     check_names(systems=[args.system], methods=[args.method], config_file=args.config)
+    check_storage(args.storage)
 
 
 def spec_from_args(args: argparse.Namespace):
@@ -112,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
     from tasks.tables import number
     from tasks.tuning import StorageUnavailable, TuningError, open_storage, sigterm_interrupts
 
+    # A tracking server that is down: exit 3 before Prefect starts or a study is created.
+    check_tracking_server()
     try:
         spec = spec_from_args(args)
         spec.run_config()  # unknown system/method, bad profile: a usage error before any work

@@ -12,7 +12,7 @@ import threading
 import time
 import urllib.request
 
-from flows.cli._common import EXIT_INTERRUPTED, EXIT_USAGE
+from flows.cli._common import EXIT_INTERRUPTED, EXIT_USAGE, port
 
 __all__ = ["add_parser", "port_in_use", "run", "runs_view_url", "ui_command", "ui_environment"]
 
@@ -20,7 +20,7 @@ __all__ = ["add_parser", "port_in_use", "run", "runs_view_url", "ui_command", "u
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("ui", help="start the MLflow UI on the tracking store")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--port", type=port, default=5000, help="1 to 65535 (default 5000)")
     p.add_argument(
         "--allowed-hosts",
         metavar="HOSTS",

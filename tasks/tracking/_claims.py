@@ -50,6 +50,8 @@ CLAIM_STALE_AFTER = _stale_after_from_env()
 
 
 _CLAIMS_KIND = "claims"
+#: Serialises finding (or creating) the claims run among the threads of one process.
+_CLAIMS_LOCK = threading.Lock()
 _BOOKKEEPING_PREFIX = "nllab-bookkeeping-"
 
 
@@ -178,22 +180,35 @@ class _ClaimsMixin:
 
     def _claims_run(self) -> str:
         if self._claims_run_id is None:
-            query = f"tags.`{RunTags.KIND}` = '{_CLAIMS_KIND}'"
-            exp_id = self._bookkeeping_experiment()
-            runs = self.client.search_runs([exp_id], query, max_results=100)
-            if not runs:
-                with self._store_lock():
-                    runs = self.client.search_runs([exp_id], query, max_results=100)
-                    if not runs:
-                        run = self.client.create_run(
-                            exp_id, run_name="nllab-claims", tags={RunTags.KIND: _CLAIMS_KIND}
-                        )
-                        self.end_run(run.info.run_id, "FINISHED")  # bookkeeping, never "running"
-                        runs = self.client.search_runs([exp_id], query, max_results=100)
-            # Processes of a server store that create it at once settle on the oldest one.
-            first = min(runs, key=lambda r: (r.info.start_time, r.info.run_id))
-            self._claims_run_id = first.info.run_id
+            with _CLAIMS_LOCK:  # threads of one process: one finds or creates it, once
+                if self._claims_run_id is None:
+                    self._claims_run_id = self._find_or_create_claims_run()
         return self._claims_run_id
+
+    def _find_or_create_claims_run(self) -> str:
+        """The bookkeeping experiment's claims run, created if absent: one per experiment.
+
+        A server store has no file lock: processes that create it at once settle on the oldest,
+        and each deletes the one it made if that is not it."""
+        query = f"tags.`{RunTags.KIND}` = '{_CLAIMS_KIND}'"
+        exp_id = self._bookkeeping_experiment()
+        runs = self.client.search_runs([exp_id], query, max_results=100)
+        created = None
+        if not runs:
+            with self._store_lock():
+                runs = self.client.search_runs([exp_id], query, max_results=100)
+                if not runs:
+                    run = self.client.create_run(
+                        exp_id, run_name="nllab-claims", tags={RunTags.KIND: _CLAIMS_KIND}
+                    )
+                    created = run.info.run_id
+                    self.end_run(created, "FINISHED")  # bookkeeping, never "running"
+                    runs = self.client.search_runs([exp_id], query, max_results=100)
+        first = min(runs, key=lambda r: (r.info.start_time, r.info.run_id)).info.run_id
+        if created is not None and created != first:
+            with contextlib.suppress(MlflowException):  # nothing was claimed in it
+                self.client.delete_run(created)
+        return first
 
     def _retire_old_claims_runs(self) -> list[str]:
         """Delete (MLflow's soft delete: hidden, restorable) the claims runs that older versions

@@ -24,6 +24,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from datasets import data_home
+from tasks._sqlite_faults import sqlite_problem
 from tasks.config import TrackingConfig
 
 __all__ = [
@@ -167,12 +168,9 @@ def _create_embedded_store(db_path: Path, artifact_root: str | None) -> None:
 
 
 def _broken_store_message(db_path: Path, error: BaseException) -> str:
-    if "database is locked" in str(error):
-        return (
-            f"the MLflow store {db_path} is busy (locked by another process for too long; a "
-            "process suspended with Ctrl-Z holds its lock until resumed with `fg`); run the "
-            "command again"
-        )
+    # busy, read-only, full or too long a path: said as such (moving the store would not help)
+    if (line := sqlite_problem(str(error), db_path)) is not None:
+        return line
     return (
         f"the MLflow store {db_path} cannot be opened ({type(error).__name__}: "
         f"{str(error).splitlines()[0] if str(error) else ''}).\n"

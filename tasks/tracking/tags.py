@@ -26,6 +26,8 @@ class RunTags:
     CONFIG_HASH = "config_hash"
     DATASET_HASH = "dataset_hash"
     ERROR = "error"
+    #: Why a finished cell's model never learned (it is flagged and never registered).
+    DIVERGED = "diverged"
     RESUMED = "resumed"
     SOURCE_RUN = "nllab.source_run_id"
     SOURCE_MODEL = "nllab.source_model"

@@ -19,6 +19,7 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial
 
 from datasets import data_home
+from tasks._storage_urls import sqlite_storage_problem
 from tasks.tuning.spec import OBJECTIVE, StorageUnavailable, TuneSpec, TuningError
 
 __all__ = [
@@ -58,8 +59,11 @@ def open_storage(
     losers retry, and then find the schema in place.
     """
     url = url or default_storage_url()
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    if url.startswith("sqlite:"):
+        if url == default_storage_url():
+            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        elif (problem := sqlite_storage_problem(url)) is not None:
+            raise TuningError(problem)
         engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}}
     else:
         engine_kwargs = {"pool_pre_ping": True}

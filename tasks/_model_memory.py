@@ -1,0 +1,69 @@
+"""How much memory a cell's model needs to train, estimated before any weight is allocated, and
+the check that refuses a model that cannot fit.
+
+The model is built on PyTorch's ``meta`` device (shapes only, no storage), so a model of 10^16
+parameters costs nothing to measure. Training holds each parameter four times: the weights,
+their gradients and Adam's two moment estimates (Kingma & Ba 2015).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = ["TRAINING_COPIES", "check_models_fit", "free_bytes", "training_bytes"]
+
+#: Copies of each parameter that training holds: weights, gradients, Adam's m and v.
+TRAINING_COPIES = 4
+
+
+def training_bytes(method: str, state_dim: int, overrides: dict, dtype: str) -> int | None:
+    """Bytes of ``method``'s parameters during training, or ``None`` when the model cannot be
+    built without allocating (its constructor reads a value from a tensor)."""
+    import torch
+
+    from nlmodels import build_model
+
+    try:
+        with torch.device("meta"):
+            model = build_model(method, state_dim, **overrides)
+    except Exception:
+        return None
+    size = torch.finfo(torch.float64 if dtype == "float64" else torch.float32).bits // 8
+    return sum(p.numel() for p in model.parameters()) * size * TRAINING_COPIES
+
+
+def free_bytes(device: str) -> int:
+    """Memory available to a model on ``device`` (``cpu``, ``cuda`` or ``auto``: the larger)."""
+    import psutil
+
+    free = psutil.virtual_memory().available
+    if device != "cpu":
+        import torch
+
+        if torch.cuda.is_available():
+            gpu = torch.cuda.mem_get_info()[0]
+            free = gpu if device == "cuda" else max(free, gpu)
+    return int(free)
+
+
+def check_models_fit(cells: Iterable, device: str) -> None:
+    """Raise ``ValueError`` ("this model needs N GB; M GB free") for the first cell whose model
+    cannot fit in the free memory of ``device``; each distinct model is measured once."""
+    from datasets import SYSTEMS
+
+    seen: set[tuple] = set()
+    free: int | None = None
+    for cell in cells:
+        key = (cell.method, SYSTEMS[cell.system].state_dim, repr(sorted(cell.model.items())))
+        if key in seen:
+            continue
+        seen.add(key)
+        need = training_bytes(cell.method, key[1], dict(cell.model), cell.training.dtype)
+        if need is None:
+            continue
+        free = free_bytes(device) if free is None else free
+        if need > free:
+            raise ValueError(
+                f"{cell.method} on {cell.system}: this model needs {need / 2**30:,.1f} GB to "
+                f"train; {free / 2**30:,.1f} GB free (make its layers narrower)"
+            )
