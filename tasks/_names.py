@@ -14,6 +14,9 @@ from collections.abc import Iterable, MutableMapping
 
 __all__ = [
     "DEFAULT_QUICK_EPOCHS",
+    "MAIN_SYSTEMS",
+    "METHODS",
+    "SYSTEM_NAMES",
     "check_known",
     "known_methods",
     "known_systems",
@@ -21,6 +24,38 @@ __all__ = [
     "quick_epochs_for",
 ]
 
+#: Systems of the paper's main table (Table 3), in its column order.
+MAIN_SYSTEMS: tuple[str, ...] = (
+    "spiral_dde",
+    "lotka_volterra_dde",
+    "mackey_glass_dde",
+    "stiff_van_der_pol",
+    "piecewise_forcing_ode",
+    "integro_de",
+)
+#: Methods of the main table, in its row order.
+METHODS: tuple[str, ...] = (
+    "node",
+    "anode",
+    "latent_ode",
+    "nf_coupling",
+    "nf_resnet",
+    "neural_laplace",
+)
+#: Every system ``datasets.SYSTEMS`` simulates, known without importing numpy: the command line
+#: checks names before the numerical stack loads (a test keeps it equal to the registry).
+SYSTEM_NAMES: tuple[str, ...] = (
+    "integro_de",
+    "lotka_volterra_dde",
+    "mackey_glass_dde",
+    "noisy_sines",
+    "piecewise_forcing_ode",
+    "sawtooth",
+    "sine",
+    "spiral_dde",
+    "square",
+    "stiff_van_der_pol",
+)
 #: Epochs of a model that the quick profile's ``method_epochs`` does not list (a plugin's).
 DEFAULT_QUICK_EPOCHS = 100
 

@@ -49,7 +49,15 @@ from tasks._declarations import (
     declared_data,
     resolve_sources,
 )
-from tasks._names import check_known, known_methods, known_systems, quick_epochs_for
+from tasks._names import (
+    MAIN_SYSTEMS,
+    METHODS,
+    SYSTEM_NAMES,
+    check_known,
+    known_methods,
+    known_systems,
+    quick_epochs_for,
+)
 
 if TYPE_CHECKING:  # served by __getattr__ below, on first use
     from nlmodels.model_registry import model_arguments, model_option_types, model_signature
@@ -89,38 +97,6 @@ __all__ = [
     "resolve_config",
 ]
 
-#: Systems of the paper's main table (Table 3), in its column order.
-MAIN_SYSTEMS: tuple[str, ...] = (
-    "spiral_dde",
-    "lotka_volterra_dde",
-    "mackey_glass_dde",
-    "stiff_van_der_pol",
-    "piecewise_forcing_ode",
-    "integro_de",
-)
-#: Methods of the main table, in its row order.
-METHODS: tuple[str, ...] = (
-    "node",
-    "anode",
-    "latent_ode",
-    "nf_coupling",
-    "nf_resnet",
-    "neural_laplace",
-)
-#: Every system ``datasets.SYSTEMS`` simulates, known without importing numpy: the command line
-#: checks names before the numerical stack loads (a test keeps it equal to the registry).
-SYSTEM_NAMES: tuple[str, ...] = (
-    "integro_de",
-    "lotka_volterra_dde",
-    "mackey_glass_dde",
-    "noisy_sines",
-    "piecewise_forcing_ode",
-    "sawtooth",
-    "sine",
-    "spiral_dde",
-    "square",
-    "stiff_van_der_pol",
-)
 #: Size presets of a run, each a config file the package ships (``tasks/profiles/<name>.yaml``).
 Profile = Literal["smoke", "quick", "paper"]
 PROFILES: tuple[str, ...] = get_args(Profile)

@@ -79,7 +79,7 @@ class LedgerRecord:
 
     status = "finished"
     ok = True
-    diverged = None  # a diverged cell is never recorded: its run is not a result to keep
+    diverged = None  # (a diverged run is recorded as it scored; its note says so)
 
     @property
     def key(self) -> tuple[str, str, int, str, str | None]:
@@ -354,4 +354,5 @@ def record_of_run(
         device=tags.get("device_used") or None,
         hardware=hardware,
         run_id=run_id,
+        note="diverged: never registered" if metrics.get("diverged") else "",
     )
