@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -39,7 +40,14 @@ from torch import nn
 
 from datasets import SplitData
 from nlmodels import ForecastModel
-from tasks._packed_cells import PackedCells, packable, packable_grids, shared_grids
+from nlmodels._numerics import mkl_position_independent
+from tasks._packed_cells import (
+    PackedCells,
+    packable,
+    packable_grids,
+    prefers_one_by_one,
+    shared_grids,
+)
 from tasks._packed_gru import PlainGRU, PlainGRUCell
 from tasks._steps import DTYPES
 from tasks.config import TrainConfig
@@ -58,17 +66,6 @@ __all__ = [
     "prefers_one_by_one",
     "train_packed",
 ]
-
-
-def prefers_one_by_one(model: ForecastModel, device: torch.device | str) -> bool:
-    """Whether a pack would give up fast paths that make the cells quicker one by one: Neural
-    Laplace on the CPU, where its native kernels (or their torch twins) beat its plain formulas
-    under ``vmap`` (``benchmarks/nl_packing.py``: packed ×5 about 5× slower per cell-epoch,
-    float64, one thread). A default for choosing packs before anything is measured; exact
-    either way (:func:`packable`)."""
-    from nlmodels import NeuralLaplace
-
-    return torch.device(device).type == "cpu" and isinstance(model, NeuralLaplace)
 
 
 def _same_layout(models: Sequence[ForecastModel]) -> bool:
@@ -172,6 +169,13 @@ def train_packed(
     if models[0].packs_itself() and not shared_grids(train_splits):
         # Its own batched solve needs one grid: one pack per grid (other systems).
         return _pack_per_time_grid(*args, labels, graphs)
+    if device.type == "cpu" and not mkl_position_independent():
+        warnings.warn(
+            "MKL started before nlmodels set MKL_CBWR=AUTO,STRICT: a packed member's bytes may "
+            "depend on its position in the pack (import nlmodels before any matrix product)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     cells = PackedCells(models, train_splits, val_splits, config, device, seeds, labels, graphs)
     try:
         cells.probe()
