@@ -39,7 +39,13 @@ def mkl_position_independent() -> bool:
 
 
 def numerics_tag() -> str:
-    """What a run records of the process's matrix-product numerics: the MKL mode asked for and
-    whether members' bytes are independent of their position in a pack."""
+    """What a run records of the process's numerics: the MKL mode asked for, whether members'
+    bytes are independent of their position in a pack, and torch's intra-op threads (parallel
+    reductions split by thread: a cell's bytes depend on the count, which runs pin)."""
+    import torch
+
     mode = os.environ.get("MKL_CBWR", "") or "default"
-    return f"mkl_cbwr={mode}; position_independent={mkl_position_independent()}"
+    return (
+        f"mkl_cbwr={mode}; position_independent={mkl_position_independent()}; "
+        f"torch_threads={torch.get_num_threads()}"
+    )

@@ -109,12 +109,19 @@ def _val_diverged(label: str, val_rmse: float, epoch: int) -> TrainingDiverged:
 
 @contextmanager
 def seeded(seed: int) -> Iterator[None]:
-    """Seed torch, numpy and random while holding the process-wide RNG lock."""
+    """Seed torch, numpy and random while holding the process-wide RNG lock, with torch's
+    default dtype at its own default (float32: initial weights are drawn in it, and a process
+    that changed it would draw other weights from the same seed)."""
     with _RNG_LOCK:
-        torch.manual_seed(seed)
-        np.random.seed(seed % 2**32)  # noqa: NPY002 - third-party code may draw from it
-        random.seed(seed)
-        yield
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float32)
+        try:
+            torch.manual_seed(seed)
+            np.random.seed(seed % 2**32)  # noqa: NPY002 - third-party code may draw from it
+            random.seed(seed)
+            yield
+        finally:
+            torch.set_default_dtype(default)
 
 
 def select_device(name: str) -> torch.device:

@@ -146,6 +146,18 @@ def test_a_seeded_build_is_its_seed_beside_other_builds():
         t.join()
 
 
+def test_a_seeded_build_does_not_depend_on_the_default_dtype():
+    cell = _cell("spiral_dde", "node", 0)
+    ref = build_cell_model(cell, 2)[0].state_dict()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        sd = build_cell_model(cell, 2)[0].state_dict()
+    finally:
+        torch.set_default_dtype(default)
+    assert all(torch.equal(sd[k], ref[k]) for k in ref)
+
+
 def _fresh_process(specs) -> dict:
     code = (
         "import json, sys, torch; sys.path.insert(0, 'tests'); torch.set_num_threads(1); "
