@@ -10,8 +10,11 @@ swapped for the same maths in plain tensor ops).
 Each member keeps everything :func:`tasks.training.train` gives a cell on its own: its initial
 weights, its shuffling (a private ``torch.Generator`` seeded with its seed), Adam with its
 own moments, gradient-norm clipping over its own parameters, its validation, early stopping and
-best-validation weights, and a divergence that ends only that member. A member's result equals
-its unpacked run to rounding and does not depend on what it was packed with.
+best-validation weights, and a divergence that ends only that member. A member's result is its
+unpacked run's, bit for bit, whatever it was packed with and wherever it sits in the pack: a
+single cell the engine would pack trains as a pack of one (:func:`tasks.training.train`),
+members always get their own time grids, and MKL runs in its strict reproducible mode
+(:mod:`nlmodels._numerics`).
 
 A member that stopped is frozen by ``torch.where`` masks (a diverged member's values may be NaN,
 and NaN·0 is NaN) until the end of the epoch, then dropped from the pack. The epochs, stopping
