@@ -80,14 +80,22 @@ def packable(model: ForecastModel, device: torch.device) -> bool:
 
 
 def prefers_one_by_one(model: ForecastModel, device: torch.device | str) -> bool:
-    """Whether a pack would give up fast paths that make the cells quicker one by one: Neural
-    Laplace on the CPU, where its native kernels (or their torch twins) beat its plain formulas
-    under ``vmap`` (``benchmarks/nl_packing.py``: packed ×5 about 5× slower per cell-epoch,
-    float64, one thread). A default for choosing packs before anything is measured; exact
-    either way (:func:`packable`)."""
-    from nlmodels import NeuralLaplace
+    """Whether the engine trains this model's cells one by one on ``device``, each on its own
+    eager step, never packed (so that a cell's bytes are those of that step):
 
-    return torch.device(device).type == "cpu" and isinstance(model, NeuralLaplace)
+    * Neural Laplace on the CPU, where its native kernels (or their torch twins) beat its plain
+      formulas under ``vmap`` (``benchmarks/nl_packing.py``: packed ×5 about 5× slower per
+      cell-epoch, float64, one thread);
+    * the Latent ODE on the CPU: its eager step (a lone dopri5 lane deciding on the host) is
+      what its published results were trained with; a pack of its seeds gains about 1.4× on the
+      CPU (``benchmarks/throughput.py``) but would give each cell other bytes (quick profile,
+      test RMSE up to 9 % apart after 45 epochs).
+
+    Elsewhere a packable cell trains as a pack of one when alone (:func:`pack_of_one`)."""
+    from nlmodels import NeuralLaplace
+    from nlmodels.baselines import LatentODE
+
+    return torch.device(device).type == "cpu" and isinstance(model, NeuralLaplace | LatentODE)
 
 
 def _probe_tensors(ot, x, qt, y) -> Tensors:
