@@ -7,6 +7,8 @@
 Pure torch: this package never imports prefect, mlflow or optuna.
 """
 
+# First: MKL's reproducible mode must be set before torch's first matrix product.
+from nlmodels import _numerics  # noqa: F401
 from nlmodels import baselines as _baselines  # noqa: F401  (registers the baseline models)
 from nlmodels.accel.native import native_enabled as native_cpu_kernels
 from nlmodels.base import ForecastModel

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import threading
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
@@ -23,6 +24,7 @@ from nlmodels._registrar import name_registrar
 from nlmodels.base import ForecastModel
 
 __all__ = [
+    "INIT_LOCK",
     "MODELS",
     "build_model",
     "find_model",
@@ -59,6 +61,14 @@ def model_names() -> tuple[str, ...]:
     return tuple(sorted(MODELS))
 
 
+#: Held while a model draws its initial weights from torch's process-wide generator (every
+#: :func:`build_model`, and ``tasks.training.seeded`` around its seeding and build): a model
+#: built in one thread (a logged model loaded back, e.g. by MLflow's input-example check)
+#: would otherwise draw between another thread's seeding and its build, and a seed would give
+#: other initial weights.
+INIT_LOCK = threading.RLock()
+
+
 def build_model(name: str, state_dim: int, **overrides: Any) -> ForecastModel:
     """Build a registered model with the paper's sizes, overriding any keyword argument."""
     if name not in MODELS:
@@ -68,7 +78,8 @@ def build_model(name: str, state_dim: int, **overrides: Any) -> ForecastModel:
         raise ValueError(f"unknown model {name!r}; valid models: {valid}")
     if int(state_dim) < 1:
         raise ValueError(f"state_dim must be >= 1, got {state_dim}")
-    return MODELS[name](int(state_dim), **overrides)
+    with INIT_LOCK:
+        return MODELS[name](int(state_dim), **overrides)
 
 
 def model_constructors(method: str) -> list[Callable[..., None]]:

@@ -24,6 +24,7 @@ __all__ = [
     "pack_of_one",
     "packable",
     "packable_grids",
+    "prefers_one_by_one",
     "shared_grids",
 ]
 
@@ -76,6 +77,25 @@ def packable(model: ForecastModel, device: torch.device) -> bool:
     except Exception:  # anything vmap cannot batch means: train one by one
         return False
     return True
+
+
+def prefers_one_by_one(model: ForecastModel, device: torch.device | str) -> bool:
+    """Whether the engine trains this model's cells one by one on ``device``, each on its own
+    eager step, never packed (so that a cell's bytes are those of that step):
+
+    * Neural Laplace on the CPU, where its native kernels (or their torch twins) beat its plain
+      formulas under ``vmap`` (``benchmarks/nl_packing.py``: packed ×5 about 5× slower per
+      cell-epoch, float64, one thread);
+    * the Latent ODE on the CPU: its eager step (a lone dopri5 lane deciding on the host) is
+      what its published results were trained with; a pack of its seeds gains about 1.4× on the
+      CPU (``benchmarks/throughput.py``) but would give each cell other bytes (quick profile,
+      test RMSE up to 9 % apart after 45 epochs).
+
+    Elsewhere a packable cell trains as a pack of one when alone (:func:`pack_of_one`)."""
+    from nlmodels import NeuralLaplace
+    from nlmodels.baselines import LatentODE
+
+    return torch.device(device).type == "cpu" and isinstance(model, NeuralLaplace | LatentODE)
 
 
 def _probe_tensors(ot, x, qt, y) -> Tensors:
@@ -136,7 +156,11 @@ class PackedCells:
             for i in range(len(models))
         }
         first = self.data[0][0]
-        shared = shared_grids(train_splits)
+        # Each member's own grids ([M, T]) even where they are the same: under vmap a shared
+        # grid is an unbatched operand, and some kernels then reduce in another order (the
+        # Neural Flows' encoder), so that a member's bytes would depend on its mates' grids. A
+        # model that packs itself is packed once per grid (its batched solve needs one).
+        shared = models[0].packs_itself() and shared_grids(train_splits)
         self.packer = Packer(
             self.models,
             device,
@@ -210,9 +234,10 @@ class PackedCells:
         nfe = packer.base.nfe
         nfes = [nfe + self.models[m].nfe for m in pack.members]
         packer.set_mode(pack, False)
-        if len(pack.members) == 1:
-            # A pack of one (a single cell on CUDA) validates through its own module: its fast
-            # paths (cuDNN, the fused decoder) rather than the plain formulas under vmap.
+        if len(pack.members) == 1 and self.device.type == "cuda":
+            # A pack of one on CUDA validates through its own module: its fast paths (cuDNN,
+            # the fused decoder) rather than the plain formulas under vmap. On the CPU it
+            # validates as every pack does, so that its history is that of any pack it joins.
             (m,) = pack.members
             packer.write_back(pack, 0)
             val_loss, val_rmse = validate(self.models[m], self.data[m][1], self.config.batch_size)
@@ -250,10 +275,11 @@ def pack_of_one(
     seed: int,
     label: str,
 ) -> PackedCells | None:
-    """One cell as a pack of one (on CUDA its step captured into a CUDA graph; the arithmetic
-    of its eager step); None where the model or its splits cannot be packed (trained eagerly)."""
-    if model.packs_itself() or not packable(model, device):
-        return None  # a model that packs itself is not captured: its own step, eagerly
-    if not packable_grids([train_split], [val_split]):
+    """One cell as a pack of one: the arithmetic of every pack it could join (the batched
+    kernels under ``vmap``, the pack's clipping and Adam), so that a cell trained alone and
+    the same cell trained in any pack give the same bytes (on CUDA its step is captured into a
+    CUDA graph, except for a model that packs itself). None where the model or its splits
+    cannot be packed (trained eagerly)."""
+    if not packable(model, device) or not packable_grids([train_split], [val_split]):
         return None
     return PackedCells([model], [train_split], [val_split], config, device, [seed], [label], None)

@@ -10,8 +10,11 @@ swapped for the same maths in plain tensor ops).
 Each member keeps everything :func:`tasks.training.train` gives a cell on its own: its initial
 weights, its shuffling (a private ``torch.Generator`` seeded with its seed), Adam with its
 own moments, gradient-norm clipping over its own parameters, its validation, early stopping and
-best-validation weights, and a divergence that ends only that member. A member's result equals
-its unpacked run to rounding and does not depend on what it was packed with.
+best-validation weights, and a divergence that ends only that member. A member's result is its
+unpacked run's, bit for bit, whatever it was packed with and wherever it sits in the pack: a
+single cell the engine would pack trains as a pack of one (:func:`tasks.training.train`),
+members always get their own time grids, and MKL runs in its strict reproducible mode
+(:mod:`nlmodels._numerics`).
 
 A member that stopped is frozen by ``torch.where`` masks (a diverged member's values may be NaN,
 and NaN·0 is NaN) until the end of the epoch, then dropped from the pack. The epochs, stopping
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -39,7 +43,14 @@ from torch import nn
 
 from datasets import SplitData
 from nlmodels import ForecastModel
-from tasks._packed_cells import PackedCells, packable, packable_grids, shared_grids
+from nlmodels._numerics import mkl_position_independent
+from tasks._packed_cells import (
+    PackedCells,
+    packable,
+    packable_grids,
+    prefers_one_by_one,
+    shared_grids,
+)
 from tasks._packed_gru import PlainGRU, PlainGRUCell
 from tasks._steps import DTYPES
 from tasks.config import TrainConfig
@@ -58,17 +69,6 @@ __all__ = [
     "prefers_one_by_one",
     "train_packed",
 ]
-
-
-def prefers_one_by_one(model: ForecastModel, device: torch.device | str) -> bool:
-    """Whether a pack would give up fast paths that make the cells quicker one by one: Neural
-    Laplace on the CPU, where its native kernels (or their torch twins) beat its plain formulas
-    under ``vmap`` (``benchmarks/nl_packing.py``: packed ×5 about 5× slower per cell-epoch,
-    float64, one thread). A default for choosing packs before anything is measured; exact
-    either way (:func:`packable`)."""
-    from nlmodels import NeuralLaplace
-
-    return torch.device(device).type == "cpu" and isinstance(model, NeuralLaplace)
 
 
 def _same_layout(models: Sequence[ForecastModel]) -> bool:
@@ -172,6 +172,13 @@ def train_packed(
     if models[0].packs_itself() and not shared_grids(train_splits):
         # Its own batched solve needs one grid: one pack per grid (other systems).
         return _pack_per_time_grid(*args, labels, graphs)
+    if device.type == "cpu" and not mkl_position_independent():
+        warnings.warn(
+            "MKL started before nlmodels set MKL_CBWR=AUTO,STRICT: a packed member's bytes may "
+            "depend on its position in the pack (import nlmodels before any matrix product)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     cells = PackedCells(models, train_splits, val_splits, config, device, seeds, labels, graphs)
     try:
         cells.probe()

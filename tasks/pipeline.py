@@ -24,6 +24,7 @@ import torch
 
 from datasets import Dataset, Prepared, data_home, load_or_simulate, prepare
 from nlmodels import ForecastModel, build_model, native_cpu_kernels
+from nlmodels._numerics import numerics_tag
 from tasks._declarations import ensure_declared
 from tasks.config import CellConfig, DataConfig
 from tasks.evaluation import (
@@ -242,6 +243,7 @@ def evaluate_cell(
         "device_used": str(device),
         "packed_members": result.packed_members,
         "cuda_graphs": result.graphs,
+        "numerics": numerics_tag(),
         # float64 CPU training of Neural Laplace, unpacked, runs the fused C kernels
         "native_cpu_kernels": cell.method == "neural_laplace"
         and cell.training.dtype == "float64"

@@ -226,8 +226,10 @@ def test_build_is_cached_and_reused_without_a_compiler(quick_build, monkeypatch)
 def test_failed_build_warns_once_and_falls_back_to_torch(fresh_native, monkeypatch):
     monkeypatch.setenv("CC", "no-such-compiler-here")
     monkeypatch.setenv("NLLAB_NATIVE", "auto")
-    with pytest.warns(RuntimeWarning, match="native CPU kernels unavailable"):
+    with pytest.warns(RuntimeWarning, match="native CPU kernels unavailable") as caught:
         assert _native.kernels() is None
+    (message,) = [str(w.message) for w in caught]
+    assert "\n" not in message and "not bitwise" in message
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the second call is silent
         assert _native.kernels() is None
@@ -474,3 +476,16 @@ def test_a_cache_owned_by_another_user_is_refused(quick_build, monkeypatch):
         assert _native.kernels() is not None
     assert not list(quick_build.iterdir())  # nothing built or loaded there
     assert _store._private_dir is not None and list(_store._private_dir.glob("nlkernels-*.so"))
+
+
+def test_a_build_that_times_out_is_retried_with_a_longer_limit():
+    """A compiler slowed down by load: the first limit passes, the retry's longer one does not;
+    past the last limit the timeout is raised (and the kernels fall back)."""
+    import subprocess
+    import sys
+
+    slow = [sys.executable, "-c", "import time; time.sleep(1.0)"]
+    assert _store._patiently(slow, (0.2, 20.0)).returncode == 0
+    with pytest.raises(subprocess.TimeoutExpired):
+        _store._patiently(slow, (0.1, 0.2))
+    assert _store.BUILD_TIMEOUTS[1] > _store.BUILD_TIMEOUTS[0]

@@ -78,6 +78,8 @@ def test_child_runs_hold_params_metrics_tags_artifacts(first):
         # which CPU path trained it: the native kernels serve float64 Neural Laplace only
         native = tags["method"] == "neural_laplace" and native_cpu_kernels()
         assert tags["native_cpu_kernels"] == str(native)
+        # the run's matrix-product numerics: MKL's strict reproducible mode, in effect
+        assert tags["numerics"].startswith("mkl_cbwr=AUTO,STRICT; position_independent=True;")
         assert params["training.epochs"] == "2" and params["data.n_trajectories"] == "40"
         assert params["device"] == "auto" and int(params["n_parameters"]) > 100
         for name in ("train_loss", "val_loss", "val_rmse", "epoch_seconds", "nfe"):

@@ -190,6 +190,7 @@ def dopri5_lanes(
     rtol: float,
     atol: float,
     check_every: int | None = None,
+    masked: bool = False,
 ) -> LaneSolution:
     """Solve ``dy/dt = field(t, y)`` for every lane from ``y0 [L, *S]`` at ``t0 [L]``.
 
@@ -199,6 +200,10 @@ def dopri5_lanes(
     rtol=rtol, atol=atol)[1:]`` (to rounding), whatever the other lanes do.
     ``check_every``: iterations between the host reads of the end test (default: 1 on the CPU,
     where a read costs nothing, and 4 on an accelerator).
+    ``masked``: step a single lane through the masks too, as several lanes are stepped (a lone
+    lane otherwise reads its decisions on the host and skips them). The values are the same,
+    but the masks add edges to the autograd graph that change the order in which gradients are
+    summed: with ``masked`` a lane's gradients are bitwise those it gets beside other lanes.
     """
     if y0.dim() < 2 or t0.shape != y0.shape[:1] or t_out.dim() != 2:
         raise ValueError(
@@ -229,7 +234,7 @@ def dopri5_lanes(
     attempts = torch.zeros(n_lanes, dtype=torch.long, device=device)
     accepted = torch.zeros_like(attempts)
     history: list[tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]] = []
-    on_host = n_lanes == 1 and every == 1
+    on_host = n_lanes == 1 and every == 1 and not masked
     while True:
         n = len(history)
         # Outputs reached by the lane's accepted steps are read from its current interval.

@@ -157,8 +157,11 @@ class LatentODE(ForecastModel):
     def _solves_in_lanes(self) -> bool:
         return self.solver == "dopri5" and not self.adjoint
 
-    def _solve_lanes(self, field: Callable[[torch.Tensor], torch.Tensor], z0, grid):
-        """dopri5 of the autonomous ``field`` from ``z0 [L, B, K]`` through the shared ``grid``."""
+    def _solve_lanes(
+        self, field: Callable[[torch.Tensor], torch.Tensor], z0, grid, masked: bool = False
+    ):
+        """dopri5 of the autonomous ``field`` from ``z0 [L, B, K]`` through the shared ``grid``
+        (``masked``: a pack's lanes, whose arithmetic must not depend on how many there are)."""
         lanes = z0.shape[0]
         return dopri5_lanes(
             lambda t, z: field(z),
@@ -167,6 +170,7 @@ class LatentODE(ForecastModel):
             grid[1:].expand(lanes, -1),
             rtol=self.rtol,
             atol=self.atol,
+            masked=masked,
         )
 
     def forward(
@@ -276,7 +280,8 @@ class LatentODE(ForecastModel):
         grid = shared_grid(t0, qt)
         if grid is None:
             raise ValueError("packed Latent ODE training needs a time grid shared by the batch")
-        sol = self._solve_lanes(stacked_mlp(self.latent_field, state, "latent_field."), z0, grid)
+        field = stacked_mlp(self.latent_field, state, "latent_field.")
+        sol = self._solve_lanes(field, z0, grid, masked=True)
         for j, member in enumerate(members):
             member.count_nfe(sol.nfe[j])
         return stacked_linear(state, "decoder.")(sol.y.transpose(1, 2))

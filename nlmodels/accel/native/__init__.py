@@ -235,12 +235,13 @@ def kernels() -> ctypes.CDLL | None:
             try:
                 _library = _load()
             except (OSError, AttributeError, subprocess.SubprocessError) as error:
-                _failure = str(error)
+                _failure = " ".join(str(error).split())  # one line (a compiler's stderr)
                 if mode == "auto":
                     warnings.warn(
-                        f"nlmodels: native CPU kernels unavailable ({_failure}); using the "
-                        "pure-torch path (same results, slower on the CPU). Set "
-                        "NLLAB_NATIVE=0 to silence this.",
+                        f"nlmodels: native CPU kernels unavailable ({_failure[:300]}); "
+                        "Neural Laplace trains on the pure-torch path: slower, and not bitwise "
+                        "(its runs will not match runs with the kernels). NLLAB_NATIVE=0 "
+                        "silences this.",
                         RuntimeWarning,
                         stacklevel=3,
                     )
