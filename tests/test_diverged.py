@@ -96,7 +96,7 @@ def test_the_table_flags_a_diverged_method_and_never_calls_it_best():
         metrics = {"test_rmse": rmse, "best_epoch": 0.0, "diverged": diverged}
         return CellResult.fresh(c, f"run-{method}", metrics)
 
-    table = results_table([cell("node", 0.5, 0.0), cell("anode", 0.1, 1.0)])
+    table = results_table([cell("node", 0.5, 0.0), cell("anode", 0.1, 1.0)], profile="paper")
     assert table.frame.set_index("method")["n_diverged"].to_dict() == {"node": 0, "anode": 1}
     rows = {r[0].text: r[1] for r in table.main_table().rows}
     assert rows["node"].best and not rows["anode"].best
