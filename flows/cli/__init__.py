@@ -15,7 +15,18 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from flows.cli import benchmark, ledger, report, reproduce, serve, simulate, study, tune, ui
+from flows.cli import (
+    benchmark,
+    compare,
+    ledger,
+    report,
+    reproduce,
+    serve,
+    simulate,
+    study,
+    tune,
+    ui,
+)
 from flows.cli._common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -45,7 +56,7 @@ __all__ = [
 ]
 
 #: Subcommands in the order ``nllab --help`` lists them.
-_SUBCOMMANDS = (simulate, benchmark, report, ui, study, tune, reproduce, serve, ledger)
+_SUBCOMMANDS = (simulate, benchmark, report, compare, ui, study, tune, reproduce, serve, ledger)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -74,8 +74,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--torch-threads", type=positive_int, metavar="N", help="torch threads per cell"
     )
     training.add_argument("--device", choices=DEVICES, help="default: auto")
-    training.add_argument("--poll", type=float, default=20.0, metavar="SECONDS", help=argparse.SUPPRESS)
-    training.add_argument("--no-register", action="store_true", help="leave the model registry alone")
+    training.add_argument(
+        "--poll", type=float, default=20.0, metavar="SECONDS", help=argparse.SUPPRESS
+    )
+    training.add_argument(
+        "--no-register", action="store_true", help="leave the model registry alone"
+    )
     training.add_argument(
         "--nice", type=int, default=19, metavar="N", help="CPU niceness added (default: 19)"
     )
@@ -99,7 +103,7 @@ def _precheck(args: argparse.Namespace) -> None:
     )
     parse_seeds(args.seeds)
     if args.action not in ("run", "record"):
-        for flag in ("max_hours", "max_workers", "torch_threads", "device", "task_runner"):
+        for flag in ("max_hours", "max_workers", "torch_threads", "device", "task_runner", "reuse"):
             if getattr(args, flag) is not None:
                 name = "--" + flag.replace("_", "-")
                 raise UsageError(f"{name} applies to 'nllab ledger run' only")
@@ -203,6 +207,7 @@ def _execution(args: argparse.Namespace) -> dict:
         "task_runner": task_runner(args),
         "dask_address": args.dask_address,
         "pack": args.pack,
+        "reuse": args.reuse,
         "progress": False,
     }
     if args.no_register:
