@@ -20,6 +20,8 @@ def artifact_key(*parts: str) -> str:
 
 
 def _clean(value: object) -> object:
+    if type(value).__module__ == "numpy" and hasattr(value, "item"):
+        value = value.item()  # a plain int or float for JSON
     if isinstance(value, float) and not math.isfinite(value):
         return None  # JSON has no NaN
     return value

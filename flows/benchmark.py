@@ -40,8 +40,10 @@ REGISTERED_METHOD = "neural_laplace"
 
 
 def experiment_hash(config: RunConfig) -> str:
-    """What makes two benchmarks comparable: the same experiment (execution aside)."""
-    return hashlib.sha256(config.experiment_json().encode()).hexdigest()[:16]
+    """What makes two benchmarks comparable: the same experiment (how it executed and where it
+    is tracked aside)."""
+    text = config.model_dump_json(exclude={"execution", "tracking"})
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def registry_name(system: str) -> str:

@@ -111,8 +111,8 @@ class Comparison:
                 "before": _fmt(c.before),
                 "after": _fmt(c.after),
                 "change": _fmt(c.delta, signed=True),
-                "seed spread": _fmt(c.spread),
-                "fingerprint changed": c.changed or "-",
+                "spread": _fmt(c.spread),
+                "fingerprint": c.changed or "-",
                 "verdict": c.verdict,
             }
             for c in cells

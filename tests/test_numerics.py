@@ -106,7 +106,7 @@ def _statuses(summary) -> dict[str, str]:
 
 
 def test_numerics_decide_reuse_and_compare_names_the_change(
-    toy, mlflow_store, prefect_server, capsys
+    toy, mlflow_store, prefect_server, capsys, tmp_path
 ):
     toy(0.0)
     config = _config()
@@ -154,6 +154,12 @@ def test_numerics_decide_reuse_and_compare_names_the_change(
         assert "unchanged" in lines[f"integro_de/node/seed{seed}"]
     # compared the other way round, the same cells improved: nothing regressed, exit 0
     assert main(["compare", "--run", first.parent_run_id, "--against", changed.parent_run_id]) == 0
+    capsys.readouterr()
+    # nllab report: a section with the changed cells only
+    assert main(["report", "--out", str(tmp_path / "report")]) == 0
+    section = capsys.readouterr().out.split("## Since the previous benchmark")[1]
+    assert f"integro_de/{TOY}/seed0" in section and "regressed" in section
+    assert "node/seed0" not in section
 
 
 def test_runs_stored_without_fingerprints_are_retrained_once_said(mlflow_store, capsys):

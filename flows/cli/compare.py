@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
             frame = pd.DataFrame(rows).rename(columns={"verdict": "outcome"})  # not paper marks
             print(render_table(Table.from_frame(frame), "terminal"))
     if comparison.regressions:
-        print(f"{comparison.regressions} cells regressed")
+        n = comparison.regressions
+        print(f"{n} cell{'s' if n != 1 else ''} regressed")
         return EXIT_FAILED
     return 0
