@@ -35,6 +35,7 @@ __all__ = [
     "CellChange",
     "Comparison",
     "NoComparison",
+    "UnknownRun",
     "cells_record",
     "compare_benchmarks",
     "record_comparison",
@@ -47,6 +48,10 @@ Verdict = Literal["unchanged", "within spread", "regressed", "improved", "new", 
 
 class NoComparison(LookupError):
     """There is no benchmark, or no earlier one of the same experiment, to compare."""
+
+
+class UnknownRun(NoComparison):
+    """A run named to compare is not a finished benchmark run."""
 
 
 def cells_record(results: Iterable[CellResult]) -> str:
@@ -224,7 +229,7 @@ def compare_benchmarks(
             raise NoComparison(f"no finished benchmark in {tracker.settings.tracking_uri}")
         run_id = runs[0].info.run_id
     if run_id not in by_id:
-        raise NoComparison(f"{run_id} is not a finished benchmark run")
+        raise UnknownRun(f"{run_id} is not a finished benchmark run")
     after_run = by_id[run_id]
     experiment = after_run.data.tags.get(RunTags.EXPERIMENT_HASH)
     if against is None:
@@ -241,7 +246,7 @@ def compare_benchmarks(
             )
         against = older[0].info.run_id
     elif against not in by_id:
-        raise NoComparison(f"{against} is not a finished benchmark run")
+        raise UnknownRun(f"{against} is not a finished benchmark run")
     after, before = _cells_of(tracker, run_id), _cells_of(tracker, against)
     prints = _fingerprints(tracker, [*after, *before])
     spreads = _spreads(before)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import sys
 import textwrap
+from datetime import UTC, datetime
 
 import pytest
 
@@ -154,7 +155,8 @@ def test_numerics_decide_reuse_and_compare_names_the_change(
         assert "unchanged" in lines[f"integro_de/node/seed{seed}"]
     # compared the other way round, the same cells improved: nothing regressed, exit 0
     assert main(["compare", "--run", first.parent_run_id, "--against", changed.parent_run_id]) == 0
-    capsys.readouterr()
+    assert main(["compare", "--run", "nope"]) == 2
+    assert "nope is not a finished benchmark run" in capsys.readouterr().err
     # nllab report: a section with the changed cells only
     assert main(["report", "--out", str(tmp_path / "report")]) == 0
     section = capsys.readouterr().out.split("## Since the previous benchmark")[1]
@@ -194,6 +196,7 @@ def test_the_nightly_deployment_records_its_comparison_as_prefect_artifacts(
         "tracking": {"register_models": False},
     }
     params = {**nightly.parameters, "config": {**nightly.parameters["config"], **small}}
+    start = datetime.now(UTC)  # the session's server holds other tests' artifacts
     for _night in range(2):
         assert scheduled_benchmark(**params).endswith("0 regressed")
     tracker = Tracker.connect()
@@ -207,7 +210,8 @@ def test_the_nightly_deployment_records_its_comparison_as_prefect_artifacts(
         )
     by_key: dict[str, list] = {}
     for a in found:
-        by_key.setdefault(a.key, []).append(a)
+        if a.created >= start:
+            by_key.setdefault(a.key, []).append(a)
     assert len(by_key[keys[0]]) == 2 and all(a.type == "table" for a in by_key[keys[0]])
     assert len(by_key[keys[1]]) == 2  # each night's comparison, the first with nothing before
     newest = max(by_key[keys[1]], key=lambda a: a.created)

@@ -35,10 +35,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def comparison_section(tracker, run_id: str | None = None, against: str | None = None):
     """``(text, comparison)`` of :func:`flows.compare.compare_benchmarks`; the comparison is
     ``None`` (and the text says why) when there is nothing to compare."""
-    from flows.compare import NoComparison, compare_benchmarks
+    from flows.compare import NoComparison, UnknownRun, compare_benchmarks
 
     try:
         comparison = compare_benchmarks(tracker, run_id, against)
+    except UnknownRun as e:
+        raise UsageError(str(e)) from None
     except NoComparison as e:
         return f"nothing to compare: {e}", None
     return comparison.to_markdown(), comparison
