@@ -132,7 +132,10 @@ def test_a_claimant_that_lost_its_claim_does_not_log_finished(
 
     monkeypatch.setattr(cell_module, "CLAIM_POLL_SECONDS", 0.05)
     t = Tracker.connect()
-    rt = CellRuntime.for_tracker(t, parent_run_id=None, profile="smoke", device="cpu")
+    # the other host's run is hand-made (no numerics fingerprints): reused by config hash
+    rt = CellRuntime.for_tracker(
+        t, parent_run_id=None, profile="smoke", device="cpu", reuse="config"
+    )
     cell = _cell(5)
     h = cell.config_hash()
     thief = "host-x[1]/4242:7/abcd"
