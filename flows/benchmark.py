@@ -7,6 +7,7 @@ crash or Ctrl-C loses no finished result.
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
 import threading
 import time
@@ -15,7 +16,9 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
+from flows._artifacts import artifact_key, publish_table
 from flows._runtime import flow_settings, make_task_runner
+from flows.compare import CELLS_ARTIFACT, cells_record
 from nlmodels import native_cpu_kernels
 from tasks.cell import CellRuntime
 from tasks.config import RunConfig
@@ -27,12 +30,20 @@ from tasks.tracking import Promotion, RunTags, Tracker, parent_run
 __all__ = [
     "BenchmarkSummary",
     "benchmark_flow",
+    "experiment_hash",
     "registry_name",
     "run_benchmark",
 ]
 
 #: The method whose best run per system is kept in the model registry.
 REGISTERED_METHOD = "neural_laplace"
+
+
+def experiment_hash(config: RunConfig) -> str:
+    """What makes two benchmarks comparable: the same experiment (how it executed and where it
+    is tracked aside)."""
+    text = config.model_dump_json(exclude={"execution", "tracking"})
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def registry_name(system: str) -> str:
@@ -90,7 +101,7 @@ def benchmark_flow(
         tracker,
         f"benchmark-{config.profile}",
         kind="benchmark",
-        tags={RunTags.PROFILE: config.profile},
+        tags={RunTags.PROFILE: config.profile, RunTags.EXPERIMENT_HASH: experiment_hash(config)},
         # The experiment as parameters and run_config.json; how it executed as tags.
         params={
             "profile": config.profile,
@@ -111,6 +122,12 @@ def benchmark_flow(
         with tempfile.TemporaryDirectory(prefix="nllab-report-") as tmp:
             table.write(Path(tmp))
             tracker.log_artifact(parent, Path(tmp), "results")
+        tracker.log_text(parent, cells_record(results), CELLS_ARTIFACT)
+        publish_table(
+            artifact_key("benchmark", config.profile, "results"),
+            table.frame.to_dict("records"),
+            f"Benchmark {config.profile}: test RMSE per system and method (MLflow run {parent})",
+        )
         promotions = _promote(tracker, results) if config.tracking.register_models else []
         failed = [r for r in results if not r.ok]
         description, summary_metrics = parent_summary(
@@ -125,18 +142,19 @@ def benchmark_flow(
     )
 
 
-def run_benchmark(config: RunConfig) -> BenchmarkSummary:
+def run_benchmark(config: RunConfig, *, always_record: bool = False) -> BenchmarkSummary:
     """Call :func:`benchmark_flow` with the configured task runner and flow settings.
 
     When every cell already has a finished run, nothing is started (no Prefect server, no new,
     empty parent run): the summary is read from the store, under the parent run that trained the
-    first cell.
+    first cell; ``always_record`` records a new parent run even then (a schedule, whose each
+    run is compared with the one before).
     """
     t0 = time.perf_counter()
     # Fail on an unusable tracking store before starting Prefect (and create sqlite once).
     tracker = Tracker.connect(config.tracking)
-    reused, todo = stored_results(tracker, config.cells())
-    if not todo:
+    reused, todo = stored_results(tracker, config.cells(), config.execution.reuse)
+    if not todo and not always_record:
         promotions = _promote(tracker, reused) if config.tracking.register_models else []
         first = reused[0].run_id if reused else None
         parent = tracker.get_run_data(first).data.tags.get(RunTags.PARENT, first)

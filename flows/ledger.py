@@ -28,6 +28,7 @@ from tasks.ledger import (
     read_ledger,
     record_of_run,
 )
+from tasks.tracking.tags import RunTags
 
 __all__ = [
     "LedgerRun",
@@ -75,6 +76,7 @@ def record_finished(
             r.metrics,
             r.tags,
             hardware=hardware(r.tags.get("device_used", "")),
+            numerics=r.tags.get(RunTags.NUMERICS_MODEL),
         )
         for h, r in found.items()
         if r.test_rmse is not None

@@ -26,7 +26,7 @@ from prefect import flow, get_run_logger
 from flows._runtime import flow_settings, make_task_runner
 from flows.studies._core import Factor
 from tasks.cell import CellRuntime, prepare_cell, simulate_data
-from tasks.config import CellConfig, RunConfig, TrackingConfig
+from tasks.config import CellConfig, Reuse, RunConfig, TrackingConfig
 from tasks.engine import run_cells
 from tasks.evaluation import evaluate
 from tasks.modelio import load_model
@@ -233,7 +233,12 @@ class ReproduceResult:
 
 
 def _run_config(
-    v: Verification, max_workers: int, task_runner: str, address: str | None, pack: bool = True
+    v: Verification,
+    max_workers: int,
+    task_runner: str,
+    address: str | None,
+    pack: bool = True,
+    reuse: Reuse = "numerics",
 ) -> RunConfig:
     return RunConfig(
         profile=v.profile,
@@ -245,6 +250,7 @@ def _run_config(
         dask_address=address,
         progress=False,
         pack=pack,
+        reuse=reuse,
         tracking=TrackingConfig(register_models=False),
     )
 
@@ -258,6 +264,7 @@ def reproduce_flow(
     dask_address: str | None = None,
     fresh_data: bool = False,
     pack: bool = True,
+    reuse: Reuse = "numerics",
 ) -> ReproduceResult:
     """Verify a registered model, then re-run ``ablation`` from its config, linked to its run."""
     logger = get_run_logger()
@@ -297,7 +304,7 @@ def reproduce_flow(
             },
         )
         if variants:
-            config = _run_config(v, max_workers, task_runner, dask_address, pack)
+            config = _run_config(v, max_workers, task_runner, dask_address, pack, reuse)
             runtime = CellRuntime.for_config(tracker, config, run_id, device="cpu")
             source = CellResult.reused(
                 v.cell, RunRecord(v.ref.run_id, v.cell.config_hash(), v.logged_rmse, {})

@@ -40,14 +40,20 @@ __all__ = [
 # -- deployable flows (resolved at run time, so each run reads the current settings) ----------
 @flow(name="nllab-scheduled-benchmark", log_prints=True)
 def scheduled_benchmark(profile: str = "smoke", config: dict[str, Any] | None = None) -> str:
-    """The benchmark at ``profile`` with run-config overrides ``config``; returns a summary."""
+    """The benchmark at ``profile`` with run-config overrides ``config``, then its comparison
+    with the previous run of the same experiment (:func:`flows.compare.record_comparison`:
+    on the parent run and as Prefect artifacts); returns a summary."""
     from flows.benchmark import run_benchmark
+    from flows.compare import record_comparison
     from tasks.config import resolve_config
+    from tasks.tracking import Tracker
 
-    summary = run_benchmark(
-        resolve_config(profile, overrides={"progress": False, **(config or {})})
-    )
-    return f"{len(summary.results)} cells, {summary.count('failed')} failed"
+    run_config = resolve_config(profile, overrides={"progress": False, **(config or {})})
+    # a new parent run every night, even when every cell is reused: each night is compared
+    summary = run_benchmark(run_config, always_record=True)
+    comparison = record_comparison(Tracker.connect(run_config.tracking), summary.parent_run_id)
+    regressed = comparison.regressions if comparison is not None else 0
+    return f"{len(summary.results)} cells, {summary.count('failed')} failed, {regressed} regressed"
 
 
 @flow(name="nllab-scheduled-tune", log_prints=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import sys
 import threading
 import time
 import traceback
@@ -27,9 +26,11 @@ from typing import Literal
 
 import torch
 
+from tasks import numerics
 from tasks._declarations import system_info
+from tasks._notify import notify_once
 from tasks._workers import worker_stop_event
-from tasks.config import CellConfig, RunConfig
+from tasks.config import CellConfig, Reuse, RunConfig
 from tasks.packing import prefers_one_by_one, train_packed
 from tasks.pipeline import (
     CellSetup,
@@ -91,6 +92,8 @@ class CellRuntime:
     max_workers: int = 1
     isolation: Literal["process", "thread"] = "thread"
     task_runner: Literal["thread", "dask"] = "thread"
+    #: which finished cells count as done (:func:`stored_results`)
+    reuse: Reuse = "numerics"
     #: where :func:`tasks.engine.run_cells` placed this pack under ``device="auto"`` (``cpu`` /
     #: ``cuda``); None: the pack is placed where it runs
     placed: str | None = None
@@ -115,6 +118,7 @@ class CellRuntime:
             "max_workers": ex.max_workers,
             "isolation": ex.isolation,
             "task_runner": ex.task_runner,
+            "reuse": ex.reuse,
         }
         return cls.for_tracker(tracker, **{**fields, **kw})
 
@@ -150,6 +154,7 @@ def _tags(cell: CellConfig, rt: CellRuntime, config_hash: str) -> dict[str, str]
         RunTags.SEED: str(cell.seed),
         RunTags.PROFILE: rt.profile,
         RunTags.CONFIG_HASH: config_hash,
+        **numerics.cell_tags(cell),
     }
 
 
@@ -301,37 +306,34 @@ def _set_up(cell: CellConfig, run_id: str, rt: CellRuntime, tracker: Tracker) ->
 #: Seconds between checks while another process trains a cell this one also needs.
 CLAIM_POLL_SECONDS = 2.0
 
-_TOLD: set[str] = set()
-_TOLD_LOCK = threading.Lock()
-
-
-def notify_once(key: str, message: str) -> None:
-    """Tell the user ``message`` once per ``key`` in this process: on the flow's log inside a
-    Prefect run, else on stderr (worker processes share the terminal)."""
-    with _TOLD_LOCK:
-        if key in _TOLD:
-            return
-        _TOLD.add(key)
-    try:
-        from prefect import get_run_logger
-
-        get_run_logger().warning(message)
-    except Exception:  # no Prefect run here (a worker process, a plain call)
-        print(f"nllab: {message}", file=sys.stderr, flush=True)
-
 
 def stored_results(
-    tracker: Tracker, cells: Iterable[CellConfig]
+    tracker: Tracker,
+    cells: Iterable[CellConfig],
+    reuse: Reuse = "numerics",
+    *,
+    tell: bool = True,
 ) -> tuple[list[CellResult], list[CellConfig]]:
     """Is this cell done? The one answer: ``cells`` split into those with a finished run in the
     store (as ``reused`` results) and those to run, in input order.
 
     A finished run counts only if its model artifact is present and loads
     (:meth:`tasks.tracking.Tracker.reusable_cells`); otherwise its cell is run again and the
-    user is told why, once per run.
+    user is told why, once per run. ``reuse="numerics"``: also only if the run's numerics
+    fingerprints equal today's (:mod:`tasks.numerics`; a run stored before fingerprints were
+    recorded has none and is trained again), each changed model or system told in one line
+    (``tell``); ``config``: any finished run of the config hash; ``never``: none.
     """
     cells = list(cells)
+    today = numerics.warm(cells)  # also cached for the worker processes that tag the runs
+    if reuse == "never":
+        return [], cells
     done, broken = tracker.reusable_cells(c.config_hash() for c in cells)
+    if reuse == "numerics":
+        stale, lines = numerics.stale(cells, done, today)
+        done = {h: r for h, r in done.items() if h not in stale}
+        for line in lines if tell else ():
+            notify_once(f"numerics:{line}", line)
     reused, todo = [], []
     for c in cells:
         h = c.config_hash()
@@ -349,9 +351,9 @@ def stored_results(
     return reused, todo
 
 
-def _stored(tracker: Tracker, cell: CellConfig) -> CellResult | None:
+def _stored(tracker: Tracker, cell: CellConfig, reuse: Reuse = "numerics") -> CellResult | None:
     """:func:`stored_results` of one cell: its ``reused`` result, or ``None``."""
-    reused, _ = stored_results(tracker, [cell])
+    reused, _ = stored_results(tracker, [cell], reuse, tell=False)
     return reused[0] if reused else None
 
 
@@ -377,7 +379,7 @@ def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
             h = c.config_hash()
             if not claims.enter_context(tracker.cell_claim(h, owner)):
                 elsewhere.append(c)
-            elif (done := _stored(tracker, c)) is not None:
+            elif (done := _stored(tracker, c, rt.reuse)) is not None:
                 results[h] = done  # finished meanwhile
             else:
                 mine.append(c)
@@ -396,7 +398,7 @@ def _await_cell(cell: CellConfig, rt: CellRuntime) -> CellResult:
     tracker, h = rt.tracker, cell.config_hash()
     stop = rt.stop if rt.stop is not None else worker_stop_event()
     while True:
-        if (done := _stored(tracker, cell)) is not None:
+        if (done := _stored(tracker, cell, rt.reuse)) is not None:
             return done
         if stop is not None and stop.is_set():
             return CellResult.failed(
@@ -405,7 +407,7 @@ def _await_cell(cell: CellConfig, rt: CellRuntime) -> CellResult:
         owner = claim_owner()
         with tracker.cell_claim(h, owner) as mine:
             if mine:
-                if (done := _stored(tracker, cell)) is not None:  # finished meanwhile
+                if (done := _stored(tracker, cell, rt.reuse)) is not None:  # finished meanwhile
                     return done
                 lost: list[CellConfig] = []
                 (result,) = _train_pack([cell], rt, owner, lost)

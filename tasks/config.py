@@ -278,6 +278,10 @@ class CellOverride(_Frozen):
     training: dict[str, Scalar | None] = Field(default_factory=dict)
 
 
+#: Which finished cells a run reuses (:func:`tasks.cell.stored_results`).
+Reuse = Literal["numerics", "config", "never"]
+
+
 class ExecutionConfig(_Frozen):
     """How a run executes: where and how many cells train at once, and how they are shown.
 
@@ -297,6 +301,12 @@ class ExecutionConfig(_Frozen):
     pack: bool = Field(
         True,
         description="train cells that differ only in seed as one packed model (exact per cell)",
+    )
+    reuse: Reuse = Field(
+        "numerics",
+        description="which finished cells are reused: those of the same config hash whose "
+        "numerics fingerprints equal today's (numerics), any of the same config hash (config), "
+        "none (never)",
     )
 
     @model_validator(mode="before")

@@ -308,7 +308,7 @@ def run_cells(
     tracker = runtime.tracker
     unique = list({c.config_hash(): c for c in cells}.values())
     if reused is None:
-        reused, todo = stored_results(tracker, unique)
+        reused, todo = stored_results(tracker, unique, runtime.reuse)
     else:
         wanted = {c.config_hash() for c in unique}
         reused = [r for r in reused if r.config_hash in wanted]

@@ -79,20 +79,20 @@ def test_a_finished_run_without_a_usable_model_is_trained_again(mlflow_store, tm
     t = Tracker.connect()
     gone, corrupt, fine = _cell(0), _cell(1), _cell(2)
     runs = {c.seed: _cell_run(t, tmp_path, c.config_hash()) for c in (gone, corrupt, fine)}
-    reused, todo = stored_results(t, [gone, corrupt, fine])
+    reused, todo = stored_results(t, [gone, corrupt, fine], "config")
     assert len(reused) == 3 and not todo
 
     shutil.rmtree(_artifacts(t, runs[0]) / "model")
     (weights,) = [p for p in (_artifacts(t, runs[1]) / "model").iterdir() if p.suffix != ".json"]
     weights.write_bytes(b"not a torch file")
     capsys.readouterr()
-    reused, todo = stored_results(t, [gone, corrupt, fine])
+    reused, todo = stored_results(t, [gone, corrupt, fine], "config")
     assert [r.run_id for r in reused] == [runs[2]] and todo == [gone, corrupt]
     err = capsys.readouterr().err.splitlines()
     for seed, why in ((0, "is missing"), (1, "does not load")):
         (line,) = [ln for ln in err if runs[seed] in ln]  # one line each, naming the run
         assert why in line and "training it again" in line
-    stored_results(t, [gone, corrupt])
+    stored_results(t, [gone, corrupt], "config")
     assert not capsys.readouterr().err  # said once
 
 
@@ -112,13 +112,13 @@ def test_a_finished_run_whose_logged_model_is_gone_is_trained_again(mlflow_store
             t.log_model(run_id, tmp_path / run_id)
             t.log_metrics(run_id, {"test_rmse": 0.5})
         runs[c.seed] = run_id
-    reused, todo = stored_results(t, [gone, fine])
+    reused, todo = stored_results(t, [gone, fine], "config")
     assert len(reused) == 2 and not todo
     assert not (_artifacts(t, runs[0]) / "model").exists()  # the model is not a run artifact
     location = t.client.get_logged_model(t.logged_model_id(runs[0])).artifact_location
     shutil.rmtree(Path(location.removeprefix("file://")))
     capsys.readouterr()
-    reused, todo = stored_results(t, [gone, fine])
+    reused, todo = stored_results(t, [gone, fine], "config")
     assert [r.run_id for r in reused] == [runs[1]] and todo == [gone]
     (line,) = [ln for ln in capsys.readouterr().err.splitlines() if runs[0] in ln]
     assert "is missing" in line and "training it again" in line
@@ -132,7 +132,10 @@ def test_a_claimant_that_lost_its_claim_does_not_log_finished(
 
     monkeypatch.setattr(cell_module, "CLAIM_POLL_SECONDS", 0.05)
     t = Tracker.connect()
-    rt = CellRuntime.for_tracker(t, parent_run_id=None, profile="smoke", device="cpu")
+    # the other host's run is hand-made (no numerics fingerprints): reused by config hash
+    rt = CellRuntime.for_tracker(
+        t, parent_run_id=None, profile="smoke", device="cpu", reuse="config"
+    )
     cell = _cell(5)
     h = cell.config_hash()
     thief = "host-x[1]/4242:7/abcd"

@@ -214,3 +214,24 @@ def test_every_study_sits_under_its_catalog_name():
     for name, study in STUDIES.items():
         assert study.spec.name == name
         assert study.spec.title == STUDY_CATALOG[name].title
+
+
+def test_every_study_table_is_a_keyed_prefect_table_artifact(smoke):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows._artifacts import artifact_key
+
+    keys = {
+        artifact_key("study", name, "smoke", table): rows
+        for name, tables in EXPECTED.items()
+        for table, (_, _, rows) in tables.items()
+    }
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=list(keys)))
+        )
+    assert {a.key for a in found} == set(keys)
+    for a in found:
+        data = json.loads(a.data) if isinstance(a.data, str) else a.data
+        assert a.type == "table" and len(data) == keys[a.key], a.key

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from flows.cli import (
     benchmark,
+    compare,
     ledger,
     models,
     report,
@@ -61,6 +62,7 @@ _SUBCOMMANDS = (
     simulate,
     benchmark,
     report,
+    compare,
     ui,
     study,
     tune,

@@ -193,8 +193,8 @@ def check_environment() -> None:
 
 
 def add_runner_options(p: argparse.ArgumentParser, default: str | None = None) -> None:
-    """``--task-runner thread|dask``, ``--dask-address`` and ``--pack/--no-pack``, shared by
-    every command that trains."""
+    """``--task-runner thread|dask``, ``--dask-address``, ``--pack/--no-pack`` and ``--reuse``,
+    shared by every command that trains."""
     p.add_argument(
         "--task-runner",
         choices=("thread", "dask"),
@@ -209,6 +209,13 @@ def add_runner_options(p: argparse.ArgumentParser, default: str | None = None) -
         help="train cells of one model and training config whose data have the same shapes "
         "(seeds of a system, systems of equal sizes) as one batched model, each cell's result "
         "as unpacked (default: on)",
+    )
+    p.add_argument(
+        "--reuse",
+        choices=("numerics", "config", "never"),
+        help="finished cells reused: of the same config hash and today's numerics fingerprints "
+        "(numerics, default), of the same config hash whatever code trained them (config), "
+        "none (never)",
     )
 
 
@@ -279,6 +286,7 @@ def overrides(args: argparse.Namespace) -> dict:
         "task_runner": task_runner(args),
         "dask_address": getattr(args, "dask_address", None),
         "pack": getattr(args, "pack", None),
+        "reuse": getattr(args, "reuse", None),
     }
     if training := training_overrides(args):
         o["training"] = training

@@ -103,7 +103,7 @@ def _precheck(args: argparse.Namespace) -> None:
     )
     parse_seeds(args.seeds)
     if args.action not in ("run", "record"):
-        for flag in ("max_hours", "max_workers", "torch_threads", "device", "task_runner"):
+        for flag in ("max_hours", "max_workers", "torch_threads", "device", "task_runner", "reuse"):
             if getattr(args, flag) is not None:
                 name = "--" + flag.replace("_", "-")
                 raise UsageError(f"{name} applies to 'nllab ledger run' only")
@@ -207,6 +207,7 @@ def _execution(args: argparse.Namespace) -> dict:
         "task_runner": task_runner(args),
         "dask_address": args.dask_address,
         "pack": args.pack,
+        "reuse": args.reuse,
         "progress": False,
     }
     if args.no_register:

@@ -153,6 +153,24 @@ def _report(args: argparse.Namespace, config: RunConfig | None) -> int:
             "name another folder"
         ) from None
     print(f"{found} of {len(results)} cells have finished runs")
+    print(f"\n## Since the previous benchmark (`nllab compare`)\n\n{_comparison(tracker)}")
     print(f"written: {', '.join(str(p) for p in paths.results)}")
     print(f"full report of the latest benchmark and study runs: {paths.html} ({paths.markdown})")
     return 0
+
+
+def _comparison(tracker) -> str:
+    """The latest benchmark beside the previous one of its experiment (changed cells only)."""
+    from flows.cli.compare import comparison_section
+
+    text, comparison = comparison_section(tracker)
+    if comparison is None:
+        return text
+    changed = [r for r in comparison.rows() if r["verdict"] != "unchanged"]
+    lines = [comparison.summary()]
+    lines += [
+        f"  {r['cell']}: {r['before']} -> {r['after']} ({r['change']}; fingerprint changed: "
+        f"{r['fingerprint']}): {r['verdict']}"
+        for r in changed
+    ]
+    return "\n".join(lines)

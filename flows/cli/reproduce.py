@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
             dask_address=args.dask_address,
             fresh_data=args.fresh_data,
             pack=args.pack is not False,
+            reuse=args.reuse or "numerics",
         )
     except (LookupError, ValueError) as e:  # an unknown URI or ablation
         raise UsageError(str(e)) from None

@@ -75,6 +75,8 @@ def spec_from_args(args: argparse.Namespace):
     overrides: dict[str, Any] = {"progress": False}
     if args.pack is not None:
         overrides["pack"] = args.pack
+    if args.reuse is not None:
+        overrides["reuse"] = args.reuse
     if training := training_overrides(args):
         overrides["training"] = training
     return TuneSpec(

@@ -25,6 +25,7 @@ import pandas as pd
 from prefect import Flow
 
 from datasets import Prepared
+from flows._artifacts import artifact_key, publish_table
 from flows._runtime import flow_settings, make_task_runner
 from flows._study_catalog import STUDY_CATALOG
 from flows.studies._config import StudyConfig
@@ -310,6 +311,12 @@ def execute_study(spec: StudySpec, config: StudyConfig, body: StudyBody) -> Stud
             out = body(ctx)
             figures = _write_outputs(spec, config, out, folder, time.perf_counter() - t0, ctx)
             tracker.log_artifact(parent, folder / ARTIFACT_DIR, ARTIFACT_DIR)
+        for name, frame in out.tables.items():
+            publish_table(
+                artifact_key("study", spec.name, config.profile, name),
+                frame.to_dict("records"),
+                f"{spec.title}: {name} (MLflow run {parent})",
+            )
         cells = tuple(ctx._results.values())
         run.record_cells(cells)
         seconds = time.perf_counter() - t0

@@ -25,6 +25,11 @@ class RunTags:
     SEED = "seed"
     CONFIG_HASH = "config_hash"
     DATASET_HASH = "dataset_hash"
+    #: Numerics fingerprints of the code that trained a cell (:mod:`tasks.numerics`).
+    NUMERICS_MODEL = "numerics.model"
+    NUMERICS_SYSTEM = "numerics.system"
+    #: A hash of a benchmark's experiment (its config without execution settings).
+    EXPERIMENT_HASH = "nllab.experiment_hash"
     ERROR = "error"
     #: Why a finished cell's model never learned (it is flagged and never registered).
     DIVERGED = "diverged"

@@ -1,0 +1,219 @@
+"""Reuse by numerics: a stored cell is reused only when today's code computes its numbers as the
+code that trained it did. A plugin model's source file is edited between benchmarks: a change of
+its arithmetic retrains its cells only (and ``nllab compare`` names them), a refactor that keeps
+its numbers reuses every cell, ``--reuse config`` reuses whatever trained them; the nightly
+schedule records each night's comparison as Prefect artifacts."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+from datetime import UTC, datetime
+
+import pytest
+
+from flows.benchmark import run_benchmark
+from flows.cli import main
+from nlmodels import MODELS
+from tasks import numerics
+from tasks.cell import stored_results
+from tasks.config import RunConfig
+from tasks.tracking import RunTags, Tracker
+
+TOY = "toy_offset"
+
+# The toy model predicts an affine map of the last observation and the query time, plus a fixed
+# OFFSET that training cannot move in two epochs: OFFSET is "the model's arithmetic".
+SOURCE = """
+import torch
+from torch import nn
+
+from nlmodels import ForecastModel, register_model
+
+OFFSET = {offset}
+
+
+@register_model("toy_offset")
+class ToyOffset(ForecastModel):
+    def __init__(self, state_dim: int, width: int = 1) -> None:
+        super().__init__()
+        self.state_dim = state_dim
+        self.net = nn.Linear(state_dim + width, state_dim)
+
+    def forward(self, obs_t, obs_x, query_t):
+        self.count_nfe()
+        {body}
+"""
+BODY = """q = query_t if query_t.dim() == 2 else query_t.expand(obs_x.shape[0], -1)
+        last = obs_x[:, -1:, :].expand(-1, q.shape[1], -1)
+        return self.net(torch.cat([last, q.unsqueeze(-1)], -1)) + OFFSET"""
+# the same numbers, the code moved into a helper and renamed
+REFACTORED = """return _shifted(self.net, obs_x, query_t)
+
+
+def _times(query_t, n):
+    # one grid per trajectory
+    return query_t if query_t.dim() == 2 else query_t.expand(n, -1)
+
+
+def _shifted(layer, observed, query_t):
+    times = _times(query_t, observed.shape[0])
+    held = observed[:, -1:, :].expand(-1, times.shape[1], -1)
+    return layer(torch.cat([held, times.unsqueeze(-1)], -1)) + OFFSET"""
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    """``write(offset, body)``: (re)write and (re)import the toy model's module."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def write(offset: float, body: str = BODY) -> None:
+        (tmp_path / "toy_numerics.py").write_text(
+            textwrap.dedent(SOURCE).format(offset=offset, body=body)
+        )
+        MODELS.pop(TOY, None)
+        importlib.invalidate_caches()
+        if "toy_numerics" in sys.modules:
+            importlib.reload(sys.modules["toy_numerics"])
+        else:
+            importlib.import_module("toy_numerics")
+
+    yield write
+    MODELS.pop(TOY, None)
+    sys.modules.pop("toy_numerics", None)
+
+
+def _config(**kw) -> RunConfig:
+    return RunConfig.model_validate(
+        {
+            "profile": "smoke",
+            "systems": ["integro_de"],
+            "methods": [TOY, "node"],
+            "seeds": [0, 1],
+            "data": {"n_trajectories": 24, "n_points": 30},
+            "training": {"epochs": 2, "batch_size": 8, "patience": None},
+            "max_workers": 1,
+            "isolation": "thread",
+            "progress": False,
+            "tracking": {"register_models": False},
+            **kw,
+        }
+    )
+
+
+def _statuses(summary) -> dict[str, str]:
+    return {f"{r.method}/{r.seed}": r.status for r in summary.results}
+
+
+def test_numerics_decide_reuse_and_compare_names_the_change(
+    toy, mlflow_store, prefect_server, capsys, tmp_path
+):
+    toy(0.0)
+    config = _config()
+    first = run_benchmark(config)
+    assert set(_statuses(first).values()) == {"finished"}
+    tracker = Tracker.connect()
+    run = tracker.get_run_data(first.results[0].run_id).data.tags
+    assert run[RunTags.NUMERICS_MODEL] == numerics.model_fingerprint(first.results[0].method)
+    assert run[RunTags.NUMERICS_SYSTEM] == numerics.system_fingerprint("integro_de")
+    before = numerics.model_fingerprint(TOY)
+
+    # a refactor: the source (and so the cache key) changes, the numbers do not: all reused
+    key = numerics._model_source(TOY)
+    toy(0.0, REFACTORED)
+    assert numerics._model_source(TOY) != key
+    assert numerics.model_fingerprint(TOY) == before
+    again = run_benchmark(config)
+    assert set(_statuses(again).values()) == {"reused"}
+
+    # the arithmetic changes: only the toy's cells are retrained (config reuse would keep them)
+    toy(5.0, REFACTORED)
+    assert numerics.model_fingerprint(TOY) != before
+    cells = config.cells()
+    assert len(stored_results(tracker, cells, "config")[0]) == 4
+    assert stored_results(tracker, cells, "never")[1] == cells
+    capsys.readouterr()
+    changed = run_benchmark(config)
+    assert _statuses(changed) == {
+        f"{TOY}/0": "finished",
+        f"{TOY}/1": "finished",
+        "node/0": "reused",
+        "node/1": "reused",
+    }
+    err = capsys.readouterr().err
+    assert f"{TOY} changed since commit" in err and "2 cells retrained" in err
+    assert "node changed" not in err
+
+    # compare: the latest benchmark beside the first; an offset of 5 is a regression
+    assert main(["compare"]) == 1
+    out = capsys.readouterr().out
+    lines = {ln.split()[0]: ln for ln in out.splitlines() if "integro_de/" in ln}
+    for seed in (0, 1):
+        assert "regressed" in lines[f"integro_de/{TOY}/seed{seed}"]
+        assert "model" in lines[f"integro_de/{TOY}/seed{seed}"]
+        assert "unchanged" in lines[f"integro_de/node/seed{seed}"]
+    # compared the other way round, the same cells improved: nothing regressed, exit 0
+    assert main(["compare", "--run", first.parent_run_id, "--against", changed.parent_run_id]) == 0
+    assert main(["compare", "--run", "nope"]) == 2
+    assert "nope is not a finished benchmark run" in capsys.readouterr().err
+    # nllab report: a section with the changed cells only
+    assert main(["report", "--out", str(tmp_path / "report")]) == 0
+    section = capsys.readouterr().out.split("## Since the previous benchmark")[1]
+    assert f"integro_de/{TOY}/seed0" in section and "regressed" in section
+    assert "node/seed0" not in section
+
+
+def test_runs_stored_without_fingerprints_are_retrained_once_said(mlflow_store, capsys):
+    from tasks.cell import CellRuntime, run_cell
+
+    (cell,) = _config(methods=["node"], seeds=[0]).cells()
+    tracker = Tracker.connect()
+    rt = CellRuntime.for_tracker(tracker, parent_run_id=None, profile="smoke")
+    result = run_cell(cell, rt)
+    tracker.client.delete_tag(result.run_id, RunTags.NUMERICS_MODEL)  # as stored before
+    capsys.readouterr()
+    assert stored_results(tracker, [cell])[1] == [cell]
+    assert "1 finished cell stored without numerics fingerprints" in capsys.readouterr().err
+    assert [r.run_id for r in stored_results(tracker, [cell], "config")[0]] == [result.run_id]
+
+
+def test_the_nightly_deployment_records_its_comparison_as_prefect_artifacts(
+    mlflow_store, prefect_server
+):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.serve import build_deployments, load_schedules, scheduled_benchmark
+
+    (nightly,) = [d for d in build_deployments(load_schedules()) if d.name == "benchmark-nightly"]
+    small = {
+        "systems": ["integro_de"],
+        "methods": ["node"],
+        "seeds": [0, 1],
+        "data": {"n_trajectories": 24, "n_points": 30},
+        "max_workers": 1,
+        "tracking": {"register_models": False},
+    }
+    params = {**nightly.parameters, "config": {**nightly.parameters["config"], **small}}
+    start = datetime.now(UTC)  # the session's server holds other tests' artifacts
+    for _night in range(2):
+        assert scheduled_benchmark(**params).endswith("0 regressed")
+    tracker = Tracker.connect()
+    latest = tracker.finished_runs("benchmark")[0]
+    assert latest.data.metrics["regressions"] == 0
+    assert latest.data.tags[RunTags.CELLS_REUSED] == "2"  # the second night reused both
+    keys = ["nllab-benchmark-smoke-results", "nllab-benchmark-smoke-comparison"]
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[*keys, keys[1] + "-table"]))
+        )
+    by_key: dict[str, list] = {}
+    for a in found:
+        if a.created >= start:
+            by_key.setdefault(a.key, []).append(a)
+    assert len(by_key[keys[0]]) == 2 and all(a.type == "table" for a in by_key[keys[0]])
+    assert len(by_key[keys[1]]) == 2  # each night's comparison, the first with nothing before
+    newest = max(by_key[keys[1]], key=lambda a: a.created)
+    assert "2 unchanged" in newest.data and "0 regressed" in newest.data
+    assert len(by_key[keys[1] + "-table"]) == 1
