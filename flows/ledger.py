@@ -23,8 +23,10 @@ from tasks.config import CellConfig, RunConfig, resolve_config
 from tasks.ledger import (
     LedgerRecord,
     append_records,
+    cell_numerics,
     cell_states,
     hardware_name,
+    numerics_of,
     read_ledger,
     record_of_run,
 )
@@ -76,7 +78,9 @@ def record_finished(
             r.metrics,
             r.tags,
             hardware=hardware(r.tags.get("device_used", "")),
-            numerics=r.tags.get(RunTags.NUMERICS_MODEL),
+            numerics=numerics_of(
+                r.tags.get(RunTags.NUMERICS_MODEL), r.tags.get(RunTags.NUMERICS_SYSTEM)
+            ),
         )
         for h, r in found.items()
         if r.test_rmse is not None
@@ -86,7 +90,7 @@ def record_finished(
 
 def _unrecorded(ledger: Path, selection: dict[str, Any]) -> list[CellConfig]:
     cells = paper_config(**selection).cells()
-    states = cell_states(read_ledger(ledger), cells)
+    states = cell_states(read_ledger(ledger), cells, cell_numerics)
     return [c for c, s in zip(cells, states, strict=True) if s.state != "recorded"]
 
 

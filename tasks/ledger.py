@@ -18,7 +18,7 @@ import json
 import math
 import os
 import platform
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -33,10 +33,12 @@ __all__ = [
     "LedgerError",
     "LedgerRecord",
     "append_records",
+    "cell_numerics",
     "cell_states",
     "current_records",
     "hardware_name",
     "ledger_table",
+    "numerics_of",
     "read_ledger",
     "record_of_run",
 ]
@@ -215,12 +217,12 @@ def _pick(candidates: Sequence[LedgerRecord], numerics: str | None) -> LedgerRec
 def cell_states(
     records: Sequence[LedgerRecord],
     cells: Sequence[CellConfig],
-    numerics: Mapping[str, str] | None = None,
+    numerics: Callable[[CellConfig], str | None] | None = None,
 ) -> list[CellState]:
     """Each of ``cells`` as ``recorded`` (a record under its config hash, at today's numerics
-    or with no fingerprint to compare), ``other_numerics`` (recorded under a different
-    numerics fingerprint than ``numerics[method]``), ``other_config`` (only records under
-    another config hash) or ``missing``."""
+    or with no fingerprint to compare), ``other_numerics`` (recorded under another numerics
+    fingerprint than ``numerics(cell)``, today's: :func:`cell_numerics`), ``other_config``
+    (only records under another config hash) or ``missing``."""
     by_cell: dict[tuple[str, str, int], list[LedgerRecord]] = {}
     for r in records:
         by_cell.setdefault((r.system, r.method, r.seed), []).append(r)
@@ -228,7 +230,7 @@ def cell_states(
     for c in cells:
         mine = by_cell.get((c.system, c.method, c.seed), [])
         current = [r for r in mine if r.config_hash == c.config_hash()]
-        today = (numerics or {}).get(c.method)
+        today = numerics(c) if numerics is not None else None
         if current:
             r = _pick(current, today)
             stale = today is not None and r.numerics is not None and r.numerics != today
@@ -245,7 +247,7 @@ def cell_states(
 def current_records(
     records: Sequence[LedgerRecord],
     cells: Sequence[CellConfig],
-    numerics: Mapping[str, str] | None = None,
+    numerics: Callable[[CellConfig], str | None] | None = None,
 ) -> list[LedgerRecord]:
     """One record per cell of ``cells`` that holds one under its config hash (older numerics
     included: they are the ledger's history until replaced)."""
@@ -311,6 +313,19 @@ def hardware_name(device: str) -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def numerics_of(model: str | None, system: str | None) -> str | None:
+    """A record's ``numerics``: the fingerprints of its model and its data set
+    (``model/system``, :mod:`tasks.numerics`), ``None`` where the run carried none."""
+    return f"{model}/{system}" if model and system else None
+
+
+def cell_numerics(cell: CellConfig) -> str:
+    """Today's ``numerics`` of ``cell`` (its fingerprints computed, or read from their cache)."""
+    from tasks.numerics import model_fingerprint, system_fingerprint
+
+    return numerics_of(model_fingerprint(cell.method), system_fingerprint(cell.system)) or ""
 
 
 def _int(value: float | None) -> int | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from tasks.ledger import CellState, LedgerRecord, cell_states, current_records, ledger_table
@@ -45,15 +45,22 @@ def _grid(states: Sequence[CellState]) -> Table:
     )
 
 
-def status_report(records: Sequence[LedgerRecord], cells: Sequence[CellConfig], where: str) -> str:
+def status_report(
+    records: Sequence[LedgerRecord],
+    cells: Sequence[CellConfig],
+    where: str,
+    numerics: Callable[[CellConfig], str | None] | None = None,
+) -> str:
     """Counts by state, the methods × systems grid, and the cells not counted with why."""
-    states = cell_states(records, cells)
+    states = cell_states(records, cells, numerics)
     counts = Counter(s.state for s in states)
     lines = [
         f"{where}: {len(records)} records; of the {len(states)} selected cells of the paper "
         f"profile, {counts['recorded']} recorded, {counts['missing']} missing, "
         f"{counts['other_config']} recorded under another config only, "
-        f"{counts['other_numerics']} recorded by older numerics",
+        f"{counts['other_numerics']} recorded by older numerics ("
+        f"{sum(s.state == 'recorded' and s.record.numerics is None for s in states)} of the "
+        "recorded ones predate numerics fingerprints: their commit says what they ran)",
         "",
         render_table(_grid(states), "terminal", width=140),
     ]

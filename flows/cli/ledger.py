@@ -150,7 +150,9 @@ def _status(args: argparse.Namespace) -> int:
 
     path = _ledger_path(args)
     cells = paper_config(**_selection(args)).cells()
-    print(status_report(read_ledger(path), cells, str(path)))
+    from tasks.ledger import cell_numerics
+
+    print(status_report(read_ledger(path), cells, str(path), cell_numerics))
     return 0
 
 
