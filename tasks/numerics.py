@@ -44,6 +44,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tasks._notify import notify_once
+
 __all__ = [
     "CellNumerics",
     "cell_tags",
@@ -221,7 +223,17 @@ def _fingerprint(kind: str, name: str, key: str) -> str:
         fp = None
     if not isinstance(fp, str):
         t0 = time.perf_counter()
-        fp = _run_canary(kind, name)
+        try:
+            fp = _run_canary(kind, name)
+        except Exception as e:
+            # The model or simulator fails as it runs: its cells fail on their own, with their
+            # error; this fingerprint matches no stored run and is neither cached nor memoised.
+            notify_once(
+                f"canary:{kind}:{name}",
+                f"the numerics canary of {kind} {name} failed ({type(e).__name__}: "
+                f"{e}); its cells are not reused by numerics",
+            )
+            return "failed-" + hashlib.sha256(f"{type(e).__name__}: {e}".encode()).hexdigest()[:9]
         _write(path, {"fingerprint": fp, "seconds": time.perf_counter() - t0, "key": key})
     with _MEMO_LOCK:
         _MEMO[memo] = fp

@@ -217,3 +217,26 @@ def test_the_nightly_deployment_records_its_comparison_as_prefect_artifacts(
     newest = max(by_key[keys[1]], key=lambda a: a.created)
     assert "2 unchanged" in newest.data and "0 regressed" in newest.data
     assert len(by_key[keys[1] + "-table"]) == 1
+
+
+def test_a_model_that_fails_as_it_runs_gets_a_fingerprint_that_matches_nothing(
+    tmp_path, monkeypatch, capsys
+):
+    """Its cells then fail on their own, with their error, instead of the whole command."""
+    from nlmodels.baselines.ode import NODE
+    from tasks import numerics
+
+    monkeypatch.setattr(numerics, "_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(numerics, "_MEMO", {})
+
+    def broken(self, *a, **k):
+        raise RuntimeError("the vector field blew up")
+
+    monkeypatch.setattr(NODE, "forward", broken)
+    failed = numerics.model_fingerprint("node")
+    assert failed.startswith("failed-") and not list(tmp_path.iterdir())  # nothing cached
+    assert "the numerics canary of model node failed" in capsys.readouterr().err
+    monkeypatch.undo()
+    monkeypatch.setattr(numerics, "_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(numerics, "_MEMO", {})
+    assert not numerics.model_fingerprint("node").startswith("failed-")
