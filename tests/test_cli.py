@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -274,20 +273,14 @@ def test_budget_help_says_what_each_command_does_without_it(capsys):
     ],
 )
 def test_usage_errors_answer_before_the_heavy_stack_loads(argv, message, tmp_path):
-    """Names, files and registry URIs are checked before torch, MLflow or Prefect load: exit 2
-    in under a second (best of three, the machine may be busy), none of them imported."""
+    """Names, files and registry URIs are checked before torch, MLflow or Prefect load: exit 2,
+    one line, none of them imported (what makes the answer fast, whatever the machine's load;
+    the seconds themselves are a measurement, in the README, not a test)."""
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "NLLAB_HOME": str(tmp_path)}
     cmd = [sys.executable, "-m", "flows.cli", *argv.split()]
-    seconds = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-        seconds.append(time.perf_counter() - t0)
-        assert r.returncode == 2, r.stderr
-        assert message in r.stderr and len(r.stderr.strip().splitlines()) <= 2, r.stderr
-        if min(seconds) < 1.0:
-            break
-    assert min(seconds) < 1.0, seconds
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) <= 2, r.stderr
     r = subprocess.run(
         [sys.executable, "-X", "importtime", *cmd[1:]],
         cwd=tmp_path,
