@@ -47,6 +47,16 @@ from tasks.tracking.tags import _MAX_PARAM, _MAX_TAG, _METRIC_BATCH, _PARAM_BATC
 RunStatus = Literal["FINISHED", "FAILED", "KILLED"]
 
 
+# MLflow cannot turn the pyfunc's dict-of-arrays ``predict`` hint into a signature (it takes
+# list[...] hints only) and says so as it logs a model; the signature is given explicitly. A
+# process-wide filter as well as the recording below: ``warnings.catch_warnings`` swaps the
+# process's filters, so two cells logging models from two threads at once could restore each
+# other's and let the report through (seen on a busy machine).
+warnings.filterwarnings(
+    "ignore", message="Failed to infer signature from type hint", category=UserWarning
+)
+
+
 class _RunsMixin:
     """Runs: create, end, log params, metrics, artifacts, models and data sets, download."""
 
