@@ -263,40 +263,9 @@ def ledger_table(records: Iterable[LedgerRecord], cells: Sequence[CellConfig] = 
     number of seeds), the paper's figure and verdict beside it, dominated cells flagged with
     the score without their top share (:func:`tasks.reporting.results_table`). Every (method,
     system) of ``cells`` has its place, "–" where nothing is recorded yet."""
-    import pandas as pd
+    from tasks.reporting import results_table
 
-    from tasks.reporting import PAPER_MAIN_TABLE, ResultsTable, results_table
-
-    table = results_table(records, profile="paper")
-    have = set(zip(table.frame["method"], table.frame["system"], strict=True))
-    empty = []
-    for c in cells:
-        if (c.method, c.system) not in have:
-            have.add((c.method, c.system))
-            paper = PAPER_MAIN_TABLE.get((c.method, c.system))
-            nan = float("nan")
-            empty.append(
-                {
-                    "method": c.method,
-                    "system": c.system,
-                    "n_seeds": 0,
-                    "n_failed": 0,
-                    "n_diverged": 0,
-                    "mean": nan,
-                    "std": nan,
-                    "paper_mean": paper.mean if paper else nan,
-                    "paper_std": paper.std if paper else nan,
-                    "top_share": nan,
-                    "rmse_without_top": nan,
-                }
-            )
-    if not empty:
-        return table
-    frame = pd.DataFrame(empty, columns=table.frame.columns)
-    return ResultsTable(
-        pd.concat([table.frame, frame], ignore_index=True) if len(table.frame) else frame,
-        "paper",
-    )
+    return results_table(records, profile="paper", expected=((c.method, c.system) for c in cells))
 
 
 def hardware_name(device: str) -> str:

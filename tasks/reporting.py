@@ -327,11 +327,17 @@ def parent_summary(
     return text, metrics
 
 
-def results_table(results: Iterable[CellResult], *, profile: str) -> ResultsTable:
+def results_table(
+    results: Iterable[CellResult],
+    *,
+    profile: str,
+    expected: Iterable[tuple[str, str]] = (),
+) -> ResultsTable:
     """Aggregate cell results into mean ± std over seeds (population std, as numpy's default);
-    ``profile``: the profile they were trained in (the paper's figures judge the paper's)."""
+    ``profile``: the profile they were trained in (the paper's figures judge the paper's);
+    ``expected``: (method, system) pairs that get their row, "–", even with no result."""
     rows = []
-    by_key: dict[tuple[str, str], list[CellResult]] = {}
+    by_key: dict[tuple[str, str], list[CellResult]] = {pair: [] for pair in expected}
     for r in results:
         by_key.setdefault((r.method, r.system), []).append(r)
     for (method, system), cells in by_key.items():
