@@ -315,57 +315,15 @@ def build_report(
     found = collect_sections(tracker, results, ui_address, profile)
     sections = [s for s in found if s.run_id is not None or s.tables]
     not_run = [s for s in found if s not in sections]
-    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    legend = (
-        "verdict: ▲ better than the paper, ✓ within 10 % (main table, paper profile only: "
-        "within ± band), ▼ worse"
-    )
     where = f"{tracker.settings.tracking_uri} (experiment {tracker.settings.experiment})"
-    md = [
-        "# Neural Laplace Lab: results beside the paper\n",
-        f"Generated {stamp} from {where}. {legend}.\n",
-    ]
-    body = [
-        "<h1>Neural Laplace Lab: results beside the paper</h1>",
-        f'<p class="meta">Generated {stamp} from {html.escape(where)}. {legend}.</p>',
-    ]
-    if not_run:
-        cmds = [_run_command(s.name) for s in not_run]
-        md.append("Not run yet: " + ", ".join(f"`{c}`" for c in cmds) + ".\n")
-        body.append(
-            '<p class="missing">Not run yet: '
-            + ", ".join(f"<code>{html.escape(c)}</code>" for c in cmds)
-            + ".</p>"
-        )
+    md, body = _report_head(where, [_run_command(s.name) for s in not_run])
     figures: list[Path] = []
     results_paths: list[Path] = []
     for s in sections:
-        head = f"{s.title} (`{s.name}`) — paper: {s.paper_ref}"
-        md.append(f"\n## {head}\n")
-        body.append(f"<h2>{html.escape(s.title)} <code>{html.escape(s.name)}</code></h2>")
-        body.append(f'<p class="meta">paper: {html.escape(s.paper_ref)}</p>')
-        if s.name != "tune":
-            run_md = f"[{s.run_id}]({s.url})" if s.url else str(s.run_id)
-            run_html = html.escape(str(s.run_id))
-            if s.url:
-                run_html = f'<a href="{html.escape(s.url)}">{run_html}</a>'
-            md.append(f"profile {s.profile}, parent run {run_md}. {s.notes}\n")
-            body.append(
-                f'<p class="meta">profile {html.escape(s.profile)}, parent run {run_html}. '
-                f"{html.escape(s.notes)}</p>"
-            )
-        for tname, table in s.tables.items():
-            md.append(f"\n**{tname}**\n\n{render_table(table, 'markdown')}")
-            body.append(f"<h3>{html.escape(tname)}</h3>{render_table(table, 'html')}")
-        for fname, data in s.figures.items():
-            name = f"figures/{s.name}__{fname}"
-            figures.append(out.add(name, data))
-            md.append(f"\n![{s.name} {fname}]({name})\n")
-            b64 = base64.b64encode(data).decode("ascii")
-            body.append(
-                f'<p><img alt="{html.escape(s.name)} {html.escape(fname)}" '
-                f'src="data:image/png;base64,{b64}"></p>'
-            )
+        section_md, section_html, section_figures = _render_section(s, out)
+        md += section_md
+        body += section_html
+        figures += section_figures
     if results is not None:
         texts = results_table(results, profile=str(profile)).texts()
         results_paths = [out.add(f"results.{ext}", text) for ext, text in texts.items()]
@@ -377,3 +335,64 @@ def build_report(
     md_path = out.add("report.md", "\n".join(md))
     out.commit()
     return ReportPaths(html_path, md_path, tuple(figures), tuple(results_paths))
+
+
+_LEGEND = (
+    "verdict: ▲ better than the paper, ✓ within 10 % (main table, paper profile only: "
+    "within ± band), ▼ worse"
+)
+
+
+def _report_head(where: str, not_run: list[str]) -> tuple[list[str], list[str]]:
+    """The title, where the numbers come from, and the commands of the sections not run yet."""
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    md = [
+        "# Neural Laplace Lab: results beside the paper\n",
+        f"Generated {stamp} from {where}. {_LEGEND}.\n",
+    ]
+    body = [
+        "<h1>Neural Laplace Lab: results beside the paper</h1>",
+        f'<p class="meta">Generated {stamp} from {html.escape(where)}. {_LEGEND}.</p>',
+    ]
+    if not_run:
+        md.append("Not run yet: " + ", ".join(f"`{c}`" for c in not_run) + ".\n")
+        body.append(
+            '<p class="missing">Not run yet: '
+            + ", ".join(f"<code>{html.escape(c)}</code>" for c in not_run)
+            + ".</p>"
+        )
+    return md, body
+
+
+def _render_section(s: ReportSection, out: OwnedFolder) -> tuple[list[str], list[str], list[Path]]:
+    """One section as Markdown lines, HTML fragments and the figure files it added to ``out``."""
+    head = f"{s.title} (`{s.name}`) — paper: {s.paper_ref}"
+    md = [f"\n## {head}\n"]
+    body = [
+        f"<h2>{html.escape(s.title)} <code>{html.escape(s.name)}</code></h2>",
+        f'<p class="meta">paper: {html.escape(s.paper_ref)}</p>',
+    ]
+    if s.name != "tune":
+        run_md = f"[{s.run_id}]({s.url})" if s.url else str(s.run_id)
+        run_html = html.escape(str(s.run_id))
+        if s.url:
+            run_html = f'<a href="{html.escape(s.url)}">{run_html}</a>'
+        md.append(f"profile {s.profile}, parent run {run_md}. {s.notes}\n")
+        body.append(
+            f'<p class="meta">profile {html.escape(s.profile)}, parent run {run_html}. '
+            f"{html.escape(s.notes)}</p>"
+        )
+    for tname, table in s.tables.items():
+        md.append(f"\n**{tname}**\n\n{render_table(table, 'markdown')}")
+        body.append(f"<h3>{html.escape(tname)}</h3>{render_table(table, 'html')}")
+    figures = []
+    for fname, data in s.figures.items():
+        name = f"figures/{s.name}__{fname}"
+        figures.append(out.add(name, data))
+        md.append(f"\n![{s.name} {fname}]({name})\n")
+        b64 = base64.b64encode(data).decode("ascii")
+        body.append(
+            f'<p><img alt="{html.escape(s.name)} {html.escape(fname)}" '
+            f'src="data:image/png;base64,{b64}"></p>'
+        )
+    return md, body, figures
