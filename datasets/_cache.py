@@ -23,11 +23,11 @@ import numpy as np
 
 from datasets._simulate import (
     Dataset,
-    _check_workers,
-    _fingerprint,
-    _frozen,
-    _request,
-    _simulate,
+    check_workers,
+    make_request,
+    read_only,
+    request_fingerprint,
+    simulate_request,
 )
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def _read(path: Path, fingerprint: str) -> Dataset:
         raise ValueError("checksum mismatch")
     return Dataset(
         system=meta["system"],
-        **{name: _frozen(arrays[name]) for name in _ARRAYS},
+        **{name: read_only(arrays[name]) for name in _ARRAYS},
         seed=int(meta["seed"]),
         noise_std=float.fromhex(meta["noise_std"]),
         fingerprint=fingerprint,
@@ -152,9 +152,9 @@ def load_or_simulate(
         ValueError: invalid arguments (as ``simulate``).
         CacheError: the cache directory cannot be created or written.
     """
-    req = _request(system, n_trajectories, n_points, seed, noise_std)
-    workers = _check_workers(workers)
-    fingerprint = _fingerprint(req)
+    req = make_request(system, n_trajectories, n_points, seed, noise_std)
+    workers = check_workers(workers)
+    fingerprint = request_fingerprint(req)
     folder = Path(cache_dir).expanduser() if cache_dir is not None else data_home() / "cache"
     path = folder / f"{req.system}-{fingerprint[:32]}.npz"
     _remove_stale_tmp(folder)
@@ -173,7 +173,7 @@ def load_or_simulate(
             f"cache directory {str(folder)!r} is not writable ({err.strerror or err}); pass "
             "cache_dir=<a writable folder> or set NLLAB_HOME"
         ) from err
-    ds = _simulate(req, workers)
+    ds = simulate_request(req, workers)
     try:
         _write(path, ds)
     except OSError as err:

@@ -26,8 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from datasets._simulate import _available_memory
-from datasets._systems import BUILTIN_SYSTEMS, SystemInfo, _Raw, _register, _System
+from datasets._simulate import available_memory
+from datasets._systems import (
+    BUILTIN_SYSTEMS,
+    RawTrajectories,
+    SystemInfo,
+    SystemSpec,
+    register_system,
+)
 
 __all__ = [
     "FORMATS",
@@ -86,7 +92,7 @@ def _check_file(path: Path) -> None:
     size = path.stat().st_size
     if size == 0:
         raise _fail(path, "is empty")
-    available = _available_memory()
+    available = available_memory()
     if available is not None and size * _MEMORY_PER_FILE_BYTE > available:
         gib = 2.0**30
         raise _fail(
@@ -278,18 +284,18 @@ def _from_arrays(
     t: np.ndarray,
     make: Callable[[int, np.random.Generator], np.ndarray],
     fingerprint: str,
-) -> _System:
+) -> SystemSpec:
     def grid(n_points: int) -> tuple[np.ndarray, np.ndarray]:
         sub = t[_subgrid(t, n_points, info.name)]
         return sub, sub.copy()
 
-    def generate(n, t_model, tp, rng, workers) -> _Raw:
+    def generate(n, t_model, tp, rng, workers) -> RawTrajectories:
         x = make(n, rng)
         x = x[:, np.searchsorted(t, t_model)]
         rows = np.arange(n, dtype=np.float64)[:, None]
-        return _Raw(signal=x, clean=x, ic=rows)
+        return RawTrajectories(signal=x, clean=x, ic=rows)
 
-    return _System(info, grid, generate, fingerprint)
+    return SystemSpec(info, grid, generate, fingerprint)
 
 
 def declare_file(
@@ -335,7 +341,7 @@ def declare_file(
     system = _from_arrays(
         info, t, lambda n, rng: x[_rows(n, x.shape[0], rng, name)], found + columns
     )
-    _register(system)
+    register_system(system)
     return info
 
 
@@ -421,5 +427,5 @@ def declare_simulator(
         initial_conditions="drawn by the simulator from the seed",
         source=f"simulator {target}",
     )
-    _register(_from_arrays(info, t, make, simulator_fingerprint(target, options)))
+    register_system(_from_arrays(info, t, make, simulator_fingerprint(target, options)))
     return info

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from datasets._simulate import Dataset, _check_int
+from datasets._simulate import Dataset, check_int
 
 
 def plot_trajectories(
@@ -18,7 +18,7 @@ def plot_trajectories(
     dashed line when they differ, and a vertical line marks the start of the prediction window.
     Built on ``matplotlib.figure.Figure`` directly: no pyplot state, safe under any backend.
     """
-    n = min(_check_int("n", n, 1), ds.n_trajectories)
+    n = min(check_int("n", n, 1), ds.n_trajectories)
     half = ds.n_points // 2
     n_observed = half if n_observed is None else n_observed
     if not 1 <= n_observed <= half:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from datasets._simulate import Dataset, _check_int, _frozen
+from datasets._simulate import Dataset, check_int, read_only
 
 #: Where :func:`prepare` takes its normalisation statistics from.
 NORMALISE_ON: tuple[str, ...] = ("train", "all")
@@ -47,8 +47,8 @@ class Normaliser:
             )
         if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std)) and np.all(std > 0)):
             raise ValueError("mean must be finite and std finite and > 0")
-        object.__setattr__(self, "mean", _frozen(mean))
-        object.__setattr__(self, "std", _frozen(std))
+        object.__setattr__(self, "mean", read_only(mean))
+        object.__setattr__(self, "std", read_only(std))
 
     def _params(self, x: Any) -> tuple[Any, Any]:
         if type(x).__module__.split(".")[0] == "torch":  # avoid importing torch for numpy users
@@ -196,7 +196,7 @@ def prepare(
             f"normalise_on must be one of {', '.join(map(repr, NORMALISE_ON))}, "
             f"got {normalise_on!r}"
         )
-    seed = _check_int("seed", seed, 0)
+    seed = check_int("seed", seed, 0)
     fr = _fractions(fractions)
     n_all, n_pts = ds.n_trajectories, ds.n_points
     half = n_pts // 2
@@ -242,13 +242,13 @@ def prepare(
     def split(idx: np.ndarray) -> SplitData:
         idx.flags.writeable = False
         return SplitData(
-            obs_t=_frozen(ds.t[obs]),
-            obs_x=_frozen(norm.transform(ds.x[idx, obs])),
-            query_t=_frozen(ds.t[query]),
-            target=_frozen(norm.transform(ds.x[idx, query])),
-            target_clean=_frozen(norm.transform(ds.x_clean[idx, query])),
+            obs_t=read_only(ds.t[obs]),
+            obs_x=read_only(norm.transform(ds.x[idx, obs])),
+            query_t=read_only(ds.t[query]),
+            target=read_only(norm.transform(ds.x[idx, query])),
+            target_clean=read_only(norm.transform(ds.x_clean[idx, query])),
             index=idx,
-            ic=_frozen(ds.ic[idx]),
+            ic=read_only(ds.ic[idx]),
         )
 
     params = {

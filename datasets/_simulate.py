@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from datasets._systems import _SYSTEMS, SYSTEMS, SystemInfo
+from datasets._systems import SYSTEM_SPECS, SYSTEMS, SystemInfo
 
 #: Bump whenever a change alters generated data: it is part of every fingerprint and cache key.
 DATA_VERSION = "1"
@@ -62,7 +62,7 @@ class Dataset:
 
 
 @dataclass(frozen=True)
-class _Request:
+class SimRequest:
     system: str
     n_trajectories: int
     n_points: int
@@ -70,7 +70,7 @@ class _Request:
     noise_std: float
 
 
-def _check_int(name: str, value, minimum: int) -> int:
+def check_int(name: str, value, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     if value < minimum:
@@ -78,7 +78,7 @@ def _check_int(name: str, value, minimum: int) -> int:
     return int(value)
 
 
-def _request(system, n_trajectories, n_points, seed, noise_std) -> _Request:
+def make_request(system, n_trajectories, n_points, seed, noise_std) -> SimRequest:
     """Validate the arguments and fill the system defaults."""
     if system not in SYSTEMS:
         raise ValueError(f"unknown system {system!r}; valid systems: {', '.join(SYSTEMS)}")
@@ -91,11 +91,11 @@ def _request(system, n_trajectories, n_points, seed, noise_std) -> _Request:
         raise ValueError(f"noise_std must be a finite number >= 0, got {noise_std!r}") from None
     if not math.isfinite(sigma) or sigma < 0.0:
         raise ValueError(f"noise_std must be a finite number >= 0, got {noise_std!r}")
-    return _Request(
+    return SimRequest(
         system=system,
-        n_trajectories=_check_int("n_trajectories", n, 1),
-        n_points=_check_int("n_points", t, 4),
-        seed=_check_int("seed", seed, 0),
+        n_trajectories=check_int("n_trajectories", n, 1),
+        n_points=check_int("n_points", t, 4),
+        seed=check_int("seed", seed, 0),
         noise_std=sigma,
     )
 
@@ -105,7 +105,7 @@ def _request(system, n_trajectories, n_points, seed, noise_std) -> _Request:
 _ARRAY_COPIES = 6
 
 
-def _available_memory() -> int | None:
+def available_memory() -> int | None:
     """Bytes of memory available to new allocations (Linux ``MemAvailable``), or ``None``."""
     try:
         with open("/proc/meminfo") as fh:
@@ -125,10 +125,10 @@ def check_memory(
 ) -> int:
     """Estimated bytes to simulate and train on this data set; raises ``ValueError`` with the
     estimate when it exceeds the memory available now (before anything is allocated)."""
-    req = _request(system, n_trajectories, n_points, 0, 0.0)
+    req = make_request(system, n_trajectories, n_points, 0, 0.0)
     dim = SYSTEMS[req.system].state_dim
     need = req.n_trajectories * req.n_points * dim * 8 * _ARRAY_COPIES
-    available = _available_memory()
+    available = available_memory()
     if available is not None and need > available:
         gib = 2.0**30
         raise ValueError(
@@ -141,12 +141,12 @@ def check_memory(
     return need
 
 
-def _check_workers(workers: int | None) -> int | None:
-    return None if workers is None else _check_int("workers", workers, 1)
+def check_workers(workers: int | None) -> int | None:
+    return None if workers is None else check_int("workers", workers, 1)
 
 
-def _fingerprint(req: _Request) -> str:
-    system = _SYSTEMS[req.system]
+def request_fingerprint(req: SimRequest) -> str:
+    system = SYSTEM_SPECS[req.system]
     t, tp = system.grid(req.n_points)
     payload = {
         "data_version": DATA_VERSION,
@@ -162,15 +162,15 @@ def _fingerprint(req: _Request) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def _frozen(a: np.ndarray) -> np.ndarray:
+def read_only(a: np.ndarray) -> np.ndarray:
     a = np.ascontiguousarray(a, dtype=np.float64)
     a.flags.writeable = False
     return a
 
 
-def _simulate(req: _Request, workers: int | None) -> Dataset:
+def simulate_request(req: SimRequest, workers: int | None) -> Dataset:
     check_memory(req.system, req.n_trajectories, req.n_points)
-    system = _SYSTEMS[req.system]
+    system = SYSTEM_SPECS[req.system]
     t, tp = system.grid(req.n_points)
     # Independent streams: the initial-condition draws do not depend on noise_std, and the noise
     # pattern for a seed is the same at every σ (common random numbers across the noise study).
@@ -183,14 +183,14 @@ def _simulate(req: _Request, workers: int | None) -> Dataset:
         x = x + req.noise_std * np.random.default_rng(noise_seq).standard_normal(x.shape)
     return Dataset(
         system=req.system,
-        t=_frozen(t),
-        x=_frozen(x),
-        x_clean=_frozen(raw.clean),
-        ic=_frozen(raw.ic),
-        t_physical=_frozen(tp),
+        t=read_only(t),
+        x=read_only(x),
+        x_clean=read_only(raw.clean),
+        ic=read_only(raw.ic),
+        t_physical=read_only(tp),
         seed=req.seed,
         noise_std=req.noise_std,
-        fingerprint=_fingerprint(req),
+        fingerprint=request_fingerprint(req),
     )
 
 
@@ -214,5 +214,5 @@ def simulate(
         ValueError: unknown system, ``n_trajectories < 1``, ``n_points < 4``, bad seed, or a
             negative / non-finite ``noise_std``.
     """
-    req = _request(system, n_trajectories, n_points, seed, noise_std)
-    return _simulate(req, _check_workers(workers))
+    req = make_request(system, n_trajectories, n_points, seed, noise_std)
+    return simulate_request(req, check_workers(workers))

@@ -53,7 +53,7 @@ class SystemInfo:
 
 
 @dataclass(frozen=True)
-class _Raw:
+class RawTrajectories:
     signal: np.ndarray  # [N, T, D] what is observed before Gaussian noise
     clean: np.ndarray  # [N, T, D] the noise-free target (differs from signal only for noisy_sines)
     ic: np.ndarray  # [N, k]
@@ -61,12 +61,12 @@ class _Raw:
 
 # (n_points) -> (t, t_physical)
 _GridFn = Callable[[int], tuple[np.ndarray, np.ndarray]]
-# (n, t, t_physical, rng, workers) -> _Raw
-_GenFn = Callable[[int, np.ndarray, np.ndarray, np.random.Generator, "int | None"], _Raw]
+# (n, t, t_physical, rng, workers) -> RawTrajectories
+_GenFn = Callable[[int, np.ndarray, np.ndarray, np.random.Generator, "int | None"], RawTrajectories]
 
 
 @dataclass(frozen=True)
-class _System:
+class SystemSpec:
     info: SystemInfo
     grid: _GridFn
     generate: _GenFn
@@ -97,8 +97,8 @@ def _box_ics(n: int, lo: float, hi: float, rng: np.random.Generator) -> np.ndarr
     return rng.uniform(lo, hi, size=(n, 2))
 
 
-def _plain(signal: np.ndarray, ic: np.ndarray) -> _Raw:
-    return _Raw(signal=signal, clean=signal, ic=ic)
+def _plain(signal: np.ndarray, ic: np.ndarray) -> RawTrajectories:
+    return RawTrajectories(signal=signal, clean=signal, ic=ic)
 
 
 # --- delay systems -------------------------------------------------------------------------------
@@ -122,12 +122,12 @@ def lotka_volterra_rhs(t: float, x: np.ndarray, xd: np.ndarray) -> np.ndarray:
     return out
 
 
-def _spiral(n, t, tp, rng, workers) -> _Raw:
+def _spiral(n, t, tp, rng, workers) -> RawTrajectories:
     ic = _box_ics(n, -2.0, 2.0, rng)
     return _plain(solve_constant_history_dde(spiral_rhs, ic, tp[0], _SPIRAL_TAU, tp), ic)
 
 
-def _lotka_volterra(n, t, tp, rng, workers) -> _Raw:
+def _lotka_volterra(n, t, tp, rng, workers) -> RawTrajectories:
     ic = _box_ics(n, 0.1, 2.0, rng)
     return _plain(solve_constant_history_dde(lotka_volterra_rhs, ic, tp[0], _LV_TAU, tp), ic)
 
@@ -146,7 +146,7 @@ def _mg_grid(n_points: int) -> tuple[np.ndarray, np.ndarray]:
     return np.linspace(0.1, 20.0, n_points), tp
 
 
-def _mackey_glass(n, t, tp, rng, workers) -> _Raw:
+def _mackey_glass(n, t, tp, rng, workers) -> RawTrajectories:
     theta = np.linspace(_MG["tau"], 0.0, n)
     n_hist = t.size // 2
     hist = _closed.mackey_glass_history(theta, tp[:n_hist])
@@ -160,34 +160,34 @@ def _vdp_grid(n_points: int) -> tuple[np.ndarray, np.ndarray]:
     return tp / 200.0, tp
 
 
-def _vdp(n, t, tp, rng, workers) -> _Raw:
+def _vdp(n, t, tp, rng, workers) -> RawTrajectories:
     ic = np.stack([np.linspace(0.1, 2.0, n), np.zeros(n)], axis=1)
     return _plain(solve_vdp(ic, tp, MU, workers), ic)
 
 
-def _piecewise(n, t, tp, rng, workers) -> _Raw:
+def _piecewise(n, t, tp, rng, workers) -> RawTrajectories:
     x0 = np.linspace(0.0, 0.1, n)
     return _plain(_closed.piecewise_forcing(x0, tp)[..., None], np.stack([x0, np.zeros(n)], 1))
 
 
-def _integro(n, t, tp, rng, workers) -> _Raw:
+def _integro(n, t, tp, rng, workers) -> RawTrajectories:
     x0 = np.linspace(0.0, 1.0, n)
     return _plain(_closed.integro(x0, tp)[..., None], x0[:, None])
 
 
 def _waveform(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> _GenFn:
-    def gen(n, t, tp, rng, workers) -> _Raw:
+    def gen(n, t, tp, rng, workers) -> RawTrajectories:
         phase = np.linspace(0.0, 2.0 * np.pi, n)
         return _plain(fn(phase, tp)[..., None], phase[:, None])
 
     return gen
 
 
-def _noisy_sines(n, t, tp, rng, workers) -> _Raw:
+def _noisy_sines(n, t, tp, rng, workers) -> RawTrajectories:
     phase = np.linspace(0.0, 2.0 * np.pi, n)
     clean = _closed.two_sines(phase, tp)
     signal = clean + _closed.high_tone(phase, tp)
-    return _Raw(signal=signal[..., None], clean=clean[..., None], ic=phase[:, None])
+    return RawTrajectories(signal=signal[..., None], clean=clean[..., None], ic=phase[:, None])
 
 
 def _info(name, dim, props, desc, ic_labels, grid, ics) -> SystemInfo:
@@ -199,10 +199,10 @@ _DELAY = ("delay", "piecewise", "discontinuous")
 _PHASES = "phase x0 = linspace(0, 2π, N)"
 _WAVE_GRID = "t = linspace(0.1, 20, T)"
 
-_SYSTEMS: dict[str, _System] = {
+SYSTEM_SPECS: dict[str, SystemSpec] = {
     s.info.name: s
     for s in [
-        _System(
+        SystemSpec(
             _info(
                 "spiral_dde",
                 2,
@@ -217,7 +217,7 @@ _SYSTEMS: dict[str, _System] = {
             lambda T: _same(np.linspace(0.02, _ref_last(0.02, 20.0), T)),
             _spiral,
         ),
-        _System(
+        SystemSpec(
             _info(
                 "lotka_volterra_dde",
                 2,
@@ -232,7 +232,7 @@ _SYSTEMS: dict[str, _System] = {
             lambda T: _same(np.linspace(2.0, _ref_last(2.0, 30.0), T)),
             _lotka_volterra,
         ),
-        _System(
+        SystemSpec(
             _info(
                 "mackey_glass_dde",
                 1,
@@ -247,7 +247,7 @@ _SYSTEMS: dict[str, _System] = {
             _mg_grid,
             _mackey_glass,
         ),
-        _System(
+        SystemSpec(
             _info(
                 "stiff_van_der_pol",
                 2,
@@ -260,7 +260,7 @@ _SYSTEMS: dict[str, _System] = {
             _vdp_grid,
             _vdp,
         ),
-        _System(
+        SystemSpec(
             _info(
                 "piecewise_forcing_ode",
                 1,
@@ -273,7 +273,7 @@ _SYSTEMS: dict[str, _System] = {
             _lin(0.1, 20.0),
             _piecewise,
         ),
-        _System(
+        SystemSpec(
             _info(
                 "integro_de",
                 1,
@@ -286,12 +286,12 @@ _SYSTEMS: dict[str, _System] = {
             _lin(0.02, 4.0),
             _integro,
         ),
-        _System(
+        SystemSpec(
             _info("sine", 1, ("periodic",), "x = sin(t + x0)", ("phase",), _WAVE_GRID, _PHASES),
             _lin(0.1, 20.0),
             _waveform(_closed.sine),
         ),
-        _System(
+        SystemSpec(
             _info(
                 "square",
                 1,
@@ -304,7 +304,7 @@ _SYSTEMS: dict[str, _System] = {
             _lin(0.1, 20.0),
             _waveform(_closed.square),
         ),
-        _System(
+        SystemSpec(
             _info(
                 "sawtooth",
                 1,
@@ -317,7 +317,7 @@ _SYSTEMS: dict[str, _System] = {
             _lin(0.1, 20.0),
             _waveform(_closed.sawtooth),
         ),
-        _System(
+        SystemSpec(
             _info(
                 "noisy_sines",
                 1,
@@ -335,18 +335,18 @@ _SYSTEMS: dict[str, _System] = {
 }
 
 #: The built-in systems, by name (a declared system never takes one of these names).
-BUILTIN_SYSTEMS: frozenset[str] = frozenset(_SYSTEMS)
-_INFOS: dict[str, SystemInfo] = {n: s.info for n, s in _SYSTEMS.items()}
+BUILTIN_SYSTEMS: frozenset[str] = frozenset(SYSTEM_SPECS)
+_INFOS: dict[str, SystemInfo] = {n: s.info for n, s in SYSTEM_SPECS.items()}
 
 #: Read-only registry of the benchmark systems, by name: the built-in ones and those declared in
 #: this process from a data file or a simulator (:mod:`datasets._declared`).
 SYSTEMS: Mapping[str, SystemInfo] = MappingProxyType(_INFOS)
 
 
-def _register(system: _System) -> None:
+def register_system(system: SystemSpec) -> None:
     """Add (or replace) a declared system; a built-in name is refused."""
     name = system.info.name
     if name in BUILTIN_SYSTEMS:
         raise ValueError(f"{name!r} is a built-in system; declare yours under another name")
-    _SYSTEMS[name] = system
+    SYSTEM_SPECS[name] = system
     _INFOS[name] = system.info

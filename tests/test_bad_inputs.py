@@ -31,7 +31,7 @@ def test_a_data_set_too_large_for_memory_fails_with_an_estimate(tmp_path, monkey
     import datasets._simulate as sim
     from datasets import simulate
 
-    monkeypatch.setattr(sim, "_available_memory", lambda: 4 * 2**30)
+    monkeypatch.setattr(sim, "available_memory", lambda: 4 * 2**30)
     cfg = tmp_path / "run.toml"
     cfg.write_text("[data]\nn_trajectories = 2e6\n")  # TOML float, accepted as an integer
     with pytest.raises(ConfigError, match=r"integro_de: n_trajectories=2000000 × 200 points"):

@@ -174,7 +174,7 @@ def test_a_file_larger_than_memory_allows_is_refused_before_it_is_read(
     import datasets._declared as declared
 
     data = _csv(tmp_path / "big.csv", _good_rows())
-    monkeypatch.setattr(declared, "_available_memory", lambda: data.stat().st_size)
+    monkeypatch.setattr(declared, "available_memory", lambda: data.stat().st_size)
     read = []
     monkeypatch.setattr(declared, "_long_form", lambda *a: read.append(a))  # must not be reached
     monkeypatch.setenv("NLLAB_HOME", str(tmp_path / "home"))

@@ -26,10 +26,10 @@ def _forget_declared_systems():
     from datasets import _systems
     from tasks import _declarations
 
-    before = dict(_systems._SYSTEMS), dict(_systems._INFOS), dict(_declarations._DECLARED)
+    before = dict(_systems.SYSTEM_SPECS), dict(_systems._INFOS), dict(_declarations._DECLARED)
     yield
     for table, saved in zip(
-        (_systems._SYSTEMS, _systems._INFOS, _declarations._DECLARED), before, strict=True
+        (_systems.SYSTEM_SPECS, _systems._INFOS, _declarations._DECLARED), before, strict=True
     ):
         table.clear()
         table.update(saved)
