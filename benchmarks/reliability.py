@@ -61,7 +61,7 @@ CELLS = [
 ]  # fmt: skip
 
 
-def _env(home: Path) -> dict[str, str]:
+def probe_env(home: Path) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NLLAB_HOME": str(home)}
     for var in ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT", "PREFECT_API_URL", "PREFECT_HOME"):
         env.pop(var, None)
@@ -70,11 +70,11 @@ def _env(home: Path) -> dict[str, str]:
 
 def _nllab(home: Path, *args: str, **kw) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=_env(home), text=True, **kw
+        [sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=probe_env(home), text=True, **kw
     )
 
 
-def _fresh(path: Path) -> Path:
+def fresh_dir(path: Path) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     return path
@@ -83,7 +83,7 @@ def _fresh(path: Path) -> Path:
 def race(scratch: Path, tries: int) -> None:
     crashed = unusable = 0
     for t in range(tries):
-        home = _fresh(scratch / f"race-{t}")
+        home = fresh_dir(scratch / f"race-{t}")
         procs = [
             _nllab(home, "report", "--profile", "smoke", stdout=subprocess.DEVNULL,
                    stderr=subprocess.PIPE)
@@ -98,7 +98,7 @@ def race(scratch: Path, tries: int) -> None:
         crashed += answered.count(False)  # any other exit, or exit 1 without that answer
         check = subprocess.run(
             [sys.executable, "-c", "from tasks.tracking import Tracker; Tracker.connect()"],
-            env=_env(home), capture_output=True,
+            env=probe_env(home), capture_output=True,
         )  # fmt: skip
         unusable += check.returncode != 0
         print(f"  try {t + 1}: exit codes {[p.returncode for p in procs]}, "
@@ -108,7 +108,7 @@ def race(scratch: Path, tries: int) -> None:
 
 
 def ctrl_c(scratch: Path) -> None:
-    home = _fresh(scratch / "ctrl-c")
+    home = fresh_dir(scratch / "ctrl-c")
     cfg = home / "isolation.toml"
     cfg.write_text('isolation = "process"\n')
     p = _nllab(home, "benchmark", *CELLS, "--config", str(cfg), stdout=subprocess.PIPE,
@@ -175,7 +175,7 @@ def kill9(scratch: Path, delays: list[float]) -> None:
     gone_after = 0.0
     print(f"kill -9 of nllab benchmark ({len(delays)} moments), then the same command again")
     for i, delay in enumerate(delays):
-        home = _fresh(scratch / f"kill9-{i}")
+        home = fresh_dir(scratch / f"kill9-{i}")
         log = home / "killed.log"
         with open(log, "w") as out:
             p = _nllab(home, "benchmark", *CELLS, stdout=out, stderr=subprocess.STDOUT,
@@ -195,7 +195,7 @@ def kill9(scratch: Path, delays: list[float]) -> None:
             left += [p.pid] if _group_alive(p.pid) else []
         gone_after = max(gone_after, time.monotonic() - killed_at)
         r = subprocess.run([sys.executable, "-m", "flows.cli", "benchmark", *CELLS], cwd=ROOT,
-                           env=_env(home), capture_output=True, text=True)  # fmt: skip
+                           env=probe_env(home), capture_output=True, text=True)  # fmt: skip
         runs = _store_runs(home)
         after = _finished_cells(runs)
         # A cell finished before the kill is lost if its run is gone or it was trained again.
@@ -214,7 +214,7 @@ def kill9(scratch: Path, delays: list[float]) -> None:
 
 
 def twins(scratch: Path) -> None:
-    home = _fresh(scratch / "twins")
+    home = fresh_dir(scratch / "twins")
     procs = []
     for _ in range(2):
         procs.append(_nllab(home, "benchmark", *CELLS, stdout=subprocess.PIPE,
@@ -233,14 +233,14 @@ def twins(scratch: Path) -> None:
 
 
 def bad_inputs(scratch: Path) -> None:
-    b = _fresh(scratch / "bad")
+    b = fresh_dir(scratch / "bad")
     (b / "noise.toml").write_text("[data]\nnoise_std = inf\n")
     (b / "lr.toml").write_text("[training]\nlr = inf\n")
     (b / "big.toml").write_text("[data]\nn_trajectories = 2e6\n")
     (b / "broken" / "mlflow").mkdir(parents=True)
     (b / "broken" / "mlflow" / "mlflow.db").write_bytes(os.urandom(5000))
     (b / "afile").write_text("")
-    ro = _fresh(b / "ro")
+    ro = fresh_dir(b / "ro")
     ro_wrap = [
         "unshare",
         "-rm",
@@ -263,7 +263,7 @@ def bad_inputs(scratch: Path) -> None:
     for name, home, wrap, args in cases:
         t0 = time.monotonic()
         r = subprocess.run([*wrap, sys.executable, "-m", "flows.cli", *args], cwd=ROOT,
-                           env=_env(home), capture_output=True, text=True)  # fmt: skip
+                           env=probe_env(home), capture_output=True, text=True)  # fmt: skip
         first = next((ln for ln in r.stderr.splitlines() if "error" in ln), "")
         ok = r.returncode in (2, 3) and "Traceback" not in r.stderr and first
         clean += bool(ok)
@@ -281,13 +281,13 @@ PAIR = [
 CHAMPION_URI = "models:/neural-laplace-integro_de@champion"
 
 
-def _timed_row(name: str, ok: bool, seconds: float, detail: str) -> None:
+def _timedprint_row(name: str, ok: bool, seconds: float, detail: str) -> None:
     print(f"  {'pass' if ok else 'FAIL'}  {name:<34} {seconds:6.1f} s  {detail}", flush=True)
 
 
 def _cli(home: Path, *args: str, env: dict[str, str] | None = None):
     return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT,
-                          env=env or _env(home), capture_output=True, text=True)  # fmt: skip
+                          env=env or probe_env(home), capture_output=True, text=True)  # fmt: skip
 
 
 def _summary(out: str) -> str:
@@ -347,7 +347,7 @@ def home_faults(scratch: Path) -> None:
     """A copied home, a FINISHED run whose model was deleted, a champion whose model or run is
     gone: each on one home, in that order."""
     print("a copied home, deleted models, a purged champion")
-    base = _fresh(scratch / "home")
+    base = fresh_dir(scratch / "home")
     orig, copy = base / "orig", base / "copy"
     t0 = time.monotonic()
     first = _cli(orig, "benchmark", *PAIR, "--seeds", "0")
@@ -359,7 +359,7 @@ def home_faults(scratch: Path) -> None:
     shutil.rmtree(orig)
     again = _cli(copy, "reproduce", CHAMPION_URI)
     ok = first.returncode == second.returncode == again.returncode == 0 and touched == 0
-    _timed_row("copied home stays independent", ok, time.monotonic() - t0,
+    _timedprint_row("copied home stays independent", ok, time.monotonic() - t0,
          f"files written into the original: {touched}; reproduce in the copy after deleting "
          f"the original: exit {again.returncode}; {_summary(second.stdout)}")  # fmt: skip
 
@@ -371,7 +371,7 @@ def home_faults(scratch: Path) -> None:
     told = [ln for ln in (rerun.stdout + rerun.stderr).splitlines() if victim in ln]
     summary = _summary(rerun.stdout)
     ok = rerun.returncode == 0 and "1 finished, 3 reused" in summary and len(told) == 1
-    _timed_row("finished run without its model", ok, time.monotonic() - t0,
+    _timedprint_row("finished run without its model", ok, time.monotonic() - t0,
          f"{summary}; lines naming the run: {len(told)}")  # fmt: skip
 
     t0 = time.monotonic()
@@ -382,7 +382,7 @@ def home_faults(scratch: Path) -> None:
     last = (lines or [""])[-1]
     ok = r.returncode in (2, 3) and len(_error_lines(r.stderr)) == 1 and champion in r.stderr
     ok = ok and "Traceback" not in r.stderr
-    _timed_row("reproduce, champion's model missing", ok, time.monotonic() - t0,
+    _timedprint_row("reproduce, champion's model missing", ok, time.monotonic() - t0,
          f"exit {r.returncode}, {len(lines)} stderr lines: …{last[-100:]}")  # fmt: skip
     shutil.move(model.with_name("model.aside"), model)
 
@@ -392,9 +392,9 @@ def home_faults(scratch: Path) -> None:
         "MlflowClient(sys.argv[1]).delete_run(sys.argv[2])"
     )
     uri = f"sqlite:///{copy / 'mlflow' / 'mlflow.db'}"
-    subprocess.run([sys.executable, "-c", purge, uri, champion], env=_env(copy), check=True)
+    subprocess.run([sys.executable, "-c", purge, uri, champion], env=probe_env(copy), check=True)
     subprocess.run([sys.executable, "-m", "mlflow", "gc", "--backend-store-uri", uri,
-                    "--run-ids", champion], env={**_env(copy), "MLFLOW_TRACKING_URI": uri},
+                    "--run-ids", champion], env={**probe_env(copy), "MLFLOW_TRACKING_URI": uri},
                    check=True, capture_output=True)  # fmt: skip
     r = _cli(copy, "reproduce", CHAMPION_URI)
     gone_ok = r.returncode in (2, 3) and len(_error_lines(r.stderr)) == 1
@@ -403,7 +403,7 @@ def home_faults(scratch: Path) -> None:
     replaced = _champion_run(copy) != champion
     back = _cli(copy, "reproduce", CHAMPION_URI)
     ok = gone_ok and rerun.returncode == 0 and replaced and back.returncode == 0
-    _timed_row("champion's run deleted and purged", ok, time.monotonic() - t0,
+    _timedprint_row("champion's run deleted and purged", ok, time.monotonic() - t0,
          f"reproduce exit {r.returncode} ({(_error_lines(r.stderr) or [''])[0][:60]}...); "
          f"retrain: {_summary(rerun.stdout)}; alias replaced: {replaced}; "
          f"reproduce then: exit {back.returncode}")  # fmt: skip
@@ -423,8 +423,8 @@ def suspended(scratch: Path, stale: float = 60.0) -> None:
     """Ctrl-Z (SIGSTOP to the process group) of a benchmark mid-cell for longer than the
     claim's stale time (``stale`` seconds here, longer than a command's start), the same command
     meanwhile, then SIGCONT."""
-    home = _fresh(scratch / "suspended")
-    env = {**_env(home), "NLLAB_CLAIM_STALE_SECONDS": str(stale)}
+    home = fresh_dir(scratch / "suspended")
+    env = {**probe_env(home), "NLLAB_CLAIM_STALE_SECONDS": str(stale)}
     one = ["benchmark", "--profile", "smoke", "--systems", "integro_de", "--methods",
            "neural_laplace", "--seeds", "0", "--epochs", "150", "--no-progress"]  # fmt: skip
     t0 = time.monotonic()
@@ -447,7 +447,7 @@ def suspended(scratch: Path, stale: float = 60.0) -> None:
     killed = [r for r, st, _, _ in _cell_runs(home, "KILLED")]
     fenced = sum("lost its claim" in (_tag(home, r, "error") or "") for r in killed)
     ok = twice == 0 and waiting == 1 and fenced == 1 and a.returncode == b.returncode == 0
-    _timed_row("suspended past the stale time", ok, time.monotonic() - t0,
+    _timedprint_row("suspended past the stale time", ok, time.monotonic() - t0,
          f"cells trained twice: {twice}; 'waiting for cell' lines: {waiting}; resumed run "
          f"ended KILLED (lost claim): {fenced}; exits {a.returncode}/{b.returncode}; "
          f"resumed: {_summary(out_a)}; second: {_summary(b.stdout)}")  # fmt: skip
@@ -459,7 +459,7 @@ def suspended(scratch: Path, stale: float = 60.0) -> None:
 def worker_death(scratch: Path) -> None:
     """kill -9, then SIGTERM, of one worker process (process isolation) mid-cell."""
     for sig in (signal.SIGKILL, signal.SIGTERM):
-        home = _fresh(scratch / f"worker-{sig.name}")
+        home = fresh_dir(scratch / f"worker-{sig.name}")
         cfg = home / "isolation.toml"
         cfg.write_text('isolation = "process"\n')
         # --no-pack: one cell a worker (integro and piecewise would pack their node cells)
@@ -481,19 +481,19 @@ def worker_death(scratch: Path) -> None:
         runs = _cell_runs(home)
         count = {st: sum(x[1] == st for x in runs) for st in ("FINISHED", "FAILED", "RUNNING")}
         ok = count == {"FINISHED": 3, "FAILED": 1, "RUNNING": 0} and "BrokenProcessPool" not in out
-        _timed_row(f"{sig.name} of one worker", ok, time.monotonic() - t0,
+        _timedprint_row(f"{sig.name} of one worker", ok, time.monotonic() - t0,
              f"cell runs {count}; exit {p.returncode}; BrokenProcessPool "
              f"{out.count('BrokenProcessPool')}, tracebacks {out.count('Traceback')}; "
              f"{_summary(out)}")  # fmt: skip
 
 
 # -- second pass: strict config values, SIGTERM of tune, a full disk, two serves -----------------
-def _row(name: str, ok: bool, detail: str) -> bool:
+def print_row(name: str, ok: bool, detail: str) -> bool:
     print(f"  {'pass' if ok else 'FAIL'}  {name:<34} {detail}", flush=True)
     return ok
 
 
-def _one_clear_line(r: subprocess.CompletedProcess, codes: tuple[int, ...]) -> tuple[bool, str]:
+def one_clear_line(r: subprocess.CompletedProcess, codes: tuple[int, ...]) -> tuple[bool, str]:
     """Exit code in ``codes``, no traceback, and one ``error:`` line (continuation lines of one
     error, indented, are allowed)."""
     errors = [ln for ln in r.stderr.splitlines() if "error:" in ln]
@@ -506,7 +506,7 @@ def _one_clear_line(r: subprocess.CompletedProcess, codes: tuple[int, ...]) -> t
 def strict_inputs(scratch: Path) -> None:
     """Values of the wrong kind or out of range, and the smaller bad inputs: exit 2 (or 3 for
     an unreachable scheduler), one line, no traceback, before any training."""
-    b = _fresh(scratch / "strict")
+    b = fresh_dir(scratch / "strict")
     files = {
         'hidden = "128"': '[models.node]\nhidden = "128"\n',
         "hidden = 128": "[models.node]\nhidden = 128\n",
@@ -543,11 +543,11 @@ def strict_inputs(scratch: Path) -> None:
     passed = 0
     for name, args, extra, codes in cases:
         t0 = time.monotonic()
-        env = {**_env(b / "h"), **extra}
+        env = {**probe_env(b / "h"), **extra}
         r = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=env,
                            capture_output=True, text=True)  # fmt: skip
-        ok, detail = _one_clear_line(r, codes)
-        passed += _row(name, ok, f"{time.monotonic() - t0:5.1f} s {detail}")
+        ok, detail = one_clear_line(r, codes)
+        passed += print_row(name, ok, f"{time.monotonic() - t0:5.1f} s {detail}")
     print(f"strict inputs: {passed} of {len(cases)} refused with one line, no traceback")
 
 
@@ -567,7 +567,7 @@ def tune_ctrl_c(scratch: Path) -> None:
 
 def tune_sigterm(scratch: Path, trials: int = 6, sig: int = signal.SIGTERM) -> None:
     """SIGTERM to ``nllab tune --trials 6`` during a trial, then the same command at once."""
-    home = _fresh(scratch / f"tune-{signal.Signals(sig).name}")
+    home = fresh_dir(scratch / f"tune-{signal.Signals(sig).name}")
     args = ["tune", "--method", "node", "--system", "integro_de", "--trials", str(trials),
             "--profile", "smoke"]  # fmt: skip
     p = _nllab(home, *args, "--epochs", "400", stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -592,16 +592,16 @@ def tune_sigterm(scratch: Path, trials: int = 6, sig: int = signal.SIGTERM) -> N
     code = 143 if sig == signal.SIGTERM else 130
     ok = p.returncode == code and "Traceback" not in out and counts["RUNNING"] == 0
     ok &= parent == ["KILLED"]
-    _row(f"{signal.Signals(sig).name} of nllab tune", ok, f"exit {p.returncode}, tracebacks "
+    print_row(f"{signal.Signals(sig).name} of nllab tune", ok, f"exit {p.returncode}, tracebacks "
          f"{out.count('Traceback')}, trials {counts}, parent run {parent}")  # fmt: skip
     r = subprocess.run([sys.executable, "-m", "flows.cli", *args, "--epochs", "3"], cwd=ROOT,
-                       env=_env(home), capture_output=True, text=True)  # fmt: skip
+                       env=probe_env(home), capture_output=True, text=True)  # fmt: skip
     counts = _study(home, "node-integro_de-smoke")
     runs = _store_runs(home)
     parent = [st for _, st, kind, _ in runs if kind == "tune"]
     finished = counts["COMPLETE"] + counts["PRUNED"]
     summary = next((ln for ln in r.stdout.splitlines() if ln.startswith("study ")), "?")
-    _row("the same command at once", r.returncode == 0 and finished == trials
+    print_row("the same command at once", r.returncode == 0 and finished == trials
          and parent == ["FINISHED"], f"exit {r.returncode}, {finished} of {trials} finished "
          f"trials; parent {parent} | {summary}")  # fmt: skip
 
@@ -644,9 +644,9 @@ def disk_full(scratch: Path) -> None:
         subprocess.run(["fallocate", "-l", str(free - 2_400_000), str(filler)], check=True)
         t0 = time.monotonic()
         r = subprocess.run([sys.executable, "-m", "flows.cli", "benchmark", *CELLS], cwd=ROOT,
-                           env=_env(home), capture_output=True, text=True)  # fmt: skip
-        ok, detail = _one_clear_line(r, (3,))
-        _row("2.4 MB free at the start", ok and "MB free" in r.stderr,
+                           env=probe_env(home), capture_output=True, text=True)  # fmt: skip
+        ok, detail = one_clear_line(r, (3,))
+        print_row("2.4 MB free at the start", ok and "MB free" in r.stderr,
              f"{time.monotonic() - t0:5.1f} s {detail}")  # fmt: skip
         filler.unlink()
         # fills up once the first cell has finished
@@ -661,17 +661,17 @@ def disk_full(scratch: Path) -> None:
         out = "".join(head) + p.communicate()[0]
         (scratch / "disk-full-midrun.log").write_text(out)
         r = subprocess.CompletedProcess(p.args, p.returncode, "", out)
-        ok, detail = _one_clear_line(r, (3,))
-        _row("disk fills up mid-run", ok and "is full" in out,
+        ok, detail = one_clear_line(r, (3,))
+        print_row("disk fills up mid-run", ok and "is full" in out,
              f"{time.monotonic() - t0:5.1f} s {detail}")  # fmt: skip
         before = _finished_cells(_store_runs(home))
         filler.unlink()
         r = subprocess.run([sys.executable, "-m", "flows.cli", "benchmark", *CELLS], cwd=ROOT,
-                           env=_env(home), capture_output=True, text=True)  # fmt: skip
+                           env=probe_env(home), capture_output=True, text=True)  # fmt: skip
         after = _finished_cells(_store_runs(home))
         lost = sum(set(after.get(h, [])) != set(ids) for h, ids in before.items())
         running = sum(st == "RUNNING" for _, st, _, _ in _store_runs(home))
-        _row("freed, the same command", r.returncode == 0 and not lost and not running,
+        print_row("freed, the same command", r.returncode == 0 and not lost and not running,
              f"exit {r.returncode}, {len(before)} cells finished before, lost {lost}, "
              f"RUNNING {running}, tracebacks {r.stderr.count('Traceback')}")  # fmt: skip
     finally:
@@ -682,7 +682,7 @@ def tracking_lost(scratch: Path) -> None:
     """The MLflow tracking server killed once the first cell has finished. The client's HTTP
     retries are shortened (``MLFLOW_HTTP_REQUEST_MAX_RETRIES=1``, timeout 10 s) so that the
     probe takes minutes, not the default retries' quarter of an hour."""
-    home = _fresh(scratch / "tracking-lost")
+    home = fresh_dir(scratch / "tracking-lost")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -692,7 +692,7 @@ def tracking_lost(scratch: Path) -> None:
         [str(exe), "server", "--backend-store-uri", f"sqlite:///{home / 'server.db'}",
          "--artifacts-destination", str(home / "artifacts"), "--serve-artifacts",
          "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        env={**_env(home), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        env={**probe_env(home), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     try:
         from flows.prefect_server import healthy as _healthy
@@ -700,7 +700,8 @@ def tracking_lost(scratch: Path) -> None:
         t0 = time.monotonic()
         while not _healthy(url) and time.monotonic() - t0 < 240:
             time.sleep(1)
-        env = {**_env(home), "MLFLOW_TRACKING_URI": url, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+        env = {**probe_env(home), "MLFLOW_TRACKING_URI": url,
+               "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
                "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}  # fmt: skip
         p = subprocess.Popen([sys.executable, "-m", "flows.cli", "benchmark", *CELLS], cwd=ROOT,
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -715,8 +716,8 @@ def tracking_lost(scratch: Path) -> None:
         out = "".join(head) + p.communicate(timeout=900)[0]
         (scratch / "tracking-lost.log").write_text(out)
         r = subprocess.CompletedProcess(p.args, p.returncode, "", out)
-        ok, detail = _one_clear_line(r, (3,))
-        _row("tracking server killed mid-run", ok and "stopped answering" in out,
+        ok, detail = one_clear_line(r, (3,))
+        print_row("tracking server killed mid-run", ok and "stopped answering" in out,
              f"{time.monotonic() - t0:5.1f} s after the kill: {detail}")  # fmt: skip
     finally:
         if server.poll() is None:
@@ -737,14 +738,14 @@ def _deployment_paused(api: str, name: str) -> bool | None:
 def serve_pair(scratch: Path) -> None:
     """Two ``nllab serve`` on one Prefect server: Ctrl-C of the first leaves the second's
     deployments unpaused; the server stopped, the second says so and exits."""
-    home = _fresh(scratch / "serve")
+    home = fresh_dir(scratch / "serve")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     api = f"http://127.0.0.1:{port}/api"
     schedules = home / "schedules.toml"
     schedules.write_text('[[schedule]]\nname = "nightly"\nflow = "benchmark"\ncron = "0 2 * * *"\n')
-    env = {**_env(home), "PREFECT_HOME": str(home / "prefect"),
+    env = {**probe_env(home), "PREFECT_HOME": str(home / "prefect"),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}  # fmt: skip
     exe = Path(sys.executable).with_name("prefect")
     server = subprocess.Popen([str(exe), "server", "start", "--host", "127.0.0.1", "--port",
@@ -756,12 +757,12 @@ def serve_pair(scratch: Path) -> None:
         t0 = time.monotonic()
         while not _healthy(api) and time.monotonic() - t0 < 180:
             time.sleep(1)
-        serve_env = {**env, "PREFECT_API_URL": api}
+        serveprobe_env = {**env, "PREFECT_API_URL": api}
         procs = []
         for _ in range(2):
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "flows.cli", "serve", "--config", str(schedules)],
-                cwd=ROOT, env=serve_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                cwd=ROOT, env=serveprobe_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 text=True, start_new_session=True))  # fmt: skip
             time.sleep(1)
         name = "nllab-scheduled-benchmark/nightly"
@@ -775,7 +776,7 @@ def serve_pair(scratch: Path) -> None:
         out0 = first.communicate(timeout=120)[0]
         seconds = time.monotonic() - t0
         paused = _deployment_paused(api, name)
-        _row("Ctrl-C of the first serve", first.returncode == 0 and paused is False
+        print_row("Ctrl-C of the first serve", first.returncode == 0 and paused is False
              and "Traceback" not in out0, f"exit {first.returncode} after {seconds:.1f} s; "
              f"the shared deployment paused: {paused}")  # fmt: skip
         os.killpg(server.pid, signal.SIGTERM)
@@ -790,7 +791,7 @@ def serve_pair(scratch: Path) -> None:
         seconds = time.monotonic() - t0
         last = (out1.strip().splitlines() or ["?"])[-1]
         (scratch / "serve-second.log").write_text(out1)
-        _row("the server stopped under the second", second.returncode == 3
+        print_row("the server stopped under the second", second.returncode == 3
              and "Traceback" not in out1, f"exit {second.returncode} after {seconds:.1f} s, "
              f"tracebacks {out1.count('Traceback')} | {last[:90]}")  # fmt: skip
     finally:

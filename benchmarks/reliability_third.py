@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from reliability import ROOT, _env, _fresh, _one_clear_line, _row
+from reliability import ROOT, fresh_dir, one_clear_line, print_row, probe_env
 
 SMOKE = ["--profile", "smoke", "--systems", "integro_de", "--methods", "node", "--no-progress"]
 # Holds the store's write lock, as a process stopped (Ctrl-Z) inside a write does.
@@ -37,7 +37,7 @@ _HOLD = (
 
 
 def _run(home: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 600):
-    full = {**_env(home), **(env or {})}
+    full = {**probe_env(home), **(env or {})}
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=full,
                        capture_output=True, text=True, timeout=timeout)  # fmt: skip
@@ -46,12 +46,12 @@ def _run(home: Path, *args: str, env: dict[str, str] | None = None, timeout: flo
 
 def _case(name: str, home: Path, args: list[str], codes: tuple[int, ...], **kw) -> bool:
     r, seconds = _run(home, *args, **kw)
-    ok, detail = _one_clear_line(r, codes)
-    return _row(name, ok, f"{seconds:5.1f} s {detail}")
+    ok, detail = one_clear_line(r, codes)
+    return print_row(name, ok, f"{seconds:5.1f} s {detail}")
 
 
 def diverged(scratch: Path) -> None:
-    home = _fresh(scratch / "diverged")
+    home = fresh_dir(scratch / "diverged")
     config = home / "lr.toml"
     config.write_text('profile = "smoke"\n[training]\nlr = 1000.0\nepochs = 30\n')
     methods = ["--methods", "node", "anode", "neural_laplace", "--no-progress"]
@@ -63,24 +63,26 @@ def diverged(scratch: Path) -> None:
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("cell ") and "diverged" in ln]
     ok = r.returncode == 0 and versions == 0 and "@champion" not in r.stdout
     ok = ok and flagged == len(lines) > 0
-    _row("lr = 1000: nothing registered", ok,
+    print_row("lr = 1000: nothing registered", ok,
          f"{seconds:5.1f} s exit {r.returncode}, {len(lines)} cells flagged diverged, "
          f"{versions} model versions registered")  # fmt: skip
 
 
 def storage(scratch: Path) -> None:
-    home = _fresh(scratch / "storage")
+    home = fresh_dir(scratch / "storage")
     tune = ["tune", "--method", "node", "--system", "integro_de", "--trials", "1", "--storage"]
     _case("tune --storage sqlite:///", home, [*tune, "sqlite:///"], (2,))
     _case("tune --storage sqlite:// (memory)", home, [*tune, "sqlite://"], (2,))
     missing = home / "nonexistent" / "dir"
     ok = _case("tune --storage in a missing folder", home, [*tune, f"sqlite:///{missing}/x.db"],
                (2,))  # fmt: skip
-    _row("  ... and no folder created", ok and not missing.parent.exists(), str(missing.parent))
+    print_row(
+        "  ... and no folder created", ok and not missing.parent.exists(), str(missing.parent)
+    )
 
 
 def absurd(scratch: Path) -> None:
-    home = _fresh(scratch / "absurd")
+    home = fresh_dir(scratch / "absurd")
     _case("--epochs 99999999999999999999", home,
           ["benchmark", *SMOKE, "--epochs", "9" * 20], (2,))  # fmt: skip
     bodies = {
@@ -97,7 +99,7 @@ def absurd(scratch: Path) -> None:
 
 def _held_store(home: Path) -> None:
     code = "from tasks.tracking import Tracker; Tracker.connect()"
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(home), check=True)
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=probe_env(home), check=True)
     holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(home / "mlflow" / "mlflow.db")],
                               stdout=subprocess.PIPE, text=True)  # fmt: skip
     holder.stdout.readline()
@@ -106,15 +108,15 @@ def _held_store(home: Path) -> None:
     finally:
         holder.kill()
         holder.wait()
-    ok, detail = _one_clear_line(r, (3,))
-    _row("store held (BEGIN IMMEDIATE)", ok and "is busy (held by pid" in r.stderr,
+    ok, detail = one_clear_line(r, (3,))
+    print_row("store held (BEGIN IMMEDIATE)", ok and "is busy (held by pid" in r.stderr,
          f"{seconds:5.1f} s {detail}")  # fmt: skip
 
 
 def _immutable_store(home: Path) -> None:
     cells = [*SMOKE[:-1], "anode", "--seeds", "0", "1", "--no-progress"]
     p = subprocess.Popen([sys.executable, "-m", "flows.cli", "benchmark", *cells], cwd=ROOT,
-                         env=_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         env=probe_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True)  # fmt: skip
     db, out, t0 = home / "mlflow" / "mlflow.db", [], time.monotonic()
     for line in p.stdout:
@@ -122,7 +124,7 @@ def _immutable_store(home: Path) -> None:
         if " to run in " in line:  # cells planned: training starts
             if subprocess.run(["chattr", "+i", str(db)]).returncode:
                 p.kill()
-                _row("store made immutable mid-run", True, "skipped: no chattr here")
+                print_row("store made immutable mid-run", True, "skipped: no chattr here")
                 return
             break
     out.append(p.stdout.read())
@@ -132,14 +134,14 @@ def _immutable_store(home: Path) -> None:
     text = "".join(out)
     errors = [ln for ln in text.splitlines() if "error:" in ln]
     ok = p.returncode == 3 and "Traceback" not in text and len(errors) == 1
-    _row("store made immutable mid-run", ok and "is read-only" in errors[0],
+    print_row("store made immutable mid-run", ok and "is read-only" in errors[0],
          f"{time.monotonic() - t0:5.1f} s exit {p.returncode}, {len(text.splitlines())} lines: "
          f"{errors[0][:90] if errors else '?'}")  # fmt: skip
 
 
 def _serve_ctrl_c(home: Path) -> None:
     p = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--start-server", "--port",
-                          "4397"], cwd=ROOT, env=_env(home), stdout=subprocess.PIPE,
+                          "4397"], cwd=ROOT, env=probe_env(home), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     t0 = time.monotonic()
     for line in p.stdout:
@@ -149,7 +151,7 @@ def _serve_ctrl_c(home: Path) -> None:
     os.killpg(p.pid, signal.SIGINT)
     out, err = p.communicate(timeout=120)
     ok = p.returncode == 130 and "Traceback" not in out + err
-    _row(
+    print_row(
         "Ctrl-C of serve --start-server",
         ok,
         f"{time.monotonic() - t0:5.1f} s exit {p.returncode}: {err.strip()[-80:]}",
@@ -157,7 +159,7 @@ def _serve_ctrl_c(home: Path) -> None:
 
 
 def busy(scratch: Path) -> None:
-    home = _fresh(scratch / "busy")
+    home = fresh_dir(scratch / "busy")
     _case("Prefect start timeout missed", home / "t", ["benchmark", *SMOKE], (3,),
           env={"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "1"})  # fmt: skip
     _case("serve --start-server, start missed", home / "t", ["serve", "--start-server", "--port",
