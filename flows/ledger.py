@@ -176,7 +176,6 @@ def run_ledger(
     ``selection`` may name a ``config_file`` layered on the paper profile.
     ``execution``: the benchmark's execution settings (max_workers, torch_threads, device...).
     ``niceness``: added to this process's (and so its workers') CPU niceness first."""
-    from flows.benchmark import run_benchmark
     from tasks.tracking import Tracker
 
     if niceness:
@@ -186,41 +185,71 @@ def run_ledger(
     if not todo:
         return out
     tracker = Tracker.connect(paper_config(**selection, **execution).tracking)
-    lock = threading.Lock()
-
-    def sweep(group: Sequence[CellConfig]) -> None:
-        with lock:
-            new = record_finished(tracker, group, ledger, hardware_name)
-        for r in new:
-            out.appended.append(r)
-            say(f"ledger: recorded {r.cell_key}: test RMSE {r.test_rmse:.4g} (run {r.run_id})")
-
-    sweep(todo)  # cells a stopped run finished in this store meanwhile
+    recorder = _Recorder(
+        lambda group: record_finished(tracker, group, ledger, hardware_name), out, say
+    )
+    recorder.sweep(todo)  # cells a stopped run finished in this store meanwhile
     recorded = {(r.system, r.method, r.seed) for r in out.appended}
     todo = [c for c in todo if (c.system, c.method, c.seed) not in recorded]
     fired = threading.Event()
     t0 = time.monotonic()
     try:
         with _deadline(max_hours, fired):
-            for seed, method, systems in ledger_groups(todo):
-                group = [c for c in todo if c.seed == seed and c.method == method]
-                say(f"ledger: training {method} seed {seed} on {', '.join(systems)}")
-                config = paper_config(
-                    execution,
-                    config_file=selection.get("config_file"),
-                    systems=systems,
-                    methods=[method],
-                    seeds=[seed],
-                )
-                with _watch(lambda g=group: sweep(g), poll):
-                    summary = run_benchmark(config)
-                sweep(group)
-                out.failed += [r.key for r in summary.results if not r.ok]
+            _train_groups(todo, selection, execution, recorder, poll, say)
     except KeyboardInterrupt:
         if not fired.is_set():
-            sweep(todo)
+            recorder.sweep(todo)
             raise
         out.stopped = True
         say(f"ledger: --max-hours reached after {(time.monotonic() - t0) / 3600:.2f} h")
-    sweep(todo)
+    recorder.sweep(todo)
     return out
+
+
+class _Recorder:
+    """Appends to the ledger, one thread at a time, what the store has finished of some cells."""
+
+    def __init__(
+        self,
+        record: Callable[[Sequence[CellConfig]], list[LedgerRecord]],
+        out: LedgerRun,
+        say: Callable[[str], None],
+    ) -> None:
+        self._record, self.out, self._say = record, out, say
+        self._lock = threading.Lock()
+
+    def sweep(self, group: Sequence[CellConfig]) -> None:
+        with self._lock:
+            new = self._record(group)
+        for r in new:
+            self.out.appended.append(r)
+            self._say(
+                f"ledger: recorded {r.cell_key}: test RMSE {r.test_rmse:.4g} (run {r.run_id})"
+            )
+
+
+def _train_groups(
+    todo: Sequence[CellConfig],
+    selection: dict[str, Any],
+    execution: dict[str, Any],
+    recorder: _Recorder,
+    poll: float,
+    say: Callable[[str], None],
+) -> None:
+    """One benchmark per (seed, method) group, its cells recorded while it runs and after."""
+    from flows.benchmark import run_benchmark
+
+    for seed, method, systems in ledger_groups(todo):
+        group = [c for c in todo if c.seed == seed and c.method == method]
+        say(f"ledger: training {method} seed {seed} on {', '.join(systems)}")
+        config = paper_config(
+            execution,
+            config_file=selection.get("config_file"),
+            systems=systems,
+            methods=[method],
+            seeds=[seed],
+        )
+        with _watch(lambda g=group: recorder.sweep(g), poll):
+            summary = run_benchmark(config)
+        recorder.sweep(group)
+        recorder.out.failed += [r.key for r in summary.results if not r.ok]
