@@ -58,15 +58,7 @@ def _split(
     rate = rng.uniform(0.1, 0.5, (n, 1, dim))
     x = np.exp(-rate * t[None, :, None]) * np.sin(2 * t[None, :, None] + phase)
     x = x + 0.01 * rng.standard_normal(x.shape)
-    return SplitData(
-        obs_t=t[:t_o],
-        obs_x=x[:, :t_o],
-        query_t=t[t_o:],
-        target=x[:, t_o:],
-        target_clean=x[:, t_o:],
-        index=np.arange(n),
-        ic=x[:, 0],
-    )
+    return SplitData.from_trajectories(t, x, t_o)
 
 
 def _data(seed: int, **grid) -> tuple[SplitData, SplitData, SplitData]:
