@@ -54,7 +54,7 @@ from tasks._packed_gru import PlainGRU, PlainGRUCell
 from tasks._steps import DTYPES
 from tasks.config import TrainConfig
 from tasks.loop import EpochRecord, LoopOptions, TrainingDiverged, TrainResult, train_loop
-from tasks.training import train
+from tasks.training import step_function
 
 __all__ = [
     "PlainGRU",
@@ -95,27 +95,17 @@ def _same_layout(models: Sequence[ForecastModel]) -> bool:
 def _one_by_one(
     models, train_splits, val_splits, config, device, seeds, options: LoopOptions
 ) -> list[TrainResult | TrainingDiverged]:
+    """Each member trained alone, as :func:`train` trains it (its own step and budget)."""
     results: list[TrainResult | TrainingDiverged] = []
     on_epoch = options.on_epoch
     for i, model in enumerate(models):
-        callback = None if on_epoch is None else (lambda r, i=i: on_epoch(i, r))
-        try:
-            results.append(
-                train(
-                    model,
-                    train_splits[i],
-                    val_splits[i],
-                    config,
-                    device=device,
-                    seed=seeds[i],
-                    on_epoch=callback,
-                    stop=options.stop,
-                    progress=options.progress,
-                    label=options.labels[i],
-                )
-            )
-        except TrainingDiverged as e:
-            results.append(e)
+        label = options.labels[i]
+        step = step_function(
+            model, train_splits[i], val_splits[i], config, device=device, seed=seeds[i], label=label
+        )
+        callback = None if on_epoch is None else (lambda _j, r, i=i: on_epoch(i, r))
+        alone = LoopOptions((label,), callback, options.stop, options.progress)
+        results += train_loop(step, config, alone)
     return results
 
 

@@ -62,6 +62,7 @@ __all__ = [
     "predict",
     "seeded",
     "select_device",
+    "step_function",
     "stop_reason",
     "train",
     "train_loop",
@@ -217,7 +218,9 @@ def train(
     latter; ``packed`` always trains a pack of one (an error where the model or its splits
     cannot be packed).
     """
-    cells = _step_function(model, train_split, val_split, config, device, seed, label, step)
+    cells = step_function(
+        model, train_split, val_split, config, device=device, seed=seed, label=label, step=step
+    )
     callback = None if on_epoch is None else (lambda _i, r: on_epoch(r))
     options = LoopOptions((label,), callback, stop, progress)
     (result,) = train_loop(cells, config, options)
@@ -226,11 +229,19 @@ def train(
     return result
 
 
-def _step_function(
-    model: ForecastModel, train_split, val_split, config: TrainConfig, device, seed: int,
-    label: str, step: Literal["auto", "eager", "packed"],
-) -> StepFunction:  # fmt: skip
-    """The step :func:`train` runs (see its ``step``), the model moved to its device and dtype."""
+def step_function(
+    model: ForecastModel,
+    train_split,
+    val_split,
+    config: TrainConfig,
+    *,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    label: str = "train",
+    step: Literal["auto", "eager", "packed"] = "auto",
+) -> StepFunction:
+    """The step one cell trains with in :func:`train` (see its ``step``), its model moved to
+    ``device`` and ``config.dtype``: run it with :func:`tasks.loop.train_loop`."""
     if step not in ("auto", "eager", "packed"):
         raise ValueError(f"unknown step {step!r}; valid: auto, eager, packed")
     device = torch.device(device)

@@ -240,12 +240,12 @@ def test_fixed_epochs_switches_off_every_other_stop():
 
 def test_both_step_kinds_declare_the_step_function(data):
     from tasks._packed_cells import pack_of_one
-    from tasks.training import StepFunction, _step_function
+    from tasks.training import StepFunction, step_function
 
     with seeded(0):
         model = build_model("node", 1, hidden=(4,))
     cfg = _cfg(epochs=1)
-    eager = _step_function(model, data.train, data.val, cfg, "cpu", 0, "x", "eager")
+    eager = step_function(model, data.train, data.val, cfg, step="eager")
     packed = pack_of_one(model, data.train, data.val, cfg, torch.device("cpu"), 0, "x")
     assert type(eager).__name__ == "_EagerCell" and type(packed).__name__ == "PackedCells"
     for step in (eager, packed):
