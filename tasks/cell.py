@@ -49,7 +49,6 @@ from tasks.results import CellResult
 from tasks.tracking import RunTags, Tracker, TrackingSettings, claim_owner, run_name
 from tasks.training import (
     EpochRecord,
-    TrainingDiverged,
     TrainingInterrupted,
     TrainResult,
 )
@@ -195,7 +194,7 @@ def fit_cells(
         except Exception as e:
             outcomes[i] = pack.failed(i, e)
     live = list(pack.setups)
-    for i, res in zip(live, pack.train_isolated(live) if live else [], strict=True):
+    for i, res in zip(live, pack.train(live) if live else [], strict=True):
         if isinstance(res, Exception):  # 2. trained (one by one if the pack failed)
             outcomes[i] = pack.failed(i, res)
         else:  # 3. evaluated and logged
@@ -235,46 +234,34 @@ class _Pack:
                 self.raised = e
                 raise
 
-    def train(self, idx: list[int]) -> list[TrainResult | TrainingDiverged]:
+    def train(self, idx: list[int]) -> list[TrainResult | Exception]:
+        """Members ``idx`` trained as one pack; if the pack fails, each member alone (the same
+        result as packed, by contract), so that one member's failure is its own. An
+        interruption, or an exception from the caller's ``on_epoch``, propagates."""
         setups = [self.setups[i] for i in idx]
-        return train_packed(
-            [s.model for s in setups],
-            [s.prepared.train for s in setups],
-            [s.prepared.val for s in setups],
-            self.training,
-            device=self.device,
-            seeds=[s.cell.seed for s in setups],
-            labels=[s.cell.key for s in setups],
-            on_epoch=lambda j, r: self.log_epoch(idx[j], r),
-            stop=self.stop,
-            progress=self.rt.progress,
-            # as the engine plans and the probe measures: one by one where packing is slower
-            pack=not prefers_one_by_one(setups[0].model, self.device),
-        )
-
-    def train_isolated(self, live: list[int]) -> list[TrainResult | Exception]:
-        """:meth:`train` of ``live``; if the pack fails, each member alone (the same result as
-        packed, by contract), so that one member's failure is its own. An interruption, or an
-        exception from the caller's ``on_epoch``, propagates."""
         try:
-            return list(self.train(live))
+            return list(
+                train_packed(
+                    [s.model for s in setups],
+                    [s.prepared.train for s in setups],
+                    [s.prepared.val for s in setups],
+                    self.training,
+                    device=self.device,
+                    seeds=[s.cell.seed for s in setups],
+                    labels=[s.cell.key for s in setups],
+                    on_epoch=lambda j, r: self.log_epoch(idx[j], r),
+                    stop=self.stop,
+                    progress=self.rt.progress,
+                    # one by one where packing is slower (as planned and probed)
+                    pack=not prefers_one_by_one(setups[0].model, self.device),
+                )
+            )
         except Exception as e:
-            if self._propagates(e):
+            if isinstance(e, TrainingInterrupted) or e is self.raised:
                 raise
-            if len(live) == 1:
+            if len(idx) == 1:
                 return [e]
-        return [r for i in live for r in self._alone(i)]
-
-    def _alone(self, i: int) -> list[TrainResult | Exception]:
-        try:
-            return list(self.train([i]))
-        except Exception as e:
-            if self._propagates(e):
-                raise
-            return [e]
-
-    def _propagates(self, e: Exception) -> bool:
-        return isinstance(e, TrainingInterrupted) or e is self.raised
+        return [r for i in idx for r in self.train([i])]
 
     def score(self, i: int, res: TrainResult, evaluate_test: bool) -> FitOutcome | Exception:
         """Member ``i`` evaluated on its test split and logged, or the error that stopped it."""

@@ -378,7 +378,9 @@ def _submitted(
     if runtime.device == "auto" and "cuda" in where.values():
         yield from in_lanes(placed, submit, runtime.max_workers)
         return
-    futures = {submit(p): p for p, _ in placed}
+    futures = {}
+    for p, _ in placed:
+        futures[submit(p)] = p
     yield from ((f, futures[f]) for f in as_completed(list(futures)))
 
 
