@@ -6,7 +6,7 @@ on validation RMSE with the best-validation weights restored at the end.
 :func:`train` builds a cell's step function (:class:`_EagerCell` here: the module and
 ``torch.optim.Adam`` eagerly; or a pack of one, :mod:`tasks._packed_cells`) and runs it through
 :func:`tasks.loop.train_loop`, the one loop, which also trains packs (:mod:`tasks.packing`).
-The loop's public names are re-exported here. :func:`epoch_seconds` times that same path.
+Its results and errors are re-exported here. :func:`epoch_seconds` times that same path.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from datasets import SplitData
 from nlmodels import ForecastModel
 from nlmodels.model_registry import INIT_LOCK
 from tasks._packed_cells import pack_of_one, prefers_one_by_one
@@ -40,20 +41,16 @@ from tasks.loop import (
     EpochRecord,
     LoopOptions,
     StepFunction,
-    StopReason,
     TrainingDiverged,
     TrainingInterrupted,
     TrainResult,
     epoch_bar,
-    stop_reason,
     train_loop,
 )
 
 __all__ = [
+    # the loop's results and errors (tasks.loop), where callers of train() look for them
     "EpochRecord",
-    "LoopOptions",
-    "StepFunction",
-    "StopReason",
     "TrainResult",
     "TrainingDiverged",
     "TrainingInterrupted",
@@ -63,9 +60,7 @@ __all__ = [
     "seeded",
     "select_device",
     "step_function",
-    "stop_reason",
     "train",
-    "train_loop",
 ]
 
 # torch's CPU generator is process-global: seeding and drawing initial weights must not interleave
@@ -231,8 +226,8 @@ def train(
 
 def step_function(
     model: ForecastModel,
-    train_split,
-    val_split,
+    train_split: SplitData,
+    val_split: SplitData,
     config: TrainConfig,
     *,
     device: torch.device | str = "cpu",
@@ -264,18 +259,13 @@ def step_function(
 
 
 def epoch_seconds(
-    model: ForecastModel,
-    train_split,
-    val_split,
-    config: TrainConfig,
-    *,
-    device: torch.device | str = "cpu",
-    seed: int = 0,
+    model: ForecastModel, train_split: SplitData, val_split: SplitData, config: TrainConfig, **kw
 ) -> tuple[float, float]:
     """Mean seconds per training epoch and mean function evaluations per training batch of
-    ``model`` trained by :func:`train` (the step and loop a cell runs, validation included)
-    for exactly ``config.epochs`` epochs (:meth:`~tasks.config.TrainConfig.fixed_epochs`)."""
-    result = train(model, train_split, val_split, config.fixed_epochs(), device=device, seed=seed)
+    ``model`` trained by :func:`train` (``kw``: its keywords; the step and loop a cell runs,
+    validation included) for exactly ``config.epochs`` epochs
+    (:meth:`~tasks.config.TrainConfig.fixed_epochs`)."""
+    result = train(model, train_split, val_split, config.fixed_epochs(), **kw)
     batches = -(-len(train_split.obs_x) // config.batch_size)
     seconds = statistics.fmean(r.seconds for r in result.history)
     return seconds, statistics.fmean(r.nfe / batches for r in result.history)

@@ -204,13 +204,13 @@ def test_the_epoch_bar_names_a_time_budget_instead_of_an_eta():
 
 
 def _history(*val_rmse: float):
-    from tasks.training import EpochRecord
+    from tasks.loop import EpochRecord
 
     return [EpochRecord(e, 1.0, 1.0, v, 0.5, 0) for e, v in enumerate(val_rmse)]
 
 
 def test_stop_reason_names_each_reason_and_none():
-    from tasks.training import stop_reason
+    from tasks.loop import stop_reason
 
     cfg = _cfg(epochs=5, patience=2)
     assert stop_reason([], cfg) is None
@@ -240,7 +240,8 @@ def test_fixed_epochs_switches_off_every_other_stop():
 
 def test_both_step_kinds_declare_the_step_function(data):
     from tasks._packed_cells import pack_of_one
-    from tasks.training import StepFunction, step_function
+    from tasks.loop import StepFunction
+    from tasks.training import step_function
 
     with seeded(0):
         model = build_model("node", 1, hidden=(4,))
