@@ -268,3 +268,64 @@ def test_epoch_seconds_times_the_training_loop(data):
     seconds, nfe = epoch_seconds(model, data.train, data.val, cfg)
     # Linear counts one evaluation per forward: one per training batch, validation apart
     assert seconds > 0 and nfe == 1.0
+
+
+class _ScriptedStep:
+    """A step function whose epochs are scripted: member m's validation RMSE at each epoch
+    (None: its loss is NaN in that epoch's first batch)."""
+
+    graphs_used = False
+    n_train = 10
+
+    def __init__(self, scripts: list[list[float | None]]) -> None:
+        self.scripts, self.members, self.epoch = scripts, list(range(len(scripts))), -1
+        self.steps, self.dropped, self.finished = 0, [], {}
+
+    def begin_epoch(self) -> None:
+        self.epoch += 1
+
+    def train_step(self, b_i: int, start: int, batch: int) -> None:
+        self.steps += 1
+
+    def end_epoch(self):
+        from tasks._steps import Readout
+
+        vals = [self.scripts[m][self.epoch] for m in self.members]
+        ok = [v is not None for v in vals]
+        k = len(vals)
+        return Readout(ok, [5.0] * k, [0 if a else 1 for a in ok],
+                       [0.0 if a else float("nan") for a in ok], [0] * k, [1.0] * k,
+                       [v if v is not None else 0.0 for v in vals], [7] * k)  # fmt: skip
+
+    def keep_best(self, j: int) -> dict:
+        return {"epoch": self.epoch}
+
+    def diverged(self, j: int) -> None:
+        pass
+
+    def finish(self, j: int, best_state: dict, nfe: int) -> None:
+        self.finished[self.members[j]] = best_state
+
+    def drop(self, keep: list[int]) -> None:
+        self.dropped.append(list(keep))
+        self.members = [self.members[j] for j in keep]
+
+
+def test_train_loop_drives_any_step_function():
+    from tasks.loop import LoopOptions, StepFunction, TrainResult, train_loop
+
+    step = _ScriptedStep([[3.0, 2.0, 2.5, 2.6, 9.0], [3.0, None, 1.0, 1.0, 1.0], [3.0] * 5])
+    assert isinstance(step, StepFunction)
+    seen = []
+    options = LoopOptions(("a", "b", "c"), on_epoch=lambda m, r: seen.append((m, r.epoch)))
+    a, b, c = train_loop(step, _cfg(epochs=5, patience=2, batch_size=4), options)
+    assert isinstance(a, TrainResult) and a.stopped == "early_stopping"
+    assert (a.best_epoch, a.best_val_rmse, len(a.history)) == (1, 2.0, 4)
+    assert a.history[0].train_loss == 5.0 / 10 and a.packed_members == 3
+    assert isinstance(b, TrainingDiverged) and "b: training loss is nan at epoch 1" in str(b)
+    assert isinstance(c, TrainResult) and c.stopped == "early_stopping" and c.best_epoch == 0
+    assert step.finished == {0: {"epoch": 1}, 2: {"epoch": 0}}
+    # b leaves after epoch 1 (positions 0, 2 kept), c after epoch 2 (position 0: a), a at 3
+    assert step.dropped == [[0, 2], [0]]
+    assert seen == [(0, 0), (1, 0), (2, 0), (0, 1), (2, 1), (0, 2), (2, 2), (0, 3)]
+    assert step.steps == 3 * 4  # ceil(10 / 4) batches an epoch, no fifth epoch
