@@ -28,7 +28,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -47,19 +46,10 @@ def splits(n_train: int, n_val: int, points: int) -> tuple[SplitData, SplitData]
     stride = max(1, t.shape[0] // (2 * points))
     t, x = t[::stride][: 2 * points].numpy(), x[:, ::stride][:, : 2 * points].numpy()
 
-    def split(rows: slice) -> SplitData:
-        xs = x[rows]
-        return SplitData(
-            obs_t=t[:points],
-            obs_x=xs[:, :points],
-            query_t=t[points:],
-            target=xs[:, points:],
-            target_clean=xs[:, points:],
-            index=np.arange(xs.shape[0]),
-            ic=xs[:, 0],
-        )
-
-    return split(slice(0, n_train)), split(slice(n_train, None))
+    return (
+        SplitData.from_trajectories(t, x[:n_train], points),
+        SplitData.from_trajectories(t, x[n_train:], points),
+    )
 
 
 def models(seeds: range) -> list[LatentODE]:

@@ -42,15 +42,7 @@ def split(seed: int, n: int, t_obs: int, t_end: float, dim: int = 2) -> SplitDat
     phase = rng.uniform(0, 2 * np.pi, (n, 1, dim))
     rate = rng.uniform(0.05, 0.3, (n, 1, dim))
     x = np.exp(-rate * t[None, :, None]) * np.sin(2 * t[None, :, None] + phase)
-    return SplitData(
-        obs_t=t[:t_obs],
-        obs_x=x[:, :t_obs],
-        query_t=t[t_obs:],
-        target=x[:, t_obs:],
-        target_clean=x[:, t_obs:],
-        index=np.arange(n),
-        ic=x[:, 0],
-    )
+    return SplitData.from_trajectories(t, x, t_obs)
 
 
 def run(members: int, args, pack: bool) -> tuple[float, list[float]]:

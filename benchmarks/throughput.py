@@ -42,7 +42,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -64,19 +63,10 @@ def splits(n_train: int = N_TRAIN, n_val: int = N_VAL) -> tuple[SplitData, Split
     t, x = t.numpy(), x.numpy()
     half = t.shape[0] // 2
 
-    def split(rows: slice) -> SplitData:
-        xs = x[rows]
-        return SplitData(
-            obs_t=t[:half],
-            obs_x=xs[:, :half],
-            query_t=t[half:],
-            target=xs[:, half:],
-            target_clean=xs[:, half:],
-            index=np.arange(xs.shape[0]),
-            ic=xs[:, 0],
-        )
-
-    return split(slice(0, n_train)), split(slice(n_train, None))
+    return (
+        SplitData.from_trajectories(t, x[:n_train], half),
+        SplitData.from_trajectories(t, x[n_train:], half),
+    )
 
 
 def models(name: str, seeds: range):

@@ -9,7 +9,14 @@ float64 numpy throughout.
 from datasets._cache import CacheError, data_home, load_or_simulate
 from datasets._dde import solve_constant_history_dde
 from datasets._plot import plot_trajectories
-from datasets._prepare import NORMALISE_ON, Normaliser, Prepared, SplitData, prepare
+from datasets._prepare import (
+    NORMALISE_ON,
+    Normaliser,
+    Prepared,
+    SplitData,
+    prepare,
+    split_sizes,
+)
 from datasets._simulate import DATA_VERSION, Dataset, check_memory, simulate
 from datasets._systems import PROPERTIES, SYSTEMS, SystemInfo
 
@@ -31,4 +38,5 @@ __all__ = [
     "prepare",
     "simulate",
     "solve_constant_history_dde",
+    "split_sizes",
 ]

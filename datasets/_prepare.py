@@ -106,6 +106,15 @@ class SplitData:
     def n(self) -> int:
         return self.index.shape[0]
 
+    @classmethod
+    def from_trajectories(cls, t: np.ndarray, x: np.ndarray, n_observed: int) -> SplitData:
+        """Trajectories ``x`` ``[n, T, D]`` on one grid ``t`` ``[T]``, taken as they are (no
+        noise, no normalisation): the first ``n_observed`` points observed, the rest predicted,
+        initial conditions ``x[:, 0]`` (synthetic splits: probes, benchmarks, tests)."""
+        obs, query = slice(None, n_observed), slice(n_observed, None)
+        n = x.shape[0]
+        return cls(t[obs], x[:, obs], t[query], x[:, query], x[:, query], np.arange(n), x[:, 0])
+
 
 @dataclass(frozen=True, eq=False)
 class Prepared:
@@ -151,8 +160,9 @@ def _fractions(fractions) -> tuple[float, float, float]:
     return fr  # type: ignore[return-value]
 
 
-def _split_sizes(n: int, fr: tuple[float, float, float]) -> tuple[int, int, int]:
-    # Round half up; a split with a positive fraction gets at least one trajectory.
+def split_sizes(n: int, fr: tuple[float, float, float]) -> tuple[int, int, int]:
+    """Trajectories in the train, validation and test splits of ``n`` at fractions ``fr``:
+    rounded half up, at least one in a split of positive fraction."""
     n_val, n_test = (max(1 if f > 0 else 0, math.floor(f * n + 0.5)) for f in fr[1:])
     n_tr = n - n_val - n_test
     if n_tr < 1:
@@ -211,7 +221,7 @@ def prepare(
             f"n_observed must be an integer in [1, {half}] (T = {n_pts}), got {n_observed!r}"
         )
     n_observed = int(n_observed)
-    sizes = _split_sizes(n_all, fr)
+    sizes = split_sizes(n_all, fr)
 
     split_seq, sub_seq = np.random.SeedSequence(seed).spawn(2)
     perm = np.random.default_rng(split_seq).permutation(n_all)

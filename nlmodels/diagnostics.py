@@ -2,7 +2,8 @@
 
 * :func:`ilt_accuracy`: RMSE of every ILT on transform pairs with exact inverses, and µs per time
   point on the paper's Table 12 pair (F(s) = s/(s²+1) → cos t on 999 points of (0, 10]);
-* :func:`trajectories`, :func:`epoch_seconds`: seconds per training epoch of a model;
+* :func:`trajectories`: smooth spirals to time a model's training on (the timing itself is
+  ``tasks.training.epoch_seconds``: the real training loop, which lives above this package);
 * :func:`horizon_nfe`: function evaluations to extrapolate one point Δt ahead (paper Fig. NFE).
 """
 
@@ -22,7 +23,6 @@ __all__ = [
     "ILT_PAIRS",
     "PAPER_ILT_RMSE",
     "decoder_nfe",
-    "epoch_seconds",
     "horizon_nfe",
     "ilt_accuracy",
     "rmse",
@@ -99,27 +99,6 @@ def trajectories(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         [envelope * torch.cos(omega * t + phase), envelope * torch.sin(omega * t + phase)], -1
     )
     return t, x
-
-
-def epoch_seconds(model: ForecastModel, t: torch.Tensor, x: torch.Tensor, epochs: int, batch: int):
-    """Mean seconds per training epoch and mean NFE per training batch."""
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    ot, qt = t[:100], t[100:]
-    g = torch.Generator().manual_seed(1)
-    times, nfes = [], []
-    for _ in range(epochs):
-        order = torch.randperm(x.shape[0], generator=g)
-        model.reset_nfe()
-        start = time.perf_counter()
-        for i in range(0, x.shape[0], batch):
-            xb = x[order[i : i + batch]]
-            opt.zero_grad()
-            model.training_loss(ot, xb[:, :100], qt, xb[:, 100:]).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-        times.append(time.perf_counter() - start)
-        nfes.append(model.nfe / math.ceil(x.shape[0] / batch))
-    return sum(times) / len(times), sum(nfes) / len(nfes)
 
 
 def decoder_nfe(

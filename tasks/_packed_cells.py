@@ -1,4 +1,4 @@
-"""The step function of a pack for the training loop (:func:`tasks.training._train_loop`):
+"""The step function of a pack for the training loop (:func:`tasks.loop.train_loop`):
 the batched model's step (eager, or replayed from a CUDA graph), each member's validation and best
 weights; and which models and splits can be packed (:func:`packable`)."""
 
@@ -136,7 +136,7 @@ def shared_grids(splits: Sequence[SplitData]) -> bool:
 
 
 class PackedCells:
-    """The step function of a pack for :func:`tasks.training._train_loop`: the batched model's
+    """The step function of a pack for :func:`tasks.loop.train_loop`: the batched model's
     step (eager, or replayed from a CUDA graph), its per-member validation and best weights."""
 
     def __init__(self, models, train_splits, val_splits, config, device, seeds, labels, graphs):

@@ -49,7 +49,6 @@ from tasks.results import CellResult
 from tasks.tracking import RunTags, Tracker, TrackingSettings, claim_owner, run_name
 from tasks.training import (
     EpochRecord,
-    TrainingDiverged,
     TrainingInterrupted,
     TrainResult,
 )
@@ -169,16 +168,6 @@ class FitOutcome:
     metrics: Mapping[str, float] = field(default_factory=dict)
 
 
-@dataclass
-class _Member:
-    """One cell of a pack while it is set up, trained and evaluated."""
-
-    cell: CellConfig
-    run_id: str
-    config_hash: str
-    setup: CellSetup | None = None
-
-
 def fit_cells(
     cells: Sequence[CellConfig],
     rt: CellRuntime,
@@ -197,97 +186,94 @@ def fit_cells(
     """
     if rt.torch_threads is not None and torch.get_num_threads() != rt.torch_threads:
         torch.set_num_threads(rt.torch_threads)
-    tracker = rt.tracker
-    members = [_Member(c, r, c.config_hash()) for c, r in zip(cells, run_ids, strict=True)]
-    outcomes: list[FitOutcome | Exception | None] = [None] * len(members)
-
-    def fail(i: int, e: Exception) -> None:
-        outcomes[i] = e
-        # The full traceback next to the run: the tag only holds the message.
-        tracker.log_text(members[i].run_id, "".join(traceback.format_exception(e)), "error.txt")
-
-    # The step this pack runs, as measured: where the engine placed it (on a machine that has
-    # that device), else placed here the same way, from the cache.
-    placed = rt.placed if rt.placed != "cuda" or torch.cuda.is_available() else None
-    device = place_pack(list(cells), placed or rt.device, cache_dir=rt.cache_dir)
-    for i, m in enumerate(members):
-        try:
-            m.setup = _set_up(m.cell, m.run_id, rt, tracker)
+    pack = _Pack(cells, rt, run_ids, on_epoch)
+    outcomes: list[FitOutcome | Exception | None] = [None] * len(cells)
+    for i, (cell, run_id) in enumerate(zip(cells, run_ids, strict=True)):
+        try:  # 1. set up: data, split, initial weights
+            pack.setups[i] = _set_up(cell, run_id, rt, pack.tracker)
         except Exception as e:
-            fail(i, e)
-    live = [i for i, m in enumerate(members) if outcomes[i] is None]
-    if not live:
-        return outcomes  # type: ignore[return-value]
-
-    def log_epoch(i: int, r: EpochRecord) -> None:
-        # the one logging hook inside training: the live loss curve
-        tracker.log_metrics(members[i].run_id, epoch_metrics(r), step=r.epoch)
-        if on_epoch is not None:
-            try:
-                on_epoch(i, r)
-            except Exception as e:
-                raise _CallbackError from e
-
-    stop = rt.stop if rt.stop is not None else worker_stop_event()
-
-    def train_members(idx: list[int]) -> list[TrainResult | TrainingDiverged]:
-        return train_packed(
-            [members[i].setup.model for i in idx],
-            [members[i].setup.prepared.train for i in idx],
-            [members[i].setup.prepared.val for i in idx],
-            cells[0].training,
-            device=device,
-            seeds=[members[i].cell.seed for i in idx],
-            labels=[members[i].cell.key for i in idx],
-            on_epoch=lambda j, r: log_epoch(idx[j], r),
-            stop=stop,
-            progress=rt.progress,
-            # as the engine plans and the probe measures: one by one where packing is slower
-            pack=not prefers_one_by_one(members[idx[0]].setup.model, device),
-        )
-
-    try:
-        results: list[TrainResult | Exception] = list(train_members(live))
-    except _CallbackError as e:
-        raise e.__cause__ from None
-    except (TrainingInterrupted, KeyboardInterrupt):
-        raise
-    except Exception as e:
-        if len(live) == 1:
-            fail(live[0], e)
-            return outcomes  # type: ignore[return-value]
-        # Isolate the failure: each member alone (the same result as packed, by contract).
-        results = []
-        for i in live:
-            try:
-                results.extend(train_members([i]))
-            except _CallbackError as e2:
-                raise e2.__cause__ from None
-            except (TrainingInterrupted, KeyboardInterrupt):
-                raise
-            except Exception as e2:
-                results.append(e2)
-    for i, res in zip(live, results, strict=True):
-        if isinstance(res, Exception):
-            fail(i, res)
-            continue
-        try:
-            if evaluate_test:
-                m = members[i]
-                evaluated = evaluate_cell(m.setup, res, device, m.config_hash)
-                log_outcome(tracker, m.run_id, evaluated)
-                metrics = dict(evaluated.metrics)
-                outcomes[i] = FitOutcome(metrics["test_rmse"], res, metrics)
-            else:
-                outcomes[i] = FitOutcome(math.nan, res)
-        except Exception as e:
-            fail(i, e)
+            outcomes[i] = pack.failed(i, e)
+    live = list(pack.setups)
+    for i, res in zip(live, pack.train(live) if live else [], strict=True):
+        if isinstance(res, Exception):  # 2. trained (one by one if the pack failed)
+            outcomes[i] = pack.failed(i, res)
+        else:  # 3. evaluated and logged
+            outcomes[i] = pack.score(i, res, evaluate_test)
     return outcomes  # type: ignore[return-value]
 
 
-class _CallbackError(Exception):
-    """Carries an exception raised by a caller's ``on_epoch`` through the pack's failure
-    isolation (as ``__cause__``), so that it propagates instead of failing a member."""
+class _Pack:
+    """The members of one :func:`fit_cells` call, where they train and how they log."""
+
+    def __init__(self, cells, rt: CellRuntime, run_ids, on_epoch) -> None:
+        self.rt, self.tracker, self.on_epoch = rt, rt.tracker, on_epoch
+        self.cells, self.run_ids = list(cells), list(run_ids)
+        self.setups: dict[int, CellSetup] = {}
+        self.training = cells[0].training
+        # The step this pack runs, as measured: where the engine placed it (on a machine that
+        # has that device), else placed here the same way, from the cache.
+        placed = rt.placed if rt.placed != "cuda" or torch.cuda.is_available() else None
+        self.device = place_pack(list(cells), placed or rt.device, cache_dir=rt.cache_dir)
+        self.stop = rt.stop if rt.stop is not None else worker_stop_event()
+        #: what the caller's ``on_epoch`` raised: it ends the pack, never only a member
+        self.raised: BaseException | None = None
+
+    def failed(self, i: int, e: Exception) -> Exception:
+        # The full traceback next to the run: the tag only holds the message.
+        text = "".join(traceback.format_exception(e))
+        self.tracker.log_text(self.run_ids[i], text, "error.txt")
+        return e
+
+    def log_epoch(self, i: int, r: EpochRecord) -> None:
+        # the one logging hook inside training: the live loss curve
+        self.tracker.log_metrics(self.run_ids[i], epoch_metrics(r), step=r.epoch)
+        if self.on_epoch is not None:
+            try:
+                self.on_epoch(i, r)
+            except BaseException as e:
+                self.raised = e
+                raise
+
+    def train(self, idx: list[int]) -> list[TrainResult | Exception]:
+        """Members ``idx`` trained as one pack; if the pack fails, each member alone (the same
+        result as packed, by contract), so that one member's failure is its own. An
+        interruption, or an exception from the caller's ``on_epoch``, propagates."""
+        setups = [self.setups[i] for i in idx]
+        try:
+            return list(
+                train_packed(
+                    [s.model for s in setups],
+                    [s.prepared.train for s in setups],
+                    [s.prepared.val for s in setups],
+                    self.training,
+                    device=self.device,
+                    seeds=[s.cell.seed for s in setups],
+                    labels=[s.cell.key for s in setups],
+                    on_epoch=lambda j, r: self.log_epoch(idx[j], r),
+                    stop=self.stop,
+                    progress=self.rt.progress,
+                    # one by one where packing is slower (as planned and probed)
+                    pack=not prefers_one_by_one(setups[0].model, self.device),
+                )
+            )
+        except Exception as e:
+            if isinstance(e, TrainingInterrupted) or e is self.raised:
+                raise
+            if len(idx) == 1:
+                return [e]
+        return [r for i in idx for r in self.train([i])]
+
+    def score(self, i: int, res: TrainResult, evaluate_test: bool) -> FitOutcome | Exception:
+        """Member ``i`` evaluated on its test split and logged, or the error that stopped it."""
+        if not evaluate_test:
+            return FitOutcome(math.nan, res)
+        try:
+            evaluated = evaluate_cell(self.setups[i], res, self.device, self.cells[i].config_hash())
+            log_outcome(self.tracker, self.run_ids[i], evaluated)
+        except Exception as e:
+            return self.failed(i, e)
+        metrics = dict(evaluated.metrics)
+        return FitOutcome(metrics["test_rmse"], res, metrics)
 
 
 def _set_up(cell: CellConfig, run_id: str, rt: CellRuntime, tracker: Tracker) -> CellSetup:

@@ -201,6 +201,12 @@ class TrainConfig(_Frozen):
         "a pack of M cells trains up to M times as long",
     )
 
+    def fixed_epochs(self, epochs: int | None = None) -> TrainConfig:
+        """This protocol for exactly ``epochs`` epochs (default: its own), no early stopping or
+        time budget ending it sooner: what the placement probes and timings measure."""
+        n = self.epochs if epochs is None else epochs
+        return self.model_copy(update={"epochs": n, "patience": None, "max_train_seconds": None})
+
 
 class TrackingConfig(_Frozen):
     """Where runs go. ``tracking_uri=None``: ``MLFLOW_TRACKING_URI``, else the embedded store."""

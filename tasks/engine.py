@@ -22,7 +22,6 @@ It must be called inside a Prefect flow (it submits tasks to the flow's task run
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import sys
@@ -305,124 +304,157 @@ def run_cells(
     already gave for these cells in this command (the store is then not asked again; a cell
     finished meanwhile by another process is still reused, under its claim).
     """
-    tracker = runtime.tracker
     unique = list({c.config_hash(): c for c in cells}.values())
-    if reused is None:
-        reused, todo = stored_results(tracker, unique, runtime.reuse)
-    else:
-        wanted = {c.config_hash() for c in unique}
-        reused = [r for r in reused if r.config_hash in wanted]
-        known = {r.config_hash for r in reused}
-        todo = [c for c in unique if c.config_hash() not in known]
+    reused, todo = _reused(unique, runtime, reused)
     by_hash: dict[str, CellResult] = {r.config_hash: r for r in reused}
-    with _torch_threads(runtime.torch_threads):  # probes run with the workers' thread count
-        placed = plan_packs(
-            todo, pack=runtime.pack, device=runtime.device, cache_dir=runtime.cache_dir
-        )
-    packs = [p for p, _ in placed]
-    n_gpu = sum(d == "cuda" for _, d in placed)
-    get_run_logger().info(
-        "%s: %d already finished (reused), %d to run in %s (%d on CUDA), "
-        "%d at a time; tracking at %s",
-        plural(len(unique), "cell"),
-        len(reused),
-        len(todo),
-        plural(len(packs), "pack"),
-        n_gpu,
-        runtime.max_workers,
-        tracker.settings.tracking_uri,
-    )
-    # Bars redraw in place: in a terminal only. Redirected, a line per finished cell instead.
-    lines = runtime.progress and not (sys.stdout.isatty() and sys.stderr.isatty())
-    if lines:
-        runtime = dataclasses.replace(runtime, progress=False)
-    t0, finished = time.perf_counter(), 0
-    training = False
-
-    def status() -> str:
-        if not training:
-            return f"… simulating data sets ({_clock(time.perf_counter() - t0)})"
-        return (
-            f"… {finished}/{plural(len(todo), 'cell')} finished, "
-            f"{_clock(time.perf_counter() - t0)} since training started"
-        )
-
-    heartbeat = _Heartbeat(lines and bool(todo), status)
+    placed = _plan(unique, len(reused), todo, runtime)
     if todo:
-        heartbeat.start()
-        try:
+        display = _Display(runtime.progress, len(todo), len(reused))
+        if display.lines:  # no bars in the workers either
+            runtime = replace(runtime, progress=False)
+        with display:
             wait([simulate_task.submit(s, d, seed) for s, d, seed in _data_keys(todo)])
-            heartbeat.printed()
-            t0, training = time.perf_counter(), True
-            isolated = (
-                runtime.isolation == "process"
-                and runtime.task_runner == "thread"
-                and not worker_pool_active()
-            )
-            pool = worker_processes(runtime.max_workers) if isolated else nullcontext()
-            # Log lines (Prefect's, ours) are printed above the progress bars, not through them.
-            # Only loggers that print to the console: a logger without a console handler (the
-            # root, usually) would get one, and print every record it receives a second time.
-            printing = [
-                lg
-                for lg in (logging.getLogger("prefect"), logging.getLogger())
-                if any(isinstance(h, logging.StreamHandler) for h in lg.handlers)
-            ]
-            quiet_logs = (
-                logging_redirect_tqdm(loggers=printing)
-                if runtime.progress and printing
-                else nullcontext()
-            )
-            bar = tqdm(
-                total=len(todo),
-                desc="cells",
-                unit="cell",
-                disable=not runtime.progress,
-                position=0,
-                leave=True,
-            )
-            where = {id(p): d for p, d in placed}
-
-            def submit(p: list[CellConfig]) -> PrefectFuture:
-                # Under auto each pack runs where it was placed (the worker measures nothing again).
-                rt = replace(runtime, placed=where[id(p)]) if runtime.device == "auto" else runtime
-                return pack_task.submit(p, rt)
-
-            try:
-                with pool, quiet_logs:
-                    try:
-                        if runtime.device == "auto" and n_gpu:
-                            # GPU packs in their lanes, CPU packs on the other workers
-                            completed = in_lanes(placed, submit, runtime.max_workers)
-                        else:
-                            futures = {submit(p): p for p in packs}
-                            completed = ((f, futures[f]) for f in as_completed(list(futures)))
-                        for fut, pack in completed:
-                            done = collect_results(fut, pack)
-                            for r in done:
-                                by_hash[r.config_hash] = r
-                            bar.update(len(done))
-                            finished += len(done)
-                            if lines:
-                                _print_finished(done, finished, len(todo), time.perf_counter() - t0)
-                                heartbeat.printed()
-                            bar.set_postfix(
-                                failed=sum(not r.ok for r in by_hash.values()),
-                                reused=len(reused),
-                                elapsed=f"{time.perf_counter() - t0:.0f}s",
-                            )
-                    except BaseException:
-                        # Ctrl-C: before the pool shuts down, so queued cells never start; running
-                        # cells stop at their next batch and end KILLED, finished ones stay.
-                        if runtime.stop is not None:
-                            runtime.stop.set()
-                        raise
-            finally:
-                bar.close()
-        finally:
-            heartbeat.stop()
+            display.training_started()
+            with _training(runtime):
+                for fut, pack in _submitted(placed, runtime):
+                    done = collect_results(fut, pack)
+                    by_hash.update((r.config_hash, r) for r in done)
+                    display.pack_finished(done, by_hash.values())
         for c in todo:
             by_hash.setdefault(
                 c.config_hash(), CellResult.failed(c, "failed", "the cell's task did not return")
             )
     return [by_hash[c.config_hash()] for c in cells]
+
+
+def _reused(
+    unique: list[CellConfig], runtime: CellRuntime, reused: Sequence[CellResult] | None
+) -> tuple[list[CellResult], list[CellConfig]]:
+    """The stored results of ``unique`` (``reused``, if the command already asked) and the
+    cells still to train."""
+    if reused is None:
+        return stored_results(runtime.tracker, unique, runtime.reuse)
+    wanted = {c.config_hash() for c in unique}
+    mine = [r for r in reused if r.config_hash in wanted]
+    known = {r.config_hash for r in mine}
+    return mine, [c for c in unique if c.config_hash() not in known]
+
+
+def _plan(
+    unique: list[CellConfig], n_reused: int, todo: list[CellConfig], runtime: CellRuntime
+) -> list[tuple[list[CellConfig], str]]:
+    """:func:`plan_packs` of ``todo``, said in one log line."""
+    with _torch_threads(runtime.torch_threads):  # probes run with the workers' thread count
+        placed = plan_packs(
+            todo, pack=runtime.pack, device=runtime.device, cache_dir=runtime.cache_dir
+        )
+    get_run_logger().info(
+        "%s: %d already finished (reused), %d to run in %s (%d on CUDA), "
+        "%d at a time; tracking at %s",
+        plural(len(unique), "cell"),
+        n_reused,
+        len(todo),
+        plural(len(placed), "pack"),
+        sum(d == "cuda" for _, d in placed),
+        runtime.max_workers,
+        runtime.tracker.settings.tracking_uri,
+    )
+    return placed
+
+
+def _submitted(
+    placed: list[tuple[list[CellConfig], str]], runtime: CellRuntime
+) -> Iterator[tuple[PrefectFuture, list[CellConfig]]]:
+    """Each pack submitted as a task, yielded (future, pack) as it completes: under ``auto``
+    with CUDA packs, GPU packs in their lanes and CPU packs on the other workers
+    (:func:`in_lanes`); otherwise all at once."""
+    where = {id(p): d for p, d in placed}
+
+    def submit(p: list[CellConfig]) -> PrefectFuture:
+        # Under auto each pack runs where it was placed (the worker measures nothing again).
+        rt = replace(runtime, placed=where[id(p)]) if runtime.device == "auto" else runtime
+        return pack_task.submit(p, rt)
+
+    if runtime.device == "auto" and "cuda" in where.values():
+        yield from in_lanes(placed, submit, runtime.max_workers)
+        return
+    futures = {}
+    for p, _ in placed:
+        futures[submit(p)] = p
+    yield from ((f, futures[f]) for f in as_completed(list(futures)))
+
+
+@contextmanager
+def _training(runtime: CellRuntime) -> Iterator[None]:
+    """While packs train: the worker processes (process isolation), log lines printed above
+    the progress bars, and on Ctrl-C the stop event set."""
+    isolated = (
+        runtime.isolation == "process"
+        and runtime.task_runner == "thread"
+        and not worker_pool_active()
+    )
+    pool = worker_processes(runtime.max_workers) if isolated else nullcontext()
+    # Only loggers that print to the console: a logger without a console handler (the root,
+    # usually) would get one, and print every record it receives a second time.
+    printing = [
+        lg
+        for lg in (logging.getLogger("prefect"), logging.getLogger())
+        if any(isinstance(h, logging.StreamHandler) for h in lg.handlers)
+    ]
+    quiet = logging_redirect_tqdm(loggers=printing) if runtime.progress and printing else None
+    with pool, quiet or nullcontext():
+        try:
+            yield
+        except BaseException:
+            # Ctrl-C: before the pool shuts down, so queued cells never start; running cells
+            # stop at their next batch and end KILLED, finished ones stay.
+            if runtime.stop is not None:
+                runtime.stop.set()
+            raise
+
+
+class _Display:
+    """What a run shows while its packs train: in a terminal, a bar of cells; redirected, one
+    line per finished cell (:func:`_print_finished`) and a heartbeat in long silences."""
+
+    def __init__(self, progress: bool, todo: int, reused: int) -> None:
+        # Bars redraw in place: in a terminal only. Redirected, a line per finished cell instead.
+        self.lines = progress and not (sys.stdout.isatty() and sys.stderr.isatty())
+        self.bars, self.todo, self.reused = progress and not self.lines, todo, reused
+        self.t0, self.finished, self.training = time.perf_counter(), 0, False
+        self.heartbeat = _Heartbeat(self.lines, self.status)
+        self.bar: tqdm | None = None
+
+    def status(self) -> str:
+        if not self.training:
+            return f"… simulating data sets ({_clock(time.perf_counter() - self.t0)})"
+        return (
+            f"… {self.finished}/{plural(self.todo, 'cell')} finished, "
+            f"{_clock(time.perf_counter() - self.t0)} since training started"
+        )
+
+    def __enter__(self) -> _Display:
+        self.heartbeat.start()
+        return self
+
+    def training_started(self) -> None:
+        self.heartbeat.printed()
+        self.t0, self.training = time.perf_counter(), True
+        bars = {"desc": "cells", "unit": "cell", "position": 0, "leave": True}
+        self.bar = tqdm(total=self.todo, disable=not self.bars, **bars)
+
+    def pack_finished(self, done: list[CellResult], results: Iterable[CellResult]) -> None:
+        assert self.bar is not None
+        self.bar.update(len(done))
+        self.finished += len(done)
+        seconds = time.perf_counter() - self.t0
+        if self.lines:
+            _print_finished(done, self.finished, self.todo, seconds)
+            self.heartbeat.printed()
+        failed = sum(not r.ok for r in results)
+        self.bar.set_postfix(failed=failed, reused=self.reused, elapsed=f"{seconds:.0f}s")
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        self.heartbeat.stop()

@@ -32,7 +32,6 @@ function, and :func:`packable`); this module chooses between a pack and one cell
 
 from __future__ import annotations
 
-import copy
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -54,13 +53,8 @@ from tasks._packed_cells import (
 from tasks._packed_gru import PlainGRU, PlainGRUCell
 from tasks._steps import DTYPES
 from tasks.config import TrainConfig
-from tasks.training import (
-    EpochRecord,
-    TrainingDiverged,
-    TrainResult,
-    _train_loop,
-    train,
-)
+from tasks.loop import EpochRecord, LoopOptions, TrainingDiverged, TrainResult, train_loop
+from tasks.training import step_function
 
 __all__ = [
     "PlainGRU",
@@ -99,28 +93,19 @@ def _same_layout(models: Sequence[ForecastModel]) -> bool:
 
 
 def _one_by_one(
-    models, train_splits, val_splits, config, device, seeds, on_epoch, stop, progress, labels
+    models, train_splits, val_splits, config, device, seeds, options: LoopOptions
 ) -> list[TrainResult | TrainingDiverged]:
+    """Each member trained alone, as :func:`train` trains it (its own step and budget)."""
     results: list[TrainResult | TrainingDiverged] = []
+    on_epoch = options.on_epoch
     for i, model in enumerate(models):
-        callback = None if on_epoch is None else (lambda r, i=i: on_epoch(i, r))
-        try:
-            results.append(
-                train(
-                    model,
-                    train_splits[i],
-                    val_splits[i],
-                    config,
-                    device=device,
-                    seed=seeds[i],
-                    on_epoch=callback,
-                    stop=stop,
-                    progress=progress,
-                    label=labels[i],
-                )
-            )
-        except TrainingDiverged as e:
-            results.append(e)
+        label = options.labels[i]
+        step = step_function(
+            model, train_splits[i], val_splits[i], config, device=device, seed=seeds[i], label=label
+        )
+        callback = None if on_epoch is None else (lambda _j, r, i=i: on_epoch(i, r))
+        alone = LoopOptions((label,), callback, options.stop, options.progress)
+        results += train_loop(step, config, alone)
     return results
 
 
@@ -148,56 +133,50 @@ def train_packed(
     each of member ``i``'s epochs. Setting ``stop`` raises :class:`TrainingInterrupted`.
 
     Members may come from different systems: their time grids are batched with them (a model
-    that packs itself, :meth:`~nlmodels.base.ForecastModel.packs_itself`, is packed once per
-    time grid instead). A single
-    member, ``pack=False``, models that are not :func:`packable` or that differ in architecture,
-    and splits whose shapes differ (or whose train and validation grids differ) are trained one
-    by one by :func:`train`.
-    ``max_train_seconds`` is per cell: the pack trains for up to ``n`` times it (as ``n``
-    cells one after another would), and its wall time is each member's ``seconds`` and its
-    epochs' ``seconds``.
+    that :meth:`~nlmodels.base.ForecastModel.packs_itself` is packed once per time grid). A
+    single member, ``pack=False``, models that are not :func:`packable` or that differ in
+    architecture, and splits whose shapes differ are trained one by one by :func:`train`.
+    ``max_train_seconds`` is per cell: a pack of ``n`` trains for up to ``n`` times it, as
+    ``n`` cells one after another would (spending packing's savings on more epochs).
     ``graphs``: capture the training step into a CUDA graph (``None``: on CUDA, falling back
     to eager steps if the capture fails; ``True`` makes a failed capture an error).
     """
-    labels = _check_members(models, train_splits, val_splits, seeds, labels)
+    options = LoopOptions(
+        tuple(_check_members(models, train_splits, val_splits, seeds, labels)),
+        on_epoch,
+        stop,
+        progress,
+        None if config.max_train_seconds is None else config.max_train_seconds * len(models),
+    )
     device = torch.device(device)
     if graphs and device.type != "cuda":
         raise ValueError(f"graphs=True needs a CUDA device, got {device}")
-    dtype = DTYPES[config.dtype]
     for model in models:
-        model.to(device=device, dtype=dtype)
-    args = (models, train_splits, val_splits, config, device, seeds, on_epoch, stop, progress)
+        model.to(device=device, dtype=DTYPES[config.dtype])
+    args = (models, train_splits, val_splits, config, device, seeds, options)
     if not pack or not _can_pack(models, train_splits, val_splits, device):
-        return _one_by_one(*args, labels)
+        return _one_by_one(*args)
     if models[0].packs_itself() and not shared_grids(train_splits):
         # Its own batched solve needs one grid: one pack per grid (other systems).
-        return _pack_per_time_grid(*args, labels, graphs)
+        return _pack_per_time_grid(*args, graphs)
+    _warn_mkl(device)
+    labels = options.labels
+    cells = PackedCells(models, train_splits, val_splits, config, device, seeds, labels, graphs)
+    try:
+        cells.probe()
+    except Exception:  # e.g. members whose grids take different branches: one by one
+        return _one_by_one(*args)
+    return train_loop(cells, config, options)
+
+
+def _warn_mkl(device: torch.device) -> None:
     if device.type == "cpu" and not mkl_position_independent():
         warnings.warn(
             "MKL started before nlmodels set MKL_CBWR=AUTO,STRICT: a packed member's bytes may "
             "depend on its position in the pack (import nlmodels before any matrix product)",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
-    cells = PackedCells(models, train_splits, val_splits, config, device, seeds, labels, graphs)
-    try:
-        cells.probe()
-    except Exception:  # e.g. members whose grids take different branches: one by one
-        return _one_by_one(*args, labels)
-    # The time budget is per cell: M packed cells hold one worker for up to M budgets, as they
-    # would one after another, and spend packing's savings on more epochs.
-    budget = None if config.max_train_seconds is None else config.max_train_seconds * len(models)
-    return _train_loop(
-        cells,
-        cells.n_train,
-        config,
-        list(labels),
-        initial_states=[copy.deepcopy(m.state_dict()) for m in models],
-        on_epoch=on_epoch,
-        stop=stop,
-        progress=progress,
-        budget=budget,
-    )
 
 
 def _check_members(models, train_splits, val_splits, seeds, labels) -> list[str]:
@@ -229,17 +208,7 @@ def _can_pack(models, train_splits, val_splits, device: torch.device) -> bool:
 
 
 def _pack_per_time_grid(
-    models,
-    train_splits,
-    val_splits,
-    config,
-    device,
-    seeds,
-    on_epoch,
-    stop,
-    progress,
-    labels,
-    graphs,
+    models, train_splits, val_splits, config, device, seeds, options: LoopOptions, graphs
 ) -> list[TrainResult | TrainingDiverged]:
     """:func:`train_packed` once per group of members that share their time grids."""
     groups: dict[tuple[bytes, bytes], list[int]] = {}
@@ -247,6 +216,7 @@ def _pack_per_time_grid(
         key = (np.asarray(s.obs_t).tobytes(), np.asarray(s.query_t).tobytes())
         groups.setdefault(key, []).append(i)
     results: list[TrainResult | TrainingDiverged | None] = [None] * len(models)
+    on_epoch = options.on_epoch
     for idx in groups.values():
         sub = train_packed(
             [models[i] for i in idx],
@@ -256,9 +226,9 @@ def _pack_per_time_grid(
             device=device,
             seeds=[seeds[i] for i in idx],
             on_epoch=None if on_epoch is None else (lambda k, r, idx=idx: on_epoch(idx[k], r)),
-            stop=stop,
-            progress=progress,
-            labels=[labels[i] for i in idx],
+            stop=options.stop,
+            progress=options.progress,
+            labels=[options.labels[i] for i in idx],
             graphs=graphs,
         )
         for i, r in zip(idx, sub, strict=True):

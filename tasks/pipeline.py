@@ -238,19 +238,7 @@ def evaluate_cell(
         dtype=cell.training.dtype,
         batch_size=cell.training.batch_size,
     )
-    tags = {
-        "stopped": result.stopped,
-        "device_used": str(device),
-        "packed_members": result.packed_members,
-        "cuda_graphs": result.graphs,
-        "numerics": numerics_tag(),
-        # float64 CPU training of Neural Laplace, unpacked, runs the fused C kernels
-        "native_cpu_kernels": cell.method == "neural_laplace"
-        and cell.training.dtype == "float64"
-        and device.type == "cpu"
-        and result.packed_members == 1
-        and native_cpu_kernels(),
-    }
+    tags = _training_tags(cell, result, device)
     diverged = divergence(result.history, ev.test_rmse, prepared.test.target)
     if diverged is not None:
         tags[RunTags.DIVERGED] = diverged
@@ -285,6 +273,23 @@ def evaluate_cell(
         model=(model, spec),
         metrics=cell_metrics(ev, result, diverged is not None),
     )
+
+
+def _training_tags(cell: CellConfig, result: TrainResult, device: torch.device) -> dict:
+    """How a cell trained: why it stopped, where, packed with how many, which kernels."""
+    return {
+        "stopped": result.stopped,
+        "device_used": str(device),
+        "packed_members": result.packed_members,
+        "cuda_graphs": result.graphs,
+        "numerics": numerics_tag(),
+        # float64 CPU training of Neural Laplace, unpacked, runs the fused C kernels
+        "native_cpu_kernels": cell.method == "neural_laplace"
+        and cell.training.dtype == "float64"
+        and device.type == "cpu"
+        and result.packed_members == 1
+        and native_cpu_kernels(),
+    }
 
 
 def log_outcome(tracker: Tracker, run_id: str, outcome: CellOutcome) -> None:

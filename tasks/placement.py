@@ -111,7 +111,7 @@ def choose_fastest(seconds: Mapping[str, float]) -> str:
 def cell_shapes(cell: CellConfig) -> dict[str, int]:
     """Training/validation trajectories, observed and predicted points and state dimension of
     ``cell``'s split, from its configuration alone (no data is simulated)."""
-    from datasets._prepare import _split_sizes
+    from datasets import split_sizes
     from tasks._declarations import system_info
 
     info = system_info(cell.system, cell.data)
@@ -119,7 +119,7 @@ def cell_shapes(cell: CellConfig) -> dict[str, int]:
     n_all = d.n_trajectories or info.default_trajectories
     n_points = d.n_points or info.default_points
     n_obs = d.n_observed or n_points // 2
-    n_train, n_val, _ = _split_sizes(n_all, tuple(d.fractions))
+    n_train, n_val, _ = split_sizes(n_all, tuple(d.fractions))
     if d.n_train is not None:
         n_train = min(n_train, d.n_train)
     return {
@@ -134,18 +134,9 @@ def cell_shapes(cell: CellConfig) -> dict[str, int]:
 def _synthetic_split(n: int, n_obs: int, n_query: int, dim: int, seed: int):
     from datasets import SplitData
 
-    rng = np.random.default_rng(seed)
     t = np.linspace(0.1, 1.0, n_obs + n_query)
-    x = rng.standard_normal((n, n_obs + n_query, dim))
-    return SplitData(
-        obs_t=t[:n_obs],
-        obs_x=x[:, :n_obs],
-        query_t=t[n_obs:],
-        target=x[:, n_obs:],
-        target_clean=x[:, n_obs:],
-        index=np.arange(n),
-        ic=x[:, 0],
-    )
+    x = np.random.default_rng(seed).standard_normal((n, n_obs + n_query, dim))
+    return SplitData.from_trajectories(t, x, n_obs)
 
 
 def probe_pack(cell: CellConfig, device: torch.device, members: int = 1) -> Probe:
@@ -159,39 +150,17 @@ def probe_pack(cell: CellConfig, device: torch.device, members: int = 1) -> Prob
     per member, scaled by the cell's real number of training batches, is the cost of one
     cell-epoch; on CUDA the peak memory of the run, per member, plus the rest of the cell's data.
     """
-    from nlmodels import build_model
-    from tasks.packing import prefers_one_by_one, train_packed
-
     device = torch.device(device)
     s = cell_shapes(cell)
     batch = min(cell.training.batch_size, s["n_train"])
     n_val = min(s["n_val"], batch)
-    train_split = _synthetic_split(batch, s["n_obs"], s["n_query"], s["state_dim"], 0)
-    val_split = _synthetic_split(n_val, s["n_obs"], s["n_query"], s["state_dim"], 1)
-    config = cell.training.model_copy(
-        update={"epochs": PROBE_EPOCHS, "patience": None, "max_train_seconds": None}
-    )
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
     try:
-        models = []
-        for seed in range(members):
-            with seeded(seed):
-                models.append(build_model(cell.method, s["state_dim"], **cell.model))
-        results = train_packed(
-            models,
-            [train_split] * members,
-            [val_split] * members,
-            config,
-            device=device,
-            seeds=list(range(members)),
-            # what the cells will run: one by one where packing is slower (the engine splits
-            # such a pack on the CPU, and its worker trains it so)
-            pack=not prefers_one_by_one(models[0], device),
-        )
+        results = _probe_run(cell, device, members, s, batch, n_val)
     except Exception:  # e.g. out of memory: this device cannot run the pack (the cell, if it
         if cuda:  # cannot run anywhere, fails on its own with its error)
             torch.cuda.empty_cache()
@@ -210,11 +179,35 @@ def probe_pack(cell: CellConfig, device: torch.device, members: int = 1) -> Prob
         itemsize = 8 if cell.training.dtype == "float64" else 4
         rest = (s["n_train"] - batch + s["n_val"] - n_val) * (s["n_obs"] + s["n_query"])
         per_member = max(0, peak) // members + rest * s["state_dim"] * itemsize
-    del models, results, trained
+    del results, trained
     if cuda:  # the planning process trains nothing itself: give the probe's memory back
         gc.collect()
         torch.cuda.empty_cache()
     return Probe(epoch * steps, int(per_member))
+
+
+def _probe_run(
+    cell: CellConfig, device: torch.device, members: int, s: dict, batch: int, n_val: int
+) -> list:
+    """The probe's training: ``members`` fresh models of the cell's method, one batch each."""
+    from nlmodels import build_model
+    from tasks.packing import prefers_one_by_one, train_packed
+
+    models = []
+    for seed in range(members):
+        with seeded(seed):
+            models.append(build_model(cell.method, s["state_dim"], **cell.model))
+    return train_packed(
+        models,
+        [_synthetic_split(batch, s["n_obs"], s["n_query"], s["state_dim"], 0)] * members,
+        [_synthetic_split(n_val, s["n_obs"], s["n_query"], s["state_dim"], 1)] * members,
+        cell.training.fixed_epochs(PROBE_EPOCHS),
+        device=device,
+        seeds=list(range(members)),
+        # what the cells will run: one by one where packing is slower (the engine splits
+        # such a pack on the CPU, and its worker trains it so)
+        pack=not prefers_one_by_one(models[0], device),
+    )
 
 
 def _cache_path(cache_dir: Path | None) -> Path:

@@ -349,3 +349,15 @@ def test_plot_trajectories():
     )
     with pytest.raises(ValueError, match="n_observed"):
         plot_trajectories(ds, n_observed=21)
+
+
+def test_a_split_from_trajectories_observes_the_first_points():
+    from datasets import SplitData
+
+    t = np.linspace(0.0, 1.0, 5)
+    x = np.arange(3 * 5 * 2, dtype=np.float64).reshape(3, 5, 2)
+    s = SplitData.from_trajectories(t, x, 2)
+    assert np.array_equal(s.obs_t, t[:2]) and np.array_equal(s.query_t, t[2:])
+    assert np.array_equal(s.obs_x, x[:, :2]) and np.array_equal(s.target, x[:, 2:])
+    assert np.array_equal(s.target_clean, s.target) and np.array_equal(s.ic, x[:, 0])
+    assert s.n == 3 and np.array_equal(s.index, [0, 1, 2])

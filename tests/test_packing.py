@@ -58,15 +58,7 @@ def _split(
     rate = rng.uniform(0.1, 0.5, (n, 1, dim))
     x = np.exp(-rate * t[None, :, None]) * np.sin(2 * t[None, :, None] + phase)
     x = x + 0.01 * rng.standard_normal(x.shape)
-    return SplitData(
-        obs_t=t[:t_o],
-        obs_x=x[:, :t_o],
-        query_t=t[t_o:],
-        target=x[:, t_o:],
-        target_clean=x[:, t_o:],
-        index=np.arange(n),
-        ic=x[:, 0],
-    )
+    return SplitData.from_trajectories(t, x, t_o)
 
 
 def _data(seed: int, **grid) -> tuple[SplitData, SplitData, SplitData]:
@@ -535,7 +527,7 @@ def test_members_with_different_settings_train_one_by_one():
 def test_the_time_budget_is_per_cell(monkeypatch):
     """A pack of M cells holds its worker for up to M budgets: on a clock where one packed
     epoch costs what one unpacked epoch does, each member runs M times the epochs."""
-    import tasks.training
+    import tasks.loop
 
     class Clock:  # advances one second per (packed) epoch, when the first member reports
         now = 0.0
@@ -548,7 +540,7 @@ def test_the_time_budget_is_per_cell(monkeypatch):
         def tick(cls, member: int, _record) -> None:
             cls.now += member == 0
 
-    monkeypatch.setattr(tasks.training, "time", Clock)  # the training loop's clock
+    monkeypatch.setattr(tasks.loop, "time", Clock)  # the training loop's clock
     cfg = _cfg(epochs=100, max_train_seconds=4.0)
 
     def epochs_run(seeds: list[int]) -> list[int]:

@@ -121,7 +121,7 @@ def test_time_budget_stops_training(data):
 def test_a_budget_stopped_run_is_replayed_by_its_epoch_count(data, monkeypatch):
     """A time budget only truncates: the same cell trained for the epochs the budget allowed,
     without a budget, ends with the same history and weights."""
-    import tasks.training
+    import tasks.loop
 
     class Clock:  # one second per call: the budget ends the run after a few epochs
         now = 0.0
@@ -137,7 +137,7 @@ def test_a_budget_stopped_run_is_replayed_by_its_epoch_count(data, monkeypatch):
         r = train(m, data.train, data.val, cfg, seed=4)
         return r, m.state_dict()
 
-    monkeypatch.setattr(tasks.training, "time", Clock)
+    monkeypatch.setattr(tasks.loop, "time", Clock)
     budgeted, w_budget = run(_cfg(epochs=500, patience=None, max_train_seconds=9.0))
     monkeypatch.undo()
     assert budgeted.stopped == "time_budget" and 1 < len(budgeted.history) < 500
@@ -201,3 +201,131 @@ def test_the_epoch_bar_names_a_time_budget_instead_of_an_eta():
     finally:
         for bar in (plain, budgeted, packed):
             bar.close()
+
+
+def _history(*val_rmse: float):
+    from tasks.loop import EpochRecord
+
+    return [EpochRecord(e, 1.0, 1.0, v, 0.5, 0) for e, v in enumerate(val_rmse)]
+
+
+def test_stop_reason_names_each_reason_and_none():
+    from tasks.loop import stop_reason
+
+    cfg = _cfg(epochs=5, patience=2)
+    assert stop_reason([], cfg) is None
+    assert stop_reason(_history(3.0, 2.0, 2.5), cfg) is None  # best at 1, one epoch since
+    assert stop_reason(_history(3.0, 2.0, 2.5, 2.0), cfg) == "early_stopping"  # a tie is no gain
+    assert stop_reason(_history(3.0, 2.0, 1.0, 0.5, 0.4), cfg) == "epochs"
+    assert stop_reason(_history(3.0, 2.0, 1.0), cfg.fixed_epochs(3)) == "epochs"
+    budgeted = _cfg(epochs=5, patience=None, max_train_seconds=10.0)
+    assert stop_reason(_history(3.0), budgeted, elapsed=9.9) is None
+    assert stop_reason(_history(3.0), budgeted, elapsed=10.0) == "time_budget"
+    # a pack's budget (M cells: M times the cell's) replaces the config's
+    assert stop_reason(_history(3.0), budgeted, elapsed=10.0, budget=20.0) is None
+    assert stop_reason(_history(3.0), _cfg(epochs=5), elapsed=1e9, budget=20.0) == "time_budget"
+    # early stopping before the budget, the budget before the epoch ceiling
+    both = _cfg(epochs=3, patience=1, max_train_seconds=1.0)
+    assert stop_reason(_history(1.0, 2.0), both, elapsed=5.0) == "early_stopping"
+    assert stop_reason(_history(2.0, 1.0, 0.5), both, elapsed=5.0) == "time_budget"
+
+
+def test_fixed_epochs_switches_off_every_other_stop():
+    cfg = _cfg(epochs=500, patience=3, max_train_seconds=2.0)
+    fixed = cfg.fixed_epochs(7)
+    assert (fixed.epochs, fixed.patience, fixed.max_train_seconds) == (7, None, None)
+    assert fixed.lr == cfg.lr and fixed.batch_size == cfg.batch_size
+    assert cfg.fixed_epochs().epochs == 500
+
+
+def test_both_step_kinds_declare_the_step_function(data):
+    from tasks._packed_cells import pack_of_one
+    from tasks.loop import StepFunction
+    from tasks.training import step_function
+
+    with seeded(0):
+        model = build_model("node", 1, hidden=(4,))
+    cfg = _cfg(epochs=1)
+    eager = step_function(model, data.train, data.val, cfg, step="eager")
+    packed = pack_of_one(model, data.train, data.val, cfg, torch.device("cpu"), 0, "x")
+    assert type(eager).__name__ == "_EagerCell" and type(packed).__name__ == "PackedCells"
+    for step in (eager, packed):
+        assert isinstance(step, StepFunction)
+        assert step.n_train == len(data.train.obs_x) and step.members == [0]
+    # a step missing one member is not one
+    kept = ("graphs_used", "begin_epoch", "train_step", "end_epoch", "keep_best", "diverged")
+    no_drop = copy.copy(eager)
+    no_drop.__class__ = type("NoDrop", (), {k: getattr(type(eager), k) for k in kept})
+    assert isinstance(eager, StepFunction) and not isinstance(no_drop, StepFunction)
+
+
+def test_epoch_seconds_times_the_training_loop(data):
+    from tasks.training import epoch_seconds
+
+    with seeded(0):
+        model = Linear(1)
+    cfg = _cfg(epochs=3, patience=1, batch_size=16)
+    seconds, nfe = epoch_seconds(model, data.train, data.val, cfg)
+    # Linear counts one evaluation per forward: one per training batch, validation apart
+    assert seconds > 0 and nfe == 1.0
+
+
+class _ScriptedStep:
+    """A step function whose epochs are scripted: member m's validation RMSE at each epoch
+    (None: its loss is NaN in that epoch's first batch)."""
+
+    graphs_used = False
+    n_train = 10
+
+    def __init__(self, scripts: list[list[float | None]]) -> None:
+        self.scripts, self.members, self.epoch = scripts, list(range(len(scripts))), -1
+        self.steps, self.dropped, self.finished = 0, [], {}
+
+    def begin_epoch(self) -> None:
+        self.epoch += 1
+
+    def train_step(self, b_i: int, start: int, batch: int) -> None:
+        self.steps += 1
+
+    def end_epoch(self):
+        from tasks._steps import Readout
+
+        vals = [self.scripts[m][self.epoch] for m in self.members]
+        ok = [v is not None for v in vals]
+        k = len(vals)
+        return Readout(ok, [5.0] * k, [0 if a else 1 for a in ok],
+                       [0.0 if a else float("nan") for a in ok], [0] * k, [1.0] * k,
+                       [v if v is not None else 0.0 for v in vals], [7] * k)  # fmt: skip
+
+    def keep_best(self, j: int) -> dict:
+        return {"epoch": self.epoch}
+
+    def diverged(self, j: int) -> None:
+        pass
+
+    def finish(self, j: int, best_state: dict, nfe: int) -> None:
+        self.finished[self.members[j]] = best_state
+
+    def drop(self, keep: list[int]) -> None:
+        self.dropped.append(list(keep))
+        self.members = [self.members[j] for j in keep]
+
+
+def test_train_loop_drives_any_step_function():
+    from tasks.loop import LoopOptions, StepFunction, TrainResult, train_loop
+
+    step = _ScriptedStep([[3.0, 2.0, 2.5, 2.6, 9.0], [3.0, None, 1.0, 1.0, 1.0], [3.0] * 5])
+    assert isinstance(step, StepFunction)
+    seen = []
+    options = LoopOptions(("a", "b", "c"), on_epoch=lambda m, r: seen.append((m, r.epoch)))
+    a, b, c = train_loop(step, _cfg(epochs=5, patience=2, batch_size=4), options)
+    assert isinstance(a, TrainResult) and a.stopped == "early_stopping"
+    assert (a.best_epoch, a.best_val_rmse, len(a.history)) == (1, 2.0, 4)
+    assert a.history[0].train_loss == 5.0 / 10 and a.packed_members == 3
+    assert isinstance(b, TrainingDiverged) and "b: training loss is nan at epoch 1" in str(b)
+    assert isinstance(c, TrainResult) and c.stopped == "early_stopping" and c.best_epoch == 0
+    assert step.finished == {0: {"epoch": 1}, 2: {"epoch": 0}}
+    # b leaves after epoch 1 (positions 0, 2 kept), c after epoch 2 (position 0: a), a at 3
+    assert step.dropped == [[0, 2], [0]]
+    assert seen == [(0, 0), (1, 0), (2, 0), (0, 1), (2, 1), (0, 2), (2, 2), (0, 3)]
+    assert step.steps == 3 * 4  # ceil(10 / 4) batches an epoch, no fifth epoch

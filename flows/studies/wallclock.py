@@ -1,6 +1,7 @@
 """``nllab study wallclock``: seconds per training epoch of every model on Lotka–Volterra
 (paper Table 11, ``wallclocktime``; the paper timed 1000 trajectories on a V100 GPU, so the gap
-column compares different hardware). Reuses ``benchmarks/models.py`` (``epoch_seconds``)."""
+column compares different hardware). Times the training loop a cell runs
+(:func:`tasks.training.epoch_seconds`), one validation batch included."""
 
 from __future__ import annotations
 
@@ -12,10 +13,13 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from datasets import SplitData
 from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec
 from flows.studies._plots import plot_bars
 from flows.studies._tables import add_paper
 from tasks.cell import simulate_data
+from tasks.config import TrainConfig
+from tasks.training import epoch_seconds as loop_epoch_seconds
 from tasks.training import seeded
 
 #: (method, solver) as in Table 11; solver "–" for models without one.
@@ -39,18 +43,19 @@ KEYS = ("method", "solver")
 
 @task(name="epoch-seconds", cache_policy=NO_CACHE)
 def epoch_seconds(
-    method: str, solver: str, x: np.ndarray, t: np.ndarray, epochs: int, batch: int, seed: int
+    method: str, solver: str, x: np.ndarray, t: np.ndarray, config: TrainConfig, seed: int
 ) -> dict:
-    """Mean seconds per epoch (and NFE per batch) of one freshly built model, float64."""
+    """Mean seconds per epoch (and NFE per batch) of one freshly built model, trained as a
+    cell is for ``config.epochs`` epochs (first half of each trajectory observed)."""
     from nlmodels import build_model
-    from nlmodels import diagnostics as bench
 
     overrides = {} if solver == "–" else {"solver": solver}
     with seeded(seed):
-        model = build_model(method, x.shape[-1], **overrides).double()
-    tt = torch.tensor(np.array(t), dtype=torch.float64)
-    xx = torch.tensor(np.array(x), dtype=torch.float64)
-    secs, nfe = bench.epoch_seconds(model, tt, xx, epochs, batch)
+        model = build_model(method, x.shape[-1], **overrides)
+    half = t.shape[0] // 2
+    train = SplitData.from_trajectories(t, x, half)
+    val = SplitData.from_trajectories(t, x[: config.batch_size], half)
+    secs, nfe = loop_epoch_seconds(model, train, val, config, seed=seed)
     return {"method": method, "solver": solver, "value": secs, "nfe_per_batch": nfe}
 
 
@@ -66,12 +71,13 @@ def _body(ctx: StudyContext) -> StudyOutput:
     data = ctx.run.data.model_copy(update={"n_trajectories": n, "noise_std": 0.0})
     ds = simulate_data(system, data, ctx.seeds[0])
     x = (ds.x - ds.x.mean(axis=(0, 1))) / ds.x.std(axis=(0, 1))
+    config = ctx.run.training.fixed_epochs(epochs)
     threads = torch.get_num_threads()
     if ctx.run.execution.torch_threads:
         torch.set_num_threads(ctx.run.execution.torch_threads)
     try:
         rows = [
-            epoch_seconds(m, s, x, np.asarray(ds.t), epochs, ctx.run.training.batch_size, seed)
+            epoch_seconds(m, s, x, np.asarray(ds.t), config, seed)
             for m, s in variants
             for seed in ctx.seeds
         ]

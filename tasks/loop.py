@@ -1,0 +1,269 @@
+"""The one training loop (paper protocol: mini-batches over trajectories, early stopping on
+validation RMSE, the best-validation weights restored at the end), over a declared step function.
+
+:func:`train_loop` drives any :class:`StepFunction`: one cell's eager module and optimiser
+step (:func:`tasks.training.train`) or the batched step of a pack
+(:class:`tasks._packed_cells.PackedCells`, :func:`tasks.packing.train_packed`). Per-step values
+stay on the device; the loop reads them, and the validation, once per epoch. When a cell stops
+is :func:`stop_reason`'s answer alone, a pure function of its history.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+from tqdm.auto import tqdm
+
+from tasks._steps import Readout
+from tasks.config import TrainConfig
+
+__all__ = [
+    "EpochRecord",
+    "LoopOptions",
+    "StepFunction",
+    "StopReason",
+    "TrainResult",
+    "TrainingDiverged",
+    "TrainingInterrupted",
+    "epoch_bar",
+    "stop_reason",
+    "train_loop",
+]
+
+#: Why a cell stopped training: its epoch ceiling, early stopping, or the wall-clock budget.
+StopReason = Literal["epochs", "early_stopping", "time_budget"]
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradients became NaN or infinite."""
+
+
+class TrainingInterrupted(RuntimeError):
+    """Training was asked to stop (Ctrl-C or a cancelled flow) before it finished."""
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    epoch: int
+    train_loss: float
+    val_loss: float
+    val_rmse: float
+    seconds: float
+    nfe: int
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    history: tuple[EpochRecord, ...]
+    best_epoch: int
+    best_val_rmse: float
+    stopped: StopReason
+    seconds: float
+    #: cells trained together in one batched model (:func:`tasks.packing.train_packed`)
+    packed_members: int = 1
+    #: whether the training steps were replayed from a captured CUDA graph
+    graphs: bool = False
+
+
+@runtime_checkable
+class StepFunction(Protocol):
+    """What :func:`train_loop` drives: one or several cells (``members``: the positions, among
+    the loop's labels, of those still training; ``j`` below indexes that list)."""
+
+    #: whether a step was replayed from a captured CUDA graph
+    graphs_used: bool
+    #: training trajectories per cell (each epoch steps over them in batches)
+    n_train: int
+
+    @property
+    def members(self) -> list[int]: ...
+
+    def begin_epoch(self) -> None:
+        """Training mode, a fresh shuffle per cell, the epoch's sums and NFE counts zeroed."""
+
+    def train_step(self, b_i: int, start: int, batch: int) -> None:
+        """Batch ``b_i``: rows ``start:start + batch`` of each cell's shuffle (device only)."""
+
+    def end_epoch(self) -> Readout:
+        """The validation and the epoch's flags, read to the host once."""
+
+    def keep_best(self, j: int) -> dict:
+        """A copy of member ``j``'s weights (its new best validation epoch)."""
+
+    def diverged(self, j: int) -> None:
+        """Member ``j`` diverged: leave its module as it was at that moment."""
+
+    def finish(self, j: int, best_state: dict, nfe: int) -> None:
+        """Member ``j`` stopped: its module gets ``best_state``, in eval mode."""
+
+    def drop(self, keep: list[int]) -> None:
+        """Train only the members at positions ``keep`` from now on."""
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    """How :func:`train_loop` runs, besides the protocol (:class:`~tasks.config.TrainConfig`).
+
+    ``labels``: one per cell (error messages, the bar); ``on_epoch(i, record)`` after each of
+    cell ``i``'s epochs; setting ``stop`` raises :class:`TrainingInterrupted`; ``budget``: the
+    wall-clock seconds of the whole run (None: ``config.max_train_seconds``).
+    """
+
+    labels: tuple[str, ...] = ("train",)
+    on_epoch: Callable[[int, EpochRecord], None] | None = None
+    stop: threading.Event | None = None
+    progress: bool = False
+    budget: float | None = None
+
+
+def epoch_bar(config: TrainConfig, label: str, progress: bool, budget: float | None = None):
+    """The epochs of a training run as a tqdm bar. Under a time budget (``budget`` seconds,
+    default ``config.max_train_seconds``) the epoch ceiling is not where the run ends, so the
+    bar counts epochs and names the budget instead of showing an ETA to the ceiling."""
+    budget = config.max_train_seconds if budget is None else budget
+    epochs: Iterable[int] = range(config.epochs)
+    if budget is not None:
+        epochs, label = iter(epochs), f"{label} (budget {budget:.0f} s)"
+    return tqdm(epochs, desc=label, disable=not progress, leave=True, unit="ep")
+
+
+def _best(history: Sequence[EpochRecord]) -> EpochRecord:
+    """The first epoch of the lowest validation RMSE (later ties do not replace it)."""
+    return min(history, key=lambda r: r.val_rmse)
+
+
+def stop_reason(
+    history: Sequence[EpochRecord],
+    config: TrainConfig,
+    *,
+    elapsed: float = 0.0,
+    budget: float | None = None,
+) -> StopReason | None:
+    """Whether a cell whose epochs so far are ``history`` stops now, and why (None: it trains
+    on). In order: ``early_stopping`` (``config.patience`` epochs since its best validation
+    RMSE), ``time_budget`` (``elapsed`` seconds reached ``budget``, default
+    ``config.max_train_seconds``), ``epochs`` (its last epoch was ``config.epochs - 1``)."""
+    if not history:
+        return None
+    epoch = history[-1].epoch
+    budget = config.max_train_seconds if budget is None else budget
+    if config.patience is not None and epoch - _best(history).epoch >= config.patience:
+        return "early_stopping"
+    if budget is not None and elapsed >= budget:
+        return "time_budget"
+    if epoch == config.epochs - 1:
+        return "epochs"
+    return None
+
+
+def _loss_diverged(label: str, loss: float, epoch: int, batch: int) -> TrainingDiverged:
+    return TrainingDiverged(
+        f"{label}: training loss is {loss} at epoch {epoch}, batch {batch}; "
+        "the model diverged (try a smaller learning rate)"
+    )
+
+
+def _norm_diverged(label: str, norm: float, epoch: int, batch: int) -> TrainingDiverged:
+    return TrainingDiverged(f"{label}: gradient norm is {norm} at epoch {epoch}, batch {batch}")
+
+
+@dataclass
+class _Cell:
+    """One cell's state in the loop: its history, best weights and, once stopped, result."""
+
+    history: list[EpochRecord] = field(default_factory=list)
+    best_rmse: float = math.inf
+    best_state: dict | None = None
+    result: TrainResult | TrainingDiverged | None = None
+
+
+def train_loop(
+    step: StepFunction, config: TrainConfig, options: LoopOptions = LoopOptions()
+) -> list[TrainResult | TrainingDiverged]:
+    """Train ``step``'s cells (one per label) for up to ``config.epochs`` epochs of
+    ``step.n_train`` trajectories in batches of ``config.batch_size``; per cell its
+    :class:`TrainResult`, or the :class:`TrainingDiverged` that ended it (a non-finite loss,
+    gradient norm or validation RMSE ends that cell only, at the end of its epoch)."""
+    labels, n = options.labels, len(options.labels)
+    cells = [_Cell() for _ in labels]
+    budget = config.max_train_seconds if options.budget is None else options.budget
+    t_start = time.perf_counter()
+    label = labels[0] if n == 1 else f"{labels[0]} (+{n - 1})"
+    bar = epoch_bar(config, label, options.progress, budget)
+    for epoch in bar:
+        t0 = time.perf_counter()
+        _train_epoch(step, config.batch_size, epoch, options)
+        out = step.end_epoch()
+        seconds = time.perf_counter() - t0
+        keep = []
+        for j, m in enumerate(step.members):
+            record = _settle(step, cells[m], j, out, epoch, seconds, labels[m])
+            if record is None:
+                continue
+            if n == 1:
+                bar.set_postfix(loss=f"{record.train_loss:.4g}", val_rmse=f"{record.val_rmse:.4g}")
+            if options.on_epoch is not None:
+                options.on_epoch(m, record)
+            elapsed = time.perf_counter() - t_start
+            stopped = stop_reason(cells[m].history, config, elapsed=elapsed, budget=budget)
+            if stopped is None:
+                keep.append(j)
+                continue
+            step.finish(j, cells[m].best_state, out.nfe[j])  # type: ignore[arg-type]
+            cells[m].result = _result(cells[m], stopped, time.perf_counter() - t_start, n, step)
+        if n > 1:
+            bar.set_postfix(members=len(keep))
+        if not keep:
+            break
+        if len(keep) < len(step.members):
+            step.drop(keep)
+    bar.close()
+    return [c.result for c in cells]  # type: ignore[misc]
+
+
+def _result(
+    cell: _Cell, stopped: StopReason, seconds: float, n: int, step: StepFunction
+) -> TrainResult:
+    best = _best(cell.history)
+    return TrainResult(
+        tuple(cell.history), best.epoch, best.val_rmse, stopped, seconds, n, step.graphs_used
+    )
+
+
+def _train_epoch(step: StepFunction, bs: int, epoch: int, options: LoopOptions) -> None:
+    """One epoch's training steps (no host read); raises :class:`TrainingInterrupted` as soon
+    as ``options.stop`` is set."""
+    step.begin_epoch()
+    n_train = step.n_train
+    for b_i, start in enumerate(range(0, n_train, bs)):
+        if options.stop is not None and options.stop.is_set():
+            # every member named: each member's KILLED run carries this message
+            names = ", ".join(options.labels[m] for m in step.members)
+            raise TrainingInterrupted(f"{names}: stopped at epoch {epoch}")
+        step.train_step(b_i, start, min(bs, n_train - start))
+
+
+def _settle(
+    step: StepFunction, cell: _Cell, j: int, out: Readout, epoch: int, seconds: float, label: str
+) -> EpochRecord | None:
+    """Member ``j``'s epoch: its record (kept, and its weights if they are its best so far), or
+    None after recording its divergence as its result."""
+    if not out.active[j]:
+        make = _loss_diverged if out.div_kind[j] == 1 else _norm_diverged
+        cell.result = make(label, out.div_value[j], epoch, out.div_batch[j])
+    elif not math.isfinite(val_rmse := out.val_rmse[j]):
+        cell.result = TrainingDiverged(f"{label}: validation RMSE is {val_rmse} at epoch {epoch}")
+    else:
+        train_loss = out.totals[j] / step.n_train
+        record = EpochRecord(epoch, train_loss, out.val_loss[j], val_rmse, seconds, out.nfe[j])
+        cell.history.append(record)
+        if val_rmse < cell.best_rmse:
+            cell.best_rmse, cell.best_state = val_rmse, step.keep_best(j)
+        return record
+    step.diverged(j)
+    return None
