@@ -125,7 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             where = f" (details: {log})" if log is not None else ""
             print(f"nllab {args.command}: error: {fault}{where}", file=sys.stderr)
             return EXIT_TRACKING
-        if type(e).__name__ in ("DaskSetupError", "TuningError"):  # a setting to change
+        from tasks.errors import SettingError
+
+        if isinstance(e, SettingError):  # a setting to change
             print(f"nllab {args.command}: error: {e}", file=sys.stderr)
             return EXIT_USAGE
         raise

@@ -19,6 +19,7 @@ from flows.cli._common import (
 
 if TYPE_CHECKING:
     from tasks.config import RunConfig
+    from tasks.tracking import Queries
 
 __all__ = ["add_parser", "run"]
 
@@ -92,55 +93,69 @@ def _report(args: argparse.Namespace, config: RunConfig | None) -> int:
     ``config``: the configuration to report, already resolved from the arguments; ``None``
     takes the latest finished benchmark's (with ``--systems``, … applied to its profile).
     """
-    from datasets import data_home
-    from flows.report_full import (
-        UnownedFiles,
-        benchmark_config,
-        build_report,
-        stored_cell_results,
-    )
+    from flows.report_full import stored_cell_results
     from tasks.reporting import results_table
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
-    tracker = Tracker.connect(config.tracking if config else None)
+    queries = connect(config.tracking if config else None).queries
     if config is None:
-        latest = benchmark_config(tracker)
-        if _selection_given(args):
-            config = resolve(args, profile=latest[0].profile if latest else None)
-            tracker = Tracker.connect(config.tracking)
-        elif latest is None:
-            print(
-                f"nllab report: no finished benchmark in {tracker.settings.tracking_uri}: run "
-                "`nllab benchmark --profile smoke` first, or name one with --profile",
-                file=sys.stderr,
-            )
+        if (chosen := _latest_config(args, queries)) is None:
             return EXIT_FAILED
-        else:
-            config = latest[0]
-            print(f"the latest finished benchmark (run {latest[1]}): profile {config.profile}")
-    results = stored_cell_results(tracker, config)
+        config, queries = chosen
+    results = stored_cell_results(queries, config)
     found = sum(r.ok for r in results)
     if not found:
         print(
             f"nllab report: 0 of {len(results)} cells of profile {config.profile!r} have finished "
-            f"runs in {tracker.settings.tracking_uri}; nothing to report",
+            f"runs in {queries.settings.tracking_uri}; nothing to report",
             file=sys.stderr,
         )
         return EXIT_FAILED
     table = results_table(results, profile=config.profile)
     print(table.to_terminal(color=sys.stdout.isatty()))
-    out = Path(args.out) if args.out else data_home() / "reports" / config.profile
+    paths = _write_report(args, queries, config.profile, results)
+    print(f"{found} of {len(results)} cells have finished runs")
+    print(f"\n## Since the previous benchmark (`nllab compare`)\n\n{_comparison(queries)}")
+    print(f"written: {', '.join(str(p) for p in paths.results)}")
+    print(f"full report of the latest benchmark and study runs: {paths.html} ({paths.markdown})")
+    return 0
+
+
+def _latest_config(args: argparse.Namespace, queries: Queries) -> tuple[RunConfig, Queries] | None:
+    """The configuration of the latest finished benchmark (its profile with the arguments'
+    selection applied, when one is given) and the queries of its store; ``None`` (said on
+    stderr) when there is none to report."""
+    from flows.report_full import benchmark_config
+    from tasks.tracking import connect
+
+    latest = benchmark_config(queries)
+    if _selection_given(args):
+        config = resolve(args, profile=latest[0].profile if latest else None)
+        return config, connect(config.tracking).queries
+    if latest is None:
+        print(
+            f"nllab report: no finished benchmark in {queries.settings.tracking_uri}: run "
+            "`nllab benchmark --profile smoke` first, or name one with --profile",
+            file=sys.stderr,
+        )
+        return None
+    print(f"the latest finished benchmark (run {latest[1]}): profile {latest[0].profile}")
+    return latest[0], queries
+
+
+def _write_report(args: argparse.Namespace, queries: Queries, profile: str, results):
+    """The report files under ``--out`` (default ``$NLLAB_HOME/reports/PROFILE``); a folder
+    that cannot take them is a :class:`UsageError` (a full disk is said as such)."""
+    from datasets import data_home
+    from flows.report_full import UnownedFiles, build_report
+
+    out = Path(args.out) if args.out else data_home() / "reports" / profile
     ui = getattr(args, "mlflow_ui", None) or os.environ.get("NLLAB_MLFLOW_UI")
-    if ui is None and tracker.settings.tracking_uri.startswith(("http://", "https://")):
-        ui = tracker.settings.tracking_uri
+    if ui is None and queries.settings.tracking_uri.startswith(("http://", "https://")):
+        ui = queries.settings.tracking_uri
     try:
-        paths = build_report(
-            tracker,
-            out,
-            results=results,
-            profile=config.profile,
-            ui_address=ui,
-            force=args.force,
+        return build_report(
+            queries, out, results=results, profile=profile, ui_address=ui, force=args.force
         )
     except UnownedFiles as e:
         raise UsageError(str(e)) from None
@@ -152,18 +167,13 @@ def _report(args: argparse.Namespace, config: RunConfig | None) -> int:
             f"--out {str(out)!r}: cannot write {str(where)!r} ({e.strerror or e}); "
             "name another folder"
         ) from None
-    print(f"{found} of {len(results)} cells have finished runs")
-    print(f"\n## Since the previous benchmark (`nllab compare`)\n\n{_comparison(tracker)}")
-    print(f"written: {', '.join(str(p) for p in paths.results)}")
-    print(f"full report of the latest benchmark and study runs: {paths.html} ({paths.markdown})")
-    return 0
 
 
-def _comparison(tracker) -> str:
+def _comparison(queries: Queries) -> str:
     """The latest benchmark beside the previous one of its experiment (changed cells only)."""
     from flows.cli.compare import comparison_section
 
-    text, comparison = comparison_section(tracker)
+    text, comparison = comparison_section(queries)
     if comparison is None:
         return text
     changed = [r for r in comparison.rows() if r["verdict"] != "unchanged"]
