@@ -46,7 +46,17 @@ from tasks.pipeline import (
 )
 from tasks.placement import place_pack
 from tasks.results import CellResult
-from tasks.tracking import RunTags, Tracker, TrackingSettings, claim_owner, run_name
+from tasks.tracking import (
+    CellClaims,
+    Queries,
+    RunLog,
+    RunTags,
+    Store,
+    TrackingSettings,
+    attach,
+    claim_owner,
+    run_name,
+)
 from tasks.training import (
     EpochRecord,
     TrainingDiverged,
@@ -99,12 +109,12 @@ class CellRuntime:
     placed: str | None = None
 
     @classmethod
-    def for_tracker(cls, tracker: Tracker, **kw) -> CellRuntime:
-        return cls(tracking=tracker.settings, experiment_id=tracker.experiment_id, **kw)
+    def for_store(cls, store: Store, **kw) -> CellRuntime:
+        return cls(tracking=store.settings, experiment_id=store.experiment_id, **kw)
 
     @classmethod
     def for_config(
-        cls, tracker: Tracker, config: RunConfig, parent_run_id: str | None, **kw
+        cls, store: Store, config: RunConfig, parent_run_id: str | None, **kw
     ) -> CellRuntime:
         """The runtime a :class:`RunConfig` asks for (``kw`` overrides single fields)."""
         ex = config.execution
@@ -120,11 +130,20 @@ class CellRuntime:
             "task_runner": ex.task_runner,
             "reuse": ex.reuse,
         }
-        return cls.for_tracker(tracker, **{**fields, **kw})
+        return cls.for_store(store, **{**fields, **kw})
 
     @property
-    def tracker(self) -> Tracker:
-        return Tracker.attach(self.tracking, self.experiment_id)
+    def run_log(self) -> RunLog:
+        """This process's run log of the store (:func:`tasks.tracking.attach`)."""
+        return attach(self.tracking, self.experiment_id).runs
+
+    @property
+    def claims(self) -> CellClaims:
+        return attach(self.tracking, self.experiment_id).claims
+
+    @property
+    def queries(self) -> Queries:
+        return attach(self.tracking, self.experiment_id).queries
 
 
 def pack_key(cell: CellConfig) -> str:
@@ -197,14 +216,14 @@ def fit_cells(
     """
     if rt.torch_threads is not None and torch.get_num_threads() != rt.torch_threads:
         torch.set_num_threads(rt.torch_threads)
-    tracker = rt.tracker
+    runs = rt.run_log
     members = [_Member(c, r, c.config_hash()) for c, r in zip(cells, run_ids, strict=True)]
     outcomes: list[FitOutcome | Exception | None] = [None] * len(members)
 
     def fail(i: int, e: Exception) -> None:
         outcomes[i] = e
         # The full traceback next to the run: the tag only holds the message.
-        tracker.log_text(members[i].run_id, "".join(traceback.format_exception(e)), "error.txt")
+        runs.log_text(members[i].run_id, "".join(traceback.format_exception(e)), "error.txt")
 
     # The step this pack runs, as measured: where the engine placed it (on a machine that has
     # that device), else placed here the same way, from the cache.
@@ -212,7 +231,7 @@ def fit_cells(
     device = place_pack(list(cells), placed or rt.device, cache_dir=rt.cache_dir)
     for i, m in enumerate(members):
         try:
-            m.setup = _set_up(m.cell, m.run_id, rt, tracker)
+            m.setup = _set_up(m.cell, m.run_id, rt, runs)
         except Exception as e:
             fail(i, e)
     live = [i for i, m in enumerate(members) if outcomes[i] is None]
@@ -221,7 +240,7 @@ def fit_cells(
 
     def log_epoch(i: int, r: EpochRecord) -> None:
         # the one logging hook inside training: the live loss curve
-        tracker.log_metrics(members[i].run_id, epoch_metrics(r), step=r.epoch)
+        runs.log_metrics(members[i].run_id, epoch_metrics(r), step=r.epoch)
         if on_epoch is not None:
             try:
                 on_epoch(i, r)
@@ -275,7 +294,7 @@ def fit_cells(
             if evaluate_test:
                 m = members[i]
                 evaluated = evaluate_cell(m.setup, res, device, m.config_hash)
-                log_outcome(tracker, m.run_id, evaluated)
+                log_outcome(runs, m.run_id, evaluated)
                 metrics = dict(evaluated.metrics)
                 outcomes[i] = FitOutcome(metrics["test_rmse"], res, metrics)
             else:
@@ -290,16 +309,16 @@ class _CallbackError(Exception):
     isolation (as ``__cause__``), so that it propagates instead of failing a member."""
 
 
-def _set_up(cell: CellConfig, run_id: str, rt: CellRuntime, tracker: Tracker) -> CellSetup:
+def _set_up(cell: CellConfig, run_id: str, rt: CellRuntime, runs: RunLog) -> CellSetup:
     """Data, split and initial weights of one member (weights from its own seed), each step's
     record logged as soon as it is made (a cell that fails later still shows them)."""
-    log_outcome(tracker, run_id, config_outcome(cell, device=rt.device, profile=rt.profile))
+    log_outcome(runs, run_id, config_outcome(cell, device=rt.device, profile=rt.profile))
     ds = simulate_data(cell.system, cell.data, cell.seed, rt.cache_dir)
     prepared = prepare_cell(cell, ds)
-    log_outcome(tracker, run_id, data_outcome(cell, ds, prepared, rt.cache_dir))
+    log_outcome(runs, run_id, data_outcome(cell, ds, prepared, rt.cache_dir))
     model, model_args = build_cell_model(cell, int(ds.x.shape[-1]))
     setup = CellSetup(cell, ds, prepared, model, model_args)
-    log_outcome(tracker, run_id, model_outcome(setup))
+    log_outcome(runs, run_id, model_outcome(setup))
     return setup
 
 
@@ -308,7 +327,7 @@ CLAIM_POLL_SECONDS = 2.0
 
 
 def stored_results(
-    tracker: Tracker,
+    queries: Queries,
     cells: Iterable[CellConfig],
     reuse: Reuse = "numerics",
     *,
@@ -318,7 +337,7 @@ def stored_results(
     store (as ``reused`` results) and those to run, in input order.
 
     A finished run counts only if its model artifact is present and loads
-    (:meth:`tasks.tracking.Tracker.reusable_cells`); otherwise its cell is run again and the
+    (:meth:`tasks.tracking.Queries.reusable_cells`); otherwise its cell is run again and the
     user is told why, once per run. ``reuse="numerics"``: also only if the run's numerics
     fingerprints equal today's (:mod:`tasks.numerics`; a run stored before fingerprints were
     recorded has none and is trained again), each changed model or system told in one line
@@ -328,7 +347,7 @@ def stored_results(
     today = numerics.warm(cells)  # also cached for the worker processes that tag the runs
     if reuse == "never":
         return [], cells
-    done, broken = tracker.reusable_cells(c.config_hash() for c in cells)
+    done, broken = queries.reusable_cells(c.config_hash() for c in cells)
     if reuse == "numerics":
         stale, lines = numerics.stale(cells, done, today)
         done = {h: r for h, r in done.items() if h not in stale}
@@ -351,9 +370,9 @@ def stored_results(
     return reused, todo
 
 
-def _stored(tracker: Tracker, cell: CellConfig, reuse: Reuse = "numerics") -> CellResult | None:
+def _stored(queries: Queries, cell: CellConfig, reuse: Reuse = "numerics") -> CellResult | None:
     """:func:`stored_results` of one cell: its ``reused`` result, or ``None``."""
-    reused, _ = stored_results(tracker, [cell], reuse, tell=False)
+    reused, _ = stored_results(queries, [cell], reuse, tell=False)
     return reused[0] if reused else None
 
 
@@ -361,7 +380,7 @@ def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
     """Train and evaluate ``cells`` (one pack: see :func:`pack_key`) in their own MLflow child
     runs; never raises on cell errors. Results in input order.
 
-    Each cell is claimed in the store first (:meth:`tasks.tracking.Tracker.cell_claim`), so two
+    Each cell is claimed in the store first (:meth:`tasks.tracking.CellClaims.cell_claim`), so two
     processes on one store never train the same cell: a cell claimed elsewhere is awaited and
     reused when it finishes, or taken over when its claim goes stale. A process that lost its
     claim while it trained (suspended past the stale time, its cell taken over) does not log the
@@ -369,17 +388,17 @@ def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
     run ends FAILED with its error; the others finish. Ctrl-C (``KeyboardInterrupt``) still
     propagates, after ending every open run as KILLED.
     """
-    tracker = rt.tracker
+    claims, queries = rt.claims, rt.queries
     owner = claim_owner()
     results: dict[str, CellResult] = {}
     elsewhere: list[CellConfig] = []
-    with ExitStack() as claims:
+    with ExitStack() as held:
         mine = []
         for c in cells:
             h = c.config_hash()
-            if not claims.enter_context(tracker.cell_claim(h, owner)):
+            if not held.enter_context(claims.cell_claim(h, owner)):
                 elsewhere.append(c)
-            elif (done := _stored(tracker, c, rt.reuse)) is not None:
+            elif (done := _stored(queries, c, rt.reuse)) is not None:
                 results[h] = done  # finished meanwhile
             else:
                 mine.append(c)
@@ -395,25 +414,25 @@ def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
 def _await_cell(cell: CellConfig, rt: CellRuntime) -> CellResult:
     """The result of a cell another process has claimed: reused once it finishes there, trained
     here if its claim is released or goes stale first. Says once whom it waits for."""
-    tracker, h = rt.tracker, cell.config_hash()
+    claims, queries, h = rt.claims, rt.queries, cell.config_hash()
     stop = rt.stop if rt.stop is not None else worker_stop_event()
     while True:
-        if (done := _stored(tracker, cell, rt.reuse)) is not None:
+        if (done := _stored(queries, cell, rt.reuse)) is not None:
             return done
         if stop is not None and stop.is_set():
             return CellResult.failed(
                 cell, "interrupted", "interrupted while another process trained it"
             )
         owner = claim_owner()
-        with tracker.cell_claim(h, owner) as mine:
+        with claims.cell_claim(h, owner) as mine:
             if mine:
-                if (done := _stored(tracker, cell, rt.reuse)) is not None:  # finished meanwhile
+                if (done := _stored(queries, cell, rt.reuse)) is not None:  # finished meanwhile
                     return done
                 lost: list[CellConfig] = []
                 (result,) = _train_pack([cell], rt, owner, lost)
                 if not lost:
                     return result
-            elif (holder := tracker.claim_holder(h)) is not None:
+            elif (holder := claims.claim_holder(h)) is not None:
                 notify_once(
                     f"waiting:{h}:{holder}",
                     f"waiting for cell {cell.key} ({h[:12]}), held by {holder}",
@@ -429,52 +448,61 @@ def _train_pack(
 ) -> list[CellResult]:
     """:func:`run_pack` for cells this process holds the claims of (as ``owner``, if given).
 
-    With ``owner``, each cell's claim is checked (:meth:`~tasks.tracking.Tracker.holds_cell`,
+    With ``owner``, each cell's claim is checked (:meth:`~tasks.tracking.CellClaims.holds_cell`,
     the fence) before its run is ended FINISHED; a cell whose claim was lost meanwhile ends
-    KILLED instead, is appended to ``lost`` and comes back ``interrupted``.
+    KILLED instead, is appended to ``lost`` and comes back ``interrupted``. Each run lives
+    through :meth:`~tasks.tracking.RunLog.run`.
     """
-    tracker = rt.tracker
+    runs, claims = rt.run_log, rt.claims
     hashes = [c.config_hash() for c in cells]
-    tokens = [None if owner is None else tracker.claim_generation(h, owner) for h in hashes]
-    run_ids: list[str] = []
+    tokens = [None if owner is None else claims.claim_generation(h, owner) for h in hashes]
     try:
-        for c, h in zip(cells, hashes, strict=True):
-            run_ids.append(tracker.create_run(run_name(c), _tags(c, rt, h), rt.parent_run_id))
-        outcomes = fit_cells(cells, rt, run_ids)
-    except BaseException as e:
-        for r in run_ids:
-            tracker.end_with_error(r, e)
-        if not isinstance(e, Exception):
-            raise
+        with ExitStack() as opened:
+            run_ids = [
+                opened.enter_context(runs.run(run_name(c), _tags(c, rt, h), rt.parent_run_id))
+                for c, h in zip(cells, hashes, strict=True)
+            ]
+            outcomes = fit_cells(cells, rt, run_ids)
+            members = zip(cells, hashes, run_ids, outcomes, tokens, strict=True)
+            return [_close_member(*m, rt, owner, lost) for m in members]
+    except Exception as e:  # every open run has ended with it; Ctrl-C propagates
         status: Literal["failed", "interrupted"] = (
             "interrupted" if isinstance(e, TrainingInterrupted) else "failed"
         )
         return [_unfinished(c, status, e) for c in cells]
-    results = []
-    for c, h, r, out, token in zip(cells, hashes, run_ids, outcomes, tokens, strict=True):
-        if not isinstance(out, FitOutcome):  # this member diverged; the others went on
-            tracker.end_with_error(r, out)
-            results.append(_unfinished(c, "failed", out))
-            continue
-        if owner is not None and not tracker.holds_cell(h, owner, token):
-            # Fenced: another process took the cell over (this one was stopped past the stale
-            # time); its run is the cell's one FINISHED run, this one must not be another.
-            holder = tracker.claim_holder(h) or "another process (since released)"
-            lost_claim = ClaimLost(
-                f"this process lost its claim on cell {c.key} while training it (stopped "
-                f"longer than the claim's stale time); {holder} took it over, so this run "
-                "is not logged as FINISHED"
-            )
-            tracker.set_tags(r, {RunTags.ERROR: f"ClaimLost: {lost_claim}"})
-            tracker.end_run(r, "KILLED")
-            notify_once(f"lost:{r}", str(lost_claim))
-            if lost is not None:
-                lost.append(c)
-            results.append(_unfinished(c, "interrupted", lost_claim))
-            continue
-        tracker.end_run(r, "FINISHED")
-        results.append(CellResult.fresh(c, r, out.metrics))
-    return results
+
+
+def _close_member(
+    c: CellConfig,
+    h: str,
+    r: str,
+    out: FitOutcome | Exception,
+    token: int | None,
+    rt: CellRuntime,
+    owner: str | None,
+    lost: list[CellConfig] | None,
+) -> CellResult:
+    """One member's result; its run ended here unless it is to end FINISHED (as its
+    :meth:`~tasks.tracking.RunLog.run` block completes)."""
+    runs, claims = rt.run_log, rt.claims
+    if not isinstance(out, FitOutcome):  # this member diverged; the others went on
+        runs.end_with_error(r, out)
+        return _unfinished(c, "failed", out)
+    if owner is not None and not claims.holds_cell(h, owner, token):
+        # Fenced: another process took the cell over (this one was stopped past the stale
+        # time); its run is the cell's one FINISHED run, this one must not be another.
+        holder = claims.claim_holder(h) or "another process (since released)"
+        lost_claim = ClaimLost(
+            f"this process lost its claim on cell {c.key} while training it (stopped "
+            f"longer than the claim's stale time); {holder} took it over, so this run "
+            "is not logged as FINISHED"
+        )
+        runs.end_with_error(r, lost_claim, killed=True)
+        notify_once(f"lost:{r}", str(lost_claim))
+        if lost is not None:
+            lost.append(c)
+        return _unfinished(c, "interrupted", lost_claim)
+    return CellResult.fresh(c, r, out.metrics)
 
 
 class ClaimLost(RuntimeError):

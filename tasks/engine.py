@@ -305,10 +305,9 @@ def run_cells(
     already gave for these cells in this command (the store is then not asked again; a cell
     finished meanwhile by another process is still reused, under its claim).
     """
-    tracker = runtime.tracker
     unique = list({c.config_hash(): c for c in cells}.values())
     if reused is None:
-        reused, todo = stored_results(tracker, unique, runtime.reuse)
+        reused, todo = stored_results(runtime.queries, unique, runtime.reuse)
     else:
         wanted = {c.config_hash() for c in unique}
         reused = [r for r in reused if r.config_hash in wanted]
@@ -330,7 +329,7 @@ def run_cells(
         plural(len(packs), "pack"),
         n_gpu,
         runtime.max_workers,
-        tracker.settings.tracking_uri,
+        runtime.tracking.tracking_uri,
     )
     # Bars redraw in place: in a terminal only. Redirected, a line per finished cell instead.
     lines = runtime.progress and not (sys.stdout.isatty() and sys.stderr.isatty())

@@ -42,6 +42,7 @@ from tasks._steps import (
     validate,
 )
 from tasks.config import TrainConfig
+from tasks.errors import Interrupted
 
 __all__ = [
     "EpochRecord",
@@ -65,7 +66,7 @@ class TrainingDiverged(RuntimeError):
     """The loss or the gradients became NaN or infinite."""
 
 
-class TrainingInterrupted(RuntimeError):
+class TrainingInterrupted(Interrupted):
     """Training was asked to stop (Ctrl-C or a cancelled flow) before it finished."""
 
 
