@@ -25,12 +25,12 @@ from tasks.cell import prepare_cell, simulate_data
 from tasks.config import CellConfig
 from tasks.evaluation import evaluate, outlier_census
 from tasks.modelio import load_model
-from tasks.tracking import Tracking, connect
+from tasks.tracking import Metrics, Tracking, connect
 
 
 def backfill(tracking: Tracking, run_id: str, per_trajectory: Path | None, force: bool) -> str:
     run = tracking.queries.get_run_data(run_id)
-    if "test_rmse" not in run.data.metrics:
+    if Metrics.TEST_RMSE not in run.data.metrics:
         return "no test_rmse (not finished)"
     if "test_top_share" in run.data.metrics and per_trajectory is None and not force:
         return "has the metrics already"
@@ -47,7 +47,7 @@ def backfill(tracking: Tracking, run_id: str, per_trajectory: Path | None, force
         dtype=cell.training.dtype,
         batch_size=cell.training.batch_size,
     )
-    logged = run.data.metrics["test_rmse"]
+    logged = run.data.metrics[Metrics.TEST_RMSE]
     if not np.isclose(ev.test_rmse, logged, rtol=1e-8, atol=0.0):
         return f"recomputed test RMSE {ev.test_rmse!r} != logged {logged!r}: left alone"
     if per_trajectory is not None:
@@ -68,7 +68,7 @@ def backfill(tracking: Tracking, run_id: str, per_trajectory: Path | None, force
     metrics = {
         **outlier_census(prepared),
         "test_top_share": ev.top_share,
-        "test_rmse_without_top": ev.rmse_without_top,
+        Metrics.TEST_RMSE_WITHOUT_TOP: ev.rmse_without_top,
     }
     tracking.runs.log_metrics(run_id, metrics)
     tracking.runs.set_tags(run_id, {"outlier_census": "backfilled"})

@@ -35,7 +35,7 @@ import matplotlib.pyplot as plt
 from tasks.cell import prepare_cell, simulate_data
 from tasks.config import CellConfig
 from tasks.modelio import load_model
-from tasks.tracking import connect
+from tasks.tracking import Metrics, connect
 from tasks.training import predict
 
 
@@ -72,7 +72,7 @@ def main() -> None:
             f.write(",".join(str(v) for v in r) + "\n")
 
     val, test = np.sqrt(sq["val"].mean()), np.sqrt(sq["test"].mean())
-    logged = run.data.metrics.get("test_rmse")
+    logged = run.data.metrics.get(Metrics.TEST_RMSE)
     print(f"{cell.key}: val RMSE {val:.5f}, test RMSE {test:.5f} (logged test {logged})")
     for name in ("train", "val", "test"):
         r = np.sqrt(sq[name])

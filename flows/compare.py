@@ -159,7 +159,7 @@ def _cells_of(queries: Queries, run_id: str) -> list[dict]:
                 "method": tags.get(RunTags.METHOD),
                 "seed": int(tags.get(RunTags.SEED, 0)),
                 "status": "finished",
-                "test_rmse": r.data.metrics.get("test_rmse"),
+                Metrics.TEST_RMSE: r.data.metrics.get(Metrics.TEST_RMSE),
                 "run_id": r.info.run_id,
             }
         )
@@ -183,7 +183,7 @@ def _key(c: dict) -> str:
 def _ok(c: dict | None) -> float | None:
     if c is None or c.get("status") not in ("finished", "reused"):
         return None
-    v = c.get("test_rmse")
+    v = c.get(Metrics.TEST_RMSE)
     return float(v) if v is not None and math.isfinite(float(v)) else None
 
 

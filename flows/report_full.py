@@ -32,7 +32,7 @@ from tasks.config import RunConfig
 from tasks.reporting import PAPER_BUDGET, ResultsTable, results_table
 from tasks.results import CellResult
 from tasks.tables import Table, TableCell, number, render_table
-from tasks.tracking import Queries
+from tasks.tracking import Metrics, Queries
 
 #: The command the report suggests when no tuning study has run: complete, as it can be typed.
 TUNE_EXAMPLE = "nllab tune --method neural_laplace --system lotka_volterra_dde --trials 10"
@@ -152,7 +152,7 @@ def _tuning_section(queries: Queries, link) -> ReportSection:
     rows = []
     for r in runs:
         t, m = r.data.tags, r.data.metrics
-        best = m.get("best_val_rmse", float("nan"))
+        best = m.get(Metrics.BEST_VAL_RMSE, float("nan"))
         rows.append(
             (
                 TableCell(t.get("optuna.study", "?")),
@@ -160,7 +160,7 @@ def _tuning_section(queries: Queries, link) -> ReportSection:
                 TableCell(t.get("system", "?")),
                 TableCell(t.get("profile", "?")),
                 TableCell(number(best)),
-                TableCell(str(int(m.get("n_trials", 0)))),
+                TableCell(str(int(m.get(Metrics.N_TRIALS, 0)))),
                 TableCell(t.get("best_trial", "–")),
                 TableCell(r.info.run_id[:12], link=link(r.info.run_id)),
             )

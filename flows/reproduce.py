@@ -32,7 +32,7 @@ from tasks.evaluation import evaluate
 from tasks.modelio import load_model
 from tasks.results import CellResult
 from tasks.tables import Format, Table, TableCell, number, render_table
-from tasks.tracking import RunRecord, RunTags, Tracking, connect, parent_run
+from tasks.tracking import Metrics, RunRecord, RunTags, Tracking, connect, parent_run
 
 __all__ = [
     "DataMismatch",
@@ -140,7 +140,7 @@ def verify_registered(
     ref = resolve_model(opened, uri)
     run = opened.queries.get_run_data(ref.run_id)
     tags, metrics = run.data.tags, run.data.metrics
-    if "test_rmse" not in metrics:
+    if Metrics.TEST_RMSE not in metrics:
         raise LookupError(f"source run {ref.run_id} of {uri!r} has no logged test_rmse")
     with tempfile.TemporaryDirectory(prefix="nllab-reproduce-") as tmp:
         model, spec = load_model(opened.registry.download_model(uri, Path(tmp) / "model"))
@@ -174,7 +174,7 @@ def verify_registered(
         cell=cell,
         profile=tags.get("profile", "quick"),
         dataset_hash=ds.fingerprint,
-        logged_rmse=float(metrics["test_rmse"]),
+        logged_rmse=float(metrics[Metrics.TEST_RMSE]),
         test_rmse=float(ev.test_rmse),
     )
 

@@ -294,7 +294,7 @@ def test_one_claims_run_per_experiment_without_a_store_lock(mlflow_store, monkey
 
     monkeypatch.setattr(Store, "lock", lambda self: contextlib.nullcontext())
     first = connect()
-    trackers = [CellClaims(Store(first.settings, first.experiment_id)) for _ in range(6)]
+    trackers = [CellClaims(Store(first.store.settings, first.experiment_id)) for _ in range(6)]
     go = threading.Barrier(len(trackers))
 
     def claims_run(t):
@@ -312,7 +312,7 @@ def test_one_claims_run_per_experiment_without_a_store_lock(mlflow_store, monkey
     assert len(set(threads_ids)) == 1 and _claims_runs(first) == threads_ids[:1]
 
     # Another process's search ran before this one's run existed: both created one.
-    late = CellClaims(Store(first.settings, first.experiment_id))
+    late = CellClaims(Store(first.store.settings, first.experiment_id))
     search, calls = late._client.search_runs, []
 
     def racing_search(*args, **kw):

@@ -224,7 +224,7 @@ def test_concurrent_writers_keep_sqlite_intact(mlflow_store):
 
     def writer(i: int) -> None:
         # half share the command's tracker, half a worker's own (attach, as task workers)
-        t = shared if i % 2 else attach(shared.settings, shared.experiment_id)
+        t = shared if i % 2 else attach(shared.store.settings, shared.experiment_id)
         try:
             with t.runs.run(f"w{i}", {"nllab.kind": "cell", "config_hash": f"h{i}"}) as rid:
                 t.runs.log_params(rid, {f"p{k}": k for k in range(30)})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from flows.cli._common import EXIT_FAILED, UsageError
+from flows.cli import _common as cli
 
 if TYPE_CHECKING:
     from tasks.tracking import Queries
@@ -44,7 +44,7 @@ def comparison_section(queries: Queries, run_id: str | None = None, against: str
     try:
         comparison = compare_benchmarks(queries, run_id, against)
     except UnknownRun as e:
-        raise UsageError(str(e)) from None
+        raise cli.UsageError(str(e)) from None
     except NoComparison as e:
         return f"nothing to compare: {e}", None
     return comparison.to_markdown(), comparison
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
     queries = connect().queries
     if args.against and not args.run:
-        raise UsageError("--against needs --run (the benchmark to compare with it)")
+        raise cli.UsageError("--against needs --run (the benchmark to compare with it)")
     text, comparison = comparison_section(queries, args.run, args.against)
     if comparison is None:
         print(text)
@@ -74,5 +74,5 @@ def run(args: argparse.Namespace) -> int:
     if comparison.regressions:
         n = comparison.regressions
         print(f"{n} cell{'s' if n != 1 else ''} regressed")
-        return EXIT_FAILED
+        return cli.EXIT_FAILED
     return 0

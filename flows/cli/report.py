@@ -9,13 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flows.cli._common import (
-    EXIT_FAILED,
-    UsageError,
-    add_selection,
-    check_selection,
-    resolve,
-)
+from flows.cli import _common as cli
 
 if TYPE_CHECKING:
     from tasks.config import RunConfig
@@ -32,7 +26,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "report (plus Markdown) with every table and figure of the latest benchmark and study "
         "runs, each beside the paper's number with the gap marked.",
     )
-    add_selection(
+    cli.add_selection(
         p, profile_help="size preset (default: the profile of the latest finished benchmark)"
     )
     p.add_argument(
@@ -51,30 +45,34 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="address of a running MLflow UI: run ids become links to it "
         "(default $NLLAB_MLFLOW_UI, or the tracking server)",
     )
-    p.set_defaults(handler=run, precheck=check_selection)
+    p.set_defaults(handler=run, precheck=cli.check_selection)
     return p
 
 
 def check_out_folder(out: str | None) -> None:
-    """``--out`` must name a folder (existing or not): a :class:`UsageError` if it, or a folder
-    above it, is a file."""
+    """``--out`` must name a folder (existing or not): a
+    :class:`~flows.cli._common.UsageError` if it, or a folder above it, is a file."""
     if not out:
         return
     path = Path(out)
     for p in (path, *path.parents):
         if p.exists() and not p.is_dir():
             what = "is a file" if p == path else f"is below {str(p)!r}, a file"
-            raise UsageError(f"--out {out!r} {what}; --out names the folder the report goes into")
+            raise cli.UsageError(
+                f"--out {out!r} {what}; --out names the folder the report goes into"
+            )
         if p.exists():  # the nearest folder that exists: the report is written (or made) in it
             if not os.access(p, os.W_OK | os.X_OK):
-                raise UsageError(f"--out {out!r}: {str(p)!r} is not writable; name another folder")
+                raise cli.UsageError(
+                    f"--out {out!r}: {str(p)!r} is not writable; name another folder"
+                )
             break
 
 
 def run(args: argparse.Namespace) -> int:
     check_out_folder(args.out)
     # With a profile named, bad values fail here, before MLflow loads.
-    config = resolve(args) if args.profile else None
+    config = cli.resolve(args) if args.profile else None
     # Loading MLflow and reading every run takes seconds: say so before the first result.
     print("nllab report: loading MLflow and reading the tracking store …", flush=True)
     return _report(args, config)
@@ -100,7 +98,7 @@ def _report(args: argparse.Namespace, config: RunConfig | None) -> int:
     queries = connect(config.tracking if config else None).queries
     if config is None:
         if (chosen := _latest_config(args, queries)) is None:
-            return EXIT_FAILED
+            return cli.EXIT_FAILED
         config, queries = chosen
     results = stored_cell_results(queries, config)
     found = sum(r.ok for r in results)
@@ -110,7 +108,7 @@ def _report(args: argparse.Namespace, config: RunConfig | None) -> int:
             f"runs in {queries.settings.tracking_uri}; nothing to report",
             file=sys.stderr,
         )
-        return EXIT_FAILED
+        return cli.EXIT_FAILED
     table = results_table(results, profile=config.profile)
     print(table.to_terminal(color=sys.stdout.isatty()))
     paths = _write_report(args, queries, config.profile, results)
@@ -130,7 +128,7 @@ def _latest_config(args: argparse.Namespace, queries: Queries) -> tuple[RunConfi
 
     latest = benchmark_config(queries)
     if _selection_given(args):
-        config = resolve(args, profile=latest[0].profile if latest else None)
+        config = cli.resolve(args, profile=latest[0].profile if latest else None)
         return config, connect(config.tracking).queries
     if latest is None:
         print(
@@ -145,7 +143,8 @@ def _latest_config(args: argparse.Namespace, queries: Queries) -> tuple[RunConfi
 
 def _write_report(args: argparse.Namespace, queries: Queries, profile: str, results):
     """The report files under ``--out`` (default ``$NLLAB_HOME/reports/PROFILE``); a folder
-    that cannot take them is a :class:`UsageError` (a full disk is said as such)."""
+    that cannot take them is a :class:`~flows.cli._common.UsageError` (a full disk is said as
+    such)."""
     from datasets import data_home
     from flows.report_full import UnownedFiles, build_report
 
@@ -158,12 +157,12 @@ def _write_report(args: argparse.Namespace, queries: Queries, profile: str, resu
             queries, out, results=results, profile=profile, ui_address=ui, force=args.force
         )
     except UnownedFiles as e:
-        raise UsageError(str(e)) from None
+        raise cli.UsageError(str(e)) from None
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise  # a full disk: exit 3, said as such
         where = e.filename or out
-        raise UsageError(
+        raise cli.UsageError(
             f"--out {str(out)!r}: cannot write {str(where)!r} ({e.strerror or e}); "
             "name another folder"
         ) from None

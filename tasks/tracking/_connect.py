@@ -37,10 +37,6 @@ class Tracking:
         return cls(store, RunLog(store), CellClaims(store), queries, Registry(store, queries))
 
     @property
-    def settings(self) -> TrackingSettings:
-        return self.store.settings
-
-    @property
     def experiment_id(self) -> str:
         return self.store.experiment_id
 

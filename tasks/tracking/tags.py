@@ -75,6 +75,12 @@ class Metrics:
     TEST_RMSE = "test_rmse"
     TEST_RMSE_PHYSICAL = "test_rmse_physical"
     TEST_RMSE_WITHOUT_TOP = "test_rmse_without_top"
+    TEST_TOP_SHARE = "test_top_share"
+    TEST_NFE = "test_nfe"
+    #: Per epoch (the live loss curve).
+    TRAIN_LOSS = "train_loss"
+    VAL_LOSS = "val_loss"
+    VAL_RMSE = "val_rmse"
     BEST_VAL_RMSE = "best_val_rmse"
     FIRST_VAL_RMSE = "first_val_rmse"
     BEST_EPOCH = "best_epoch"
