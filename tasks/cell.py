@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -46,23 +46,16 @@ from tasks.pipeline import (
 )
 from tasks.placement import place_pack
 from tasks.results import CellResult
-from tasks.tracking import (
-    CellClaims,
-    Queries,
-    RunLog,
-    RunTags,
-    Store,
-    TrackingSettings,
-    attach,
-    claim_owner,
-    run_name,
-)
+from tasks.tracking import RunTags, TrackingSettings, attach, claim_owner, run_name
 from tasks.training import (
     EpochRecord,
     TrainingDiverged,
     TrainingInterrupted,
     TrainResult,
 )
+
+if TYPE_CHECKING:
+    from tasks.tracking import Queries, RunLog, Store, Tracking
 
 __all__ = [
     "CLAIM_POLL_SECONDS",
@@ -132,18 +125,9 @@ class CellRuntime:
         }
         return cls.for_store(store, **{**fields, **kw})
 
-    @property
-    def run_log(self) -> RunLog:
-        """This process's run log of the store (:func:`tasks.tracking.attach`)."""
-        return attach(self.tracking, self.experiment_id).runs
-
-    @property
-    def claims(self) -> CellClaims:
-        return attach(self.tracking, self.experiment_id).claims
-
-    @property
-    def queries(self) -> Queries:
-        return attach(self.tracking, self.experiment_id).queries
+    def attached(self) -> Tracking:
+        """This process's tracking objects of the store (:func:`tasks.tracking.attach`)."""
+        return attach(self.tracking, self.experiment_id)
 
 
 def pack_key(cell: CellConfig) -> str:
@@ -216,7 +200,7 @@ def fit_cells(
     """
     if rt.torch_threads is not None and torch.get_num_threads() != rt.torch_threads:
         torch.set_num_threads(rt.torch_threads)
-    runs = rt.run_log
+    runs = rt.attached().runs
     members = [_Member(c, r, c.config_hash()) for c, r in zip(cells, run_ids, strict=True)]
     outcomes: list[FitOutcome | Exception | None] = [None] * len(members)
 
@@ -388,7 +372,7 @@ def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
     run ends FAILED with its error; the others finish. Ctrl-C (``KeyboardInterrupt``) still
     propagates, after ending every open run as KILLED.
     """
-    claims, queries = rt.claims, rt.queries
+    claims, queries = rt.attached().claims, rt.attached().queries
     owner = claim_owner()
     results: dict[str, CellResult] = {}
     elsewhere: list[CellConfig] = []
@@ -414,7 +398,7 @@ def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
 def _await_cell(cell: CellConfig, rt: CellRuntime) -> CellResult:
     """The result of a cell another process has claimed: reused once it finishes there, trained
     here if its claim is released or goes stale first. Says once whom it waits for."""
-    claims, queries, h = rt.claims, rt.queries, cell.config_hash()
+    claims, queries, h = rt.attached().claims, rt.attached().queries, cell.config_hash()
     stop = rt.stop if rt.stop is not None else worker_stop_event()
     while True:
         if (done := _stored(queries, cell, rt.reuse)) is not None:
@@ -450,10 +434,9 @@ def _train_pack(
 
     With ``owner``, each cell's claim is checked (:meth:`~tasks.tracking.CellClaims.holds_cell`,
     the fence) before its run is ended FINISHED; a cell whose claim was lost meanwhile ends
-    KILLED instead, is appended to ``lost`` and comes back ``interrupted``. Each run lives
-    through :meth:`~tasks.tracking.RunLog.run`.
+    KILLED instead, is appended to ``lost`` and comes back ``interrupted``.
     """
-    runs, claims = rt.run_log, rt.claims
+    runs, claims = rt.attached().runs, rt.attached().claims
     hashes = [c.config_hash() for c in cells]
     tokens = [None if owner is None else claims.claim_generation(h, owner) for h in hashes]
     try:
@@ -464,27 +447,18 @@ def _train_pack(
             ]
             outcomes = fit_cells(cells, rt, run_ids)
             members = zip(cells, hashes, run_ids, outcomes, tokens, strict=True)
-            return [_close_member(*m, rt, owner, lost) for m in members]
+            return [_close_member(m, rt, owner, lost) for m in members]
     except Exception as e:  # every open run has ended with it; Ctrl-C propagates
-        status: Literal["failed", "interrupted"] = (
-            "interrupted" if isinstance(e, TrainingInterrupted) else "failed"
-        )
-        return [_unfinished(c, status, e) for c in cells]
+        stopped = isinstance(e, TrainingInterrupted)
+        return [_unfinished(c, "interrupted" if stopped else "failed", e) for c in cells]
 
 
 def _close_member(
-    c: CellConfig,
-    h: str,
-    r: str,
-    out: FitOutcome | Exception,
-    token: int | None,
-    rt: CellRuntime,
-    owner: str | None,
-    lost: list[CellConfig] | None,
+    member: tuple, rt: CellRuntime, owner: str | None, lost: list | None
 ) -> CellResult:
-    """One member's result; its run ended here unless it is to end FINISHED (as its
-    :meth:`~tasks.tracking.RunLog.run` block completes)."""
-    runs, claims = rt.run_log, rt.claims
+    """The result of ``(cell, hash, run id, outcome, claim generation)``; its run ends here
+    unless it ends FINISHED (as its :meth:`~tasks.tracking.RunLog.run` block completes)."""
+    (c, h, r, out, token), runs, claims = member, rt.attached().runs, rt.attached().claims
     if not isinstance(out, FitOutcome):  # this member diverged; the others went on
         runs.end_with_error(r, out)
         return _unfinished(c, "failed", out)

@@ -307,7 +307,7 @@ def run_cells(
     """
     unique = list({c.config_hash(): c for c in cells}.values())
     if reused is None:
-        reused, todo = stored_results(runtime.queries, unique, runtime.reuse)
+        reused, todo = stored_results(runtime.attached().queries, unique, runtime.reuse)
     else:
         wanted = {c.config_hash() for c in unique}
         reused = [r for r in reused if r.config_hash in wanted]
