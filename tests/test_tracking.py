@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -160,6 +162,85 @@ def test_run_states(mlflow_store):
     assert t.queries.get_run_data(bad).data.tags["error"] == "ValueError: broken cell"
     hist = t.store.client.get_metric_history(ok, "m")
     assert [(m.step, m.value) for m in hist] == [(3, 1.0)]
+
+
+def test_the_run_life_cycle_takes_an_early_end_and_outcome_tags(mlflow_store):
+    """``RunLog.run``, the one run life cycle (cells, parents, trials): a run the block ended
+    itself keeps that end; ``killed_by`` errors end KILLED; ``outcome_tags`` tags every end."""
+
+    def state(error: BaseException | None) -> dict[str, str]:
+        return {"outcome": "none" if error is None else type(error).__name__}
+
+    runs, queries = connect().runs, connect().queries
+    with runs.run("kept", {}) as kept:
+        runs.end_with_error(kept, ValueError("member diverged"))
+    with runs.run("fenced", {}) as fenced:
+        runs.end_with_error(fenced, RuntimeError("claim lost"), killed=True)
+    with pytest.raises(LookupError), runs.run("pruned", {}, killed_by=(LookupError,)) as pruned:
+        raise LookupError("pruned at epoch 3")
+    with runs.run("done", {}, outcome_tags=state) as done:
+        pass
+    with pytest.raises(ValueError), runs.run("failed", {}, outcome_tags=state) as failed:
+        raise ValueError("x")
+    got = {r: queries.get_run_data(r) for r in (kept, fenced, pruned, done, failed)}
+    assert {r: run.info.status for r, run in got.items()} == {
+        kept: "FAILED",
+        fenced: "KILLED",
+        pruned: "KILLED",
+        done: "FINISHED",
+        failed: "FAILED",
+    }
+    assert got[kept].data.tags["error"] == "ValueError: member diverged"
+    assert got[done].data.tags["outcome"] == "none"
+    assert got[failed].data.tags["outcome"] == "ValueError"
+    assert got[failed].data.tags["error"] == "ValueError: x"
+
+
+def test_light_tracking_modules_load_without_mlflow():
+    """The command line's pre-checks ask these before anything heavy loads."""
+    code = (
+        "import sys\n"
+        "import tasks.errors, tasks.tracking.locations, tasks.tracking.processes\n"
+        "from tasks.tracking.tags import Metrics, RunTags\n"
+        "heavy = [m for m in ('mlflow', 'torch', 'prefect') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def test_platform_errors_share_their_family_by_type():
+    """Errors are classified by type (``isinstance``), never by class name."""
+    from flows._dask import DaskSetupError, DaskUnreachable
+    from tasks.errors import Interrupted, SettingError, Unreachable
+    from tasks.tuning.spec import StorageUnavailable, TuningError
+
+    assert all(issubclass(e, Unreachable) for e in (TrackingUnavailable, StorageUnavailable))
+    assert issubclass(DaskUnreachable, Unreachable) and issubclass(DaskUnreachable, SettingError)
+    assert issubclass(TuningError, SettingError) and issubclass(DaskSetupError, SettingError)
+    assert issubclass(TrainingInterrupted, Interrupted)
+    assert not issubclass(TrackingUnavailable, SettingError)
+
+
+def test_registered_version_reads_the_embedded_registry(tmp_path):
+    """``locations.registered_version``: the sqlite tables, read-only, without MLflow."""
+    from tasks.tracking.locations import registered_version
+
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    assert registered_version("m@champion", uri) == (False, [])  # no store: nothing there
+    with sqlite3.connect(db) as c:
+        c.execute("create table registered_models (name text)")
+        c.execute("create table registered_model_aliases (name text, alias text, version int)")
+        c.execute("create table model_versions (name text, version int)")
+        c.execute("insert into registered_models values ('m'), ('a')")
+        c.execute("insert into registered_model_aliases values ('m', 'champion', 2)")
+        c.execute("insert into model_versions values ('m', 2)")
+    assert registered_version("m@champion", uri) == (True, [])
+    assert registered_version("m/2", uri) == (True, [])
+    assert registered_version("m/3", uri) == (False, ["a", "m"])
+    assert registered_version("m@best", uri) == (False, ["a", "m"])
+    assert registered_version("m@champion", "http://127.0.0.1:9")[0] is None
 
 
 def test_finished_cells_ignore_unfinished_runs(mlflow_store):
