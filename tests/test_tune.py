@@ -307,7 +307,7 @@ def test_cli_tune_prints_the_dashboard_command(tmp_path, mlflow_store, prefect_s
     out = capsys.readouterr().out
     assert "tuned configurations for 1 cell;" not in out  # the one cell is tuned, none left
     assert out.splitlines()[0] == "tuned configurations for 1 cell"
-    run = connect().client.search_runs(
+    run = connect().store.client.search_runs(
         [connect().experiment_id], "tags.method = 'node' and tags.profile = 'smoke'"
     )[0]
     assert json.loads(run.data.params["model.hidden"]) == list(tuned.model["hidden"])

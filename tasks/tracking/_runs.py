@@ -1,4 +1,4 @@
-"""Runs of the MLflow adapter: creating and ending them, logging into them, reading them back.
+"""Runs of the MLflow adapter: creating them, logging into them and ending them.
 
 Every call names its run explicitly (``MlflowClient`` with run ids, never MLflow's fluent
 "active run"), so cells running in threads can never log into each other's runs. Each run
