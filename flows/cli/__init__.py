@@ -29,7 +29,7 @@ from flows.cli import (
     tune,
     ui,
 )
-from flows.cli._common import (
+from flows.cli.common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_TRACKING,
@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (check := getattr(args, "precheck", None)) is not None:
             check(args)  # names, files, registry URIs: before torch, MLflow or Prefect load
         from datasets._cache import require_writable_home
-        from flows.cli._common import check_environment, check_store_paths
+        from flows.cli.common import check_environment, check_store_paths
         from flows.faults import check_free_space
 
         check_environment()

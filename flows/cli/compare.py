@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from flows.cli import _common as cli
+from flows.cli import common as cli
 
 if TYPE_CHECKING:
     from tasks.tracking import Queries

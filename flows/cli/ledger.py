@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from flows.cli import _common as cli
+from flows.cli import common as cli
 
 __all__ = ["add_parser", "run"]
 
@@ -192,7 +192,7 @@ def _record(args: argparse.Namespace) -> int:
 
 
 def _execution(args: argparse.Namespace) -> dict:
-    from flows.cli._common import task_runner
+    from flows.cli.common import task_runner
 
     execution = {
         "max_workers": args.max_workers,

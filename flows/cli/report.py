@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flows.cli import _common as cli
+from flows.cli import common as cli
 
 if TYPE_CHECKING:
     from tasks.config import RunConfig
@@ -51,7 +51,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def check_out_folder(out: str | None) -> None:
     """``--out`` must name a folder (existing or not): a
-    :class:`~flows.cli._common.UsageError` if it, or a folder above it, is a file."""
+    :class:`~flows.cli.common.UsageError` if it, or a folder above it, is a file."""
     if not out:
         return
     path = Path(out)
@@ -143,7 +143,7 @@ def _latest_config(args: argparse.Namespace, queries: Queries) -> tuple[RunConfi
 
 def _write_report(args: argparse.Namespace, queries: Queries, profile: str, results):
     """The report files under ``--out`` (default ``$NLLAB_HOME/reports/PROFILE``); a folder
-    that cannot take them is a :class:`~flows.cli._common.UsageError` (a full disk is said as
+    that cannot take them is a :class:`~flows.cli.common.UsageError` (a full disk is said as
     such)."""
     from datasets import data_home
     from flows.report_full import UnownedFiles, build_report

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from flows.cli import _common as cli
+from flows.cli import common as cli
 
 __all__ = ["add_parser", "run"]
 

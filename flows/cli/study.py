@@ -7,7 +7,7 @@ import ast
 import sys
 from pathlib import Path
 
-from flows.cli import _common as cli
+from flows.cli import common as cli
 
 __all__ = ["add_parser", "run", "study_help"]
 

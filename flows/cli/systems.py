@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from flows.cli import _common as cli
+from flows.cli import common as cli
 
 __all__ = ["add_parser", "run"]
 

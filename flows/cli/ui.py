@@ -12,7 +12,7 @@ import threading
 import time
 import urllib.request
 
-from flows.cli._common import EXIT_INTERRUPTED, EXIT_USAGE, port
+from flows.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, port
 
 __all__ = ["add_parser", "port_in_use", "run", "runs_view_url", "ui_command", "ui_environment"]
 
