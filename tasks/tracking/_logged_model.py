@@ -22,12 +22,6 @@ __all__ = ["log_pyfunc_model"]
 
 _SIGNATURE_REPORT = "Failed to infer signature from type hint"
 
-# MLflow cannot turn the pyfunc's dict-of-arrays ``predict`` hint into a signature (it takes
-# list[...] hints only) and says so as it logs a model; the signature is given explicitly. A
-# process-wide filter as well as the recording below: ``warnings.catch_warnings`` swaps the
-# process's filters, so two cells logging models from two threads at once could restore each
-# other's and let the report through (seen on a busy machine).
-warnings.filterwarnings("ignore", message=_SIGNATURE_REPORT, category=UserWarning)
 
 
 def _signature_and_example(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -95,6 +89,13 @@ def log_pyfunc_model(store: Store, run_id: str, folder: Path, artifact_path: str
     from mlflow.entities import LoggedModelStatus
     from mlflow.models import Model
 
+    # MLflow cannot turn the pyfunc's dict-of-arrays ``predict`` hint into a signature (it takes
+    # list[...] hints only) and says so as it logs a model; the signature is given explicitly.
+    # A process-wide filter as well as the recording below: ``warnings.catch_warnings`` swaps
+    # the process's filters, so two cells logging models from two threads at once could restore
+    # each other's and let the report through (seen on a busy machine). Set before each model:
+    # this module loads on first use, possibly inside a caller's own ``catch_warnings``.
+    warnings.filterwarnings("ignore", message=_SIGNATURE_REPORT, category=UserWarning)
     spec = json.loads((folder / "model.json").read_text())
     signature, example = _signature_and_example(spec)
     logged = _create_logged_model(store, run_id, spec, artifact_path)
