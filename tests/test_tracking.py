@@ -82,7 +82,7 @@ def test_a_command_connects_once_per_store_and_afresh_when_the_store_changed(mon
     use_home(moved)  # another home: its own store
     elsewhere = connect()
     assert elsewhere is not first
-    assert elsewhere.settings.tracking_uri.endswith(f"{moved}/mlflow/mlflow.db")
+    assert elsewhere.store.settings.tracking_uri.endswith(f"{moved}/mlflow/mlflow.db")
     assert (moved / "mlflow" / "mlflow.db").is_file()
 
     use_home(home)
