@@ -87,26 +87,25 @@ def parse_seeds(values: Sequence[str] | None) -> list[int] | None:
     return seeds
 
 
-def positive_int(text: str) -> int:
-    """An ``argparse`` type: an integer of at least 1 (``--trials 0`` is a usage error)."""
+def _whole_number(text: str, low: int, high: int | None, what: str) -> int:
+    """``text`` as an integer from ``low`` to ``high``, else an ``argparse`` type error."""
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a whole number of at least 1, got {text!r}")
+        value = low - 1
+    if value < low or (high is not None and value > high):
+        raise argparse.ArgumentTypeError(f"{what}, got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An ``argparse`` type: an integer of at least 1 (``--trials 0`` is a usage error)."""
+    return _whole_number(text, 1, None, "a whole number of at least 1")
 
 
 def port(text: str) -> int:
     """An ``argparse`` type: a TCP port, 1 to 65535 (``--port 99999`` is a usage error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a TCP port from 1 to 65535, got {text!r}")
-    return value
+    return _whole_number(text, 1, 65535, "a TCP port from 1 to 65535")
 
 
 def task_runner(args: argparse.Namespace) -> str | None:

@@ -23,7 +23,6 @@ __all__ = ["log_pyfunc_model"]
 _SIGNATURE_REPORT = "Failed to infer signature from type hint"
 
 
-
 def _signature_and_example(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """The tensor signature of ``predict`` and one input example: one trajectory of 8 observed
     points (the training set's mean state) and 4 queries after them, small, in physical units,
