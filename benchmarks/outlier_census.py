@@ -25,20 +25,20 @@ from tasks.cell import prepare_cell, simulate_data
 from tasks.config import CellConfig
 from tasks.evaluation import evaluate, outlier_census
 from tasks.modelio import load_model
-from tasks.tracking import Tracker
+from tasks.tracking import Metrics, Tracking, connect
 
 
-def backfill(tracker: Tracker, run_id: str, per_trajectory: Path | None, force: bool) -> str:
-    run = tracker.get_run_data(run_id)
-    if "test_rmse" not in run.data.metrics:
+def backfill(tracking: Tracking, run_id: str, per_trajectory: Path | None, force: bool) -> str:
+    run = tracking.queries.get_run_data(run_id)
+    if Metrics.TEST_RMSE not in run.data.metrics:
         return "no test_rmse (not finished)"
     if "test_top_share" in run.data.metrics and per_trajectory is None and not force:
         return "has the metrics already"
     with tempfile.TemporaryDirectory(prefix="nllab-census-") as tmp:
         cell = CellConfig.model_validate_json(
-            tracker.download(run_id, "config.json", tmp).read_text()
+            tracking.queries.download(run_id, "config.json", tmp).read_text()
         )
-        model, _ = load_model(tracker.download(run_id, "model", tmp))
+        model, _ = load_model(tracking.queries.download(run_id, "model", tmp))
     prepared = prepare_cell(cell, simulate_data(cell.system, cell.data, cell.seed))
     ev, pred = evaluate(
         model,
@@ -47,7 +47,7 @@ def backfill(tracker: Tracker, run_id: str, per_trajectory: Path | None, force: 
         dtype=cell.training.dtype,
         batch_size=cell.training.batch_size,
     )
-    logged = run.data.metrics["test_rmse"]
+    logged = run.data.metrics[Metrics.TEST_RMSE]
     if not np.isclose(ev.test_rmse, logged, rtol=1e-8, atol=0.0):
         return f"recomputed test RMSE {ev.test_rmse!r} != logged {logged!r}: left alone"
     if per_trajectory is not None:
@@ -68,10 +68,10 @@ def backfill(tracker: Tracker, run_id: str, per_trajectory: Path | None, force: 
     metrics = {
         **outlier_census(prepared),
         "test_top_share": ev.top_share,
-        "test_rmse_without_top": ev.rmse_without_top,
+        Metrics.TEST_RMSE_WITHOUT_TOP: ev.rmse_without_top,
     }
-    tracker.log_metrics(run_id, metrics)
-    tracker.set_tags(run_id, {"outlier_census": "backfilled"})
+    tracking.runs.log_metrics(run_id, metrics)
+    tracking.runs.set_tags(run_id, {"outlier_census": "backfilled"})
     return f"logged (top share {ev.top_share:.3f}, without top {ev.rmse_without_top:.4g})"
 
 
@@ -81,17 +81,10 @@ def main() -> None:
     ap.add_argument("--per-trajectory", type=Path, help="write per-trajectory test RMSE here")
     ap.add_argument("--force", action="store_true", help="recompute runs that have the metrics")
     args = ap.parse_args()
-    tracker = Tracker.connect()
-    runs = args.runs or [
-        r.info.run_id
-        for r in tracker.client.search_runs(
-            [tracker.experiment_id],
-            "tags.`nllab.kind` = 'cell' and attributes.status = 'FINISHED'",
-            max_results=5000,
-        )
-    ]
+    tracking = connect()
+    runs = args.runs or [r.info.run_id for r in tracking.queries.finished_runs("cell")]
     for run_id in runs:
-        print(run_id, backfill(tracker, run_id, args.per_trajectory, args.force), flush=True)
+        print(run_id, backfill(tracking, run_id, args.per_trajectory, args.force), flush=True)
 
 
 if __name__ == "__main__":

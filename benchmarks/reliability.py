@@ -97,7 +97,7 @@ def race(scratch: Path, tries: int) -> None:
         ]
         crashed += answered.count(False)  # any other exit, or exit 1 without that answer
         check = subprocess.run(
-            [sys.executable, "-c", "from tasks.tracking import Tracker; Tracker.connect()"],
+            [sys.executable, "-c", "from tasks.tracking import connect; connect()"],
             env=probe_env(home), capture_output=True,
         )  # fmt: skip
         unusable += check.returncode != 0

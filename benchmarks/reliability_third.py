@@ -98,7 +98,7 @@ def absurd(scratch: Path) -> None:
 
 
 def _held_store(home: Path) -> None:
-    code = "from tasks.tracking import Tracker; Tracker.connect()"
+    code = "from tasks.tracking import connect; connect()"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=probe_env(home), check=True)
     holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(home / "mlflow" / "mlflow.db")],
                               stdout=subprocess.PIPE, text=True)  # fmt: skip

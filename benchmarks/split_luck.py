@@ -35,7 +35,7 @@ import matplotlib.pyplot as plt
 from tasks.cell import prepare_cell, simulate_data
 from tasks.config import CellConfig
 from tasks.modelio import load_model
-from tasks.tracking import Tracker
+from tasks.tracking import Metrics, connect
 from tasks.training import predict
 
 
@@ -46,13 +46,13 @@ def main() -> None:
     ap.add_argument("--resplits", type=int, default=10_000)
     ap.add_argument("--seed", type=int, default=0, help="seed of the random re-splits")
     args = ap.parse_args()
-    tracker = Tracker.connect()
-    run = tracker.get_run_data(args.run_id)
+    queries = connect().queries
+    run = queries.get_run_data(args.run_id)
     with tempfile.TemporaryDirectory(prefix="nllab-luck-") as tmp:
         cell = CellConfig.model_validate_json(
-            tracker.download(args.run_id, "config.json", tmp).read_text()
+            queries.download(args.run_id, "config.json", tmp).read_text()
         )
-        model, _ = load_model(tracker.download(args.run_id, "model", tmp))
+        model, _ = load_model(queries.download(args.run_id, "model", tmp))
     prepared = prepare_cell(cell, simulate_data(cell.system, cell.data, cell.seed))
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -72,7 +72,7 @@ def main() -> None:
             f.write(",".join(str(v) for v in r) + "\n")
 
     val, test = np.sqrt(sq["val"].mean()), np.sqrt(sq["test"].mean())
-    logged = run.data.metrics.get("test_rmse")
+    logged = run.data.metrics.get(Metrics.TEST_RMSE)
     print(f"{cell.key}: val RMSE {val:.5f}, test RMSE {test:.5f} (logged test {logged})")
     for name in ("train", "val", "test"):
         r = np.sqrt(sq[name])

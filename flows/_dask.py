@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 
+from tasks.errors import SettingError, Unreachable
 from tasks.tracking import TrackingSettings
 
 __all__ = [
@@ -28,11 +29,11 @@ __all__ = [
 ]
 
 
-class DaskSetupError(RuntimeError):
+class DaskSetupError(SettingError):
     """The Dask setup cannot work as configured; the message says what to change."""
 
 
-class DaskUnreachable(DaskSetupError):
+class DaskUnreachable(DaskSetupError, Unreachable):
     """No Dask scheduler answers at the given address (a fault of the environment)."""
 
 

@@ -177,9 +177,10 @@ class _QuietEnvironmentFaults(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         from flows.faults import describe_fault, names_fault
+        from tasks.prefect_tasks import PackFailed
 
         error = record.exc_info[1] if record.exc_info else None
-        if type(error).__name__ == "PackFailed" or (
+        if isinstance(error, PackFailed) or (
             record.name.startswith("prefect.task_runs") and "PackFailed" in record.getMessage()
         ):
             return False

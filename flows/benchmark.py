@@ -25,7 +25,7 @@ from tasks.config import RunConfig
 from tasks.engine import run_cells, stored_results
 from tasks.reporting import ResultsTable, parent_summary, results_table
 from tasks.results import CellResult
-from tasks.tracking import Promotion, RunTags, Tracker, parent_run
+from tasks.tracking import Promotion, Registry, RunTags, connect, parent_run
 
 __all__ = [
     "BenchmarkSummary",
@@ -66,7 +66,7 @@ class BenchmarkSummary:
         return all(r.ok for r in self.results)
 
 
-def _promote(tracker: Tracker, results: list[CellResult]) -> list[Promotion]:
+def _promote(registry: Registry, results: list[CellResult]) -> list[Promotion]:
     best: dict[str, CellResult] = {}
     for r in results:
         # A model that never learned is kept in its run, never in the registry.
@@ -74,7 +74,7 @@ def _promote(tracker: Tracker, results: list[CellResult]) -> list[Promotion]:
             if r.system not in best or r.test_rmse < best[r.system].test_rmse:
                 best[r.system] = r
     return [
-        tracker.promote_if_better(registry_name(s), r.run_id, r.test_rmse) for s, r in best.items()
+        registry.promote_if_better(registry_name(s), r.run_id, r.test_rmse) for s, r in best.items()
     ]
 
 
@@ -89,7 +89,7 @@ def benchmark_flow(
     logger = get_run_logger()
     t0 = time.perf_counter()
     # Connect (and create the sqlite store) before any worker thread writes to it.
-    tracker = Tracker.connect(config.tracking)
+    tracking = connect(config.tracking)
     cells = config.cells()
     # Also builds the kernels once here, before any worker process needs them.
     logger.info(
@@ -98,7 +98,7 @@ def benchmark_flow(
     )
     stop = threading.Event()
     with parent_run(
-        tracker,
+        tracking.runs,
         f"benchmark-{config.profile}",
         kind="benchmark",
         tags={RunTags.PROFILE: config.profile, RunTags.EXPERIMENT_HASH: experiment_hash(config)},
@@ -115,25 +115,28 @@ def benchmark_flow(
     ) as run:
         parent = run.run_id
         runtime = CellRuntime.for_config(
-            tracker, config, parent, stop=stop if config.execution.task_runner == "thread" else None
+            tracking.store,
+            config,
+            parent,
+            stop=stop if config.execution.task_runner == "thread" else None,
         )
         results = run_cells(cells, runtime, reused=reused)
         table = results_table(results, profile=config.profile)
         with tempfile.TemporaryDirectory(prefix="nllab-report-") as tmp:
             table.write(Path(tmp))
-            tracker.log_artifact(parent, Path(tmp), "results")
-        tracker.log_text(parent, cells_record(results), CELLS_ARTIFACT)
+            tracking.runs.log_artifact(parent, Path(tmp), "results")
+        tracking.runs.log_text(parent, cells_record(results), CELLS_ARTIFACT)
         publish_table(
             artifact_key("benchmark", config.profile, "results"),
             table.frame.to_dict("records"),
             f"Benchmark {config.profile}: test RMSE per system and method (MLflow run {parent})",
         )
-        promotions = _promote(tracker, results) if config.tracking.register_models else []
+        promotions = _promote(tracking.registry, results) if config.tracking.register_models else []
         failed = [r for r in results if not r.ok]
         description, summary_metrics = parent_summary(
             results, f"Benchmark, profile {config.profile}", config.profile
         )
-        tracker.log_metrics(parent, summary_metrics)
+        tracking.runs.log_metrics(parent, summary_metrics)
         run.record_cells(results, note=description)
         for r in failed:
             logger.error("cell %s/%s/seed%d %s: %s", r.system, r.method, r.seed, r.status, r.error)
@@ -152,12 +155,12 @@ def run_benchmark(config: RunConfig, *, always_record: bool = False) -> Benchmar
     """
     t0 = time.perf_counter()
     # Fail on an unusable tracking store before starting Prefect (and create sqlite once).
-    tracker = Tracker.connect(config.tracking)
-    reused, todo = stored_results(tracker, config.cells(), config.execution.reuse)
+    tracking = connect(config.tracking)
+    reused, todo = stored_results(tracking.queries, config.cells(), config.execution.reuse)
     if not todo and not always_record:
-        promotions = _promote(tracker, reused) if config.tracking.register_models else []
+        promotions = _promote(tracking.registry, reused) if config.tracking.register_models else []
         first = reused[0].run_id if reused else None
-        parent = tracker.get_run_data(first).data.tags.get(RunTags.PARENT, first)
+        parent = tracking.queries.get_run_data(first).data.tags.get(RunTags.PARENT, first)
         return BenchmarkSummary(
             parent,
             tuple(reused),

@@ -28,7 +28,7 @@ from typing import Literal
 import numpy as np
 
 from tasks.results import CellResult
-from tasks.tracking import RunTags, Tracker
+from tasks.tracking import Metrics, Queries, RunTags, Tracking
 
 __all__ = [
     "CELLS_ARTIFACT",
@@ -139,17 +139,17 @@ def _fmt(value: float | None, signed: bool = False) -> str:
     return f"{value:+.4g}" if signed else f"{value:.6g}"
 
 
-def _cells_of(tracker: Tracker, run_id: str) -> list[dict]:
+def _cells_of(queries: Queries, run_id: str) -> list[dict]:
     """The cells of benchmark run ``run_id`` (its ``cells.json``; an older run without it: its
     child cell runs)."""
     with tempfile.TemporaryDirectory(prefix="nllab-compare-") as tmp:
         try:
-            path = tracker.download(run_id, CELLS_ARTIFACT, tmp)
+            path = queries.download(run_id, CELLS_ARTIFACT, tmp)
             return json.loads(Path(path).read_text())
         except Exception:  # an older benchmark: its own child runs only
             pass
     cells = []
-    for r in tracker.child_runs(run_id):
+    for r in queries.child_runs(run_id):
         tags = r.data.tags
         if tags.get(RunTags.KIND) != "cell" or r.info.status != "FINISHED":
             continue
@@ -159,15 +159,15 @@ def _cells_of(tracker: Tracker, run_id: str) -> list[dict]:
                 "method": tags.get(RunTags.METHOD),
                 "seed": int(tags.get(RunTags.SEED, 0)),
                 "status": "finished",
-                "test_rmse": r.data.metrics.get("test_rmse"),
+                Metrics.TEST_RMSE: r.data.metrics.get(Metrics.TEST_RMSE),
                 "run_id": r.info.run_id,
             }
         )
     return cells
 
 
-def _fingerprints(tracker: Tracker, cells: Sequence[dict]) -> dict[str, tuple[str, str] | None]:
-    runs = tracker.runs_by_id(c["run_id"] for c in cells if c.get("run_id"))
+def _fingerprints(queries: Queries, cells: Sequence[dict]) -> dict[str, tuple[str, str] | None]:
+    runs = queries.runs_by_id(c["run_id"] for c in cells if c.get("run_id"))
     out: dict[str, tuple[str, str] | None] = {}
     for run_id, run in runs.items():
         tags = run.data.tags  # type: ignore[attr-defined]
@@ -183,7 +183,7 @@ def _key(c: dict) -> str:
 def _ok(c: dict | None) -> float | None:
     if c is None or c.get("status") not in ("finished", "reused"):
         return None
-    v = c.get("test_rmse")
+    v = c.get(Metrics.TEST_RMSE)
     return float(v) if v is not None and math.isfinite(float(v)) else None
 
 
@@ -217,16 +217,16 @@ def _verdict(before: float | None, after: float | None, spread: float) -> str:
 
 
 def compare_benchmarks(
-    tracker: Tracker, run_id: str | None = None, against: str | None = None
+    queries: Queries, run_id: str | None = None, against: str | None = None
 ) -> Comparison:
     """Benchmark ``run_id`` (default: the latest finished one) beside ``against`` (default: the
     finished benchmark of the same experiment before it). :class:`NoComparison` when either
     is missing."""
-    runs = tracker.finished_runs("benchmark")  # newest first
+    runs = queries.finished_runs("benchmark")  # newest first
     by_id = {r.info.run_id: r for r in runs}
     if run_id is None:
         if not runs:
-            raise NoComparison(f"no finished benchmark in {tracker.settings.tracking_uri}")
+            raise NoComparison(f"no finished benchmark in {queries.settings.tracking_uri}")
         run_id = runs[0].info.run_id
     if run_id not in by_id:
         raise UnknownRun(f"{run_id} is not a finished benchmark run")
@@ -247,8 +247,8 @@ def compare_benchmarks(
         against = older[0].info.run_id
     elif against not in by_id:
         raise UnknownRun(f"{against} is not a finished benchmark run")
-    after, before = _cells_of(tracker, run_id), _cells_of(tracker, against)
-    prints = _fingerprints(tracker, [*after, *before])
+    after, before = _cells_of(queries, run_id), _cells_of(queries, against)
+    prints = _fingerprints(queries, [*after, *before])
     spreads = _spreads(before)
     old = {_key(c): c for c in before}
     new = {_key(c): c for c in after}
@@ -285,7 +285,7 @@ def compare_benchmarks(
     return Comparison(run_id, against, profile, tuple(changes))
 
 
-def record_comparison(tracker: Tracker, run_id: str) -> Comparison | None:
+def record_comparison(tracking: Tracking, run_id: str) -> Comparison | None:
     """Compare benchmark ``run_id`` with the previous one of its experiment and record it: on
     the run (the ``regressions`` metric, ``comparison.md``) and as the Prefect artifacts of
     the current flow run (the comparison as a table and as Markdown, keyed by profile).
@@ -293,15 +293,15 @@ def record_comparison(tracker: Tracker, run_id: str) -> Comparison | None:
     from flows._artifacts import artifact_key, publish_markdown, publish_table
 
     try:
-        comparison: Comparison | None = compare_benchmarks(tracker, run_id)
+        comparison: Comparison | None = compare_benchmarks(tracking.queries, run_id)
     except NoComparison as e:
         comparison, text, profile = None, f"# Nothing to compare\n\n{e}\n", None
     else:
         text, profile = comparison.to_markdown(), comparison.profile
-    profile = profile or tracker.get_run_data(run_id).data.tags.get(RunTags.PROFILE, "run")
-    tracker.log_text(run_id, text, "comparison.md")
+    profile = profile or tracking.queries.get_run_data(run_id).data.tags.get(RunTags.PROFILE, "run")
+    tracking.runs.log_text(run_id, text, "comparison.md")
     regressions = comparison.regressions if comparison is not None else 0
-    tracker.log_metrics(run_id, {"regressions": regressions})
+    tracking.runs.log_metrics(run_id, {Metrics.REGRESSIONS: regressions})
     key = artifact_key("benchmark", profile, "comparison")
     if comparison is not None:
         publish_table(key + "-table", comparison.rows(), comparison.summary())

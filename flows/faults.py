@@ -17,6 +17,7 @@ import traceback
 from pathlib import Path
 
 from tasks._sqlite_faults import sqlite_problem
+from tasks.errors import Unreachable
 
 __all__ = [
     "MIN_FREE_MB",
@@ -135,7 +136,7 @@ def describe_fault(error: BaseException, home: Path | None = None) -> str | None
                 return line
     # Faults the platform already names (a store, a storage, a scheduler it cannot reach).
     for e in chain:
-        if type(e).__name__ in ("TrackingUnavailable", "StorageUnavailable", "DaskUnreachable"):
+        if isinstance(e, Unreachable):
             return str(e) or type(e).__name__
     for e in chain:
         text = str(e).lower()

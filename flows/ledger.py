@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tasks.config import CellConfig, RunConfig, resolve_config
 from tasks.ledger import (
@@ -31,6 +31,9 @@ from tasks.ledger import (
     record_of_run,
 )
 from tasks.tracking.tags import RunTags
+
+if TYPE_CHECKING:
+    from tasks.tracking import Queries
 
 __all__ = [
     "LedgerRun",
@@ -66,11 +69,11 @@ def ledger_groups(cells: Sequence[CellConfig]) -> list[tuple[int, str, list[str]
 
 
 def record_finished(
-    tracker, cells: Sequence[CellConfig], ledger: Path, hardware: Callable[[str], str]
+    queries: Queries, cells: Sequence[CellConfig], ledger: Path, hardware: Callable[[str], str]
 ) -> list[LedgerRecord]:
     """Append the records of ``cells`` that have a FINISHED run in the store; returns them."""
     by_hash = {c.config_hash(): c for c in cells}
-    found = tracker.finished_cells(by_hash)
+    found = queries.finished_cells(by_hash)
     records = [
         record_of_run(
             by_hash[h],
@@ -100,13 +103,13 @@ def record_store(
     """Record the selected cells that the tracking store holds FINISHED and the ledger lacks
     (after a plain ``nllab benchmark --profile paper``, or a run that was killed); trains
     nothing."""
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
     todo = _unrecorded(ledger, selection)
     if not todo:
         return []
-    tracker = Tracker.connect(paper_config(**selection, **execution).tracking)
-    return record_finished(tracker, todo, ledger, hardware_name)
+    queries = connect(paper_config(**selection, **execution).tracking).queries
+    return record_finished(queries, todo, ledger, hardware_name)
 
 
 @dataclass
@@ -176,7 +179,7 @@ def run_ledger(
     ``selection`` may name a ``config_file`` layered on the paper profile.
     ``execution``: the benchmark's execution settings (max_workers, torch_threads, device...).
     ``niceness``: added to this process's (and so its workers') CPU niceness first."""
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
     if niceness:
         os.nice(niceness)
@@ -184,9 +187,9 @@ def run_ledger(
     out = LedgerRun(todo=len(todo))
     if not todo:
         return out
-    tracker = Tracker.connect(paper_config(**selection, **execution).tracking)
+    queries = connect(paper_config(**selection, **execution).tracking).queries
     recorder = _Recorder(
-        lambda group: record_finished(tracker, group, ledger, hardware_name), out, say
+        lambda group: record_finished(queries, group, ledger, hardware_name), out, say
     )
     recorder.sweep(todo)  # cells a stopped run finished in this store meanwhile
     recorded = {(r.system, r.method, r.seed) for r in out.appended}

@@ -1,6 +1,6 @@
 """``nllab report``: the main table as the paper's Table 3, every study and tuning study, in one
 self-contained HTML page (figures embedded as base64 PNG) and a Markdown report, read from MLflow
-through the :class:`~tasks.tracking.Tracker`. Only FINISHED parent runs are read.
+through the :class:`~tasks.tracking.Queries`. Only FINISHED parent runs are read.
 
 Every table goes through :func:`tasks.reporting.render_table`, so the terminal, Markdown, LaTeX and
 HTML show the same cells: ours beside the paper's figure, the best per column marked and a verdict
@@ -32,7 +32,7 @@ from tasks.config import RunConfig
 from tasks.reporting import PAPER_BUDGET, ResultsTable, results_table
 from tasks.results import CellResult
 from tasks.tables import Table, TableCell, number, render_table
-from tasks.tracking import Tracker
+from tasks.tracking import Metrics, Queries
 
 #: The command the report suggests when no tuning study has run: complete, as it can be typed.
 TUNE_EXAMPLE = "nllab tune --method neural_laplace --system lotka_volterra_dde --trials 10"
@@ -75,21 +75,21 @@ class ReportPaths:
 
 
 # -- what the store holds -------------------------------------------------------------------
-def benchmark_config(tracker: Tracker) -> tuple[RunConfig, str] | None:
+def benchmark_config(queries: Queries) -> tuple[RunConfig, str] | None:
     """The configuration and run id of the latest FINISHED benchmark parent, or ``None``."""
-    run_id = tracker.latest_run("benchmark")
+    run_id = queries.latest_run("benchmark")
     if run_id is None:
         return None
     with tempfile.TemporaryDirectory(prefix="nllab-report-") as tmp:
         try:
-            path = tracker.download(run_id, "run_config.json", tmp)
+            path = queries.download(run_id, "run_config.json", tmp)
             return RunConfig.model_validate_json(path.read_text()), run_id
         except Exception:
             return None  # a parent from an older version without its config
 
 
 def stored_cell_results(
-    tracker: Tracker, config: RunConfig, parent_run_id: str | None = None
+    queries: Queries, config: RunConfig, parent_run_id: str | None = None
 ) -> list[CellResult]:
     """Every cell of ``config``: its finished run (with the top-share metrics) or ``missing``.
 
@@ -97,9 +97,9 @@ def stored_cell_results(
     was trained by that benchmark (status ``finished``, shown as "trained"); any other finished
     run was reused from an earlier one (``reused``)."""
     if parent_run_id is None:
-        parent_run_id = tracker.latest_run("benchmark")
+        parent_run_id = queries.latest_run("benchmark")
     cells = config.cells()
-    done = tracker.finished_cells(c.config_hash() for c in cells)
+    done = queries.finished_cells(c.config_hash() for c in cells)
     out = []
     for c in cells:
         rec = done.get(c.config_hash())
@@ -117,12 +117,12 @@ def stored_cell_results(
 _STATUS_WORDS = {"finished": "trained"}
 
 
-def _study_section(tracker: Tracker, name: str, title: str, paper_ref: str, link) -> ReportSection:
-    run_id = tracker.latest_run(f"study:{name}")
+def _study_section(queries: Queries, name: str, title: str, paper_ref: str, link) -> ReportSection:
+    run_id = queries.latest_run(f"study:{name}")
     if run_id is None:
         return ReportSection(name, title, paper_ref, None, "–", {}, {})
     with tempfile.TemporaryDirectory(prefix="nllab-report-") as tmp:
-        root = tracker.download(run_id, "study", tmp)
+        root = queries.download(run_id, "study", tmp)
         meta = (
             json.loads((root / "study.json").read_text()) if (root / "study.json").exists() else {}
         )
@@ -144,15 +144,15 @@ def _study_section(tracker: Tracker, name: str, title: str, paper_ref: str, link
     )
 
 
-def _tuning_section(tracker: Tracker, link) -> ReportSection:
-    runs = tracker.finished_runs("tune")
+def _tuning_section(queries: Queries, link) -> ReportSection:
+    runs = queries.finished_runs("tune")
     title, ref = "Hyperparameter tuning (Optuna)", "Appendix (hyperparameters)"
     if not runs:
         return ReportSection("tune", title, ref, None, "–", {}, {})
     rows = []
     for r in runs:
         t, m = r.data.tags, r.data.metrics
-        best = m.get("best_val_rmse", float("nan"))
+        best = m.get(Metrics.BEST_VAL_RMSE, float("nan"))
         rows.append(
             (
                 TableCell(t.get("optuna.study", "?")),
@@ -160,7 +160,7 @@ def _tuning_section(tracker: Tracker, link) -> ReportSection:
                 TableCell(t.get("system", "?")),
                 TableCell(t.get("profile", "?")),
                 TableCell(number(best)),
-                TableCell(str(int(m.get("n_trials", 0)))),
+                TableCell(str(int(m.get(Metrics.N_TRIALS, 0)))),
                 TableCell(t.get("best_trial", "–")),
                 TableCell(r.info.run_id[:12], link=link(r.info.run_id)),
             )
@@ -216,7 +216,7 @@ def main_table_figure(table: ResultsTable) -> bytes:
 
 
 def collect_sections(
-    tracker: Tracker,
+    queries: Queries,
     results: Sequence[CellResult] | None = None,
     ui_address: str | None = None,
     profile: str | None = None,
@@ -227,23 +227,23 @@ def collect_sections(
     from flows.studies import STUDIES
 
     def link(run_id: str | None) -> str | None:
-        return tracker.run_url(ui_address, run_id) if ui_address and run_id else None
+        return queries.run_url(ui_address, run_id) if ui_address and run_id else None
 
-    sections = [_benchmark_section(tracker, results, profile, link)]
+    sections = [_benchmark_section(queries, results, profile, link)]
     for name, study in STUDIES.items():
-        sections.append(_study_section(tracker, name, study.spec.title, study.spec.paper_ref, link))
-    sections.append(_tuning_section(tracker, link))
+        sections.append(_study_section(queries, name, study.spec.title, study.spec.paper_ref, link))
+    sections.append(_tuning_section(queries, link))
     return sections
 
 
-def _benchmark_section(tracker: Tracker, results, profile: str | None, link) -> ReportSection:
+def _benchmark_section(queries: Queries, results, profile: str | None, link) -> ReportSection:
     title, ref = "Main table", "Table 3 (Table:MainMSE)"
-    found = benchmark_config(tracker)
+    found = benchmark_config(queries)
     run_id = found[1] if found else None
     if results is None:
         if found is None:
             return ReportSection("benchmark", title, ref, None, "–", {}, {})
-        results, profile = stored_cell_results(tracker, found[0]), found[0].profile
+        results, profile = stored_cell_results(queries, found[0]), found[0].profile
     elif profile is None:
         raise ValueError("the profile the results were trained in is needed to judge them")
     table = results_table(results, profile=profile)
@@ -299,7 +299,7 @@ caption{caption-side:bottom;color:#666;font-size:12px;text-align:left}"""
 
 
 def build_report(
-    tracker: Tracker,
+    queries: Queries,
     out_dir: str | Path,
     *,
     results: Sequence[CellResult] | None = None,
@@ -312,10 +312,10 @@ def build_report(
     ``out_dir`` (see :class:`OwnedFolder`). Only what has run gets a section; one line lists
     the rest, each with the command that runs it."""
     out = OwnedFolder(Path(out_dir), force)
-    found = collect_sections(tracker, results, ui_address, profile)
+    found = collect_sections(queries, results, ui_address, profile)
     sections = [s for s in found if s.run_id is not None or s.tables]
     not_run = [s for s in found if s not in sections]
-    where = f"{tracker.settings.tracking_uri} (experiment {tracker.settings.experiment})"
+    where = f"{queries.settings.tracking_uri} (experiment {queries.settings.experiment})"
     md, body = _report_head(where, [_run_command(s.name) for s in not_run])
     figures: list[Path] = []
     results_paths: list[Path] = []

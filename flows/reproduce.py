@@ -32,7 +32,7 @@ from tasks.evaluation import evaluate
 from tasks.modelio import load_model
 from tasks.results import CellResult
 from tasks.tables import Format, Table, TableCell, number, render_table
-from tasks.tracking import RunRecord, RunTags, Tracker, parent_run
+from tasks.tracking import Metrics, RunRecord, RunTags, Tracking, connect, parent_run
 
 __all__ = [
     "DataMismatch",
@@ -61,7 +61,7 @@ class ReproductionMismatch(RuntimeError):
     """The registered weights do not give the logged test RMSE."""
 
 
-# -- registry lookup (through Tracker.model_version) ---------------------------------------------
+# -- registry lookup (through Registry.model_version) ---------------------------------------------
 @dataclass(frozen=True)
 class ModelRef:
     uri: str
@@ -71,23 +71,23 @@ class ModelRef:
     run_deleted: bool = False  # the source run is soft-deleted (restorable) but still usable
 
 
-def resolve_model(tracker: Tracker, uri: str) -> ModelRef:
+def resolve_model(tracking: Tracking, uri: str) -> ModelRef:
     """The model version and source run of ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``.
 
     Raises ``LookupError`` in one line when there is no such version, or when its source run
     was purged from the store or its model artifact is missing (naming that run).
     """
-    name, version, run_id = tracker.model_version(uri)
+    name, version, run_id = tracking.registry.model_version(uri)
     if not run_id:
         raise LookupError(f"{uri!r} (version {version}) has no source run to reproduce")
     # a soft-deleted run is still usable (with a warning) while its model is there
-    problem = tracker.run_problem(run_id, allow_deleted=True)
+    problem = tracking.registry.run_problem(run_id, allow_deleted=True)
     if problem is not None:
         raise LookupError(
             f"{uri} points at version {version} of {name!r} (run {run_id}), but {problem}; run "
             f"`nllab benchmark` again to train and register a new champion"
         )
-    deleted = tracker.get_run_data(run_id).info.lifecycle_stage == "deleted"
+    deleted = tracking.queries.get_run_data(run_id).info.lifecycle_stage == "deleted"
     return ModelRef(uri, name, version, run_id, deleted)
 
 
@@ -136,14 +136,14 @@ def verify_registered(
 
     ``fresh_data``: simulate into an empty folder instead of reading the data cache.
     """
-    tracker = Tracker.connect(tracking)
-    ref = resolve_model(tracker, uri)
-    run = tracker.get_run_data(ref.run_id)
+    opened = connect(tracking)
+    ref = resolve_model(opened, uri)
+    run = opened.queries.get_run_data(ref.run_id)
     tags, metrics = run.data.tags, run.data.metrics
-    if "test_rmse" not in metrics:
+    if Metrics.TEST_RMSE not in metrics:
         raise LookupError(f"source run {ref.run_id} of {uri!r} has no logged test_rmse")
     with tempfile.TemporaryDirectory(prefix="nllab-reproduce-") as tmp:
-        model, spec = load_model(tracker.download_model(uri, Path(tmp) / "model"))
+        model, spec = load_model(opened.registry.download_model(uri, Path(tmp) / "model"))
         cell = _recorded_cell(spec.cell, tags, ref.run_id)
         recorded_hash = tags.get("dataset_hash") or spec.dataset_fingerprint
         cache = Path(tmp) / "data" if fresh_data else None
@@ -174,7 +174,7 @@ def verify_registered(
         cell=cell,
         profile=tags.get("profile", "quick"),
         dataset_hash=ds.fingerprint,
-        logged_rmse=float(metrics["test_rmse"]),
+        logged_rmse=float(metrics[Metrics.TEST_RMSE]),
         test_rmse=float(ev.test_rmse),
     )
 
@@ -277,7 +277,7 @@ def reproduce_flow(
         )
     logger.info("%s: test RMSE %.12g reproduced (logged %.12g)", uri, v.test_rmse, v.logged_rmse)
     variants = ablation_cells(v.cell, ablation) if ablation else []
-    tracker = Tracker.connect()
+    tracking = connect()
     link = {RunTags.SOURCE_RUN: v.ref.run_id, RunTags.SOURCE_MODEL: uri}
     tags = {
         **link,
@@ -288,14 +288,14 @@ def reproduce_flow(
     }
     results: list[tuple[Any, CellResult]] = []
     with parent_run(
-        tracker,
+        tracking.runs,
         f"reproduce-{v.ref.name}-v{v.ref.version}",
         kind="reproduce",
         tags=tags,
         source_run_id=v.ref.run_id,
     ) as run:
         run_id = run.run_id
-        tracker.log_metrics(
+        tracking.runs.log_metrics(
             run_id,
             {
                 "test_rmse": v.test_rmse,
@@ -305,7 +305,7 @@ def reproduce_flow(
         )
         if variants:
             config = _run_config(v, max_workers, task_runner, dask_address, pack, reuse)
-            runtime = CellRuntime.for_config(tracker, config, run_id, device="cpu")
+            runtime = CellRuntime.for_config(tracking.store, config, run_id, device="cpu")
             source = CellResult.reused(
                 v.cell, RunRecord(v.ref.run_id, v.cell.config_hash(), v.logged_rmse, {})
             )
@@ -317,9 +317,9 @@ def reproduce_flow(
                     continue
                 r = next(done)
                 if r.run_id and r.status == "finished":
-                    tracker.set_tags(r.run_id, {**link, "ablation": ablation, "value": value})
+                    tracking.runs.set_tags(r.run_id, {**link, "ablation": ablation, "value": value})
                 results.append((value, r))
-            tracker.log_text(run_id, ablation_table(ablation, results), "ablation.md")
+            tracking.runs.log_text(run_id, ablation_table(ablation, results), "ablation.md")
             run.record_cells([r for _, r in results])
     return ReproduceResult(v, ablation, run_id, tuple(results), time.perf_counter() - t0)
 
@@ -355,7 +355,7 @@ def ablation_table(
 def reproduce(uri: str, ablation: str | None = None, **kwargs: Any) -> ReproduceResult:
     # A wrong URI, a purged run or a missing model fails here, in seconds, before Prefect
     # starts (``LookupError``).
-    warning = deleted_run_warning(resolve_model(Tracker.connect(), uri))
+    warning = deleted_run_warning(resolve_model(connect(), uri))
     if warning is not None:
         print(f"nllab reproduce: {warning}", file=sys.stderr)
     with flow_settings():

@@ -46,12 +46,12 @@ def scheduled_benchmark(profile: str = "smoke", config: dict[str, Any] | None = 
     from flows.benchmark import run_benchmark
     from flows.compare import record_comparison
     from tasks.config import resolve_config
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
     run_config = resolve_config(profile, overrides={"progress": False, **(config or {})})
     # a new parent run every night, even when every cell is reused: each night is compared
     summary = run_benchmark(run_config, always_record=True)
-    comparison = record_comparison(Tracker.connect(run_config.tracking), summary.parent_run_id)
+    comparison = record_comparison(connect(run_config.tracking), summary.parent_run_id)
     regressed = comparison.regressions if comparison is not None else 0
     return f"{len(summary.results)} cells, {summary.count('failed')} failed, {regressed} regressed"
 

@@ -45,7 +45,8 @@ _LAZY = {
     "ResultsTable": "tasks.reporting",
     "results_table": "tasks.reporting",
     "Promotion": "tasks.tracking",
-    "Tracker": "tasks.tracking",
+    "Tracking": "tasks.tracking",
+    "connect": "tasks.tracking",
     "TrackingUnavailable": "tasks.tracking",
     "EpochRecord": "tasks.training",
     "TrainingDiverged": "tasks.training",
@@ -73,7 +74,7 @@ __all__ = [
     "Promotion",
     "ResultsTable",
     "RunConfig",
-    "Tracker",
+    "Tracking",
     "TrackingConfig",
     "TrackingUnavailable",
     "TrainConfig",
@@ -116,12 +117,12 @@ def load_registered_model(
     import tempfile
 
     from tasks.modelio import load_model
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
-    tracker = Tracker.connect(tracking)
+    registry = connect(tracking).registry
     # The weights are in memory once loaded: the downloaded copy is not kept.
     with tempfile.TemporaryDirectory(prefix="nllab-model-") as tmp:
-        return load_model(tracker.download_model(uri, tmp), device=device)
+        return load_model(registry.download_model(uri, tmp), device=device)
 
 
 def tracking_uri(tracking: TrackingConfig | None = None) -> str:

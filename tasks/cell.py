@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -46,12 +46,15 @@ from tasks.pipeline import (
 )
 from tasks.placement import place_pack
 from tasks.results import CellResult
-from tasks.tracking import RunTags, Tracker, TrackingSettings, claim_owner, run_name
+from tasks.tracking import Metrics, RunTags, TrackingSettings, attach, claim_owner, run_name
 from tasks.training import (
     EpochRecord,
     TrainingInterrupted,
     TrainResult,
 )
+
+if TYPE_CHECKING:
+    from tasks.tracking import Queries, RunLog, Store, Tracking
 
 __all__ = [
     "CLAIM_POLL_SECONDS",
@@ -98,12 +101,12 @@ class CellRuntime:
     placed: str | None = None
 
     @classmethod
-    def for_tracker(cls, tracker: Tracker, **kw) -> CellRuntime:
-        return cls(tracking=tracker.settings, experiment_id=tracker.experiment_id, **kw)
+    def for_store(cls, store: Store, **kw) -> CellRuntime:
+        return cls(tracking=store.settings, experiment_id=store.experiment_id, **kw)
 
     @classmethod
     def for_config(
-        cls, tracker: Tracker, config: RunConfig, parent_run_id: str | None, **kw
+        cls, store: Store, config: RunConfig, parent_run_id: str | None, **kw
     ) -> CellRuntime:
         """The runtime a :class:`RunConfig` asks for (``kw`` overrides single fields)."""
         ex = config.execution
@@ -119,11 +122,11 @@ class CellRuntime:
             "task_runner": ex.task_runner,
             "reuse": ex.reuse,
         }
-        return cls.for_tracker(tracker, **{**fields, **kw})
+        return cls.for_store(store, **{**fields, **kw})
 
-    @property
-    def tracker(self) -> Tracker:
-        return Tracker.attach(self.tracking, self.experiment_id)
+    def attached(self) -> Tracking:
+        """This process's tracking objects of the store (:func:`tasks.tracking.attach`)."""
+        return attach(self.tracking, self.experiment_id)
 
 
 def pack_key(cell: CellConfig) -> str:
@@ -190,7 +193,7 @@ def fit_cells(
     outcomes: list[FitOutcome | Exception | None] = [None] * len(cells)
     for i, (cell, run_id) in enumerate(zip(cells, run_ids, strict=True)):
         try:  # 1. set up: data, split, initial weights
-            pack.setups[i] = _set_up(cell, run_id, rt, pack.tracker)
+            pack.setups[i] = _set_up(cell, run_id, rt, pack.runs)
         except Exception as e:
             outcomes[i] = pack.failed(i, e)
     live = list(pack.setups)
@@ -206,7 +209,7 @@ class _Pack:
     """The members of one :func:`fit_cells` call, where they train and how they log."""
 
     def __init__(self, cells, rt: CellRuntime, run_ids, on_epoch) -> None:
-        self.rt, self.tracker, self.on_epoch = rt, rt.tracker, on_epoch
+        self.rt, self.runs, self.on_epoch = rt, rt.attached().runs, on_epoch
         self.cells, self.run_ids = list(cells), list(run_ids)
         self.setups: dict[int, CellSetup] = {}
         self.training = cells[0].training
@@ -221,12 +224,12 @@ class _Pack:
     def failed(self, i: int, e: Exception) -> Exception:
         # The full traceback next to the run: the tag only holds the message.
         text = "".join(traceback.format_exception(e))
-        self.tracker.log_text(self.run_ids[i], text, "error.txt")
+        self.runs.log_text(self.run_ids[i], text, "error.txt")
         return e
 
     def log_epoch(self, i: int, r: EpochRecord) -> None:
         # the one logging hook inside training: the live loss curve
-        self.tracker.log_metrics(self.run_ids[i], epoch_metrics(r), step=r.epoch)
+        self.runs.log_metrics(self.run_ids[i], epoch_metrics(r), step=r.epoch)
         if self.on_epoch is not None:
             try:
                 self.on_epoch(i, r)
@@ -269,23 +272,23 @@ class _Pack:
             return FitOutcome(math.nan, res)
         try:
             evaluated = evaluate_cell(self.setups[i], res, self.device, self.cells[i].config_hash())
-            log_outcome(self.tracker, self.run_ids[i], evaluated)
+            log_outcome(self.runs, self.run_ids[i], evaluated)
         except Exception as e:
             return self.failed(i, e)
         metrics = dict(evaluated.metrics)
-        return FitOutcome(metrics["test_rmse"], res, metrics)
+        return FitOutcome(metrics[Metrics.TEST_RMSE], res, metrics)
 
 
-def _set_up(cell: CellConfig, run_id: str, rt: CellRuntime, tracker: Tracker) -> CellSetup:
+def _set_up(cell: CellConfig, run_id: str, rt: CellRuntime, runs: RunLog) -> CellSetup:
     """Data, split and initial weights of one member (weights from its own seed), each step's
     record logged as soon as it is made (a cell that fails later still shows them)."""
-    log_outcome(tracker, run_id, config_outcome(cell, device=rt.device, profile=rt.profile))
+    log_outcome(runs, run_id, config_outcome(cell, device=rt.device, profile=rt.profile))
     ds = simulate_data(cell.system, cell.data, cell.seed, rt.cache_dir)
     prepared = prepare_cell(cell, ds)
-    log_outcome(tracker, run_id, data_outcome(cell, ds, prepared, rt.cache_dir))
+    log_outcome(runs, run_id, data_outcome(cell, ds, prepared, rt.cache_dir))
     model, model_args = build_cell_model(cell, int(ds.x.shape[-1]))
     setup = CellSetup(cell, ds, prepared, model, model_args)
-    log_outcome(tracker, run_id, model_outcome(setup))
+    log_outcome(runs, run_id, model_outcome(setup))
     return setup
 
 
@@ -294,7 +297,7 @@ CLAIM_POLL_SECONDS = 2.0
 
 
 def stored_results(
-    tracker: Tracker,
+    queries: Queries,
     cells: Iterable[CellConfig],
     reuse: Reuse = "numerics",
     *,
@@ -304,7 +307,7 @@ def stored_results(
     store (as ``reused`` results) and those to run, in input order.
 
     A finished run counts only if its model artifact is present and loads
-    (:meth:`tasks.tracking.Tracker.reusable_cells`); otherwise its cell is run again and the
+    (:meth:`tasks.tracking.Queries.reusable_cells`); otherwise its cell is run again and the
     user is told why, once per run. ``reuse="numerics"``: also only if the run's numerics
     fingerprints equal today's (:mod:`tasks.numerics`; a run stored before fingerprints were
     recorded has none and is trained again), each changed model or system told in one line
@@ -314,7 +317,7 @@ def stored_results(
     today = numerics.warm(cells)  # also cached for the worker processes that tag the runs
     if reuse == "never":
         return [], cells
-    done, broken = tracker.reusable_cells(c.config_hash() for c in cells)
+    done, broken = queries.reusable_cells(c.config_hash() for c in cells)
     if reuse == "numerics":
         stale, lines = numerics.stale(cells, done, today)
         done = {h: r for h, r in done.items() if h not in stale}
@@ -337,9 +340,9 @@ def stored_results(
     return reused, todo
 
 
-def _stored(tracker: Tracker, cell: CellConfig, reuse: Reuse = "numerics") -> CellResult | None:
+def _stored(queries: Queries, cell: CellConfig, reuse: Reuse = "numerics") -> CellResult | None:
     """:func:`stored_results` of one cell: its ``reused`` result, or ``None``."""
-    reused, _ = stored_results(tracker, [cell], reuse, tell=False)
+    reused, _ = stored_results(queries, [cell], reuse, tell=False)
     return reused[0] if reused else None
 
 
@@ -347,7 +350,7 @@ def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
     """Train and evaluate ``cells`` (one pack: see :func:`pack_key`) in their own MLflow child
     runs; never raises on cell errors. Results in input order.
 
-    Each cell is claimed in the store first (:meth:`tasks.tracking.Tracker.cell_claim`), so two
+    Each cell is claimed in the store first (:meth:`tasks.tracking.CellClaims.cell_claim`), so two
     processes on one store never train the same cell: a cell claimed elsewhere is awaited and
     reused when it finishes, or taken over when its claim goes stale. A process that lost its
     claim while it trained (suspended past the stale time, its cell taken over) does not log the
@@ -355,17 +358,17 @@ def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
     run ends FAILED with its error; the others finish. Ctrl-C (``KeyboardInterrupt``) still
     propagates, after ending every open run as KILLED.
     """
-    tracker = rt.tracker
+    claims, queries = rt.attached().claims, rt.attached().queries
     owner = claim_owner()
     results: dict[str, CellResult] = {}
     elsewhere: list[CellConfig] = []
-    with ExitStack() as claims:
+    with ExitStack() as held:
         mine = []
         for c in cells:
             h = c.config_hash()
-            if not claims.enter_context(tracker.cell_claim(h, owner)):
+            if not held.enter_context(claims.cell_claim(h, owner)):
                 elsewhere.append(c)
-            elif (done := _stored(tracker, c, rt.reuse)) is not None:
+            elif (done := _stored(queries, c, rt.reuse)) is not None:
                 results[h] = done  # finished meanwhile
             else:
                 mine.append(c)
@@ -381,25 +384,25 @@ def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
 def _await_cell(cell: CellConfig, rt: CellRuntime) -> CellResult:
     """The result of a cell another process has claimed: reused once it finishes there, trained
     here if its claim is released or goes stale first. Says once whom it waits for."""
-    tracker, h = rt.tracker, cell.config_hash()
+    claims, queries, h = rt.attached().claims, rt.attached().queries, cell.config_hash()
     stop = rt.stop if rt.stop is not None else worker_stop_event()
     while True:
-        if (done := _stored(tracker, cell, rt.reuse)) is not None:
+        if (done := _stored(queries, cell, rt.reuse)) is not None:
             return done
         if stop is not None and stop.is_set():
             return CellResult.failed(
                 cell, "interrupted", "interrupted while another process trained it"
             )
         owner = claim_owner()
-        with tracker.cell_claim(h, owner) as mine:
+        with claims.cell_claim(h, owner) as mine:
             if mine:
-                if (done := _stored(tracker, cell, rt.reuse)) is not None:  # finished meanwhile
+                if (done := _stored(queries, cell, rt.reuse)) is not None:  # finished meanwhile
                     return done
                 lost: list[CellConfig] = []
                 (result,) = _train_pack([cell], rt, owner, lost)
                 if not lost:
                     return result
-            elif (holder := tracker.claim_holder(h)) is not None:
+            elif (holder := claims.claim_holder(h)) is not None:
                 notify_once(
                     f"waiting:{h}:{holder}",
                     f"waiting for cell {cell.key} ({h[:12]}), held by {holder}",
@@ -415,52 +418,51 @@ def _train_pack(
 ) -> list[CellResult]:
     """:func:`run_pack` for cells this process holds the claims of (as ``owner``, if given).
 
-    With ``owner``, each cell's claim is checked (:meth:`~tasks.tracking.Tracker.holds_cell`,
+    With ``owner``, each cell's claim is checked (:meth:`~tasks.tracking.CellClaims.holds_cell`,
     the fence) before its run is ended FINISHED; a cell whose claim was lost meanwhile ends
     KILLED instead, is appended to ``lost`` and comes back ``interrupted``.
     """
-    tracker = rt.tracker
+    runs, claims = rt.attached().runs, rt.attached().claims
     hashes = [c.config_hash() for c in cells]
-    tokens = [None if owner is None else tracker.claim_generation(h, owner) for h in hashes]
-    run_ids: list[str] = []
+    tokens = [None if owner is None else claims.claim_generation(h, owner) for h in hashes]
     try:
-        for c, h in zip(cells, hashes, strict=True):
-            run_ids.append(tracker.create_run(run_name(c), _tags(c, rt, h), rt.parent_run_id))
-        outcomes = fit_cells(cells, rt, run_ids)
-    except BaseException as e:
-        for r in run_ids:
-            tracker.end_with_error(r, e)
-        if not isinstance(e, Exception):
-            raise
-        status: Literal["failed", "interrupted"] = (
-            "interrupted" if isinstance(e, TrainingInterrupted) else "failed"
+        with ExitStack() as opened:
+            run_ids = [
+                opened.enter_context(runs.run(run_name(c), _tags(c, rt, h), rt.parent_run_id))
+                for c, h in zip(cells, hashes, strict=True)
+            ]
+            outcomes = fit_cells(cells, rt, run_ids)
+            members = zip(cells, hashes, run_ids, outcomes, tokens, strict=True)
+            return [_close_member(m, rt, owner, lost) for m in members]
+    except Exception as e:  # every open run has ended with it; Ctrl-C propagates
+        stopped = isinstance(e, TrainingInterrupted)
+        return [_unfinished(c, "interrupted" if stopped else "failed", e) for c in cells]
+
+
+def _close_member(
+    member: tuple, rt: CellRuntime, owner: str | None, lost: list | None
+) -> CellResult:
+    """The result of ``(cell, hash, run id, outcome, claim generation)``; its run ends here
+    unless it ends FINISHED (as its :meth:`~tasks.tracking.RunLog.run` block completes)."""
+    (c, h, r, out, token), runs, claims = member, rt.attached().runs, rt.attached().claims
+    if not isinstance(out, FitOutcome):  # this member diverged; the others went on
+        runs.end_with_error(r, out)
+        return _unfinished(c, "failed", out)
+    if owner is not None and not claims.holds_cell(h, owner, token):
+        # Fenced: another process took the cell over (this one was stopped past the stale
+        # time); its run is the cell's one FINISHED run, this one must not be another.
+        holder = claims.claim_holder(h) or "another process (since released)"
+        lost_claim = ClaimLost(
+            f"this process lost its claim on cell {c.key} while training it (stopped "
+            f"longer than the claim's stale time); {holder} took it over, so this run "
+            "is not logged as FINISHED"
         )
-        return [_unfinished(c, status, e) for c in cells]
-    results = []
-    for c, h, r, out, token in zip(cells, hashes, run_ids, outcomes, tokens, strict=True):
-        if not isinstance(out, FitOutcome):  # this member diverged; the others went on
-            tracker.end_with_error(r, out)
-            results.append(_unfinished(c, "failed", out))
-            continue
-        if owner is not None and not tracker.holds_cell(h, owner, token):
-            # Fenced: another process took the cell over (this one was stopped past the stale
-            # time); its run is the cell's one FINISHED run, this one must not be another.
-            holder = tracker.claim_holder(h) or "another process (since released)"
-            lost_claim = ClaimLost(
-                f"this process lost its claim on cell {c.key} while training it (stopped "
-                f"longer than the claim's stale time); {holder} took it over, so this run "
-                "is not logged as FINISHED"
-            )
-            tracker.set_tags(r, {RunTags.ERROR: f"ClaimLost: {lost_claim}"})
-            tracker.end_run(r, "KILLED")
-            notify_once(f"lost:{r}", str(lost_claim))
-            if lost is not None:
-                lost.append(c)
-            results.append(_unfinished(c, "interrupted", lost_claim))
-            continue
-        tracker.end_run(r, "FINISHED")
-        results.append(CellResult.fresh(c, r, out.metrics))
-    return results
+        runs.end_with_error(r, lost_claim, killed=True)
+        notify_once(f"lost:{r}", str(lost_claim))
+        if lost is not None:
+            lost.append(c)
+        return _unfinished(c, "interrupted", lost_claim)
+    return CellResult.fresh(c, r, out.metrics)
 
 
 class ClaimLost(RuntimeError):

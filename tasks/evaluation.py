@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from nlmodels import ForecastModel
+from tasks.tracking.tags import Metrics
 from tasks.training import EpochRecord, predict
 
 __all__ = [
@@ -119,11 +120,11 @@ class Evaluation:
 
     def metrics(self) -> dict[str, float]:
         out = {
-            "test_rmse": self.test_rmse,
-            "test_rmse_physical": self.test_rmse_physical,
-            "test_nfe": float(self.nfe),
-            "test_top_share": self.top_share,
-            "test_rmse_without_top": self.rmse_without_top,
+            Metrics.TEST_RMSE: self.test_rmse,
+            Metrics.TEST_RMSE_PHYSICAL: self.test_rmse_physical,
+            Metrics.TEST_NFE: float(self.nfe),
+            Metrics.TEST_TOP_SHARE: self.top_share,
+            Metrics.TEST_RMSE_WITHOUT_TOP: self.rmse_without_top,
         }
         for d, (v, p) in enumerate(zip(self.rmse_per_dim, self.rmse_physical_per_dim)):
             out[f"test_rmse_dim{d}"] = v

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from tasks.tracking.tags import Metrics
+
 if TYPE_CHECKING:
     from tasks.config import CellConfig
     from tasks.reporting import ResultsTable
@@ -318,7 +320,7 @@ def record_of_run(
         v = metrics.get(name)
         return None if v is None or not math.isfinite(v) else float(v)
 
-    test = metric("test_rmse")
+    test = metric(Metrics.TEST_RMSE)
     if test is None:
         raise ValueError(f"run {run_id} of {cell.key} has no finite test_rmse")
     return LedgerRecord(
@@ -329,14 +331,14 @@ def record_of_run(
         commit=tags.get(RunTags.GIT_COMMIT) or None,
         numerics=numerics,
         test_rmse=test,
-        best_val_rmse=metric("best_val_rmse"),
-        rmse_without_top=metric("test_rmse_without_top"),
+        best_val_rmse=metric(Metrics.BEST_VAL_RMSE),
+        rmse_without_top=metric(Metrics.TEST_RMSE_WITHOUT_TOP),
         top_share=metric("test_top_share"),
-        epochs=_int(metrics.get("epochs_run")),
-        best_epoch=_int(metrics.get("best_epoch")),
-        train_seconds=metric("train_seconds"),
+        epochs=_int(metrics.get(Metrics.EPOCHS_RUN)),
+        best_epoch=_int(metrics.get(Metrics.BEST_EPOCH)),
+        train_seconds=metric(Metrics.TRAIN_SECONDS),
         device=tags.get("device_used") or None,
         hardware=hardware,
         run_id=run_id,
-        note="diverged: never registered" if metrics.get("diverged") else "",
+        note="diverged: never registered" if metrics.get(Metrics.DIVERGED) else "",
     )

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from tasks._steps import Readout
 from tasks.config import TrainConfig
+from tasks.errors import Interrupted
 
 __all__ = [
     "EpochRecord",
@@ -43,7 +44,7 @@ class TrainingDiverged(RuntimeError):
     """The loss or the gradients became NaN or infinite."""
 
 
-class TrainingInterrupted(RuntimeError):
+class TrainingInterrupted(Interrupted):
     """Training was asked to stop (Ctrl-C or a cancelled flow) before it finished."""
 
 

@@ -5,7 +5,7 @@ model built (:func:`build_cell_model`), trained (by :func:`tasks.packing.train_p
 :func:`tasks.cell.fit_cells`) and evaluated (:func:`evaluate_cell`). Each step's record is a
 :class:`CellOutcome` (:func:`config_outcome`, :func:`data_outcome`, :func:`model_outcome`,
 :func:`evaluate_cell`: params, tags, metrics, figures, the model to save, the data set), and
-:func:`log_outcome` is the one place an outcome reaches the tracker. A new test metric goes
+:func:`log_outcome` is the one place an outcome reaches the run log. A new test metric goes
 into :func:`cell_metrics` (or :meth:`tasks.evaluation.Evaluation.metrics`) and nowhere else;
 the per-epoch metrics of the live loss curve are :func:`epoch_metrics`.
 """
@@ -36,11 +36,11 @@ from tasks.evaluation import (
     plot_loss_curves,
 )
 from tasks.modelio import ModelSpec, model_params, resolved_model_args, save_model
-from tasks.tracking import RunTags
+from tasks.tracking import Metrics, RunTags
 from tasks.training import EpochRecord, TrainResult, seeded
 
 if TYPE_CHECKING:
-    from tasks.tracking import Tracker
+    from tasks.tracking import RunLog
 
 __all__ = [
     "CellOutcome",
@@ -203,11 +203,11 @@ def model_outcome(setup: CellSetup) -> CellOutcome:
 def epoch_metrics(record: EpochRecord) -> dict[str, float]:
     """The metrics of one training epoch (the live loss curve)."""
     return {
-        "train_loss": record.train_loss,
-        "val_loss": record.val_loss,
-        "val_rmse": record.val_rmse,
-        "epoch_seconds": record.seconds,
-        "nfe": record.nfe,
+        Metrics.TRAIN_LOSS: record.train_loss,
+        Metrics.VAL_LOSS: record.val_loss,
+        Metrics.VAL_RMSE: record.val_rmse,
+        Metrics.EPOCH_SECONDS: record.seconds,
+        Metrics.NFE: record.nfe,
     }
 
 
@@ -216,11 +216,11 @@ def cell_metrics(ev: Evaluation, result: TrainResult, diverged: bool = False) ->
     diverged (``diverged`` 1.0: see :func:`tasks.evaluation.divergence`)."""
     return {
         **ev.metrics(),
-        "best_epoch": result.best_epoch,
-        "best_val_rmse": result.best_val_rmse,
-        "epochs_run": len(result.history),
-        "train_seconds": result.seconds,
-        "diverged": float(diverged),
+        Metrics.BEST_EPOCH: result.best_epoch,
+        Metrics.BEST_VAL_RMSE: result.best_val_rmse,
+        Metrics.EPOCHS_RUN: len(result.history),
+        Metrics.TRAIN_SECONDS: result.seconds,
+        Metrics.DIVERGED: float(diverged),
     }
 
 
@@ -292,20 +292,18 @@ def _training_tags(cell: CellConfig, result: TrainResult, device: torch.device) 
     }
 
 
-def log_outcome(tracker: Tracker, run_id: str, outcome: CellOutcome) -> None:
+def log_outcome(runs: RunLog, run_id: str, outcome: CellOutcome) -> None:
     """Log ``outcome`` to run ``run_id``: params, texts, tags, data set, figures (under
     ``plots/``), model (an MLflow pyfunc logged model), and the metrics last, so that a run with
     a ``test_rmse`` has all its artifacts."""
     if outcome.params:
-        tracker.log_params(run_id, outcome.params)
+        runs.log_params(run_id, outcome.params)
     for name, text in outcome.texts.items():
-        tracker.log_text(run_id, text, name)
+        runs.log_text(run_id, text, name)
     if outcome.tags:
-        tracker.set_tags(run_id, outcome.tags)
+        runs.set_tags(run_id, outcome.tags)
     if (d := outcome.dataset) is not None:
-        tracker.log_dataset(
-            run_id, name=d.name, digest=d.digest, source=d.source, profile=d.profile
-        )
+        runs.log_dataset(run_id, name=d.name, digest=d.digest, source=d.source, profile=d.profile)
     if outcome.figures or outcome.model is not None:
         with tempfile.TemporaryDirectory(prefix="nllab-cell-") as tmp:
             folder = Path(tmp)
@@ -313,10 +311,10 @@ def log_outcome(tracker: Tracker, run_id: str, outcome: CellOutcome) -> None:
                 (folder / "plots").mkdir()
                 for name, data in outcome.figures.items():
                     (folder / "plots" / name).write_bytes(data)
-                tracker.log_artifact(run_id, folder / "plots", "plots")
+                runs.log_artifact(run_id, folder / "plots", "plots")
             if outcome.model is not None:
                 model, spec = outcome.model
                 save_model(model.cpu(), spec, folder / "model")
-                tracker.log_model(run_id, folder / "model", "model")
+                runs.log_model(run_id, folder / "model", "model")
     if outcome.metrics:
-        tracker.log_metrics(run_id, outcome.metrics)
+        runs.log_metrics(run_id, outcome.metrics)

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from tasks.tracking.tags import Metrics
+
 if TYPE_CHECKING:
     from tasks.config import CellConfig
     from tasks.tracking import RunRecord
@@ -55,7 +57,7 @@ class CellResult:
     def fresh(cls, cell: CellConfig, run_id: str, metrics: Mapping[str, float]) -> CellResult:
         """A cell trained and evaluated here, from its run and its test metrics (``test_rmse``,
         ``test_top_share``, ``test_rmse_without_top``)."""
-        return cls._of(cell, "finished", run_id, metrics, metrics.get("test_rmse"))
+        return cls._of(cell, "finished", run_id, metrics, metrics.get(Metrics.TEST_RMSE))
 
     @classmethod
     def reused(cls, cell: CellConfig, record: RunRecord) -> CellResult:
@@ -93,16 +95,16 @@ class CellResult:
             run_id,
             cell.config_hash(),
             top_share=metrics.get("test_top_share"),
-            rmse_without_top=metrics.get("test_rmse_without_top"),
-            train_seconds=metrics.get("train_seconds"),
+            rmse_without_top=metrics.get(Metrics.TEST_RMSE_WITHOUT_TOP),
+            train_seconds=metrics.get(Metrics.TRAIN_SECONDS),
             diverged=_diverged(metrics, test_rmse),
         )
 
 
 def _diverged(metrics: Mapping[str, float], test_rmse: float | None) -> str | None:
     """What shows a diverged cell (its ``diverged`` metric is 1), else ``None``."""
-    if not metrics.get("diverged"):
+    if not metrics.get(Metrics.DIVERGED):
         return None
-    best = metrics.get("best_epoch")
+    best = metrics.get(Metrics.BEST_EPOCH)
     epoch = f", best epoch {int(best)}" if best is not None else ""
     return f"test RMSE {test_rmse:.4g}{epoch}"

@@ -231,7 +231,7 @@ def test_subcommands_of_other_modules_dispatch_through_main(capsys):
 )
 def test_epochs_and_budget_flags_reach_the_training_config(command):
     from flows.cli import build_parser
-    from flows.cli._common import resolve, training_overrides
+    from flows.cli.common import resolve, training_overrides
 
     argv = [*command.split(), "--epochs", "7", "--budget", "12.5"]
     args = build_parser().parse_args(argv)
@@ -300,7 +300,7 @@ def test_registry_uri_check_reads_the_embedded_store(tmp_path, monkeypatch):
     the registered models listed."""
     import sqlite3
 
-    from flows.cli._common import UsageError, check_registry_uri
+    from flows.cli.common import UsageError, check_registry_uri
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("NLLAB_HOME", str(tmp_path))

@@ -473,7 +473,7 @@ def test_kill_9_of_a_worker_mid_cell_loses_nothing(
     # The killed cell's run is left behind unfinished; it never counts as a result, and the next
     # process to connect ends it KILLED, so none stays RUNNING.
     assert len(cell_runs(mlflow_server, 1)) > 4, out
-    connect = "from tasks.tracking import Tracker; print(Tracker.connect().end_stale_runs())"
+    connect = "from tasks.tracking import connect; print(connect().claims.end_stale_runs())"
     subprocess.run([sys.executable, "-c", connect], env=client_env, check=True, timeout=120)
     assert not cell_runs(mlflow_server, 1, "RUNNING")
     assert cell_runs(mlflow_server, 1, "KILLED")

@@ -9,7 +9,7 @@ import torch
 from flows import run_benchmark
 from flows._dask import DaskSetupError, check_cluster_tracking, dask_task_runner
 from tasks.config import resolve_config
-from tasks.tracking import Tracker, TrackingSettings
+from tasks.tracking import TrackingSettings, connect
 
 
 def _config(runner: str):
@@ -36,7 +36,7 @@ def test_dask_runner_gives_the_same_results(tmp_path, point_mlflow_at, prefect_s
         assert summary.ok and summary.count("finished") == 4, [r.error for r in summary.results]
         results[runner] = {r.key: r.test_rmse for r in summary.results}
         # Workers logged to the configured store: every cell has its child run there.
-        children = Tracker.connect().child_runs(summary.parent_run_id)
+        children = connect().queries.child_runs(summary.parent_run_id)
         assert len(children) == 4
     assert results["dask"].keys() == results["thread"].keys()
     for key, rmse in results["thread"].items():

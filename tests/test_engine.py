@@ -9,7 +9,7 @@ from tasks.cell import CellRuntime, pack_key, run_cell, run_pack
 from tasks.config import TrainConfig
 from tasks.engine import CPU_PACK_MEMBERS, make_packs
 from tasks.placement import choose_fastest, place_cell
-from tasks.tracking import Tracker
+from tasks.tracking import connect
 
 _cell = tiny_cell
 
@@ -91,13 +91,13 @@ def test_a_failing_member_leaves_the_others_finished(mlflow_store, monkeypatch):
         return real(method, state_dim, **kw)
 
     monkeypatch.setattr(pipeline, "build_model", build)
-    t = Tracker.connect()
-    rt = CellRuntime.for_tracker(t, parent_run_id=None, profile="smoke", device="cpu")
+    t = connect()
+    rt = CellRuntime.for_store(t.store, parent_run_id=None, profile="smoke", device="cpu")
     cells = [_cell(0), _cell(1), _cell(2)]
     results = run_pack(cells, rt)
     assert [r.status for r in results] == ["finished", "failed", "finished"]
     assert "no model for seed 1" in results[1].error
-    cell_runs = t.client.search_runs([t.experiment_id], "tags.`nllab.kind` = 'cell'")
+    cell_runs = t.store.client.search_runs([t.experiment_id], "tags.`nllab.kind` = 'cell'")
     runs = {r.data.tags["seed"]: r for r in cell_runs}
     assert runs["1"].info.status == "FAILED" and "seed 1" in runs["1"].data.tags["error"]
     assert runs["0"].info.status == runs["2"].info.status == "FINISHED"
@@ -116,26 +116,26 @@ def test_claims_keep_two_owners_from_training_one_cell(mlflow_store, monkeypatch
     from tasks.tracking import claim_owner
 
     monkeypatch.setattr(cell_module, "CLAIM_POLL_SECONDS", 0.05)
-    t = Tracker.connect()
-    rt = CellRuntime.for_tracker(t, parent_run_id=None, profile="smoke", device="cpu")
+    t = connect()
+    rt = CellRuntime.for_store(t.store, parent_run_id=None, profile="smoke", device="cpu")
     cell = _cell(4)
     h = cell.config_hash()
     other = claim_owner()
-    assert t.claim_cell(h, other)
+    assert t.claims.claim_cell(h, other)
     out: list = []
     waiter = threading.Thread(target=lambda: out.extend(run_pack([cell], rt)))
     waiter.start()
     waiter.join(timeout=1.0)
     assert waiter.is_alive()  # waiting on the other owner's claim, training nothing
-    assert not t.finished_cells([h])
+    assert not t.queries.finished_cells([h])
     # The other owner trains it (here: this test, under the same claim), then releases it.
     trained = run_cell(cell, rt)
-    t.release_cell(h, other)
+    t.claims.release_cell(h, other)
     waiter.join(timeout=60)
     assert not waiter.is_alive()
     (got,) = out
     assert got.status == "reused" and got.run_id == trained.run_id
-    cell_runs = t.client.search_runs([t.experiment_id], "tags.`nllab.kind` = 'cell'")
+    cell_runs = t.store.client.search_runs([t.experiment_id], "tags.`nllab.kind` = 'cell'")
     assert len(cell_runs) == 1  # trained once
 
 

@@ -17,7 +17,7 @@ from tasks.cell import CellRuntime, run_pack
 from tasks.config import CellConfig, TrainConfig
 from tasks.engine import stored_results
 from tasks.modelio import ModelSpec, load_model, save_model
-from tasks.tracking import Tracker
+from tasks.tracking import Tracking, connect
 from tasks.training import seeded
 
 
@@ -27,19 +27,19 @@ def _use_home(monkeypatch, home: Path) -> None:
         monkeypatch.delenv(var, raising=False)
 
 
-def _cell_run(t: Tracker, tmp: Path, config_hash: str, rmse: float = 0.5) -> str:
+def _cell_run(t: Tracking, tmp: Path, config_hash: str, rmse: float = 0.5) -> str:
     """A FINISHED cell run of ``config_hash`` with a saved (untrained) model, as a cell logs it."""
     with seeded(0):
         model = build_model("node", 1)
-    with t.run("cell", {"nllab.kind": "cell", "config_hash": config_hash}) as run_id:
+    with t.runs.run("cell", {"nllab.kind": "cell", "config_hash": config_hash}) as run_id:
         save_model(model, ModelSpec(method="node", state_dim=1, test_rmse=rmse), tmp / run_id)
-        t.log_artifact(run_id, tmp / run_id, "model")
-        t.log_metrics(run_id, {"test_rmse": rmse})
+        t.runs.log_artifact(run_id, tmp / run_id, "model")
+        t.runs.log_metrics(run_id, {"test_rmse": rmse})
     return run_id
 
 
-def _artifacts(t: Tracker, run_id: str) -> Path:
-    return Path(t.get_run_data(run_id).info.artifact_uri)
+def _artifacts(t: Tracking, run_id: str) -> Path:
+    return Path(t.queries.get_run_data(run_id).info.artifact_uri)
 
 
 def _cell(seed: int, epochs: int = 2) -> CellConfig:
@@ -56,69 +56,69 @@ def _cell(seed: int, epochs: int = 2) -> CellConfig:
 def test_a_copied_home_writes_only_into_itself(tmp_path, monkeypatch):
     A, B = "a1" * 32, "b2" * 32
     _use_home(monkeypatch, tmp_path / "orig")
-    t = Tracker.connect()
+    t = connect()
     first = _cell_run(t, tmp_path / "m", A)
-    assert t.promote_if_better("neural-laplace-copy", first, 0.5).promoted
+    assert t.registry.promote_if_better("neural-laplace-copy", first, 0.5).promoted
     shutil.copytree(tmp_path / "orig", tmp_path / "copy", symlinks=True)  # cp -a
 
     _use_home(monkeypatch, tmp_path / "copy")
-    c = Tracker.connect()
+    c = connect()
     second = _cell_run(c, tmp_path / "m", B)
     for run in (first, second):
         assert _artifacts(c, run).is_relative_to(tmp_path / "copy")
     assert not [p for p in (tmp_path / "orig").rglob("*") if second in p.name]
 
     shutil.rmtree(tmp_path / "orig")  # loses nothing of the copy's
-    found, broken = c.reusable_cells([A, B])
+    found, broken = c.queries.reusable_cells([A, B])
     assert set(found) == {A, B} and not broken
-    champion = c.download_model("models:/neural-laplace-copy@champion", tmp_path / "d")
+    champion = c.registry.download_model("models:/neural-laplace-copy@champion", tmp_path / "d")
     assert load_model(champion)[1].test_rmse == 0.5
 
 
 def test_a_finished_run_without_a_usable_model_is_trained_again(mlflow_store, tmp_path, capsys):
-    t = Tracker.connect()
+    t = connect()
     gone, corrupt, fine = _cell(0), _cell(1), _cell(2)
     runs = {c.seed: _cell_run(t, tmp_path, c.config_hash()) for c in (gone, corrupt, fine)}
-    reused, todo = stored_results(t, [gone, corrupt, fine], "config")
+    reused, todo = stored_results(t.queries, [gone, corrupt, fine], "config")
     assert len(reused) == 3 and not todo
 
     shutil.rmtree(_artifacts(t, runs[0]) / "model")
     (weights,) = [p for p in (_artifacts(t, runs[1]) / "model").iterdir() if p.suffix != ".json"]
     weights.write_bytes(b"not a torch file")
     capsys.readouterr()
-    reused, todo = stored_results(t, [gone, corrupt, fine], "config")
+    reused, todo = stored_results(t.queries, [gone, corrupt, fine], "config")
     assert [r.run_id for r in reused] == [runs[2]] and todo == [gone, corrupt]
     err = capsys.readouterr().err.splitlines()
     for seed, why in ((0, "is missing"), (1, "does not load")):
         (line,) = [ln for ln in err if runs[seed] in ln]  # one line each, naming the run
         assert why in line and "training it again" in line
-    stored_results(t, [gone, corrupt], "config")
+    stored_results(t.queries, [gone, corrupt], "config")
     assert not capsys.readouterr().err  # said once
 
 
 def test_a_finished_run_whose_logged_model_is_gone_is_trained_again(mlflow_store, tmp_path, capsys):
     """Cells log their model as an MLflow 3 logged model (not among the run's artifacts): a
     finished run whose logged model's folder is gone is trained again, said in one line."""
-    t = Tracker.connect()
+    t = connect()
     gone, fine = _cell(0), _cell(1)
     runs = {}
     for c in (gone, fine):
         with seeded(0):
             model = build_model("node", 1)
-        with t.run("cell", {"nllab.kind": "cell", "config_hash": c.config_hash()}) as run_id:
+        with t.runs.run("cell", {"nllab.kind": "cell", "config_hash": c.config_hash()}) as run_id:
             save_model(
                 model, ModelSpec(method="node", state_dim=1, test_rmse=0.5), tmp_path / run_id
             )
-            t.log_model(run_id, tmp_path / run_id)
-            t.log_metrics(run_id, {"test_rmse": 0.5})
+            t.runs.log_model(run_id, tmp_path / run_id)
+            t.runs.log_metrics(run_id, {"test_rmse": 0.5})
         runs[c.seed] = run_id
-    reused, todo = stored_results(t, [gone, fine], "config")
+    reused, todo = stored_results(t.queries, [gone, fine], "config")
     assert len(reused) == 2 and not todo
     assert not (_artifacts(t, runs[0]) / "model").exists()  # the model is not a run artifact
-    location = t.client.get_logged_model(t.logged_model_id(runs[0])).artifact_location
+    location = t.store.client.get_logged_model(t.queries.logged_model_id(runs[0])).artifact_location
     shutil.rmtree(Path(location.removeprefix("file://")))
     capsys.readouterr()
-    reused, todo = stored_results(t, [gone, fine], "config")
+    reused, todo = stored_results(t.queries, [gone, fine], "config")
     assert [r.run_id for r in reused] == [runs[1]] and todo == [gone]
     (line,) = [ln for ln in capsys.readouterr().err.splitlines() if runs[0] in ln]
     assert "is missing" in line and "training it again" in line
@@ -131,10 +131,10 @@ def test_a_claimant_that_lost_its_claim_does_not_log_finished(
     import tasks.cell as cell_module
 
     monkeypatch.setattr(cell_module, "CLAIM_POLL_SECONDS", 0.05)
-    t = Tracker.connect()
+    t = connect()
     # the other host's run is hand-made (no numerics fingerprints): reused by config hash
-    rt = CellRuntime.for_tracker(
-        t, parent_run_id=None, profile="smoke", device="cpu", reuse="config"
+    rt = CellRuntime.for_store(
+        t.store, parent_run_id=None, profile="smoke", device="cpu", reuse="config"
     )
     cell = _cell(5)
     h = cell.config_hash()
@@ -146,11 +146,11 @@ def test_a_claimant_that_lost_its_claim_does_not_log_finished(
         out = real(cells, rt_, run_ids, **kw)
         # While this process was stopped, another host took the stale claim over and trains
         # the cell; it finishes it a moment later.
-        assert t.claim_cell(h, thief, stale_after=0.0)
+        assert t.claims.claim_cell(h, thief, stale_after=0.0)
 
         def finish_elsewhere() -> None:
             taken.append(_cell_run(t, tmp_path, h, rmse=0.25))
-            t.release_cell(h, thief)
+            t.claims.release_cell(h, thief)
 
         threading.Timer(0.5, finish_elsewhere).start()
         return out
@@ -158,7 +158,7 @@ def test_a_claimant_that_lost_its_claim_does_not_log_finished(
     monkeypatch.setattr(cell_module, "fit_cells", stopped_past_the_stale_time)
     (result,) = run_pack([cell], rt)
     assert result.status == "reused" and result.run_id == taken[0]
-    runs = t.client.search_runs([t.experiment_id], f"tags.config_hash = '{h}'")
+    runs = t.store.client.search_runs([t.experiment_id], f"tags.config_hash = '{h}'")
     status = sorted(r.info.status for r in runs)
     assert status == ["FINISHED", "KILLED"]  # one FINISHED run for the config hash
     (killed,) = [r for r in runs if r.info.status == "KILLED"]
@@ -197,8 +197,8 @@ def test_kill_9_of_one_worker_fails_only_its_cell(mlflow_store):
     from tasks._workers import worker_processes
     from tasks.prefect_tasks import PackFailed, pack_task
 
-    t = Tracker.connect()
-    rt = CellRuntime.for_tracker(t, parent_run_id=None, profile="smoke", device="cpu")
+    t = connect()
+    rt = CellRuntime.for_store(t.store, parent_run_id=None, profile="smoke", device="cpu")
     doomed, survivor = _cell(6, epochs=3000), _cell(7, epochs=2)
 
     def run(cell: CellConfig):
@@ -211,14 +211,14 @@ def test_kill_9_of_one_worker_fails_only_its_cell(mlflow_store):
         futures = [ex.submit(run, doomed), ex.submit(run, survivor)]
         query = f"tags.config_hash = '{doomed.config_hash()}' and attributes.status = 'RUNNING'"
         deadline = time.monotonic() + 120
-        while not (running := t.client.search_runs([t.experiment_id], query)):
+        while not (running := t.store.client.search_runs([t.experiment_id], query)):
             assert time.monotonic() < deadline
             time.sleep(0.1)
         os.kill(int(running[0].data.tags["nllab.process"].split(":")[0]), signal.SIGKILL)
         (lost,), (kept,) = (f.result(timeout=180) for f in futures)
     assert lost.status == "failed" and "WorkerDied" in lost.error
     assert kept.status == "finished"
-    runs = {r.data.tags["seed"]: r for r in t.client.search_runs([t.experiment_id], "")}
+    runs = {r.data.tags["seed"]: r for r in t.store.client.search_runs([t.experiment_id], "")}
     assert runs["6"].info.status == "FAILED" and "died" in runs["6"].data.tags["error"]
     assert runs["7"].info.status == "FINISHED"
 
@@ -232,16 +232,16 @@ def test_an_alias_whose_run_is_gone_is_replaced_and_reproduce_says_so(
     from flows.cli import main
     from flows.reproduce import deleted_run_warning, resolve_model
 
-    t = Tracker.connect()
+    t = connect()
     name, h = "neural-laplace-gone", "c3" * 32
     uri = f"models:/{name}@champion"
     champion = _cell_run(t, tmp_path, h)
-    assert t.promote_if_better(name, champion, 0.5).promoted
+    assert t.registry.promote_if_better(name, champion, 0.5).promoted
     deleted = _cell_run(t, tmp_path, h, rmse=0.1)
-    t.client.delete_run(deleted)
-    assert not t.promote_if_better(name, deleted, 0.1).promoted  # a deleted run is skipped
+    t.store.client.delete_run(deleted)
+    assert not t.registry.promote_if_better(name, deleted, 0.1).promoted  # a deleted run is skipped
 
-    t.client.delete_run(champion)  # soft-deleted: still reproducible, with a warning
+    t.store.client.delete_run(champion)  # soft-deleted: still reproducible, with a warning
     warning = deleted_run_warning(resolve_model(t, uri))
     assert warning and champion in warning and "\n" not in warning
 
@@ -252,25 +252,27 @@ def test_an_alias_whose_run_is_gone_is_replaced_and_reproduce_says_so(
     assert err.count("\n") == 1 and champion in err and "Traceback" not in err
 
     again = _cell_run(t, tmp_path, h)  # an equal retrain replaces the alias
-    p = t.promote_if_better(name, again, 0.5)
-    assert p.promoted and t.champion(name) == (p.version, again)
+    p = t.registry.promote_if_better(name, again, 0.5)
+    assert p.promoted and t.registry.champion(name) == (p.version, again)
 
     shutil.rmtree(_artifacts(t, again) / "model")  # a champion without its model: replaced too
     third = _cell_run(t, tmp_path, h, rmse=0.9)
-    assert t.promote_if_better(name, third, 0.9).promoted
+    assert t.registry.promote_if_better(name, third, 0.9).promoted
     assert resolve_model(t, uri).run_id == third
 
 
 # -- bookkeeping out of sight --------------------------------------------------------------------
 def test_claims_are_not_runs_of_the_users_experiment(mlflow_store):
-    t = Tracker.connect()
+    t = connect()
     # a store of an older version: its claims run sits in the experiment itself
-    old = t.create_run("nllab-claims", {"nllab.kind": "claims"})
-    t.end_run(old, "FINISHED")
-    t = Tracker.connect()  # migration: the old run is deleted (hidden, restorable)
-    assert t.get_run_data(old).info.lifecycle_stage == "deleted"
-    assert t.claim_cell("e5" * 32, "owner-a") and t.heartbeat_cell("e5" * 32, "owner-a")
-    assert not t.claim_cell("e5" * 32, "owner-b")
-    assert t.client.search_runs([t.experiment_id], "") == []  # the user sees no run
-    holder = t.claim_holder("e5" * 32)
+    old = t.runs.create_run("nllab-claims", {"nllab.kind": "claims"})
+    t.runs.end_run(old, "FINISHED")
+    t = connect()  # migration: the old run is deleted (hidden, restorable)
+    assert t.queries.get_run_data(old).info.lifecycle_stage == "deleted"
+    assert t.claims.claim_cell("e5" * 32, "owner-a") and t.claims.heartbeat_cell(
+        "e5" * 32, "owner-a"
+    )
+    assert not t.claims.claim_cell("e5" * 32, "owner-b")
+    assert t.store.client.search_runs([t.experiment_id], "") == []  # the user sees no run
+    holder = t.claims.claim_holder("e5" * 32)
     assert holder is not None and holder.startswith("pid ")

@@ -19,7 +19,7 @@ from nlmodels import MODELS
 from tasks import numerics
 from tasks.cell import stored_results
 from tasks.config import RunConfig
-from tasks.tracking import RunTags, Tracker
+from tasks.tracking import RunTags, connect
 
 TOY = "toy_offset"
 
@@ -113,8 +113,8 @@ def test_numerics_decide_reuse_and_compare_names_the_change(
     config = _config()
     first = run_benchmark(config)
     assert set(_statuses(first).values()) == {"finished"}
-    tracker = Tracker.connect()
-    run = tracker.get_run_data(first.results[0].run_id).data.tags
+    tracker = connect()
+    run = tracker.queries.get_run_data(first.results[0].run_id).data.tags
     assert run[RunTags.NUMERICS_MODEL] == numerics.model_fingerprint(first.results[0].method)
     assert run[RunTags.NUMERICS_SYSTEM] == numerics.system_fingerprint("integro_de")
     before = numerics.model_fingerprint(TOY)
@@ -131,8 +131,8 @@ def test_numerics_decide_reuse_and_compare_names_the_change(
     toy(5.0, REFACTORED)
     assert numerics.model_fingerprint(TOY) != before
     cells = config.cells()
-    assert len(stored_results(tracker, cells, "config")[0]) == 4
-    assert stored_results(tracker, cells, "never")[1] == cells
+    assert len(stored_results(tracker.queries, cells, "config")[0]) == 4
+    assert stored_results(tracker.queries, cells, "never")[1] == cells
     capsys.readouterr()
     changed = run_benchmark(config)
     assert _statuses(changed) == {
@@ -168,14 +168,16 @@ def test_runs_stored_without_fingerprints_are_retrained_once_said(mlflow_store, 
     from tasks.cell import CellRuntime, run_cell
 
     (cell,) = _config(methods=["node"], seeds=[0]).cells()
-    tracker = Tracker.connect()
-    rt = CellRuntime.for_tracker(tracker, parent_run_id=None, profile="smoke")
+    tracker = connect()
+    rt = CellRuntime.for_store(tracker.store, parent_run_id=None, profile="smoke")
     result = run_cell(cell, rt)
-    tracker.client.delete_tag(result.run_id, RunTags.NUMERICS_MODEL)  # as stored before
+    tracker.store.client.delete_tag(result.run_id, RunTags.NUMERICS_MODEL)  # as stored before
     capsys.readouterr()
-    assert stored_results(tracker, [cell])[1] == [cell]
+    assert stored_results(tracker.queries, [cell])[1] == [cell]
     assert "1 finished cell stored without numerics fingerprints" in capsys.readouterr().err
-    assert [r.run_id for r in stored_results(tracker, [cell], "config")[0]] == [result.run_id]
+    assert [r.run_id for r in stored_results(tracker.queries, [cell], "config")[0]] == [
+        result.run_id
+    ]
 
 
 def test_the_nightly_deployment_records_its_comparison_as_prefect_artifacts(
@@ -199,8 +201,8 @@ def test_the_nightly_deployment_records_its_comparison_as_prefect_artifacts(
     start = datetime.now(UTC)  # the session's server holds other tests' artifacts
     for _night in range(2):
         assert scheduled_benchmark(**params).endswith("0 regressed")
-    tracker = Tracker.connect()
-    latest = tracker.finished_runs("benchmark")[0]
+    tracker = connect()
+    latest = tracker.queries.finished_runs("benchmark")[0]
     assert latest.data.metrics["regressions"] == 0
     assert latest.data.tags[RunTags.CELLS_REUSED] == "2"  # the second night reused both
     keys = ["nllab-benchmark-smoke-results", "nllab-benchmark-smoke-comparison"]

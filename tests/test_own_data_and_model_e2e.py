@@ -69,11 +69,11 @@ def test_own_data_and_plugin_model_benchmark_report_register_reproduce(tmp_path:
 
     # the plugin's run registered as a model of its own, then reproduced the same way
     register = (
-        "from tasks.tracking import RunTags, Tracker\n"
-        "t = Tracker.connect()\n"
-        "(r,) = [r for r in t.finished_runs('cell')\n"
+        "from tasks.tracking import RunTags, connect\n"
+        "t = connect()\n"
+        "(r,) = [r for r in t.queries.finished_runs('cell')\n"
         "        if r.data.tags.get(RunTags.METHOD) == 'deepsets']\n"
-        "p = t.promote_if_better(\n"
+        "p = t.registry.promote_if_better(\n"
         "    'deepsets-pendulum_lab', r.info.run_id, r.data.metrics['test_rmse'])\n"
         "assert p.promoted, p\n"
     )

@@ -563,7 +563,7 @@ def test_cells_of_two_systems_pack_and_keep_their_results(mlflow_store):
     import tasks.cell as cell_module
     from tasks.cell import CellRuntime, pack_key, run_pack
     from tasks.config import CellConfig
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
     training = _cfg(epochs=2, patience=None)
     cells = [
@@ -573,11 +573,11 @@ def test_cells_of_two_systems_pack_and_keep_their_results(mlflow_store):
         for system, seed in (("integro_de", 0), ("sine", 1))
     ]
     assert pack_key(cells[0]) == pack_key(cells[1])
-    t = Tracker.connect()
-    rt = CellRuntime.for_tracker(t, parent_run_id=None, profile="smoke", device="cpu")
+    t = connect()
+    rt = CellRuntime.for_store(t.store, parent_run_id=None, profile="smoke", device="cpu")
     results = run_pack(cells, rt)
     assert [r.status for r in results] == ["finished", "finished"]
-    runs = t.client.search_runs([t.experiment_id], "tags.`nllab.kind` = 'cell'")
+    runs = t.store.client.search_runs([t.experiment_id], "tags.`nllab.kind` = 'cell'")
     assert {r.data.tags["system"]: r.data.tags["packed_members"] for r in runs} == {
         "integro_de": "2",
         "sine": "2",

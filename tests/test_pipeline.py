@@ -20,7 +20,7 @@ from tasks.pipeline import (
     simulate_data,
 )
 from tasks.results import CellResult
-from tasks.tracking import RunRecord, RunTags, Tracker
+from tasks.tracking import RunRecord, RunTags, connect
 from tasks.training import EpochRecord, TrainResult, predict
 
 _cell = tiny_cell
@@ -85,8 +85,8 @@ def test_evaluate_cell_scores_the_model_as_a_hand_computation():
 
 
 def test_log_outcome_logs_exactly_the_outcome(mlflow_store):
-    t = Tracker.connect()
-    run = t.create_run("logged", {RunTags.KIND: "cell"}, None)
+    t = connect()
+    run = t.runs.create_run("logged", {RunTags.KIND: "cell"}, None)
     outcome = CellOutcome(
         params={"alpha": 3, "name": "x"},
         texts={"notes.txt": "hello"},
@@ -94,26 +94,26 @@ def test_log_outcome_logs_exactly_the_outcome(mlflow_store):
         figures={"a.png": b"\x89PNG-not-really"},
         metrics={"test_rmse": 0.125, "made_up_metric": 7.0},
     )
-    log_outcome(t, run, outcome)
-    data = t.get_run_data(run).data
+    log_outcome(t.runs, run, outcome)
+    data = t.queries.get_run_data(run).data
     assert data.metrics == {"test_rmse": 0.125, "made_up_metric": 7.0}
     assert data.params == {"alpha": "3", "name": "x"}
     assert data.tags["stopped"] == "epochs"
-    files = {f.path for f in t.client.list_artifacts(run)}
+    files = {f.path for f in t.store.client.list_artifacts(run)}
     assert files == {"notes.txt", "plots"}
-    assert [f.path for f in t.client.list_artifacts(run, "plots")] == ["plots/a.png"]
+    assert [f.path for f in t.store.client.list_artifacts(run, "plots")] == ["plots/a.png"]
 
 
 def test_stored_results_is_the_one_answer_to_is_this_cell_done(mlflow_store):
-    t = Tracker.connect()
-    rt = CellRuntime.for_tracker(t, parent_run_id=None, profile="smoke", device="cpu")
+    t = connect()
+    rt = CellRuntime.for_store(t.store, parent_run_id=None, profile="smoke", device="cpu")
     done, todo = _cell(2), _cell(3)
     trained = run_cell(done, rt)
     assert trained.status == "finished"
-    reused, to_run = stored_results(t, [todo, done])
+    reused, to_run = stored_results(t.queries, [todo, done])
     assert to_run == [todo]
     assert reused == [
-        CellResult.reused(done, t.finished_cells([done.config_hash()])[done.config_hash()])
+        CellResult.reused(done, t.queries.finished_cells([done.config_hash()])[done.config_hash()])
     ]
     assert reused[0].run_id == trained.run_id and reused[0].test_rmse == trained.test_rmse
     assert reused[0].top_share == trained.top_share

@@ -13,7 +13,7 @@ from tasks import load_registered_model
 from tasks.cell import CellRuntime, run_cell
 from tasks.config import CellConfig, TrainConfig, resolve_config
 from tasks.evaluation import evaluate
-from tasks.tracking import Tracker
+from tasks.tracking import Tracking, connect
 
 SYSTEMS = ["integro_de", "spiral_dde"]
 METHODS = ["neural_laplace", "node"]
@@ -45,8 +45,8 @@ def first(_first_run, tmp_path, point_mlflow_at):
     return summary
 
 
-def _cell_runs(tracker: Tracker):
-    return tracker.client.search_runs(
+def _cell_runs(tracker: Tracking):
+    return tracker.store.client.search_runs(
         [tracker.experiment_id], "tags.`nllab.kind` = 'cell'", max_results=1000
     )
 
@@ -59,14 +59,14 @@ def test_every_cell_finishes_with_a_result(first):
 
 
 def test_child_runs_hold_params_metrics_tags_artifacts(first):
-    t = Tracker.connect()
-    parent = t.get_run_data(first.parent_run_id)
+    t = connect()
+    parent = t.queries.get_run_data(first.parent_run_id)
     assert parent.info.status == "FINISHED"
     assert parent.data.tags["nllab.kind"] == "benchmark" and parent.data.tags["profile"] == "smoke"
     assert parent.data.tags["cells_failed"] == "0"
-    parent_files = {f.path for f in t.client.list_artifacts(first.parent_run_id, "results")}
+    parent_files = {f.path for f in t.store.client.list_artifacts(first.parent_run_id, "results")}
     assert parent_files == {"results/results.csv", "results/results.md", "results/results.tex"}
-    children = t.child_runs(first.parent_run_id)
+    children = t.queries.child_runs(first.parent_run_id)
     assert len(children) == 8
     hashes = {c.key: c.config_hash() for c in _config().cells()}
     for run in children:
@@ -83,7 +83,7 @@ def test_child_runs_hold_params_metrics_tags_artifacts(first):
         assert params["training.epochs"] == "2" and params["data.n_trajectories"] == "40"
         assert params["device"] == "auto" and int(params["n_parameters"]) > 100
         for name in ("train_loss", "val_loss", "val_rmse", "epoch_seconds", "nfe"):
-            steps = [m.step for m in t.client.get_metric_history(run.info.run_id, name)]
+            steps = [m.step for m in t.store.client.get_metric_history(run.info.run_id, name)]
             assert steps == [0, 1], name
         assert metrics["test_rmse"] == pytest.approx(
             next(r.test_rmse for r in first.results if r.run_id == run.info.run_id)
@@ -94,16 +94,18 @@ def test_child_runs_hold_params_metrics_tags_artifacts(first):
         assert census <= set(metrics) and all(metrics[k] >= 0 for k in census)
         assert 0 < metrics["test_top_share"] <= 1
         assert metrics["test_rmse_without_top"] <= metrics["test_rmse"]
-        files = {f.path for f in t.client.list_artifacts(run.info.run_id)}
+        files = {f.path for f in t.store.client.list_artifacts(run.info.run_id)}
         assert {"config.json", "plots"} <= files
-        plots = {f.path for f in t.client.list_artifacts(run.info.run_id, "plots")}
+        plots = {f.path for f in t.store.client.list_artifacts(run.info.run_id, "plots")}
         assert plots == {"plots/loss_curves.png", "plots/extrapolation.png"}
         # the model is the run's MLflow 3 logged model, with its own artifacts
-        model_id = t.logged_model_id(run.info.run_id)
+        model_id = t.queries.logged_model_id(run.info.run_id)
         assert model_id is not None
-        model = {f.path for f in t.client.list_logged_model_artifacts(model_id)}
+        model = {f.path for f in t.store.client.list_logged_model_artifacts(model_id)}
         assert {"MLmodel", "pyfunc_model.py", "artifacts"} <= model
-        weights = {f.path for f in t.client.list_logged_model_artifacts(model_id, "artifacts")}
+        weights = {
+            f.path for f in t.store.client.list_logged_model_artifacts(model_id, "artifacts")
+        }
         assert weights == {"artifacts/weights"}
         # the fully resolved constructor arguments, defaults included
         assert params["model.state_dim"] == params["state_dim"]
@@ -119,11 +121,11 @@ def test_child_runs_hold_params_metrics_tags_artifacts(first):
 
 
 def test_registry_champion_is_the_best_neural_laplace(first):
-    t = Tracker.connect()
+    t = connect()
     for system in SYSTEMS:
         nl = [r for r in first.results if r.system == system and r.method == "neural_laplace"]
         best = min(nl, key=lambda r: r.test_rmse)
-        _, run_id = t.champion(registry_name(system))
+        _, run_id = t.registry.champion(registry_name(system))
         assert run_id == best.run_id
     # Loading the champion back gives a working model with the logged score.
     model, spec = load_registered_model(f"models:/{registry_name('integro_de')}@champion")
@@ -137,34 +139,38 @@ def test_registry_champion_is_the_best_neural_laplace(first):
 
 
 def test_second_run_skips_every_finished_cell(first):
-    t = Tracker.connect()
+    t = connect()
     n_before = len(_cell_runs(t))
     parents = "tags.`nllab.kind` = 'benchmark'"
-    parents_before = len(t.client.search_runs([t.experiment_id], parents))
-    versions_before = len(t.client.search_model_versions(""))
+    parents_before = len(t.store.client.search_runs([t.experiment_id], parents))
+    versions_before = len(t.store.client.search_model_versions(""))
     again = run_benchmark(_config())
     assert again.count("reused") == 8 and again.count("finished") == 0
     assert len(_cell_runs(t)) == n_before
     # nothing to train: no new, empty parent run; the summary points at the one that trained them
-    assert len(t.client.search_runs([t.experiment_id], parents)) == parents_before
+    assert len(t.store.client.search_runs([t.experiment_id], parents)) == parents_before
     assert again.parent_run_id == first.parent_run_id
-    assert len(t.client.search_model_versions("")) == versions_before
+    assert len(t.store.client.search_model_versions("")) == versions_before
     by_key = {r.key: r.test_rmse for r in first.results}
     assert {r.key: r.test_rmse for r in again.results} == by_key
 
 
 def test_interrupted_cell_is_redone(first):
-    t = Tracker.connect()
+    t = connect()
     new_cell = next(c for c in _config(seeds=[2]).cells() if c.method == "node")
     # A crash mid-cell leaves a RUNNING run (and a failed attempt a FAILED one) with the hash.
-    stale = t.create_run("crashed", {"nllab.kind": "cell", "config_hash": new_cell.config_hash()})
-    failed = t.create_run("failed", {"nllab.kind": "cell", "config_hash": new_cell.config_hash()})
-    t.end_run(failed, "FAILED")
+    stale = t.runs.create_run(
+        "crashed", {"nllab.kind": "cell", "config_hash": new_cell.config_hash()}
+    )
+    failed = t.runs.create_run(
+        "failed", {"nllab.kind": "cell", "config_hash": new_cell.config_hash()}
+    )
+    t.runs.end_run(failed, "FAILED")
     summary = run_benchmark(_config(seeds=[0, 1, 2], methods=["node"]))
     assert summary.count("reused") == 4 and summary.count("finished") == 2
     redone = next(r for r in summary.results if r.key == new_cell.key)
     assert redone.status == "finished" and redone.run_id not in (stale, failed)
-    assert t.get_run_data(stale).info.status == "RUNNING"  # nothing is rewritten
+    assert t.queries.get_run_data(stale).info.status == "RUNNING"  # nothing is rewritten
 
 
 def test_failed_cell_is_recorded_and_others_finish(first):
@@ -178,13 +184,15 @@ def test_failed_cell_is_recorded_and_others_finish(first):
     assert by_method["node"].ok  # unchanged config: reused
     bad = by_method["neural_laplace"]
     assert bad.status == "failed" and "max_frequency" in bad.error
-    t = Tracker.connect()
+    t = connect()
     (run,) = [
-        r for r in t.child_runs(summary.parent_run_id) if r.data.tags["method"] == "neural_laplace"
+        r
+        for r in t.queries.child_runs(summary.parent_run_id)
+        if r.data.tags["method"] == "neural_laplace"
     ]
     assert run.info.status == "FAILED" and "max_frequency" in run.data.tags["error"]
-    assert "error.txt" in {f.path for f in t.client.list_artifacts(run.info.run_id)}
-    assert t.get_run_data(summary.parent_run_id).data.tags["cells_failed"] == "1"
+    assert "error.txt" in {f.path for f in t.store.client.list_artifacts(run.info.run_id)}
+    assert t.queries.get_run_data(summary.parent_run_id).data.tags["cells_failed"] == "1"
     # Running it again redoes only the failed cell.
     again = run_benchmark(cfg)
     assert {r.method: r.status for r in again.results} == {
@@ -201,12 +209,14 @@ def test_same_config_and_seed_same_run(mlflow_store):
         data={"n_trajectories": 30},
         training=TrainConfig(epochs=2, batch_size=8),
     )
-    t = Tracker.connect()
-    rt = CellRuntime.for_tracker(t, parent_run_id=None, profile="smoke", device="cpu")
+    t = connect()
+    rt = CellRuntime.for_store(t.store, parent_run_id=None, profile="smoke", device="cpu")
     a, b = run_cell(cell, rt), run_cell(cell, rt)
     assert a.ok and b.ok and a.run_id != b.run_id
     assert a.test_rmse == b.test_rmse
-    hist = [[m.value for m in t.client.get_metric_history(r.run_id, "train_loss")] for r in (a, b)]
+    hist = [
+        [m.value for m in t.store.client.get_metric_history(r.run_id, "train_loss")] for r in (a, b)
+    ]
     assert hist[0] == hist[1]
 
 

@@ -49,7 +49,7 @@ def _config(home: Path, isolation: str) -> Path:
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_ctrl_c_keeps_finished_cells_and_rerun_resumes(tmp_path, isolation):
     from tasks.config import TrackingConfig
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
     proc = _nllab(tmp_path, isolation)
     lines: list[str] = []
@@ -59,14 +59,14 @@ def test_ctrl_c_keeps_finished_cells_and_rerun_resumes(tmp_path, isolation):
     assert proc.returncode == 130, out
     assert "interrupted; finished cells are kept" in out
 
-    tracker = Tracker.connect(TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}"))
-    runs = tracker.client.search_runs([tracker.experiment_id], "tags.`nllab.kind` = 'cell'")
+    tracker = connect(TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}"))
+    runs = tracker.store.client.search_runs([tracker.experiment_id], "tags.`nllab.kind` = 'cell'")
     status = {r.info.run_id: r.info.status for r in runs}
     finished = [r for r in runs if r.info.status == "FINISHED"]
     assert finished and len(finished) < 6
     assert all("test_rmse" in r.data.metrics for r in finished)
     assert set(status.values()) <= {"FINISHED", "KILLED"}  # nothing left looking successful
-    (parent,) = tracker.client.search_runs(
+    (parent,) = tracker.store.client.search_runs(
         [tracker.experiment_id], "tags.`nllab.kind` = 'benchmark'"
     )
     assert parent.info.status == "KILLED"
@@ -100,7 +100,7 @@ def _read_until_a_cell_finished(proc: subprocess.Popen, lines: list[str]) -> Non
 def test_terminal_ctrl_c_to_the_process_group_exits_130_within_seconds(tmp_path):
     """What a terminal does: SIGINT to every process of the foreground group."""
     from tasks.config import TrackingConfig
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
     proc = _nllab(tmp_path, "process", session=True)
     lines: list[str] = []
@@ -118,8 +118,8 @@ def test_terminal_ctrl_c_to_the_process_group_exits_130_within_seconds(tmp_path)
     assert "interrupted; finished cells are kept" in out
     assert _wait_gone(servers, 15)  # stopped with its parent
 
-    tracker = Tracker.connect(TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}"))
-    runs = tracker.client.search_runs([tracker.experiment_id], "tags.`nllab.kind` = 'cell'")
+    tracker = connect(TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}"))
+    runs = tracker.store.client.search_runs([tracker.experiment_id], "tags.`nllab.kind` = 'cell'")
     finished = [r for r in runs if r.info.status == "FINISHED"]
     assert finished and len(finished) < 6
     assert {r.info.status for r in runs} <= {"FINISHED", "KILLED"}
@@ -133,7 +133,7 @@ def test_terminal_ctrl_c_to_the_process_group_exits_130_within_seconds(tmp_path)
 @pytest.mark.slow
 def test_killing_the_main_process_stops_its_prefect_server_and_the_rerun_resumes(tmp_path):
     from tasks.config import TrackingConfig
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
     proc = _nllab(tmp_path, "thread", session=True)
     lines: list[str] = []
@@ -147,6 +147,6 @@ def test_killing_the_main_process_stops_its_prefect_server_and_the_rerun_resumes
     proc = _nllab(tmp_path, "thread", session=True)
     out = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0, out
-    tracker = Tracker.connect(TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}"))
-    runs = tracker.client.search_runs([tracker.experiment_id])
+    tracker = connect(TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}"))
+    runs = tracker.store.client.search_runs([tracker.experiment_id])
     assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"]

@@ -20,7 +20,7 @@ from tasks.cell import prepare_cell, simulate_data
 from tasks.config import CellConfig, resolve_config
 from tasks.evaluation import evaluate
 from tasks.modelio import forecast
-from tasks.tracking import Tracker
+from tasks.tracking import connect
 
 SYSTEM = "lotka_volterra_dde"  # the README's snippet loads its champion
 
@@ -67,7 +67,7 @@ def test_pyfunc_champion_after_moving_the_home(tmp_path, monkeypatch, prefect_se
 
     shutil.move(tmp_path / "home", tmp_path / "moved")
     _use_home(monkeypatch, tmp_path / "moved")
-    Tracker.connect()  # any nllab command: follows the moved home
+    connect()  # any nllab command: follows the moved home
     n = test.obs_x.shape[0]
     inputs = {
         "obs_t": np.broadcast_to(np.asarray(test.obs_t, dtype=float), test.obs_x.shape[:2]),
@@ -86,18 +86,18 @@ def test_pyfunc_champion_after_moving_the_home(tmp_path, monkeypatch, prefect_se
     )
 
     # a promotion killed after registering, before the alias: the rerun reuses the version
-    tracker = Tracker.connect()
+    tracker = connect()
     name = registry_name(SYSTEM)
-    version, run_id = tracker.champion(name)
-    tracker.client.delete_registered_model_alias(name, "champion")
-    p = tracker.promote_if_better(name, run_id, spec.test_rmse)
+    version, run_id = tracker.registry.champion(name)
+    tracker.store.client.delete_registered_model_alias(name, "champion")
+    p = tracker.registry.promote_if_better(name, run_id, spec.test_rmse)
     assert p.promoted and p.version == version
-    assert len(tracker.client.search_model_versions(f"name = '{name}'")) == 1
-    mv = tracker.client.get_model_version(name, version)
+    assert len(tracker.store.client.search_model_versions(f"name = '{name}'")) == 1
+    mv = tracker.store.client.get_model_version(name, version)
     # the version points at the cell's MLflow 3 logged model, which carries its params and score
-    model_id = tracker.logged_model_id(run_id)
+    model_id = tracker.queries.logged_model_id(run_id)
     assert model_id is not None and mv.source == f"models:/{model_id}"
-    logged = tracker.client.get_logged_model(model_id)
+    logged = tracker.store.client.get_logged_model(model_id)
     assert logged.source_run_id == run_id and str(logged.status) == "READY"
     assert logged.name == f"neural_laplace-{SYSTEM}-s0"  # the Models tab tells them apart
     assert {m.key: m.value for m in logged.metrics}["test_rmse"] == spec.test_rmse
@@ -106,10 +106,10 @@ def test_pyfunc_champion_after_moving_the_home(tmp_path, monkeypatch, prefect_se
     # models"), once although the promotion ran twice; its score names the run's data set
     linked = json.loads(logged.tags["mlflow.modelVersions"])
     assert linked == [{"name": name, "version": int(version)}]
-    (data,) = tracker.client.get_run(run_id).inputs.dataset_inputs
+    (data,) = tracker.store.client.get_run(run_id).inputs.dataset_inputs
     score = next(m for m in logged.metrics if m.key == "test_rmse")
     assert (score.dataset_name, score.dataset_digest) == (data.dataset.name, data.dataset.digest)
-    listed = tracker.client.search_logged_models([tracker.experiment_id])
+    listed = tracker.store.client.search_logged_models([tracker.experiment_id])
     assert model_id in {m.model_id for m in listed}
     assert pyfunc.metadata.run_id == run_id
 

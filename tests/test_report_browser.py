@@ -89,11 +89,11 @@ def report(tmp_path_factory):
         mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'mlflow.db'}")
         mp.setenv("NLLAB_ARTIFACT_ROOT", str(folder / "artifacts"))
         from flows.report_full import build_report
-        from tasks.tracking import Tracker
+        from tasks.tracking import connect
 
         results = _results()
         paths = build_report(
-            Tracker.connect(),
+            connect().queries,
             folder / "out",
             results=results,
             profile="paper",

@@ -16,13 +16,13 @@ def test_report_from_store(mlflow_store, tmp_path):
 
     from flows.report_full import build_report
     from flows.studies import STUDIES, run_study, study_config
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
     torch.set_num_threads(1)
     run_study(study_config("stereographic", "smoke"))
     summary = run_study(study_config("ilt", "smoke"))
-    tracker = Tracker.connect()
-    paths = build_report(tracker, tmp_path / "report")
+    tracker = connect()
+    paths = build_report(tracker.queries, tmp_path / "report")
 
     page = paths.html.read_text()
     md = paths.markdown.read_text()
@@ -51,9 +51,9 @@ def test_report_from_store(mlflow_store, tmp_path):
 
 def test_report_of_empty_store(mlflow_store, tmp_path):
     from flows.report_full import build_report
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
-    paths = build_report(Tracker.connect(), tmp_path)
+    paths = build_report(connect().queries, tmp_path)
     md = paths.markdown.read_text()
     assert "\n## " not in md and "No run yet" not in md  # no empty sections
     (line,) = [x for x in md.splitlines() if x.startswith("Not run yet: ")]
@@ -64,12 +64,12 @@ def test_report_of_empty_store(mlflow_store, tmp_path):
 def test_empty_tuning_section_suggests_a_command_that_parses(mlflow_store, tmp_path):
     from flows.cli import build_parser
     from flows.report_full import TUNE_EXAMPLE, build_report
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
     args = build_parser().parse_args(TUNE_EXAMPLE.split()[1:])
     args.precheck(args)  # its names are valid too
     assert (args.command, args.trials) == ("tune", 10)
-    paths = build_report(Tracker.connect(), tmp_path)
+    paths = build_report(connect().queries, tmp_path)
     assert f"<code>{TUNE_EXAMPLE}</code>" in paths.html.read_text()
 
 
@@ -79,26 +79,26 @@ def test_runs_table_says_trained_for_the_benchmarks_own_cells(mlflow_store, tmp_
     from flows.report_full import build_report, stored_cell_results
     from tasks.config import resolve_config
     from tasks.reporting import results_table
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
     selection = {"systems": ["integro_de"], "methods": ["node", "anode"]}
     config = resolve_config("smoke", None, selection)
     node, anode = config.cells()
-    t = Tracker.connect()
-    earlier = t.create_run("benchmark-smoke", {"nllab.kind": "benchmark"})
-    t.end_run(earlier, "FINISHED")
-    latest = t.create_run("benchmark-smoke", {"nllab.kind": "benchmark"})
+    t = connect()
+    earlier = t.runs.create_run("benchmark-smoke", {"nllab.kind": "benchmark"})
+    t.runs.end_run(earlier, "FINISHED")
+    latest = t.runs.create_run("benchmark-smoke", {"nllab.kind": "benchmark"})
     for cell, parent in ((node, latest), (anode, earlier)):
-        run = t.create_run(
+        run = t.runs.create_run(
             cell.key, {"nllab.kind": "cell", "config_hash": cell.config_hash()}, parent
         )
-        t.log_metrics(run, {"test_rmse": 0.5})
-        t.end_run(run, "FINISHED")
-    t.end_run(latest, "FINISHED")
+        t.runs.log_metrics(run, {"test_rmse": 0.5})
+        t.runs.end_run(run, "FINISHED")
+    t.runs.end_run(latest, "FINISHED")
 
-    results = stored_cell_results(t, config)
+    results = stored_cell_results(t.queries, config)
     assert [r.status for r in results] == ["finished", "reused"]
-    page = build_report(t, tmp_path, results=results, profile="smoke").html.read_text()
+    page = build_report(t.queries, tmp_path, results=results, profile="smoke").html.read_text()
     runs = page[page.index("<th>status</th>") :]
     assert "<td>trained</td>" in runs and "<td>reused</td>" in runs
     assert "in a terminal" not in page and "best per system in bold" in page
@@ -109,7 +109,7 @@ def test_report_judges_the_main_table_in_the_paper_profile_only(mlflow_store, tm
     from flows.report_full import build_report
     from tasks.reporting import PAPER_BUDGET
     from tasks.results import CellResult
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
     # Far above the paper's 0.0730 ± 0.0016 and 0.0014 ± 0.0005 on integro: ▼ when judged.
     results = [
@@ -117,7 +117,7 @@ def test_report_judges_the_main_table_in_the_paper_profile_only(mlflow_store, tm
         for m, v in (("node", 0.5), ("anode", 0.4))
     ]
     pages = {
-        p: build_report(Tracker.connect(), tmp_path / p, results=results, profile=p)
+        p: build_report(connect().queries, tmp_path / p, results=results, profile=p)
         for p in ("quick", "paper")
     }
     quick = pages["quick"].html.read_text()

@@ -11,7 +11,7 @@ import pytest
 
 from flows.report_full import MANIFEST, UnownedFiles, build_report
 from tasks.results import CellResult
-from tasks.tracking import Tracker
+from tasks.tracking import connect
 
 RESULTS = [
     CellResult("integro_de", m, s, "finished", 0.01 * (i + 1) + 0.001 * s, f"r{i}{s}")
@@ -21,7 +21,7 @@ RESULTS = [
 
 
 def _report(out, force=False):
-    return build_report(Tracker.connect(), out, results=RESULTS, profile="smoke", force=force)
+    return build_report(connect().queries, out, results=RESULTS, profile="smoke", force=force)
 
 
 def test_report_never_deletes_or_silently_overwrites_user_files(mlflow_store, tmp_path):
@@ -72,15 +72,19 @@ def test_report_reads_the_latest_finished_parent_only(mlflow_store, tmp_path):
     from flows.report_full import benchmark_config
     from tasks.config import resolve_config
 
-    tracker = Tracker.connect()
+    tracker = connect()
     config = resolve_config("smoke", None, {"systems": ["integro_de"]})
-    with tracker.run("benchmark-smoke", {"nllab.kind": "benchmark", "profile": "smoke"}) as done:
-        tracker.log_text(done, config.model_dump_json(), "run_config.json")
-    killed = tracker.create_run("benchmark-quick", {"nllab.kind": "benchmark", "profile": "quick"})
-    tracker.end_run(killed, "KILLED")
-    running = tracker.create_run("benchmark-paper", {"nllab.kind": "benchmark"})  # never ended
+    with tracker.runs.run(
+        "benchmark-smoke", {"nllab.kind": "benchmark", "profile": "smoke"}
+    ) as done:
+        tracker.runs.log_text(done, config.model_dump_json(), "run_config.json")
+    killed = tracker.runs.create_run(
+        "benchmark-quick", {"nllab.kind": "benchmark", "profile": "quick"}
+    )
+    tracker.runs.end_run(killed, "KILLED")
+    running = tracker.runs.create_run("benchmark-paper", {"nllab.kind": "benchmark"})  # never ended
     assert running
-    found, run_id = benchmark_config(tracker)
+    found, run_id = benchmark_config(tracker.queries)
     assert run_id == done and found == config
-    paths = build_report(tracker, tmp_path / "r")  # no "Failed to download artifacts"
+    paths = build_report(tracker.queries, tmp_path / "r")  # no "Failed to download artifacts"
     assert f"parent run {done}" in paths.markdown.read_text()

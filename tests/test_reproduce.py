@@ -15,7 +15,7 @@ from flows.reproduce import (
 )
 from tasks.cell import CellRuntime, run_cell
 from tasks.config import CellConfig, TrainConfig
-from tasks.tracking import Tracker
+from tasks.tracking import Tracking, connect
 
 NAME = "neural-laplace-integro_de"
 URI = f"models:/{NAME}@champion"
@@ -32,18 +32,18 @@ def registered(module_mlflow_store):
         data={"n_trajectories": 30, "n_points": 40},
         training=TrainConfig(epochs=2, batch_size=8),
     )
-    t = Tracker.connect()
-    result = run_cell(cell, CellRuntime.for_tracker(t, parent_run_id=None, profile="smoke"))
+    t = connect()
+    result = run_cell(cell, CellRuntime.for_store(t.store, parent_run_id=None, profile="smoke"))
     assert result.ok, result.error
-    promo = t.promote_if_better(NAME, result.run_id, result.test_rmse)
+    promo = t.registry.promote_if_better(NAME, result.run_id, result.test_rmse)
     assert promo.promoted
     yield cell, result
 
 
-def _registry_state(t: Tracker):
+def _registry_state(t: Tracking):
     return sorted(
-        (v.name, v.version, v.run_id, v.source) for v in t.client.search_model_versions("")
-    ), dict(t.client.get_registered_model(NAME).aliases)
+        (v.name, v.version, v.run_id, v.source) for v in t.store.client.search_model_versions("")
+    ), dict(t.store.client.get_registered_model(NAME).aliases)
 
 
 def test_registered_model_reproduces_the_logged_test_rmse(registered):
@@ -102,7 +102,7 @@ def test_ablation_variants_keep_the_source_config():
 
 def test_ablation_runs_are_linked_and_the_registry_is_untouched(registered, prefect_server):
     _, result = registered
-    t = Tracker.connect()
+    t = connect()
     before = _registry_state(t)
     out = reproduce(URI, "stereographic")
     assert _registry_state(t) == before  # nothing registered, moved or deleted
@@ -110,11 +110,11 @@ def test_ablation_runs_are_linked_and_the_registry_is_untouched(registered, pref
     assert values[True].run_id == result.run_id and values[True].status == "reused"
     new = values[False]
     assert new.ok and new.run_id != result.run_id
-    run = t.get_run_data(new.run_id)
+    run = t.queries.get_run_data(new.run_id)
     assert run.data.tags["nllab.source_run_id"] == result.run_id
     assert run.data.tags["mlflow.parentRunId"] == out.run_id
     assert run.data.params["model.stereographic"] == "False"
-    parent = t.get_run_data(out.run_id)
+    parent = t.queries.get_run_data(out.run_id)
     assert parent.data.tags["mlflow.parentRunId"] == result.run_id
     assert parent.data.tags["nllab.kind"] == "reproduce"
     assert parent.data.metrics["abs_difference"] <= 1e-9
@@ -122,7 +122,7 @@ def test_ablation_runs_are_linked_and_the_registry_is_untouched(registered, pref
     shown = ablation_table("stereographic", list(out.cells), "terminal")
     assert "|" not in shown and shown.splitlines()[1].startswith("─")
     assert f"{new.test_rmse:.4g}" in shown and new.run_id in shown
-    logged = t.client.download_artifacts(out.run_id, "ablation.md")
+    logged = t.store.client.download_artifacts(out.run_id, "ablation.md")
     assert open(logged).read().startswith("| stereographic | status | test RMSE | run |")
 
 

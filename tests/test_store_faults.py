@@ -115,7 +115,7 @@ def test_a_home_too_deep_for_sqlite_is_said_at_once(tmp_path):
 @pytest.mark.slow
 def test_a_benchmark_against_a_held_store_is_one_line_and_exit_3(tmp_path):
     home = tmp_path / "home"
-    code = "from tasks.tracking import Tracker; Tracker.connect()"
+    code = "from tasks.tracking import connect; connect()"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NLLAB_HOME": str(home)}
     env.pop("MLFLOW_TRACKING_URI", None)
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)

@@ -1,7 +1,7 @@
 """The embedded MLflow store under races and kills, stale RUNNING runs, and cell claims.
 
-Every process of the platform opens the store with ``Tracker.connect`` first; these tests start
-real processes on one fresh ``$NLLAB_HOME`` as two commands started at once would.
+Every process of the platform opens the store with ``tasks.tracking.connect`` first; these
+tests start real processes on one fresh ``$NLLAB_HOME`` as two commands started at once would.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ ROOT = Path(__file__).resolve().parent.parent
 _CONNECT = """
 import os, sys, time
 from pathlib import Path
-from tasks.tracking import Tracker
+from tasks.tracking import connect
 go = Path(sys.argv[1])
 while not go.exists():
     time.sleep(0.01)
-t = Tracker.connect()
+t = connect()
 print("connected", t.experiment_id, flush=True)
 """
 
@@ -41,10 +41,11 @@ def _env(home: Path) -> dict[str, str]:
 def _store_ok(home: Path) -> None:
     """The store opens, has the experiment and takes a run (checked in a fresh process)."""
     code = (
-        "from tasks.tracking import Tracker\n"
-        "t = Tracker.connect()\n"
-        "with t.run('probe', {'nllab.kind': 'probe'}) as r: t.log_metrics(r, {'x': 1.0})\n"
-        "print('ok', len(t.client.search_runs([t.experiment_id])))\n"
+        "from tasks.tracking import connect\n"
+        "t = connect()\n"
+        "with t.runs.run('probe', {'nllab.kind': 'probe'}) as r:\n"
+        "    t.runs.log_metrics(r, {'x': 1.0})\n"
+        "print('ok', len(t.store.client.search_runs([t.experiment_id])))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], env=_env(home), capture_output=True, text=True, timeout=120
@@ -120,11 +121,11 @@ def test_read_only_home_fails_fast_with_a_message(tmp_path):
     home.chmod(0o555)
     try:
         from tasks.config import TrackingConfig
-        from tasks.tracking import Tracker, TrackingUnavailable
+        from tasks.tracking import TrackingUnavailable, connect
 
         uri = f"sqlite:///{home / 'mlflow' / 'mlflow.db'}"
         with pytest.raises(TrackingUnavailable, match=r"not writable.*NLLAB_HOME"):
-            Tracker.connect(TrackingConfig(tracking_uri=uri))
+            connect(TrackingConfig(tracking_uri=uri))
     finally:
         home.chmod(0o755)
 
@@ -133,16 +134,16 @@ def test_read_only_home_fails_fast_with_a_message(tmp_path):
 
 _ORPHAN = """
 import os
-from tasks.tracking import Tracker
-t = Tracker.connect()
-rid = t.create_run("orphan", {"nllab.kind": "cell"})
+from tasks.tracking import connect
+t = connect()
+rid = t.runs.create_run("orphan", {"nllab.kind": "cell"})
 print(rid, flush=True)
 os.kill(os.getpid(), 9)
 """
 
 
 def test_runs_of_a_killed_process_end_killed_on_the_next_connect(mlflow_store):
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
@@ -151,48 +152,48 @@ def test_runs_of_a_killed_process_end_killed_on_the_next_connect(mlflow_store):
     assert out.returncode == -signal.SIGKILL, out.stderr
     orphan = out.stdout.split()[0]
     # A run of this (live) process must survive the cleanup.
-    live = Tracker.connect().create_run("live", {"nllab.kind": "cell"})
-    tracker = Tracker.connect()
-    assert tracker.get_run_data(orphan).info.status == "KILLED"
-    assert "ended without closing" in tracker.get_run_data(orphan).data.tags["error"]
-    assert tracker.get_run_data(live).info.status == "RUNNING"
-    assert tracker.end_stale_runs() == []
-    tracker.end_run(live, "FINISHED")
+    live = connect().runs.create_run("live", {"nllab.kind": "cell"})
+    tracker = connect()
+    assert tracker.queries.get_run_data(orphan).info.status == "KILLED"
+    assert "ended without closing" in tracker.queries.get_run_data(orphan).data.tags["error"]
+    assert tracker.queries.get_run_data(live).info.status == "RUNNING"
+    assert tracker.claims.end_stale_runs() == []
+    tracker.runs.end_run(live, "FINISHED")
 
 
 def test_cell_runs_of_another_host_end_killed_once_their_claim_is_stale_or_taken_over(
     mlflow_store,
 ):
     """Another host's processes cannot be asked, so their cell runs are judged by the claims."""
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
-    tracker = Tracker.connect()
+    tracker = connect()
 
     def run_of(host: str, token: str, kind: str = "cell", config_hash: str | None = None) -> str:
         tags = {"nllab.kind": kind} | ({"config_hash": config_hash} if config_hash else {})
-        run_id = tracker.create_run(f"{kind}-{token}", tags)
-        tracker.set_tags(run_id, {"nllab.host": host, "nllab.process": token})
+        run_id = tracker.runs.create_run(f"{kind}-{token}", tags)
+        tracker.runs.set_tags(run_id, {"nllab.host": host, "nllab.process": token})
         return run_id
 
     beating = run_of("host-b", "11:1", config_hash="a1" * 32)
-    assert tracker.claim_cell("a1" * 32, "host-b/11:1/x")
+    assert tracker.claims.claim_cell("a1" * 32, "host-b/11:1/x")
     silent = run_of("host-b", "12:1", config_hash="b2" * 32)
-    assert tracker.claim_cell("b2" * 32, "host-b/12:1/y")
-    tracker._beat("b2" * 32, 0, repr(time.time() - 100))  # last heartbeat 100 s ago
+    assert tracker.claims.claim_cell("b2" * 32, "host-b/12:1/y")
+    tracker.claims._beat("b2" * 32, 0, repr(time.time() - 100))  # last heartbeat 100 s ago
     moved = run_of("host-b", "13:1", config_hash="c3" * 32)
     time.sleep(0.05)
-    assert tracker.claim_cell("c3" * 32, "host-c/14:1/z")  # taken by another host since
-    assert tracker.claim_cell("d4" * 32, "host-c/15:1/w")
+    assert tracker.claims.claim_cell("c3" * 32, "host-c/14:1/z")  # taken by another host since
+    assert tracker.claims.claim_cell("d4" * 32, "host-c/15:1/w")
     time.sleep(0.05)
     unclaimed = run_of("host-b", "16:1", config_hash="d4" * 32)  # never claimed this cell
     parent = run_of("host-b", "17:1", kind="benchmark")
 
-    assert sorted(tracker.end_stale_runs(stale_after=50)) == sorted([silent, moved])
-    status = {r: tracker.get_run_data(r).info.status for r in (beating, unclaimed, parent)}
+    assert sorted(tracker.claims.end_stale_runs(stale_after=50)) == sorted([silent, moved])
+    status = {r: tracker.queries.get_run_data(r).info.status for r in (beating, unclaimed, parent)}
     assert set(status.values()) == {"RUNNING"}, status
-    assert "ended without closing" in tracker.get_run_data(moved).data.tags["error"]
+    assert "ended without closing" in tracker.queries.get_run_data(moved).data.tags["error"]
     for run_id in (beating, unclaimed, parent):
-        tracker.end_run(run_id, "FINISHED")
+        tracker.runs.end_run(run_id, "FINISHED")
 
 
 # -- cell claims -----------------------------------------------------------------------------
@@ -201,64 +202,64 @@ H = "ab" * 32
 
 
 def test_a_cell_claim_has_one_holder_until_released(mlflow_store):
-    from tasks.tracking import Tracker, claim_owner
+    from tasks.tracking import claim_owner, connect
 
-    tracker = Tracker.connect()
+    tracker = connect()
     a, b = claim_owner(), claim_owner()
     assert a != b
-    assert tracker.claim_cell(H, a)
-    assert not tracker.claim_cell(H, b)
-    assert tracker.claim_cell(H, a)  # the holder may claim again
-    assert tracker.heartbeat_cell(H, a) and not tracker.heartbeat_cell(H, b)
-    assert tracker.claim_cell("cd" * 32, b)  # another cell is free
-    tracker.release_cell(H, b)  # not the holder: no effect
-    assert not tracker.claim_cell(H, b)
-    tracker.release_cell(H, a)
-    assert tracker.claim_cell(H, b)
-    assert not tracker.claim_cell(H, a) and not tracker.heartbeat_cell(H, a)
+    assert tracker.claims.claim_cell(H, a)
+    assert not tracker.claims.claim_cell(H, b)
+    assert tracker.claims.claim_cell(H, a)  # the holder may claim again
+    assert tracker.claims.heartbeat_cell(H, a) and not tracker.claims.heartbeat_cell(H, b)
+    assert tracker.claims.claim_cell("cd" * 32, b)  # another cell is free
+    tracker.claims.release_cell(H, b)  # not the holder: no effect
+    assert not tracker.claims.claim_cell(H, b)
+    tracker.claims.release_cell(H, a)
+    assert tracker.claims.claim_cell(H, b)
+    assert not tracker.claims.claim_cell(H, a) and not tracker.claims.heartbeat_cell(H, a)
 
 
 def test_a_stale_claim_is_taken_over_and_its_old_holder_learns_it(mlflow_store):
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
-    tracker = Tracker.connect()
-    assert tracker.claim_cell(H, "owner-a", stale_after=0.5)
-    assert not tracker.claim_cell(H, "owner-b", stale_after=0.5)
+    tracker = connect()
+    assert tracker.claims.claim_cell(H, "owner-a", stale_after=0.5)
+    assert not tracker.claims.claim_cell(H, "owner-b", stale_after=0.5)
     time.sleep(0.7)
-    assert tracker.claim_cell(H, "owner-b", stale_after=0.5)
-    assert not tracker.heartbeat_cell(H, "owner-a")
-    assert not tracker.claim_cell(H, "owner-a", stale_after=0.5)
+    assert tracker.claims.claim_cell(H, "owner-b", stale_after=0.5)
+    assert not tracker.claims.heartbeat_cell(H, "owner-a")
+    assert not tracker.claims.claim_cell(H, "owner-a", stale_after=0.5)
 
 
 def test_a_heartbeat_keeps_a_claim_from_going_stale(mlflow_store):
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
-    tracker = Tracker.connect()
-    with tracker.cell_claim(H, "owner-a", stale_after=1.0, interval=0.1) as mine:
+    tracker = connect()
+    with tracker.claims.cell_claim(H, "owner-a", stale_after=1.0, interval=0.1) as mine:
         assert mine
         time.sleep(1.5)
-        assert not tracker.claim_cell(H, "owner-b", stale_after=1.0)
-    assert tracker.claim_cell(H, "owner-b", stale_after=1.0)  # released at the end
+        assert not tracker.claims.claim_cell(H, "owner-b", stale_after=1.0)
+    assert tracker.claims.claim_cell(H, "owner-b", stale_after=1.0)  # released at the end
 
 
 def test_the_claim_of_a_dead_process_of_this_host_is_taken_over_at_once(mlflow_store):
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
     code = (
-        "import os\nfrom tasks.tracking import Tracker, claim_owner\n"
-        f"assert Tracker.connect().claim_cell({H!r}, claim_owner())\nos.kill(os.getpid(), 9)\n"
+        "import os\nfrom tasks.tracking import connect, claim_owner\n"
+        f"assert connect().claims.claim_cell({H!r}, claim_owner())\nos.kill(os.getpid(), 9)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, "-c", code], env=env, timeout=120, check=False)
-    tracker = Tracker.connect()
-    assert tracker.claim_holder(H) is not None  # the dead process did claim it
-    assert tracker.claim_cell(H, "owner-b")  # long before the default stale_after
+    tracker = connect()
+    assert tracker.claims.claim_holder(H) is not None  # the dead process did claim it
+    assert tracker.claims.claim_cell(H, "owner-b")  # long before the default stale_after
 
 
 def test_owners_claiming_at_once_get_exactly_one_winner(mlflow_store):
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
-    Tracker.connect()
+    connect()
     for cell in range(3):
         h = f"{cell:064x}"
         start = threading.Barrier(4)
@@ -266,7 +267,7 @@ def test_owners_claiming_at_once_get_exactly_one_winner(mlflow_store):
 
         def claim(owner: str, h: str, start: threading.Barrier, wins: list[str]) -> None:
             start.wait()
-            if Tracker.connect().claim_cell(h, owner):
+            if connect().claims.claim_cell(h, owner):
                 wins.append(owner)
 
         threads = [threading.Thread(target=claim, args=(f"o{i}", h, start, wins)) for i in range(4)]
@@ -278,8 +279,10 @@ def test_owners_claiming_at_once_get_exactly_one_winner(mlflow_store):
 
 
 def _claims_runs(t) -> list[str]:
-    exp = t._bookkeeping_experiment()
-    return [r.info.run_id for r in t.client.search_runs([exp], "tags.`nllab.kind` = 'claims'")]
+    exp = t.claims._bookkeeping_experiment()
+    return [
+        r.info.run_id for r in t.store.client.search_runs([exp], "tags.`nllab.kind` = 'claims'")
+    ]
 
 
 def test_one_claims_run_per_experiment_without_a_store_lock(mlflow_store, monkeypatch):
@@ -287,13 +290,11 @@ def test_one_claims_run_per_experiment_without_a_store_lock(mlflow_store, monkey
     raced another one's creation, leave one claims run."""
     import contextlib
 
-    from tasks.tracking import Tracker
+    from tasks.tracking import CellClaims, Store, connect
 
-    monkeypatch.setattr(Tracker, "_store_lock", lambda self: contextlib.nullcontext())
-    first = Tracker.connect()
-    trackers = [Tracker(first.settings) for _ in range(6)]
-    for t in trackers:
-        t._experiment_id = first.experiment_id
+    monkeypatch.setattr(Store, "lock", lambda self: contextlib.nullcontext())
+    first = connect()
+    trackers = [CellClaims(Store(first.store.settings, first.experiment_id)) for _ in range(6)]
     go = threading.Barrier(len(trackers))
 
     def claims_run(t):
@@ -311,14 +312,13 @@ def test_one_claims_run_per_experiment_without_a_store_lock(mlflow_store, monkey
     assert len(set(threads_ids)) == 1 and _claims_runs(first) == threads_ids[:1]
 
     # Another process's search ran before this one's run existed: both created one.
-    late = Tracker(first.settings)
-    late._experiment_id = first.experiment_id
-    search, calls = late.client.search_runs, []
+    late = CellClaims(Store(first.store.settings, first.experiment_id))
+    search, calls = late._client.search_runs, []
 
     def racing_search(*args, **kw):
         calls.append(1)
         return [] if len(calls) <= 2 else search(*args, **kw)
 
-    monkeypatch.setattr(late.client, "search_runs", racing_search)
+    monkeypatch.setattr(late._client, "search_runs", racing_search)
     assert late._claims_run() == threads_ids[0]  # the oldest
     assert _claims_runs(first) == threads_ids[:1]  # its own one deleted

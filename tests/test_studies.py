@@ -54,9 +54,9 @@ def smoke(module_mlflow_store):
 
 
 def _tracker():
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
-    return Tracker.connect()
+    return connect()
 
 
 def test_registry_and_unknown_name():
@@ -73,12 +73,12 @@ def test_registry_and_unknown_name():
 def test_smoke_artifacts(smoke, name, tmp_path):
     summary = smoke[name]
     tracker = _tracker()
-    run_id = tracker.latest_run(f"study:{name}")
+    run_id = tracker.queries.latest_run(f"study:{name}")
     assert run_id == summary.parent_run_id
-    run = tracker.get_run_data(run_id)
+    run = tracker.queries.get_run_data(run_id)
     assert run.info.status == "FINISHED"
     assert run.data.tags["nllab.study"] == name and run.data.tags["profile"] == "smoke"
-    root = tracker.download(run_id, "study", tmp_path)
+    root = tracker.queries.download(run_id, "study", tmp_path)
     meta = json.loads((root / "study.json").read_text())
     paper = json.loads((root / "paper.json").read_text())
     assert meta["study"] == name and paper["paper_ref"]
@@ -96,7 +96,7 @@ def test_smoke_artifacts(smoke, name, tmp_path):
     # Training studies: their cells are child runs of the study's parent run.
     if summary.cells:
         assert all(c.ok for c in summary.cells)
-        children = {r.info.run_id for r in tracker.child_runs(run_id)}
+        children = {r.info.run_id for r in tracker.queries.child_runs(run_id)}
         assert {c.run_id for c in summary.cells if c.status == "finished"} <= children
 
 

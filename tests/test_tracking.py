@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -14,7 +16,15 @@ import torch
 from nlmodels import build_model
 from tasks.config import TrackingConfig
 from tasks.modelio import ModelSpec, load_model, save_model
-from tasks.tracking import RunTags, Tracker, TrackingSettings, TrackingUnavailable, parent_run
+from tasks.tracking import (
+    RunTags,
+    Tracking,
+    TrackingSettings,
+    TrackingUnavailable,
+    attach,
+    connect,
+    parent_run,
+)
 from tasks.training import TrainingInterrupted, seeded
 
 STATUSES = ("finished", "reused", "reused", "failed")
@@ -34,12 +44,12 @@ def test_embedded_default_lives_under_data_home(monkeypatch, tmp_path):
 
 
 def test_connect_creates_store_and_experiment(mlflow_store):
-    t = Tracker.connect(TrackingConfig(experiment="exp-a"))
+    t = connect(TrackingConfig(experiment="exp-a"))
     assert (mlflow_store / "mlflow.db").is_file()
-    exp = t.client.get_experiment(t.experiment_id)
+    exp = t.store.client.get_experiment(t.experiment_id)
     assert exp.name == "exp-a"
     assert exp.artifact_location == str(mlflow_store / "artifacts")
-    assert Tracker.connect(TrackingConfig(experiment="exp-a")).experiment_id == t.experiment_id
+    assert connect(TrackingConfig(experiment="exp-a")).experiment_id == t.experiment_id
 
 
 def test_a_command_connects_once_per_store_and_afresh_when_the_store_changed(monkeypatch, tmp_path):
@@ -53,43 +63,43 @@ def test_a_command_connects_once_per_store_and_afresh_when_the_store_changed(mon
 
     home = tmp_path / "home"
     use_home(home)
-    first = Tracker.connect()
-    assert Tracker.connect() is first and Tracker.connect(TrackingConfig()) is first
-    other = Tracker.connect(TrackingConfig(experiment="other"))
+    first = connect()
+    assert connect() is first and connect(TrackingConfig()) is first
+    other = connect(TrackingConfig(experiment="other"))
     assert other is not first and other.experiment_id != first.experiment_id
-    assert Tracker.connect(TrackingConfig(experiment="other")) is other
-    other.client.delete_experiment(other.experiment_id)  # meanwhile, in the UI or a script
+    assert connect(TrackingConfig(experiment="other")) is other
+    other.store.client.delete_experiment(other.experiment_id)  # meanwhile, in the UI or a script
     with pytest.raises(TrackingUnavailable, match="experiment 'other' is deleted"):
-        Tracker.connect(TrackingConfig(experiment="other"))
+        connect(TrackingConfig(experiment="other"))
 
     # A run left RUNNING by a process that is gone is still ended by a reused connection.
-    orphan = first.create_run("orphan", {"nllab.kind": "cell"})
-    first.set_tags(orphan, {"nllab.process": "999999999:1"})  # no such pid on this host
-    assert Tracker.connect() is first
-    assert first.get_run_data(orphan).info.status == "KILLED"
+    orphan = first.runs.create_run("orphan", {"nllab.kind": "cell"})
+    first.runs.set_tags(orphan, {"nllab.process": "999999999:1"})  # no such pid on this host
+    assert connect() is first
+    assert first.queries.get_run_data(orphan).info.status == "KILLED"
 
     moved = tmp_path / "moved"
     use_home(moved)  # another home: its own store
-    elsewhere = Tracker.connect()
+    elsewhere = connect()
     assert elsewhere is not first
-    assert elsewhere.settings.tracking_uri.endswith(f"{moved}/mlflow/mlflow.db")
+    assert elsewhere.store.settings.tracking_uri.endswith(f"{moved}/mlflow/mlflow.db")
     assert (moved / "mlflow" / "mlflow.db").is_file()
 
     use_home(home)
-    assert Tracker.connect() is first
+    assert connect() is first
     (home / "mlflow" / "mlflow.db").unlink()  # the store deleted: created again
-    again = Tracker.connect()
+    again = connect()
     assert again is not first and (home / "mlflow" / "mlflow.db").stat().st_size > 0
-    assert again.client.get_experiment(again.experiment_id).name == "nllab"
-    assert Tracker.connect() is again
+    assert again.store.client.get_experiment(again.experiment_id).name == "nllab"
+    assert connect() is again
 
 
 def test_a_parent_run_ends_as_its_command_ends(mlflow_store):
     """``parent_run``: tags, params, ``execution.*`` tags and the config file; FINISHED when
     the block completes, FAILED with the error when it raises, KILLED when interrupted."""
-    t = Tracker.connect()
+    t = connect()
     with parent_run(
-        t,
+        t.runs,
         "bench",
         kind="benchmark",
         params={"profile": "smoke"},
@@ -101,7 +111,7 @@ def test_a_parent_run_ends_as_its_command_ends(mlflow_store):
             [SimpleNamespace(status=s, ok=s in ("finished", "reused")) for s in STATUSES],
             note="one failed",
         )
-    done = t.get_run_data(run.run_id)
+    done = t.queries.get_run_data(run.run_id)
     assert done.info.status == "FINISHED"
     assert done.data.params == {"profile": "smoke"}
     tags = done.data.tags
@@ -110,19 +120,19 @@ def test_a_parent_run_ends_as_its_command_ends(mlflow_store):
     counts = [RunTags.CELLS, RunTags.CELLS_FINISHED, RunTags.CELLS_REUSED, RunTags.CELLS_FAILED]
     assert [tags[k] for k in counts] == ["4", "1", "2", "1"]
     assert tags[RunTags.NOTE] == "one failed"
-    assert [f.path for f in t.client.list_artifacts(run.run_id)] == ["run_config.json"]
-    assert t.latest_run("benchmark") == run.run_id
-    with pytest.raises(ValueError), parent_run(t, "bad", kind="benchmark") as failed:
+    assert [f.path for f in t.store.client.list_artifacts(run.run_id)] == ["run_config.json"]
+    assert t.queries.latest_run("benchmark") == run.run_id
+    with pytest.raises(ValueError), parent_run(t.runs, "bad", kind="benchmark") as failed:
         raise ValueError("no cells")
-    with pytest.raises(KeyboardInterrupt), parent_run(t, "stop", kind="study:x") as stopped:
+    with pytest.raises(KeyboardInterrupt), parent_run(t.runs, "stop", kind="study:x") as stopped:
         raise KeyboardInterrupt
-    assert t.get_run_data(failed.run_id).info.status == "FAILED"
-    assert t.get_run_data(failed.run_id).data.tags[RunTags.ERROR] == "ValueError: no cells"
-    assert t.get_run_data(stopped.run_id).info.status == "KILLED"
-    with parent_run(t, "again", kind="benchmark", resume=failed.run_id) as resumed:
+    assert t.queries.get_run_data(failed.run_id).info.status == "FAILED"
+    assert t.queries.get_run_data(failed.run_id).data.tags[RunTags.ERROR] == "ValueError: no cells"
+    assert t.queries.get_run_data(stopped.run_id).info.status == "KILLED"
+    with parent_run(t.runs, "again", kind="benchmark", resume=failed.run_id) as resumed:
         assert resumed.run_id == failed.run_id
-    assert t.get_run_data(failed.run_id).info.status == "FINISHED"
-    assert t.get_run_data(failed.run_id).data.tags[RunTags.RESUMED] == "true"
+    assert t.queries.get_run_data(failed.run_id).info.status == "FINISHED"
+    assert t.queries.get_run_data(failed.run_id).data.tags[RunTags.RESUMED] == "true"
 
 
 def test_unreachable_server_is_a_clear_error(monkeypatch):
@@ -133,97 +143,176 @@ def test_unreachable_server_is_a_clear_error(monkeypatch):
         TrackingUnavailable,
         match=r"(?s)http://127.0.0.1:9.*Connection refused.*MLFLOW_TRACKING_URI",
     ):
-        Tracker.connect()
+        connect()
     assert time.perf_counter() - t0 < 30
 
 
 def test_run_states(mlflow_store):
-    t = Tracker.connect()
-    with t.run("ok", {"nllab.kind": "cell"}) as ok:
-        t.log_metrics(ok, {"m": 1.0}, step=3)
-    with pytest.raises(ValueError), t.run("bad", {"nllab.kind": "cell"}) as bad:
+    t = connect()
+    with t.runs.run("ok", {"nllab.kind": "cell"}) as ok:
+        t.runs.log_metrics(ok, {"m": 1.0}, step=3)
+    with pytest.raises(ValueError), t.runs.run("bad", {"nllab.kind": "cell"}) as bad:
         raise ValueError("broken cell")
-    with pytest.raises(TrainingInterrupted), t.run("int", {}) as stopped:
+    with pytest.raises(TrainingInterrupted), t.runs.run("int", {}) as stopped:
         raise TrainingInterrupted("stop")
-    with pytest.raises(KeyboardInterrupt), t.run("ctrl-c", {}) as killed:
+    with pytest.raises(KeyboardInterrupt), t.runs.run("ctrl-c", {}) as killed:
         raise KeyboardInterrupt
-    status = {r: t.get_run_data(r).info.status for r in (ok, bad, stopped, killed)}
+    status = {r: t.queries.get_run_data(r).info.status for r in (ok, bad, stopped, killed)}
     assert status == {ok: "FINISHED", bad: "FAILED", stopped: "KILLED", killed: "KILLED"}
-    assert t.get_run_data(bad).data.tags["error"] == "ValueError: broken cell"
-    hist = t.client.get_metric_history(ok, "m")
+    assert t.queries.get_run_data(bad).data.tags["error"] == "ValueError: broken cell"
+    hist = t.store.client.get_metric_history(ok, "m")
     assert [(m.step, m.value) for m in hist] == [(3, 1.0)]
 
 
-def test_finished_cells_ignore_unfinished_runs(mlflow_store):
-    t = Tracker.connect()
-    with t.run("a", {"nllab.kind": "cell", "config_hash": "h1"}) as old:
-        t.log_metrics(old, {"test_rmse": 0.5})
-    with t.run("b", {"nllab.kind": "cell", "config_hash": "h1"}) as new:
-        t.log_metrics(new, {"test_rmse": 0.4})
-    t.create_run("c", {"nllab.kind": "cell", "config_hash": "h2"})  # left RUNNING
-    with pytest.raises(RuntimeError), t.run("d", {"nllab.kind": "cell", "config_hash": "h3"}):
-        raise RuntimeError
-    with t.run("e", {"nllab.kind": "benchmark", "config_hash": "h4"}):
+def test_the_run_life_cycle_takes_an_early_end_and_outcome_tags(mlflow_store):
+    """``RunLog.run``, the one run life cycle (cells, parents, trials): a run the block ended
+    itself keeps that end; ``killed_by`` errors end KILLED; ``outcome_tags`` tags every end."""
+
+    def state(error: BaseException | None) -> dict[str, str]:
+        return {"outcome": "none" if error is None else type(error).__name__}
+
+    runs, queries = connect().runs, connect().queries
+    with runs.run("kept", {}) as kept:
+        runs.end_with_error(kept, ValueError("member diverged"))
+    with runs.run("fenced", {}) as fenced:
+        runs.end_with_error(fenced, RuntimeError("claim lost"), killed=True)
+    with pytest.raises(LookupError), runs.run("pruned", {}, killed_by=(LookupError,)) as pruned:
+        raise LookupError("pruned at epoch 3")
+    with runs.run("done", {}, outcome_tags=state) as done:
         pass
-    found = t.finished_cells(["h1", "h2", "h3", "h4", "h5"])
+    with pytest.raises(ValueError), runs.run("failed", {}, outcome_tags=state) as failed:
+        raise ValueError("x")
+    got = {r: queries.get_run_data(r) for r in (kept, fenced, pruned, done, failed)}
+    assert {r: run.info.status for r, run in got.items()} == {
+        kept: "FAILED",
+        fenced: "KILLED",
+        pruned: "KILLED",
+        done: "FINISHED",
+        failed: "FAILED",
+    }
+    assert got[kept].data.tags["error"] == "ValueError: member diverged"
+    assert got[done].data.tags["outcome"] == "none"
+    assert got[failed].data.tags["outcome"] == "ValueError"
+    assert got[failed].data.tags["error"] == "ValueError: x"
+
+
+def test_light_tracking_modules_load_without_mlflow():
+    """The command line's pre-checks ask these before anything heavy loads."""
+    code = (
+        "import sys\n"
+        "import tasks.errors, tasks.tracking.locations, tasks.tracking.processes\n"
+        "from tasks.tracking.tags import Metrics, RunTags\n"
+        "heavy = [m for m in ('mlflow', 'torch', 'prefect') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def test_platform_errors_share_their_family_by_type():
+    """Errors are classified by type (``isinstance``), never by class name."""
+    from flows._dask import DaskSetupError, DaskUnreachable
+    from tasks.errors import Interrupted, SettingError, Unreachable
+    from tasks.tuning.spec import StorageUnavailable, TuningError
+
+    assert all(issubclass(e, Unreachable) for e in (TrackingUnavailable, StorageUnavailable))
+    assert issubclass(DaskUnreachable, Unreachable) and issubclass(DaskUnreachable, SettingError)
+    assert issubclass(TuningError, SettingError) and issubclass(DaskSetupError, SettingError)
+    assert issubclass(TrainingInterrupted, Interrupted)
+    assert not issubclass(TrackingUnavailable, SettingError)
+
+
+def test_registered_version_reads_the_embedded_registry(tmp_path):
+    """``locations.registered_version``: the sqlite tables, read-only, without MLflow."""
+    from tasks.tracking.locations import registered_version
+
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    assert registered_version("m@champion", uri) == (False, [])  # no store: nothing there
+    with sqlite3.connect(db) as c:
+        c.execute("create table registered_models (name text)")
+        c.execute("create table registered_model_aliases (name text, alias text, version int)")
+        c.execute("create table model_versions (name text, version int)")
+        c.execute("insert into registered_models values ('m'), ('a')")
+        c.execute("insert into registered_model_aliases values ('m', 'champion', 2)")
+        c.execute("insert into model_versions values ('m', 2)")
+    assert registered_version("m@champion", uri) == (True, [])
+    assert registered_version("m/2", uri) == (True, [])
+    assert registered_version("m/3", uri) == (False, ["a", "m"])
+    assert registered_version("m@best", uri) == (False, ["a", "m"])
+    assert registered_version("m@champion", "http://127.0.0.1:9")[0] is None
+
+
+def test_finished_cells_ignore_unfinished_runs(mlflow_store):
+    t = connect()
+    with t.runs.run("a", {"nllab.kind": "cell", "config_hash": "h1"}) as old:
+        t.runs.log_metrics(old, {"test_rmse": 0.5})
+    with t.runs.run("b", {"nllab.kind": "cell", "config_hash": "h1"}) as new:
+        t.runs.log_metrics(new, {"test_rmse": 0.4})
+    t.runs.create_run("c", {"nllab.kind": "cell", "config_hash": "h2"})  # left RUNNING
+    with pytest.raises(RuntimeError), t.runs.run("d", {"nllab.kind": "cell", "config_hash": "h3"}):
+        raise RuntimeError
+    with t.runs.run("e", {"nllab.kind": "benchmark", "config_hash": "h4"}):
+        pass
+    found = t.queries.finished_cells(["h1", "h2", "h3", "h4", "h5"])
     assert set(found) == {"h1"}
     assert found["h1"].run_id == new and found["h1"].test_rmse == 0.4
 
 
-def _model_run(t: Tracker, rmse: float, tmp: Path) -> str:
+def _model_run(t: Tracking, rmse: float, tmp: Path) -> str:
     with seeded(int(rmse * 1000)):
         model = build_model("node", 1)
     spec = ModelSpec(method="node", state_dim=1, test_rmse=rmse)
-    with t.run(f"m{rmse}", {"nllab.kind": "cell"}) as run_id:
+    with t.runs.run(f"m{rmse}", {"nllab.kind": "cell"}) as run_id:
         save_model(model, spec, tmp / run_id)
-        t.log_artifact(run_id, tmp / run_id, "model")
+        t.runs.log_artifact(run_id, tmp / run_id, "model")
     return run_id
 
 
 def test_champion_moves_only_when_beaten(mlflow_store, tmp_path):
-    t = Tracker.connect()
+    t = connect()
     name = "neural-laplace-test"
     first = _model_run(t, 0.30, tmp_path)
-    p1 = t.promote_if_better(name, first, 0.30)
+    p1 = t.registry.promote_if_better(name, first, 0.30)
     assert p1.promoted and p1.version == "1" and p1.previous_rmse is None
     worse = _model_run(t, 0.35, tmp_path)
-    p2 = t.promote_if_better(name, worse, 0.35)
+    p2 = t.registry.promote_if_better(name, worse, 0.35)
     assert not p2.promoted and p2.previous_rmse == 0.30
-    assert t.champion(name) == ("1", first)
-    assert t.promote_if_better(name, first, 0.30).promoted is False  # idempotent re-run
+    assert t.registry.champion(name) == ("1", first)
+    assert t.registry.promote_if_better(name, first, 0.30).promoted is False  # idempotent re-run
     better = _model_run(t, 0.10, tmp_path)
-    p3 = t.promote_if_better(name, better, 0.10)
-    assert p3.promoted and t.champion(name) == (p3.version, better)
-    versions = t.client.search_model_versions(f"name = '{name}'")
+    p3 = t.registry.promote_if_better(name, better, 0.10)
+    assert p3.promoted and t.registry.champion(name) == (p3.version, better)
+    versions = t.store.client.search_model_versions(f"name = '{name}'")
     assert sorted(v.run_id for v in versions) == sorted([first, better])  # nothing deleted
-    model, spec = load_model(t.download_model(f"models:/{name}@champion", tmp_path / "dl"))
+    model, spec = load_model(t.registry.download_model(f"models:/{name}@champion", tmp_path / "dl"))
     assert spec.test_rmse == 0.10
     ref, _ = load_model(tmp_path / better)
     for a, b in zip(model.parameters(), ref.parameters()):
         assert torch.equal(a, b)
     with pytest.raises(ValueError, match="only from the registry"):
-        t.download_model("runs:/abc/model")
+        t.registry.download_model("runs:/abc/model")
     with pytest.raises(LookupError, match="no registered model"):
-        t.download_model("models:/no-such-model@champion", tmp_path / "dl2")
+        t.registry.download_model("models:/no-such-model@champion", tmp_path / "dl2")
 
 
 def test_concurrent_writers_keep_sqlite_intact(mlflow_store):
-    shared = Tracker.connect()
+    shared = connect()
     n_threads, n_steps = 6, 40
     runs: list[str] = []
     errors: list[BaseException] = []
     lock = threading.Lock()
 
     def writer(i: int) -> None:
-        # half share the command's tracker, half a worker's own (Tracker.attach, as task workers)
-        t = shared if i % 2 else Tracker.attach(shared.settings, shared.experiment_id)
+        # half share the command's tracker, half a worker's own (attach, as task workers)
+        t = shared if i % 2 else attach(shared.store.settings, shared.experiment_id)
         try:
-            with t.run(f"w{i}", {"nllab.kind": "cell", "config_hash": f"h{i}"}) as rid:
-                t.log_params(rid, {f"p{k}": k for k in range(30)})
+            with t.runs.run(f"w{i}", {"nllab.kind": "cell", "config_hash": f"h{i}"}) as rid:
+                t.runs.log_params(rid, {f"p{k}": k for k in range(30)})
                 for s in range(n_steps):
-                    t.log_metrics(rid, {"a": s, "b": i}, step=s)
-                t.log_text(rid, f"writer {i}", "note.txt")
-                t.log_dataset(rid, name="same", digest="d" * 36, source="/x", profile={"n": 1})
+                    t.runs.log_metrics(rid, {"a": s, "b": i}, step=s)
+                t.runs.log_text(rid, f"writer {i}", "note.txt")
+                t.runs.log_dataset(rid, name="same", digest="d" * 36, source="/x", profile={"n": 1})
             with lock:
                 runs.append(rid)
         except BaseException as e:
@@ -237,9 +326,9 @@ def test_concurrent_writers_keep_sqlite_intact(mlflow_store):
     assert not errors, errors
     assert len(runs) == n_threads
     for rid in runs:
-        r = shared.get_run_data(rid)
+        r = shared.queries.get_run_data(rid)
         assert r.info.status == "FINISHED" and len(r.data.params) == 30
-        assert len(shared.client.get_metric_history(rid, "a")) == n_steps
+        assert len(shared.store.client.get_metric_history(rid, "a")) == n_steps
         assert len(r.inputs.dataset_inputs) == 1
     with sqlite3.connect(mlflow_store / "mlflow.db") as db:
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

@@ -21,7 +21,7 @@ from optuna.trial import FixedTrial, TrialState
 from nlmodels import build_model
 from tasks.config import resolve_config
 from tasks.search_spaces import SEARCH_SPACES, Suggestion, paper_params, suggest
-from tasks.tracking import Tracker
+from tasks.tracking import connect
 from tasks.training import TrainingDiverged
 from tasks.tuning import (
     TuneSpec,
@@ -59,7 +59,7 @@ def _spec(tmp_path: Path, **kw) -> TuneSpec:
 
 
 def _children(parent: str):
-    return Tracker.connect().child_runs(parent)
+    return connect().queries.child_runs(parent)
 
 
 @pytest.mark.parametrize("method", sorted(SEARCH_SPACES))
@@ -85,11 +85,11 @@ def test_study_beats_its_first_trial_and_logs_nested_runs(tmp_path, mlflow_store
     assert {c.data.tags["nllab.kind"] for c in children} == {"trial"}
     by_trial = {int(c.data.tags["optuna.trial"]): c for c in children}
     assert by_trial[r.best_trial].data.metrics["best_val_rmse"] == pytest.approx(r.best_value)
-    t = Tracker.connect()
-    assert t.get_run_data(r.parent_run_id).info.status == "FINISHED"
+    t = connect()
+    assert t.queries.get_run_data(r.parent_run_id).info.status == "FINISHED"
     # Best config: study attribute + MLflow artifact, and read back for `benchmark --tuned`.
     best = json.loads(
-        (t.download(r.parent_run_id, "best_config.json", tmp_path / "dl")).read_text()
+        (t.queries.download(r.parent_run_id, "best_config.json", tmp_path / "dl")).read_text()
     )
     assert best["trial"] == r.best_trial and best["overrides"] == r.best.as_json()
     assert study.user_attrs["best"]["value"] == pytest.approx(r.best_value)
@@ -158,12 +158,12 @@ def test_the_parent_run_ends_failed_or_killed_and_is_resumed_without_its_error(
     from tasks.tuning import TuningError
 
     spec = _spec(tmp_path, n_trials=1)
-    t = Tracker.connect()
+    t = connect()
     with pytest.raises(TuningError, match="no completed trial"):
         run_tuning(spec, trials=lambda session: None)  # a session that ran no trial
     study = optuna.load_study(study_name=spec.study_name, storage=spec.storage)
     parent_id = study.user_attrs["mlflow_parent_run_id"]
-    failed = t.get_run_data(parent_id)
+    failed = t.queries.get_run_data(parent_id)
     assert failed.info.status == "FAILED" and "no completed trial" in failed.data.tags["error"]
 
     def interrupted(session) -> None:
@@ -171,16 +171,16 @@ def test_the_parent_run_ends_failed_or_killed_and_is_resumed_without_its_error(
 
     with pytest.raises(KeyboardInterrupt):
         run_tuning(spec, trials=interrupted)
-    killed = t.get_run_data(parent_id)
+    killed = t.queries.get_run_data(parent_id)
     assert killed.info.status == "KILLED" and killed.data.tags["resumed"] == "true"
     assert killed.data.tags["error"].startswith("KeyboardInterrupt")
 
     r = run_tuning(spec)
     assert r.parent_run_id == parent_id and r.n_complete + r.n_pruned == 1
-    done = t.get_run_data(parent_id)
+    done = t.queries.get_run_data(parent_id)
     assert done.info.status == "FINISHED" and "error" not in done.data.tags
     assert done.data.params["n_trials"] == "1" and done.data.tags["nllab.kind"] == "tune"
-    tune_runs = t.client.search_runs([t.experiment_id], "tags.`nllab.kind` = 'tune'")
+    tune_runs = t.store.client.search_runs([t.experiment_id], "tags.`nllab.kind` = 'tune'")
     assert [p.info.run_id for p in tune_runs] == [parent_id]
 
 
@@ -198,7 +198,7 @@ def test_shards_given_the_parent_run_log_their_trials_under_it(tmp_path, mlflow_
     r = run_tuning(spec, trials=in_shards)
     assert r.n_complete + r.n_pruned == 3
     assert len(_children(r.parent_run_id)) == 3
-    assert Tracker.connect().get_run_data(r.parent_run_id).info.status == "FINISHED"
+    assert connect().queries.get_run_data(r.parent_run_id).info.status == "FINISHED"
 
 
 def test_parallel_trials_on_sqlite(tmp_path, mlflow_store, caplog):
@@ -307,8 +307,8 @@ def test_cli_tune_prints_the_dashboard_command(tmp_path, mlflow_store, prefect_s
     out = capsys.readouterr().out
     assert "tuned configurations for 1 cell;" not in out  # the one cell is tuned, none left
     assert out.splitlines()[0] == "tuned configurations for 1 cell"
-    run = Tracker.connect().client.search_runs(
-        [Tracker.connect().experiment_id], "tags.method = 'node' and tags.profile = 'smoke'"
+    run = connect().store.client.search_runs(
+        [connect().experiment_id], "tags.method = 'node' and tags.profile = 'smoke'"
     )[0]
     assert json.loads(run.data.params["model.hidden"]) == list(tuned.model["hidden"])
 
@@ -355,13 +355,15 @@ def test_processes_starting_one_study_at_once_share_one_parent_run(
 
     spec = _spec(tmp_path)
     sessions = [open_session(spec) for _ in range(2)]
-    create_run = Tracker.create_run
+    from tasks.tracking import RunLog
+
+    create_run = RunLog.create_run
 
     def slow_create_run(self, *args, **kwargs):
         time.sleep(0.5)  # widen the window between "no parent recorded" and recording one
         return create_run(self, *args, **kwargs)
 
-    monkeypatch.setattr(Tracker, "create_run", slow_create_run)
+    monkeypatch.setattr(RunLog, "create_run", slow_create_run)
     start_together = threading.Barrier(2)
     chosen: list[str] = []
 
@@ -376,6 +378,8 @@ def test_processes_starting_one_study_at_once_share_one_parent_run(
     for t in threads:
         t.join()
     assert len(chosen) == 2 and chosen[0] == chosen[1], chosen
-    tracker = Tracker.connect()
-    parents = tracker.client.search_runs([tracker.experiment_id], "tags.`nllab.kind` = 'tune'")
+    tracker = connect()
+    parents = tracker.store.client.search_runs(
+        [tracker.experiment_id], "tags.`nllab.kind` = 'tune'"
+    )
     assert [p.info.run_id for p in parents] == chosen[:1]

@@ -47,10 +47,10 @@ def test_two_processes_on_one_study_stop_at_its_total_and_never_draw_the_same_po
     }
     # Create the store and the study once (as a first `nllab tune` would): this test is about
     # the trials, not the creation of the stores.
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
     from tasks.tuning import PARENT_ATTR, TuneSpec, open_storage
 
-    Tracker.connect()
+    connect()
 
     name = TuneSpec(**spec).study_name
     optuna.create_study(storage=open_storage(spec["storage"]), study_name=name)
@@ -78,8 +78,8 @@ def test_two_processes_on_one_study_stop_at_its_total_and_never_draw_the_same_po
     points = [json.dumps(t.params, sort_keys=True) for t in counted]
     assert len(set(points)) == len(points), points
     # Both processes started the study at once; one parent run holds both processes' trials.
-    tracker = Tracker.connect()
-    parents = tracker.client.search_runs(
+    tracker = connect()
+    parents = tracker.store.client.search_runs(
         [tracker.experiment_id], "tags.`nllab.kind` = 'tune'", max_results=10
     )
     assert len(parents) == 1, [p.info.run_id for p in parents]

@@ -17,7 +17,7 @@ import pytest
 import torch
 from optuna.trial import TrialState
 
-from tasks.tracking import Tracker, claim_owner
+from tasks.tracking import claim_owner, connect
 from tasks.tuning import OWNER_ATTR, TuneSpec, open_session, open_storage, run_tuning
 
 TOY = {
@@ -91,10 +91,10 @@ def test_sigterm_mid_trial_then_an_immediate_resume_gives_the_full_trial_count(
     study = optuna.load_study(study_name=long.study_name, storage=long.storage)
     assert [t.state for t in study.trials] == [TrialState.FAIL]
     parent_id = study.user_attrs["mlflow_parent_run_id"]
-    tracker = Tracker.connect()
-    parent = tracker.get_run_data(parent_id)
+    tracker = connect()
+    parent = tracker.queries.get_run_data(parent_id)
     assert parent.info.status == "KILLED" and "TuneTerminated" in parent.data.tags["error"]
-    (trial_run,) = tracker.child_runs(parent_id)
+    (trial_run,) = tracker.queries.child_runs(parent_id)
     assert trial_run.info.status == "FAILED"
 
     # At once, well within the heartbeat's grace period: the full count, no trial left over.
@@ -103,7 +103,7 @@ def test_sigterm_mid_trial_then_an_immediate_resume_gives_the_full_trial_count(
     trials = optuna.load_study(study_name=long.study_name, storage=long.storage).trials
     assert sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials) == 3
     assert not [t for t in trials if t.state == TrialState.RUNNING]
-    parent = tracker.get_run_data(parent_id)
+    parent = tracker.queries.get_run_data(parent_id)
     assert parent.info.status == "FINISHED" and "error" not in parent.data.tags
 
 

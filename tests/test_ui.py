@@ -169,13 +169,13 @@ def test_ui_opens_the_model_training_view_with_the_results_in_view(mlflow_store)
     and a saved view of its run table shows test_rmse; the command names the registry store (no
     "not provided" notice) and keeps its libraries' deprecation warnings out."""
     from flows.cli.ui import runs_view_url, ui_command, ui_environment
-    from tasks.tracking import UI_VIEW_KEY, Tracker
+    from tasks.tracking import UI_VIEW_KEY, connect
 
-    tracker = Tracker.connect()
-    tags = tracker.client.get_experiment(tracker.experiment_id).tags
+    tracker = connect()
+    tags = tracker.store.client.get_experiment(tracker.experiment_id).tags
     assert tags["mlflow.experimentKind"] == "custom_model_development"  # from creation on
-    assert tracker.set_ui_view() == UI_VIEW_KEY
-    tags = tracker.client.get_experiment(tracker.experiment_id).tags
+    assert tracker.queries.set_ui_view() == UI_VIEW_KEY
+    tags = tracker.store.client.get_experiment(tracker.experiment_id).tags
     view = json.loads(tags[f"mlflow.sharedViewState.{UI_VIEW_KEY}"])
     assert "metrics.`test_rmse`" in view["selectedColumns"]
     assert view["columnOrder"] == view["selectedColumns"]

@@ -252,7 +252,7 @@ def test_a_class_named_module_colon_class_is_a_method_and_a_bad_one_one_line(
 ) -> None:
     import torch
 
-    from flows.cli._common import check_names
+    from flows.cli.common import check_names
     from nlmodels.model_registry import MODELS, build_model
     from tasks.config import ConfigError
 
@@ -290,7 +290,7 @@ def test_a_class_named_module_colon_class_is_a_method_and_a_bad_one_one_line(
 
 
 def test_a_simulator_from_an_nllab_systems_entry_point(tmp_path: Path, monkeypatch) -> None:
-    from flows.cli._common import check_names
+    from flows.cli.common import check_names
     from tasks.cell import simulate_data
 
     (tmp_path / "ramp_sim.py").write_text(

@@ -29,7 +29,7 @@ from flows.cli import (
     tune,
     ui,
 )
-from flows.cli._common import (
+from flows.cli.common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_TRACKING,
@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (check := getattr(args, "precheck", None)) is not None:
             check(args)  # names, files, registry URIs: before torch, MLflow or Prefect load
         from datasets._cache import require_writable_home
-        from flows.cli._common import check_environment, check_store_paths
+        from flows.cli.common import check_environment, check_store_paths
         from flows.faults import check_free_space
 
         check_environment()
@@ -125,7 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             where = f" (details: {log})" if log is not None else ""
             print(f"nllab {args.command}: error: {fault}{where}", file=sys.stderr)
             return EXIT_TRACKING
-        if type(e).__name__ in ("DaskSetupError", "TuningError"):  # a setting to change
+        from tasks.errors import SettingError
+
+        if isinstance(e, SettingError):  # a setting to change
             print(f"nllab {args.command}: error: {e}", file=sys.stderr)
             return EXIT_USAGE
         raise

@@ -5,15 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from flows.cli._common import (
-    EXIT_FAILED,
-    add_runner_options,
-    add_selection,
-    add_training_options,
-    check_memory,
-    check_selection,
-    resolve,
-)
+from flows.cli import common as cli
 
 __all__ = ["add_parser", "run", "tuned_line"]
 
@@ -25,10 +17,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
         description="Run the main table. Finished cells (same config hash) are reused; failed "
         "or interrupted ones are run again.",
     )
-    add_selection(p)
+    cli.add_selection(p)
     p.add_argument("--max-workers", type=int, metavar="N", help="cells trained at once")
-    add_training_options(p)
-    add_runner_options(p)
+    cli.add_training_options(p)
+    cli.add_runner_options(p)
     p.add_argument("--no-progress", action="store_true", help="no per-epoch progress bars")
     p.add_argument("--no-register", action="store_true", help="leave the model registry alone")
     p.add_argument(
@@ -37,13 +29,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="use the best configuration of each (system, method)'s `nllab tune` study",
     )
     p.add_argument("--storage", metavar="URL", help="Optuna storage of the tuned studies")
-    p.set_defaults(handler=run, precheck=check_selection)
+    p.set_defaults(handler=run, precheck=cli.check_selection)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()  # the figure printed is the user's wait, imports and Prefect included
-    config = resolve(args)  # bad values answer before MLflow and Prefect load
+    config = cli.resolve(args)  # bad values answer before MLflow and Prefect load
     from flows.benchmark import run_benchmark
     from tasks.tables import number
 
@@ -53,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         applied = apply_tuned(config, args.storage)
         config = applied.config
         print(tuned_line(applied, config.profile, args.storage))
-    check_memory(config)  # the tuned models' sizes too; before MLflow and Prefect start
+    cli.check_memory(config)  # the tuned models' sizes too; before MLflow and Prefect start
     summary = run_benchmark(config)
     print()
     print(summary.table.to_terminal())
@@ -90,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         if faults:
             raise EnvironmentFault(faults[0])
         print("some cells failed (see above); run the same command again to redo only those")
-        return EXIT_FAILED
+        return cli.EXIT_FAILED
     return 0
 
 

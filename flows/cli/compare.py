@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from flows.cli._common import EXIT_FAILED, UsageError
+from flows.cli import common as cli
+
+if TYPE_CHECKING:
+    from tasks.tracking import Queries
 
 __all__ = ["add_parser", "comparison_section", "run"]
 
@@ -32,15 +36,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def comparison_section(tracker, run_id: str | None = None, against: str | None = None):
+def comparison_section(queries: Queries, run_id: str | None = None, against: str | None = None):
     """``(text, comparison)`` of :func:`flows.compare.compare_benchmarks`; the comparison is
     ``None`` (and the text says why) when there is nothing to compare."""
     from flows.compare import NoComparison, UnknownRun, compare_benchmarks
 
     try:
-        comparison = compare_benchmarks(tracker, run_id, against)
+        comparison = compare_benchmarks(queries, run_id, against)
     except UnknownRun as e:
-        raise UsageError(str(e)) from None
+        raise cli.UsageError(str(e)) from None
     except NoComparison as e:
         return f"nothing to compare: {e}", None
     return comparison.to_markdown(), comparison
@@ -50,12 +54,12 @@ def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from tasks.tables import Table, render_table
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
-    tracker = Tracker.connect()
+    queries = connect().queries
     if args.against and not args.run:
-        raise UsageError("--against needs --run (the benchmark to compare with it)")
-    text, comparison = comparison_section(tracker, args.run, args.against)
+        raise cli.UsageError("--against needs --run (the benchmark to compare with it)")
+    text, comparison = comparison_section(queries, args.run, args.against)
     if comparison is None:
         print(text)
         return 0
@@ -70,5 +74,5 @@ def run(args: argparse.Namespace) -> int:
     if comparison.regressions:
         n = comparison.regressions
         print(f"{n} cell{'s' if n != 1 else ''} regressed")
-        return EXIT_FAILED
+        return cli.EXIT_FAILED
     return 0

@@ -11,15 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from flows.cli._common import (
-    EXIT_FAILED,
-    UsageError,
-    add_runner_options,
-    check_names,
-    parse_seeds,
-    positive_int,
-    split_names,
-)
+from flows.cli import common as cli
 
 __all__ = ["add_parser", "run"]
 
@@ -69,9 +61,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     training.add_argument(
         "--max-hours", type=_hours, metavar="H", help="stop after H hours (finished cells kept)"
     )
-    training.add_argument("--max-workers", type=positive_int, metavar="N", help="cells at once")
+    training.add_argument("--max-workers", type=cli.positive_int, metavar="N", help="cells at once")
     training.add_argument(
-        "--torch-threads", type=positive_int, metavar="N", help="torch threads per cell"
+        "--torch-threads", type=cli.positive_int, metavar="N", help="torch threads per cell"
     )
     training.add_argument("--device", choices=DEVICES, help="default: auto")
     training.add_argument(
@@ -83,7 +75,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     training.add_argument(
         "--nice", type=int, default=19, metavar="N", help="CPU niceness added (default: 19)"
     )
-    add_runner_options(training)
+    cli.add_runner_options(training)
     table = p.add_argument_group("table")
     table.add_argument(
         "--format", choices=("terminal", "markdown"), default="terminal", help="table format"
@@ -96,29 +88,29 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _precheck(args: argparse.Namespace) -> None:
-    check_names(
-        systems=split_names(args.systems),
-        methods=split_names(args.methods),
+    cli.check_names(
+        systems=cli.split_names(args.systems),
+        methods=cli.split_names(args.methods),
         config_file=args.config,
     )
-    parse_seeds(args.seeds)
+    cli.parse_seeds(args.seeds)
     if args.action not in ("run", "record"):
         for flag in ("max_hours", "max_workers", "torch_threads", "device", "task_runner", "reuse"):
             if getattr(args, flag) is not None:
                 name = "--" + flag.replace("_", "-")
-                raise UsageError(f"{name} applies to 'nllab ledger run' only")
+                raise cli.UsageError(f"{name} applies to 'nllab ledger run' only")
     if args.action != "table" and (args.readme or args.format != "terminal"):
-        raise UsageError("--format and --readme apply to 'nllab ledger table' only")
+        raise cli.UsageError("--format and --readme apply to 'nllab ledger table' only")
     if args.readme and not Path(args.readme).is_file():
-        raise UsageError(f"--readme {args.readme}: no such file")
+        raise cli.UsageError(f"--readme {args.readme}: no such file")
 
 
 def _selection(args: argparse.Namespace) -> dict:
     return {
         "config_file": args.config,
-        "systems": split_names(args.systems),
-        "methods": split_names(args.methods),
-        "seeds": parse_seeds(args.seeds),
+        "systems": cli.split_names(args.systems),
+        "methods": cli.split_names(args.methods),
+        "seeds": cli.parse_seeds(args.seeds),
     }
 
 
@@ -140,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
             return _record(args)
         return _train(args)
     except LedgerError as e:
-        raise UsageError(str(e)) from None
+        raise cli.UsageError(str(e)) from None
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -179,7 +171,7 @@ def _table(args: argparse.Namespace) -> int:
 def _rewrite_block(readme: Path, text: str) -> None:
     before = readme.read_text(encoding="utf-8")
     if README_BEGIN not in before or README_END not in before:
-        raise UsageError(
+        raise cli.UsageError(
             f"{readme} has no generated block: put the lines\n  {README_BEGIN}\n  {README_END}\n"
             "where the table belongs"
         )
@@ -200,7 +192,7 @@ def _record(args: argparse.Namespace) -> int:
 
 
 def _execution(args: argparse.Namespace) -> dict:
-    from flows.cli._common import task_runner
+    from flows.cli.common import task_runner
 
     execution = {
         "max_workers": args.max_workers,
@@ -239,5 +231,5 @@ def _train(args: argparse.Namespace) -> int:
     )
     if out.failed:
         print(f"ledger: {len(out.failed)} cells failed: {', '.join(out.failed)}")
-        return EXIT_FAILED
+        return cli.EXIT_FAILED
     return 0

@@ -9,16 +9,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flows.cli._common import (
-    EXIT_FAILED,
-    UsageError,
-    add_selection,
-    check_selection,
-    resolve,
-)
+from flows.cli import common as cli
 
 if TYPE_CHECKING:
     from tasks.config import RunConfig
+    from tasks.tracking import Queries
 
 __all__ = ["add_parser", "run"]
 
@@ -31,7 +26,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "report (plus Markdown) with every table and figure of the latest benchmark and study "
         "runs, each beside the paper's number with the gap marked.",
     )
-    add_selection(
+    cli.add_selection(
         p, profile_help="size preset (default: the profile of the latest finished benchmark)"
     )
     p.add_argument(
@@ -50,30 +45,34 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="address of a running MLflow UI: run ids become links to it "
         "(default $NLLAB_MLFLOW_UI, or the tracking server)",
     )
-    p.set_defaults(handler=run, precheck=check_selection)
+    p.set_defaults(handler=run, precheck=cli.check_selection)
     return p
 
 
 def check_out_folder(out: str | None) -> None:
-    """``--out`` must name a folder (existing or not): a :class:`UsageError` if it, or a folder
-    above it, is a file."""
+    """``--out`` must name a folder (existing or not): a
+    :class:`~flows.cli.common.UsageError` if it, or a folder above it, is a file."""
     if not out:
         return
     path = Path(out)
     for p in (path, *path.parents):
         if p.exists() and not p.is_dir():
             what = "is a file" if p == path else f"is below {str(p)!r}, a file"
-            raise UsageError(f"--out {out!r} {what}; --out names the folder the report goes into")
+            raise cli.UsageError(
+                f"--out {out!r} {what}; --out names the folder the report goes into"
+            )
         if p.exists():  # the nearest folder that exists: the report is written (or made) in it
             if not os.access(p, os.W_OK | os.X_OK):
-                raise UsageError(f"--out {out!r}: {str(p)!r} is not writable; name another folder")
+                raise cli.UsageError(
+                    f"--out {out!r}: {str(p)!r} is not writable; name another folder"
+                )
             break
 
 
 def run(args: argparse.Namespace) -> int:
     check_out_folder(args.out)
     # With a profile named, bad values fail here, before MLflow loads.
-    config = resolve(args) if args.profile else None
+    config = cli.resolve(args) if args.profile else None
     # Loading MLflow and reading every run takes seconds: say so before the first result.
     print("nllab report: loading MLflow and reading the tracking store …", flush=True)
     return _report(args, config)
@@ -92,78 +91,88 @@ def _report(args: argparse.Namespace, config: RunConfig | None) -> int:
     ``config``: the configuration to report, already resolved from the arguments; ``None``
     takes the latest finished benchmark's (with ``--systems``, … applied to its profile).
     """
-    from datasets import data_home
-    from flows.report_full import (
-        UnownedFiles,
-        benchmark_config,
-        build_report,
-        stored_cell_results,
-    )
+    from flows.report_full import stored_cell_results
     from tasks.reporting import results_table
-    from tasks.tracking import Tracker
+    from tasks.tracking import connect
 
-    tracker = Tracker.connect(config.tracking if config else None)
+    queries = connect(config.tracking if config else None).queries
     if config is None:
-        latest = benchmark_config(tracker)
-        if _selection_given(args):
-            config = resolve(args, profile=latest[0].profile if latest else None)
-            tracker = Tracker.connect(config.tracking)
-        elif latest is None:
-            print(
-                f"nllab report: no finished benchmark in {tracker.settings.tracking_uri}: run "
-                "`nllab benchmark --profile smoke` first, or name one with --profile",
-                file=sys.stderr,
-            )
-            return EXIT_FAILED
-        else:
-            config = latest[0]
-            print(f"the latest finished benchmark (run {latest[1]}): profile {config.profile}")
-    results = stored_cell_results(tracker, config)
+        if (chosen := _latest_config(args, queries)) is None:
+            return cli.EXIT_FAILED
+        config, queries = chosen
+    results = stored_cell_results(queries, config)
     found = sum(r.ok for r in results)
     if not found:
         print(
             f"nllab report: 0 of {len(results)} cells of profile {config.profile!r} have finished "
-            f"runs in {tracker.settings.tracking_uri}; nothing to report",
+            f"runs in {queries.settings.tracking_uri}; nothing to report",
             file=sys.stderr,
         )
-        return EXIT_FAILED
+        return cli.EXIT_FAILED
     table = results_table(results, profile=config.profile)
     print(table.to_terminal(color=sys.stdout.isatty()))
-    out = Path(args.out) if args.out else data_home() / "reports" / config.profile
-    ui = getattr(args, "mlflow_ui", None) or os.environ.get("NLLAB_MLFLOW_UI")
-    if ui is None and tracker.settings.tracking_uri.startswith(("http://", "https://")):
-        ui = tracker.settings.tracking_uri
-    try:
-        paths = build_report(
-            tracker,
-            out,
-            results=results,
-            profile=config.profile,
-            ui_address=ui,
-            force=args.force,
-        )
-    except UnownedFiles as e:
-        raise UsageError(str(e)) from None
-    except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise  # a full disk: exit 3, said as such
-        where = e.filename or out
-        raise UsageError(
-            f"--out {str(out)!r}: cannot write {str(where)!r} ({e.strerror or e}); "
-            "name another folder"
-        ) from None
+    paths = _write_report(args, queries, config.profile, results)
     print(f"{found} of {len(results)} cells have finished runs")
-    print(f"\n## Since the previous benchmark (`nllab compare`)\n\n{_comparison(tracker)}")
+    print(f"\n## Since the previous benchmark (`nllab compare`)\n\n{_comparison(queries)}")
     print(f"written: {', '.join(str(p) for p in paths.results)}")
     print(f"full report of the latest benchmark and study runs: {paths.html} ({paths.markdown})")
     return 0
 
 
-def _comparison(tracker) -> str:
+def _latest_config(args: argparse.Namespace, queries: Queries) -> tuple[RunConfig, Queries] | None:
+    """The configuration of the latest finished benchmark (its profile with the arguments'
+    selection applied, when one is given) and the queries of its store; ``None`` (said on
+    stderr) when there is none to report."""
+    from flows.report_full import benchmark_config
+    from tasks.tracking import connect
+
+    latest = benchmark_config(queries)
+    if _selection_given(args):
+        config = cli.resolve(args, profile=latest[0].profile if latest else None)
+        return config, connect(config.tracking).queries
+    if latest is None:
+        print(
+            f"nllab report: no finished benchmark in {queries.settings.tracking_uri}: run "
+            "`nllab benchmark --profile smoke` first, or name one with --profile",
+            file=sys.stderr,
+        )
+        return None
+    print(f"the latest finished benchmark (run {latest[1]}): profile {latest[0].profile}")
+    return latest[0], queries
+
+
+def _write_report(args: argparse.Namespace, queries: Queries, profile: str, results):
+    """The report files under ``--out`` (default ``$NLLAB_HOME/reports/PROFILE``); a folder
+    that cannot take them is a :class:`~flows.cli.common.UsageError` (a full disk is said as
+    such)."""
+    from datasets import data_home
+    from flows.report_full import UnownedFiles, build_report
+
+    out = Path(args.out) if args.out else data_home() / "reports" / profile
+    ui = getattr(args, "mlflow_ui", None) or os.environ.get("NLLAB_MLFLOW_UI")
+    if ui is None and queries.settings.tracking_uri.startswith(("http://", "https://")):
+        ui = queries.settings.tracking_uri
+    try:
+        return build_report(
+            queries, out, results=results, profile=profile, ui_address=ui, force=args.force
+        )
+    except UnownedFiles as e:
+        raise cli.UsageError(str(e)) from None
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise  # a full disk: exit 3, said as such
+        where = e.filename or out
+        raise cli.UsageError(
+            f"--out {str(out)!r}: cannot write {str(where)!r} ({e.strerror or e}); "
+            "name another folder"
+        ) from None
+
+
+def _comparison(queries: Queries) -> str:
     """The latest benchmark beside the previous one of its experiment (changed cells only)."""
     from flows.cli.compare import comparison_section
 
-    text, comparison = comparison_section(tracker)
+    text, comparison = comparison_section(queries)
     if comparison is None:
         return text
     changed = [r for r in comparison.rows() if r["verdict"] != "unchanged"]

@@ -4,13 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from flows.cli._common import (
-    EXIT_FAILED,
-    CommandFailed,
-    UsageError,
-    add_runner_options,
-    check_registry_uri,
-)
+from flows.cli import common as cli
 
 __all__ = ["add_parser", "run"]
 
@@ -30,7 +24,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="factor to vary: stereographic, latent-dim, ilt, noise, … (a wrong name lists all)",
     )
     p.add_argument("--max-workers", type=int, default=2, metavar="N")
-    add_runner_options(p, default="thread")
+    cli.add_runner_options(p, default="thread")
     p.add_argument(
         "--fresh-data", action="store_true", help="re-simulate instead of reading the data cache"
     )
@@ -44,8 +38,8 @@ def precheck(args: argparse.Namespace) -> None:
     from flows._study_catalog import ABLATIONS
 
     if args.ablation is not None and args.ablation not in ABLATIONS:
-        raise UsageError(f"unknown ablation {args.ablation!r}; valid: {', '.join(ABLATIONS)}")
-    check_registry_uri(args.model_uri)
+        raise cli.UsageError(f"unknown ablation {args.ablation!r}; valid: {', '.join(ABLATIONS)}")
+    cli.check_registry_uri(args.model_uri)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,9 +58,9 @@ def run(args: argparse.Namespace) -> int:
             reuse=args.reuse or "numerics",
         )
     except (LookupError, ValueError) as e:  # an unknown URI or ablation
-        raise UsageError(str(e)) from None
+        raise cli.UsageError(str(e)) from None
     except (DataMismatch, ReproductionMismatch) as e:
-        raise CommandFailed(str(e)) from None
+        raise cli.CommandFailed(str(e)) from None
     v = result.verification
     print(
         f"{v.ref.uri} = {v.ref.name} version {v.ref.version} (run {v.ref.run_id}): "
@@ -77,4 +71,4 @@ def run(args: argparse.Namespace) -> int:
         print(ablation_table(result.ablation, list(result.cells), "terminal"))
         print(f"ablation runs are nested under run {result.run_id} (linked to {v.ref.run_id})")
     failed = [r for _, r in result.cells if not r.ok]
-    return EXIT_FAILED if failed else 0
+    return cli.EXIT_FAILED if failed else 0

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from flows.cli._common import EXIT_INTERRUPTED, EXIT_TRACKING, UsageError, port
+from flows.cli.common import EXIT_INTERRUPTED, EXIT_TRACKING, UsageError, port
 
 __all__ = ["add_parser", "run"]
 

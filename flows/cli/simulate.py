@@ -5,20 +5,20 @@ from __future__ import annotations
 import argparse
 import time
 
-from flows.cli._common import add_selection, check_selection, resolve
+from flows.cli import common as cli
 
 __all__ = ["add_parser", "run"]
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("simulate", help="simulate (or load from cache) the data sets")
-    add_selection(p, methods=False, device=False)
-    p.set_defaults(handler=run, precheck=check_selection)
+    cli.add_selection(p, methods=False, device=False)
+    p.set_defaults(handler=run, precheck=cli.check_selection)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    config = resolve(args)
+    config = cli.resolve(args)
     from tasks.cell import simulate_data
 
     for system in config.systems:

@@ -7,17 +7,7 @@ import ast
 import sys
 from pathlib import Path
 
-from flows.cli._common import (
-    EXIT_FAILED,
-    UsageError,
-    add_runner_options,
-    add_training_options,
-    check_names,
-    check_tracking_server,
-    parse_seeds,
-    split_names,
-    training_overrides,
-)
+from flows.cli import common as cli
 
 __all__ = ["add_parser", "run", "study_help"]
 
@@ -91,11 +81,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--methods", nargs="+", metavar="NAME", help="default: the study's models")
     p.add_argument("--seeds", nargs="+", metavar="N", help="seeds, e.g. 0 1 2 or 0,1,2")
     p.add_argument("--device", choices=DEVICES, help="default: auto")
-    add_training_options(
+    cli.add_training_options(
         p, budget_default="quick profile: 20, with 30 epochs and patience 10; paper: none"
     )
     p.add_argument("--max-workers", type=int, metavar="N", help="cells trained at once")
-    add_runner_options(p)
+    cli.add_runner_options(p)
     p.set_defaults(handler=run, precheck=precheck)
     return p
 
@@ -105,8 +95,10 @@ def precheck(args: argparse.Namespace) -> None:
     from flows._study_catalog import STUDY_CATALOG
 
     if args.name not in STUDY_CATALOG:
-        raise UsageError(f"unknown study {args.name!r}; valid studies: {', '.join(STUDY_CATALOG)}")
-    check_names(systems=split_names(args.systems), methods=split_names(args.methods))
+        raise cli.UsageError(
+            f"unknown study {args.name!r}; valid studies: {', '.join(STUDY_CATALOG)}"
+        )
+    cli.check_names(systems=cli.split_names(args.systems), methods=cli.split_names(args.methods))
 
 
 def _config(args: argparse.Namespace):
@@ -114,9 +106,9 @@ def _config(args: argparse.Namespace):
     from flows.studies import get_study, study_config
 
     get_study(args.name)  # unknown name: ValueError listing the valid ones
-    seeds = parse_seeds(args.seeds)
+    seeds = cli.parse_seeds(args.seeds)
     overrides: dict = {}
-    if training := training_overrides(args):
+    if training := cli.training_overrides(args):
         overrides["training"] = training
     for key in ("max_workers", "task_runner", "dask_address", "pack"):
         if getattr(args, key, None) is not None:
@@ -124,8 +116,8 @@ def _config(args: argparse.Namespace):
     config = study_config(
         args.name,
         args.profile,
-        systems=split_names(args.systems),
-        methods=split_names(args.methods),
+        systems=cli.split_names(args.systems),
+        methods=cli.split_names(args.methods),
         seeds=seeds,
         device=args.device,
         overrides=overrides,
@@ -147,8 +139,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = _config(args)
     except (ValueError, RuntimeError) as e:  # ConfigError is a ValueError; CUDA missing
-        raise UsageError(str(e)) from None
-    check_tracking_server()  # down: exit 3 now, not after Prefect has started
+        raise cli.UsageError(str(e)) from None
+    cli.check_tracking_server()  # down: exit 3 now, not after Prefect has started
     summary = run_study(config)
     for name, table in summary.tables.items():  # as the benchmark prints its table
         print(f"\n{name}\n")
@@ -162,4 +154,4 @@ def run(args: argparse.Namespace) -> int:
     )
     for c in failed:
         print(f"  {c.key} {c.status}: {c.error}", file=sys.stderr)
-    return EXIT_FAILED if failed else 0
+    return cli.EXIT_FAILED if failed else 0

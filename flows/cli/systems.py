@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from flows.cli._common import UsageError
+from flows.cli import common as cli
 
 __all__ = ["add_parser", "run"]
 
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         }
         resolve_sources(defs, tuple(defs), None)
     except ValueError as err:
-        raise UsageError(str(err).splitlines()[-1].strip()) from None
+        raise cli.UsageError(str(err).splitlines()[-1].strip()) from None
     for name, d in defs.items():
         info = SYSTEMS[name]
         options = json.dumps(d.options) if d.options else ""

@@ -5,18 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from flows.cli._common import (
-    CommandFailed,
-    UsageError,
-    add_runner_options,
-    add_training_options,
-    check_names,
-    check_storage,
-    check_tracking_server,
-    positive_int,
-    task_runner,
-    training_overrides,
-)
+from flows.cli import common as cli
 
 __all__ = ["add_parser", "run", "spec_from_args"]
 
@@ -35,7 +24,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--method", required=True, help="model to tune, e.g. neural_laplace")
     p.add_argument("--system", required=True, help="system, e.g. lotka_volterra_dde")
     p.add_argument(
-        "--trials", type=positive_int, required=True, metavar="N", help="trials in the study"
+        "--trials", type=cli.positive_int, required=True, metavar="N", help="trials in the study"
     )
     p.add_argument(
         "--profile",
@@ -52,20 +41,22 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "e.g. postgresql+psycopg2://USER:PASS@HOST/optuna",
     )
     p.add_argument("--study-name", metavar="NAME", help="default: METHOD-SYSTEM-PROFILE")
-    p.add_argument("--n-jobs", type=positive_int, default=1, metavar="N", help="parallel trials")
+    p.add_argument(
+        "--n-jobs", type=cli.positive_int, default=1, metavar="N", help="parallel trials"
+    )
     p.add_argument("--pruner", choices=("median", "hyperband"), default="median")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
-    add_training_options(p, budget_default="none")
+    cli.add_training_options(p, budget_default="none")
     p.add_argument("--device", choices=DEVICES, default="cpu")
-    add_runner_options(p)  # thread unless --task-runner dask or --dask-address
+    cli.add_runner_options(p)  # thread unless --task-runner dask or --dask-address
     p.set_defaults(handler=run, precheck=precheck)
     return p
 
 
 def precheck(args: argparse.Namespace) -> None:
     """The method, system and config file, before the heavy stack loads."""
-    check_names(systems=[args.system], methods=[args.method], config_file=args.config)
-    check_storage(args.storage)
+    cli.check_names(systems=[args.system], methods=[args.method], config_file=args.config)
+    cli.check_storage(args.storage)
 
 
 def spec_from_args(args: argparse.Namespace):
@@ -77,7 +68,7 @@ def spec_from_args(args: argparse.Namespace):
         overrides["pack"] = args.pack
     if args.reuse is not None:
         overrides["reuse"] = args.reuse
-    if training := training_overrides(args):
+    if training := cli.training_overrides(args):
         overrides["training"] = training
     return TuneSpec(
         method=args.method,
@@ -92,7 +83,7 @@ def spec_from_args(args: argparse.Namespace):
         config_file=args.config,
         overrides=overrides,
         device=args.device,
-        task_runner=task_runner(args) or "thread",
+        task_runner=cli.task_runner(args) or "thread",
         dask_address=args.dask_address,
     )
 
@@ -118,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     from tasks.tuning import StorageUnavailable, TuningError, open_storage, sigterm_interrupts
 
     # A tracking server that is down: exit 3 before Prefect starts or a study is created.
-    check_tracking_server()
+    cli.check_tracking_server()
     try:
         spec = spec_from_args(args)
         spec.run_config()  # unknown system/method, bad profile: a usage error before any work
@@ -126,20 +117,20 @@ def run(args: argparse.Namespace) -> int:
         # A malformed URL (exit 2) or an unreachable server (exit 3): before Prefect starts.
         open_storage(spec.storage).engine.dispose()
     except ValidationError as e:
-        raise UsageError(_one_line(e)) from None
+        raise cli.UsageError(_one_line(e)) from None
     except StorageUnavailable:
         raise
     except (TuningError, ValueError) as e:  # a malformed storage URL; no search space
-        raise UsageError(str(e)) from None
+        raise cli.UsageError(str(e)) from None
     try:
         with sigterm_interrupts():
             result = run_tune(spec)
     except StorageUnavailable:
         raise
     except TuningError as e:
-        raise CommandFailed(str(e)) from None
+        raise cli.CommandFailed(str(e)) from None
     except ValueError as e:  # e.g. no search space for the method
-        raise UsageError(str(e)) from None
+        raise cli.UsageError(str(e)) from None
     b = result.best
     print(
         f"study {result.study_name}: {result.n_complete} complete, {result.n_pruned} pruned, "

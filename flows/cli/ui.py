@@ -12,7 +12,7 @@ import threading
 import time
 import urllib.request
 
-from flows.cli._common import EXIT_INTERRUPTED, EXIT_USAGE, port
+from flows.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, port
 
 __all__ = ["add_parser", "port_in_use", "run", "runs_view_url", "ui_command", "ui_environment"]
 
@@ -54,7 +54,7 @@ def ui_command(host: str, port: int, allowed_hosts: str | None = None) -> tuple[
 
 def runs_view_url(address: str, experiment_id: str, view: str | None = None) -> str:
     """The experiment's runs in MLflow's model-training view (not the GenAI one), in the saved
-    view ``view`` (:meth:`tasks.tracking.Tracker.set_ui_view`) if given."""
+    view ``view`` (:meth:`tasks.tracking.Queries.set_ui_view`) if given."""
     shared = f"viewStateShareKey={view}&" if view else ""
     return f"{address}/#/experiments/{experiment_id}/runs?{shared}workflowType=machine_learning"
 
@@ -134,7 +134,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tasks.tracking import Tracker, TrackingSettings
+    from tasks.tracking import TrackingSettings, connect
 
     settings = TrackingSettings.resolve()
     if settings.tracking_uri.startswith(("http://", "https://")):
@@ -148,10 +148,10 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    tracker = Tracker.connect()  # creates the embedded store if needed; fails clearly if unusable
-    view = tracker.set_ui_view()
+    queries = connect().queries  # creates the embedded store if needed; fails clearly if unusable
+    view = queries.set_ui_view()
     cmd, address = ui_command(args.host, args.port, args.allowed_hosts)
-    url = runs_view_url(address, tracker.experiment_id, view)
+    url = runs_view_url(address, queries.experiment_id, view)
     print(f"nllab ui: starting the MLflow UI on {settings.tracking_uri} …", flush=True)
     # Its own process group, so stopping it also stops the server processes it starts.
     proc = subprocess.Popen(

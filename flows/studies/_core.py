@@ -35,7 +35,7 @@ from tasks.config import CellConfig, DataConfig, Profile, RunConfig, TrainConfig
 from tasks.engine import run_cells
 from tasks.modelio import ModelSpec, load_model
 from tasks.results import CellResult
-from tasks.tracking import RunTags, Tracker, parent_run
+from tasks.tracking import Metrics, Queries, RunTags, connect, parent_run
 
 __all__ = [
     "Factor",
@@ -152,11 +152,12 @@ class Study:
 
 @dataclass(frozen=True)
 class StudyContext:
-    """Everything a study body needs: the config, the tracker, the parent run, a figure folder."""
+    """Everything a study body needs: the config, the store's queries, the parent run, a figure
+    folder."""
 
     config: StudyConfig
     spec: StudySpec
-    tracker: Tracker
+    queries: Queries
     parent_run_id: str
     runtime: CellRuntime
     folder: Path
@@ -256,12 +257,12 @@ class StudyContext:
         if not result.ok or result.run_id is None:
             raise ValueError(f"cell {result.key} has no trained model ({result.status})")
         with tempfile.TemporaryDirectory(prefix="nllab-study-model-") as tmp:
-            path = self.tracker.download(result.run_id, "model", tmp)
+            path = self.queries.download(result.run_id, "model", tmp)
             return load_model(path)
 
     def metric_history(self, run_id: str, key: str) -> list[tuple[int, float]]:
         """``(step, value)`` of a logged metric."""
-        return self.tracker.metric_history(run_id, key)
+        return self.queries.metric_history(run_id, key)
 
 
 def rmse_table(
@@ -287,9 +288,9 @@ def rmse_table_and_results(
 def execute_study(spec: StudySpec, config: StudyConfig, body: StudyBody) -> StudySummary:
     """Run ``body`` under one parent run and log its tables, figures and the paper's numbers."""
     t0 = time.perf_counter()
-    tracker = Tracker.connect(config.run.tracking)
+    tracking = connect(config.run.tracking)
     with parent_run(
-        tracker,
+        tracking.runs,
         f"study-{spec.name}-{config.profile}",
         kind=f"study:{spec.name}",
         tags={RunTags.STUDY: spec.name, RunTags.PROFILE: config.profile},
@@ -304,13 +305,13 @@ def execute_study(spec: StudySpec, config: StudyConfig, body: StudyBody) -> Stud
         config_json=(config.model_dump_json(indent=2), "study_config.json"),
     ) as run:
         parent = run.run_id
-        runtime = CellRuntime.for_config(tracker, config.run, parent, progress=False)
+        runtime = CellRuntime.for_config(tracking.store, config.run, parent, progress=False)
         with tempfile.TemporaryDirectory(prefix=f"nllab-study-{spec.name}-") as tmp:
             folder = Path(tmp)
-            ctx = StudyContext(config, spec, tracker, parent, runtime, folder)
+            ctx = StudyContext(config, spec, tracking.queries, parent, runtime, folder)
             out = body(ctx)
             figures = _write_outputs(spec, config, out, folder, time.perf_counter() - t0, ctx)
-            tracker.log_artifact(parent, folder / ARTIFACT_DIR, ARTIFACT_DIR)
+            tracking.runs.log_artifact(parent, folder / ARTIFACT_DIR, ARTIFACT_DIR)
         for name, frame in out.tables.items():
             publish_table(
                 artifact_key("study", spec.name, config.profile, name),
@@ -320,7 +321,7 @@ def execute_study(spec: StudySpec, config: StudyConfig, body: StudyBody) -> Stud
         cells = tuple(ctx._results.values())
         run.record_cells(cells)
         seconds = time.perf_counter() - t0
-        tracker.log_metrics(parent, {"study_seconds": seconds})
+        tracking.runs.log_metrics(parent, {Metrics.STUDY_SECONDS: seconds})
     return StudySummary(
         spec.name, config.profile, parent, dict(out.tables), figures, cells, seconds
     )

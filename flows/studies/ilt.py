@@ -24,6 +24,7 @@ from flows.studies._core import (
     rmse_table_and_results,
 )
 from flows.studies._tables import add_paper
+from tasks.tracking.tags import Metrics
 
 TERMS = 33
 TRAINED = ("fourier", "dehoog", "talbot", "stehfest", "cme")
@@ -86,7 +87,7 @@ def _body(ctx: StudyContext) -> StudyOutput:
         for i, name in enumerate(ilts):
             for (lab, _), r in zip(entries, results, strict=True):
                 if (lab["system"], lab["ilt"]) == (s, name) and r.run_id:
-                    hist = ctx.metric_history(r.run_id, "train_loss")
+                    hist = ctx.metric_history(r.run_id, Metrics.TRAIN_LOSS)
                     if hist:
                         steps, vals = zip(*hist, strict=True)
                         ax.plot(steps, vals, color=f"C{i}", lw=1, label=f"{name} seed {r.seed}")

@@ -6,7 +6,7 @@ database's unique key), so exactly one owner wins each generation, on sqlite, Po
 tracking server alike. The tag ``claim.<hash>.<generation>.beat`` holds the owner's latest
 heartbeat (epoch seconds) or ``released``; a stale or released generation is taken over by
 claiming the next one. The generation is the claim's fencing token: a holder writes a cell's
-final state only while its generation is still the newest (:meth:`_ClaimsMixin.holds_cell`).
+final state only while its generation is still the newest (:meth:`CellClaims.holds_cell`).
 
 The claims run lives in a bookkeeping experiment of its own (``nllab-bookkeeping-<id>``, one per
 experiment), so a user browsing the experiment's runs never sees it; every host of a shared
@@ -19,21 +19,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import NamedTuple
 
-from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from tasks.tracking._store import TrackingSettings
+from tasks.tracking._store import Store
+from tasks.tracking.processes import host_id, owner_gone, process_alive
 from tasks.tracking.tags import RunTags
 
-__all__ = ["CLAIM_STALE_AFTER", "claim_owner"]
+__all__ = ["CLAIM_STALE_AFTER", "CellClaims"]
 
 
 def _stale_after_from_env(default: float = 600.0) -> float:
@@ -53,55 +51,6 @@ _CLAIMS_KIND = "claims"
 #: Serialises finding (or creating) the claims run among the threads of one process.
 _CLAIMS_LOCK = threading.Lock()
 _BOOKKEEPING_PREFIX = "nllab-bookkeeping-"
-
-
-def _host_id() -> str:
-    """This host, as pids are meaningful: the host name and (on Linux) the pid namespace, so
-    two containers with one host name never judge each other's processes."""
-    try:
-        ns = os.readlink("/proc/self/ns/pid").removeprefix("pid:")
-    except OSError:
-        return socket.gethostname()
-    return f"{socket.gethostname()}{ns}"
-
-
-def _process_token(pid: int) -> str | None:
-    """``PID:START`` of a live process on this host (START: its start time in clock ticks since
-    boot, from ``/proc``, so a recycled pid does not pass as the old process), or ``None``."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass  # alive, owned by someone else
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return str(pid)  # no /proc (not Linux): the pid alone
-    # Field 22 (starttime); the command name (field 2) may hold spaces, so split after ")".
-    return f"{pid}:{stat.rsplit(')', 1)[1].split()[19]}"
-
-
-def _process_alive(token: str) -> bool:
-    pid = token.split(":", 1)[0]
-    if not pid.isdigit():
-        return True  # not ours to judge
-    current = _process_token(int(pid))
-    if current is None:
-        return False
-    return ":" not in token or ":" not in current or current == token
-
-
-def claim_owner() -> str:
-    """A claim owner naming this process: ``HOST/PID:START/RANDOM`` (unique per call)."""
-    token = _process_token(os.getpid()) or str(os.getpid())
-    return f"{_host_id()}/{token}/{os.urandom(4).hex()}"
-
-
-def owner_gone(owner: str) -> bool:
-    """Whether ``owner`` (from :func:`claim_owner`) is a process of this host that has ended."""
-    parts = owner.split("/")
-    return len(parts) == 3 and parts[0] == _host_id() and not _process_alive(parts[1])
 
 
 class _Claim(NamedTuple):
@@ -140,40 +89,33 @@ def _abandoned_cell_run(run, claims, stale_after: float) -> bool:
     return state.at * 1000 > run.info.start_time
 
 
-class _ClaimsMixin:
-    """Cell claims, heartbeats and fencing, kept in the bookkeeping experiment."""
+class CellClaims:
+    """Cell claims, heartbeats and fencing, kept in the bookkeeping experiment; and the ending
+    of runs whose process is gone (judged by their process or their cell's claim)."""
 
-    settings: TrackingSettings
-    client: MlflowClient
-    _claims_run_id: str | None
-
-    if TYPE_CHECKING:
-
-        @property
-        def experiment_id(self) -> str: ...
-        def _store_lock(self) -> contextlib.AbstractContextManager[None]: ...
-        def _search(self, filter_string: str, order_by: list[str] | None = None) -> Iterator: ...
-        def set_tags(self, run_id: str, tags: Mapping[str, object]) -> None: ...
-        def end_run(self, run_id: str, status: Any) -> None: ...
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._client = store.client
+        self._claims_run_id: str | None = None
 
     def _bookkeeping_experiment(self) -> str:
-        name = f"{_BOOKKEEPING_PREFIX}{self.experiment_id}"
-        exp = self.client.get_experiment_by_name(name)
+        name = f"{_BOOKKEEPING_PREFIX}{self._store.experiment_id}"
+        exp = self._client.get_experiment_by_name(name)
         if exp is not None:
             return exp.experiment_id
         note = (
-            f"nllab bookkeeping of experiment {self.settings.experiment!r} (id "
-            f"{self.experiment_id}): cell claims and heartbeats. No results here; it is kept out "
-            "of the experiment's run list on purpose. Do not delete it while nllab runs."
+            f"nllab bookkeeping of experiment {self._store.settings.experiment!r} (id "
+            f"{self._store.experiment_id}): cell claims and heartbeats. No results here; it is "
+            "kept out of the experiment's run list on purpose. Do not delete it while nllab runs."
         )
         try:
-            return self.client.create_experiment(
+            return self._client.create_experiment(
                 name,
-                artifact_location=self.settings.artifact_root,
+                artifact_location=self._store.settings.artifact_root,
                 tags={RunTags.NOTE: note, RunTags.KIND: "bookkeeping"},
             )
         except MlflowException:
-            exp = self.client.get_experiment_by_name(name)  # created meanwhile by another
+            exp = self._client.get_experiment_by_name(name)  # created meanwhile by another
             if exp is None:
                 raise
             return exp.experiment_id
@@ -192,43 +134,45 @@ class _ClaimsMixin:
         and each deletes the one it made if that is not it."""
         query = f"tags.`{RunTags.KIND}` = '{_CLAIMS_KIND}'"
         exp_id = self._bookkeeping_experiment()
-        runs = self.client.search_runs([exp_id], query, max_results=100)
+        runs = self._client.search_runs([exp_id], query, max_results=100)
         created = None
         if not runs:
-            with self._store_lock():
-                runs = self.client.search_runs([exp_id], query, max_results=100)
+            with self._store.lock():
+                runs = self._client.search_runs([exp_id], query, max_results=100)
                 if not runs:
-                    run = self.client.create_run(
+                    run = self._client.create_run(
                         exp_id, run_name="nllab-claims", tags={RunTags.KIND: _CLAIMS_KIND}
                     )
                     created = run.info.run_id
-                    self.end_run(created, "FINISHED")  # bookkeeping, never "running"
-                    runs = self.client.search_runs([exp_id], query, max_results=100)
+                    self._store.end_run(created, "FINISHED")  # bookkeeping, never "running"
+                    runs = self._client.search_runs([exp_id], query, max_results=100)
         first = min(runs, key=lambda r: (r.info.start_time, r.info.run_id)).info.run_id
         if created is not None and created != first:
             with contextlib.suppress(MlflowException):  # nothing was claimed in it
-                self.client.delete_run(created)
+                self._client.delete_run(created)
         return first
 
-    def _retire_old_claims_runs(self) -> list[str]:
+    def retire_old_claims_runs(self) -> list[str]:
         """Delete (MLflow's soft delete: hidden, restorable) the claims runs that older versions
         kept in the experiment itself; their claims are ignored (a cell claimed only there can be
         claimed again at once). Their ids."""
-        old = [r.info.run_id for r in self._search(f"tags.`{RunTags.KIND}` = '{_CLAIMS_KIND}'")]
+        old = [
+            r.info.run_id for r in self._store.search(f"tags.`{RunTags.KIND}` = '{_CLAIMS_KIND}'")
+        ]
         for run_id in old:
             with contextlib.suppress(MlflowException):  # deleted meanwhile by another process
-                self.client.delete_run(run_id)
+                self._client.delete_run(run_id)
         return old
 
-    def _claims_data(self):
-        return self.client.get_run(self._claims_run()).data
+    def claims_data(self):
+        return self._client.get_run(self._claims_run()).data
 
     def _claim_state(self, config_hash: str) -> _Claim | None:
         """The newest claim on ``config_hash``, or ``None``."""
-        return _claim_state_in(self._claims_data(), config_hash)
+        return _claim_state_in(self.claims_data(), config_hash)
 
     def _beat(self, config_hash: str, generation: int, value: str) -> None:
-        self.set_tags(self._claims_run(), {f"claim.{config_hash}.{generation}.beat": value})
+        self._store.set_tags(self._claims_run(), {f"claim.{config_hash}.{generation}.beat": value})
 
     def claim_cell(
         self, config_hash: str, owner: str, *, stale_after: float = CLAIM_STALE_AFTER
@@ -254,7 +198,7 @@ class _ClaimsMixin:
             generation = state.generation + 1
         key = f"claim.{config_hash}.{generation}"
         try:
-            self.client.log_param(
+            self._client.log_param(
                 self._claims_run(), key, json.dumps({"owner": owner, "at": time.time()})
             )
         except MlflowException:
@@ -326,7 +270,7 @@ class _ClaimsMixin:
         stale_after: float = CLAIM_STALE_AFTER,
         interval: float | None = None,
     ) -> Iterator[bool]:
-        """``with tracker.cell_claim(h, owner) as mine:`` :meth:`claim_cell`, then (if ``mine``)
+        """``with claims.cell_claim(h, owner) as mine:`` :meth:`claim_cell`, then (if ``mine``)
         a heartbeat every ``interval`` seconds (default ``stale_after / 4``) in a daemon thread
         while the block runs, and :meth:`release_cell` when it ends, however it ends."""
         if not self.claim_cell(config_hash, owner, stale_after=stale_after):
@@ -348,3 +292,38 @@ class _ClaimsMixin:
             done.set()
             thread.join()
             self.release_cell(config_hash, owner)
+
+    def end_stale_runs(self, *, stale_after: float = CLAIM_STALE_AFTER) -> list[str]:
+        """End KILLED every RUNNING run of the experiment that can never finish; their ids.
+
+        Each run records its host and process when created (tags ``nllab.host`` and
+        ``nllab.process``: pid and start time, so a recycled pid does not count as alive). A run
+        started on this host by a process that no longer exists can never finish (``kill -9``,
+        a power cut). Processes of other hosts cannot be asked, so a cell run of another host
+        counts as abandoned through its cell's claim: its process stopped heart-beating for
+        ``stale_after`` seconds, or another process took the claim over after the run started
+        (a Dask worker killed mid-cell, its cell trained again elsewhere). Runs of live
+        processes, and runs of other hosts that hold no claim (parents, tuning trials), are
+        left alone.
+        """
+        host = host_id()
+        claims = None
+        ended = []
+        for r in list(self._store.search("attributes.status = 'RUNNING'")):
+            tags = r.data.tags
+            token = tags.get(RunTags.PROCESS)
+            if not token:
+                continue
+            if tags.get(RunTags.HOST) == host:
+                if process_alive(token):
+                    continue
+            else:
+                claims = claims if claims is not None else self.claims_data()
+                if not _abandoned_cell_run(r, claims, stale_after):
+                    continue
+            self._store.set_tags(
+                r.info.run_id, {RunTags.ERROR: f"process {token} ended without closing this run"}
+            )
+            self._store.end_run(r.info.run_id, "KILLED")
+            ended.append(r.info.run_id)
+        return ended

@@ -4,20 +4,16 @@ left, and how the MLflow UI shows them."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from mlflow import MlflowClient
+import mlflow
 
-from tasks.tracking._store import _KIND_ML, _KIND_TAG
-from tasks.tracking.tags import RunTags
+from tasks.tracking._store import Store
+from tasks.tracking.tags import ExperimentTags, Metrics, RunTags
 
-__all__ = ["UI_VIEW_KEY", "RunRecord"]
-
-#: Experiment tag prefix of a shared view state of the runs page (:meth:`set_ui_view`).
-_SHARED_VIEW_TAG = "mlflow.sharedViewState."
+__all__ = ["UI_VIEW_KEY", "Queries", "RunRecord"]
 #: The key of the results view of the runs page (``?viewStateShareKey=``).
 UI_VIEW_KEY = "nllab-results"
 
@@ -55,31 +51,46 @@ def _finished_of_kind(kind: str) -> str:
     return f"tags.`{RunTags.KIND}` = '{kind}' and attributes.status = 'FINISHED'"
 
 
-class _QueriesMixin:
-    """Searches of the experiment's runs: finished cells, children, latest runs, the UI view."""
+class Queries:
+    """Reading the experiment: finished cells, runs, their models and artifacts, the UI view."""
 
-    client: MlflowClient
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._client = store.client
 
-    if TYPE_CHECKING:
+    @property
+    def settings(self):
+        """The store's :class:`~tasks.tracking.TrackingSettings` (where a report says it read)."""
+        return self._store.settings
 
-        @property
-        def experiment_id(self) -> str: ...
-        def logged_model_id(self, run_id: str) -> str | None: ...
+    def get_run_data(self, run_id: str):
+        """Status, tags, params and latest metrics of a run (``mlflow.entities.Run``)."""
+        return self._client.get_run(run_id)
 
-    def _search(self, filter_string: str, order_by: list[str] | None = None) -> Iterator:
-        token = None
-        while True:
-            page = self.client.search_runs(
-                [self.experiment_id],
-                filter_string=filter_string,
-                max_results=1000,
-                order_by=order_by,
-                page_token=token,
+    def logged_model_id(self, run_id: str) -> str | None:
+        """The id of the run's logged model (the newest; a cell logs one), or ``None`` (a run
+        from before models were logged as MLflow 3 logged models keeps its model as artifacts)."""
+        found = self._client.search_logged_models(
+            [self._store.experiment_id],
+            filter_string=f"source_run_id = '{run_id}'",
+            order_by=[{"field_name": "creation_timestamp", "ascending": False}],
+            max_results=1,
+        )
+        return found[0].model_id if found else None
+
+    def download(self, run_id: str, path: str, dst: str | Path) -> Path:
+        """Download a run artifact; ``"model"`` is the run's logged model (or, for a run from
+        before models were logged so, its ``model`` artifact folder)."""
+        model_id = self.logged_model_id(run_id) if path.strip("/") == "model" else None
+        if model_id is None:
+            return Path(self._client.download_artifacts(run_id, path, str(dst)))
+        return Path(
+            mlflow.artifacts.download_artifacts(
+                artifact_uri=f"models:/{model_id}",
+                dst_path=str(dst),
+                tracking_uri=self._store.settings.tracking_uri,
             )
-            yield from page
-            token = page.token
-            if not token:
-                return
+        )
 
     def finished_cells(self, hashes: Iterable[str]) -> dict[str, RunRecord]:
         """Finished cell runs with one of these config hashes (the newest per hash)."""
@@ -95,7 +106,7 @@ class _QueriesMixin:
         wanted = set(hashes)
         found: dict[str, RunRecord] = {}
         broken: dict[str, tuple[RunRecord, str]] = {}
-        runs = self._search(
+        runs = self._store.search(
             _finished_of_kind("cell"),
             order_by=["attributes.start_time DESC"],
         )
@@ -106,7 +117,7 @@ class _QueriesMixin:
             record = RunRecord(
                 r.info.run_id,
                 h,
-                r.data.metrics.get("test_rmse"),
+                r.data.metrics.get(Metrics.TEST_RMSE),
                 dict(r.data.tags),
                 dict(r.data.metrics),
                 r.info.artifact_uri,
@@ -123,11 +134,11 @@ class _QueriesMixin:
         """Why the model logged by a finished cell run cannot be used, or ``None`` when it is
         present and loads. Local artifacts are loaded (:func:`tasks.modelio.load_model`: the
         weights read back into the model); a remote artifact store is only listed."""
-        uri = record.artifact_uri or self.client.get_run(record.run_id).info.artifact_uri
+        uri = record.artifact_uri or self._client.get_run(record.run_id).info.artifact_uri
         local = _local_path(uri)
         if local is None:
             try:
-                listed = self.client.list_artifacts(record.run_id, artifact_path)
+                listed = self._client.list_artifacts(record.run_id, artifact_path)
             except Exception as e:
                 return f"its model cannot be listed ({type(e).__name__}: {_first_line(e)})"
             if listed or self._remote_logged_model(record.run_id):
@@ -154,7 +165,7 @@ class _QueriesMixin:
             model_id = self.logged_model_id(run_id)
             if model_id is None:
                 return False
-            files = self.client.list_logged_model_artifacts(model_id)
+            files = self._client.list_logged_model_artifacts(model_id)
         except Exception:
             return False
         return any(f.path == "MLmodel" for f in files)
@@ -162,8 +173,8 @@ class _QueriesMixin:
     def _logged_model_folders(self, run_id: str) -> list[Path]:
         """Local artifact folders of MLflow 3 logged models whose source is ``run_id``."""
         try:
-            models = self.client.search_logged_models(
-                [self.experiment_id], filter_string=f"source_run_id = '{run_id}'"
+            models = self._client.search_logged_models(
+                [self._store.experiment_id], filter_string=f"source_run_id = '{run_id}'"
             )
         except Exception:
             return []
@@ -171,7 +182,7 @@ class _QueriesMixin:
         return [p for p in paths if p is not None and p.is_dir()]
 
     def child_runs(self, parent_run_id: str) -> list:
-        return list(self._search(f"tags.`{RunTags.PARENT}` = '{parent_run_id}'"))
+        return list(self._store.search(f"tags.`{RunTags.PARENT}` = '{parent_run_id}'"))
 
     def runs_by_id(self, run_ids: Iterable[str]) -> dict[str, object]:
         """The runs (``mlflow.entities.Run``) of these ids that exist, by id (one search per
@@ -179,14 +190,14 @@ class _QueriesMixin:
         ids, found = sorted(set(run_ids)), {}
         for i in range(0, len(ids), 100):
             quoted = ", ".join(f"'{r}'" for r in ids[i : i + 100])
-            for run in self._search(f"attributes.run_id IN ({quoted})"):
+            for run in self._store.search(f"attributes.run_id IN ({quoted})"):
                 found[run.info.run_id] = run
         return found
 
     def latest_run(self, kind: str) -> str | None:
         """The newest FINISHED run of ``kind`` (a failed or interrupted one has no results)."""
-        runs = self.client.search_runs(
-            [self.experiment_id],
+        runs = self._client.search_runs(
+            [self._store.experiment_id],
             filter_string=_finished_of_kind(kind),
             max_results=1,
             order_by=["attributes.start_time DESC"],
@@ -196,7 +207,7 @@ class _QueriesMixin:
     def finished_runs(self, kind: str) -> list:
         """Every FINISHED run of ``kind``, newest first (``mlflow.entities.Run``)."""
         return list(
-            self._search(
+            self._store.search(
                 _finished_of_kind(kind),
                 order_by=["attributes.start_time DESC"],
             )
@@ -218,22 +229,34 @@ class _QueriesMixin:
             f"tags.`{RunTags.SYSTEM}`",
             f"tags.`{RunTags.METHOD}`",
             f"tags.`{RunTags.SEED}`",
-            "metrics.`test_rmse`",
-            "metrics.`best_val_rmse`",
-            "metrics.`epochs_run`",
-            "metrics.`train_seconds`",
+            *(
+                f"metrics.`{m}`"
+                for m in (
+                    Metrics.TEST_RMSE,
+                    Metrics.BEST_VAL_RMSE,
+                    Metrics.EPOCHS_RUN,
+                    Metrics.TRAIN_SECONDS,
+                )
+            ),
         ]
         view = {"selectedColumns": columns, "columnOrder": columns}
-        self.client.set_experiment_tag(self.experiment_id, _KIND_TAG, _KIND_ML)
-        self.client.set_experiment_tag(
-            self.experiment_id, _SHARED_VIEW_TAG + UI_VIEW_KEY, json.dumps(view)
+        exp = self._store.experiment_id
+        self._client.set_experiment_tag(exp, ExperimentTags.KIND, ExperimentTags.MODEL_TRAINING)
+        self._client.set_experiment_tag(
+            exp, ExperimentTags.SHARED_VIEW + UI_VIEW_KEY, json.dumps(view)
         )
         return UI_VIEW_KEY
 
+    @property
+    def experiment_id(self) -> str:
+        return self._store.experiment_id
+
     def run_url(self, ui_address: str, run_id: str) -> str:
         """The run's page in the MLflow UI served at ``ui_address``."""
-        return f"{ui_address.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
+        return f"{ui_address.rstrip('/')}/#/experiments/{self._store.experiment_id}/runs/{run_id}"
 
     def metric_history(self, run_id: str, key: str) -> list[tuple[int, float]]:
         """``(step, value)`` of a logged metric, in step order."""
-        return sorted((m.step, float(m.value)) for m in self.client.get_metric_history(run_id, key))
+        return sorted(
+            (m.step, float(m.value)) for m in self._client.get_metric_history(run_id, key)
+        )

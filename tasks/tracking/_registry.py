@@ -7,16 +7,15 @@ import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import mlflow
-from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from tasks.tracking._queries import RunRecord
-from tasks.tracking._store import TrackingSettings
+from tasks.tracking._queries import Queries, RunRecord
+from tasks.tracking._store import Store
+from tasks.tracking.tags import Metrics
 
-__all__ = ["CHAMPION", "Promotion"]
+__all__ = ["CHAMPION", "Promotion", "Registry"]
 
 #: The registry alias of each registered model's best version.
 CHAMPION = "champion"
@@ -33,16 +32,13 @@ class Promotion:
     previous_rmse: float | None
 
 
-class _RegistryMixin:
+class Registry:
     """Registered models: promote a run's model, find the champion, read a version back."""
 
-    settings: TrackingSettings
-    client: MlflowClient
-
-    if TYPE_CHECKING:
-
-        def logged_model_id(self, run_id: str) -> str | None: ...
-        def model_problem(self, record: RunRecord, artifact_path: str = "model") -> str | None: ...
+    def __init__(self, store: Store, queries: Queries) -> None:
+        self._store = store
+        self._client = store.client
+        self._queries = queries
 
     def promote_if_better(
         self, name: str, run_id: str, test_rmse: float, artifact_path: str = "model"
@@ -59,30 +55,30 @@ class _RegistryMixin:
         if self.run_problem(run_id, artifact_path) is not None:
             return Promotion(name, False, None, test_rmse, None)
         try:
-            self.client.create_registered_model(
+            self._client.create_registered_model(
                 name, description="Best Neural Laplace model of this system (lowest test RMSE)."
             )
         except MlflowException as e:
             if e.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
-        aliases = self.client.get_registered_model(name).aliases
+        aliases = self._client.get_registered_model(name).aliases
         previous: float | None = None
         if CHAMPION in aliases:
-            current = self.client.get_model_version(name, aliases[CHAMPION])
+            current = self._client.get_model_version(name, aliases[CHAMPION])
             if current.run_id == run_id:
                 return Promotion(name, False, str(current.version), test_rmse, test_rmse)
-            previous = float(current.tags.get("test_rmse", "inf"))
+            previous = float(current.tags.get(Metrics.TEST_RMSE, "inf"))
             gone = current.run_id and self.run_problem(current.run_id, artifact_path)
             if not gone and not test_rmse < previous:
                 return Promotion(name, False, None, test_rmse, previous)
-        same_run = self.client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+        same_run = self._client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
         if same_run:
             version = str(min(int(v.version) for v in same_run))
         else:
             version = str(self._register(name, run_id, artifact_path, test_rmse))
-        if model_id := self.logged_model_id(run_id):
+        if model_id := self._queries.logged_model_id(run_id):
             self._link_version(model_id, name, version)
-        self.client.set_registered_model_alias(name, CHAMPION, version)
+        self._client.set_registered_model_alias(name, CHAMPION, version)
         return Promotion(name, True, version, test_rmse, previous)
 
     def run_problem(
@@ -91,23 +87,23 @@ class _RegistryMixin:
         """Why ``run_id``'s model cannot serve (its run deleted, unless ``allow_deleted``;
         purged; or its model gone), or ``None``."""
         try:
-            run = self.client.get_run(run_id)
+            run = self._client.get_run(run_id)
         except MlflowException:
             return f"its run {run_id} no longer exists (deleted and purged)"
         if run.info.lifecycle_stage == "deleted" and not allow_deleted:
             return f"its run {run_id} is deleted"
         record = RunRecord(run_id, "", None, {}, {}, run.info.artifact_uri)
-        return self.model_problem(record, artifact_path)
+        return self._queries.model_problem(record, artifact_path)
 
     def _register(self, name: str, run_id: str, artifact_path: str, test_rmse: float) -> str:
         """A new version of ``name`` pointing at the run's logged model (``models:/<id>``), or,
         for a run whose model is only run artifacts, at ``runs:/<run id>/<artifact_path>``."""
-        model_id = self.logged_model_id(run_id)
-        mv = self.client.create_model_version(
+        model_id = self._queries.logged_model_id(run_id)
+        mv = self._client.create_model_version(
             name,
             source=f"models:/{model_id}" if model_id else f"runs:/{run_id}/{artifact_path}",
             run_id=run_id,
-            tags={"test_rmse": repr(float(test_rmse))},
+            tags={Metrics.TEST_RMSE: repr(float(test_rmse))},
             model_id=model_id,
         )
         return str(mv.version)
@@ -120,18 +116,18 @@ class _RegistryMixin:
         an interruption links the version once."""
         from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
 
-        tags = self.client.get_logged_model(model_id).tags
+        tags = self._client.get_logged_model(model_id).tags
         linked = json.loads(tags.get(MLFLOW_MODEL_VERSIONS) or "[]")
         entry = {"name": name, "version": int(version)}  # an int, as MLflow writes it
         if entry not in [{"name": e["name"], "version": int(e["version"])} for e in linked]:
-            self.client.set_logged_model_tags(
+            self._client.set_logged_model_tags(
                 model_id, {MLFLOW_MODEL_VERSIONS: json.dumps([*linked, entry])}
             )
 
     def champion(self, name: str) -> tuple[str, str] | None:
         """``(version, run_id)`` of the champion of ``name``, or ``None``."""
         try:
-            mv = self.client.get_model_version_by_alias(name, CHAMPION)
+            mv = self._client.get_model_version_by_alias(name, CHAMPION)
         except MlflowException:
             return None
         return str(mv.version), mv.run_id
@@ -153,13 +149,13 @@ class _RegistryMixin:
             )
         try:
             if "@" in ref:
-                mv = self.client.get_model_version_by_alias(*ref.split("@", 1))
+                mv = self._client.get_model_version_by_alias(*ref.split("@", 1))
             else:
-                mv = self.client.get_model_version(*ref.rsplit("/", 1))
+                mv = self._client.get_model_version(*ref.rsplit("/", 1))
         except MlflowException as e:
-            names = sorted(m.name for m in self.client.search_registered_models())
+            names = sorted(m.name for m in self._client.search_registered_models())
             raise LookupError(
-                f"no registered model version at {uri!r} in {self.settings.tracking_uri} "
+                f"no registered model version at {uri!r} in {self._store.settings.tracking_uri} "
                 f"({e.message.splitlines()[0]}); registered models: {', '.join(names) or 'none'}"
             ) from None
         return mv.name, str(mv.version), mv.run_id
@@ -176,8 +172,8 @@ class _RegistryMixin:
             path = mlflow.artifacts.download_artifacts(
                 artifact_uri=uri,
                 dst_path=str(dst),
-                tracking_uri=self.settings.tracking_uri,
-                registry_uri=self.settings.tracking_uri,
+                tracking_uri=self._store.settings.tracking_uri,
+                registry_uri=self._store.settings.tracking_uri,
             )
         except MlflowException as e:
             raise LookupError(f"no registered model at {uri!r}: {e.message}") from e

@@ -1,10 +1,9 @@
 """The store of the MLflow adapter: where it is, how it is created, opened and locked.
 
-Every MLflow call of the platform goes through :mod:`tasks.tracking`; this module holds the
-connection half of its :class:`~tasks.tracking.Tracker`: the resolved settings, the embedded
-sqlite store (created aside under a file lock, so no process sees a half-made one), the move of
-a copied home's artifact locations, and one connection per process and store
-(:meth:`_StoreMixin.connect`).
+Every MLflow call of the platform goes through :mod:`tasks.tracking`; this module holds what its
+tracking objects share, the :class:`Store`: the resolved settings, the client and the
+experiment, the embedded sqlite store (created aside under a file lock, so no process sees a
+half-made one) and the move of a copied home's artifact locations.
 """
 
 from __future__ import annotations
@@ -12,39 +11,37 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
 
 import mlflow
 from mlflow import MlflowClient
+from mlflow.entities import RunTag
 from mlflow.exceptions import MlflowException
 
 from datasets import data_home
 from tasks._sqlite_faults import sqlite_problem
 from tasks.config import TrackingConfig
+from tasks.errors import Unreachable
+from tasks.tracking.locations import embedded_tracking_uri, store_path
+from tasks.tracking.tags import ExperimentTags
 
 __all__ = [
+    "Store",
     "TrackingSettings",
     "TrackingUnavailable",
     "embedded_tracking_uri",
     "git_commit",
+    "point_mlflow_at",
     "relocate_artifacts",
+    "store_identity",
 ]
 
-#: Experiment tags the MLflow UI reads: the experiment's kind (which view it opens on).
-_KIND_TAG, _KIND_ML = "mlflow.experimentKind", "custom_model_development"
 
-
-class TrackingUnavailable(RuntimeError):
+class TrackingUnavailable(Unreachable):
     """The tracking store cannot be reached or used."""
-
-
-def embedded_tracking_uri() -> str:
-    return f"sqlite:///{(data_home() / 'mlflow' / 'mlflow.db').resolve()}"
 
 
 def _embedded_artifact_root() -> str:
@@ -208,22 +205,12 @@ class TrackingSettings:
         return self.tracking_uri.startswith("sqlite:")
 
 
-_ATTACHED: dict[tuple[TrackingSettings, str], Any] = {}
-_ATTACHED_LOCK = threading.Lock()
-#: The trackers :meth:`_StoreMixin.connect` opened in this process, by what they were opened
-#: for, with the identity of the embedded store file they opened (``None`` for a server).
-_CONNECTED: dict[tuple[Any, ...], tuple[Any, tuple[int, int] | None]] = {}
-_CONNECTED_LOCK = threading.Lock()
-
-
 def _store_file(settings: TrackingSettings) -> Path | None:
     """The sqlite file of an embedded store; ``None`` for a tracking server."""
-    if not settings.is_embedded:
-        return None
-    return Path(settings.tracking_uri.removeprefix("sqlite:///"))
+    return store_path(settings.tracking_uri)
 
 
-def _store_identity(settings: TrackingSettings) -> tuple[int, int] | None:
+def store_identity(settings: TrackingSettings) -> tuple[int, int] | None:
     """``(device, inode)`` of an embedded store's non-empty file, ``None`` for a server store;
     ``(-1, -1)`` when the file is missing or empty (never equal to an opened store's)."""
     db_path = _store_file(settings)
@@ -236,89 +223,43 @@ def _store_identity(settings: TrackingSettings) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino) if st.st_size > 0 else (-1, -1)
 
 
-class _StoreMixin:
-    """Opening the store and the experiment: the connection half of the tracker."""
+def point_mlflow_at(settings: TrackingSettings) -> None:
+    """Make MLflow's own (fluent) helpers use the same store as the platform's client calls:
+    model logging and registry downloads go through them."""
+    mlflow.set_tracking_uri(settings.tracking_uri)
+    mlflow.set_registry_uri(settings.tracking_uri)
 
-    settings: TrackingSettings
-    client: MlflowClient
-    _experiment_id: str | None
 
-    if TYPE_CHECKING:
+class Store:
+    """One experiment of one tracking store: the settings, the client, the experiment id, the
+    store's lock and the run search that the tracking objects share (each holds one)."""
 
-        def __init__(self, settings: TrackingSettings) -> None: ...
-        def end_stale_runs(self, *, stale_after: float = ...) -> list[str]: ...
-        def _retire_old_claims_runs(self) -> list[str]: ...
-
-    # -- connection -------------------------------------------------------------------------
-    @classmethod
-    def connect(cls, config: TrackingConfig | None = None) -> Self:
-        """Open (and, for the embedded store, create) the store and the experiment.
-
-        Safe from several threads or processes at once: the embedded sqlite schema is created
-        under a file lock, aside, and moved into place complete. Runs left RUNNING by a process
-        that is gone are ended KILLED (:meth:`end_stale_runs`). Raises
-        :class:`TrackingUnavailable` with what to do when the store cannot be used.
-
-        One connection per process and store: connecting again with the same resolved settings
-        (and the same ``NLLAB_HOME`` and ``NLLAB_ARTIFACT_ROOT``) returns the tracker already
-        opened, without locking, creating or opening the store again; only a check that its
-        experiment is still active and its two queries for leftovers (:meth:`_tidy`) run again,
-        which also check that the store still answers. An embedded store whose file was deleted
-        or replaced since, a deleted experiment, or a store that no longer answers gets a fresh,
-        checked connection (re-created, or refused with what to do).
-        """
-        settings = TrackingSettings.resolve(config)
-        # Registry calls made through the fluent helpers must hit the same store.
-        mlflow.set_tracking_uri(settings.tracking_uri)
-        mlflow.set_registry_uri(settings.tracking_uri)
-        key = (cls, settings, str(data_home()), os.environ.get("NLLAB_ARTIFACT_ROOT"))
-        with _CONNECTED_LOCK:
-            opened = _CONNECTED.get(key)
-        if opened is not None and opened[1] == _store_identity(settings):
-            try:
-                tracker = opened[0]
-                # deleted since (another process, the UI): a fresh connection says what to do
-                if tracker.client.get_experiment(tracker.experiment_id).lifecycle_stage == (
-                    "active"
-                ):
-                    tracker._tidy()
-                    return tracker
-            except Exception:
-                pass  # the store no longer answers: a fresh connection says why
-        tracker = cls._connect(settings)
-        with _CONNECTED_LOCK:
-            _CONNECTED[key] = (tracker, _store_identity(settings))
-        return tracker
+    def __init__(self, settings: TrackingSettings, experiment_id: str | None = None) -> None:
+        self.settings = settings
+        self.client = MlflowClient(tracking_uri=settings.tracking_uri)
+        self._experiment_id = experiment_id
 
     @classmethod
-    def _connect(cls, settings: TrackingSettings) -> Self:
-        """A fresh, checked connection (what :meth:`connect` does the first time)."""
+    def open(cls, settings: TrackingSettings) -> Store:
+        """A fresh, checked store: the embedded sqlite schema created (under a file lock, aside,
+        moved into place complete) and the experiment opened or created. Raises
+        :class:`TrackingUnavailable` with what to do when the store cannot be used."""
         db_path = _store_file(settings)
         if db_path is None:
-            tracker = cls._open(settings)
-        else:
-            with _store_lock(db_path):
-                try:
-                    _create_embedded_store(db_path, settings.artifact_root)
-                except Exception as e:
-                    raise TrackingUnavailable(_broken_store_message(db_path, e)) from None
-                tracker = cls._open(settings, db_path)
-        tracker._tidy()
-        return tracker
-
-    def _tidy(self) -> None:
-        """Clear what others left in the experiment: the claims runs of older versions
-        (:meth:`_retire_old_claims_runs`) and the runs whose process is gone
-        (:meth:`end_stale_runs`)."""
-        self._retire_old_claims_runs()
-        self.end_stale_runs()
+            return cls._open(settings)
+        with _store_lock(db_path):
+            try:
+                _create_embedded_store(db_path, settings.artifact_root)
+            except Exception as e:
+                raise TrackingUnavailable(_broken_store_message(db_path, e)) from None
+            return cls._open(settings, db_path)
 
     @classmethod
-    def _open(cls, settings: TrackingSettings, db_path: Path | None = None) -> Self:
+    def _open(cls, settings: TrackingSettings, db_path: Path | None = None) -> Store:
         try:
-            tracker = cls(settings)
-            tracker._experiment_id = tracker._ensure_experiment()
-            tracker._follow_moved_home()
+            store = cls(settings)
+            store._experiment_id = store._ensure_experiment()
+            store._follow_moved_home()
         except TrackingUnavailable:
             raise
         except Exception as e:
@@ -330,7 +271,12 @@ class _StoreMixin:
                 "Check MLFLOW_TRACKING_URI (or mlflow.env); unset it to use the embedded store "
                 f"under {data_home()}."
             ) from e
-        return tracker
+        return store
+
+    def is_active(self) -> bool:
+        """Whether the experiment is still there and not deleted (raises if the store does not
+        answer)."""
+        return self.client.get_experiment(self.experiment_id).lifecycle_stage == "active"
 
     def _follow_moved_home(self) -> None:
         """Keep the home self-contained: point every artifact location the embedded store
@@ -367,7 +313,9 @@ class _StoreMixin:
             return self.client.create_experiment(
                 name,
                 artifact_location=self.settings.artifact_root,
-                tags={_KIND_TAG: _KIND_ML},  # the UI's model-training view, not the GenAI one
+                tags={
+                    ExperimentTags.KIND: ExperimentTags.MODEL_TRAINING
+                },  # the UI's model-training view, not the GenAI one
             )
         except MlflowException:
             # Another process created it between our lookup and create.
@@ -376,21 +324,7 @@ class _StoreMixin:
                 raise
             return exp.experiment_id
 
-    @classmethod
-    def attach(cls, settings: TrackingSettings, experiment_id: str) -> Self:
-        """The process's tracker for an experiment that :meth:`connect` already opened.
-
-        Used inside task workers (threads or Dask processes): only settings travel to them.
-        """
-        key = (settings, experiment_id)
-        with _ATTACHED_LOCK:
-            if key not in _ATTACHED:
-                tracker = cls(settings)
-                tracker._experiment_id = experiment_id
-                _ATTACHED[key] = tracker
-            return _ATTACHED[key]
-
-    def _store_lock(self) -> contextlib.AbstractContextManager[None]:
+    def lock(self) -> contextlib.AbstractContextManager[None]:
         """The embedded store's file lock; nothing for a server store."""
         db_path = _store_file(self.settings)
         return contextlib.nullcontext() if db_path is None else _store_lock(db_path)
@@ -398,5 +332,27 @@ class _StoreMixin:
     @property
     def experiment_id(self) -> str:
         if self._experiment_id is None:
-            raise RuntimeError("Tracker is not connected; use Tracker.connect()")
+            raise RuntimeError("the store is not open; use tasks.tracking.connect()")
         return self._experiment_id
+
+    def search(self, filter_string: str, order_by: list[str] | None = None) -> Iterator:
+        """Every run of the experiment matching ``filter_string`` (page after page)."""
+        token = None
+        while True:
+            page = self.client.search_runs(
+                [self.experiment_id],
+                filter_string=filter_string,
+                max_results=1000,
+                order_by=order_by,
+                page_token=token,
+            )
+            yield from page
+            token = page.token
+            if not token:
+                return
+
+    def set_tags(self, run_id: str, tags: Mapping[str, object]) -> None:
+        self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def end_run(self, run_id: str, status: str) -> None:
+        self.client.set_terminated(run_id, status=status)

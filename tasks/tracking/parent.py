@@ -7,17 +7,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.tracking._tracker import Tracker
-from tasks.tracking.tags import _MAX_TAG, RunTags
+from tasks.tracking._runs import RunLog
+from tasks.tracking.tags import MAX_TAG, RunTags
 
 __all__ = ["ParentRun", "parent_run"]
 
 
 @dataclass(frozen=True)
 class ParentRun:
-    """An open parent run of a command: the run id and the tracker that logs into it."""
+    """An open parent run of a command: the run id and the run log that logs into it."""
 
-    tracker: Tracker
+    runs: RunLog
     run_id: str
 
     def record_cells(self, results: Iterable[Any], *, note: str | None = None) -> None:
@@ -32,13 +32,13 @@ class ParentRun:
             RunTags.CELLS_FAILED: sum(not r.ok for r in results),
         }
         if note is not None:
-            tags[RunTags.NOTE] = note[:_MAX_TAG]
-        self.tracker.set_tags(self.run_id, tags)
+            tags[RunTags.NOTE] = note[:MAX_TAG]
+        self.runs.set_tags(self.run_id, tags)
 
 
 @contextmanager
 def parent_run(
-    tracker: Tracker,
+    runs: RunLog,
     name: str,
     *,
     kind: str,
@@ -54,26 +54,19 @@ def parent_run(
     It is tagged with its ``kind`` and ``tags``, logs ``params``, the execution settings as
     ``execution.*`` tags (how it ran, not what: they are not part of any config hash) and
     ``config_json`` (text, artifact file name). ``source_run_id`` nests it under another run;
-    ``resume`` reopens a recorded run instead of creating one. The run ends FINISHED only if the
-    block completes; otherwise as :meth:`Tracker.run` ends it.
+    ``resume`` continues a recorded run (reopened with :meth:`RunLog.reopen`) instead of creating
+    one. It ends as :meth:`RunLog.run` ends a run.
     """
     all_tags = {RunTags.KIND: kind, **{k: str(v) for k, v in (tags or {}).items()}}
-    if resume is None:
-        run_id = tracker.create_run(name, all_tags, source_run_id)
-    else:
-        run_id = resume
-        tracker.set_tags(run_id, {**all_tags, RunTags.RESUMED: "true"})
-    try:
+    with runs.run(name, all_tags, source_run_id, resume=resume) as run_id:
+        if resume is not None:
+            runs.set_tags(run_id, {**all_tags, RunTags.RESUMED: "true"})
         if params:
-            tracker.log_params(run_id, params)
+            runs.log_params(run_id, params)
         if execution:
-            tracker.set_tags(
+            runs.set_tags(
                 run_id, {f"{RunTags.EXECUTION_PREFIX}{k}": v for k, v in execution.items()}
             )
         if config_json is not None:
-            tracker.log_text(run_id, config_json[0], config_json[1])
-        yield ParentRun(tracker, run_id)
-    except BaseException as e:
-        tracker.end_with_error(run_id, e)
-        raise
-    tracker.end_run(run_id, "FINISHED")
+            runs.log_text(run_id, config_json[0], config_json[1])
+        yield ParentRun(runs, run_id)

@@ -1,17 +1,26 @@
-"""The names of the run tags the platform writes and reads, and MLflow's size limits on them.
+"""The names of the run tags and metrics the platform writes and reads, and MLflow's size
+limits on them.
 
 No MLflow import: commands that only name tags (or test them) stay light.
 """
 
 from __future__ import annotations
 
-__all__ = ["RunTags"]
+__all__ = [
+    "MAX_PARAM",
+    "MAX_TAG",
+    "METRIC_BATCH",
+    "PARAM_BATCH",
+    "ExperimentTags",
+    "Metrics",
+    "RunTags",
+]
 
 # MLflow limits: param values 6000 chars, tag values 8000; a batch holds 1000 metrics / 100 params.
-_MAX_TAG = 5000
-_MAX_PARAM = 6000
-_PARAM_BATCH = 100
-_METRIC_BATCH = 1000
+MAX_TAG = 5000
+MAX_PARAM = 6000
+PARAM_BATCH = 100
+METRIC_BATCH = 1000
 
 
 class RunTags:
@@ -47,3 +56,40 @@ class RunTags:
     #: Which process owns a run, so a later start can end runs whose process is gone.
     HOST = "nllab.host"
     PROCESS = "nllab.process"
+
+
+class ExperimentTags:
+    """Experiment tags the MLflow UI reads."""
+
+    #: The experiment's kind (which view the UI opens it on) and the model-training kind.
+    KIND = "mlflow.experimentKind"
+    MODEL_TRAINING = "custom_model_development"
+    #: Prefix of a shared view state of the runs page (what the UI's *Share* button saves).
+    SHARED_VIEW = "mlflow.sharedViewState."
+
+
+class Metrics:
+    """The names of the run metrics the platform writes and reads back by name (stored runs are
+    read by these names: they never change)."""
+
+    TEST_RMSE = "test_rmse"
+    TEST_RMSE_PHYSICAL = "test_rmse_physical"
+    TEST_RMSE_WITHOUT_TOP = "test_rmse_without_top"
+    TEST_TOP_SHARE = "test_top_share"
+    TEST_NFE = "test_nfe"
+    #: Per epoch (the live loss curve).
+    TRAIN_LOSS = "train_loss"
+    VAL_LOSS = "val_loss"
+    VAL_RMSE = "val_rmse"
+    EPOCH_SECONDS = "epoch_seconds"
+    NFE = "nfe"
+    #: 1.0 when the trained model's test predictions blew up (a flag kept as a metric too).
+    DIVERGED = "diverged"
+    BEST_VAL_RMSE = "best_val_rmse"
+    FIRST_VAL_RMSE = "first_val_rmse"
+    BEST_EPOCH = "best_epoch"
+    EPOCHS_RUN = "epochs_run"
+    TRAIN_SECONDS = "train_seconds"
+    N_TRIALS = "n_trials"
+    REGRESSIONS = "regressions"
+    STUDY_SECONDS = "study_seconds"

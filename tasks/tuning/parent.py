@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from optuna.trial import TrialState
 
 from tasks.search_spaces import Suggestion
-from tasks.tracking import ParentRun, RunTags, claim_owner, parent_run
+from tasks.tracking import Metrics, ParentRun, RunTags, claim_owner, parent_run
 from tasks.tuning.session import TuneSession
 from tasks.tuning.spec import BEST_ATTR, PARENT_ATTR, TuneResult, TuningError
 from tasks.tuning.storage import dashboard_command, redact
@@ -32,11 +32,11 @@ def study_parent_run(session: TuneSession) -> Iterator[ParentRun]:
     Processes that open a new study at once take turns (a claim in the tracking store) until
     the parent is recorded, so the first creates it and the others find it.
     """
-    tracker, spec = session.tracker, session.spec
+    claims, spec = session.tracking.claims, session.spec
     study = hashlib.sha256(f"{session.storage_url}\0{spec.study_name}".encode())
     key, owner = f"tune-parent-{study.hexdigest()[:24]}", claim_owner()
     deadline = time.monotonic() + _PARENT_WAIT_SECONDS
-    while not tracker.claim_cell(key, owner) and time.monotonic() < deadline:
+    while not claims.claim_cell(key, owner) and time.monotonic() < deadline:
         time.sleep(0.2)  # another process is choosing the parent; past the deadline, go on
     my_turn = True
 
@@ -44,7 +44,7 @@ def study_parent_run(session: TuneSession) -> Iterator[ParentRun]:
         nonlocal my_turn
         if my_turn:
             my_turn = False
-            tracker.release_cell(key, owner)
+            claims.release_cell(key, owner)
 
     try:
         recorded = _reopen_recorded(session)
@@ -66,7 +66,7 @@ def study_parent_run(session: TuneSession) -> Iterator[ParentRun]:
             },
         }
         with parent_run(
-            tracker,
+            session.tracking.runs,
             f"tune-{spec.study_name}",
             kind="tune",
             resume=recorded,
@@ -84,19 +84,11 @@ def study_parent_run(session: TuneSession) -> Iterator[ParentRun]:
 def _reopen_recorded(session: TuneSession) -> str | None:
     """The parent run recorded in the study, if it is in this tracking store's experiment,
     made RUNNING again without an earlier session's error; else ``None``."""
-    tracker = session.tracker
     recorded = session.study.user_attrs.get(PARENT_ATTR)
     if not recorded:
         return None
     try:
-        run = tracker.get_run_data(recorded)
-        if run.info.experiment_id != tracker.experiment_id:
-            return None
-        if RunTags.ERROR in run.data.tags:  # the error of an earlier, ended session
-            tracker.client.delete_tag(recorded, RunTags.ERROR)
-        if run.info.status != "RUNNING":
-            tracker.client.update_run(recorded, status="RUNNING")
-        return recorded
+        return recorded if session.tracking.runs.reopen(recorded) else None
     except Exception:
         return None  # another tracking store: start a parent there
 
@@ -104,7 +96,7 @@ def _reopen_recorded(session: TuneSession) -> str | None:
 def finish_study(session: TuneSession, parent: ParentRun) -> TuneResult:
     """Record the study's best trial (study attribute, ``best_config.json``, metrics and tags of
     the parent run); a :class:`TuningError` if no trial completed."""
-    spec, tracker, run_id = session.spec, parent.tracker, parent.run_id
+    spec, runs, run_id = session.spec, parent.runs, parent.run_id
     done = [t for t in session.study.get_trials(deepcopy=False) if t.state.is_finished()]
     complete = [t for t in done if t.state == TrialState.COMPLETE]
     if not complete:
@@ -129,11 +121,16 @@ def finish_study(session: TuneSession, parent: ParentRun) -> TuneResult:
     }
     session.study.set_user_attr(BEST_ATTR, record)
     c = session.counts()
-    tracker.log_text(run_id, json.dumps(record, indent=2, sort_keys=True), "best_config.json")
-    tracker.log_metrics(
-        run_id, {"best_val_rmse": best.value, "first_val_rmse": first.value, "n_trials": len(done)}
+    runs.log_text(run_id, json.dumps(record, indent=2, sort_keys=True), "best_config.json")
+    runs.log_metrics(
+        run_id,
+        {
+            Metrics.BEST_VAL_RMSE: best.value,
+            Metrics.FIRST_VAL_RMSE: first.value,
+            Metrics.N_TRIALS: len(done),
+        },
     )
-    tracker.set_tags(
+    runs.set_tags(
         run_id,
         {
             "best_trial": best.number,

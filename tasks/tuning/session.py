@@ -1,4 +1,4 @@
-"""An opened study in one process: its storage, the data set it trains on, the tracker, and
+"""An opened study in one process: its storage, the data set it trains on, its tracking, and
 the loop that runs trials until the study holds its trial count (shared with other processes
 through the storage)."""
 
@@ -14,7 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tasks.cell import CellRuntime, simulate_data
 from tasks.search_spaces import paper_params, search_space
-from tasks.tracking import Tracker, owner_gone
+from tasks.tracking import connect, owner_gone
 from tasks.training import select_device
 from tasks.tuning.spec import OWNER_ATTR, TuneSpec, TuningError
 from tasks.tuning.storage import default_storage_url, open_storage, open_study
@@ -24,7 +24,7 @@ __all__ = ["TuneSession"]
 
 
 class TuneSession:
-    """The study of ``spec`` opened (or created) in this process, with its data and tracker.
+    """The study of ``spec`` opened (or created) in this process, with its data and tracking.
 
     Trials hang under the MLflow run ``parent_run_id``: a Dask shard is given it, otherwise
     :func:`tasks.tuning.study_parent_run` chooses it and :meth:`attach` links the session to it.
@@ -45,7 +45,7 @@ class TuneSession:
         select_device(spec.device)  # CUDA asked for but absent: a clear error up front
         ds = simulate_data(self.cell.system, self.cell.data, self.cell.seed)
         self.dataset_hash = ds.fingerprint
-        self.tracker = Tracker.connect(self.config.tracking)
+        self.tracking = connect(self.config.tracking)
         self.parent_run_id: str | None = None
         self.runtime: CellRuntime | None = None
         if parent_run_id is not None:
@@ -55,7 +55,7 @@ class TuneSession:
         """Log this session's trials under the MLflow run ``parent_run_id``."""
         self.parent_run_id = parent_run_id
         self.runtime = CellRuntime.for_config(
-            self.tracker, self.config, parent_run_id, device=self.spec.device, progress=False
+            self.tracking.store, self.config, parent_run_id, device=self.spec.device, progress=False
         )
 
     # -- the study's trials ---------------------------------------------------------------------
@@ -72,7 +72,7 @@ class TuneSession:
             self.study.enqueue_trial(paper_params(self.spec.method), user_attrs={"origin": "paper"})
 
     def objective(self, trial: optuna.Trial) -> float:
-        return run_trial(trial, self.spec, self.cell, self.tracker, self.runtime)
+        return run_trial(trial, self.spec, self.cell, self.tracking.runs, self.runtime)
 
     def optimize(self, n_trials: int, n_jobs: int) -> None:
         if n_trials <= 0:

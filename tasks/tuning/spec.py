@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.config import CellConfig, Device, Profile, RunConfig, resolve_config
+from tasks.errors import SettingError, Unreachable
 from tasks.search_spaces import Suggestion
 
 __all__ = [
@@ -38,11 +39,11 @@ PARENT_ATTR = "mlflow_parent_run_id"
 OWNER_ATTR = "owner"
 
 
-class TuningError(RuntimeError):
+class TuningError(SettingError):
     """A study cannot be opened or has no usable result; the message says why."""
 
 
-class StorageUnavailable(TuningError):
+class StorageUnavailable(TuningError, Unreachable):
     """The Optuna storage is well named but cannot be reached or written (a server that does
     not answer, a full disk): a fault of the environment, not of the command."""
 

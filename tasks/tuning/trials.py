@@ -4,15 +4,13 @@ every epoch's validation RMSE reported to Optuna so that the pruner can stop it 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 
 import optuna
 
 from tasks.cell import CellRuntime, fit_cells
 from tasks.config import CellConfig, TrainConfig
 from tasks.search_spaces import suggest
-from tasks.tracking import RunTags, Tracker, claim_owner
+from tasks.tracking import Metrics, RunLog, RunTags, claim_owner
 from tasks.training import EpochRecord, TrainingDiverged
 from tasks.tuning.spec import OWNER_ATTR, TuneSpec
 
@@ -37,28 +35,18 @@ class QuietSurplus(logging.Filter):
         return not any(message.startswith(f"Trial {n} failed") for n in self.numbers)
 
 
-@contextmanager
-def _trial_run(tracker: Tracker, name: str, tags: Mapping[str, str], parent: str) -> Iterator[str]:
-    """A nested MLflow run that ends FINISHED (complete), KILLED (pruned) or FAILED."""
-    run_id = tracker.create_run(name, tags, parent)
-    try:
-        yield run_id
-    except optuna.TrialPruned as e:
-        tracker.set_tags(run_id, {"optuna.state": "PRUNED", "pruned_reason": str(e)[:4000]})
-        tracker.end_run(run_id, "KILLED")
-        raise
-    except BaseException as e:
-        tracker.set_tags(
-            run_id, {"optuna.state": "FAIL", RunTags.ERROR: f"{type(e).__name__}: {e}"}
-        )
-        tracker.end_run(run_id, "FAILED")
-        raise
-    tracker.set_tags(run_id, {"optuna.state": "COMPLETE"})
-    tracker.end_run(run_id, "FINISHED")
+def _trial_state(error: BaseException | None) -> dict[str, str]:
+    """The Optuna state a trial's run is tagged with as it ends: complete, pruned (its run
+    ends KILLED) or failed."""
+    if error is None:
+        return {"optuna.state": "COMPLETE"}
+    if isinstance(error, optuna.TrialPruned):
+        return {"optuna.state": "PRUNED", "pruned_reason": str(error)[:4000]}
+    return {"optuna.state": "FAIL"}
 
 
 def run_trial(
-    trial: optuna.Trial, spec: TuneSpec, cell: CellConfig, tracker: Tracker, runtime: CellRuntime
+    trial: optuna.Trial, spec: TuneSpec, cell: CellConfig, runs: RunLog, runtime: CellRuntime
 ) -> float:
     """Train ``cell`` with the trial's suggestion under the study's parent run
     (``runtime.parent_run_id``); returns its best validation RMSE. A diverging trial is pruned
@@ -81,9 +69,15 @@ def run_trial(
         "optuna.trial": str(trial.number),
         "origin": str(trial.user_attrs.get("origin", "sampler")),
     }
-    with _trial_run(tracker, f"trial-{trial.number}", tags, runtime.parent_run_id) as run:
+    with runs.run(
+        f"trial-{trial.number}",
+        tags,
+        runtime.parent_run_id,
+        killed_by=(optuna.TrialPruned,),
+        outcome_tags=_trial_state,
+    ) as run:
         trial.set_user_attr("mlflow_run_id", run)
-        tracker.log_params(run, {f"hp.{k}": v for k, v in trial.params.items()})
+        runs.log_params(run, {f"hp.{k}": v for k, v in trial.params.items()})
 
         def report(_member: int, r: EpochRecord) -> None:
             trial.report(r.val_rmse, r.epoch)
@@ -99,12 +93,12 @@ def run_trial(
         if isinstance(out, Exception):
             raise out
         result = out.train
-        tracker.log_metrics(
+        runs.log_metrics(
             run,
             {
-                "best_val_rmse": result.best_val_rmse,
-                "best_epoch": result.best_epoch,
-                "train_seconds": result.seconds,
+                Metrics.BEST_VAL_RMSE: result.best_val_rmse,
+                Metrics.BEST_EPOCH: result.best_epoch,
+                Metrics.TRAIN_SECONDS: result.seconds,
             },
         )
         return result.best_val_rmse

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import sqlite3
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import closing as contextlib_closing
 from pathlib import Path
 
 __all__ = [
@@ -89,26 +87,25 @@ def parse_seeds(values: Sequence[str] | None) -> list[int] | None:
     return seeds
 
 
-def positive_int(text: str) -> int:
-    """An ``argparse`` type: an integer of at least 1 (``--trials 0`` is a usage error)."""
+def _whole_number(text: str, low: int, high: int | None, what: str) -> int:
+    """``text`` as an integer from ``low`` to ``high``, else an ``argparse`` type error."""
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a whole number of at least 1, got {text!r}")
+        value = low - 1
+    if value < low or (high is not None and value > high):
+        raise argparse.ArgumentTypeError(f"{what}, got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An ``argparse`` type: an integer of at least 1 (``--trials 0`` is a usage error)."""
+    return _whole_number(text, 1, None, "a whole number of at least 1")
 
 
 def port(text: str) -> int:
     """An ``argparse`` type: a TCP port, 1 to 65535 (``--port 99999`` is a usage error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a TCP port from 1 to 65535, got {text!r}")
-    return value
+    return _whole_number(text, 1, 65535, "a TCP port from 1 to 65535")
 
 
 def task_runner(args: argparse.Namespace) -> str | None:
@@ -147,11 +144,11 @@ def check_store_paths(home: Path) -> None:
     """Stores sqlite cannot open for their path's length (a deep ``NLLAB_HOME``): a
     :class:`UsageError` at once, not a "cannot open" minutes later."""
     from tasks._sqlite_faults import path_too_long
+    from tasks.tracking.locations import store_path, tracking_uri
 
-    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     paths = [Path(os.environ.get("PREFECT_HOME", home / "prefect")) / "prefect.db"]
-    if not uri or uri.startswith("sqlite:///"):
-        paths.append(Path(uri.removeprefix("sqlite:///")) if uri else home / "mlflow" / "mlflow.db")
+    if (store := store_path(tracking_uri())) is not None:
+        paths.append(store)
     for path in paths:
         if (problem := path_too_long(path)) is not None:
             raise UsageError(problem)
@@ -397,21 +394,13 @@ def check_selection(args: argparse.Namespace) -> None:
     check_storage(getattr(args, "storage", None))
 
 
-def _store_uri() -> str:
-    """The tracking URI :class:`tasks.tracking.TrackingSettings` resolves by default, read
-    without MLflow (the embedded store's path mirrors ``datasets.data_home``)."""
-    if uri := os.environ.get("MLFLOW_TRACKING_URI"):
-        return uri
-    home = os.environ.get("NLLAB_HOME")
-    root = Path(home).expanduser().resolve() if home else Path.home() / ".nllab"
-    return f"sqlite:///{(root / 'mlflow' / 'mlflow.db').resolve()}"
-
-
 def check_registry_uri(uri: str) -> None:
     """A registry URI's form (``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``) and, in an
-    embedded (sqlite) store, that the version exists: read with ``sqlite3``, without MLflow.
-    Raises :class:`UsageError` listing the registered models. A server store is asked later,
-    through MLflow."""
+    embedded (sqlite) store, that the version exists (:func:`tasks.tracking.locations.
+    registered_version`, without MLflow). Raises :class:`UsageError` listing the registered
+    models. A server store is asked later, through MLflow."""
+    from tasks.tracking.locations import registered_version, tracking_uri
+
     ref = uri.removeprefix("models:/") if uri.startswith("models:/") else ""
     if not ref.strip("/"):
         raise UsageError(
@@ -419,30 +408,10 @@ def check_registry_uri(uri: str) -> None:
         )
     if "@" not in ref and "/" not in ref:
         raise UsageError(f"{uri!r} names no version: use models:/{ref}@champion or models:/{ref}/1")
-    store = _store_uri()
-    if not store.startswith("sqlite:///"):
-        return
-    db_path = Path(store.removeprefix("sqlite:///"))
-    if "@" in ref:
-        name, alias = ref.split("@", 1)
-        query = "select 1 from registered_model_aliases where name = ? and alias = ?"
-        args: tuple[str, ...] = (name, alias)
-    else:
-        name, version = ref.rsplit("/", 1)
-        query = "select 1 from model_versions where name = ? and cast(version as text) = ?"
-        args = (name, version)
-    names: list[str] = []
-    if db_path.is_file():
-        try:
-            with contextlib_closing(
-                sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5)
-            ) as db:
-                if db.execute(query, args).fetchone() is not None:
-                    return
-                names = sorted(r[0] for r in db.execute("select name from registered_models"))
-        except sqlite3.Error:
-            return  # an old or busy store: MLflow itself answers later
+    found, names = registered_version(ref)
+    if found is None or found:
+        return  # there, or only MLflow itself can say (a server, an old or busy store)
     raise UsageError(
-        f"no registered model version at {uri!r} in {store}; "
+        f"no registered model version at {uri!r} in {tracking_uri()}; "
         f"registered models: {', '.join(names) or 'none'}"
     )
