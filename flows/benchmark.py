@@ -25,7 +25,7 @@ from tasks.config import RunConfig
 from tasks.engine import run_cells, stored_results
 from tasks.reporting import ResultsTable, parent_summary, results_table
 from tasks.results import CellResult
-from tasks.tracking import Promotion, Registry, RunTags, connect, parent_run
+from tasks.tracking import Promotion, Registry, RunLog, RunTags, connect, parent_run
 
 __all__ = [
     "BenchmarkSummary",
@@ -121,28 +121,37 @@ def benchmark_flow(
             stop=stop if config.execution.task_runner == "thread" else None,
         )
         results = run_cells(cells, runtime, reused=reused)
-        table = results_table(results, profile=config.profile)
-        with tempfile.TemporaryDirectory(prefix="nllab-report-") as tmp:
-            table.write(Path(tmp))
-            tracking.runs.log_artifact(parent, Path(tmp), "results")
-        tracking.runs.log_text(parent, cells_record(results), CELLS_ARTIFACT)
-        publish_table(
-            artifact_key("benchmark", config.profile, "results"),
-            table.frame.to_dict("records"),
-            f"Benchmark {config.profile}: test RMSE per system and method (MLflow run {parent})",
-        )
+        table = _log_table(tracking.runs, parent, config.profile, results)
         promotions = _promote(tracking.registry, results) if config.tracking.register_models else []
-        failed = [r for r in results if not r.ok]
         description, summary_metrics = parent_summary(
             results, f"Benchmark, profile {config.profile}", config.profile
         )
         tracking.runs.log_metrics(parent, summary_metrics)
         run.record_cells(results, note=description)
-        for r in failed:
-            logger.error("cell %s/%s/seed%d %s: %s", r.system, r.method, r.seed, r.status, r.error)
+        for r in results:
+            if not r.ok:
+                logger.error(
+                    "cell %s/%s/seed%d %s: %s", r.system, r.method, r.seed, r.status, r.error
+                )
     return BenchmarkSummary(
         parent, tuple(results), table, tuple(promotions), time.perf_counter() - t0
     )
+
+
+def _log_table(runs: RunLog, parent: str, profile: str, results: list[CellResult]) -> ResultsTable:
+    """The results table (csv, md, tex) and the cells' record on the parent run, the table also
+    as a Prefect artifact."""
+    table = results_table(results, profile=profile)
+    with tempfile.TemporaryDirectory(prefix="nllab-report-") as tmp:
+        table.write(Path(tmp))
+        runs.log_artifact(parent, Path(tmp), "results")
+    runs.log_text(parent, cells_record(results), CELLS_ARTIFACT)
+    publish_table(
+        artifact_key("benchmark", profile, "results"),
+        table.frame.to_dict("records"),
+        f"Benchmark {profile}: test RMSE per system and method (MLflow run {parent})",
+    )
+    return table
 
 
 def run_benchmark(config: RunConfig, *, always_record: bool = False) -> BenchmarkSummary:

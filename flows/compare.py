@@ -222,6 +222,24 @@ def compare_benchmarks(
     """Benchmark ``run_id`` (default: the latest finished one) beside ``against`` (default: the
     finished benchmark of the same experiment before it). :class:`NoComparison` when either
     is missing."""
+    after_run, against = _pair(queries, run_id, against)
+    run_id = after_run.info.run_id
+    after, before = _cells_of(queries, run_id), _cells_of(queries, against)
+    prints = _fingerprints(queries, [*after, *before])
+    spreads = _spreads(before)
+    old = {_key(c): c for c in before}
+    new = {_key(c): c for c in after}
+    changes = [
+        _change(key, old.get(key), new.get(key), spreads, prints)
+        for key in [*new, *(k for k in old if k not in new)]
+    ]
+    profile = after_run.data.tags.get(RunTags.PROFILE, "?")
+    return Comparison(run_id, against, profile, tuple(changes))
+
+
+def _pair(queries: Queries, run_id: str | None, against: str | None):
+    """The finished benchmark run ``run_id`` (default: the latest) and the id of the one it is
+    compared with (default: the same experiment's finished benchmark before it)."""
     runs = queries.finished_runs("benchmark")  # newest first
     by_id = {r.info.run_id: r for r in runs}
     if run_id is None:
@@ -247,42 +265,33 @@ def compare_benchmarks(
         against = older[0].info.run_id
     elif against not in by_id:
         raise UnknownRun(f"{against} is not a finished benchmark run")
-    after, before = _cells_of(queries, run_id), _cells_of(queries, against)
-    prints = _fingerprints(queries, [*after, *before])
-    spreads = _spreads(before)
-    old = {_key(c): c for c in before}
-    new = {_key(c): c for c in after}
-    changes = []
-    for key in [*new, *(k for k in old if k not in new)]:
-        b, a = old.get(key), new.get(key)
-        c = a or b
-        assert c is not None
-        spread = spreads.get((c["system"], c["method"]), 0.0)
-        if b is None or a is None:
-            verdict: str = "new" if b is None else "gone"
-            changed = ""
-        else:
-            same_run = a.get("run_id") == b.get("run_id")
-            changed = (
-                ""
-                if same_run
-                else _changed(prints.get(b.get("run_id")), prints.get(a.get("run_id")))
-            )
-            verdict = _verdict(_ok(b), _ok(a), spread)
-        changes.append(
-            CellChange(
-                key,
-                c["system"],
-                c["method"],
-                _ok(b),
-                _ok(a),
-                spread,
-                changed,
-                verdict,  # type: ignore[arg-type]
-            )
+    return after_run, against
+
+
+def _change(key, b: dict | None, a: dict | None, spreads: dict, prints: dict) -> CellChange:
+    """One cell before (``b``) and after (``a``; either may be missing) as a verdict."""
+    c = a or b
+    assert c is not None
+    spread = spreads.get((c["system"], c["method"]), 0.0)
+    if b is None or a is None:
+        verdict: str = "new" if b is None else "gone"
+        changed = ""
+    else:
+        same_run = a.get("run_id") == b.get("run_id")
+        changed = (
+            "" if same_run else _changed(prints.get(b.get("run_id")), prints.get(a.get("run_id")))
         )
-    profile = after_run.data.tags.get(RunTags.PROFILE, "?")
-    return Comparison(run_id, against, profile, tuple(changes))
+        verdict = _verdict(_ok(b), _ok(a), spread)
+    return CellChange(
+        key,
+        c["system"],
+        c["method"],
+        _ok(b),
+        _ok(a),
+        spread,
+        changed,
+        verdict,  # type: ignore[arg-type]
+    )
 
 
 def record_comparison(tracking: Tracking, run_id: str) -> Comparison | None:

@@ -298,30 +298,41 @@ def reproduce_flow(
         tracking.runs.log_metrics(
             run_id,
             {
-                "test_rmse": v.test_rmse,
+                Metrics.TEST_RMSE: v.test_rmse,
                 "logged_test_rmse": v.logged_rmse,
                 "abs_difference": v.difference,
             },
         )
         if variants:
             config = _run_config(v, max_workers, task_runner, dask_address, pack, reuse)
-            runtime = CellRuntime.for_config(tracking.store, config, run_id, device="cpu")
-            source = CellResult.reused(
-                v.cell, RunRecord(v.ref.run_id, v.cell.config_hash(), v.logged_rmse, {})
-            )
-            todo = [c for _, c in variants if c is not v.cell]
-            done = iter(_run_ablation(todo, runtime, config))
-            for value, c in variants:
-                if c is v.cell:
-                    results.append((value, source))
-                    continue
-                r = next(done)
-                if r.run_id and r.status == "finished":
-                    tracking.runs.set_tags(r.run_id, {**link, "ablation": ablation, "value": value})
-                results.append((value, r))
+            results = _ablate(tracking, run_id, v, variants, config, {**link, "ablation": ablation})
             tracking.runs.log_text(run_id, ablation_table(ablation, results), "ablation.md")
             run.record_cells([r for _, r in results])
     return ReproduceResult(v, ablation, run_id, tuple(results), time.perf_counter() - t0)
+
+
+def _ablate(
+    tracking: Tracking,
+    parent: str,
+    v: Verification,
+    variants: list[tuple[Any, CellConfig]],
+    config: RunConfig,
+    link: dict[str, str],
+) -> list[tuple[Any, CellResult]]:
+    """The ablation's variants of the verified cell trained under run ``parent`` (the verified
+    cell itself reused from its run), each finished variant's run tagged ``link`` and its value."""
+    runtime = CellRuntime.for_config(tracking.store, config, parent, device="cpu")
+    source = CellResult.reused(
+        v.cell, RunRecord(v.ref.run_id, v.cell.config_hash(), v.logged_rmse, {})
+    )
+    done = iter(_run_ablation([c for _, c in variants if c is not v.cell], runtime, config))
+    results: list[tuple[Any, CellResult]] = []
+    for value, c in variants:
+        r = source if c is v.cell else next(done)
+        if r is not source and r.run_id and r.status == "finished":
+            tracking.runs.set_tags(r.run_id, {**link, "value": value})
+        results.append((value, r))
+    return results
 
 
 def _run_ablation(

@@ -170,3 +170,142 @@ def test_a_cell_result_is_built_only_by_its_constructors() -> None:
         if isinstance(node, ast.Call) and ast.unparse(node.func) == "CellResult"
     }
     assert builders <= {"tasks.results"}
+
+
+MAX_PUBLIC_METHODS = 25
+MAX_FUNCTION_LINES = 60
+#: Floors whose functions are orchestration: read top-down, so none longer than a screen.
+SHORT_FUNCTION_FLOORS = ("tasks", "flows")
+#: ``importer: imported private name`` -> why it may cross a module boundary.
+PRIVATE_IMPORTS_ALLOWED: dict[str, str] = {}
+
+
+def _trees() -> dict[str, ast.Module]:
+    return {name: ast.parse(path.read_text()) for name, path in MODULES.items()}
+
+
+TREES = _trees()
+
+
+def _long_functions(floors: tuple[str, ...], limit: int) -> dict[str, int]:
+    return {
+        f"{name}:{node.name}": length
+        for name, tree in TREES.items()
+        if name.split(".")[0] in floors
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (length := node.end_lineno - node.lineno + 1) > limit
+    }
+
+
+def _wide_classes(limit: int) -> dict[str, int]:
+    return {
+        f"{name}:{node.name}": count
+        for name, tree in TREES.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+        and (
+            count := sum(
+                isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef) and not m.name.startswith("_")
+                for m in node.body
+            )
+        )
+        > limit
+    }
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_imports(trees: dict[str, ast.Module]) -> set[str]:
+    """``importer: module.name`` for each private name taken from another module: imported
+    (``from m import _f``) or reached through an imported module (``m._f``). A private *module*
+    (``from pkg import _store``) is the package's own business, not a crossing."""
+    found: set[str] = set()
+    for name, tree in trees.items():
+        is_package = MODULES[name].name == "__init__.py"
+        aliases: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = name.split(".") if is_package else name.split(".")[:-1]
+                    base = base[: len(base) - (node.level - 1)]
+                    module = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    module = node.module or ""
+                for alias in node.names:
+                    full = f"{module}.{alias.name}"
+                    if full in MODULES:
+                        aliases[alias.asname or alias.name] = full
+                    elif _is_private(alias.name) and _own_module(module) not in (None, name):
+                        found.add(f"{name}: {module}.{alias.name}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name in MODULES and alias.asname:
+                        aliases[alias.asname] = alias.name
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and _is_private(node.attr)
+                and (module := aliases.get(ast.unparse(node.value)) or ast.unparse(node.value))
+                in MODULES
+                and module != name
+                and f"{module}.{node.attr}" not in MODULES
+            ):
+                found.add(f"{name}: {module}.{node.attr}")
+    return found
+
+
+def test_no_class_has_more_public_methods_than_a_reader_holds() -> None:
+    assert not _wide_classes(MAX_PUBLIC_METHODS)
+
+
+def test_orchestration_functions_fit_on_a_screen() -> None:
+    assert not _long_functions(SHORT_FUNCTION_FLOORS, MAX_FUNCTION_LINES)
+
+
+def test_no_private_name_crosses_a_module_boundary() -> None:
+    crossing = {entry: PRIVATE_IMPORTS_ALLOWED.get(entry) for entry in _private_imports(TREES)}
+    assert {entry for entry, reason in crossing.items() if not reason} == set()
+    unused = set(PRIVATE_IMPORTS_ALLOWED) - set(crossing)
+    assert not unused, f"allow-list entries no longer needed: {sorted(unused)}"
+
+
+def test_only_the_tracking_package_imports_mlflow() -> None:
+    wrong = {
+        f"{module} imports {name}"
+        for module, names in IMPORTS.items()
+        if not (module == "tasks.tracking" or module.startswith("tasks.tracking."))
+        for name in names
+        if name.split(".")[0] == "mlflow"
+    }
+    assert not wrong
+
+
+def test_the_shape_checks_catch_what_they_forbid() -> None:
+    """Each rule above on a made-up module that breaks it."""
+    source = "\n".join(
+        [
+            "from tasks.training import _hidden",
+            "from tasks import training",
+            "class Wide:",
+            *[f"    def m{i}(self): pass" for i in range(MAX_PUBLIC_METHODS + 1)],
+            "def long():",
+            *["    x = 1"] * MAX_FUNCTION_LINES,
+            "y = training._other",
+        ]
+    )
+    tree = ast.parse(source)
+    name = "tasks.made_up"
+    MODULES[name] = ROOT / "tasks" / "made_up.py"
+    try:
+        TREES[name] = tree
+        assert _wide_classes(MAX_PUBLIC_METHODS) == {f"{name}:Wide": MAX_PUBLIC_METHODS + 1}
+        assert f"{name}:long" in _long_functions(("tasks",), MAX_FUNCTION_LINES)
+        assert _private_imports({name: tree}) == {
+            f"{name}: tasks.training._hidden",
+            f"{name}: tasks.training._other",
+        }
+    finally:
+        del MODULES[name], TREES[name]
