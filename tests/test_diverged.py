@@ -72,7 +72,7 @@ def test_a_benchmark_that_diverges_registers_nothing(tmp_path):
     assert metric == [(1.0,)]
 
 
-def test_a_failed_cell_is_one_line_and_its_traceback_stays_in_its_run(tmp_path):
+def test_a_failed_cell_is_one_line_and_its_error_stays_in_its_run(tmp_path):
     home = tmp_path / "home"
     config = 'profile = "smoke"\nisolation = "process"\n[training]\nlr = 1e300\nepochs = 1\n'
     out = _benchmark(home, config, "node")  # the loss overflows: the cell fails
@@ -83,7 +83,11 @@ def test_a_failed_cell_is_one_line_and_its_traceback_stays_in_its_run(tmp_path):
     lines = [x for x in text.splitlines() if "integro_de/node/seed0" in x and "Diverged" in x]
     assert len(lines) == 1, text
     errors = list((home / "mlflow" / "artifacts").rglob("error.txt"))
-    assert len(errors) == 1 and "Traceback" in errors[0].read_text()
+    # The whole error beside the run (a divergence is found, not raised: where and why it
+    # happened is its message, the same whether the cell trained alone or in a pack).
+    assert len(errors) == 1
+    error = errors[0].read_text()
+    assert "TrainingDiverged: integro_de/node/seed0: training loss is inf at epoch 0" in error
 
 
 def test_the_table_flags_a_diverged_method_and_never_calls_it_best():
