@@ -159,7 +159,9 @@ def findings(modes: tuple[str, ...] = MODES) -> None:
         for label, extra in SETTINGS:
             rows[mode][label] = _run_child(["--child-digests"], _child_env(mode, extra))
             print(f"# {mode} {label}: {rows[mode][label]['numerics']}", file=sys.stderr)
-    components = [k for k in rows[modes[0]]["reference"] if k.startswith(("data:", "split:", "model:"))]
+    components = [
+        k for k in rows[modes[0]]["reference"] if k.startswith(("data:", "split:", "model:"))
+    ]
     for mode in modes:
         ref = rows[mode]["reference"]
         print(f"\nNLLAB_CPU_NUMERICS={mode}: components whose bytes differ from the reference")

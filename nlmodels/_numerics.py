@@ -35,7 +35,11 @@ MODE_VARIABLE = "NLLAB_CPU_NUMERICS"
 MODES = ("portable", "native")
 MKL_CBWR = "AUTO,STRICT"
 #: What the portable mode sets (replacing the user's values).
-PORTABLE_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+PORTABLE_ENV = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_CBWR": "AVX2,STRICT",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+}
 #: The native kernels' target in the portable mode (AVX2, FMA, BMI2: Haswell, Zen and newer).
 PORTABLE_MARCH = "x86-64-v3"
 
