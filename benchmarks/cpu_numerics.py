@@ -15,7 +15,7 @@ differ from the mode's reference (no setting forced):
 * ``data:<system>``: ``simulate(system, n_trajectories=200, seed=0).x`` (the quick data);
 * ``split:<system>``: the system canary of :mod:`tasks.numerics` (a small simulation with
   noise and its train/validation/test split and normaliser);
-* ``model:<method>``: the numerics canary of :mod:`tasks.numerics` (two epochs of float64
+* ``model:<method>``: :func:`tasks.numerics.training_digest` (two epochs of float64
   training, eager and packed, one thread: losses, weights, a forecast); Neural Laplace's runs
   the native kernels when they build.
 
@@ -89,7 +89,7 @@ def _digests() -> dict[str, str]:
     from nlmodels import MODELS
     from nlmodels._numerics import numerics_tag
     from tasks._names import MAIN_SYSTEMS
-    from tasks.numerics import _run_canary
+    from tasks.numerics import _run_canary, training_digest
 
     out = {"numerics": numerics_tag(), "capability": torch.backends.cpu.get_cpu_capability()}
     for system in MAIN_SYSTEMS:
@@ -97,7 +97,7 @@ def _digests() -> dict[str, str]:
         out[f"data:{system}"] = hashlib.sha256(x.tobytes()).hexdigest()[:16]
         out[f"split:{system}"] = _run_canary("system", system)
     for method in sorted(MODELS):
-        out[f"model:{method}"] = _run_canary("model", method)
+        out[f"model:{method}"] = training_digest(method)
     return out
 
 
