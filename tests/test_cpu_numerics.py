@@ -108,15 +108,22 @@ def test_native_kernels_target_and_cache_key_follow_the_mode(monkeypatch, tmp_pa
     assert _store.target(tmp_path) != native_lib  # one cached build per target
 
 
+#: What a child must not inherit: the modes under test, and this session's store and server.
+_NOT_INHERITED = (
+    *_numerics.PORTABLE_ENV,
+    _numerics.MODE_VARIABLE,
+    "MLFLOW_TRACKING_URI",
+    "NLLAB_ARTIFACT_ROOT",
+    "PREFECT_HOME",
+    "PREFECT_API_URL",
+)
+
+
 def _child(*args: str, **env: str) -> subprocess.CompletedProcess:
-    clean = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in (*_numerics.PORTABLE_ENV, "NLLAB_CPU_NUMERICS")
-    }
+    clean = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
     clean.update(PYTHONPATH=str(ROOT), **env)
     return subprocess.run(
-        [sys.executable, *args], env=clean, capture_output=True, text=True, timeout=600
+        [sys.executable, *args], env=clean, cwd=ROOT, capture_output=True, text=True, timeout=600
     )
 
 
@@ -162,3 +169,30 @@ def test_native_mode_keeps_the_users_capability_and_its_bits_differ(tmp_path):
     out = _child("-c", code, NLLAB_CPU_NUMERICS="bogus", ATEN_CPU_CAPABILITY="default")
     assert out.stdout.strip() == "AVX2", out.stderr
     assert "NLLAB_CPU_NUMERICS must be one of portable, native; got 'bogus'" in out.stderr
+
+
+@pytest.mark.slow
+def test_smoke_benchmark_bits_whatever_aten_cpu_capability(tmp_path):
+    """The user's view: ``nllab benchmark --profile smoke`` (three models on the spiral) with
+    ``ATEN_CPU_CAPABILITY=default`` and ``=avx2`` in the environment stores test RMSEs with the
+    same bits in the default mode."""
+    import sqlite3
+
+    if not _numerics._portable_cpu():
+        pytest.skip("the portable mode needs an x86-64 CPU with AVX2 and FMA")
+    scores = {}
+    for capability in ("default", "avx2"):
+        home = tmp_path / capability
+        env = {"ATEN_CPU_CAPABILITY": capability, "NLLAB_HOME": str(home)}
+        args = ("--profile", "smoke", "--systems", "spiral_dde")
+        methods = ("--methods", "neural_laplace,latent_ode,node")
+        out = _child("-m", "flows.cli", "benchmark", *args, *methods, **env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        with sqlite3.connect(home / "mlflow" / "mlflow.db") as db:
+            rows = db.execute(
+                "SELECT r.name, m.value FROM metrics m JOIN runs r ON m.run_uuid = r.run_uuid"
+                " WHERE m.key = 'test_rmse'"
+            ).fetchall()
+        scores[capability] = {name: float(v).hex() for name, v in rows}
+    assert len(scores["avx2"]) == 3
+    assert scores["default"] == scores["avx2"]
