@@ -97,7 +97,7 @@ def source_key() -> str:
     re-read each call: a few milliseconds)."""
     h = hashlib.sha256(f"{_FORMAT}; {_versions()}".encode())
     h.update(os.environ.get("NLLAB_NATIVE", "auto").encode())
-    h.update(cpu_mode_in_effect().encode())
+    h.update(_cpu_mark().encode())
     files: list[Path] = []
     for name in _SOURCES:
         p = _ROOT / name
@@ -192,13 +192,20 @@ def _train_canary(method: str, h: hashlib._Hash) -> None:
                 _digest(h, predict(model, val_split))
 
 
+def _cpu_mark() -> str:
+    """The CPU numerics mode as fingerprints hash it: empty in the native mode, so that runs
+    from before the portable mode (all native) keep their fingerprints."""
+    mode = cpu_mode_in_effect()
+    return f"; cpu={mode}" if mode.startswith("portable") else ""
+
+
 def _model_canary(method: str) -> str:
     from nlmodels import native_cpu_kernels
 
     h = hashlib.sha256(f"{_FORMAT}; {_versions()}; {method}".encode())
     # which fast path the eager step runs: native kernels and their torch twins are not
-    # bitwise equal, so each has its own fingerprint; so has each CPU numerics mode
-    h.update(f"native={native_cpu_kernels()}; cpu={cpu_mode_in_effect()}".encode())
+    # bitwise equal, so each has its own fingerprint; so has the portable CPU mode
+    h.update(f"native={native_cpu_kernels()}{_cpu_mark()}".encode())
     _train_canary(method, h)
     return h.hexdigest()[:16]
 
