@@ -10,7 +10,8 @@ commented (unlike a hash of the source, as Prefect's task cache or DVC key on).
   :func:`tasks.pipeline.build_cell_model` draws them) on fixed synthetic data, float64, CPU, one
   torch thread, through :func:`tasks.packing.train_packed` one by one (the eager step of
   :func:`tasks.training.train`: Neural Laplace's native kernels, or their torch twins, whichever
-  this process runs — named in the hash) and as a pack of two seeds (the vmapped step, plain
+  this process runs — named in the hash, with the CPU numerics mode in effect,
+  :mod:`nlmodels._numerics`) and as a pack of two seeds (the vmapped step, plain
   formulas): the losses, the weights after them and a forecast.
 * **system**: a small simulation (:func:`datasets.simulate`, 4 trajectories) and its split
   (:func:`datasets.prepare`): every array's bytes.
@@ -44,6 +45,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nlmodels._numerics import cpu_mode_in_effect
 from tasks._notify import notify_once
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "source_key",
     "stale",
     "system_fingerprint",
+    "training_digest",
     "warm",
 ]
 
@@ -89,10 +92,12 @@ def _hash_files(paths: Iterable[Path], h: hashlib._Hash) -> None:
 
 
 def source_key() -> str:
-    """A hash of the source files a cell's numbers depend on, the versions and the native
-    kernels' mode (the cache key of every fingerprint; re-read each call: a few milliseconds)."""
+    """A hash of the source files a cell's numbers depend on, the versions, the native
+    kernels' mode and the CPU numerics mode in effect (the cache key of every fingerprint;
+    re-read each call: a few milliseconds)."""
     h = hashlib.sha256(f"{_FORMAT}; {_versions()}".encode())
     h.update(os.environ.get("NLLAB_NATIVE", "auto").encode())
+    h.update(_cpu_mark().encode())
     files: list[Path] = []
     for name in _SOURCES:
         p = _ROOT / name
@@ -147,18 +152,15 @@ def _canary_splits(state_dim: int = 2):
     return split(slice(0, 8)), split(slice(8, 12))
 
 
-def _model_canary(method: str) -> str:
-    from nlmodels import build_model, native_cpu_kernels
+def _train_canary(method: str, h: hashlib._Hash) -> None:
+    """Feed ``h`` the canary training's bytes: losses, weights after them and a forecast."""
+    from nlmodels import build_model
     from tasks.config import TrainConfig
     from tasks.packing import train_packed
     from tasks.training import predict, seeded
 
     config = TrainConfig(epochs=2, patience=None, batch_size=4, lr=1e-2, grad_clip=1.0)
     train_split, val_split = _canary_splits()
-    h = hashlib.sha256(f"{_FORMAT}; {_versions()}; {method}".encode())
-    # which fast path the eager step runs: native kernels and their torch twins are not
-    # bitwise equal, so each has its own fingerprint
-    h.update(f"native={native_cpu_kernels()}".encode())
     for pack in (False, True):
         seeds = [0, 1] if pack else [0]
         models = []
@@ -188,6 +190,31 @@ def _model_canary(method: str) -> str:
                 state = model.state_dict()
                 _digest(h, *(state[k] for k in sorted(state)))
                 _digest(h, predict(model, val_split))
+
+
+def _cpu_mark() -> str:
+    """The CPU numerics mode as fingerprints hash it: empty in the native mode, so that runs
+    from before the portable mode (all native) keep their fingerprints."""
+    mode = cpu_mode_in_effect()
+    return f"; cpu={mode}" if mode.startswith("portable") else ""
+
+
+def _model_canary(method: str) -> str:
+    from nlmodels import native_cpu_kernels
+
+    h = hashlib.sha256(f"{_FORMAT}; {_versions()}; {method}".encode())
+    # which fast path the eager step runs: native kernels and their torch twins are not
+    # bitwise equal, so each has its own fingerprint; so has the portable CPU mode
+    h.update(f"native={native_cpu_kernels()}{_cpu_mark()}".encode())
+    _train_canary(method, h)
+    return h.hexdigest()[:16]
+
+
+def training_digest(method: str) -> str:
+    """The canary training's bytes alone (no versions, modes or format), one torch thread: what
+    the tests pin, so a CPU that computes other bytes fails naming the model."""
+    h = hashlib.sha256()
+    _one_thread(_train_canary, method, h)
     return h.hexdigest()[:16]
 
 
@@ -240,13 +267,17 @@ def _fingerprint(kind: str, name: str, key: str) -> str:
     return fp
 
 
-def _run_canary(kind: str, name: str) -> str:
+def _one_thread(fn, *args):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # reductions split over threads round differently
     try:
-        return _model_canary(name) if kind == "model" else _system_canary(name)
+        return fn(*args)
     finally:
         torch.set_num_threads(threads)
+
+
+def _run_canary(kind: str, name: str) -> str:
+    return _one_thread(_model_canary if kind == "model" else _system_canary, name)
 
 
 def _write(path: Path, record: Mapping[str, object]) -> None:

@@ -24,7 +24,7 @@ import torch
 
 from datasets import Dataset, Prepared, data_home, load_or_simulate, prepare
 from nlmodels import ForecastModel, build_model, native_cpu_kernels
-from nlmodels._numerics import numerics_tag
+from nlmodels._numerics import cpu_mode_in_effect, numerics_tag
 from tasks._declarations import ensure_declared
 from tasks.config import CellConfig, DataConfig
 from tasks.evaluation import (
@@ -283,6 +283,7 @@ def _training_tags(cell: CellConfig, result: TrainResult, device: torch.device) 
         "packed_members": result.packed_members,
         "cuda_graphs": result.graphs,
         "numerics": numerics_tag(),
+        RunTags.CPU_NUMERICS: cpu_mode_in_effect(),
         # float64 CPU training of Neural Laplace, unpacked, runs the fused C kernels
         "native_cpu_kernels": cell.method == "neural_laplace"
         and cell.training.dtype == "float64"

@@ -26,6 +26,9 @@ os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 # handler would keep writing to that test's closed stream. Import it here, outside any capture.
 import prefect.main  # noqa: E402, F401  (sets up Prefect's logging)
 
+# The CPU numerics mode (nlmodels._numerics) before any test module computes with torch.
+import nlmodels  # noqa: E402, F401
+
 
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_SESSION_HOME, ignore_errors=True)

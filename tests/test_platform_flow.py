@@ -9,6 +9,7 @@ import pytest
 from datasets import load_or_simulate, prepare
 from flows import registry_name, run_benchmark
 from nlmodels import native_cpu_kernels
+from nlmodels._numerics import cpu_mode_in_effect
 from tasks import load_registered_model
 from tasks.cell import CellRuntime, run_cell
 from tasks.config import CellConfig, TrainConfig, resolve_config
@@ -78,8 +79,10 @@ def test_child_runs_hold_params_metrics_tags_artifacts(first):
         # which CPU path trained it: the native kernels serve float64 Neural Laplace only
         native = tags["method"] == "neural_laplace" and native_cpu_kernels()
         assert tags["native_cpu_kernels"] == str(native)
-        # the run's matrix-product numerics: MKL's strict reproducible mode, in effect
-        assert tags["numerics"].startswith("mkl_cbwr=AUTO,STRICT; position_independent=True;")
+        # the run's CPU numerics mode (portable by default) and MKL's strict mode, in effect
+        cpu = cpu_mode_in_effect()
+        assert tags["numerics.cpu"] == cpu and tags["numerics"].startswith(f"cpu={cpu}; mkl_")
+        assert "STRICT; position_independent=True;" in tags["numerics"]
         assert params["training.epochs"] == "2" and params["data.n_trajectories"] == "40"
         assert params["device"] == "auto" and int(params["n_parameters"]) > 100
         for name in ("train_loss", "val_loss", "val_rmse", "epoch_seconds", "nfe"):

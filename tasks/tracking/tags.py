@@ -37,6 +37,7 @@ class RunTags:
     #: Numerics fingerprints of the code that trained a cell (:mod:`tasks.numerics`).
     NUMERICS_MODEL = "numerics.model"
     NUMERICS_SYSTEM = "numerics.system"
+    CPU_NUMERICS = "numerics.cpu"  # portable or native CPU arithmetic (nlmodels._numerics)
     #: A hash of a benchmark's experiment (its config without execution settings).
     EXPERIMENT_HASH = "nllab.experiment_hash"
     ERROR = "error"

@@ -8,13 +8,15 @@ as a single vectorised loop (inline polynomial exp, sin and cos).
 ``torch.compile``.
 
 The kernels are plain C99, no Python or torch headers, so one quick build serves, with
-the system C compiler (``$CC``, else ``cc``), at ``-O3 -march=native``. How the build is cached,
+the system C compiler (``$CC``, else ``cc``), at ``-O3``, for the target of the CPU numerics
+mode (:mod:`nlmodels._numerics`: ``-march=x86-64-v3 -ffp-contract=off`` portable, ``-march=native``
+native). How the build is cached,
 verified (hash, owner and permissions) and first self-tested in a child process is in
 :mod:`nlmodels.accel.native._store`.
 
 ``NLLAB_NATIVE`` selects the mode: ``auto`` (default: use the kernels when they build, else warn
 once and keep the pure-torch path), ``0`` (never use them) or ``1`` (they must build: raise).
-``NLLAB_NATIVE_MARCH`` sets ``-march`` (default ``native``; ``haswell`` gives the AVX2 build).
+``NLLAB_NATIVE_MARCH`` overrides ``-march`` (e.g. ``haswell`` gives the AVX2 build).
 Every kernel has a pure-torch twin that the tests hold it to.
 
 :func:`call` checks every argument before C sees it: the count, each integer, and each tensor's

@@ -36,14 +36,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from nlmodels._numerics import PORTABLE_MARCH, cpu_features, portable
 from nlmodels.accel.native._selftest import self_test
 
 SOURCE = Path(__file__).with_name("kernels.c")
 #: The self-test run in a child process for a new build (a script: it imports neither torch nor
 #: this package, so the child starts in a few tens of milliseconds).
 SELF_TEST_SCRIPT = Path(__file__).with_name("_selftest.py")
-# 512-bit vectors where the CPU has them (GCC otherwise caps auto-vectorisation at 256 bits)
-_FLAGS = ("-O3", "-mprefer-vector-width=512", "-fPIC", "-shared", "-std=gnu11")
+_FLAGS = ("-O3", "-fPIC", "-shared", "-std=gnu11")
+# Native mode: 512-bit vectors where the CPU has them (GCC otherwise caps auto-vectorisation at
+# 256 bits). Portable mode: no FMA contraction, so every operation rounds as the C source says
+# and the bytes do not depend on the compiler's choice of fused operations (no -ffast-math in
+# either mode: reductions keep the source's order).
+_NATIVE_FLAGS = ("-mprefer-vector-width=512",)
+_PORTABLE_FLAGS = ("-ffp-contract=off",)
 _PASSED = "passed"
 
 _private_dir: Path | None = None
@@ -51,20 +57,13 @@ _private_lock = threading.Lock()
 
 
 def flags() -> tuple[str, ...]:
-    """Compiler flags; ``$NLLAB_NATIVE_MARCH`` (default ``native``) picks the target CPU, e.g.
-    ``haswell`` for the AVX2 + FMA build on any newer CPU (the tests run both builds)."""
-    return (f"-march={os.environ.get('NLLAB_NATIVE_MARCH') or 'native'}", *_FLAGS)
-
-
-def cpu_features() -> str:
-    """This CPU's feature flags (the build uses -march=native, so they are part of the key)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
+    """Compiler flags of the CPU numerics mode (:mod:`nlmodels._numerics`): portable
+    ``-march=x86-64-v3 -ffp-contract=off``, native ``-march=native``;
+    ``$NLLAB_NATIVE_MARCH`` overrides the target CPU, e.g. ``haswell`` for the AVX2 + FMA build
+    on any newer CPU (the tests run both builds)."""
+    own = _PORTABLE_FLAGS if portable() else _NATIVE_FLAGS
+    march = os.environ.get("NLLAB_NATIVE_MARCH") or (PORTABLE_MARCH if portable() else "native")
+    return (f"-march={march}", *_FLAGS, *own)
 
 
 def _default_dir() -> Path:
