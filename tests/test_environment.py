@@ -30,7 +30,7 @@ print(json.dumps(seen))
 
 
 @pytest.mark.parametrize(
-    "first", ["tasks.tracking", "tasks.prefect_tasks", "flows.benchmark", "flows._runtime"]
+    "first", ["tasks.tracking._store", "tasks.prefect_tasks", "flows.benchmark", "flows._runtime"]
 )
 def test_offline_switches_are_set_before_mlflow_and_prefect_load(first, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in _OFFLINE}
