@@ -143,13 +143,7 @@ def _canary_splits(state_dim: int = 2):
     k = np.arange(12, dtype=np.float64)[:, None, None]
     d = np.arange(state_dim, dtype=np.float64)[None, None, :]
     x = np.exp(-0.3 * t)[None, :, None] * np.sin((1.0 + 0.25 * k) * t[None, :, None] + k + d)
-
-    def split(rows: slice) -> SplitData:
-        xs = x[rows]
-        idx = np.arange(12)[rows]
-        return SplitData(t[:10], xs[:, :10], t[10:], xs[:, 10:], xs[:, 10:], idx, xs[:, 0])
-
-    return split(slice(0, 8)), split(slice(8, 12))
+    return SplitData.from_trajectories(t, x[:8], 10), SplitData.from_trajectories(t, x[8:], 10)
 
 
 def _train_canary(method: str, h: hashlib._Hash) -> None:
