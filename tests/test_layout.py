@@ -39,6 +39,15 @@ def _is_type_checking(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
+def _source_module(name: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The dotted module a ``from ... import`` in module ``name`` reads from (relative resolved)."""
+    if not node.level:
+        return node.module or ""
+    base = name.split(".") if is_package else name.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
 def _imported_names(name: str, path: Path) -> set[str]:
     """Dotted names of everything ``name`` imports (a ``from pkg import sub`` counts as
     ``pkg.sub`` when ``sub`` is a module), outside ``if TYPE_CHECKING:`` blocks."""
@@ -52,12 +61,7 @@ def _imported_names(name: str, path: Path) -> set[str]:
             if isinstance(child, ast.Import):
                 out.update(a.name for a in child.names)
             elif isinstance(child, ast.ImportFrom):
-                if child.level:
-                    base = name.split(".") if is_package else name.split(".")[:-1]
-                    base = base[: len(base) - (child.level - 1)]
-                    module = ".".join([*base, *([child.module] if child.module else [])])
-                else:
-                    module = child.module or ""
+                module = _source_module(name, is_package, child)
                 for alias in child.names:
                     full = f"{module}.{alias.name}"
                     out.add(full if full in MODULES else module)
@@ -228,12 +232,7 @@ def _private_imports(trees: dict[str, ast.Module]) -> set[str]:
         aliases: dict[str, str] = {}
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = name.split(".") if is_package else name.split(".")[:-1]
-                    base = base[: len(base) - (node.level - 1)]
-                    module = ".".join([*base, *([node.module] if node.module else [])])
-                else:
-                    module = node.module or ""
+                module = _source_module(name, is_package, node)
                 for alias in node.names:
                     full = f"{module}.{alias.name}"
                     if full in MODULES:
