@@ -16,6 +16,7 @@ from torch.nn.utils import parametrize
 
 from nlmodels import ForecastModel
 from nlmodels.base import recorded_host_bools
+from tasks._member_products import MemberProducts
 from tasks._packed_gru import replace_gru_modules
 from tasks._steps import Tensors, record_step, uses_mse
 
@@ -153,6 +154,8 @@ class Packer:
         self.neg_step = torch.zeros((), dtype=torch.float64, device=device)
         self.bc2_sqrt = torch.zeros((), dtype=torch.float64, device=device)
         self.batch_no = torch.zeros((), dtype=torch.long, device=device)
+        # A member's matrix-vector products as its pack of one computes them (1-D systems).
+        self.products = MemberProducts(device)
 
     # ----- state -----------------------------------------------------------------------------
 
@@ -291,6 +294,10 @@ class Packer:
         """Each member's validation loss and RMSE ``([M], [M])``, on the device, as
         :func:`tasks._steps.validate` computes them for one cell (the loss of a model with its
         own objective: that objective averaged over the validation batches)."""
+        with self.products.scope(("validate", batch_size), len(pack.members)):
+            return self._validate(pack, batch_size)
+
+    def _validate(self, pack: Pack, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         n_val = pack.val_obs_x.shape[1]
         starts = range(0, n_val, batch_size)
         preds = torch.cat(
@@ -319,9 +326,10 @@ class Packer:
         obs_x = pack.obs_x[pack.rows, idx]
         target = pack.target[pack.rows, idx]
         saved = self._saved_buffers(pack)
-        losses = self.losses(pack, obs_x, target)
         names = list(pack.params)
-        grads = torch.autograd.grad(losses.sum(), [pack.params[n] for n in names])
+        with self.products.scope(("step", batch), len(pack.members)):
+            losses = self.losses(pack, obs_x, target)
+            grads = torch.autograd.grad(losses.sum(), [pack.params[n] for n in names])
         with torch.no_grad():
             active = pack.active.clone()
             norm = None

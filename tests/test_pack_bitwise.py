@@ -18,13 +18,15 @@ from test_packing import _split
 
 from datasets import SplitData
 from nlmodels import build_model
+from tasks._member_products import MemberProducts
 from tasks.config import TrainConfig
 from tasks.packing import train_packed
 from tasks.training import TrainResult, seeded, train
 
-# The quick profile's shapes (tasks/profiles/quick.yaml; 2-D systems: 100 observed and 100
-# predicted points, batches of 32) and its models' default sizes; fewer trajectories and
-# epochs keep the default test quick (the slow variant below runs the quick profile itself).
+# The quick profile's shapes (tasks/profiles/quick.yaml; 1-D and 2-D systems alike: 100
+# observed and 100 predicted points, batches of 32) and its models' default sizes; fewer
+# trajectories and epochs keep the default test quick (the slow variants below run the quick
+# profile itself).
 _QUICK = {"batch_size": 32, "lr": 0.003, "patience": None}
 MODELS = ("node", "anode", "nf_coupling", "nf_resnet", "latent_ode", "neural_laplace")
 # Never packed on the CPU by the engine (tasks.packing.prefers_one_by_one): their unpacked run
@@ -41,14 +43,14 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-def _member(seed: int, t_end: float, n_train: int) -> tuple[SplitData, SplitData]:
-    grid = {"t_o": 100, "t_q": 100, "t_end": t_end}
+def _member(seed: int, t_end: float, n_train: int, dim: int) -> tuple[SplitData, SplitData]:
+    grid = {"t_o": 100, "t_q": 100, "t_end": t_end, "dim": dim}
     return _split(100 + seed, n_train, **grid), _split(200 + seed, 20, **grid)
 
 
-def _model(name: str, seed: int):
+def _model(name: str, seed: int, dim: int):
     with seeded(seed):
-        return build_model(name, 2)
+        return build_model(name, dim)
 
 
 def _same_bytes(a: tuple, b: tuple) -> None:
@@ -63,19 +65,19 @@ def _same_bytes(a: tuple, b: tuple) -> None:
         assert torch.equal(sa[name], sb[name]), name
 
 
-def _runs(name: str, epochs: int, n_train: int, grids=(3.0, 5.0, 2.0, 3.0)):
+def _runs(name: str, epochs: int, n_train: int, grids=(3.0, 5.0, 2.0, 3.0), dim: int = 2):
     cfg = TrainConfig(epochs=epochs, **_QUICK)
-    data = [_member(s, t_end, n_train) for s, t_end in enumerate(grids)]
+    data = [_member(s, t_end, n_train, dim) for s, t_end in enumerate(grids)]
 
     def alone(i: int, packed_members: int):
         """Member ``i``'s unpacked run, to compare with its result in a pack of
         ``packed_members`` (one: the pack trained it alone, by ``train``)."""
         step = "packed" if name in ONE_BY_ONE_ON_CPU and packed_members > 1 else "auto"
-        model = _model(name, i)
+        model = _model(name, i, dim)
         return model, train(model, *data[i], cfg, seed=i, step=step)
 
     def packed(members: list[int]):
-        models = [_model(name, i) for i in members]
+        models = [_model(name, i, dim) for i in members]
         results = train_packed(
             models,
             [data[i][0] for i in members],
@@ -88,15 +90,8 @@ def _runs(name: str, epochs: int, n_train: int, grids=(3.0, 5.0, 2.0, 3.0)):
     return alone, packed
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_a_cross_system_member_is_bitwise_its_unpacked_run(name):
-    """Members of three systems (three time grids) in one pack: each is its own run alone,
-    bit for bit, and a member's bytes are the same in another pack (other mates, order, size;
-    here with a mate on its own grid, which the Latent ODE packs itself with).
-
-    Packed Neural Laplace and Latent ODE members are compared with their pack of one (see
-    ``ONE_BY_ONE_ON_CPU``); the Latent ODE's cross-system pack trains one pack per grid."""
-    alone, packed = _runs(name, epochs=2, n_train=64)
+def _check_cross_system(name: str, dim: int) -> None:
+    alone, packed = _runs(name, epochs=2, n_train=64, dim=dim)
     full = packed([0, 1, 2])
     size = 1 if name == "latent_ode" else 3
     assert all(r.packed_members == size for _, r in full.values())
@@ -109,25 +104,70 @@ def test_a_cross_system_member_is_bitwise_its_unpacked_run(name):
         _same_bytes(full[0], pair[0])
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
-def test_the_quick_profile_pack_is_bitwise_its_unpacked_runs(name):
-    """The quick profile's own pack (stiff Van der Pol, spiral and Lotka–Volterra DDEs, 200
-    trajectories, its epochs per model): each member equals its unpacked run bit for bit."""
+def test_a_cross_system_member_is_bitwise_its_unpacked_run(name):
+    """Members of three systems (three time grids) in one pack: each is its own run alone,
+    bit for bit, and a member's bytes are the same in another pack (other mates, order, size;
+    here with a mate on its own grid, which the Latent ODE packs itself with).
+
+    Packed Neural Laplace and Latent ODE members are compared with their pack of one (see
+    ``ONE_BY_ONE_ON_CPU``); the Latent ODE's cross-system pack trains one pack per grid."""
+    _check_cross_system(name, 2)
+
+
+@pytest.mark.parametrize(
+    "name", ["node", *(pytest.param(n, marks=pytest.mark.slow) for n in MODELS if n != "node")]
+)
+def test_a_1d_member_is_bitwise_its_unpacked_run(name):
+    """The same for 1-D systems (Mackey–Glass, piecewise forcing, integro-differential): their
+    products with one output column (NODE's last layer and its weight gradient) are
+    matrix–vector products, which MKL rounds differently in a batch of one (a pack of one)
+    and in a batch of several; the pack computes them member by member
+    (:mod:`tasks._member_products`). NODE failed here before (34.79543030250215 alone against
+    …214 packed in epoch 0's loss on piecewise forcing, quick profile)."""
+    _check_cross_system(name, 1)
+
+
+@pytest.mark.parametrize("rows, cols", [(32, 1), (1, 32), (32, 2)])
+def test_a_packs_matrix_vector_products_are_its_members_batch_of_one_products(rows, cols):
+    """Under :class:`MemberProducts` a batched product of three members gives each member its
+    batch-of-one product (the pack of one's), bit for bit, and the scope remembers whether a
+    step shape needed it (only matrix–vector shapes do)."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(3, rows, 128, generator=g, dtype=torch.float64)
+    b = torch.randn(3, 128, cols, generator=g, dtype=torch.float64)
+    products = MemberProducts(torch.device("cpu"))
+    for _ in range(2):  # the second time with what the first found out
+        with products.scope("probe", 3):
+            out = torch.bmm(a, b)
+        for j in range(3):
+            assert torch.equal(out[j], torch.bmm(a[j : j + 1], b[j : j + 1])[0]), j
+    assert products.needed == {("probe", 3): 1 in (rows, cols)}
+
+
+_QUICK_PACKS = {
+    2: ("stiff_van_der_pol", "spiral_dde", "lotka_volterra_dde"),
+    1: ("mackey_glass_dde", "piecewise_forcing_ode", "integro_de"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dim", sorted(_QUICK_PACKS))
+@pytest.mark.parametrize("name", MODELS)
+def test_the_quick_profile_pack_is_bitwise_its_unpacked_runs(name, dim):
+    """The quick profile's own packs (its 2-D systems: stiff Van der Pol, spiral and
+    Lotka–Volterra DDEs; its 1-D ones: Mackey–Glass, piecewise forcing, integro-differential;
+    200 trajectories, its epochs per model): each member equals its unpacked run bit for bit."""
     from tasks.config import resolve_config
     from tasks.pipeline import build_cell_model, prepare_cell, simulate_data
 
     cfg = resolve_config("quick", overrides={"methods": [name], "progress": False})
-    cells = [
-        c
-        for c in cfg.cells()
-        if c.system in ("stiff_van_der_pol", "spiral_dde", "lotka_volterra_dde")
-    ]
+    cells = [c for c in cfg.cells() if c.system in _QUICK_PACKS[dim]]
     assert len(cells) == 3
     splits = [prepare_cell(c, simulate_data(c.system, c.data, c.seed)) for c in cells]
     # the Latent ODE's three grids: three packs of one (trained alone, by train)
     step = "packed" if name == "neural_laplace" else "auto"
-    models = [build_cell_model(c, 2)[0] for c in cells]
+    models = [build_cell_model(c, dim)[0] for c in cells]
     results = train_packed(
         models,
         [p.train for p in splits],
@@ -136,7 +176,7 @@ def test_the_quick_profile_pack_is_bitwise_its_unpacked_runs(name):
         seeds=[c.seed for c in cells],
     )
     for c, p, m, r in zip(cells, splits, models, results, strict=True):
-        model = build_cell_model(c, 2)[0]
+        model = build_cell_model(c, dim)[0]
         result = train(model, p.train, p.val, c.training, seed=c.seed, step=step)
         _same_bytes((model, result), (m, r))
         assert np.isfinite(result.best_val_rmse)
