@@ -26,6 +26,7 @@ position in its pack. :func:`mkl_position_independent` checks that the mode took
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import sys
@@ -79,6 +80,7 @@ def cpu_mode() -> str:
     return mode
 
 
+@functools.cache  # a process's CPU does not change: /proc/cpuinfo read once, not per cell
 def _portable_cpu() -> bool:
     flags = set(cpu_features().split())
     return platform.machine().lower() in ("x86_64", "amd64") and {"avx2", "fma"} <= flags
