@@ -41,7 +41,15 @@ import torch
 
 from nlmodels.accel.native import _store
 
-__all__ = ["NativeUnavailable", "call", "kernels", "native_enabled", "usable"]
+__all__ = [
+    "NativeUnavailable",
+    "build_failure",
+    "call",
+    "kernels",
+    "library",
+    "native_enabled",
+    "usable",
+]
 
 _MODES = {"auto", "0", "1"}
 _lock = threading.Lock()
@@ -182,6 +190,19 @@ _KERNELS = {
         ),
         _sphere_backward_shapes,
     ),
+    # raw operands: called only by nlmodels.accel.portable, which passes each tensor's own
+    # strides and a fresh contiguous output (see there); `call` is not its path
+    "nl_matmul": _Kernel(
+        _p(
+            "batch:i64 m:i64 n:i64 k:i64 a:ptr a_batch:i64 a_row:i64 a_col:i64 b:ptr "
+            "b_batch:i64 b_row:i64 b_col:i64 c:tensor"
+        ),
+        lambda s: {"c": (s.batch, s.m, s.n)},
+        returns_status=True,
+    ),
+    "nl_unary": _Kernel(
+        _p("op:int kind:int n:i64 x:ptr y:ptr"), lambda s: {}, returns_status=True
+    ),
     "nl_vector_math": _Kernel(
         _p("op:int n:i64 x:tensor y:tensor"), lambda a: {"x": (a.n,), "y": (a.n,)}
     ),
@@ -194,6 +215,7 @@ _CTYPES = {
     "double": ctypes.c_double,
     "tensor": ctypes.c_void_p,
     "tensor?": ctypes.c_void_p,
+    "ptr": ctypes.c_void_p,  # a strided operand (see nl_matmul)
 }
 
 
@@ -252,6 +274,25 @@ def kernels() -> ctypes.CDLL | None:
     return _library
 
 
+def build_failure() -> str | None:
+    """Why the library could not be built or loaded (None: it loaded, or was never tried)."""
+    return _failure
+
+
+def library() -> ctypes.CDLL | None:
+    """The kernel library whatever ``NLLAB_NATIVE`` says (the portable matrix products need
+    it even where Neural Laplace keeps its pure-torch path), or None when it cannot be built
+    or loaded (:func:`build_failure` says why). Never warns."""
+    global _library, _failure
+    with _lock:
+        if _library is None and _failure is None:
+            try:
+                _library = _load()
+            except (OSError, AttributeError, subprocess.SubprocessError) as error:
+                _failure = " ".join(str(error).split())
+    return _library
+
+
 def native_enabled() -> bool:
     """Whether the native kernels are in use in this process."""
     return kernels() is not None
@@ -274,6 +315,8 @@ def _checked(name: str, args: tuple[object, ...]) -> list[object]:
     if len(args) != len(kernel.params):
         names = ", ".join(p for p, _ in kernel.params)
         raise ValueError(f"{name} takes {len(kernel.params)} arguments ({names}), got {len(args)}")
+    if any(kind == "ptr" for _, kind in kernel.params):
+        raise ValueError(f"{name} takes raw operands: nlmodels.accel.portable calls it")
     sizes = {}
     for (param, kind), arg in zip(kernel.params, args):
         if kind in ("i64", "int"):

@@ -193,7 +193,7 @@ def build(library: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f"{library.name}.", suffix=".tmp", dir=library.parent)
     os.close(fd)
     try:
-        result = _patiently([compiler, *flags(), str(SOURCE), "-o", tmp], BUILD_TIMEOUTS)
+        result = _patiently([compiler, *flags(), str(SOURCE), "-o", tmp, "-lmvec", "-lm"], BUILD_TIMEOUTS)
         if result.returncode != 0:
             raise OSError(f"{compiler} failed: {result.stderr.strip()[-2000:]}")
         os.chmod(tmp, 0o700)

@@ -650,3 +650,287 @@ void nl_vector_math(int op, i64 n, const double *x, double *y) {
     FOR_VECTORS(n, LANES);
 #undef LANES
 }
+
+/* ---- Matrix products of the portable CPU numerics mode (nlmodels/accel/portable.py) ---------
+ *
+ * c[p][i][j] = sum over l of a[p][i][l] * b[p][l][j], p < batch, for a and b given by element
+ * strides (any layout: transposed and broadcast views need no copy) and c row-major contiguous
+ * [batch][m][n]. Every element starts from its first product (rounded) and adds the others in
+ * increasing l, each by one fused multiply-add (one rounding):
+ *     acc = a[i][0] * b[0][j];  acc = fma(a[i][l], b[l][j], acc) for l = 1 .. k-1.
+ * Vector lanes and register blocks hold different elements, never parts of one sum, so the bits
+ * do not depend on the blocking, the vector width, the packing of operands or the CPU (every
+ * x86-64-v3 CPU has FMA, exactly rounded). Narrow products (n < 8 <= m) are computed as
+ * c^T = b^T a^T, which is the same arithmetic per element. */
+#include <math.h>
+
+/* R rows of a (element (r, l) at a[r * ars + l * acs]) times 4 * V columns of b, whose rows are
+ * contiguous with stride ldb; into c (row stride ldc). */
+#define MM_BLOCK(R, V)                                                                           \
+    static void mm_block_##R##x##V(i64 k, const double *a, i64 ars, i64 acs, const double *b,    \
+                                   i64 ldb, double *c, i64 ldc)                                  \
+    {                                                                                            \
+        __m256d acc[R][V];                                                                       \
+        for (int r = 0; r < R; ++r) {                                                            \
+            const __m256d ar = _mm256_set1_pd(a[r * ars]);                                       \
+            for (int v = 0; v < V; ++v) acc[r][v] = _mm256_mul_pd(ar, _mm256_loadu_pd(b + 4 * v)); \
+        }                                                                                        \
+        for (i64 l = 1; l < k; ++l) {                                                            \
+            const double *bl = b + l * ldb;                                                      \
+            __m256d bv[V];                                                                       \
+            for (int v = 0; v < V; ++v) bv[v] = _mm256_loadu_pd(bl + 4 * v);                     \
+            for (int r = 0; r < R; ++r) {                                                        \
+                const __m256d ar = _mm256_set1_pd(a[r * ars + l * acs]);                         \
+                for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_pd(ar, bv[v], acc[r][v]);   \
+            }                                                                                    \
+        }                                                                                        \
+        for (int r = 0; r < R; ++r)                                                              \
+            for (int v = 0; v < V; ++v) _mm256_storeu_pd(c + r * ldc + 4 * v, acc[r][v]);        \
+    }
+MM_BLOCK(4, 2)
+MM_BLOCK(3, 2)
+MM_BLOCK(2, 2)
+MM_BLOCK(1, 2)
+MM_BLOCK(4, 1)
+MM_BLOCK(3, 1)
+MM_BLOCK(2, 1)
+MM_BLOCK(1, 1)
+
+typedef void (*mm_block_fn)(i64, const double *, i64, i64, const double *, i64, double *, i64);
+static const mm_block_fn MM_BLOCKS[2][5] = {
+    {NULL, mm_block_1x1, mm_block_2x1, mm_block_3x1, mm_block_4x1},
+    {NULL, mm_block_1x2, mm_block_2x2, mm_block_3x2, mm_block_4x2},
+};
+
+static inline void mm_columns(int rows, i64 k, const double *a, i64 ars, i64 acs,
+                              const double *b, i64 ldb, double *c, i64 ldc, i64 j)
+{
+    /* one column j of b, the rows' sums interleaved (scalar) */
+    double s[4];
+    for (int r = 0; r < rows; ++r) s[r] = a[r * ars] * b[j];
+    for (i64 l = 1; l < k; ++l)
+        for (int r = 0; r < rows; ++r) s[r] = fma(a[r * ars + l * acs], b[l * ldb + j], s[r]);
+    for (int r = 0; r < rows; ++r) c[r * ldc + j] = s[r];
+}
+
+/* c [m][n] (row stride n) = a (strides ars, acs) times b (contiguous rows, stride ldb) */
+static void mm_core(i64 m, i64 n, i64 k, const double *a, i64 ars, i64 acs, const double *b,
+                    i64 ldb, double *c)
+{
+    const i64 full = m - m % 4;
+    for (i64 i = 0; i < full; i += 4) { /* the bulk: direct calls the compiler can inline */
+        const double *ai = a + i * ars;
+        double *ci = c + i * n;
+        i64 j = 0;
+        for (; j + 8 <= n; j += 8) mm_block_4x2(k, ai, ars, acs, b + j, ldb, ci + j, n);
+        for (; j + 4 <= n; j += 4) mm_block_4x1(k, ai, ars, acs, b + j, ldb, ci + j, n);
+        for (; j < n; ++j) mm_columns(4, k, ai, ars, acs, b, ldb, ci, n, j);
+    }
+    if (full < m) {
+        const int rows = (int)(m - full);
+        const double *ai = a + full * ars;
+        double *ci = c + full * n;
+        i64 j = 0;
+        for (; j + 8 <= n; j += 8) MM_BLOCKS[1][rows](k, ai, ars, acs, b + j, ldb, ci + j, n);
+        for (; j + 4 <= n; j += 4) MM_BLOCKS[0][rows](k, ai, ars, acs, b + j, ldb, ci + j, n);
+        for (; j < n; ++j) mm_columns(rows, k, ai, ars, acs, b, ldb, ci, n, j);
+    }
+}
+
+/* dst [rows][cols] contiguous from src element (r, q) at src[r * rs + q * cs]; a transposed
+ * source (rs == 1) is copied in 8 x 8 tiles, so that reads and writes both stay in cache */
+static void mm_pack(i64 rows, i64 cols, const double *src, i64 rs, i64 cs, double *dst)
+{
+    if (rs == 1 && cs != 1) {
+        for (i64 q0 = 0; q0 < cols; q0 += 8)
+            for (i64 r0 = 0; r0 < rows; r0 += 8) {
+                const i64 q1 = q0 + 8 < cols ? q0 + 8 : cols, r1 = r0 + 8 < rows ? r0 + 8 : rows;
+                for (i64 q = q0; q < q1; ++q)
+                    for (i64 r = r0; r < r1; ++r) dst[r * cols + q] = src[r + q * cs];
+            }
+    } else {
+        for (i64 r = 0; r < rows; ++r)
+            for (i64 q = 0; q < cols; ++q) dst[r * cols + q] = src[r * rs + q * cs];
+    }
+}
+
+/* one growing scratch buffer per thread: a fresh allocation per product would cost more than
+ * small products themselves (large ones are mmap'ed and page-faulted in every time) */
+static __thread double *mm_scratch;
+static __thread i64 mm_scratch_size;
+
+static double *mm_scratch_of(i64 need)
+{
+    if (need > mm_scratch_size) {
+        double *grown = realloc(mm_scratch, (size_t)need * sizeof(double));
+        if (grown == NULL) return NULL;
+        mm_scratch = grown;
+        mm_scratch_size = need;
+    }
+    return mm_scratch;
+}
+
+int nl_matmul(i64 batch, i64 m, i64 n, i64 k, const double *a, i64 abs_, i64 ars, i64 acs,
+              const double *b, i64 bbs, i64 brs, i64 bcs, double *c)
+{
+    const int narrow = n < 8 && m >= 8;
+    const i64 need = narrow ? k * m + n * m : (bcs == 1 ? 0 : k * n);
+    double *scratch = need ? mm_scratch_of(need) : NULL;
+    if (need && scratch == NULL) return 1;
+    for (i64 p = 0; p < batch; ++p) {
+        const double *ap = a + p * abs_, *bp = b + p * bbs;
+        double *cp = c + p * m * n;
+        if (k == 0) {
+            memset(cp, 0, (size_t)(m * n) * sizeof(double));
+        } else if (narrow) { /* c^T [n][m] = b^T [n][k] a^T [k][m] */
+            double *at = scratch, *ct = scratch + k * m;
+            mm_pack(k, m, ap, acs, ars, at);
+            mm_core(n, m, k, bp, bcs, brs, at, m, ct);
+            mm_pack(m, n, ct, 1, m, cp);
+        } else if (bcs == 1) {
+            mm_core(m, n, k, ap, ars, acs, bp, brs, cp);
+        } else {
+            mm_pack(k, n, bp, brs, bcs, scratch);
+            mm_core(m, n, k, ap, ars, acs, scratch, n, cp);
+        }
+    }
+    return 0;
+}
+
+/* ---- Elementary functions of the portable CPU numerics mode (nlmodels/accel/portable.py) ----
+ *
+ * y[i] = f(x[i]) for contiguous arrays of double, float (computed in double, rounded once),
+ * complex double and complex float. Real arguments go through glibc's vector maths library
+ * (libmvec), always its AVX2 variant (_ZGVdN4v_*, named explicitly): the same code on every
+ * x86-64-v3 CPU, each lane computed on its own (a short tail is padded into a full vector), so an
+ * element's bits depend on its value only; sqrt is the exactly rounded instruction; erfinv is
+ * below. Complex arguments go through C99's complex functions. torch's own CPU kernels for these
+ * functions call MKL's vector maths, whose code paths differ between CPU vendors (even for sqrt). */
+#include <complex.h>
+
+#define UN_FUNCTIONS(X) X(exp) X(expm1) X(log) X(log1p) X(log2) X(log10) X(sin) X(cos) X(tan)   \
+    X(asin) X(acos) X(atan) X(sinh) X(cosh) X(tanh) X(asinh) X(acosh) X(atanh) X(erf) X(erfc)
+#define UN_DECLARE(f) __m256d _ZGVdN4v_##f(__m256d);
+UN_FUNCTIONS(UN_DECLARE)
+#define UN_ENTRY(f) _ZGVdN4v_##f,
+typedef __m256d (*un_vector_fn)(__m256d);
+/* in nlmodels/accel/portable.py's ELEMENTARY order; then erfinv (UN_FUNCTION_COUNT) and sqrt */
+static const un_vector_fn UN_VECTOR[] = {UN_FUNCTIONS(UN_ENTRY)};
+enum { UN_FUNCTION_COUNT = sizeof(UN_VECTOR) / sizeof(UN_VECTOR[0]), UN_ERFINV = UN_FUNCTION_COUNT,
+       UN_SQRT, UN_COUNT };
+
+static double un_erfinv(double y)
+{
+    /* erf^-1 by Newton's method on glibc's erf from a starting point of Giles's single-precision
+     * branches ("Approximating the erfinv function", GPU Computing Gems Jade, 2011); a fixed
+     * number of steps, so the bits depend only on y */
+    if (isnan(y) || y < -1.0 || y > 1.0) return NAN;
+    if (y == 1.0) return INFINITY;
+    if (y == -1.0) return -INFINITY;
+    double w = -log((1.0 - y) * (1.0 + y)), p;
+    if (w < 5.0) {
+        w = w - 2.5;
+        p = 2.81022636e-08;
+        p = 3.43273939e-07 + p * w;
+        p = -3.5233877e-06 + p * w;
+        p = -4.39150654e-06 + p * w;
+        p = 0.00021858087 + p * w;
+        p = -0.00125372503 + p * w;
+        p = -0.00417768164 + p * w;
+        p = 0.246640727 + p * w;
+        p = 1.50140941 + p * w;
+    } else {
+        w = sqrt(w) - 3.0;
+        p = -0.000200214257;
+        p = 0.000100950558 + p * w;
+        p = 0.00134934322 + p * w;
+        p = -0.00367342844 + p * w;
+        p = 0.00573950773 + p * w;
+        p = -0.0076224613 + p * w;
+        p = 0.00943887047 + p * w;
+        p = 1.00167406 + p * w;
+        p = 2.83297682 + p * w;
+    }
+    double x = p * y;
+    for (int step = 0; step < 3; ++step) { /* d/dx erf(x) = 2/sqrt(pi) exp(-x^2) */
+        const double slope = 1.1283791670955126 * exp(-x * x);
+        if (slope == 0.0) break;
+        x = x - (erf(x) - y) / slope;
+    }
+    return x;
+}
+
+static inline __m256d un_vector(int op, __m256d v)
+{
+    if (op < UN_FUNCTION_COUNT) return UN_VECTOR[op](v);
+    if (op == UN_SQRT) return _mm256_sqrt_pd(v);
+    double lanes[4];
+    _mm256_storeu_pd(lanes, v);
+    for (int q = 0; q < 4; ++q) lanes[q] = un_erfinv(lanes[q]);
+    return _mm256_loadu_pd(lanes);
+}
+
+static double complex un_complex(int op, double complex z)
+{
+    switch (op) {
+    case 0: return cexp(z);
+    case 1: return cexp(z) - 1.0;
+    case 2: return clog(z);
+    case 3: return clog(1.0 + z);
+    case 4: return clog(z) / 0.6931471805599453;
+    case 5: return clog(z) / 2.302585092994046;
+    case 6: return csin(z);
+    case 7: return ccos(z);
+    case 8: return ctan(z);
+    case 9: return casin(z);
+    case 10: return cacos(z);
+    case 11: return catan(z);
+    case 12: return csinh(z);
+    case 13: return ccosh(z);
+    case 14: return ctanh(z);
+    case 15: return casinh(z);
+    case 16: return cacosh(z);
+    case 17: return catanh(z);
+    case UN_SQRT: return csqrt(z);
+    default: return NAN; /* erf, erfc, erfinv: refused for complex by the Python side */
+    }
+}
+
+/* kind: 0 double, 1 float, 2 complex double, 3 complex float; returns 1 for a bad op or kind */
+int nl_unary(int op, int kind, i64 n, const void *x, void *y)
+{
+    if (op < 0 || op >= UN_COUNT || kind < 0 || kind > 3) return 1;
+    if (kind == 0) {
+        const double *in = x;
+        double *out = y;
+        i64 i = 0;
+        for (; i + 4 <= n; i += 4) _mm256_storeu_pd(out + i, un_vector(op, _mm256_loadu_pd(in + i)));
+        if (i < n) {
+            double pad[4] = {0.0, 0.0, 0.0, 0.0}, res[4];
+            for (i64 q = i; q < n; ++q) pad[q - i] = in[q];
+            _mm256_storeu_pd(res, un_vector(op, _mm256_loadu_pd(pad)));
+            for (i64 q = i; q < n; ++q) out[q] = res[q - i];
+        }
+    } else if (kind == 1) {
+        const float *in = x;
+        float *out = y;
+        i64 i = 0;
+        for (; i + 4 <= n; i += 4)
+            _mm_storeu_ps(out + i, _mm256_cvtpd_ps(un_vector(op, _mm256_cvtps_pd(_mm_loadu_ps(in + i)))));
+        if (i < n) {
+            float pad[4] = {0.0f, 0.0f, 0.0f, 0.0f}, res[4];
+            for (i64 q = i; q < n; ++q) pad[q - i] = in[q];
+            _mm_storeu_ps(res, _mm256_cvtpd_ps(un_vector(op, _mm256_cvtps_pd(_mm_loadu_ps(pad)))));
+            for (i64 q = i; q < n; ++q) out[q] = res[q - i];
+        }
+    } else if (kind == 2) {
+        const double complex *in = x;
+        double complex *out = y;
+        for (i64 i = 0; i < n; ++i) out[i] = un_complex(op, in[i]);
+    } else {
+        const float complex *in = x;
+        float complex *out = y;
+        for (i64 i = 0; i < n; ++i) out[i] = (float complex)un_complex(op, (double complex)in[i]);
+    }
+    return 0;
+}
