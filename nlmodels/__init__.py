@@ -4,12 +4,19 @@
     model = build_model("neural_laplace", state_dim=2)  # or node, anode, latent_ode, nf_coupling,
     y = model(obs_t, obs_x, query_t)                     # nf_resnet; y is [B, T_q, D]
 
-Pure torch: this package never imports prefect, mlflow or optuna.
+Pure torch: this package never imports prefect, mlflow or optuna. Importing it changes nothing
+in the process; call :func:`set_up_numerics` first to get the CPU numerics the platform's runs
+use (the same bytes on every x86-64 CPU with AVX2 and FMA; see :mod:`nlmodels._numerics`).
 """
 
-# First: MKL's reproducible mode must be set before torch's first matrix product.
-from nlmodels import _numerics  # noqa: F401
 from nlmodels import baselines as _baselines  # noqa: F401  (registers the baseline models)
+from nlmodels._numerics import (
+    NumericsError,
+    NumericsSetup,
+    numerics_in_effect,
+    require_numerics,
+    set_up_numerics,
+)
 from nlmodels.accel.native import native_enabled as native_cpu_kernels
 from nlmodels.base import ForecastModel
 from nlmodels.ilt import ILT_ALGORITHMS, ILTAlgorithm, get_ilt
@@ -32,6 +39,8 @@ __all__ = [
     "ForecastModel",
     "ILTAlgorithm",
     "NeuralLaplace",
+    "NumericsError",
+    "NumericsSetup",
     "build_model",
     "from_sphere",
     "get_ilt",
@@ -41,6 +50,9 @@ __all__ = [
     "model_signature",
     "native_cpu_kernels",
     "non_default_overrides",
+    "numerics_in_effect",
     "register_model",
+    "require_numerics",
+    "set_up_numerics",
     "to_sphere",
 ]

@@ -1,24 +1,33 @@
-"""The process-wide numerics settings the platform fixes before torch computes anything.
+"""The process-wide numerics settings, set up explicitly by :func:`set_up_numerics`.
 
 **CPU numerics mode** (``NLLAB_CPU_NUMERICS``): the same arithmetic runs different code on
-different x86-64 CPUs, and the code paths round differently, so a run's bytes depend on the CPU:
-torch dispatches its CPU kernels by instruction set (``ATEN_CPU_CAPABILITY``: default, avx2,
-avx512; PyTorch, ``aten/src/ATen/native/DispatchStub.cpp``), MKL picks a BLAS branch per CPU
-(``MKL_CBWR``), oneDNN its ISA (``ONEDNN_MAX_CPU_ISA``) and the native kernels are compiled for
-the CPU at hand.
+different x86-64 CPUs, and the code paths round differently, so a run's bytes would depend on the
+CPU: torch dispatches its CPU kernels by instruction set (``ATEN_CPU_CAPABILITY``: default, avx2,
+avx512; PyTorch, ``aten/src/ATen/native/DispatchStub.cpp``), MKL picks its matrix-product kernels
+by CPU vendor and model, oneDNN its ISA (``ONEDNN_MAX_CPU_ISA``), the native kernels are compiled
+for the CPU at hand, and scipy's/numpy's OpenBLAS picks kernels per CPU (``threadpoolctl`` names
+them).
 
-* ``portable`` (default): every x86-64 CPU with AVX2 and FMA runs the same code: torch's AVX2
-  kernels, MKL's AVX2 branch in strict mode, oneDNN capped at AVX2 and the native kernels built
-  for ``x86-64-v3`` without FMA contraction (:mod:`nlmodels.accel.native._store`). These are set
-  when this package is imported, before torch's first kernel call reads them; a value the user
-  had set is replaced, with one line on stderr saying so. On other CPUs the mode is unavailable
-  and the process runs as in ``native`` (the ``numerics`` tag says which).
+* ``portable`` (default): every x86-64 CPU with AVX2 and FMA runs the same arithmetic: torch's
+  AVX2 kernels, oneDNN capped at AVX2, the native kernels built for ``x86-64-v3`` without FMA
+  contraction (:mod:`nlmodels.accel.native._store`), and every CPU matrix product and
+  elementary function (exp, tanh, sin ...) through the platform's own kernels
+  (:mod:`nlmodels.accel.portable`: MKL, which torch calls for them, cannot be pinned on non-Intel
+  CPUs).
+  The data sets never call BLAS (:mod:`datasets`). On other CPUs, or without a C compiler for the
+  native kernels, the mode is unavailable and the process runs as in ``native`` (the ``numerics``
+  tag and ``nllab doctor`` say which, and why).
 * ``native``: each CPU's fastest code (the user's ``ATEN_CPU_CAPABILITY`` and ``MKL_CBWR`` are
   kept; MKL strict mode when unset; kernels for ``-march=native``): the same bytes on one
   machine, not across CPUs.
 
+Nothing happens on import: a library must not change its host process. The platform's entry
+points (the command line, worker processes, the test suite) call :func:`set_up_numerics` before
+torch computes; Python users call it first too, and the training API refuses in one line when
+torch already runs another kernel set (:func:`require_numerics`).
+
 MKL strict mode (Intel, *Developer Reference for oneMKL*, "Obtaining Numerically Reproducible
-Results") matters in both modes: by default MKL's double-precision matrix products round
+Results") matters in the native mode: by default MKL's double-precision matrix products round
 differently when an operand or the result is not 32-byte aligned, and a packed model's batched
 products put member ``j``'s result at offset ``j × out × in``, so a cell's bytes depended on its
 position in its pack. :func:`mkl_position_independent` checks that the mode took effect.
@@ -29,13 +38,15 @@ from __future__ import annotations
 import functools
 import os
 import platform
-import sys
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 MODE_VARIABLE = "NLLAB_CPU_NUMERICS"
 MODES = ("portable", "native")
 MKL_CBWR = "AUTO,STRICT"
-#: What the portable mode sets (replacing the user's values).
+#: What the portable mode sets in the process environment (replacing the user's values; worker
+#: processes inherit them).
 PORTABLE_ENV = {
     "ATEN_CPU_CAPABILITY": "avx2",
     "MKL_CBWR": "AVX2,STRICT",
@@ -50,15 +61,55 @@ __all__ = [
     "MODE_VARIABLE",
     "PORTABLE_ENV",
     "PORTABLE_MARCH",
+    "NumericsError",
+    "NumericsSetup",
     "cpu_features",
     "cpu_mode",
     "cpu_mode_in_effect",
     "mkl_position_independent",
+    "numerics_in_effect",
     "numerics_tag",
     "portable",
+    "require_numerics",
+    "set_up_numerics",
 ]
 
 _CHECKED: list[bool] = []
+_lock = threading.Lock()
+_asked: tuple[str, tuple[str, ...]] | None = None  # the mode and what it replaced
+_setup: NumericsSetup | None = None
+
+
+class NumericsError(RuntimeError):
+    """The numerics asked for cannot take effect in this process (torch already computed with
+    another kernel set)."""
+
+
+@dataclass(frozen=True)
+class NumericsSetup:
+    """What :func:`set_up_numerics` did.
+
+    Attributes:
+        asked: the mode asked for (``portable`` or ``native``).
+        mode: the mode in effect.
+        capability: torch's CPU kernel set (``AVX2``, ``AVX512``, ``DEFAULT``).
+        kernels: who computes CPU matrix products and elementary functions: ``portable`` (the
+            platform's kernels, :mod:`nlmodels.accel.portable`) or ``torch`` (MKL through torch).
+        replaced: the user's environment values the mode replaced (``NAME=value``).
+        reason: why the mode in effect is not the one asked for (empty when it is).
+    """
+
+    asked: str
+    mode: str
+    capability: str
+    kernels: str
+    replaced: tuple[str, ...] = ()
+    reason: str = ""
+
+    @property
+    def label(self) -> str:
+        """The mode with torch's kernel set, as runs are tagged: ``portable (AVX2)``."""
+        return f"{self.mode} ({self.capability})"
 
 
 def cpu_features() -> str:
@@ -87,39 +138,101 @@ def _portable_cpu() -> bool:
 
 
 def portable() -> bool:
-    """Whether this process runs the portable mode (asked for, and this CPU has AVX2 and FMA)."""
-    return cpu_mode() == "portable" and _portable_cpu()
-
-
-def _apply() -> None:
+    """Whether this process asks for the portable mode on a CPU that can run it (AVX2 and FMA);
+    the native kernels' build target follows it."""
     try:
-        cpu_mode()
-    except ValueError as e:
-        print(f"nllab: {e}; using portable", file=sys.stderr)
-        os.environ[MODE_VARIABLE] = "portable"
-    if not portable():
+        return cpu_mode() == "portable" and _portable_cpu()
+    except ValueError:
+        return False
+
+
+def _apply_environment(mode: str) -> tuple[str, ...]:
+    os.environ[MODE_VARIABLE] = mode
+    if mode != "portable" or not _portable_cpu():
         os.environ.setdefault("MKL_CBWR", MKL_CBWR)
-        return
-    replaced = [
+        return ()
+    replaced = tuple(
         f"{k}={os.environ[k]}" for k, v in PORTABLE_ENV.items() if os.environ.get(k, v) != v
-    ]
+    )
     os.environ.update(PORTABLE_ENV)
-    if replaced:
-        # Workers inherit the pinned values, so only the first process says it.
-        print(
-            f"nllab: portable CPU numerics replace {', '.join(replaced)} "
-            f"({MODE_VARIABLE}=native keeps them)",
-            file=sys.stderr,
+    return replaced
+
+
+def set_up_numerics(mode: str | None = None, *, defer: bool = False) -> NumericsSetup | None:
+    """Set this process's numerics (``mode``, else ``$NLLAB_CPU_NUMERICS``, else portable)
+    before torch computes: the environment of the mode (inherited by worker processes) and, in
+    the portable mode, the platform's matrix products. Idempotent; the first call decides.
+
+    ``defer``: set the environment only (no torch import: the command line does this first, so
+    that usage errors stay fast) and leave the rest to :func:`require_numerics`, which the
+    training paths call; returns None then.
+
+    Raises ValueError for an unknown mode, and :class:`NumericsError` when the portable mode is
+    asked for but torch already runs another kernel set (it computed before this call)."""
+    global _asked
+    asked = (mode or "").strip().lower() or cpu_mode()
+    if asked not in MODES:
+        raise ValueError(f"{MODE_VARIABLE} must be one of {', '.join(MODES)}; got {asked!r}")
+    with _lock:
+        if _asked is not None and _asked[0] != asked:
+            raise NumericsError(
+                f"the CPU numerics of this process are already set up ({_asked[0]}); "
+                f"{asked} takes a new process"
+            )
+        if _asked is None:
+            _asked = (asked, _apply_environment(asked))
+    return None if defer else require_numerics()
+
+
+def require_numerics() -> NumericsSetup:
+    """The numerics in effect, completing their set-up now (the training paths call this
+    first: a process that never called :func:`set_up_numerics` gets the default mode, or one
+    line saying why it cannot take effect)."""
+    global _setup
+    if _setup is not None:
+        return _setup
+    if _asked is None:
+        set_up_numerics(defer=True)
+    with _lock:
+        if _setup is None:
+            assert _asked is not None
+            _setup = _take_effect(*_asked)
+        return _setup
+
+
+def _take_effect(asked: str, replaced: tuple[str, ...]) -> NumericsSetup:
+    import torch
+
+    from nlmodels.accel import native
+    from nlmodels.accel import portable as portable_kernels
+
+    capability = torch.backends.cpu.get_cpu_capability()  # fixed by torch's first kernel call
+    if asked != "portable":
+        return NumericsSetup(asked, "native", capability, "torch", replaced)
+    if not _portable_cpu():
+        reason = "this CPU lacks AVX2 or FMA"
+        return NumericsSetup(asked, "native", capability, "torch", replaced, reason)
+    if capability.lower() != PORTABLE_ENV["ATEN_CPU_CAPABILITY"]:
+        raise NumericsError(
+            f"torch already computes with its {capability} kernels in this process (it ran before "
+            "the CPU numerics were set up): call nlmodels.set_up_numerics() first, before any "
+            f"torch computation, or set {MODE_VARIABLE}=native"
         )
+    if not portable_kernels.install():
+        reason = f"no native kernels for the portable mode ({native.build_failure()})"
+        return NumericsSetup(asked, "native", capability, "torch", replaced, reason)
+    return NumericsSetup(asked, "portable", capability, "portable", replaced)
 
 
-_apply()
+def numerics_in_effect() -> NumericsSetup | None:
+    """What :func:`set_up_numerics` did in this process (None: not called yet)."""
+    return _setup
 
 
 def mkl_position_independent() -> bool:
     """Whether a batched product gives a member the same bytes at an unaligned offset as at an
-    aligned one (False: MKL started before this package set its mode, e.g. after a matrix
-    product in the importing program)."""
+    aligned one (False: MKL started before its strict mode was set, e.g. after a matrix
+    product in the importing program; always True with the portable kernels)."""
     if not _CHECKED:
         import torch
 
@@ -132,26 +245,28 @@ def mkl_position_independent() -> bool:
 
 
 def cpu_mode_in_effect() -> str:
-    """``portable`` when this process runs the portable mode and torch really runs the pinned
-    kernel set (a program that computed with torch before importing this package keeps its
-    CPU's), else ``native``; with torch's kernel set, e.g. ``portable (AVX2)``."""
+    """``portable`` when this process runs the portable mode (set up, the pinned kernel set and
+    the platform's kernels in effect), else ``native``; with torch's kernel set, e.g.
+    ``portable (AVX2)``."""
+    if _setup is not None:
+        return _setup.label
     import torch
 
-    capability = torch.backends.cpu.get_cpu_capability()
-    pinned = portable() and capability.lower() == PORTABLE_ENV["ATEN_CPU_CAPABILITY"]
-    return f"{'portable' if pinned else 'native'} ({capability})"
+    return f"native ({torch.backends.cpu.get_cpu_capability()})"
 
 
 def numerics_tag() -> str:
     """What a run records of the process's numerics: the CPU mode in effect
-    (:func:`cpu_mode_in_effect`), the MKL mode asked for, whether members' bytes are independent
-    of their position in a pack, and torch's intra-op threads (parallel reductions split by
-    thread: a cell's bytes depend on the count, which runs pin)."""
+    (:func:`cpu_mode_in_effect`), whose kernels compute products and elementary functions, the
+    MKL mode asked for, whether
+    members' bytes are independent of their position in a pack, and torch's intra-op threads
+    (parallel reductions split by thread: a cell's bytes depend on the count, which runs pin)."""
     import torch
 
     mode = os.environ.get("MKL_CBWR", "") or "default"
+    kernels = _setup.kernels if _setup is not None else "torch"
     return (
-        f"cpu={cpu_mode_in_effect()}; mkl_cbwr={mode}; "
+        f"cpu={cpu_mode_in_effect()}; kernels={kernels}; mkl_cbwr={mode}; "
         f"position_independent={mkl_position_independent()}; "
         f"torch_threads={torch.get_num_threads()}"
     )

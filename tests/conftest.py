@@ -26,8 +26,10 @@ os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 # handler would keep writing to that test's closed stream. Import it here, outside any capture.
 import prefect.main  # noqa: E402, F401  (sets up Prefect's logging)
 
-# The CPU numerics mode (nlmodels._numerics) before any test module computes with torch.
-import nlmodels  # noqa: E402, F401
+# The CPU numerics mode before any test module computes with torch (as every entry point does).
+import nlmodels  # noqa: E402
+
+nlmodels.set_up_numerics()
 
 
 def pytest_sessionfinish(session, exitstatus):
