@@ -16,16 +16,18 @@ from nlmodels import build_model
 from nlmodels.accel import plain_formulas
 from nlmodels.base import host_bool, recorded_host_bools
 from nlmodels.baselines._solve import _euler
-from tasks.config import TrainConfig
-from tasks.packing import PlainGRUCell, packable, train_packed
-from tasks.training import (
+from nltrain import (
+    PlainGRUCell,
     TrainingDiverged,
     TrainingInterrupted,
     TrainResult,
+    packable,
     predict,
     seeded,
     train,
+    train_packed,
 )
+from tasks.config import TrainConfig
 
 # Small sizes keep every model fast; the architectures are the paper's.
 _SMALL = {
@@ -478,8 +480,8 @@ def test_cuda_graphs_equal_eager(name):
 def test_device_scalar_adam_and_replayed_checks_match_the_eager_step(name):
     """The arithmetic a CUDA graph replays (Adam's step size read from device scalars, the
     models' host checks replayed from a tape) against the CPU step, run on the CPU."""
-    from tasks._packer import Packer
-    from tasks._steps import Tensors
+    from nltrain._packer import Packer
+    from nltrain._steps import Tensors
 
     datas = [_data(s) for s in (0, 1)]
 
@@ -527,7 +529,7 @@ def test_members_with_different_settings_train_one_by_one():
 def test_the_time_budget_is_per_cell(monkeypatch):
     """A pack of M cells holds its worker for up to M budgets: on a clock where one packed
     epoch costs what one unpacked epoch does, each member runs M times the epochs."""
-    import tasks.loop
+    import nltrain._loop
 
     class Clock:  # advances one second per (packed) epoch, when the first member reports
         now = 0.0
@@ -540,7 +542,7 @@ def test_the_time_budget_is_per_cell(monkeypatch):
         def tick(cls, member: int, _record) -> None:
             cls.now += member == 0
 
-    monkeypatch.setattr(tasks.loop, "time", Clock)  # the training loop's clock
+    monkeypatch.setattr(nltrain._loop, "time", Clock)  # the training loop's clock
     cfg = _cfg(epochs=100, max_train_seconds=4.0)
 
     def epochs_run(seeds: list[int]) -> list[int]:

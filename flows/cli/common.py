@@ -312,7 +312,7 @@ def resolve(args: argparse.Namespace, profile: str | None = None):
                 "(`dask scheduler --port PORT`) or correct --dask-address"
             )
     if config.execution.device == "cuda":
-        from tasks.training import select_device
+        from nltrain import select_device
 
         try:
             select_device("cuda")

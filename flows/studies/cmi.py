@@ -17,9 +17,9 @@ from prefect.cache_policies import NO_CACHE
 from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec
 from flows.studies._plots import plot_bars
 from flows.studies._tables import add_paper, aggregate
+from nltrain import predict
 from tasks.cmi import conditional_mutual_information
 from tasks.config import METHODS
-from tasks.training import predict
 
 _PAPER = {"mackey_glass_dde": 1.6011, "lotka_volterra_dde": 3.7913, "stiff_van_der_pol": 3.3224}
 SYSTEMS = tuple(_PAPER)

@@ -7,27 +7,27 @@ The members' parameters are stacked along a leading ensemble dimension and one v
 under ``vmap`` (Neural Laplace: :func:`nlmodels.accel.select`; ``nn.GRU`` and ``nn.GRUCell`` are
 swapped for the same maths in plain tensor ops).
 
-Each member keeps everything :func:`tasks.training.train` gives a cell on its own: its initial
+Each member keeps everything :func:`nltrain.train` gives a cell on its own: its initial
 weights, its shuffling (a private ``torch.Generator`` seeded with its seed), Adam with its
 own moments, gradient-norm clipping over its own parameters, its validation, early stopping and
 best-validation weights, and a divergence that ends only that member. A member's result is its
 unpacked run's, bit for bit, whatever it was packed with and wherever it sits in the pack: a
-single cell the engine would pack trains as a pack of one (:func:`tasks.training.train`),
+single cell the engine would pack trains as a pack of one (:func:`nltrain.train`),
 members always get their own time grids, MKL runs in its strict reproducible mode
 (:mod:`nlmodels._numerics`) and a pack's matrix–vector products (1-D systems) are computed
-member by member, as a pack of one computes them (:mod:`tasks._member_products`).
+member by member, as a pack of one computes them (:mod:`nltrain._member_products`).
 
 A member that stopped is frozen by ``torch.where`` masks (a diverged member's values may be NaN,
 and NaN·0 is NaN) until the end of the epoch, then dropped from the pack. The epochs, stopping
-rules and best weights are those of :func:`tasks.training.train`: one loop drives both.
+rules and best weights are those of :func:`nltrain.train`: one loop drives both.
 
 On CUDA a training step of fixed shape (Euler solves, flows: no data-dependent control flow) is
 captured once into a CUDA graph and replayed (one graph per batch size, so the last short batch
 is trained too): static index, step-size and batch-number buffers, divergence flags and loss
 sums kept on the device, one host read per epoch.
 
-Layout: :mod:`tasks._packed_gru` (the plain-op GRU), :mod:`tasks._packer` (the batched model,
-its step and its graph capture), :mod:`tasks._packed_cells` (a pack as the training loop's step
+Layout: :mod:`nltrain._packed_gru` (the plain-op GRU), :mod:`nltrain._packer` (the batched model,
+its step and its graph capture), :mod:`nltrain._packed_cells` (a pack as the training loop's step
 function, and :func:`packable`); this module chooses between a pack and one cell at a time.
 """
 
@@ -44,18 +44,18 @@ from torch import nn
 from datasets import SplitData
 from nlmodels import ForecastModel
 from nlmodels._numerics import mkl_position_independent
-from tasks._packed_cells import (
+from nltrain._config import TrainConfig
+from nltrain._loop import EpochRecord, LoopOptions, TrainingDiverged, TrainResult, train_loop
+from nltrain._packed_cells import (
     PackedCells,
     packable,
     packable_grids,
     prefers_one_by_one,
     shared_grids,
 )
-from tasks._packed_gru import PlainGRU, PlainGRUCell
-from tasks._steps import DTYPES
-from tasks.config import TrainConfig
-from tasks.loop import EpochRecord, LoopOptions, TrainingDiverged, TrainResult, train_loop
-from tasks.training import step_function
+from nltrain._packed_gru import PlainGRU, PlainGRUCell
+from nltrain._steps import DTYPES
+from nltrain._training import step_function
 
 __all__ = [
     "PlainGRU",
