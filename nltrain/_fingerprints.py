@@ -129,6 +129,7 @@ def _train_canary(method: str, h: hashlib._Hash) -> None:
     """Feed ``h`` the canary training's bytes: losses, weights after them and a forecast."""
     from nlmodels import build_model
     from nltrain._config import TrainConfig
+    from nltrain._loop import LoopOptions
     from nltrain._packing import train_packed
     from nltrain._training import predict, seeded
 
@@ -150,7 +151,7 @@ def _train_canary(method: str, h: hashlib._Hash) -> None:
                 config,
                 device="cpu",
                 seeds=seeds,
-                labels=[f"canary-{method}-{s}" for s in seeds],
+                options=LoopOptions(labels=tuple(f"canary-{method}-{s}" for s in seeds)),
                 pack=pack,
             )
             for model, res in zip(models, results, strict=True):

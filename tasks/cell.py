@@ -28,6 +28,7 @@ import torch
 
 from nltrain import (
     EpochRecord,
+    LoopOptions,
     TrainingInterrupted,
     TrainResult,
     prefers_one_by_one,
@@ -252,10 +253,12 @@ class _Pack:
                     self.training,
                     device=self.device,
                     seeds=[s.cell.seed for s in setups],
-                    labels=[s.cell.key for s in setups],
-                    on_epoch=lambda j, r: self.log_epoch(idx[j], r),
-                    stop=self.stop,
-                    progress=self.rt.progress,
+                    options=LoopOptions(
+                        labels=tuple(s.cell.key for s in setups),
+                        on_epoch=lambda j, r: self.log_epoch(idx[j], r),
+                        stop=self.stop,
+                        progress=self.rt.progress,
+                    ),
                     # one by one where packing is slower (as planned and probed)
                     pack=not prefers_one_by_one(setups[0].model, self.device),
                 )
