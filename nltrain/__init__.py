@@ -10,8 +10,9 @@ The one training loop over a declared step function (:func:`train_loop`, :class:
 :func:`stop_reason`), one cell's eager step or a pack's batched one (:func:`train`,
 :func:`train_packed`), test scores (:func:`evaluate`) and the numerics fingerprints that say
 whether a stored cell's numbers are still today's (:func:`model_fingerprint`,
-:func:`system_fingerprint`). It imports torch, numpy, ``nlmodels`` and ``datasets``, never
-Prefect, MLflow or Optuna: orchestration (cells, engine, tracking) is ``tasks``'.
+:func:`system_fingerprint`, keyed by every file that can move a number: :func:`covered_sources`).
+It imports torch, numpy, pydantic (its settings), ``nlmodels`` and ``datasets``, never Prefect,
+MLflow or Optuna: orchestration (cells, engine, tracking) is ``tasks``'.
 
 Names load on first use (PEP 562): ``import nltrain`` imports neither torch nor pydantic, so the
 command line, which imports :class:`Interrupted` through ``tasks.errors``, stays fast.
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
         train_loop,
     )
     from nltrain._packing import PlainGRU, PlainGRUCell, packable, prefers_one_by_one, train_packed
+    from nltrain._sources import NUMERIC_PACKAGES, covered_sources
     from nltrain._steps import DTYPES, as_tensor
     from nltrain._training import (
         epoch_seconds,
@@ -100,6 +102,7 @@ _WHERE = {
         ("PlainGRU", "PlainGRUCell", "packable", "prefers_one_by_one", "train_packed"),
         "_packing",
     ),
+    **dict.fromkeys(("NUMERIC_PACKAGES", "covered_sources"), "_sources"),
     **dict.fromkeys(("DTYPES", "as_tensor"), "_steps"),
     **dict.fromkeys(
         ("epoch_seconds", "predict", "seeded", "select_device", "step_function", "train"),
@@ -113,6 +116,7 @@ __all__ = [
     "DTYPES",
     "MAX_BATCH",
     "MAX_EPOCHS",
+    "NUMERIC_PACKAGES",
     "EpochRecord",
     "Evaluation",
     "Interrupted",
@@ -127,6 +131,7 @@ __all__ = [
     "TrainingDiverged",
     "TrainingInterrupted",
     "as_tensor",
+    "covered_sources",
     "divergence",
     "epoch_bar",
     "epoch_seconds",

@@ -18,19 +18,20 @@ commented (unlike a hash of the source, as Prefect's task cache or DVC key on).
 
 Both include the torch and numpy versions. Computing one takes a fraction of a second to a
 few seconds, so each is computed once per *source state* and cached under
-``data_home()/numerics``, keyed by a hash of the source files it runs (``nlmodels/``,
-``datasets/``, the training modules of ``tasks/`` and a plugin model's own file): a start with
-unchanged sources reads a small file; an edit recomputes the canary, whose bytes then decide.
+``data_home()/numerics``, keyed by a hash of every file that can move a number
+(:mod:`nltrain._sources`: the packages ``nltrain``, ``nlmodels`` and ``datasets`` whole, and a
+plugin model's whole package): a start with unchanged sources reads a small file; an edit
+recomputes the canary, whose bytes then decide.
 
 Not covered: CUDA arithmetic (the canary runs on the CPU), model settings other than the
-defaults and data sizes other than the canary's (the same code at other sizes), and code
-outside those folders that a cell runs (evaluation plots, tracking).
+defaults and data sizes other than the canary's (the same code at other sizes), and
+orchestration (``tasks``, ``flows``: evaluation plots, tracking, the command line), which
+cannot move a number.
 """
 
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import os
 import struct
@@ -38,20 +39,17 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from nlmodels._numerics import cpu_mode_in_effect
+from nltrain._sources import covered_sources
 
 __all__ = ["model_fingerprint", "source_key", "system_fingerprint", "training_digest"]
 
-_ROOT = Path(__file__).resolve().parent.parent
-#: Source a cell's numbers depend on (besides a plugin model's own file).
-_SOURCES = ("nlmodels", "datasets", "nltrain")
-_SUFFIXES = (".py", ".c", ".h")
 #: Bumped when what a fingerprint hashes changes (old cache files are then ignored).
 _FORMAT = 1
 
@@ -64,45 +62,19 @@ def _versions() -> str:
     return f"torch {torch.__version__}; numpy {np.__version__}"
 
 
-def _hash_files(paths: Iterable[Path], h: hashlib._Hash) -> None:
-    for p in sorted(paths):
-        h.update(str(p.relative_to(_ROOT) if p.is_relative_to(_ROOT) else p.name).encode())
-        h.update(p.read_bytes())
-
-
-def source_key() -> str:
-    """A hash of the source files a cell's numbers depend on, the versions, the native
-    kernels' mode and the CPU numerics mode in effect (the cache key of every fingerprint;
-    re-read each call: a few milliseconds)."""
+def source_key(method: str | None = None) -> str:
+    """A hash of every file that can move a cell's numbers (:func:`covered_sources`: the
+    numeric floors' packages whole, and ``method``'s plugin package), the versions, the native
+    kernels' mode and the CPU numerics mode in effect: the cache key of every fingerprint
+    (re-read each call: a few milliseconds)."""
     h = hashlib.sha256(f"{_FORMAT}; {_versions()}".encode())
     h.update(os.environ.get("NLLAB_NATIVE", "auto").encode())
     h.update(_cpu_mark().encode())
-    files: list[Path] = []
-    for name in _SOURCES:
-        p = _ROOT / name
-        if p.is_dir():
-            files += [f for f in p.rglob("*") if f.suffix in _SUFFIXES and f.is_file()]
-        elif p.is_file():
-            files.append(p)
-    _hash_files(files, h)
+    for name, path in sorted(covered_sources(method).items()):
+        data = path.read_bytes()
+        h.update(f"{name}\0{len(data)}\0".encode())
+        h.update(data)
     return h.hexdigest()
-
-
-def _model_source(method: str) -> str:
-    """The source key of ``method``: :func:`source_key`, and the model's own file when it lives
-    outside ``nlmodels/`` (a plugin)."""
-    from nlmodels import MODELS
-
-    key = source_key()
-    try:
-        path = Path(inspect.getsourcefile(MODELS[method]) or "")
-    except (TypeError, OSError):
-        return key
-    if path.is_file() and not path.resolve().is_relative_to(_ROOT / "nlmodels"):
-        h = hashlib.sha256(key.encode())
-        _hash_files([path.resolve()], h)
-        key = h.hexdigest()
-    return key
 
 
 # -- the canaries -------------------------------------------------------------------------------
@@ -278,7 +250,7 @@ def _write(path: Path, record: Mapping[str, object]) -> None:
 
 def model_fingerprint(method: str) -> str:
     """The numerics fingerprint of model ``method`` (16 hex digits; cached per source state)."""
-    return _fingerprint("model", method, _model_source(method))
+    return _fingerprint("model", method, source_key(method))
 
 
 def system_fingerprint(system: str) -> str:

@@ -120,9 +120,9 @@ def test_numerics_decide_reuse_and_compare_names_the_change(
     before = numerics.model_fingerprint(TOY)
 
     # a refactor: the source (and so the cache key) changes, the numbers do not: all reused
-    key = numerics._model_source(TOY)
+    key = numerics.source_key(TOY)
     toy(0.0, REFACTORED)
-    assert numerics._model_source(TOY) != key
+    assert numerics.source_key(TOY) != key
     assert numerics.model_fingerprint(TOY) == before
     again = run_benchmark(config)
     assert set(_statuses(again).values()) == {"reused"}
