@@ -10,6 +10,7 @@ Pure torch: this package never imports prefect, mlflow or optuna.
 # First: MKL's reproducible mode must be set before torch's first matrix product.
 from nlmodels import _numerics  # noqa: F401
 from nlmodels import baselines as _baselines  # noqa: F401  (registers the baseline models)
+from nlmodels._numerics import cpu_mode_in_effect, mkl_position_independent, numerics_tag
 from nlmodels.accel.native import native_enabled as native_cpu_kernels
 from nlmodels.base import ForecastModel
 from nlmodels.ilt import ILT_ALGORITHMS, ILTAlgorithm, get_ilt
@@ -33,14 +34,17 @@ __all__ = [
     "ILTAlgorithm",
     "NeuralLaplace",
     "build_model",
+    "cpu_mode_in_effect",
     "from_sphere",
     "get_ilt",
+    "mkl_position_independent",
     "model_arguments",
     "model_choices",
     "model_option_types",
     "model_signature",
     "native_cpu_kernels",
     "non_default_overrides",
+    "numerics_tag",
     "register_model",
     "to_sphere",
 ]

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nlmodels._numerics import cpu_mode_in_effect
+from nlmodels import cpu_mode_in_effect
 from nltrain._sources import covered_sources
 
 __all__ = ["model_fingerprint", "source_key", "system_fingerprint", "training_digest"]

@@ -42,8 +42,7 @@ import torch
 from torch import nn
 
 from datasets import SplitData
-from nlmodels import ForecastModel
-from nlmodels._numerics import mkl_position_independent
+from nlmodels import ForecastModel, mkl_position_independent
 from nltrain._config import TrainConfig
 from nltrain._loop import LoopOptions, TrainingDiverged, TrainResult, train_loop
 from nltrain._packed_cells import (

@@ -23,8 +23,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from datasets import Dataset, Prepared, data_home, load_or_simulate, prepare
-from nlmodels import ForecastModel, build_model, native_cpu_kernels
-from nlmodels._numerics import cpu_mode_in_effect, numerics_tag
+from nlmodels import (
+    ForecastModel,
+    build_model,
+    cpu_mode_in_effect,
+    native_cpu_kernels,
+    numerics_tag,
+)
 from nltrain import (
     EpochRecord,
     Evaluation,

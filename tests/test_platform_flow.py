@@ -8,8 +8,7 @@ import pytest
 
 from datasets import load_or_simulate, prepare
 from flows import registry_name, run_benchmark
-from nlmodels import native_cpu_kernels
-from nlmodels._numerics import cpu_mode_in_effect
+from nlmodels import cpu_mode_in_effect, native_cpu_kernels
 from nltrain import evaluate
 from tasks import load_registered_model
 from tasks.cell import CellRuntime, run_cell
