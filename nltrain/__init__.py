@@ -21,139 +21,28 @@ command line, which imports :class:`Interrupted` through ``tasks.errors``, stays
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from nltrain._config import MAX_BATCH, MAX_EPOCHS, Settings, TrainConfig
-    from nltrain._errors import Interrupted, TrainingDiverged, TrainingInterrupted
-    from nltrain._evaluation import (
-        DIVERGED_RMSE_FACTOR,
-        DOMINATED_SHARE,
-        Evaluation,
-        divergence,
-        evaluate,
-        outlier_census,
-        rmse,
-        top_error_share,
-    )
-    from nltrain._fingerprints import (
-        model_fingerprint,
-        source_key,
-        system_fingerprint,
-        training_digest,
-    )
-    from nltrain._loop import (
-        EpochRecord,
-        LoopOptions,
-        StepFunction,
-        StopReason,
-        TrainResult,
-        epoch_bar,
-        stop_reason,
-        train_loop,
-    )
-    from nltrain._packing import PlainGRU, PlainGRUCell, packable, prefers_one_by_one, train_packed
-    from nltrain._sources import NUMERIC_PACKAGES, covered_sources
-    from nltrain._steps import DTYPES, as_tensor
-    from nltrain._training import (
-        epoch_seconds,
-        predict,
-        seeded,
-        select_device,
-        step_function,
-        train,
-    )
-
-#: Each public name -> the private module that defines it.
+#: The private module that defines each public name.
 _WHERE = {
-    **dict.fromkeys(("MAX_BATCH", "MAX_EPOCHS", "Settings", "TrainConfig"), "_config"),
-    **dict.fromkeys(("Interrupted", "TrainingDiverged", "TrainingInterrupted"), "_errors"),
-    **dict.fromkeys(
-        (
-            "DIVERGED_RMSE_FACTOR",
-            "DOMINATED_SHARE",
-            "Evaluation",
-            "divergence",
-            "evaluate",
-            "outlier_census",
-            "rmse",
-            "top_error_share",
-        ),
-        "_evaluation",
-    ),
-    **dict.fromkeys(
-        ("model_fingerprint", "source_key", "system_fingerprint", "training_digest"),
-        "_fingerprints",
-    ),
-    **dict.fromkeys(
-        (
-            "EpochRecord",
-            "LoopOptions",
-            "StepFunction",
-            "StopReason",
-            "TrainResult",
-            "epoch_bar",
-            "stop_reason",
-            "train_loop",
-        ),
-        "_loop",
-    ),
-    **dict.fromkeys(
-        ("PlainGRU", "PlainGRUCell", "packable", "prefers_one_by_one", "train_packed"),
-        "_packing",
-    ),
-    **dict.fromkeys(("NUMERIC_PACKAGES", "covered_sources"), "_sources"),
-    **dict.fromkeys(("DTYPES", "as_tensor"), "_steps"),
-    **dict.fromkeys(
-        ("epoch_seconds", "predict", "seeded", "select_device", "step_function", "train"),
-        "_training",
-    ),
+    name: module
+    for module, names in {
+        "_config": "MAX_BATCH MAX_EPOCHS Settings TrainConfig",
+        "_errors": "Interrupted TrainingDiverged TrainingInterrupted",
+        "_evaluation": "DIVERGED_RMSE_FACTOR DOMINATED_SHARE Evaluation divergence evaluate "
+        "outlier_census rmse top_error_share",
+        "_fingerprints": "model_fingerprint source_key system_fingerprint training_digest",
+        "_loop": "EpochRecord LoopOptions StepFunction StopReason TrainResult epoch_bar "
+        "stop_reason train_loop",
+        "_packing": "PlainGRU PlainGRUCell packable prefers_one_by_one train_packed",
+        "_sources": "NUMERIC_PACKAGES covered_sources",
+        "_steps": "DTYPES as_tensor",
+        "_training": "epoch_seconds predict seeded select_device step_function train",
+    }.items()
+    for name in names.split()
 }
 
-__all__ = [
-    "DIVERGED_RMSE_FACTOR",
-    "DOMINATED_SHARE",
-    "DTYPES",
-    "MAX_BATCH",
-    "MAX_EPOCHS",
-    "NUMERIC_PACKAGES",
-    "EpochRecord",
-    "Evaluation",
-    "Interrupted",
-    "LoopOptions",
-    "PlainGRU",
-    "PlainGRUCell",
-    "Settings",
-    "StepFunction",
-    "StopReason",
-    "TrainConfig",
-    "TrainResult",
-    "TrainingDiverged",
-    "TrainingInterrupted",
-    "as_tensor",
-    "covered_sources",
-    "divergence",
-    "epoch_bar",
-    "epoch_seconds",
-    "evaluate",
-    "model_fingerprint",
-    "outlier_census",
-    "packable",
-    "predict",
-    "prefers_one_by_one",
-    "rmse",
-    "seeded",
-    "select_device",
-    "source_key",
-    "step_function",
-    "stop_reason",
-    "system_fingerprint",
-    "top_error_share",
-    "train",
-    "train_loop",
-    "train_packed",
-    "training_digest",
-]
+__all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str) -> Any:
