@@ -5,11 +5,11 @@ The Latent ODE (paper sizes, dopri5 rtol 1e-3 / atol 1e-4, ELBO) on the benchmar
 trajectories of 2 dimensions, ``--points`` observed and as many predicted points, batch 128,
 float64, Adam with clipping at 1). In the same process, ``--repeats`` times alternating, it times
 
-* one by one: ``tasks.training.train`` of each of ``--members`` cells (seeds 0, 1, ...), the
+* one by one: ``nltrain.train`` of each of ``--members`` cells (seeds 0, 1, ...), the
   dopri5 of :mod:`nlmodels.baselines._dopri` with one lane;
 * torchdiffeq: the same, with the latent solve by ``torchdiffeq.odeint`` (the solver the model
   used before the lane solver; the two take the same steps);
-* packed: ``tasks.packing.train_packed`` of the ``--members`` cells as one batched model (one
+* packed: ``nltrain.train_packed`` of the ``--members`` cells as one batched model (one
   solver lane per member);
 
 and prints seconds per cell-epoch (wall: median over epochs; CPU: the process's CPU time over the
@@ -36,9 +36,8 @@ from datasets import SplitData
 from nlmodels import build_model
 from nlmodels.baselines import LatentODE
 from nlmodels.diagnostics import trajectories
+from nltrain import seeded, train, train_packed
 from tasks.config import TrainConfig
-from tasks.packing import train_packed
-from tasks.training import seeded, train
 
 
 def splits(n_train: int, n_val: int, points: int) -> tuple[SplitData, SplitData]:

@@ -3,7 +3,7 @@
 Prints (1) parameter counts for D = 1 and D = 2 against the paper's Table 7, (2) seconds per
 training epoch on 800 smooth two-dimensional trajectories (100 observed + 100 predicted points,
 batch 128, float64, CPU, the paper's protocol: Adam lr 1e−3, gradient-norm clipping at 1; the
-training loop a cell runs, ``tasks.training.epoch_seconds``, one validation batch included),
+training loop a cell runs, ``nltrain.epoch_seconds``, one validation batch included),
 and (3) the function evaluations needed to extrapolate one point Δt ahead of the last
 observation for Δt ∈ {1, 10, 100} (ODE models with dopri5), with Neural Laplace as the unit.
 
@@ -24,8 +24,8 @@ import nlmodels.baselines
 from datasets import SplitData
 from nlmodels.diagnostics import horizon_nfe, trajectories
 from nlmodels.model_registry import MODELS, build_model
+from nltrain import epoch_seconds
 from tasks.config import TrainConfig
-from tasks.training import epoch_seconds
 
 try:  # the unit of every ratio; the benchmark still runs while it is being written
     import nlmodels.neural_laplace  # noqa: F401

@@ -2,7 +2,7 @@
 
 The paper's Neural Laplace (GRU 2 × 21, K = 2, g hidden 64, 33 Fourier terms), float64, batch
 128, Adam with clipping at 1, ``--members`` cells (seeds 0, 1, ...; with ``--systems`` each on
-its own time grid, as cells of other systems) trained by ``tasks.packing.train_packed``: packed
+its own time grid, as cells of other systems) trained by ``nltrain.train_packed``: packed
 (``vmap`` of the model's plain formulas) and one by one (``pack=False``: each cell alone, on the
 native C kernels where they build), in the same process, each from the same initial weights.
 Prints seconds per cell-epoch of both and their ratio, and the largest difference between the
@@ -30,9 +30,8 @@ from datasets import SplitData
 from nlmodels import build_model
 from nlmodels.accel import plain_formulas
 from nlmodels.accel.native import native_enabled
+from nltrain import TrainResult, seeded, train_packed
 from tasks.config import TrainConfig
-from tasks.packing import train_packed
-from tasks.training import TrainResult, seeded
 
 
 def split(seed: int, n: int, t_obs: int, t_end: float, dim: int = 2) -> SplitData:

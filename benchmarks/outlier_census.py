@@ -21,9 +21,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from nltrain import evaluate, outlier_census
 from tasks.cell import prepare_cell, simulate_data
 from tasks.config import CellConfig
-from tasks.evaluation import evaluate, outlier_census
 from tasks.modelio import load_model
 from tasks.tracking import Metrics, Tracking, connect
 

@@ -32,11 +32,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from nltrain import predict
 from tasks.cell import prepare_cell, simulate_data
 from tasks.config import CellConfig
 from tasks.modelio import load_model
 from tasks.tracking import Metrics, connect
-from tasks.training import predict
 
 
 def main() -> None:

@@ -4,8 +4,8 @@ For each model and dtype, on data of the paper profile's shapes (800 training an
 trajectories of 2 dimensions, 100 observed and 100 predicted points, batch 128, Adam with
 clipping at 1), it times, in seconds per cell-epoch,
 
-* eager: ``tasks.training.train`` of one cell;
-* packed ×M: ``tasks.packing.train_packed`` of ``--members`` cells (seeds 0, 1, ...) as one
+* eager: ``nltrain.train`` of one cell;
+* packed ×M: ``nltrain.train_packed`` of ``--members`` cells (seeds 0, 1, ...) as one
   batched model with eager steps (its time per cell-epoch is the pack's epoch over M);
 * graphs ×M and ×B (CUDA only): the packed step replayed from a captured CUDA graph, for
   ``--members`` and ``--big-members`` cells (B = 30: every seed of one model over six systems);
@@ -49,10 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datasets import SplitData
 from nlmodels import build_model
 from nlmodels.diagnostics import trajectories
+from nltrain import packable, seeded, select_device, train, train_packed
 from tasks.config import METHODS, CellConfig, TrainConfig, resolve_config
-from tasks.packing import packable, train_packed
 from tasks.placement import Probe
-from tasks.training import seeded, select_device, train
 
 PAPER_CELLS_PER_MODEL = 6 * 5  # systems × seeds
 N_TRAIN, N_VAL = 800, 100

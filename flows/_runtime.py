@@ -31,7 +31,7 @@ from prefect.settings import (
 )
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
-from tasks._filelock import exclusive
+from tasks import exclusive
 from tasks.config import RunConfig
 
 __all__ = [

@@ -16,7 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
-from tasks._sqlite_faults import sqlite_problem
+from tasks import sqlite_problem
 from tasks.errors import Unreachable
 
 __all__ = [

@@ -25,10 +25,10 @@ from prefect import flow, get_run_logger
 
 from flows._runtime import flow_settings, make_task_runner
 from flows.studies._core import Factor
+from nltrain import evaluate
 from tasks.cell import CellRuntime, prepare_cell, simulate_data
 from tasks.config import CellConfig, Reuse, RunConfig, TrackingConfig
 from tasks.engine import run_cells
-from tasks.evaluation import evaluate
 from tasks.modelio import load_model
 from tasks.results import CellResult
 from tasks.tables import Format, Table, TableCell, number, render_table

@@ -143,13 +143,13 @@ class ForecastModel(nn.Module):
         else:
             self._nfe += int(n)
 
-    # ----- packed training (tasks.packing): members of one architecture trained at once -----
+    # ----- packed training (nltrain._packing): members of one architecture trained at once -----
 
     def packs_itself(self) -> bool:
         """Whether :meth:`packed_losses` and :meth:`packed_forward` give each member exactly its
         unpacked result even where a plain ``vmap`` of the model cannot (its own random draws,
         an adaptive solve). The default methods below are that plain ``vmap``. Members of a
-        model that packs itself share their time grids (``tasks.packing`` packs them so)."""
+        model that packs itself share their time grids (``nltrain._packing`` packs them so)."""
         return False
 
     def packed_losses(

@@ -3,7 +3,7 @@
 * :func:`ilt_accuracy`: RMSE of every ILT on transform pairs with exact inverses, and µs per time
   point on the paper's Table 12 pair (F(s) = s/(s²+1) → cos t on 999 points of (0, 10]);
 * :func:`trajectories`: smooth spirals to time a model's training on (the timing itself is
-  ``tasks.training.epoch_seconds``: the real training loop, which lives above this package);
+  ``nltrain.epoch_seconds``: the real training loop, which lives above this package);
 * :func:`horizon_nfe`: function evaluations to extrapolate one point Δt ahead (paper Fig. NFE).
 """
 

@@ -62,7 +62,7 @@ def model_names() -> tuple[str, ...]:
 
 
 #: Held while a model draws its initial weights from torch's process-wide generator (every
-#: :func:`build_model`, and ``tasks.training.seeded`` around its seeding and build): a model
+#: :func:`build_model`, and ``nltrain.seeded`` around its seeding and build): a model
 #: built in one thread (a logged model loaded back, e.g. by MLflow's input-example check)
 #: would otherwise draw between another thread's seeding and its build, and a seed would give
 #: other initial weights.

@@ -21,7 +21,6 @@ __all__ = [
     "ModelOptionError",
     "check_model_overrides",
     "check_names",
-    "coercion_problem",
     "format_validation",
     "option_problems",
     "show",
@@ -183,34 +182,6 @@ def check_names(kind: str, names: tuple[str, ...], valid: tuple[str, ...]) -> tu
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate {kind} in {list(names)}")
     return names
-
-
-def coercion_problem(annotation: Any, value: Any) -> str | None:
-    """Why ``value`` must not be coerced to ``annotation`` (``None`` if it may): pydantic's lax
-    mode reads ``true`` as the integer 1 and ``"128"`` as a number; a config value must already
-    be of its setting's kind (an integral float such as TOML's ``2e6`` still counts as one)."""
-    import types
-    import typing
-
-    if value is None:
-        return None
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        args = [a for a in get_args(annotation) if a is not type(None)]
-        if len(args) != 1:
-            return None
-        annotation = args[0]
-    if typing.get_origin(annotation) is tuple and isinstance(value, list | tuple):
-        items = get_args(annotation)
-        for i, item in enumerate(value):
-            kind = items[0] if items[1:] == (Ellipsis,) else items[i] if i < len(items) else None
-            if kind is not None and (problem := coercion_problem(kind, item)) is not None:
-                return f"item {i + 1} {problem}"
-        return None
-    if annotation is bool and not isinstance(value, bool):
-        return f"must be true or false, got {show(value)}"
-    if annotation in (int, float) and isinstance(value, bool | str):
-        return f"must be {'an integer' if annotation is int else 'a number'}, got {show(value)}"
-    return None
 
 
 def format_validation(err: ValidationError) -> str:

@@ -88,11 +88,11 @@ _DECLARED: dict[str, str] = {}  # system -> digest declared in this process
 
 
 def _declare(name: str, source: SystemSource, n_observed: int | None = None) -> None:
-    from datasets import _declared
+    import datasets
 
     if source.kind == "file":
         assert source.path is not None
-        _declared.declare_file(
+        datasets.declare_file(
             name,
             source.path,
             trajectory=source.trajectory,
@@ -103,11 +103,11 @@ def _declare(name: str, source: SystemSource, n_observed: int | None = None) -> 
         )
     else:
         assert source.simulator is not None
-        if _declared.simulator_fingerprint(source.simulator, source.options) != source.digest:
+        if datasets.simulator_fingerprint(source.simulator, source.options) != source.digest:
             raise ValueError(
                 f"simulator {source.simulator!r} changed since its cells were configured"
             )
-        _declared.declare_simulator(name, source.simulator, source.options, n_observed=n_observed)
+        datasets.declare_simulator(name, source.simulator, source.options, n_observed=n_observed)
 
 
 def ensure_declared(name: str, source: SystemSource | None) -> None:
@@ -153,24 +153,24 @@ def resolve_sources(
 ) -> dict[str, SystemSource]:
     """Check each declared system that ``systems`` uses (the whole file, before anything is
     written) and declare it in this process; its source, by name."""
-    from datasets import _declared
+    import datasets
 
     out: dict[str, SystemSource] = {}
     for name in systems:
         if name not in declarations:
             continue
         d = declarations[name]
-        _declared.check_name(name)
+        datasets.check_system_name(name)
         observed = n_observed or d.n_observed
         if d.file is not None:
             path = Path(d.file).expanduser().resolve()
             # every check of the file, each with its one-line message, before anything is written
-            _declared.declare_file(
+            datasets.declare_file(
                 name, path, trajectory=d.trajectory, time=d.time, state=d.state, n_observed=observed
             )
             source = SystemSource(
                 kind="file",
-                digest=_declared.file_digest(path),
+                digest=datasets.file_digest(path),
                 path=str(path),
                 trajectory=d.trajectory,
                 time=d.time,
@@ -178,10 +178,10 @@ def resolve_sources(
             )
         else:
             assert d.simulator is not None
-            _declared.declare_simulator(name, d.simulator, d.options, n_observed=observed)
+            datasets.declare_simulator(name, d.simulator, d.options, n_observed=observed)
             source = SystemSource(
                 kind="simulator",
-                digest=_declared.simulator_fingerprint(d.simulator, d.options),
+                digest=datasets.simulator_fingerprint(d.simulator, d.options),
                 simulator=d.simulator,
                 options=d.options,
             )
@@ -219,7 +219,7 @@ def declared_data(
 def data_file_problem(err: Any) -> str | None:
     """The one line of a validation error that is a data file's problem (which names the file
     and the problem itself), else None."""
-    from datasets._declared import DataFileError
+    from datasets import DataFileError
 
     for e in err.errors():
         cause = (e.get("ctx") or {}).get("error")

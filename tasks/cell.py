@@ -4,7 +4,7 @@ The orchestration around the pure core of :mod:`tasks.pipeline` (whose steps ret
 and whose :func:`~tasks.pipeline.log_outcome` logs them): runs, packs, claims and reuse.
 Plain functions (no Prefect), so flows, tuning and tests share them. :func:`run_pack` trains
 cells whose tensors have the same shapes (cells that differ only in seed) as one packed model
-(:func:`tasks.packing.train_packed`); each cell keeps its own child run, config hash, data split,
+(:func:`nltrain.train_packed`); each cell keeps its own child run, config hash, data split,
 initial weights and result. A cell's failure is caught and returned as a
 :class:`~tasks.results.CellResult` (its child run ends FAILED with the error), so one diverging
 model never stops the others.
@@ -26,12 +26,19 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from nltrain import (
+    EpochRecord,
+    LoopOptions,
+    TrainingInterrupted,
+    TrainResult,
+    prefers_one_by_one,
+    train_packed,
+)
 from tasks import numerics
 from tasks._declarations import system_info
 from tasks._notify import notify_once
 from tasks._workers import worker_stop_event
 from tasks.config import CellConfig, Reuse, RunConfig
-from tasks.packing import prefers_one_by_one, train_packed
 from tasks.pipeline import (
     CellSetup,
     build_cell_model,
@@ -47,11 +54,6 @@ from tasks.pipeline import (
 from tasks.placement import place_pack
 from tasks.results import CellResult
 from tasks.tracking import Metrics, RunTags, TrackingSettings, attach, claim_owner, run_name
-from tasks.training import (
-    EpochRecord,
-    TrainingInterrupted,
-    TrainResult,
-)
 
 if TYPE_CHECKING:
     from tasks.tracking import Queries, RunLog, Store, Tracking
@@ -251,10 +253,12 @@ class _Pack:
                     self.training,
                     device=self.device,
                     seeds=[s.cell.seed for s in setups],
-                    labels=[s.cell.key for s in setups],
-                    on_epoch=lambda j, r: self.log_epoch(idx[j], r),
-                    stop=self.stop,
-                    progress=self.rt.progress,
+                    options=LoopOptions(
+                        labels=tuple(s.cell.key for s in setups),
+                        on_epoch=lambda j, r: self.log_epoch(idx[j], r),
+                        stop=self.stop,
+                        progress=self.rt.progress,
+                    ),
                     # one by one where packing is slower (as planned and probed)
                     pack=not prefers_one_by_one(setups[0].model, self.device),
                 )

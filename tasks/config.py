@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     PrivateAttr,
     ValidationError,
@@ -25,11 +23,12 @@ from pydantic import (
     model_validator,
 )
 
+from nltrain import MAX_BATCH, MAX_EPOCHS, TrainConfig
+from nltrain import Settings as _Frozen
 from tasks._config_checks import (
     ModelOptionError,
     check_model_overrides,
     check_names,
-    coercion_problem,
     format_validation,
     option_problems,
 )
@@ -109,10 +108,6 @@ MAX_SEED = 2**32 - 1
 
 #: The longest MLflow experiment name (MLflow refuses longer ones).
 MAX_EXPERIMENT_NAME = 500
-#: Bounds of training values that no run could reach (the paper trains 1000 epochs in batches of
-#: 128): a value past them is a typo, refused when the config is read.
-MAX_EPOCHS = 1_000_000
-MAX_BATCH = 1_048_576
 
 #: Bumped when the meaning of a cell's fields changes, so old hashes stop matching.
 _HASH_SCHEMA = 1
@@ -145,22 +140,6 @@ def non_default_overrides(method: str, overrides: Mapping[str, Any]) -> dict[str
     return of_registry(method, overrides)
 
 
-class _Frozen(BaseModel):
-    # allow_inf_nan=False: an infinite noise level or learning rate (TOML accepts `inf` and
-    # `nan`) is refused with the field's name instead of failing deep inside a run.
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_coercion(cls, value: Any, info: Any) -> Any:
-        """Strict kinds: no bool -> int (``epochs = true`` is not 1 epoch), no string ->
-        number or flag; checked before pydantic would convert the value."""
-        field = cls.model_fields.get(info.field_name)
-        if field is not None and (problem := coercion_problem(field.annotation, value)):
-            raise ValueError(problem)
-        return value
-
-
 class DataConfig(_Frozen):
     """How each cell's data set is simulated and split (see ``datasets.load_or_simulate``)."""
 
@@ -183,29 +162,6 @@ class DataConfig(_Frozen):
         if any(f <= 0 for f in v) or abs(sum(v) - 1.0) > 1e-9:
             raise ValueError(f"train/val/test fractions must be positive and sum to 1, got {v}")
         return v
-
-
-class TrainConfig(_Frozen):
-    """Optimisation protocol (paper: Adam 1e-3, batch 128, clipping 1, float64, patience 100)."""
-
-    epochs: int = Field(1000, ge=1, le=MAX_EPOCHS)
-    patience: int | None = Field(100, ge=1, le=MAX_EPOCHS, description="None: no early stopping")
-    batch_size: int = Field(128, ge=1, le=MAX_BATCH)
-    lr: float = Field(1e-3, gt=0.0)
-    grad_clip: float | None = Field(1.0, gt=0.0)
-    dtype: Literal["float64", "float32"] = "float64"
-    max_train_seconds: float | None = Field(
-        None,
-        gt=0.0,
-        description="training seconds each cell gets (a profile's wall-clock budget); "
-        "a pack of M cells trains up to M times as long",
-    )
-
-    def fixed_epochs(self, epochs: int | None = None) -> TrainConfig:
-        """This protocol for exactly ``epochs`` epochs (default: its own), no early stopping or
-        time budget ending it sooner: what the placement probes and timings measure."""
-        n = self.epochs if epochs is None else epochs
-        return self.model_copy(update={"epochs": n, "patience": None, "max_train_seconds": None})
 
 
 class TrackingConfig(_Frozen):

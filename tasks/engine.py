@@ -70,11 +70,11 @@ CPU_PACK_MEMBERS = 5
 
 def _packable(cell: CellConfig, device: str = "cpu") -> bool:
     """Whether the cell's model trains packed on ``device`` (else its seeds are better spread
-    over workers): :func:`tasks.packing.packable` and not
-    :func:`tasks.packing.prefers_one_by_one` there (Neural Laplace packs on CUDA only)."""
+    over workers): :func:`nltrain.packable` and not
+    :func:`nltrain.prefers_one_by_one` there (Neural Laplace packs on CUDA only)."""
     from nlmodels import build_model
+    from nltrain import packable, prefers_one_by_one
     from tasks._declarations import system_info
-    from tasks.packing import packable, prefers_one_by_one
 
     try:
         model = build_model(
@@ -134,7 +134,7 @@ def plan_packs(
     split by :func:`tasks.placement.gpu_pack_size` (``lanes`` packs share the GPU's memory);
     under ``auto`` each pack then goes where :func:`tasks.placement.place_pack` measured it
     faster (the CPU side measured as it would run there: one by one for a model that prefers
-    it, :func:`tasks.packing.prefers_one_by_one`; such a pack placed on the CPU is then split
+    it, :func:`nltrain.prefers_one_by_one`; such a pack placed on the CPU is then split
     into single cells, which spread over the workers). ``measure``/``cuda_available``/
     ``free_bytes`` replace the probes, CUDA's presence and the free GPU memory (tests,
     projections).

@@ -1,10 +1,14 @@
 """The platform's error families, matched by type (``isinstance``) wherever an error is
 classified: the command line's exit codes, the run log's run endings, the fault lines.
 
-Standard library only: the command line imports it before anything heavy loads.
+Standard library only (and :mod:`nltrain`'s errors, as light): the command line imports it
+before anything heavy loads. :class:`Interrupted` is the training floor's, the base of
+``nltrain.TrainingInterrupted``.
 """
 
 from __future__ import annotations
+
+from nltrain import Interrupted
 
 __all__ = ["Interrupted", "SettingError", "Unreachable"]
 
@@ -16,7 +20,3 @@ class SettingError(RuntimeError):
 class Unreachable(RuntimeError):
     """A store, a study storage or a scheduler the platform cannot reach or use: one line
     naming it, exit code 3."""
-
-
-class Interrupted(RuntimeError):
-    """Work stopped on request (a stop event, a signal): its run ends KILLED, not FAILED."""

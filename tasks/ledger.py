@@ -294,7 +294,7 @@ def numerics_of(model: str | None, system: str | None) -> str | None:
 
 def cell_numerics(cell: CellConfig) -> str:
     """Today's ``numerics`` of ``cell`` (its fingerprints computed, or read from their cache)."""
-    from tasks.numerics import model_fingerprint, system_fingerprint
+    from nltrain import model_fingerprint, system_fingerprint
 
     return numerics_of(model_fingerprint(cell.method), system_fingerprint(cell.system)) or ""
 

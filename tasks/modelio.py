@@ -128,7 +128,7 @@ def forecast(model: ForecastModel, spec: ModelSpec, inputs: Mapping[str, Any]) -
     ``[n, Tq, D]``. Values are normalised with the run's own training statistics on the way in
     and mapped back on the way out."""
     from datasets import Normaliser
-    from tasks._steps import DTYPES, as_tensor
+    from nltrain import DTYPES, as_tensor
 
     missing = {"obs_t", "obs_x", "query_t"} - set(inputs)
     if missing:

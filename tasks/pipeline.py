@@ -1,12 +1,12 @@
 """The pure core of a cell: plain steps that return values, and the one function that logs them.
 
 A cell's data set is simulated (:func:`simulate_data`) and split (:func:`prepare_cell`), its
-model built (:func:`build_cell_model`), trained (by :func:`tasks.packing.train_packed`, in
+model built (:func:`build_cell_model`), trained (by :func:`nltrain.train_packed`, in
 :func:`tasks.cell.fit_cells`) and evaluated (:func:`evaluate_cell`). Each step's record is a
 :class:`CellOutcome` (:func:`config_outcome`, :func:`data_outcome`, :func:`model_outcome`,
 :func:`evaluate_cell`: params, tags, metrics, figures, the model to save, the data set), and
 :func:`log_outcome` is the one place an outcome reaches the run log. A new test metric goes
-into :func:`cell_metrics` (or :meth:`tasks.evaluation.Evaluation.metrics`) and nowhere else;
+into :func:`cell_metrics` (or :func:`score_metrics`) and nowhere else;
 the per-epoch metrics of the live loss curve are :func:`epoch_metrics`.
 """
 
@@ -23,21 +23,27 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from datasets import Dataset, Prepared, data_home, load_or_simulate, prepare
-from nlmodels import ForecastModel, build_model, native_cpu_kernels
-from nlmodels._numerics import cpu_mode_in_effect, numerics_tag
-from tasks._declarations import ensure_declared
-from tasks.config import CellConfig, DataConfig
-from tasks.evaluation import (
+from nlmodels import (
+    ForecastModel,
+    build_model,
+    cpu_mode_in_effect,
+    native_cpu_kernels,
+    numerics_tag,
+)
+from nltrain import (
+    EpochRecord,
     Evaluation,
+    TrainResult,
     divergence,
     evaluate,
     outlier_census,
-    plot_extrapolation,
-    plot_loss_curves,
+    seeded,
 )
+from tasks._declarations import ensure_declared
+from tasks.config import CellConfig, DataConfig
 from tasks.modelio import ModelSpec, model_params, resolved_model_args, save_model
+from tasks.plots import plot_extrapolation, plot_loss_curves
 from tasks.tracking import Metrics, RunTags
-from tasks.training import EpochRecord, TrainResult, seeded
 
 if TYPE_CHECKING:
     from tasks.tracking import RunLog
@@ -55,6 +61,7 @@ __all__ = [
     "log_outcome",
     "model_outcome",
     "prepare_cell",
+    "score_metrics",
     "simulate_data",
 ]
 
@@ -211,11 +218,26 @@ def epoch_metrics(record: EpochRecord) -> dict[str, float]:
     }
 
 
+def score_metrics(ev: Evaluation) -> dict[str, float]:
+    """A cell's test scores under their metric names (per dimension too)."""
+    out = {
+        Metrics.TEST_RMSE: ev.test_rmse,
+        Metrics.TEST_RMSE_PHYSICAL: ev.test_rmse_physical,
+        Metrics.TEST_NFE: float(ev.nfe),
+        Metrics.TEST_TOP_SHARE: ev.top_share,
+        Metrics.TEST_RMSE_WITHOUT_TOP: ev.rmse_without_top,
+    }
+    for d, (v, p) in enumerate(zip(ev.rmse_per_dim, ev.rmse_physical_per_dim)):
+        out[f"test_rmse_dim{d}"] = v
+        out[f"test_rmse_physical_dim{d}"] = p
+    return out
+
+
 def cell_metrics(ev: Evaluation, result: TrainResult, diverged: bool = False) -> dict[str, float]:
     """A trained cell's final metrics: the test scores, how training went and whether the model
-    diverged (``diverged`` 1.0: see :func:`tasks.evaluation.divergence`)."""
+    diverged (``diverged`` 1.0: see :func:`nltrain.divergence`)."""
     return {
-        **ev.metrics(),
+        **score_metrics(ev),
         Metrics.BEST_EPOCH: result.best_epoch,
         Metrics.BEST_VAL_RMSE: result.best_val_rmse,
         Metrics.EPOCHS_RUN: len(result.history),

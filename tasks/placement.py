@@ -3,7 +3,7 @@
 Small models can train slower on a GPU than on one CPU core (every step launches many tiny
 kernels and waits on the host), and a pack of 30 members replayed from a CUDA graph costs a
 fraction per cell of a pack of 5. So ``--device auto`` times the step each pack will really run
-(:func:`probe_pack`: ``tasks.packing.train_packed`` of the pack's member count, at its cells'
+(:func:`probe_pack`: ``nltrain.train_packed`` of the pack's member count, at its cells'
 shapes; CUDA graphs on CUDA, the native kernels on the CPU where they apply) on both devices and
 picks the faster (:func:`place_pack`); on CUDA, :func:`gpu_pack_size` sizes packs by the
 measured memory per member and the measured seconds per cell-epoch.
@@ -35,9 +35,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nltrain import TrainResult, seeded, select_device
 from tasks._filelock import exclusive
 from tasks.config import CellConfig
-from tasks.training import TrainResult, seeded, select_device
 
 __all__ = [
     "MAX_PACK_MEMBERS",
@@ -142,11 +142,11 @@ def _synthetic_split(n: int, n_obs: int, n_query: int, dim: int, seed: int):
 def probe_pack(cell: CellConfig, device: torch.device, members: int = 1) -> Probe:
     """Time the training a pack of ``members`` cells like ``cell`` really runs on ``device``.
 
-    ``tasks.packing.train_packed`` of ``members`` models of the cell's method on synthetic
+    ``nltrain.train_packed`` of ``members`` models of the cell's method on synthetic
     splits of the cell's shapes (one training batch and at most one validation batch per
     epoch), :data:`PROBE_EPOCHS` epochs: whatever that path runs (CUDA graphs, the native CPU
     kernels, one by one for models that do not pack or that prefer it there:
-    :func:`tasks.packing.prefers_one_by_one`) is what is timed. The last epoch's time,
+    :func:`nltrain.prefers_one_by_one`) is what is timed. The last epoch's time,
     per member, scaled by the cell's real number of training batches, is the cost of one
     cell-epoch; on CUDA the peak memory of the run, per member, plus the rest of the cell's data.
     """
@@ -191,7 +191,7 @@ def _probe_run(
 ) -> list:
     """The probe's training: ``members`` fresh models of the cell's method, one batch each."""
     from nlmodels import build_model
-    from tasks.packing import prefers_one_by_one, train_packed
+    from nltrain import prefers_one_by_one, train_packed
 
     models = []
     for seed in range(members):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.cmi import (
+from datasets import (
     conditional_mutual_information,
     gaussian_cmi,
     gaussian_mi,

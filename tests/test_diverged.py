@@ -1,5 +1,5 @@
 """A model that never learned finishes, is flagged (run tag, results table, one line) and is
-never registered: the rule of :func:`tasks.evaluation.divergence`, and a benchmark with an
+never registered: the rule of :func:`nltrain.divergence`, and a benchmark with an
 absurd learning rate run as a user would."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.evaluation import DIVERGED_RMSE_FACTOR, divergence
-from tasks.training import EpochRecord
+from nltrain import DIVERGED_RMSE_FACTOR, EpochRecord, divergence
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,16 +11,11 @@ import torch
 
 from datasets import load_or_simulate, prepare
 from nlmodels import ForecastModel
-from tasks.evaluation import (
-    evaluate,
-    outlier_census,
-    plot_extrapolation,
-    plot_loss_curves,
-    top_error_share,
-)
+from nltrain import EpochRecord, evaluate, outlier_census, top_error_share
+from tasks.pipeline import score_metrics
+from tasks.plots import plot_extrapolation, plot_loss_curves
 from tasks.reporting import PAPER_MAIN_TABLE, parent_summary, results_table
 from tasks.results import CellResult
-from tasks.training import EpochRecord
 
 
 class Constant(ForecastModel):
@@ -60,7 +55,7 @@ def test_rmse_equals_hand_computation(prepared):
     assert ev.test_rmse_physical == pytest.approx(np.sqrt(np.mean((p_phys - y_phys) ** 2)))
     assert pred.shape == y.shape
     assert ev.nfe == int(np.ceil(n / 2))  # one call per batch of 2
-    assert set(ev.metrics()) >= {"test_rmse", "test_rmse_dim0", "test_rmse_physical_dim1"}
+    assert set(score_metrics(ev)) >= {"test_rmse", "test_rmse_dim0", "test_rmse_physical_dim1"}
 
 
 def test_top_error_share_on_hand_made_errors():
@@ -87,7 +82,7 @@ def test_top_error_share_on_hand_made_errors():
 def test_evaluation_logs_dominance_beside_the_real_score(prepared):
     ev, pred = evaluate(Constant(0.25), prepared.test, prepared.normaliser)
     share, without = top_error_share(pred, prepared.test.target)
-    m = ev.metrics()
+    m = score_metrics(ev)
     assert (m["test_top_share"], m["test_rmse_without_top"]) == (share, without)
     assert 0 < share < 0.5 and not ev.dominated and without < ev.test_rmse
 

@@ -13,12 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from nlmodels import build_model
+from nltrain import seeded
 from tasks.cell import CellRuntime, run_pack
 from tasks.config import CellConfig, TrainConfig
 from tasks.engine import stored_results
 from tasks.modelio import ModelSpec, load_model, save_model
 from tasks.tracking import Tracking, connect
-from tasks.training import seeded
 
 
 def _use_home(monkeypatch, home: Path) -> None:

@@ -13,8 +13,7 @@ from nlmodels import build_model
 from nlmodels.baselines import LatentODE
 from nlmodels.baselines._dopri import _tableau, dopri5_lanes
 from nlmodels.baselines._mlp import stacked_linear, stacked_mlp
-from tasks.packing import packable
-from tasks.training import TrainingDiverged, seeded, train
+from nltrain import TrainingDiverged, packable, seeded, train
 
 # Small sizes: the tests train in seconds; the architecture is the paper's.
 SMALL = {"rec_units": 8, "rec_hidden": (8,), "head_hidden": (8,), "ode_hidden": (8, 8)}

@@ -1,6 +1,6 @@
 """The shape of the code, read from its import statements (every one, function-level included):
-the floors ``nlmodels``/``datasets`` → ``tasks`` → ``flows`` only import downwards, no module
-imports itself back through others, and no module outgrows a reader (500 lines)."""
+the floors ``nlmodels``/``datasets`` → ``nltrain`` → ``tasks`` → ``flows`` only import downwards,
+no module imports itself back through others, and no module outgrows a reader (500 lines)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("nlmodels", "datasets", "tasks", "flows")
+PACKAGES = ("nlmodels", "datasets", "nltrain", "tasks", "flows")
 MAX_LINES = 500
 #: Which of the project's packages, and which orchestration libraries, each floor may import.
 FLOOR_MAY_IMPORT = {
     "nlmodels": {"nlmodels"},
     "datasets": {"datasets"},
-    "tasks": {"nlmodels", "datasets", "tasks"},
-    "flows": {"nlmodels", "datasets", "tasks", "flows"},
+    "nltrain": {"nlmodels", "datasets", "nltrain"},
+    "tasks": {"nlmodels", "datasets", "nltrain", "tasks"},
+    "flows": {"nlmodels", "datasets", "nltrain", "tasks", "flows"},
 }
+#: Floors that hold numbers, not orchestration: none may import an ORCHESTRATION library.
+NUMERIC_FLOORS = ("nlmodels", "datasets", "nltrain")
 ORCHESTRATION = {"prefect", "prefect_dask", "mlflow", "optuna", "dask", "distributed"}
 
 
@@ -137,7 +140,7 @@ def test_each_floor_imports_only_downwards(floor: str) -> None:
         if module.split(".")[0] == floor
         for name in names
         if ((top := name.split(".")[0]) in PACKAGES and top not in FLOOR_MAY_IMPORT[floor])
-        or (floor in ("nlmodels", "datasets") and top in ORCHESTRATION)
+        or (floor in NUMERIC_FLOORS and top in ORCHESTRATION)
     }
     assert not wrong
 
@@ -178,8 +181,9 @@ def test_a_cell_result_is_built_only_by_its_constructors() -> None:
 
 MAX_PUBLIC_METHODS = 25
 MAX_FUNCTION_LINES = 60
-#: Floors whose functions are orchestration: read top-down, so none longer than a screen.
-SHORT_FUNCTION_FLOORS = ("tasks", "flows")
+#: Floors whose functions are read top-down (orchestration, and the training loop's drivers),
+#: so none longer than a screen.
+SHORT_FUNCTION_FLOORS = ("nltrain", "tasks", "flows")
 #: ``importer: imported private name`` -> why it may cross a module boundary.
 PRIVATE_IMPORTS_ALLOWED: dict[str, str] = {}
 
@@ -271,6 +275,126 @@ def test_no_private_name_crosses_a_module_boundary() -> None:
     assert not unused, f"allow-list entries no longer needed: {sorted(unused)}"
 
 
+def _private_part(dotted: str) -> str | None:
+    """``dotted`` up to its first private part (``nltrain._loop`` of ``nltrain._loop.time``)."""
+    parts = dotted.split(".")
+    for i, part in enumerate(parts[1:], start=1):
+        if _is_private(part):
+            return ".".join(parts[: i + 1])
+    return None
+
+
+def _private_crossings(name: str, path: Path, tree: ast.Module) -> set[str]:
+    """The private modules and names of the other packages that module ``name`` imports (each
+    up to its first private part): another package's private module is that package's own
+    business, reached only through its face (its ``__init__``)."""
+    is_package, own = path.name == "__init__.py", name.split(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            dotted = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = _source_module(name, is_package, node)
+            dotted = [module, *(f"{module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for d in dotted:
+            if (
+                d.split(".")[0] in PACKAGES
+                and d.split(".")[0] != own
+                and (part := _private_part(d))
+            ):
+                found.add(part)
+    return found
+
+
+def test_no_package_imports_another_packages_private_module() -> None:
+    wrong = {
+        f"{name} imports {part}"
+        for name, tree in TREES.items()
+        for part in _private_crossings(name, MODULES[name], tree)
+    }
+    assert not wrong
+
+
+TESTS = {f"tests.{p.stem}": p for p in sorted((ROOT / "tests").glob("*.py"))}
+#: The internals tests check directly, each up to its first private part, and why a test needs
+#: it rather than the package's face (a clock, a memory size or a cache to replace; a kernel or
+#: a batched step compared with the formula it stands for). Nothing else crosses.
+TEST_INTERNALS: dict[str, str] = {
+    "datasets._cache": "a temporary file left by a crash, older than the cleanup age",
+    "datasets._declared": "the memory a data file may take (faked) and its parser, unreached",
+    "datasets._simulate": "the memory a data set may take (faked) and the data version",
+    "datasets._systems": "the system registry, restored after a test declares systems",
+    "flows._artifacts": "the Prefect artifact keys a study writes",
+    "flows._dask": "the Dask task runner's checks and errors, without a cluster",
+    "flows._runtime": "the servers a flow starts, stopped on interrupt",
+    "flows._study_catalog": "the study catalogue against the studies registered",
+    "flows.studies._config": "the studies' quick training protocol",
+    "nlmodels._numerics": "the CPU numerics mode's pinned environment and tags",
+    "nlmodels.accel.gru._NativeGRU": "the native GRU kernel against torch's formula",
+    "nlmodels.accel.gru._WavefrontGRU": "the wavefront GRU kernel against torch's formula",
+    "nlmodels.accel.native._store": "where the native kernels are built and their cache key",
+    "nlmodels.baselines._dopri": "the Dormand-Prince tableau and the batched solver's lanes",
+    "nlmodels.baselines._mlp": "the stacked (batched) MLP against one member's",
+    "nlmodels.baselines._solve": "the fixed-step Euler solve the packed step is compared with",
+    "nltrain._fingerprints": "the fingerprint cache (folder, memo) replaced per test",
+    "nltrain._loop": "the training loop's clock, replaced to test time budgets",
+    "nltrain._member_products": "per-member products against the batched ones, bit for bit",
+    "nltrain._packed_cells": "a pack of one, built directly",
+    "nltrain._packer": "the batched step, built directly",
+    "nltrain._steps": "a split's tensors and the epoch readout, built directly",
+    "tasks._declarations": "the declared systems, restored after a test declares systems",
+    "tasks._model_memory": "the bytes a model's training needs (the estimate checked)",
+    "tasks._names": "the main systems (pinned digests per system)",
+    "tasks._workers": "worker processes killed and counted",
+    "tasks.placement._probe_key": "the placement probe's cache key",
+}
+
+
+def test_tests_reach_only_the_internals_they_check() -> None:
+    reached = {
+        part
+        for name, path in TESTS.items()
+        for part in _private_crossings(name, path, ast.parse(path.read_text()))
+    }
+    assert reached - set(TEST_INTERNALS) == set()
+    unused = set(TEST_INTERNALS) - reached
+    assert not unused, f"allow-list entries no longer needed: {sorted(unused)}"
+
+
+def _module_lookups(tree: ast.Module) -> set[str]:
+    """Project modules looked up in ``sys.modules`` (``sys.modules[...]``, ``.get(...)``,
+    ``... in sys.modules``): a module is imported, not fished out of the interpreter."""
+
+    def is_sys_modules(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and ast.unparse(node) == "sys.modules"
+
+    keys: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and is_sys_modules(node.value):
+            keys.append(node.slice)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and is_sys_modules(node.func.value)
+        ):
+            keys += node.args[:1]
+        elif isinstance(node, ast.Compare) and any(map(is_sys_modules, node.comparators)):
+            keys.append(node.left)
+    return {
+        k.value
+        for k in keys
+        if isinstance(k, ast.Constant)
+        and isinstance(k.value, str)
+        and k.value.split(".")[0] in PACKAGES
+    }
+
+
+def test_no_project_module_is_looked_up_in_sys_modules() -> None:
+    assert {name: found for name, tree in TREES.items() if (found := _module_lookups(tree))} == {}
+
+
 def test_only_the_tracking_package_imports_mlflow() -> None:
     wrong = {
         f"{module} imports {name}"
@@ -286,13 +410,16 @@ def test_the_shape_checks_catch_what_they_forbid() -> None:
     """Each rule above on a made-up module that breaks it."""
     source = "\n".join(
         [
-            "from tasks.training import _hidden",
-            "from tasks import training",
+            "from tasks.pipeline import _hidden",
+            "from tasks import pipeline",
             "class Wide:",
             *[f"    def m{i}(self): pass" for i in range(MAX_PUBLIC_METHODS + 1)],
             "def long():",
             *["    x = 1"] * MAX_FUNCTION_LINES,
-            "y = training._other",
+            "y = pipeline._other",
+            "from datasets._cache import data_home",
+            "import nltrain._loop",
+            "m = sys.modules.get('datasets._cache')",
         ]
     )
     tree = ast.parse(source)
@@ -303,8 +430,10 @@ def test_the_shape_checks_catch_what_they_forbid() -> None:
         assert _wide_classes(MAX_PUBLIC_METHODS) == {f"{name}:Wide": MAX_PUBLIC_METHODS + 1}
         assert f"{name}:long" in _long_functions(("tasks",), MAX_FUNCTION_LINES)
         assert _private_imports({name: tree}) == {
-            f"{name}: tasks.training._hidden",
-            f"{name}: tasks.training._other",
+            f"{name}: tasks.pipeline._hidden",
+            f"{name}: tasks.pipeline._other",
         }
+        assert _private_crossings(name, MODULES[name], tree) == {"datasets._cache", "nltrain._loop"}
+        assert _module_lookups(tree) == {"datasets._cache"}
     finally:
         del MODULES[name], TREES[name]

@@ -16,7 +16,7 @@ import pytest
 from flows.benchmark import run_benchmark
 from flows.cli import main
 from nlmodels import MODELS
-from tasks import numerics
+from nltrain import _fingerprints as numerics
 from tasks.cell import stored_results
 from tasks.config import RunConfig
 from tasks.tracking import RunTags, connect
@@ -120,9 +120,9 @@ def test_numerics_decide_reuse_and_compare_names_the_change(
     before = numerics.model_fingerprint(TOY)
 
     # a refactor: the source (and so the cache key) changes, the numbers do not: all reused
-    key = numerics._model_source(TOY)
+    key = numerics.source_key(TOY)
     toy(0.0, REFACTORED)
-    assert numerics._model_source(TOY) != key
+    assert numerics.source_key(TOY) != key
     assert numerics.model_fingerprint(TOY) == before
     again = run_benchmark(config)
     assert set(_statuses(again).values()) == {"reused"}
@@ -226,9 +226,8 @@ def test_a_model_that_fails_as_it_runs_gets_a_fingerprint_that_matches_nothing(
 ):
     """Its cells then fail on their own, with their error, instead of the whole command."""
     from nlmodels.baselines.ode import NODE
-    from tasks import _notify, numerics
 
-    monkeypatch.setattr(_notify, "_TOLD", set())  # told once per process: an earlier test may have
+    monkeypatch.setattr(numerics, "_TOLD", set())  # told once per process: an earlier test may have
     monkeypatch.setattr(numerics, "_cache_dir", lambda: tmp_path)
     monkeypatch.setattr(numerics, "_MEMO", {})
 

@@ -17,11 +17,9 @@ import pytest
 import torch
 
 from nlmodels import build_model
+from nltrain import evaluate, train, train_packed
 from tasks.config import CellConfig, TrainConfig
-from tasks.evaluation import evaluate
-from tasks.packing import train_packed
 from tasks.pipeline import build_cell_model, prepare_cell, simulate_data
-from tasks.training import train
 
 ROOT = Path(__file__).resolve().parents[1]
 # The smoke benchmark's cells of the thread-versus-Dask comparison (two systems, Neural

@@ -18,10 +18,9 @@ from test_packing import _split
 
 from datasets import SplitData
 from nlmodels import build_model
-from tasks._member_products import MemberProducts
+from nltrain import TrainResult, seeded, train, train_packed
+from nltrain._member_products import MemberProducts
 from tasks.config import TrainConfig
-from tasks.packing import train_packed
-from tasks.training import TrainResult, seeded, train
 
 # The quick profile's shapes (tasks/profiles/quick.yaml; 1-D and 2-D systems alike: 100
 # observed and 100 predicted points, batches of 32) and its models' default sizes; fewer
@@ -29,7 +28,7 @@ from tasks.training import TrainResult, seeded, train
 # profile itself).
 _QUICK = {"batch_size": 32, "lr": 0.003, "patience": None}
 MODELS = ("node", "anode", "nf_coupling", "nf_resnet", "latent_ode", "neural_laplace")
-# Never packed on the CPU by the engine (tasks.packing.prefers_one_by_one): their unpacked run
+# Never packed on the CPU by the engine (nltrain.prefers_one_by_one): their unpacked run
 # there is their eager step, which agrees with the pack's arithmetic to rounding only; they are
 # compared with their pack of one (how a single cell of them trains where they pack: CUDA).
 ONE_BY_ONE_ON_CPU = ("latent_ode", "neural_laplace")
@@ -123,7 +122,7 @@ def test_a_1d_member_is_bitwise_its_unpacked_run(name):
     products with one output column (NODE's last layer and its weight gradient) are
     matrix–vector products, which MKL rounds differently in a batch of one (a pack of one)
     and in a batch of several; the pack computes them member by member
-    (:mod:`tasks._member_products`). NODE failed here before (34.79543030250215 alone against
+    (:mod:`nltrain._member_products`). NODE failed here before (34.79543030250215 alone against
     …214 packed in epoch 0's loss on piecewise forcing, quick profile)."""
     _check_cross_system(name, 1)
 

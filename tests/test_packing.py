@@ -16,16 +16,19 @@ from nlmodels import build_model
 from nlmodels.accel import plain_formulas
 from nlmodels.base import host_bool, recorded_host_bools
 from nlmodels.baselines._solve import _euler
-from tasks.config import TrainConfig
-from tasks.packing import PlainGRUCell, packable, train_packed
-from tasks.training import (
+from nltrain import (
+    LoopOptions,
+    PlainGRUCell,
     TrainingDiverged,
     TrainingInterrupted,
     TrainResult,
+    packable,
     predict,
     seeded,
     train,
+    train_packed,
 )
+from tasks.config import TrainConfig
 
 # Small sizes keep every model fast; the architectures are the paper's.
 _SMALL = {
@@ -88,7 +91,7 @@ def _unpacked(name, seeds, cfg, datas, **kw):
     return out
 
 
-def _packed(name, seeds, cfg, datas, *, on_epoch=None, device="cpu", **kw):
+def _packed(name, seeds, cfg, datas, *, on_epoch=None, device="cpu", budget=None, **kw):
     models = [_model(name, s, **kw) for s in seeds]
     records = {i: [] for i in range(len(seeds))}
 
@@ -104,8 +107,7 @@ def _packed(name, seeds, cfg, datas, *, on_epoch=None, device="cpu", **kw):
         cfg,
         device=device,
         seeds=seeds,
-        labels=[f"m{s}" for s in seeds],
-        on_epoch=record,
+        options=LoopOptions(tuple(f"m{s}" for s in seeds), on_epoch=record, budget=budget),
     )
     for i, r in enumerate(results):
         if isinstance(r, TrainResult):
@@ -210,7 +212,7 @@ def test_gradient_norm_divergence_ends_only_that_member():
         [d[1] for d in datas],
         cfg,
         seeds=seeds,
-        labels=["m0", "m1"],
+        options=LoopOptions(labels=("m0", "m1")),
     )
     assert isinstance(results[1], TrainingDiverged)
     for a, b, d in zip(unpacked, zip(models, results), datas):
@@ -380,8 +382,7 @@ def test_stop_event_interrupts():
             [d[1] for d in datas],
             _cfg(),
             seeds=[0, 1],
-            labels=["node/seed0", "node/seed1"],
-            stop=stop,
+            options=LoopOptions(labels=("node/seed0", "node/seed1"), stop=stop),
         )
 
 
@@ -478,8 +479,8 @@ def test_cuda_graphs_equal_eager(name):
 def test_device_scalar_adam_and_replayed_checks_match_the_eager_step(name):
     """The arithmetic a CUDA graph replays (Adam's step size read from device scalars, the
     models' host checks replayed from a tape) against the CPU step, run on the CPU."""
-    from tasks._packer import Packer
-    from tasks._steps import Tensors
+    from nltrain._packer import Packer
+    from nltrain._steps import Tensors
 
     datas = [_data(s) for s in (0, 1)]
 
@@ -526,8 +527,9 @@ def test_members_with_different_settings_train_one_by_one():
 
 def test_the_time_budget_is_per_cell(monkeypatch):
     """A pack of M cells holds its worker for up to M budgets: on a clock where one packed
-    epoch costs what one unpacked epoch does, each member runs M times the epochs."""
-    import tasks.loop
+    epoch costs what one unpacked epoch does, each member runs M times the epochs. A budget
+    given in the loop's options is the whole call's."""
+    import nltrain._loop
 
     class Clock:  # advances one second per (packed) epoch, when the first member reports
         now = 0.0
@@ -540,20 +542,21 @@ def test_the_time_budget_is_per_cell(monkeypatch):
         def tick(cls, member: int, _record) -> None:
             cls.now += member == 0
 
-    monkeypatch.setattr(tasks.loop, "time", Clock)  # the training loop's clock
+    monkeypatch.setattr(nltrain._loop, "time", Clock)  # the training loop's clock
     cfg = _cfg(epochs=100, max_train_seconds=4.0)
 
-    def epochs_run(seeds: list[int]) -> list[int]:
+    def epochs_run(seeds: list[int], budget: float | None = None) -> list[int]:
         Clock.now = 0.0
+        datas = [_data(s) for s in seeds]
         results = [
-            r
-            for _, r in _packed("node", seeds, cfg, [_data(s) for s in seeds], on_epoch=Clock.tick)
+            r for _, r in _packed("node", seeds, cfg, datas, on_epoch=Clock.tick, budget=budget)
         ]
         assert all(r.stopped == "time_budget" for r in results), [r.stopped for r in results]
         return [len(r.history) for r in results]
 
     assert epochs_run([0]) == [4]
     assert epochs_run([0, 1, 2]) == [12, 12, 12]
+    assert epochs_run([0, 1, 2], budget=6.0) == [6, 6, 6]
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import pytest
 import torch
 from cells import tiny_cell
 
+from nltrain import EpochRecord, TrainResult, predict
 from tasks.cell import CellRuntime, run_cell, stored_results
 from tasks.config import CellConfig
 from tasks.pipeline import (
@@ -21,7 +22,6 @@ from tasks.pipeline import (
 )
 from tasks.results import CellResult
 from tasks.tracking import RunRecord, RunTags, connect
-from tasks.training import EpochRecord, TrainResult, predict
 
 _cell = tiny_cell
 

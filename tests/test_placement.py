@@ -123,7 +123,7 @@ def test_neural_laplace_packs_where_placed_on_cuda_and_spreads_one_by_one_on_the
 
 
 def test_the_probe_runs_what_the_cells_will_run(monkeypatch):
-    import tasks.packing as packing
+    import nltrain as packing
 
     seen: list[tuple[str, bool, int]] = []
     real = packing.train_packed

@@ -8,12 +8,11 @@ import pytest
 
 from datasets import load_or_simulate, prepare
 from flows import registry_name, run_benchmark
-from nlmodels import native_cpu_kernels
-from nlmodels._numerics import cpu_mode_in_effect
+from nlmodels import cpu_mode_in_effect, native_cpu_kernels
+from nltrain import evaluate
 from tasks import load_registered_model
 from tasks.cell import CellRuntime, run_cell
 from tasks.config import CellConfig, TrainConfig, resolve_config
-from tasks.evaluation import evaluate
 from tasks.tracking import Tracking, connect
 
 SYSTEMS = ["integro_de", "spiral_dde"]

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from flows import registry_name, run_benchmark
+from nltrain import evaluate
 from tasks import load_registered_model
 from tasks.cell import prepare_cell, simulate_data
 from tasks.config import CellConfig, resolve_config
-from tasks.evaluation import evaluate
 from tasks.modelio import forecast
 from tasks.tracking import connect
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks._sqlite_faults import MAX_SQLITE_PATH, sqlite_problem
+from tasks import MAX_SQLITE_PATH, sqlite_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from nlmodels import build_model
+from nltrain import TrainingInterrupted, seeded
 from tasks.config import TrackingConfig
 from tasks.modelio import ModelSpec, load_model, save_model
 from tasks.tracking import (
@@ -25,7 +26,6 @@ from tasks.tracking import (
     connect,
     parent_run,
 )
-from tasks.training import TrainingInterrupted, seeded
 
 STATUSES = ("finished", "reused", "reused", "failed")
 

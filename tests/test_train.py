@@ -12,14 +12,14 @@ from torch import nn
 from datasets import load_or_simulate, prepare
 from nlmodels import ForecastModel, build_model
 from nlmodels.base import batch_times
-from tasks.config import TrainConfig
-from tasks.training import (
+from nltrain import (
     TrainingDiverged,
     TrainingInterrupted,
     seeded,
     select_device,
     train,
 )
+from tasks.config import TrainConfig
 
 
 class Linear(ForecastModel):
@@ -121,7 +121,7 @@ def test_time_budget_stops_training(data):
 def test_a_budget_stopped_run_is_replayed_by_its_epoch_count(data, monkeypatch):
     """A time budget only truncates: the same cell trained for the epochs the budget allowed,
     without a budget, ends with the same history and weights."""
-    import tasks.loop
+    import nltrain._loop
 
     class Clock:  # one second per call: the budget ends the run after a few epochs
         now = 0.0
@@ -137,7 +137,7 @@ def test_a_budget_stopped_run_is_replayed_by_its_epoch_count(data, monkeypatch):
         r = train(m, data.train, data.val, cfg, seed=4)
         return r, m.state_dict()
 
-    monkeypatch.setattr(tasks.loop, "time", Clock)
+    monkeypatch.setattr(nltrain._loop, "time", Clock)
     budgeted, w_budget = run(_cfg(epochs=500, patience=None, max_train_seconds=9.0))
     monkeypatch.undo()
     assert budgeted.stopped == "time_budget" and 1 < len(budgeted.history) < 500
@@ -188,7 +188,7 @@ def test_training_on_cuda(data):
 
 
 def test_the_epoch_bar_names_a_time_budget_instead_of_an_eta():
-    from tasks.training import epoch_bar
+    from nltrain import epoch_bar
 
     plain = epoch_bar(_cfg(epochs=30), "cell", progress=True)
     budgeted = epoch_bar(_cfg(epochs=1000, max_train_seconds=25.0), "cell", progress=True)
@@ -204,13 +204,13 @@ def test_the_epoch_bar_names_a_time_budget_instead_of_an_eta():
 
 
 def _history(*val_rmse: float):
-    from tasks.loop import EpochRecord
+    from nltrain import EpochRecord
 
     return [EpochRecord(e, 1.0, 1.0, v, 0.5, 0) for e, v in enumerate(val_rmse)]
 
 
 def test_stop_reason_names_each_reason_and_none():
-    from tasks.loop import stop_reason
+    from nltrain import stop_reason
 
     cfg = _cfg(epochs=5, patience=2)
     assert stop_reason([], cfg) is None
@@ -239,9 +239,8 @@ def test_fixed_epochs_switches_off_every_other_stop():
 
 
 def test_both_step_kinds_declare_the_step_function(data):
-    from tasks._packed_cells import pack_of_one
-    from tasks.loop import StepFunction
-    from tasks.training import step_function
+    from nltrain import StepFunction, step_function
+    from nltrain._packed_cells import pack_of_one
 
     with seeded(0):
         model = build_model("node", 1, hidden=(4,))
@@ -260,7 +259,7 @@ def test_both_step_kinds_declare_the_step_function(data):
 
 
 def test_epoch_seconds_times_the_training_loop(data):
-    from tasks.training import epoch_seconds
+    from nltrain import epoch_seconds
 
     with seeded(0):
         model = Linear(1)
@@ -288,7 +287,7 @@ class _ScriptedStep:
         self.steps += 1
 
     def end_epoch(self):
-        from tasks._steps import Readout
+        from nltrain._steps import Readout
 
         vals = [self.scripts[m][self.epoch] for m in self.members]
         ok = [v is not None for v in vals]
@@ -312,7 +311,7 @@ class _ScriptedStep:
 
 
 def test_train_loop_drives_any_step_function():
-    from tasks.loop import LoopOptions, StepFunction, TrainResult, train_loop
+    from nltrain import LoopOptions, StepFunction, TrainResult, train_loop
 
     step = _ScriptedStep([[3.0, 2.0, 2.5, 2.6, 9.0], [3.0, None, 1.0, 1.0, 1.0], [3.0] * 5])
     assert isinstance(step, StepFunction)

@@ -19,10 +19,10 @@ import torch
 from optuna.trial import FixedTrial, TrialState
 
 from nlmodels import build_model
+from nltrain import TrainingDiverged
 from tasks.config import resolve_config
 from tasks.search_spaces import SEARCH_SPACES, Suggestion, paper_params, suggest
 from tasks.tracking import connect
-from tasks.training import TrainingDiverged
 from tasks.tuning import (
     TuneSpec,
     apply_tuned,

@@ -90,7 +90,7 @@ def test_a_data_file_system_gets_its_own_split_and_n_observed(tmp_path: Path) ->
     rows = np.concatenate([prepared.train.index, prepared.val.index, prepared.test.index])
     assert sorted(rows.tolist()) == list(range(20))
     # the run's MLflow dataset input is the file itself: its path and content digest
-    from datasets._declared import file_digest
+    from datasets import file_digest
     from tasks.pipeline import data_outcome
 
     logged = data_outcome(cell, ds, prepared).dataset

@@ -123,7 +123,7 @@ def task_runner(args: argparse.Namespace) -> str | None:
 def check_storage(url: str | None) -> None:
     """An ``--storage`` URL that would lose the study or need a folder made: a
     :class:`UsageError` before Optuna loads."""
-    from tasks._storage_urls import sqlite_storage_problem
+    from tasks import sqlite_storage_problem
 
     if url and (problem := sqlite_storage_problem(url)) is not None:
         raise UsageError(problem)
@@ -132,7 +132,7 @@ def check_storage(url: str | None) -> None:
 def check_memory(config) -> None:
     """A model of ``config`` whose training cannot fit in the free memory of its device: a
     :class:`UsageError` ("this model needs N GB to train; M GB free") before anything starts."""
-    from tasks._model_memory import check_models_fit
+    from tasks import check_models_fit
 
     try:
         check_models_fit(config.cells(), config.execution.device)
@@ -143,7 +143,7 @@ def check_memory(config) -> None:
 def check_store_paths(home: Path) -> None:
     """Stores sqlite cannot open for their path's length (a deep ``NLLAB_HOME``): a
     :class:`UsageError` at once, not a "cannot open" minutes later."""
-    from tasks._sqlite_faults import path_too_long
+    from tasks import path_too_long
     from tasks.tracking.locations import store_path, tracking_uri
 
     paths = [Path(os.environ.get("PREFECT_HOME", home / "prefect")) / "prefect.db"]
@@ -312,7 +312,7 @@ def resolve(args: argparse.Namespace, profile: str | None = None):
                 "(`dask scheduler --port PORT`) or correct --dask-address"
             )
     if config.execution.device == "cuda":
-        from tasks.training import select_device
+        from nltrain import select_device
 
         try:
             select_device("cuda")
@@ -360,12 +360,12 @@ def check_names(
     """Check system and method names, and the config file's (that it exists and parses, and
     the names and profile it holds), without importing numpy, torch, MLflow or Prefect.
     Raises :class:`~tasks.config.ConfigError` (exit code 2) naming the valid choices."""
-    from tasks._declarations import declared_names
+    from tasks import declared_names
     from tasks.config import METHODS, PROFILES, SYSTEM_NAMES, load_config_file
 
     valid_methods = tuple(sorted(METHODS))
     layer = load_config_file(config_file) if config_file is not None else {}
-    from tasks._names import plugin_systems
+    from tasks import plugin_systems
 
     valid_systems = SYSTEM_NAMES + declared_names(layer) + tuple(sorted(plugin_systems()))
     _check("system", "systems", systems, valid_systems)

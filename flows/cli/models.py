@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         model_sources,
         plugin_problems,
     )
-    from tasks._names import DEFAULT_QUICK_EPOCHS
+    from tasks import DEFAULT_QUICK_EPOCHS
     from tasks.config import QUICK_EPOCHS
 
     names = model_names()  # loads the plugins

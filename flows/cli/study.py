@@ -123,7 +123,7 @@ def _config(args: argparse.Namespace):
         overrides=overrides,
     )
     if config.run.execution.device == "cuda":
-        from tasks.training import select_device
+        from nltrain import select_device
 
         select_device("cuda")  # RuntimeError with the reason when CUDA is absent
     return config

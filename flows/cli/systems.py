@@ -29,7 +29,7 @@ def _plugin_simulators() -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tasks._declarations import SystemDeclaration, declared_names
+    from tasks import SystemDeclaration, declared_names
     from tasks.config import MAIN_SYSTEMS, SYSTEM_NAMES, load_config_file
 
     layer = load_config_file(args.config) if args.config else {}
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join([*SYSTEM_NAMES, *declared, *(p for p in plugins if p not in declared)]))
         return 0
     from datasets import SYSTEMS
-    from tasks._declarations import resolve_sources
+    from tasks import resolve_sources
 
     rows = [
         (

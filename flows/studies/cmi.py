@@ -2,8 +2,9 @@
 extrapolations given the initial condition (paper ``Table:CMI``; higher is better).
 
 Each finished cell's model (from its MLflow artifact) predicts its test split; the KSG-type
-estimator of :mod:`tasks.cmi` estimates I(x_true; x_pred | x0) with whole extrapolated halves as
-samples, in bits (base 2, NPEET's default, the toolbox the paper used).
+estimator :func:`datasets.conditional_mutual_information` estimates I(x_true; x_pred | x0) with
+whole extrapolated halves as samples, in bits (base 2, NPEET's default, the toolbox the paper
+used).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from datasets import conditional_mutual_information
 from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec
 from flows.studies._plots import plot_bars
 from flows.studies._tables import add_paper, aggregate
-from tasks.cmi import conditional_mutual_information
+from nltrain import predict
 from tasks.config import METHODS
-from tasks.training import predict
 
 _PAPER = {"mackey_glass_dde": 1.6011, "lotka_volterra_dde": 3.7913, "stiff_van_der_pol": 3.3224}
 SYSTEMS = tuple(_PAPER)
@@ -69,7 +70,7 @@ def _body(ctx: StudyContext) -> StudyOutput:
         records.append({**lab, "value": value})
     table = add_paper(aggregate(records, KEYS), KEYS, SPEC.paper, higher_is_better=True)
     plot_bars(table, "system", "method", ctx.figure("cmi"), title="CMI", ylabel="CMI (bits)")
-    return StudyOutput({"cmi": table}, notes="KSG-type CMI (tasks.cmi), base 2, k = 3.")
+    return StudyOutput({"cmi": table}, notes="KSG-type CMI (datasets), base 2, k = 3.")
 
 
 STUDY = Study(SPEC, _body)

@@ -23,8 +23,7 @@ import numpy as np
 
 from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec
 from flows.studies._tables import add_paper, aggregate
-from tasks.evaluation import rmse
-from tasks.training import predict
+from nltrain import predict, rmse
 
 SYSTEM = "noisy_sines"
 MAX_FREQUENCY = 3.0

@@ -1,7 +1,7 @@
 """``nllab study wallclock``: seconds per training epoch of every model on Lotka–Volterra
 (paper Table 11, ``wallclocktime``; the paper timed 1000 trajectories on a V100 GPU, so the gap
 column compares different hardware). Times the training loop a cell runs
-(:func:`tasks.training.epoch_seconds`), one validation batch included."""
+(:func:`nltrain.epoch_seconds`), one validation batch included."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from datasets import SplitData
 from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec
 from flows.studies._plots import plot_bars
 from flows.studies._tables import add_paper
+from nltrain import epoch_seconds as loop_epoch_seconds
+from nltrain import seeded
 from tasks.cell import simulate_data
 from tasks.config import TrainConfig
-from tasks.training import epoch_seconds as loop_epoch_seconds
-from tasks.training import seeded
 
 #: (method, solver) as in Table 11; solver "–" for models without one.
 VARIANTS = (

@@ -222,7 +222,7 @@ class LatentODE(ForecastModel):
         elbo = log_lik.sum(dim=(-2, -1)) - kl
         return -(elbo / values).mean(-1)  # [..., B] → [...]: one loss per member when stacked
 
-    # ----- packed training (tasks.packing) ----------------------------------------------------
+    # ----- packed training (nltrain._packing) ---------------------------------------------
 
     def packs_itself(self) -> bool:
         """Packed exactly with dopri5 (one solver lane per member) or Euler; not the adjoint."""

@@ -12,10 +12,10 @@ import optuna
 import torch
 from optuna.trial import FrozenTrial, TrialState
 
+from nltrain import select_device
 from tasks.cell import CellRuntime, simulate_data
 from tasks.search_spaces import paper_params, search_space
 from tasks.tracking import connect, owner_gone
-from tasks.training import select_device
 from tasks.tuning.spec import OWNER_ATTR, TuneSpec, TuningError
 from tasks.tuning.storage import default_storage_url, open_storage, open_study
 from tasks.tuning.trials import QuietSurplus, StudyFull, run_trial

@@ -7,11 +7,11 @@ import logging
 
 import optuna
 
+from nltrain import EpochRecord, TrainingDiverged
 from tasks.cell import CellRuntime, fit_cells
 from tasks.config import CellConfig, TrainConfig
 from tasks.search_spaces import suggest
 from tasks.tracking import Metrics, RunLog, RunTags, claim_owner
-from tasks.training import EpochRecord, TrainingDiverged
 from tasks.tuning.spec import OWNER_ATTR, TuneSpec
 
 __all__ = ["QuietSurplus", "StudyFull", "run_trial"]

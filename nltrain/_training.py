@@ -4,8 +4,8 @@ Adam, mini-batches over trajectories, gradient-norm clipping, float64 by default
 on validation RMSE with the best-validation weights restored at the end.
 
 :func:`train` builds a cell's step function (:class:`_EagerCell` here: the module and
-``torch.optim.Adam`` eagerly; or a pack of one, :mod:`tasks._packed_cells`) and runs it through
-:func:`tasks.loop.train_loop`, the one loop, which also trains packs (:mod:`tasks.packing`).
+``torch.optim.Adam`` eagerly; or a pack of one, :mod:`nltrain._packed_cells`) and runs it through
+:func:`nltrain.train_loop`, the one loop, which also trains packs (:mod:`nltrain._packing`).
 Its results and errors are re-exported here. :func:`epoch_seconds` times that same path.
 """
 
@@ -25,19 +25,8 @@ import torch
 from datasets import SplitData
 from nlmodels import ForecastModel
 from nlmodels.model_registry import INIT_LOCK
-from tasks._packed_cells import pack_of_one, prefers_one_by_one
-from tasks._steps import (
-    DTYPES,
-    Flags,
-    Readout,
-    Tensors,
-    predict_tensors,
-    read_epoch,
-    record_step,
-    validate,
-)
-from tasks.config import TrainConfig
-from tasks.loop import (
+from nltrain._config import TrainConfig
+from nltrain._loop import (
     EpochRecord,
     LoopOptions,
     StepFunction,
@@ -47,9 +36,20 @@ from tasks.loop import (
     epoch_bar,
     train_loop,
 )
+from nltrain._packed_cells import pack_of_one, prefers_one_by_one
+from nltrain._steps import (
+    DTYPES,
+    Flags,
+    Readout,
+    Tensors,
+    predict_tensors,
+    read_epoch,
+    record_step,
+    validate,
+)
 
 __all__ = [
-    # the loop's results and errors (tasks.loop), where callers of train() look for them
+    # the loop's results and errors (nltrain._loop), where callers of train() look for them
     "EpochRecord",
     "TrainResult",
     "TrainingDiverged",
@@ -202,9 +202,9 @@ def train(
     gradient raises :class:`TrainingDiverged` (at the end of the epoch in which it happened; the
     model keeps the weights it had before that step).
 
-    ``step``: ``auto`` trains a model that :func:`tasks.packing.packable` accepts as a pack of
+    ``step``: ``auto`` trains a model that :func:`nltrain.packable` accepts as a pack of
     one wherever it would be packed with others (on CUDA, its step captured into a CUDA graph;
-    on the CPU, all but :func:`~tasks.packing.prefers_one_by_one`'s models), so that a cell's
+    on the CPU, all but :func:`~nltrain.prefers_one_by_one`'s models), so that a cell's
     bytes do not depend on whether it trained alone or packed: the pack's batched kernels,
     clipping and Adam round differently from the module's own kernels and
     ``torch.optim.Adam`` (by an ulp per step), and training amplifies that into a different
@@ -236,7 +236,7 @@ def step_function(
     step: Literal["auto", "eager", "packed"] = "auto",
 ) -> StepFunction:
     """The step one cell trains with in :func:`train` (see its ``step``), its model moved to
-    ``device`` and ``config.dtype``: run it with :func:`tasks.loop.train_loop`."""
+    ``device`` and ``config.dtype``: run it with :func:`nltrain.train_loop`."""
     if step not in ("auto", "eager", "packed"):
         raise ValueError(f"unknown step {step!r}; valid: auto, eager, packed")
     device = torch.device(device)

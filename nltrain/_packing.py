@@ -7,55 +7,54 @@ The members' parameters are stacked along a leading ensemble dimension and one v
 under ``vmap`` (Neural Laplace: :func:`nlmodels.accel.select`; ``nn.GRU`` and ``nn.GRUCell`` are
 swapped for the same maths in plain tensor ops).
 
-Each member keeps everything :func:`tasks.training.train` gives a cell on its own: its initial
+Each member keeps everything :func:`nltrain.train` gives a cell on its own: its initial
 weights, its shuffling (a private ``torch.Generator`` seeded with its seed), Adam with its
 own moments, gradient-norm clipping over its own parameters, its validation, early stopping and
 best-validation weights, and a divergence that ends only that member. A member's result is its
 unpacked run's, bit for bit, whatever it was packed with and wherever it sits in the pack: a
-single cell the engine would pack trains as a pack of one (:func:`tasks.training.train`),
+single cell the engine would pack trains as a pack of one (:func:`nltrain.train`),
 members always get their own time grids, MKL runs in its strict reproducible mode
 (:mod:`nlmodels._numerics`) and a pack's matrix–vector products (1-D systems) are computed
-member by member, as a pack of one computes them (:mod:`tasks._member_products`).
+member by member, as a pack of one computes them (:mod:`nltrain._member_products`).
 
 A member that stopped is frozen by ``torch.where`` masks (a diverged member's values may be NaN,
 and NaN·0 is NaN) until the end of the epoch, then dropped from the pack. The epochs, stopping
-rules and best weights are those of :func:`tasks.training.train`: one loop drives both.
+rules and best weights are those of :func:`nltrain.train`: one loop drives both.
 
 On CUDA a training step of fixed shape (Euler solves, flows: no data-dependent control flow) is
 captured once into a CUDA graph and replayed (one graph per batch size, so the last short batch
 is trained too): static index, step-size and batch-number buffers, divergence flags and loss
 sums kept on the device, one host read per epoch.
 
-Layout: :mod:`tasks._packed_gru` (the plain-op GRU), :mod:`tasks._packer` (the batched model,
-its step and its graph capture), :mod:`tasks._packed_cells` (a pack as the training loop's step
+Layout: :mod:`nltrain._packed_gru` (the plain-op GRU), :mod:`nltrain._packer` (the batched model,
+its step and its graph capture), :mod:`nltrain._packed_cells` (a pack as the training loop's step
 function, and :func:`packable`); this module chooses between a pack and one cell at a time.
 """
 
 from __future__ import annotations
 
-import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
 from torch import nn
 
 from datasets import SplitData
-from nlmodels import ForecastModel
-from nlmodels._numerics import mkl_position_independent
-from tasks._packed_cells import (
+from nlmodels import ForecastModel, mkl_position_independent
+from nltrain._config import TrainConfig
+from nltrain._loop import LoopOptions, TrainingDiverged, TrainResult, train_loop
+from nltrain._packed_cells import (
     PackedCells,
     packable,
     packable_grids,
     prefers_one_by_one,
     shared_grids,
 )
-from tasks._packed_gru import PlainGRU, PlainGRUCell
-from tasks._steps import DTYPES
-from tasks.config import TrainConfig
-from tasks.loop import EpochRecord, LoopOptions, TrainingDiverged, TrainResult, train_loop
-from tasks.training import step_function
+from nltrain._packed_gru import PlainGRU, PlainGRUCell
+from nltrain._steps import DTYPES
+from nltrain._training import step_function
 
 __all__ = [
     "PlainGRU",
@@ -64,6 +63,10 @@ __all__ = [
     "prefers_one_by_one",
     "train_packed",
 ]
+
+
+#: ``train_packed``'s options unless given: each member labelled ``train``, no callback.
+_DEFAULT = LoopOptions()
 
 
 def _same_layout(models: Sequence[ForecastModel]) -> bool:
@@ -99,15 +102,22 @@ def _one_by_one(
     """Each member trained alone, as :func:`train` trains it (its own step and budget)."""
     results: list[TrainResult | TrainingDiverged] = []
     on_epoch = options.on_epoch
+    budget = _share(options.budget, 1, len(models))
     for i, model in enumerate(models):
         label = options.labels[i]
         step = step_function(
             model, train_splits[i], val_splits[i], config, device=device, seed=seeds[i], label=label
         )
         callback = None if on_epoch is None else (lambda _j, r, i=i: on_epoch(i, r))
-        alone = LoopOptions((label,), callback, options.stop, options.progress)
+        alone = LoopOptions((label,), callback, options.stop, options.progress, budget)
         results += train_loop(step, config, alone)
     return results
+
+
+def _share(budget: float | None, members: int, of: int) -> float | None:
+    """``members`` cells' share of a budget set for ``of`` (None: each its own
+    ``max_train_seconds``)."""
+    return None if budget is None else budget * members / of
 
 
 def train_packed(
@@ -118,10 +128,7 @@ def train_packed(
     *,
     device: torch.device | str = "cpu",
     seeds: Sequence[int],
-    on_epoch: Callable[[int, EpochRecord], None] | None = None,
-    stop: threading.Event | None = None,
-    progress: bool = False,
-    labels: Sequence[str] | None = None,
+    options: LoopOptions = _DEFAULT,
     graphs: bool | None = None,
     pack: bool = True,
 ) -> list[TrainResult | TrainingDiverged]:
@@ -129,9 +136,14 @@ def train_packed(
 
     Each member's result (and the best-validation weights left in its module) is that of
     ``train(models[i], train_splits[i], val_splits[i], config, seed=seeds[i],
-    label=labels[i])``; a member that diverges gets its :class:`TrainingDiverged` in its place
-    of the returned list and leaves the others running. ``on_epoch(i, record)`` is called after
-    each of member ``i``'s epochs. Setting ``stop`` raises :class:`TrainingInterrupted`.
+    label=options.labels[i])``; a member that diverges gets its :class:`TrainingDiverged` in
+    its place of the returned list and leaves the others running.
+
+    ``options`` (:class:`LoopOptions`): ``labels``, one per model (the default: ``train``
+    each); ``on_epoch(i, record)`` after each of member ``i``'s epochs; setting ``stop`` raises
+    :class:`TrainingInterrupted`; ``progress``; ``budget``, the wall-clock seconds of the whole
+    call (None: ``config.max_train_seconds`` per cell, below; a member trained alone gets its
+    share).
 
     Members may come from different systems: their time grids are batched with them (a model
     that :meth:`~nlmodels.base.ForecastModel.packs_itself` is packed once per time grid). A
@@ -142,13 +154,8 @@ def train_packed(
     ``graphs``: capture the training step into a CUDA graph (``None``: on CUDA, falling back
     to eager steps if the capture fails; ``True`` makes a failed capture an error).
     """
-    options = LoopOptions(
-        tuple(_check_members(models, train_splits, val_splits, seeds, labels)),
-        on_epoch,
-        stop,
-        progress,
-        None if config.max_train_seconds is None else config.max_train_seconds * len(models),
-    )
+    labels = _check_members(models, train_splits, val_splits, seeds, options.labels)
+    options = replace(options, labels=labels)
     device = torch.device(device)
     if graphs and device.type != "cuda":
         raise ValueError(f"graphs=True needs a CUDA device, got {device}")
@@ -161,12 +168,13 @@ def train_packed(
         # Its own batched solve needs one grid: one pack per grid (other systems).
         return _pack_per_time_grid(*args, graphs)
     _warn_mkl(device)
-    labels = options.labels
     cells = PackedCells(models, train_splits, val_splits, config, device, seeds, labels, graphs)
     try:
         cells.probe()
     except Exception:  # e.g. members whose grids take different branches: one by one
         return _one_by_one(*args)
+    if options.budget is None and config.max_train_seconds is not None:
+        options = replace(options, budget=config.max_train_seconds * len(models))
     return train_loop(cells, config, options)
 
 
@@ -180,9 +188,9 @@ def _warn_mkl(device: torch.device) -> None:
         )
 
 
-def _check_members(models, train_splits, val_splits, seeds, labels) -> list[str]:
-    """The members' labels (``train`` each by default), after checking that every model has
-    its splits, seed and label."""
+def _check_members(models, train_splits, val_splits, seeds, labels) -> tuple[str, ...]:
+    """The members' labels (``train`` each for the default labels), after checking that every
+    model has its splits, seed and label."""
     n = len(models)
     if not (len(train_splits) == len(val_splits) == len(seeds) == n):
         raise ValueError(
@@ -190,11 +198,11 @@ def _check_members(models, train_splits, val_splits, seeds, labels) -> list[str]
             f"models, {len(train_splits)} train splits, {len(val_splits)} val splits and "
             f"{len(seeds)} seeds"
         )
-    if labels is None:
-        return ["train"] * n
+    if labels == _DEFAULT.labels:
+        return labels * n
     if len(labels) != n:
         raise ValueError(f"labels has {len(labels)} entries for {n} models")
-    return list(labels)
+    return tuple(labels)
 
 
 def _can_pack(models, train_splits, val_splits, device: torch.device) -> bool:
@@ -226,10 +234,12 @@ def _pack_per_time_grid(
             config,
             device=device,
             seeds=[seeds[i] for i in idx],
-            on_epoch=None if on_epoch is None else (lambda k, r, idx=idx: on_epoch(idx[k], r)),
-            stop=options.stop,
-            progress=options.progress,
-            labels=[options.labels[i] for i in idx],
+            options=replace(
+                options,
+                labels=tuple(options.labels[i] for i in idx),
+                on_epoch=None if on_epoch is None else (lambda k, r, idx=idx: on_epoch(idx[k], r)),
+                budget=_share(options.budget, len(idx), len(models)),
+            ),
             graphs=graphs,
         )
         for i, r in zip(idx, sub, strict=True):

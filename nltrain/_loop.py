@@ -2,8 +2,8 @@
 validation RMSE, the best-validation weights restored at the end), over a declared step function.
 
 :func:`train_loop` drives any :class:`StepFunction`: one cell's eager module and optimiser
-step (:func:`tasks.training.train`) or the batched step of a pack
-(:class:`tasks._packed_cells.PackedCells`, :func:`tasks.packing.train_packed`). Per-step values
+step (:func:`nltrain.train`) or the batched step of a pack
+(:class:`nltrain._packed_cells.PackedCells`, :func:`nltrain.train_packed`). Per-step values
 stay on the device; the loop reads them, and the validation, once per epoch. When a cell stops
 is :func:`stop_reason`'s answer alone, a pure function of its history.
 """
@@ -19,9 +19,9 @@ from typing import Literal, Protocol, runtime_checkable
 
 from tqdm.auto import tqdm
 
-from tasks._steps import Readout
-from tasks.config import TrainConfig
-from tasks.errors import Interrupted
+from nltrain._config import TrainConfig
+from nltrain._errors import TrainingDiverged, TrainingInterrupted
+from nltrain._steps import Readout
 
 __all__ = [
     "EpochRecord",
@@ -38,14 +38,6 @@ __all__ = [
 
 #: Why a cell stopped training: its epoch ceiling, early stopping, or the wall-clock budget.
 StopReason = Literal["epochs", "early_stopping", "time_budget"]
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss or the gradients became NaN or infinite."""
-
-
-class TrainingInterrupted(Interrupted):
-    """Training was asked to stop (Ctrl-C or a cancelled flow) before it finished."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +57,7 @@ class TrainResult:
     best_val_rmse: float
     stopped: StopReason
     seconds: float
-    #: cells trained together in one batched model (:func:`tasks.packing.train_packed`)
+    #: cells trained together in one batched model (:func:`nltrain.train_packed`)
     packed_members: int = 1
     #: whether the training steps were replayed from a captured CUDA graph
     graphs: bool = False
@@ -108,7 +100,7 @@ class StepFunction(Protocol):
 
 @dataclass(frozen=True)
 class LoopOptions:
-    """How :func:`train_loop` runs, besides the protocol (:class:`~tasks.config.TrainConfig`).
+    """How :func:`train_loop` runs, besides the protocol (:class:`~nltrain.TrainConfig`).
 
     ``labels``: one per cell (error messages, the bar); ``on_epoch(i, record)`` after each of
     cell ``i``'s epochs; setting ``stop`` raises :class:`TrainingInterrupted`; ``budget``: the

@@ -1,4 +1,4 @@
-"""The step function of a pack for the training loop (:func:`tasks.loop.train_loop`):
+"""The step function of a pack for the training loop (:func:`nltrain.train_loop`):
 the batched model's step (eager, or replayed from a CUDA graph), each member's validation and best
 weights; and which models and splits can be packed (:func:`packable`)."""
 
@@ -14,10 +14,10 @@ from torch import nn
 
 from datasets import SplitData
 from nlmodels import ForecastModel
-from tasks._packed_gru import is_plain_gru
-from tasks._packer import Packer
-from tasks._steps import DTYPES, Readout, Tensors, read_epoch, uses_mse, validate
-from tasks.config import TrainConfig
+from nltrain._config import TrainConfig
+from nltrain._packed_gru import is_plain_gru
+from nltrain._packer import Packer
+from nltrain._steps import DTYPES, Readout, Tensors, read_epoch, uses_mse, validate
 
 __all__ = [
     "PackedCells",
@@ -136,7 +136,7 @@ def shared_grids(splits: Sequence[SplitData]) -> bool:
 
 
 class PackedCells:
-    """The step function of a pack for :func:`tasks.loop.train_loop`: the batched model's
+    """The step function of a pack for :func:`nltrain.train_loop`: the batched model's
     step (eager, or replayed from a CUDA graph), its per-member validation and best weights."""
 
     def __init__(self, models, train_splits, val_splits, config, device, seeds, labels, graphs):

@@ -1,7 +1,7 @@
 """The pieces a training step is made of, shared by a single cell's eager step
-(:mod:`tasks.training`) and a pack's batched step (:mod:`tasks._packed_cells`): a split's tensors
-on the device, the validation, and the per-step bookkeeping that stays on the device until the
-training loop reads it once per epoch."""
+(:mod:`nltrain._training`) and a pack's batched step (:mod:`nltrain._packed_cells`): a split's
+tensors on the device, the validation, and the per-step bookkeeping that stays on the device
+until the training loop reads it once per epoch."""
 
 from __future__ import annotations
 

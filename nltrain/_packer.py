@@ -1,7 +1,7 @@
 """The batched model of a pack: the members' parameters stacked along a leading dimension, one
 vectorised forward (``torch.func.vmap`` over ``functional_call``) and one training step with
 per-member clipping and masked Adam, eager or captured into a CUDA graph (see
-:mod:`tasks.packing` for what packing guarantees)."""
+:mod:`nltrain._packing` for what packing guarantees)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from torch.nn.utils import parametrize
 
 from nlmodels import ForecastModel
 from nlmodels.base import recorded_host_bools
-from tasks._member_products import MemberProducts
-from tasks._packed_gru import replace_gru_modules
-from tasks._steps import Tensors, record_step, uses_mse
+from nltrain._member_products import MemberProducts
+from nltrain._packed_gru import replace_gru_modules
+from nltrain._steps import Tensors, record_step, uses_mse
 
 __all__ = ["Graph", "Pack", "Packer"]
 
@@ -292,7 +292,7 @@ class Packer:
     @torch.no_grad()
     def validate(self, pack: Pack, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Each member's validation loss and RMSE ``([M], [M])``, on the device, as
-        :func:`tasks._steps.validate` computes them for one cell (the loss of a model with its
+        :func:`nltrain._steps.validate` computes them for one cell (the loss of a model with its
         own objective: that objective averaged over the validation batches)."""
         with self.products.scope(("validate", batch_size), len(pack.members)):
             return self._validate(pack, batch_size)

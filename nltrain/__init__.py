@@ -1,0 +1,57 @@
+"""The training floor: what turns a cell's data and configuration into weights and scores.
+
+    from nltrain import TrainConfig, seeded, train, evaluate
+    with seeded(0):
+        model = build_model("node", state_dim=2)           # nlmodels
+    result = train(model, prepared.train, prepared.val, TrainConfig(epochs=50))
+    scores, forecast = evaluate(model, prepared.test, prepared.normaliser)
+
+The one training loop over a declared step function (:func:`train_loop`, :class:`StepFunction`,
+:func:`stop_reason`), one cell's eager step or a pack's batched one (:func:`train`,
+:func:`train_packed`), test scores (:func:`evaluate`) and the numerics fingerprints that say
+whether a stored cell's numbers are still today's (:func:`model_fingerprint`,
+:func:`system_fingerprint`, keyed by every file that can move a number: :func:`covered_sources`).
+It imports torch, numpy, pydantic (its settings), ``nlmodels`` and ``datasets``, never Prefect,
+MLflow or Optuna: orchestration (cells, engine, tracking) is ``tasks``'.
+
+Names load on first use (PEP 562): ``import nltrain`` imports neither torch nor pydantic, so the
+command line, which imports :class:`Interrupted` through ``tasks.errors``, stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: The private module that defines each public name.
+_WHERE = {
+    name: module
+    for module, names in {
+        "_config": "MAX_BATCH MAX_EPOCHS Settings TrainConfig",
+        "_errors": "Interrupted TrainingDiverged TrainingInterrupted",
+        "_evaluation": "DIVERGED_RMSE_FACTOR DOMINATED_SHARE Evaluation divergence evaluate "
+        "outlier_census rmse top_error_share",
+        "_fingerprints": "model_fingerprint source_key system_fingerprint training_digest",
+        "_loop": "EpochRecord LoopOptions StepFunction StopReason TrainResult epoch_bar "
+        "stop_reason train_loop",
+        "_packing": "PlainGRU PlainGRUCell packable prefers_one_by_one train_packed",
+        "_sources": "NUMERIC_PACKAGES covered_sources",
+        "_steps": "DTYPES as_tensor",
+        "_training": "epoch_seconds predict seeded select_device step_function train",
+    }.items()
+    for name in names.split()
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f"nltrain.{_WHERE[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'nltrain' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})

@@ -1,0 +1,259 @@
+"""Numerics fingerprints: the numbers a cell would produce today, per model and per system.
+
+A stored cell is worth reusing only if the code that trained it computes the same numbers as
+today's. A fingerprint answers that without training the cell: it hashes the *bytes* a tiny,
+fixed canary produces through the code paths a cell takes, so it changes when a model's, the
+trainer's or a system's arithmetic changes, and not when code is only moved, renamed or
+commented (unlike a hash of the source, as Prefect's task cache or DVC key on).
+
+* **model**: a few training steps of the model (initial weights drawn as
+  :func:`tasks.pipeline.build_cell_model` draws them) on fixed synthetic data, float64, CPU, one
+  torch thread, through :func:`nltrain.train_packed` one by one (the eager step of
+  :func:`nltrain.train`: Neural Laplace's native kernels, or their torch twins, whichever
+  this process runs — named in the hash, with the CPU numerics mode in effect,
+  :mod:`nlmodels._numerics`) and as a pack of two seeds (the vmapped step, plain
+  formulas): the losses, the weights after them and a forecast.
+* **system**: a small simulation (:func:`datasets.simulate`, 4 trajectories) and its split
+  (:func:`datasets.prepare`): every array's bytes.
+
+Both include the torch and numpy versions. Computing one takes a fraction of a second to a
+few seconds, so each is computed once per *source state* and cached under
+``data_home()/numerics``, keyed by a hash of every file that can move a number
+(:mod:`nltrain._sources`: the packages ``nltrain``, ``nlmodels`` and ``datasets`` whole, and a
+plugin model's whole package): a start with unchanged sources reads a small file; an edit
+recomputes the canary, whose bytes then decide.
+
+Not covered: CUDA arithmetic (the canary runs on the CPU), model settings other than the
+defaults and data sizes other than the canary's (the same code at other sizes), and
+orchestration (``tasks``, ``flows``: evaluation plots, tracking, the command line), which
+cannot move a number.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from nlmodels import cpu_mode_in_effect
+from nltrain._sources import covered_sources
+
+__all__ = ["model_fingerprint", "source_key", "system_fingerprint", "training_digest"]
+
+#: Bumped when what a fingerprint hashes changes (old cache files are then ignored).
+_FORMAT = 1
+
+_MEMO: dict[tuple[str, str, str], str] = {}
+_MEMO_LOCK = threading.Lock()
+_TOLD: set[str] = set()
+
+
+def _versions() -> str:
+    return f"torch {torch.__version__}; numpy {np.__version__}"
+
+
+def source_key(method: str | None = None) -> str:
+    """A hash of every file that can move a cell's numbers (:func:`covered_sources`: the
+    numeric floors' packages whole, and ``method``'s plugin package), the versions, the native
+    kernels' mode and the CPU numerics mode in effect: the cache key of every fingerprint
+    (re-read each call: a few milliseconds)."""
+    h = hashlib.sha256(f"{_FORMAT}; {_versions()}".encode())
+    h.update(os.environ.get("NLLAB_NATIVE", "auto").encode())
+    h.update(_cpu_mark().encode())
+    for name, path in sorted(covered_sources(method).items()):
+        data = path.read_bytes()
+        h.update(f"{name}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+# -- the canaries -------------------------------------------------------------------------------
+def _digest(h: hashlib._Hash, *arrays) -> None:
+    for a in arrays:
+        a = a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+
+
+def _canary_splits(state_dim: int = 2):
+    """Fixed synthetic data (no random draws): damped oscillations of 12 phases and
+    frequencies, 10 observed and 10 predicted points; 8 train and 4 validation trajectories."""
+    from datasets import SplitData
+
+    t = np.linspace(0.0, 2.0, 20)
+    k = np.arange(12, dtype=np.float64)[:, None, None]
+    d = np.arange(state_dim, dtype=np.float64)[None, None, :]
+    x = np.exp(-0.3 * t)[None, :, None] * np.sin((1.0 + 0.25 * k) * t[None, :, None] + k + d)
+    return SplitData.from_trajectories(t, x[:8], 10), SplitData.from_trajectories(t, x[8:], 10)
+
+
+def _train_canary(method: str, h: hashlib._Hash) -> None:
+    """Feed ``h`` the canary training's bytes: losses, weights after them and a forecast."""
+    from nlmodels import build_model
+    from nltrain._config import TrainConfig
+    from nltrain._loop import LoopOptions
+    from nltrain._packing import train_packed
+    from nltrain._training import predict, seeded
+
+    config = TrainConfig(epochs=2, patience=None, batch_size=4, lr=1e-2, grad_clip=1.0)
+    train_split, val_split = _canary_splits()
+    for pack in (False, True):
+        seeds = [0, 1] if pack else [0]
+        models = []
+        for s in seeds:
+            with seeded(s):  # as tasks.pipeline.build_cell_model draws a cell's weights
+                models.append(build_model(method, 2))
+        # torch's global stream during training (a model's own draws), fixed too
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            results = train_packed(
+                models,
+                [train_split] * len(seeds),
+                [val_split] * len(seeds),
+                config,
+                device="cpu",
+                seeds=seeds,
+                options=LoopOptions(labels=tuple(f"canary-{method}-{s}" for s in seeds)),
+                pack=pack,
+            )
+            for model, res in zip(models, results, strict=True):
+                h.update(f"pack={pack}; {type(res).__name__}".encode())
+                if isinstance(res, Exception):
+                    h.update(str(res).encode())
+                    continue
+                losses = [v for r in res.history for v in (r.train_loss, r.val_loss, r.val_rmse)]
+                h.update(struct.pack(f"<{len(losses)}d", *losses))
+                state = model.state_dict()
+                _digest(h, *(state[k] for k in sorted(state)))
+                _digest(h, predict(model, val_split))
+
+
+def _cpu_mark() -> str:
+    """The CPU numerics mode as fingerprints hash it: empty in the native mode, so that runs
+    from before the portable mode (all native) keep their fingerprints."""
+    mode = cpu_mode_in_effect()
+    return f"; cpu={mode}" if mode.startswith("portable") else ""
+
+
+def _model_canary(method: str) -> str:
+    from nlmodels import native_cpu_kernels
+
+    h = hashlib.sha256(f"{_FORMAT}; {_versions()}; {method}".encode())
+    # which fast path the eager step runs: native kernels and their torch twins are not
+    # bitwise equal, so each has its own fingerprint; so has the portable CPU mode
+    h.update(f"native={native_cpu_kernels()}{_cpu_mark()}".encode())
+    _train_canary(method, h)
+    return h.hexdigest()[:16]
+
+
+def training_digest(method: str) -> str:
+    """The canary training's bytes alone (no versions, modes or format), one torch thread: what
+    the tests pin, so a CPU that computes other bytes fails naming the model."""
+    h = hashlib.sha256()
+    _one_thread(_train_canary, method, h)
+    return h.hexdigest()[:16]
+
+
+def _system_canary(system: str) -> str:
+    from datasets import prepare, simulate
+
+    ds = simulate(system, n_trajectories=10, seed=0, noise_std=0.01, workers=1)
+    p = prepare(ds, seed=0)
+    h = hashlib.sha256(f"{_FORMAT}; {_versions()}; {system}".encode())
+    _digest(h, ds.t, ds.x, ds.x_clean, ds.ic, ds.t_physical)
+    for s in (p.train, p.val, p.test):
+        _digest(h, s.obs_t, s.obs_x, s.query_t, s.target, s.target_clean, s.index, s.ic)
+    _digest(h, p.normaliser.mean, p.normaliser.std)
+    return h.hexdigest()[:16]
+
+
+# -- the cache ----------------------------------------------------------------------------------
+def _cache_dir() -> Path:
+    from datasets import data_home
+
+    return data_home() / "numerics"
+
+
+def _fingerprint(kind: str, name: str, key: str) -> str:
+    memo = (kind, name, key)
+    with _MEMO_LOCK:
+        if memo in _MEMO:
+            return _MEMO[memo]
+    path = _cache_dir() / f"{kind}-{name}-{key[:24]}.json"
+    try:
+        fp = json.loads(path.read_text())["fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError):
+        fp = None
+    if not isinstance(fp, str):
+        t0 = time.perf_counter()
+        try:
+            fp = _run_canary(kind, name)
+        except Exception as e:
+            # The model or simulator fails as it runs: its cells fail on their own, with their
+            # error; this fingerprint matches no stored run and is neither cached nor memoised.
+            _tell_once(
+                f"canary:{kind}:{name}",
+                f"the numerics canary of {kind} {name} failed ({type(e).__name__}: "
+                f"{e}); its cells are not reused by numerics",
+            )
+            return "failed-" + hashlib.sha256(f"{type(e).__name__}: {e}".encode()).hexdigest()[:9]
+        _write(path, {"fingerprint": fp, "seconds": time.perf_counter() - t0, "key": key})
+    with _MEMO_LOCK:
+        _MEMO[memo] = fp
+    return fp
+
+
+def _tell_once(key: str, message: str) -> None:
+    """``message`` on stderr, once per ``key`` in this process (worker processes share the
+    terminal)."""
+    with _MEMO_LOCK:
+        if key in _TOLD:
+            return
+        _TOLD.add(key)
+    print(f"nllab: {message}", file=sys.stderr, flush=True)
+
+
+def _one_thread(fn, *args):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # reductions split over threads round differently
+    try:
+        return fn(*args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_canary(kind: str, name: str) -> str:
+    return _one_thread(_model_canary if kind == "model" else _system_canary, name)
+
+
+def _write(path: Path, record: Mapping[str, object]) -> None:
+    """Atomically (two processes racing write the same bytes); a read-only home only costs
+    the next start the canary again."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as f:
+            json.dump(record, f)
+        os.replace(f.name, path)
+    except OSError as e:
+        print(f"nllab: numerics fingerprint not cached ({e})", file=sys.stderr)
+
+
+def model_fingerprint(method: str) -> str:
+    """The numerics fingerprint of model ``method`` (16 hex digits; cached per source state)."""
+    return _fingerprint("model", method, source_key(method))
+
+
+def system_fingerprint(system: str) -> str:
+    """The numerics fingerprint of data set ``system`` (16 hex digits; cached per source
+    state)."""
+    return _fingerprint("system", system, source_key())
