@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nlmodels import cpu_mode_in_effect
+from nlmodels import require_numerics
 from nltrain._sources import covered_sources
 
 __all__ = ["model_fingerprint", "source_key", "system_fingerprint", "training_digest"]
@@ -141,7 +141,7 @@ def _train_canary(method: str, h: hashlib._Hash) -> None:
 def _cpu_mark() -> str:
     """The CPU numerics mode as fingerprints hash it: empty in the native mode, so that runs
     from before the portable mode (all native) keep their fingerprints."""
-    mode = cpu_mode_in_effect()
+    mode = require_numerics().label
     return f"; cpu={mode}" if mode.startswith("portable") else ""
 
 

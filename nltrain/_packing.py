@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from datasets import SplitData
-from nlmodels import ForecastModel, mkl_position_independent
+from nlmodels import ForecastModel, mkl_position_independent, require_numerics
 from nltrain._config import TrainConfig
 from nltrain._loop import LoopOptions, TrainingDiverged, TrainResult, train_loop
 from nltrain._packed_cells import (
@@ -154,6 +154,7 @@ def train_packed(
     ``graphs``: capture the training step into a CUDA graph (``None``: on CUDA, falling back
     to eager steps if the capture fails; ``True`` makes a failed capture an error).
     """
+    require_numerics()
     labels = _check_members(models, train_splits, val_splits, seeds, options.labels)
     options = replace(options, labels=labels)
     device = torch.device(device)

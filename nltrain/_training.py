@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from datasets import SplitData
-from nlmodels import ForecastModel
+from nlmodels import ForecastModel, require_numerics
 from nlmodels.model_registry import INIT_LOCK
 from nltrain._config import TrainConfig
 from nltrain._loop import (
@@ -112,6 +112,7 @@ def predict(
     batch_size: int = 128,
 ) -> np.ndarray:
     """Predict a split's query points (normalised scale), as numpy ``[n, T_q, D]``."""
+    require_numerics()
     device = device or next(model.parameters()).device
     data = Tensors.of(split, device, DTYPES[dtype])
     return predict_tensors(model, data, batch_size).cpu().numpy()
@@ -213,6 +214,7 @@ def train(
     latter; ``packed`` always trains a pack of one (an error where the model or its splits
     cannot be packed).
     """
+    require_numerics()
     cells = step_function(
         model, train_split, val_split, config, device=device, seed=seed, label=label, step=step
     )
