@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,12 +100,15 @@ _SMOKE_CAVEAT = (
 )
 
 
+def _latest(root: Path):
+    """The recorded quick run, else the recorded smoke run, else ``None``."""
+    return _run(root, "quick") or _run(root, "smoke")
+
+
 def quick_table(root: Path) -> str:
     """The recorded quick run's table and ranking (else the smoke run's, labelled as such)."""
-    for profile in ("quick", "smoke"):
-        run = _run(root, profile)
-        if run is None:
-            continue
+    if (run := _latest(root)) is not None:
+        profile = run.profile
         head = "" if profile == "quick" else _SMOKE_CAVEAT + "\n\n"
         where = f"results/quick/{profile}.json"
         return f"{head}{_table(run)}\n\nFrom {_provenance(run, where)}."
@@ -137,10 +140,7 @@ def quick_cells(root: Path) -> str:
     """Every cell of the recorded quick (else smoke) run: RMSE, epochs, seconds, device."""
     from tasks.tables import Table, TableCell, number, render_table
 
-    for profile in ("quick", "smoke"):
-        run = _run(root, profile)
-        if run is None:
-            continue
+    if (run := _latest(root)) is not None:
         header = ("cell", "test RMSE", "epochs", "train s", "device", "run")
         rows = tuple(
             tuple(
@@ -156,7 +156,7 @@ def quick_cells(root: Path) -> str:
             )
             for c in run.cells
         )
-        caption = f"Profile {profile}, from `results/quick/{profile}.json`."
+        caption = f"Profile {run.profile}, from `results/quick/{run.profile}.json`."
         return render_table(Table(header, rows, caption), "markdown")
     return "No benchmark run is recorded yet."
 
@@ -259,29 +259,30 @@ def rendered(text: str, root: Path = ROOT, cache: dict[str, str] | None = None) 
     return text
 
 
-def stale_blocks(files: Iterable[Path], root: Path = ROOT) -> list[str]:
-    """``file: block`` for each generated block whose text differs from the records'."""
+def _changes(files: Iterable[Path], root: Path) -> Iterator[tuple[Path, str, str]]:
+    """``(file, its text, its text regenerated)`` for each of ``files`` that would change."""
     cache: dict[str, str] = {}
-    stale = []
     for path in files:
         text = path.read_text(encoding="utf-8")
         fresh = rendered(text, root, cache)
         if fresh != text:
-            names = [b.name for b in _blocks_in(text)]
-            stale.append(f"{path.relative_to(root)}: {', '.join(names)}")
-    return stale
+            yield path, text, fresh
+
+
+def stale_blocks(files: Iterable[Path], root: Path = ROOT) -> list[str]:
+    """``file: block`` for each generated block whose text differs from the records'."""
+    return [
+        f"{path.relative_to(root)}: {', '.join(b.name for b in _blocks_in(text))}"
+        for path, text, _ in _changes(files, root)
+    ]
 
 
 def regenerate(files: Iterable[Path], root: Path = ROOT) -> list[Path]:
     """Rewrite the generated blocks of ``files``; returns the files that changed."""
-    cache: dict[str, str] = {}
     changed = []
-    for path in files:
-        text = path.read_text(encoding="utf-8")
-        fresh = rendered(text, root, cache)
-        if fresh != text:
-            path.write_text(fresh, encoding="utf-8")
-            changed.append(path)
+    for path, _, fresh in _changes(files, root):
+        path.write_text(fresh, encoding="utf-8")
+        changed.append(path)
     return changed
 
 
