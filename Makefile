@@ -1,6 +1,7 @@
 # Neural Laplace Lab: every set-up step is a dependency of the two user-facing targets.
 #   make benchmark   the main job: every system x every model, quick profile, embedded MLflow store
 #   make test        the default test suite (what CI runs through .ci/run)
+#   make docs        the documentation site (mkdocs.yml, docs/) into site/, --strict
 #   make test-cluster  the scale-out as separate processes (PostgreSQL, MLflow, Prefect, Dask);
 #                    installs Debian's postgresql if absent (root or sudo) and the `cluster` extra
 #   make gpu-check   for a short GPU window (< 8 min on one H100): pytest -m gpu, the throughput
@@ -14,7 +15,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup benchmark test test-slow test-cluster lint bench clean-venv wheelhouse gpu-check
+.PHONY: setup benchmark test test-slow test-cluster docs lint bench clean-venv wheelhouse gpu-check
 
 setup: $(STAMP)
 
@@ -45,6 +46,15 @@ test-cluster: $(CLUSTER_STAMP)
 	  $$sudo apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends postgresql; }
 	$(PY) -m pytest -q -m cluster
+
+DOCS_STAMP := $(VENV)/.installed-docs
+
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[dev,docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 gpu-check: $(STAMP)
 	$(PY) scripts/gpu_check.py --out gpu-check

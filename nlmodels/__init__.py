@@ -26,6 +26,7 @@ from nlmodels.ilt import ILT_ALGORITHMS, ILTAlgorithm, get_ilt
 from nlmodels.model_registry import (
     MODELS,
     build_model,
+    load_builtin_models,
     model_arguments,
     model_choices,
     model_option_types,
@@ -35,6 +36,8 @@ from nlmodels.model_registry import (
 )
 from nlmodels.neural_laplace import NeuralLaplace
 from nlmodels.stereographic import from_sphere, to_sphere
+
+load_builtin_models()  # every model of nlmodels/models.toml, registered by its own module
 
 __all__ = [
     "ILT_ALGORITHMS",

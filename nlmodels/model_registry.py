@@ -11,11 +11,14 @@ torchdiffeq's solver table, where a name maps to a class whose keywords are its 
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import json
 import threading
+import tomllib
 import typing
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 from nlmodels._plugins import find_model as _find_model
@@ -24,10 +27,12 @@ from nlmodels._registrar import name_registrar
 from nlmodels.base import ForecastModel
 
 __all__ = [
+    "BUILTIN_CATALOG",
     "INIT_LOCK",
     "MODELS",
     "build_model",
     "find_model",
+    "load_builtin_models",
     "model_arguments",
     "model_choices",
     "model_constructors",
@@ -46,6 +51,26 @@ MODELS: dict[str, type[ForecastModel]] = {}
 
 #: ``@register_model("name")``: class decorator adding a :class:`ForecastModel` to :data:`MODELS`
 register_model = name_registrar(MODELS, "model", "registry_name")
+
+#: The built-in models' registration: one table per model (its module, label, whether it is a
+#: row of the main table, its quick-profile epochs), read without torch by ``tasks._names``.
+BUILTIN_CATALOG = Path(__file__).resolve().parent / "models.toml"
+
+
+def load_builtin_models() -> tuple[str, ...]:
+    """Import the module of every model in :data:`BUILTIN_CATALOG` (each registers its class
+    with :func:`register_model`); returns the catalog's names, in its order. A name the catalog
+    lists but no module registers is an error (the two would disagree)."""
+    catalog = tomllib.loads(BUILTIN_CATALOG.read_text(encoding="utf-8"))
+    for module in dict.fromkeys(entry["module"] for entry in catalog.values()):
+        importlib.import_module(module)
+    missing = [name for name in catalog if name not in MODELS]
+    if missing:
+        raise ImportError(
+            f"{BUILTIN_CATALOG.name}: {', '.join(missing)} not registered by its module "
+            "(@register_model(NAME) on the class)"
+        )
+    return tuple(catalog)
 
 
 def find_model(name: str) -> None:

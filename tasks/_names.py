@@ -4,25 +4,76 @@ it does not size.
 
 One list of valid method names, the model registry with its plugins
 (:func:`nlmodels.model_registry.model_names`); ``tasks.config.METHODS`` is only the main
-table's default set.
+table's default set. The built-in models, the main table's rows, their labels and their quick
+epochs are derived from one registration, ``nlmodels/models.toml``, read here without importing
+torch (the command line checks names before the numerical stack loads).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, MutableMapping
+import tomllib
+from collections.abc import Iterable, Mapping, MutableMapping
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+from types import MappingProxyType
 
 __all__ = [
+    "BUILTIN_METHODS",
     "DEFAULT_QUICK_EPOCHS",
     "MAIN_SYSTEMS",
     "METHODS",
+    "MODEL_CARDS",
     "SYSTEM_NAMES",
+    "ModelCard",
     "check_known",
     "known_methods",
     "known_systems",
+    "model_label",
     "plugin_systems",
     "quick_epochs_for",
+    "read_model_cards",
 ]
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """A built-in model's registration (one table of ``nlmodels/models.toml``)."""
+
+    name: str
+    module: str  # imported by ``import nlmodels``; it registers the class under ``name``
+    label: str  # its short name in rankings
+    main_table: bool = False  # a row of the main table (and of a plain ``nllab benchmark``)
+    quick_epochs: int | None = None  # quick-profile epochs where quick.yaml does not list it
+
+
+def read_model_cards(path: Path) -> dict[str, ModelCard]:
+    """The model cards of a catalog file; ``ValueError`` naming the file, model and key."""
+    cards = {}
+    for name, entry in tomllib.loads(path.read_text(encoding="utf-8")).items():
+        unknown = sorted(set(entry) - {"module", "label", "main_table", "quick_epochs"})
+        epochs = entry.get("quick_epochs")
+        if unknown or not isinstance(entry.get("module"), str):
+            raise ValueError(f"{path}: [{name}]: a module, and no key {unknown or ''}")
+        if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
+            raise ValueError(f"{path}: [{name}] quick_epochs: a positive integer, got {epochs!r}")
+        label = entry.get("label", name)
+        cards[name] = ModelCard(name, entry["module"], label, bool(entry.get("main_table")), epochs)
+    return cards
+
+
+def _catalog() -> Path:
+    """``nlmodels/models.toml``, found without importing ``nlmodels`` (which loads torch)."""
+    spec = find_spec("nlmodels")
+    assert spec is not None and spec.submodule_search_locations, "nlmodels is not importable"
+    return Path(next(iter(spec.submodule_search_locations))) / "models.toml"
+
+
+#: The built-in models by name, in the catalog's order: ``nlmodels/models.toml``.
+MODEL_CARDS: Mapping[str, ModelCard] = MappingProxyType(read_model_cards(_catalog()))
+#: Every built-in model (plugins aside).
+BUILTIN_METHODS: tuple[str, ...] = tuple(MODEL_CARDS)
 
 #: Systems of the paper's main table (Table 3), in its column order.
 MAIN_SYSTEMS: tuple[str, ...] = (
@@ -33,15 +84,8 @@ MAIN_SYSTEMS: tuple[str, ...] = (
     "piecewise_forcing_ode",
     "integro_de",
 )
-#: Methods of the main table, in its row order.
-METHODS: tuple[str, ...] = (
-    "node",
-    "anode",
-    "latent_ode",
-    "nf_coupling",
-    "nf_resnet",
-    "neural_laplace",
-)
+#: Methods of the main table, in its row order: the catalog's ``main_table`` models.
+METHODS: tuple[str, ...] = tuple(n for n, card in MODEL_CARDS.items() if card.main_table)
 #: Every system ``datasets.SYSTEMS`` simulates, known without importing numpy: the command line
 #: checks names before the numerical stack loads (a test keeps it equal to the registry).
 SYSTEM_NAMES: tuple[str, ...] = (
@@ -101,11 +145,21 @@ def known_methods(wanted: Iterable[str] = ()) -> tuple[str, ...]:
     return model_names()
 
 
+def model_label(method: str) -> str:
+    """``method``'s short name in rankings: its catalog label, else the name itself."""
+    card = MODEL_CARDS.get(method)
+    return card.label if card is not None else method
+
+
 def quick_epochs_for(methods: Iterable[str], method_epochs: MutableMapping[str, int]) -> None:
-    """Give each of ``methods`` that the quick profile does not size
-    :data:`DEFAULT_QUICK_EPOCHS`, saying so once per method and process."""
+    """Give each of ``methods`` that the quick profile does not size the epochs its catalog
+    entry states, else :data:`DEFAULT_QUICK_EPOCHS`, saying so once per method and process."""
     for method in methods:
         if not isinstance(method, str) or method in method_epochs:
+            continue
+        card = MODEL_CARDS.get(method)
+        if card is not None and card.quick_epochs is not None:
+            method_epochs[method] = card.quick_epochs  # stated by its registration
             continue
         method_epochs[method] = DEFAULT_QUICK_EPOCHS
         if method not in _TOLD:

@@ -49,6 +49,7 @@ from tasks._declarations import (
     resolve_sources,
 )
 from tasks._names import (
+    BUILTIN_METHODS,
     MAIN_SYSTEMS,
     METHODS,
     SYSTEM_NAMES,
@@ -65,6 +66,7 @@ if TYPE_CHECKING:  # served by __getattr__ below, on first use
     QUICK_EPOCHS: dict[str, int]
 
 __all__ = [
+    "BUILTIN_METHODS",
     "DEVICES",
     "EXECUTION_KEYS",
     "MAIN_SYSTEMS",
@@ -342,7 +344,7 @@ class RunConfig(_Frozen):
     @field_validator("methods")
     @classmethod
     def _valid_methods(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        return check_known("method", v, METHODS)
+        return check_known("method", v, BUILTIN_METHODS)
 
     @field_validator("models", mode="before")
     @classmethod
@@ -365,7 +367,7 @@ class RunConfig(_Frozen):
     @field_validator("method_epochs")
     @classmethod
     def _valid_method_epochs(cls, v: dict[str, int]) -> dict[str, int]:
-        check_known("method", tuple(v), METHODS) if v else None
+        check_known("method", tuple(v), BUILTIN_METHODS) if v else None
         bad = {m: n for m, n in v.items() if n < 1}
         if bad:
             raise ValueError(f"epochs must be at least 1, got {bad}")
@@ -447,7 +449,7 @@ def resolve_config(
     merged = deep_merge(deep_merge(layers[0], layers[1]), layers[2])
     merged["profile"] = name
     if name == "quick" and "method_epochs" in layers[0]:  # the profile sizes each model
-        quick_epochs_for(merged.get("methods") or (), merged["method_epochs"])
+        quick_epochs_for(merged.get("methods") or METHODS, merged["method_epochs"])
     try:
         return RunConfig.model_validate(merged)
     except ValidationError as e:

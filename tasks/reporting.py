@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from tasks._names import model_label
 from tasks.config import MAIN_SYSTEMS, METHODS
 from tasks.results import CellResult
 from tasks.tables import Table, TableCell, number, render_table, verdict
@@ -107,19 +108,9 @@ def _order(names: Iterable[str], preferred: Sequence[str]) -> list[str]:
     return [n for n in preferred if n in names] + sorted(names - set(preferred))
 
 
-#: Short method names for one-line rankings.
-_SHORT = {
-    "neural_laplace": "NL",
-    "node": "NODE",
-    "anode": "ANODE",
-    "latent_ode": "LatentODE",
-    "nf_coupling": "NF-coupling",
-    "nf_resnet": "NF-ResNet",
-}
-
-
 def _short(method: str) -> str:
-    return _SHORT.get(method, method)
+    """A method's short name in one-line rankings: its registration's label."""
+    return model_label(method)
 
 
 def _fmt(mean: float, std: float | None) -> str:
@@ -186,8 +177,8 @@ class ResultsTable:
             return TableCell("–")
         r = rows.iloc[0]
         paper = "" if np.isnan(r["paper_mean"]) else _fmt(r["paper_mean"], r["paper_std"])
-        if not paper and (system not in MAIN_SYSTEMS or method not in METHODS):
-            paper = "—"  # a user's system or model: the paper has no figure for it
+        if not paper:
+            paper = "—"  # a user's system or model, or one added to the project: no figure
         if np.isnan(r["mean"]):
             return TableCell("failed" if r["n_failed"] else "–", paper=paper)
         flag = ""

@@ -152,9 +152,18 @@ def test_benchmark_command_and_exit_codes(
     mlflow_store, prefect_server, tmp_path, capsys, monkeypatch
 ):
     args = ["benchmark", "--profile", "smoke", "--systems", "integro_de", "--no-progress"]
-    assert main([*args, "--methods", "neural_laplace"]) == 0
+    record = tmp_path / "results" / "smoke.json"
+    assert main([*args, "--methods", "neural_laplace", "--record", str(record)]) == 0
     out = capsys.readouterr().out
     assert "1 cells: 1 finished, 0 reused, 0 failed" in out
+    # --record: the finished cell from the store, and the command's counts
+    from tasks.quick_record import read_quick_run
+
+    run = read_quick_run(record)
+    (cell,) = run.cells
+    assert (run.profile, run.cells_trained, run.cells_reused) == ("smoke", 1, 0)
+    assert (cell.system, cell.method, cell.epochs) == ("integro_de", "neural_laplace", 2)
+    assert f"recorded 1 cells and {run.wall_seconds:.0f} s in {record}" in out
     assert "neural-laplace-integro_de version 1 is now @champion" in out
     assert "nllab ui" in out
     # an unknown model setting is a usage error before any work, naming the valid ones

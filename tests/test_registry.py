@@ -22,13 +22,16 @@ from tasks.config import CellConfig, resolve_config
 from tasks.modelio import forecast
 from tasks.tracking import connect
 
-SYSTEM = "lotka_volterra_dde"  # the README's snippet loads its champion
+SYSTEM = "lotka_volterra_dde"  # the snippet of docs/guide/tracking.md loads its champion
 
 
 def _readme_block(marker: str) -> str:
-    """The README's ```python block that contains ``marker``, as the reader copies it."""
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    blocks = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:]]
+    """The ```python block of the README or the docs that contains ``marker``, as the reader
+    copies it."""
+    root = Path(__file__).parents[1]
+    pages = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    text = "".join(p.read_text() for p in pages)
+    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
     (block,) = [b for b in blocks if marker in b]
     return block
 
@@ -113,7 +116,7 @@ def test_pyfunc_champion_after_moving_the_home(tmp_path, monkeypatch, prefect_se
     assert model_id in {m.model_id for m in listed}
     assert pyfunc.metadata.run_id == run_id
 
-    # a fresh shell runs the README's snippet as written (no stray store in the working folder)
+    # a fresh shell runs the docs' snippet as written (no stray store in the working folder)
     code = _readme_block("mlflow.pyfunc.load_model") + (
         "np.savez('io.npz', x=x, **inputs)\n"  # what it predicted, from what
     )

@@ -29,8 +29,24 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="use the best configuration of each (system, method)'s `nllab tune` study",
     )
     p.add_argument("--storage", metavar="URL", help="Optuna storage of the tuned studies")
-    p.set_defaults(handler=run, precheck=cli.check_selection)
+    p.add_argument(
+        "--record",
+        metavar="FILE",
+        help="write the finished run to FILE (results/quick/PROFILE.json: the record the "
+        "README's and the docs' figures are generated from)",
+    )
+    p.set_defaults(handler=run, precheck=_precheck)
     return p
+
+
+def _precheck(args: argparse.Namespace) -> None:
+    cli.check_selection(args)
+    if args.record is not None:
+        from pathlib import Path
+
+        folder = Path(args.record).resolve().parent
+        if Path(args.record).is_dir() or (folder.exists() and not folder.is_dir()):
+            raise cli.UsageError(f"--record {args.record}: not a file path")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         f"({summary.seconds:.0f} s in the flow)"
     )
     print(f"parent run {summary.parent_run_id}; compare the runs with: nllab ui")
+    if args.record is not None:
+        _record(args.record, config, summary, time.perf_counter() - t0)
     if not summary.ok:
         from flows.faults import EnvironmentFault, fault_in_text
 
@@ -84,6 +102,26 @@ def run(args: argparse.Namespace) -> int:
         print("some cells failed (see above); run the same command again to redo only those")
         return cli.EXIT_FAILED
     return 0
+
+
+def _record(path: str, config, summary, wall_seconds: float) -> None:
+    """``--record``: the finished cells and the command's seconds, into ``path``."""
+    from tasks.quick_record import record_benchmark
+    from tasks.tracking import connect
+
+    trained = summary.count("finished")
+    run = record_benchmark(
+        path,
+        config,
+        connect(config.tracking).queries,
+        parent_run_id=summary.parent_run_id,
+        wall_seconds=wall_seconds,
+        flow_seconds=summary.seconds if trained else 0.0,
+        cells_trained=trained,
+        cells_reused=summary.count("reused"),
+    )
+    note = "" if trained else " (every cell reused: the seconds are not a training time)"
+    print(f"recorded {len(run.cells)} cells and {run.wall_seconds:.0f} s in {path}{note}")
 
 
 def tuned_line(applied, profile: str, storage: str | None) -> str:

@@ -361,9 +361,9 @@ def check_names(
     the names and profile it holds), without importing numpy, torch, MLflow or Prefect.
     Raises :class:`~tasks.config.ConfigError` (exit code 2) naming the valid choices."""
     from tasks import declared_names
-    from tasks.config import METHODS, PROFILES, SYSTEM_NAMES, load_config_file
+    from tasks.config import BUILTIN_METHODS, PROFILES, SYSTEM_NAMES, load_config_file
 
-    valid_methods = tuple(sorted(METHODS))
+    valid_methods = tuple(sorted(BUILTIN_METHODS))
     layer = load_config_file(config_file) if config_file is not None else {}
     from tasks import plugin_systems
 

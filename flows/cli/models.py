@@ -18,13 +18,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tasks.config import METHODS
+    from tasks.config import BUILTIN_METHODS, METHODS
 
     if args.names:
         from importlib.metadata import entry_points
 
         plugins = [f"{ep.name} (plugin {ep.value})" for ep in entry_points(group="nllab.models")]
-        print("\n".join([*sorted(METHODS), *plugins]))
+        print("\n".join([*sorted(BUILTIN_METHODS), *plugins]))
         return 0
     from nlmodels.model_registry import (
         model_names,
