@@ -5,63 +5,47 @@
     y = model(obs_t, obs_x, query_t)                     # nf_resnet; y is [B, T_q, D]
 
 Pure torch: this package never imports prefect, mlflow or optuna. Importing it changes nothing
-in the process; call :func:`set_up_numerics` first to get the CPU numerics the platform's runs
-use (the same bytes on every x86-64 CPU with AVX2 and FMA; see :mod:`nlmodels._numerics`).
+in the process and loads nothing heavy (names load on first use, PEP 562: the registry, with
+every built-in model, on the first registry name); call :func:`set_up_numerics` first to get the
+CPU numerics the platform's runs use (the same bytes on every x86-64 CPU with AVX2 and FMA; see
+:mod:`nlmodels._numerics`).
 """
 
-from nlmodels import baselines as _baselines  # noqa: F401  (registers the baseline models)
-from nlmodels._numerics import (
-    NumericsError,
-    NumericsSetup,
-    cpu_mode_in_effect,
-    mkl_position_independent,
-    numerics_in_effect,
-    numerics_tag,
-    require_numerics,
-    set_up_numerics,
-)
-from nlmodels.accel.native import native_enabled as native_cpu_kernels
-from nlmodels.base import ForecastModel
-from nlmodels.ilt import ILT_ALGORITHMS, ILTAlgorithm, get_ilt
-from nlmodels.model_registry import (
-    MODELS,
-    build_model,
-    load_builtin_models,
-    model_arguments,
-    model_choices,
-    model_option_types,
-    model_signature,
-    non_default_overrides,
-    register_model,
-)
-from nlmodels.neural_laplace import NeuralLaplace
-from nlmodels.stereographic import from_sphere, to_sphere
+from __future__ import annotations
 
-load_builtin_models()  # every model of nlmodels/models.toml, registered by its own module
+import importlib
+from typing import Any
 
-__all__ = [
-    "ILT_ALGORITHMS",
-    "MODELS",
-    "ForecastModel",
-    "ILTAlgorithm",
-    "NeuralLaplace",
-    "NumericsError",
-    "NumericsSetup",
-    "build_model",
-    "cpu_mode_in_effect",
-    "from_sphere",
-    "get_ilt",
-    "mkl_position_independent",
-    "model_arguments",
-    "model_choices",
-    "model_option_types",
-    "model_signature",
-    "native_cpu_kernels",
-    "non_default_overrides",
-    "numerics_in_effect",
-    "numerics_tag",
-    "register_model",
-    "require_numerics",
-    "set_up_numerics",
-    "to_sphere",
-]
+#: The module that defines each public name.
+_WHERE = {
+    name: module
+    for module, names in {
+        "nlmodels._numerics": "NumericsError NumericsSetup cpu_mode_in_effect "
+        "mkl_position_independent numerics_in_effect numerics_note numerics_tag require_numerics "
+        "set_up_numerics",
+        "nlmodels.accel.native": "native_cpu_kernels",
+        "nlmodels.base": "ForecastModel",
+        "nlmodels.ilt": "ILT_ALGORITHMS ILTAlgorithm get_ilt",
+        "nlmodels.model_registry": "MODELS build_model load_builtin_models model_arguments "
+        "model_choices model_option_types model_signature non_default_overrides register_model",
+        "nlmodels.neural_laplace": "NeuralLaplace",
+        "nlmodels.stereographic": "from_sphere to_sphere",
+    }.items()
+    for name in names.split()
+}
+#: Public names under another name in their module.
+_ALIASES = {"native_cpu_kernels": "native_enabled"}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), _ALIASES.get(name, name))
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'nlmodels' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})

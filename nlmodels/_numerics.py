@@ -35,15 +35,20 @@ position in its pack. :func:`mkl_position_independent` checks that the mode took
 
 from __future__ import annotations
 
-import functools
 import os
-import platform
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
-MODE_VARIABLE = "NLLAB_CPU_NUMERICS"
-MODES = ("portable", "native")
+from nlmodels._cpu import (
+    MODE_VARIABLE,
+    MODES,
+    PORTABLE_MARCH,
+    cpu_features,
+    cpu_mode,
+    portable,
+    portable_cpu,
+)
+
 MKL_CBWR = "AUTO,STRICT"
 #: What the portable mode sets in the process environment (replacing the user's values; worker
 #: processes inherit them).
@@ -52,8 +57,6 @@ PORTABLE_ENV = {
     "MKL_CBWR": "AVX2,STRICT",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
 }
-#: The native kernels' target in the portable mode (AVX2, FMA, BMI2: Haswell, Zen and newer).
-PORTABLE_MARCH = "x86-64-v3"
 
 __all__ = [
     "MKL_CBWR",
@@ -68,6 +71,7 @@ __all__ = [
     "cpu_mode_in_effect",
     "mkl_position_independent",
     "numerics_in_effect",
+    "numerics_note",
     "numerics_tag",
     "portable",
     "require_numerics",
@@ -112,43 +116,9 @@ class NumericsSetup:
         return f"{self.mode} ({self.capability})"
 
 
-def cpu_features() -> str:
-    """This CPU's feature flags (``/proc/cpuinfo``'s flags line, else the processor name)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def cpu_mode() -> str:
-    """The mode asked for (``NLLAB_CPU_NUMERICS``, default ``portable``); ValueError if unknown."""
-    mode = os.environ.get(MODE_VARIABLE, "").strip().lower() or "portable"
-    if mode not in MODES:
-        raise ValueError(f"{MODE_VARIABLE} must be one of {', '.join(MODES)}; got {mode!r}")
-    return mode
-
-
-@functools.cache  # a process's CPU does not change: /proc/cpuinfo read once, not per cell
-def _portable_cpu() -> bool:
-    flags = set(cpu_features().split())
-    return platform.machine().lower() in ("x86_64", "amd64") and {"avx2", "fma"} <= flags
-
-
-def portable() -> bool:
-    """Whether this process asks for the portable mode on a CPU that can run it (AVX2 and FMA);
-    the native kernels' build target follows it."""
-    try:
-        return cpu_mode() == "portable" and _portable_cpu()
-    except ValueError:
-        return False
-
-
 def _apply_environment(mode: str) -> tuple[str, ...]:
     os.environ[MODE_VARIABLE] = mode
-    if mode != "portable" or not _portable_cpu():
+    if mode != "portable" or not portable_cpu():
         os.environ.setdefault("MKL_CBWR", MKL_CBWR)
         return ()
     replaced = tuple(
@@ -209,7 +179,7 @@ def _take_effect(asked: str, replaced: tuple[str, ...]) -> NumericsSetup:
     capability = torch.backends.cpu.get_cpu_capability()  # fixed by torch's first kernel call
     if asked != "portable":
         return NumericsSetup(asked, "native", capability, "torch", replaced)
-    if not _portable_cpu():
+    if not portable_cpu():
         reason = "this CPU lacks AVX2 or FMA"
         return NumericsSetup(asked, "native", capability, "torch", replaced, reason)
     if capability.lower() != PORTABLE_ENV["ATEN_CPU_CAPABILITY"]:
@@ -222,6 +192,17 @@ def _take_effect(asked: str, replaced: tuple[str, ...]) -> NumericsSetup:
         reason = f"no native kernels for the portable mode ({native.build_failure()})"
         return NumericsSetup(asked, "native", capability, "torch", replaced, reason)
     return NumericsSetup(asked, "portable", capability, "portable", replaced)
+
+
+def numerics_note() -> str:
+    """One line saying which of the user's environment values the portable mode replaced (empty
+    when none): entry points print it, the library never does."""
+    replaced = _asked[1] if _asked is not None else ()
+    if not replaced:
+        return ""
+    return (
+        f"portable CPU numerics replace {', '.join(replaced)} ({MODE_VARIABLE}=native keeps them)"
+    )
 
 
 def numerics_in_effect() -> NumericsSetup | None:

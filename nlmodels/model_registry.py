@@ -203,3 +203,6 @@ def non_default_overrides(method: str, overrides: Mapping[str, Any]) -> dict[str
         for k, v in overrides.items()
         if k not in defaults or json.dumps(_json_value(v)) != json.dumps(_json_value(defaults[k]))
     }
+
+
+load_builtin_models()  # every model of models.toml registers itself with this registry

@@ -200,9 +200,7 @@ _KERNELS = {
         lambda s: {"c": (s.batch, s.m, s.n)},
         returns_status=True,
     ),
-    "nl_unary": _Kernel(
-        _p("op:int kind:int n:i64 x:ptr y:ptr"), lambda s: {}, returns_status=True
-    ),
+    "nl_unary": _Kernel(_p("op:int kind:int n:i64 x:ptr y:ptr"), lambda s: {}, returns_status=True),
     "nl_vector_math": _Kernel(
         _p("op:int n:i64 x:tensor y:tensor"), lambda a: {"x": (a.n,), "y": (a.n,)}
     ),

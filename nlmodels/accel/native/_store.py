@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from nlmodels._numerics import PORTABLE_MARCH, cpu_features, portable
+from nlmodels._cpu import PORTABLE_MARCH, cpu_features, portable
 from nlmodels.accel.native._selftest import self_test
 
 SOURCE = Path(__file__).with_name("kernels.c")
@@ -193,7 +193,9 @@ def build(library: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f"{library.name}.", suffix=".tmp", dir=library.parent)
     os.close(fd)
     try:
-        result = _patiently([compiler, *flags(), str(SOURCE), "-o", tmp, "-lmvec", "-lm"], BUILD_TIMEOUTS)
+        result = _patiently(
+            [compiler, *flags(), str(SOURCE), "-o", tmp, "-lmvec", "-lm"], BUILD_TIMEOUTS
+        )
         if result.returncode != 0:
             raise OSError(f"{compiler} failed: {result.stderr.strip()[-2000:]}")
         os.chmod(tmp, 0o700)
