@@ -45,6 +45,10 @@ def _init_worker(stop) -> None:
     # parent acts on it (it sets ``stop``): a KeyboardInterrupt here would kill an idle worker
     # or escape from a cell before its run is ended KILLED.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The parent's CPU numerics (its environment is inherited) before this process computes.
+    import nlmodels
+
+    nlmodels.set_up_numerics()
 
 
 def _watch_parent(parent: int) -> None:

@@ -90,6 +90,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``nllab`` console script; returns the exit code."""
     args = build_parser().parse_args(argv)  # exits 2 on usage errors, 0 on --help
     configure_environment()  # offline switches and tracking defaults, before the stack loads
+    import nlmodels  # its names load on first use: the numerics below import nothing heavy
+
+    try:  # the CPU numerics' environment before torch computes (inherited by every worker)
+        nlmodels.set_up_numerics(defer=True)
+    except ValueError as e:
+        print(f"nllab {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if note := nlmodels.numerics_note():
+        print(f"nllab: {note}", file=sys.stderr)
     from tasks.config import ConfigError
 
     home = None
