@@ -1,12 +1,16 @@
-"""Which components' bytes depend on the CPU's instruction set, and what the portable mode costs.
+"""Which components' bytes depend on the CPU, and what the portable mode costs.
 
 Different x86-64 CPUs run different code for the same arithmetic: numpy picks its float64 ``exp``
 loop by instruction set (an AVX-512F one of its own, else the C library's), torch picks its CPU
-kernels by ``ATEN_CPU_CAPABILITY`` (default, avx2, avx512), MKL its BLAS branch (``MKL_CBWR``),
-and the native kernels are compiled for ``-march=native``. On one machine each choice can be
-forced, which reproduces what another CPU computes (Intel, *oneMKL Developer Reference*,
-"Obtaining Numerically Reproducible Results"; PyTorch, ``aten/src/ATen/native/DispatchStub.cpp``;
-NumPy, "CPU build options / runtime dispatch").
+kernels by ``ATEN_CPU_CAPABILITY`` (default, avx2, avx512), MKL its branch (``MKL_CBWR``) on Intel
+CPUs and code of its own on others, OpenBLAS (scipy's and numpy's) its kernels per CPU model
+(``OPENBLAS_CORETYPE``: Haswell, Zen, SkylakeX ...), and the native kernels are compiled for
+``-march=native``. On one machine each choice can be forced, which reproduces what another CPU
+computes (Intel, *oneMKL Developer Reference*, "Obtaining Numerically Reproducible Results";
+PyTorch, ``aten/src/ATen/native/DispatchStub.cpp``; NumPy, "CPU build options / runtime
+dispatch"; OpenBLAS, "Runtime CPU detection"). MKL's vendor check is forced by a shim preloaded
+into the child (``LD_PRELOAD``), built here with the C compiler: its ``mkl_serv_intel_cpu_true``
+answers "not Intel" and ``mkl_serv_cpuiszen`` "Zen", as on an AMD EPYC.
 
 ``findings`` (default) runs one child process per setting, in both CPU numerics modes
 (``NLLAB_CPU_NUMERICS=native`` and ``portable``), and prints per component whether its bytes
@@ -57,7 +61,10 @@ SETTINGS: tuple[tuple[str, dict[str, str]], ...] = (
     ("NLLAB_NATIVE=0", {"NLLAB_NATIVE": "0"}),
     # the BLAS numpy and scipy bundle (OpenBLAS) picks its kernels per CPU model
     ("OPENBLAS_CORETYPE=Haswell", {"OPENBLAS_CORETYPE": "Haswell"}),
+    ("OPENBLAS_CORETYPE=Zen", {"OPENBLAS_CORETYPE": "Zen"}),
+    ("OPENBLAS_CORETYPE=SkylakeX", {"OPENBLAS_CORETYPE": "SkylakeX"}),
     ("OPENBLAS_CORETYPE=Prescott", {"OPENBLAS_CORETYPE": "Prescott"}),
+    ("MKL as on an AMD CPU", {"LD_PRELOAD": "@mkl-amd"}),
     # numpy >= 2.3 names its AVX-512 group X86_V4 (older numpy: AVX512F AVX512_SKX ...)
     ("numpy without AVX-512", {"NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR"}),
 )
@@ -66,8 +73,29 @@ SMOKE_METHODS = ("neural_laplace", "latent_ode", "node")
 QUICK_N = 200
 
 
+#: A stand-in for MKL's CPU vendor check on an AMD EPYC (Zen): preloaded, it answers for MKL.
+MKL_AMD_SHIM = """
+int mkl_serv_intel_cpu_true(void) { return 0; }
+int mkl_serv_intel_cpu(void) { return 0; }
+int mkl_serv_cpuiszen(void) { return 1; }
+"""
+
+
+def mkl_amd_shim(folder: Path) -> Path:
+    """Build :data:`MKL_AMD_SHIM` into ``folder`` (``$CC``, else ``cc``); its path."""
+    source, library = folder / "mkl_amd.c", folder / "mkl_amd.so"
+    source.write_text(MKL_AMD_SHIM)
+    compiler = os.environ.get("CC", "cc")
+    command = [compiler, "-shared", "-fPIC", "-O2", str(source), "-o", str(library)]
+    subprocess.run(command, check=True)
+    return library
+
+
 def _child_env(mode: str, extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ATEN_", "MKL_CBWR"))}
+    drop = ("ATEN_", "MKL_CBWR", "OPENBLAS_CORETYPE", "LD_PRELOAD")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    if extra.get("LD_PRELOAD") == "@mkl-amd":
+        extra = {**extra, "LD_PRELOAD": str(mkl_amd_shim(Path(tempfile.mkdtemp())))}
     env.update(PYTHONPATH=str(_ROOT), NLLAB_CPU_NUMERICS=mode, **extra)
     env.setdefault("NLLAB_HOME", tempfile.mkdtemp(prefix="nllab-cpu-numerics-"))
     return env
@@ -87,16 +115,15 @@ def _digests() -> dict[str, str]:
     import torch
 
     from datasets import simulate
-    from nlmodels import MODELS
-    from nlmodels._numerics import numerics_tag
-    from tasks._names import MAIN_SYSTEMS
-    from tasks.numerics import _run_canary, training_digest
+    from nlmodels import MODELS, numerics_tag
+    from nltrain import system_fingerprint, training_digest
+    from tasks import MAIN_SYSTEMS
 
     out = {"numerics": numerics_tag(), "capability": torch.backends.cpu.get_cpu_capability()}
     for system in MAIN_SYSTEMS:
         x = simulate(system, n_trajectories=QUICK_N, seed=0, workers=1).x
         out[f"data:{system}"] = hashlib.sha256(x.tobytes()).hexdigest()[:16]
-        out[f"split:{system}"] = _run_canary("system", system)
+        out[f"split:{system}"] = system_fingerprint(system)
     for method in sorted(MODELS):
         out[f"model:{method}"] = training_digest(method)
     return out
@@ -107,8 +134,7 @@ def _epoch_seconds(epochs: int) -> dict[str, float]:
 
     from datasets import prepare, simulate
     from nlmodels import MODELS, build_model
-    from tasks.config import TrainConfig
-    from tasks.packing import train_packed
+    from nltrain import TrainConfig, train_packed
 
     torch.set_num_threads(1)
     prepared = prepare(simulate("spiral_dde", n_trajectories=QUICK_N, seed=0, workers=1), seed=0)
@@ -134,9 +160,7 @@ def smoke_bits(methods: tuple[str, ...] = SMOKE_METHODS) -> dict[str, str]:
 
     from datasets import prepare, simulate
     from nlmodels import build_model
-    from tasks.config import TrainConfig
-    from tasks.packing import train_packed
-    from tasks.training import predict, seeded
+    from nltrain import TrainConfig, predict, seeded, train_packed
 
     torch.set_num_threads(1)
     test = prepare(simulate("spiral_dde", n_trajectories=40, seed=0, workers=1), seed=0)
@@ -205,6 +229,12 @@ def main() -> None:
     parser.add_argument("--child-smoke", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-cost", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child_digests or args.child_smoke or args.child_cost:
+        import nlmodels
+
+        nlmodels.set_up_numerics()  # as every entry point does, before torch computes
+        if note := nlmodels.numerics_note():
+            print(f"nllab: {note}", file=sys.stderr)
     if args.child_digests:
         print(json.dumps(_digests()))
     elif args.child_smoke:
