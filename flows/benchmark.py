@@ -169,7 +169,7 @@ def run_benchmark(config: RunConfig, *, always_record: bool = False) -> Benchmar
     if not todo and not always_record:
         promotions = _promote(tracking.registry, reused) if config.tracking.register_models else []
         first = reused[0].run_id if reused else None
-        parent = tracking.queries.get_run_data(first).data.tags.get(RunTags.PARENT, first)
+        parent = (tracking.queries.get_run_data(first).parent_run_id or first) if first else None
         return BenchmarkSummary(
             parent,
             tuple(reused),

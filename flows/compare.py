@@ -150,8 +150,8 @@ def _cells_of(queries: Queries, run_id: str) -> list[dict]:
             pass
     cells = []
     for r in queries.child_runs(run_id):
-        tags = r.data.tags
-        if tags.get(RunTags.KIND) != "cell" or r.info.status != "FINISHED":
+        tags = r.tags
+        if r.kind != "cell" or not r.finished:
             continue
         cells.append(
             {
@@ -159,8 +159,8 @@ def _cells_of(queries: Queries, run_id: str) -> list[dict]:
                 "method": tags.get(RunTags.METHOD),
                 "seed": int(tags.get(RunTags.SEED, 0)),
                 "status": "finished",
-                Metrics.TEST_RMSE: r.data.metrics.get(Metrics.TEST_RMSE),
-                "run_id": r.info.run_id,
+                Metrics.TEST_RMSE: r.metrics.get(Metrics.TEST_RMSE),
+                "run_id": r.run_id,
             }
         )
     return cells
@@ -168,12 +168,7 @@ def _cells_of(queries: Queries, run_id: str) -> list[dict]:
 
 def _fingerprints(queries: Queries, cells: Sequence[dict]) -> dict[str, tuple[str, str] | None]:
     runs = queries.runs_by_id(c["run_id"] for c in cells if c.get("run_id"))
-    out: dict[str, tuple[str, str] | None] = {}
-    for run_id, run in runs.items():
-        tags = run.data.tags  # type: ignore[attr-defined]
-        m, s = tags.get(RunTags.NUMERICS_MODEL), tags.get(RunTags.NUMERICS_SYSTEM)
-        out[run_id] = (m, s) if m and s else None
-    return out
+    return {run_id: run.numerics for run_id, run in runs.items()}
 
 
 def _key(c: dict) -> str:
@@ -223,7 +218,7 @@ def compare_benchmarks(
     finished benchmark of the same experiment before it). :class:`NoComparison` when either
     is missing."""
     after_run, against = _pair(queries, run_id, against)
-    run_id = after_run.info.run_id
+    run_id = after_run.run_id
     after, before = _cells_of(queries, run_id), _cells_of(queries, against)
     prints = _fingerprints(queries, [*after, *before])
     spreads = _spreads(before)
@@ -233,7 +228,7 @@ def compare_benchmarks(
         _change(key, old.get(key), new.get(key), spreads, prints)
         for key in [*new, *(k for k in old if k not in new)]
     ]
-    profile = after_run.data.tags.get(RunTags.PROFILE, "?")
+    profile = after_run.profile or "?"
     return Comparison(run_id, against, profile, tuple(changes))
 
 
@@ -241,28 +236,28 @@ def _pair(queries: Queries, run_id: str | None, against: str | None):
     """The finished benchmark run ``run_id`` (default: the latest) and the id of the one it is
     compared with (default: the same experiment's finished benchmark before it)."""
     runs = queries.finished_runs("benchmark")  # newest first
-    by_id = {r.info.run_id: r for r in runs}
+    by_id = {r.run_id: r for r in runs}
     if run_id is None:
         if not runs:
             raise NoComparison(f"no finished benchmark in {queries.settings.tracking_uri}")
-        run_id = runs[0].info.run_id
+        run_id = runs[0].run_id
     if run_id not in by_id:
         raise UnknownRun(f"{run_id} is not a finished benchmark run")
     after_run = by_id[run_id]
-    experiment = after_run.data.tags.get(RunTags.EXPERIMENT_HASH)
+    experiment = after_run.experiment_hash
     if against is None:
         older = [
             r
             for r in runs
-            if r.info.start_time < after_run.info.start_time
+            if r.start_time < after_run.start_time
             and experiment is not None
-            and r.data.tags.get(RunTags.EXPERIMENT_HASH) == experiment
+            and r.experiment_hash == experiment
         ]
         if not older:
             raise NoComparison(
                 f"no earlier finished benchmark of the same experiment as {run_id} to compare with"
             )
-        against = older[0].info.run_id
+        against = older[0].run_id
     elif against not in by_id:
         raise UnknownRun(f"{against} is not a finished benchmark run")
     return after_run, against
@@ -307,7 +302,7 @@ def record_comparison(tracking: Tracking, run_id: str) -> Comparison | None:
         comparison, text, profile = None, f"# Nothing to compare\n\n{e}\n", None
     else:
         text, profile = comparison.to_markdown(), comparison.profile
-    profile = profile or tracking.queries.get_run_data(run_id).data.tags.get(RunTags.PROFILE, "run")
+    profile = profile or tracking.queries.get_run_data(run_id).profile or "run"
     tracking.runs.log_text(run_id, text, "comparison.md")
     regressions = comparison.regressions if comparison is not None else 0
     tracking.runs.log_metrics(run_id, {Metrics.REGRESSIONS: regressions})

@@ -107,7 +107,7 @@ def stored_cell_results(
             out.append(CellResult.failed(c, "missing"))
             continue
         r = CellResult.reused(c, rec)
-        if parent_run_id is not None and rec.tags.get("mlflow.parentRunId") == parent_run_id:
+        if parent_run_id is not None and rec.parent_run_id == parent_run_id:
             r = dataclasses.replace(r, status="finished")
         out.append(r)
     return out
@@ -151,7 +151,7 @@ def _tuning_section(queries: Queries, link) -> ReportSection:
         return ReportSection("tune", title, ref, None, "–", {}, {})
     rows = []
     for r in runs:
-        t, m = r.data.tags, r.data.metrics
+        t, m = r.tags, r.metrics
         best = m.get(Metrics.BEST_VAL_RMSE, float("nan"))
         rows.append(
             (
@@ -162,7 +162,7 @@ def _tuning_section(queries: Queries, link) -> ReportSection:
                 TableCell(number(best)),
                 TableCell(str(int(m.get(Metrics.N_TRIALS, 0)))),
                 TableCell(t.get("best_trial", "–")),
-                TableCell(r.info.run_id[:12], link=link(r.info.run_id)),
+                TableCell(r.run_id[:12], link=link(r.run_id)),
             )
         )
     header = (
@@ -176,7 +176,7 @@ def _tuning_section(queries: Queries, link) -> ReportSection:
         "run",
     )
     table = Table(header, tuple(rows), "Open a study with the printed optuna-dashboard command.")
-    return ReportSection("tune", title, ref, runs[0].info.run_id, "–", {"studies": table}, {})
+    return ReportSection("tune", title, ref, runs[0].run_id, "–", {"studies": table}, {})
 
 
 def main_table_figure(table: ResultsTable) -> bytes:

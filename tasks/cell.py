@@ -54,7 +54,7 @@ from tasks.training import (
 )
 
 if TYPE_CHECKING:
-    from tasks.tracking import Queries, RunLog, Store, Tracking
+    from tasks.tracking import CellClaims, Queries, RunLog, Store
 
 __all__ = [
     "CLAIM_POLL_SECONDS",
@@ -124,9 +124,19 @@ class CellRuntime:
         }
         return cls.for_store(store, **{**fields, **kw})
 
-    def attached(self) -> Tracking:
-        """This process's tracking objects of the store (:func:`tasks.tracking.attach`)."""
-        return attach(self.tracking, self.experiment_id)
+    # This process's handles on the store (:func:`tasks.tracking.attach`), one per need: a
+    # holder of the runtime takes the collaborator it uses, never the whole set.
+    def run_log(self) -> RunLog:
+        """Where the cells' runs are created, logged into and ended."""
+        return attach(self.tracking, self.experiment_id).runs
+
+    def cell_claims(self) -> CellClaims:
+        """Which process trains which cell."""
+        return attach(self.tracking, self.experiment_id).claims
+
+    def queries(self) -> Queries:
+        """Which cells are finished (reuse)."""
+        return attach(self.tracking, self.experiment_id).queries
 
 
 def pack_key(cell: CellConfig) -> str:
@@ -209,7 +219,7 @@ class _Pack:
     """The members of one :func:`fit_cells` call, where they train and how they log."""
 
     def __init__(self, cells, rt: CellRuntime, run_ids, on_epoch) -> None:
-        self.rt, self.runs, self.on_epoch = rt, rt.attached().runs, on_epoch
+        self.rt, self.runs, self.on_epoch = rt, rt.run_log(), on_epoch
         self.cells, self.run_ids = list(cells), list(run_ids)
         self.setups: dict[int, CellSetup] = {}
         self.training = cells[0].training
@@ -358,7 +368,7 @@ def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
     run ends FAILED with its error; the others finish. Ctrl-C (``KeyboardInterrupt``) still
     propagates, after ending every open run as KILLED.
     """
-    claims, queries = rt.attached().claims, rt.attached().queries
+    claims, queries = rt.cell_claims(), rt.queries()
     owner = claim_owner()
     results: dict[str, CellResult] = {}
     elsewhere: list[CellConfig] = []
@@ -384,7 +394,7 @@ def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
 def _await_cell(cell: CellConfig, rt: CellRuntime) -> CellResult:
     """The result of a cell another process has claimed: reused once it finishes there, trained
     here if its claim is released or goes stale first. Says once whom it waits for."""
-    claims, queries, h = rt.attached().claims, rt.attached().queries, cell.config_hash()
+    claims, queries, h = rt.cell_claims(), rt.queries(), cell.config_hash()
     stop = rt.stop if rt.stop is not None else worker_stop_event()
     while True:
         if (done := _stored(queries, cell, rt.reuse)) is not None:
@@ -422,7 +432,7 @@ def _train_pack(
     the fence) before its run is ended FINISHED; a cell whose claim was lost meanwhile ends
     KILLED instead, is appended to ``lost`` and comes back ``interrupted``.
     """
-    runs, claims = rt.attached().runs, rt.attached().claims
+    runs, claims = rt.run_log(), rt.cell_claims()
     hashes = [c.config_hash() for c in cells]
     tokens = [None if owner is None else claims.claim_generation(h, owner) for h in hashes]
     try:
@@ -444,7 +454,7 @@ def _close_member(
 ) -> CellResult:
     """The result of ``(cell, hash, run id, outcome, claim generation)``; its run ends here
     unless it ends FINISHED (as its :meth:`~tasks.tracking.RunLog.run` block completes)."""
-    (c, h, r, out, token), runs, claims = member, rt.attached().runs, rt.attached().claims
+    (c, h, r, out, token), runs, claims = member, rt.run_log(), rt.cell_claims()
     if not isinstance(out, FitOutcome):  # this member diverged; the others went on
         runs.end_with_error(r, out)
         return _unfinished(c, "failed", out)

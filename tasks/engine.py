@@ -333,7 +333,7 @@ def _reused(
     """The stored results of ``unique`` (``reused``, if the command already asked) and the
     cells still to train."""
     if reused is None:
-        return stored_results(runtime.attached().queries, unique, runtime.reuse)
+        return stored_results(runtime.queries(), unique, runtime.reuse)
     wanted = {c.config_hash() for c in unique}
     mine = [r for r in reused if r.config_hash in wanted]
     known = {r.config_hash for r in mine}

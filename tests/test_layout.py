@@ -282,6 +282,45 @@ def test_only_the_tracking_package_imports_mlflow() -> None:
     assert not wrong
 
 
+#: Attribute chains of MLflow's entities (``Run.data``, ``Run.info``): who reads them reads
+#: MLflow's layout, which only the tracking package knows; elsewhere runs are the platform's
+#: own records (:mod:`tasks.tracking.records`).
+MLFLOW_DATA_FIELDS = {"tags", "metrics", "params"}
+MLFLOW_INFO_FIELDS = {
+    "run_id",
+    "run_uuid",
+    "run_name",
+    "status",
+    "start_time",
+    "end_time",
+    "artifact_uri",
+    "lifecycle_stage",
+    "experiment_id",
+    "user_id",
+}
+
+
+def _mlflow_entity_reads(trees: dict[str, ast.Module]) -> set[str]:
+    """``module: .data.tags`` (or ``.info.run_id``, ...) for each read of an MLflow entity's
+    fields outside :mod:`tasks.tracking`."""
+    found: set[str] = set()
+    for name, tree in trees.items():
+        if name == "tasks.tracking" or name.startswith("tasks.tracking."):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
+                middle, last = node.value.attr, node.attr
+                if (middle == "data" and last in MLFLOW_DATA_FIELDS) or (
+                    middle == "info" and last in MLFLOW_INFO_FIELDS
+                ):
+                    found.add(f"{name}: .{middle}.{last}")
+    return found
+
+
+def test_only_the_tracking_package_reads_mlflow_entities() -> None:
+    assert not _mlflow_entity_reads(TREES)
+
+
 def test_the_shape_checks_catch_what_they_forbid() -> None:
     """Each rule above on a made-up module that breaks it."""
     source = "\n".join(
@@ -293,6 +332,7 @@ def test_the_shape_checks_catch_what_they_forbid() -> None:
             "def long():",
             *["    x = 1"] * MAX_FUNCTION_LINES,
             "y = training._other",
+            "z = run.data.tags, run.info.run_id, system.info.name, frame.data.shape",
         ]
     )
     tree = ast.parse(source)
@@ -305,6 +345,10 @@ def test_the_shape_checks_catch_what_they_forbid() -> None:
         assert _private_imports({name: tree}) == {
             f"{name}: tasks.training._hidden",
             f"{name}: tasks.training._other",
+        }
+        assert _mlflow_entity_reads({name: tree}) == {
+            f"{name}: .data.tags",
+            f"{name}: .info.run_id",
         }
     finally:
         del MODULES[name], TREES[name]

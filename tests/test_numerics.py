@@ -114,7 +114,7 @@ def test_numerics_decide_reuse_and_compare_names_the_change(
     first = run_benchmark(config)
     assert set(_statuses(first).values()) == {"finished"}
     tracker = connect()
-    run = tracker.queries.get_run_data(first.results[0].run_id).data.tags
+    run = tracker.queries.get_run_data(first.results[0].run_id).tags
     assert run[RunTags.NUMERICS_MODEL] == numerics.model_fingerprint(first.results[0].method)
     assert run[RunTags.NUMERICS_SYSTEM] == numerics.system_fingerprint("integro_de")
     before = numerics.model_fingerprint(TOY)
@@ -203,8 +203,8 @@ def test_the_nightly_deployment_records_its_comparison_as_prefect_artifacts(
         assert scheduled_benchmark(**params).endswith("0 regressed")
     tracker = connect()
     latest = tracker.queries.finished_runs("benchmark")[0]
-    assert latest.data.metrics["regressions"] == 0
-    assert latest.data.tags[RunTags.CELLS_REUSED] == "2"  # the second night reused both
+    assert latest.metrics["regressions"] == 0
+    assert latest.tags[RunTags.CELLS_REUSED] == "2"  # the second night reused both
     keys = ["nllab-benchmark-smoke-results", "nllab-benchmark-smoke-comparison"]
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(
