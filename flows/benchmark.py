@@ -84,7 +84,7 @@ def benchmark_flow(
 ) -> BenchmarkSummary:
     """Run (or reuse) every cell of ``config`` and log the results table to a parent run.
 
-    ``reused``: the cells :func:`tasks.cell.stored_results` already found finished in this
+    ``reused``: the cells :func:`tasks.reuse.stored_results` already found finished in this
     command (the store is not asked again for them)."""
     logger = get_run_logger()
     t0 = time.perf_counter()

@@ -18,7 +18,7 @@ import math
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -46,6 +46,7 @@ from tasks.pipeline import (
 )
 from tasks.placement import place_pack
 from tasks.results import CellResult
+from tasks.reuse import stored_result, stored_results
 from tasks.tracking import Metrics, RunTags, TrackingSettings, attach, claim_owner, run_name
 from tasks.training import (
     EpochRecord,
@@ -306,56 +307,6 @@ def _set_up(cell: CellConfig, run_id: str, rt: CellRuntime, runs: RunLog) -> Cel
 CLAIM_POLL_SECONDS = 2.0
 
 
-def stored_results(
-    queries: Queries,
-    cells: Iterable[CellConfig],
-    reuse: Reuse = "numerics",
-    *,
-    tell: bool = True,
-) -> tuple[list[CellResult], list[CellConfig]]:
-    """Is this cell done? The one answer: ``cells`` split into those with a finished run in the
-    store (as ``reused`` results) and those to run, in input order.
-
-    A finished run counts only if its model artifact is present and loads
-    (:meth:`tasks.tracking.Queries.reusable_cells`); otherwise its cell is run again and the
-    user is told why, once per run. ``reuse="numerics"``: also only if the run's numerics
-    fingerprints equal today's (:mod:`tasks.numerics`; a run stored before fingerprints were
-    recorded has none and is trained again), each changed model or system told in one line
-    (``tell``); ``config``: any finished run of the config hash; ``never``: none.
-    """
-    cells = list(cells)
-    today = numerics.warm(cells)  # also cached for the worker processes that tag the runs
-    if reuse == "never":
-        return [], cells
-    done, broken = queries.reusable_cells(c.config_hash() for c in cells)
-    if reuse == "numerics":
-        stale, lines = numerics.stale(cells, done, today)
-        done = {h: r for h, r in done.items() if h not in stale}
-        for line in lines if tell else ():
-            notify_once(f"numerics:{line}", line)
-    reused, todo = [], []
-    for c in cells:
-        h = c.config_hash()
-        if (record := done.get(h)) is not None:
-            reused.append(CellResult.reused(c, record))
-            continue
-        todo.append(c)
-        if h in broken:
-            unusable, problem = broken[h]
-            notify_once(
-                f"unusable:{unusable.run_id}",
-                f"cell {c.key}: not reusing its finished run {unusable.run_id}: {problem}; "
-                "training it again",
-            )
-    return reused, todo
-
-
-def _stored(queries: Queries, cell: CellConfig, reuse: Reuse = "numerics") -> CellResult | None:
-    """:func:`stored_results` of one cell: its ``reused`` result, or ``None``."""
-    reused, _ = stored_results(queries, [cell], reuse, tell=False)
-    return reused[0] if reused else None
-
-
 def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
     """Train and evaluate ``cells`` (one pack: see :func:`pack_key`) in their own MLflow child
     runs; never raises on cell errors. Results in input order.
@@ -378,7 +329,7 @@ def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
             h = c.config_hash()
             if not held.enter_context(claims.cell_claim(h, owner)):
                 elsewhere.append(c)
-            elif (done := _stored(queries, c, rt.reuse)) is not None:
+            elif (done := stored_result(queries, c, rt.reuse)) is not None:
                 results[h] = done  # finished meanwhile
             else:
                 mine.append(c)
@@ -397,7 +348,7 @@ def _await_cell(cell: CellConfig, rt: CellRuntime) -> CellResult:
     claims, queries, h = rt.cell_claims(), rt.queries(), cell.config_hash()
     stop = rt.stop if rt.stop is not None else worker_stop_event()
     while True:
-        if (done := _stored(queries, cell, rt.reuse)) is not None:
+        if (done := stored_result(queries, cell, rt.reuse)) is not None:
             return done
         if stop is not None and stop.is_set():
             return CellResult.failed(
@@ -406,7 +357,8 @@ def _await_cell(cell: CellConfig, rt: CellRuntime) -> CellResult:
         owner = claim_owner()
         with claims.cell_claim(h, owner) as mine:
             if mine:
-                if (done := _stored(queries, cell, rt.reuse)) is not None:  # finished meanwhile
+                # finished meanwhile
+                if (done := stored_result(queries, cell, rt.reuse)) is not None:
                     return done
                 lost: list[CellConfig] = []
                 (result,) = _train_pack([cell], rt, owner, lost)

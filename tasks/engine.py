@@ -4,7 +4,7 @@ The benchmark, every study, reproduction and the cells of a tuning trial go thro
 cells and a :class:`~tasks.cell.CellRuntime`, :func:`run_cells`
 
 1. reuses every cell that already has a FINISHED run with its config hash (never retrained;
-   :func:`tasks.cell.stored_results`, the one answer to "is this cell done?");
+   :func:`tasks.reuse.stored_results`, the one answer to "is this cell done?");
 2. simulates each needed data set once, before training starts;
 3. groups the rest into packs (cells whose tensors have the same shapes:
    :func:`tasks.cell.pack_key`), each trained as one batched model when ``runtime.pack`` is on;

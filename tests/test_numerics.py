@@ -180,6 +180,35 @@ def test_runs_stored_without_fingerprints_are_retrained_once_said(mlflow_store, 
     ]
 
 
+def test_switching_numerics_back_and_forth_retrains_nothing_already_in_the_store(
+    mlflow_store, monkeypatch
+):
+    """As ``NLLAB_CPU_NUMERICS=native`` and back to the default on one home: each mode trains a
+    cell once; afterwards every switch reuses the finished run of that mode's fingerprints, the
+    older one included (the mode faked as another model fingerprint: no second canary)."""
+    from tasks.cell import CellRuntime, run_cell
+
+    (cell,) = _config(methods=["node"], seeds=[0]).cells()
+    tracker = connect()
+    rt = CellRuntime.for_store(tracker.store, parent_run_id=None, profile="smoke")
+    portable = numerics.model_fingerprint
+
+    def native(method: str) -> str:
+        return "native" + portable(method)[6:]
+
+    trained: dict[str, str] = {}
+    retrained = []
+    for mode in ("portable", "native", "portable", "native", "portable"):
+        monkeypatch.setattr(numerics, "model_fingerprint", native if mode == "native" else portable)
+        reused, todo = stored_results(tracker.queries, [cell])
+        if todo:
+            retrained.append(mode)
+            trained[mode] = run_cell(cell, rt).run_id
+        else:
+            assert [r.run_id for r in reused] == [trained[mode]]
+    assert retrained == ["portable", "native"]  # then 0 retrained in three switches
+
+
 def test_the_nightly_deployment_records_its_comparison_as_prefect_artifacts(
     mlflow_store, prefect_server
 ):
