@@ -18,10 +18,10 @@ from prefect import flow, get_run_logger
 
 from flows._artifacts import artifact_key, publish_table
 from flows._runtime import flow_settings, make_task_runner
-from flows.compare import CELLS_ARTIFACT, cells_record
+from flows.compare import CELLS_ARTIFACT, cells_hash, cells_record
 from nlmodels import native_cpu_kernels
 from tasks.cell import CellRuntime
-from tasks.config import RunConfig
+from tasks.config import CellConfig, RunConfig
 from tasks.engine import run_cells, stored_results
 from tasks.reporting import ResultsTable, parent_summary, results_table
 from tasks.results import CellResult
@@ -78,6 +78,16 @@ def _promote(registry: Registry, results: list[CellResult]) -> list[Promotion]:
     ]
 
 
+def _parent_tags(config: RunConfig, cells: list[CellConfig]) -> dict[str, str]:
+    """What the benchmark's parent run is: its profile, experiment and cells (by which
+    :mod:`flows.compare` finds the earlier benchmark to compare it with)."""
+    return {
+        RunTags.PROFILE: config.profile,
+        RunTags.EXPERIMENT_HASH: experiment_hash(config),
+        RunTags.CELLS_HASH: cells_hash(c.config_hash() for c in cells),
+    }
+
+
 @flow(name="nllab-benchmark", log_prints=True)
 def benchmark_flow(
     config: RunConfig, reused: tuple[CellResult, ...] | None = None
@@ -101,7 +111,7 @@ def benchmark_flow(
         tracking.runs,
         f"benchmark-{config.profile}",
         kind="benchmark",
-        tags={RunTags.PROFILE: config.profile, RunTags.EXPERIMENT_HASH: experiment_hash(config)},
+        tags=_parent_tags(config, cells),
         # The experiment as parameters and run_config.json; how it executed as tags.
         params={
             "profile": config.profile,

@@ -321,6 +321,25 @@ def test_only_the_tracking_package_reads_mlflow_entities() -> None:
     assert not _mlflow_entity_reads(TREES)
 
 
+#: The modules of ``flows.cli`` that every command shares (the others are one command each).
+CLI_SHARED = {"flows.cli", "flows.cli.common", "flows.cli.__main__"}
+
+
+def _commands_importing_commands() -> set[str]:
+    commands = {m for m in MODULES if m.startswith("flows.cli.") and m not in CLI_SHARED}
+    return {
+        f"{module} imports {target}"
+        for module in commands
+        for imported in IMPORTS[module]
+        if (target := _own_module(imported)) in commands and target != module
+    }
+
+
+def test_no_command_module_imports_another() -> None:
+    """What two commands share lives in ``flows/cli/common.py`` or a flows module."""
+    assert not _commands_importing_commands()
+
+
 def test_the_shape_checks_catch_what_they_forbid() -> None:
     """Each rule above on a made-up module that breaks it."""
     source = "\n".join(
@@ -352,3 +371,10 @@ def test_the_shape_checks_catch_what_they_forbid() -> None:
         }
     finally:
         del MODULES[name], TREES[name]
+    command = "flows.cli.made_up"
+    MODULES[command] = ROOT / "flows" / "cli" / "made_up.py"
+    IMPORTS[command] = {"flows.cli.compare.comparison_section", "flows.cli.common"}
+    try:
+        assert _commands_importing_commands() == {f"{command} imports flows.cli.compare"}
+    finally:
+        del MODULES[command], IMPORTS[command]
