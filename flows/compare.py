@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tasks.comparison import ROUNDING, RTOL, Comparison, compare_cells
 from tasks.results import CellResult
+from tasks.tables import plural
 from tasks.tracking import Metrics, Queries, RunTags, StoredRun, Tracking
 
 __all__ = [
@@ -213,8 +214,9 @@ def comparison_summary(c: Comparison) -> str:
     return (
         f"benchmark {c.after_run} (started {_started(c.after_start)}) against the earlier one "
         f"of the same cells ({c.before_run}, started {_started(c.before_start)}, profile "
-        f"{c.profile}): {len(c.cells)} cells: {counts} (tolerance: the larger of the seeds' "
-        f"spread and {c.rtol:.3g} of the earlier value; within {ROUNDING:.0e} relative: unchanged)"
+        f"{c.profile}): {plural(len(c.cells), 'cell')}: {counts} (tolerance: the larger of the "
+        f"seeds' spread and {c.rtol:.3g} of the earlier value; within {ROUNDING:.0e} relative: "
+        "unchanged)"
     )
 
 

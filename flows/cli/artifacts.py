@@ -101,9 +101,18 @@ def run(args: argparse.Namespace) -> int:
             print(f"no benchmark artifacts in {where} yet: `nllab benchmark` publishes them")
             return 0
     print("\n\n".join(_show(a) for a in chosen))
-    home = os.environ.get("PREFECT_HOME", "~/.prefect")
-    print(
-        f"\n(read from {where}; every key: nllab artifacts --all; their history in the Prefect "
-        f"UI: PREFECT_HOME={home} prefect server start, then http://127.0.0.1:4200/artifacts)"
-    )
+    print(f"\n(read from {where}; every key: nllab artifacts --all; {_history(where)})")
     return 0
+
+
+def _history(where: str) -> str:
+    """Where the Prefect UI shows each artifact's history: the server's own UI, or one started
+    on the local database."""
+    if where.startswith("the Prefect server at "):
+        ui = where.removeprefix("the Prefect server at ").removesuffix("/").removesuffix("/api")
+        return f"their history: {ui}/artifacts"
+    home = os.environ.get("PREFECT_HOME", "~/.prefect")
+    return (
+        f"their history: PREFECT_HOME={home} prefect server start, then "
+        "http://127.0.0.1:4200/artifacts"
+    )
