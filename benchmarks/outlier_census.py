@@ -30,9 +30,9 @@ from tasks.tracking import Metrics, Tracking, connect
 
 def backfill(tracking: Tracking, run_id: str, per_trajectory: Path | None, force: bool) -> str:
     run = tracking.queries.get_run_data(run_id)
-    if Metrics.TEST_RMSE not in run.data.metrics:
+    if Metrics.TEST_RMSE not in run.metrics:
         return "no test_rmse (not finished)"
-    if "test_top_share" in run.data.metrics and per_trajectory is None and not force:
+    if "test_top_share" in run.metrics and per_trajectory is None and not force:
         return "has the metrics already"
     with tempfile.TemporaryDirectory(prefix="nllab-census-") as tmp:
         cell = CellConfig.model_validate_json(
@@ -47,7 +47,7 @@ def backfill(tracking: Tracking, run_id: str, per_trajectory: Path | None, force
         dtype=cell.training.dtype,
         batch_size=cell.training.batch_size,
     )
-    logged = run.data.metrics[Metrics.TEST_RMSE]
+    logged = run.metrics[Metrics.TEST_RMSE]
     if not np.isclose(ev.test_rmse, logged, rtol=1e-8, atol=0.0):
         return f"recomputed test RMSE {ev.test_rmse!r} != logged {logged!r}: left alone"
     if per_trajectory is not None:
@@ -82,7 +82,7 @@ def main() -> None:
     ap.add_argument("--force", action="store_true", help="recompute runs that have the metrics")
     args = ap.parse_args()
     tracking = connect()
-    runs = args.runs or [r.info.run_id for r in tracking.queries.finished_runs("cell")]
+    runs = args.runs or [r.run_id for r in tracking.queries.finished_runs("cell")]
     for run_id in runs:
         print(run_id, backfill(tracking, run_id, args.per_trajectory, args.force), flush=True)
 

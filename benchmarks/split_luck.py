@@ -72,7 +72,7 @@ def main() -> None:
             f.write(",".join(str(v) for v in r) + "\n")
 
     val, test = np.sqrt(sq["val"].mean()), np.sqrt(sq["test"].mean())
-    logged = run.data.metrics.get(Metrics.TEST_RMSE)
+    logged = run.metrics.get(Metrics.TEST_RMSE)
     print(f"{cell.key}: val RMSE {val:.5f}, test RMSE {test:.5f} (logged test {logged})")
     for name in ("train", "val", "test"):
         r = np.sqrt(sq[name])

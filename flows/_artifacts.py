@@ -1,17 +1,43 @@
-"""Prefect artifacts of a flow run: its results as keyed table and Markdown artifacts.
+"""Prefect artifacts of a flow run: its results as keyed table and Markdown artifacts, and
+reading them back (``nllab artifacts``).
 
 Under one key the Prefect UI shows the latest artifact and its history (each night's table of
 a scheduled benchmark, say). Outside a Prefect run there is nothing to attach them to, and an
 artifact that cannot be written never fails the flow that computed the results: a warning.
+Numbers in a table are written as the console tables write them (:func:`tasks.tables.number`).
+
+Reading asks the Prefect server at ``PREFECT_API_URL`` when one is set; otherwise it reads the
+local Prefect database (the temporary servers' sqlite file under ``PREFECT_HOME``) directly,
+without starting a server. A run may be writing to it: a busy database is read again after
+short waits (:data:`BUSY_WAITS`) and :class:`ArtifactsBusy` says so in one line when it stays
+busy.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import sqlite3
+import time
 from collections.abc import Mapping, Sequence
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["artifact_key", "publish_markdown", "publish_table"]
+__all__ = [
+    "BUSY_WAITS",
+    "ArtifactsBusy",
+    "ArtifactsUnreadable",
+    "StoredArtifact",
+    "artifact_key",
+    "artifacts_from_database",
+    "artifacts_from_server",
+    "prefect_database",
+    "publish_markdown",
+    "publish_table",
+    "read_artifacts",
+]
 
 
 def artifact_key(*parts: str) -> str:
@@ -20,10 +46,14 @@ def artifact_key(*parts: str) -> str:
 
 
 def _clean(value: object) -> object:
+    """A table value for JSON: a plain int or string; a float as the console tables print it
+    (4 significant digits, ``–`` when missing or not finite), not as 17 digits."""
+    from tasks.tables import number
+
     if type(value).__module__ == "numpy" and hasattr(value, "item"):
-        value = value.item()  # a plain int or float for JSON
-    if isinstance(value, float) and not math.isfinite(value):
-        return None  # JSON has no NaN
+        value = value.item()
+    if isinstance(value, float):
+        return number(value) if math.isfinite(value) else "–"
     return value
 
 
@@ -64,3 +94,130 @@ def _warn(key: str, error: Exception) -> None:
     get_run_logger().warning(
         "Prefect artifact %s not written: %s: %s", key, type(error).__name__, error
     )
+
+
+# -- reading them back ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StoredArtifact:
+    """A Prefect artifact as read back: a table's ``data`` is its rows, Markdown's its text."""
+
+    key: str
+    type: str
+    created: str  # "YYYY-MM-DD HH:MM:SS" (UTC)
+    description: str
+    data: object
+
+
+class ArtifactsUnreadable(RuntimeError):
+    """The artifacts cannot be read (no server answers, the database is not sqlite): one line."""
+
+
+class ArtifactsBusy(ArtifactsUnreadable):
+    """The Prefect database stayed locked by a writer through every retry."""
+
+
+#: Seconds to wait before each new read of a busy database (a writer holds it for moments).
+BUSY_WAITS = (0.2, 0.5, 1.0, 2.0)
+
+
+def _decoded(data: object) -> object:
+    """An artifact's data as Prefect stores it (a table: JSON text of its rows, maybe inside a
+    JSON string) as plain values."""
+    for _ in range(2):
+        if not isinstance(data, str):
+            break
+        try:
+            data = json.loads(data)
+        except ValueError:
+            break
+    return data
+
+
+def prefect_database() -> Path | None:
+    """The local Prefect database (``PREFECT_API_DATABASE_CONNECTION_URL``, by default
+    ``PREFECT_HOME/prefect.db``), or ``None`` when it is not a sqlite file."""
+    from prefect.settings import PREFECT_API_DATABASE_CONNECTION_URL
+
+    url = PREFECT_API_DATABASE_CONNECTION_URL.value() or ""
+    scheme, _, rest = url.partition(":///")
+    return Path(rest) if scheme.startswith("sqlite") and rest else None
+
+
+def artifacts_from_database(path: Path, prefix: str) -> list[StoredArtifact]:
+    """The artifacts whose key starts with ``prefix`` in the Prefect sqlite database ``path``,
+    newest first (read only; retried while busy, then :class:`ArtifactsBusy`)."""
+    query = (
+        "SELECT key, type, created, description, data FROM artifact "
+        "WHERE key LIKE ? ORDER BY created DESC"
+    )
+    for wait in (*BUSY_WAITS, None):
+        try:
+            with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=0.1)) as db:
+                rows = db.execute(query, (prefix.replace("%", "") + "%",)).fetchall()
+            break
+        except sqlite3.Error as e:
+            if "locked" not in str(e) and "busy" not in str(e):
+                raise ArtifactsUnreadable(
+                    f"the Prefect database {path} cannot be read ({e})"
+                ) from None
+            if wait is None:
+                raise ArtifactsBusy(
+                    f"the Prefect database {path} is busy (a run is writing to it) and stayed "
+                    f"so for {sum(BUSY_WAITS):.1f} s; try again in a moment"
+                ) from None
+            time.sleep(wait)
+    return [
+        StoredArtifact(key, kind or "", str(created)[:19], description or "", _decoded(data))
+        for key, kind, created, description, data in rows
+    ]
+
+
+def artifacts_from_server(api: str, prefix: str) -> list[StoredArtifact]:
+    """The artifacts whose key starts with ``prefix`` on the Prefect server at ``api``, newest
+    first (retried while it does not answer, then :class:`ArtifactsUnreadable`)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    wanted = ArtifactFilter(key=ArtifactFilterKey(like_=prefix + "%"))
+    for wait in (*BUSY_WAITS, None):
+        try:
+            with get_client(sync_client=True) as client:
+                found = client.read_artifacts(
+                    artifact_filter=wanted, sort=ArtifactSort.CREATED_DESC
+                )
+            break
+        except Exception as e:
+            if wait is None:
+                raise ArtifactsUnreadable(
+                    f"the Prefect server at {api} did not answer ({type(e).__name__}: "
+                    f"{str(e).splitlines()[0] if str(e) else ''})"
+                ) from None
+            time.sleep(wait)
+    return [
+        StoredArtifact(
+            a.key or "",
+            a.type or "",
+            a.created.strftime("%Y-%m-%d %H:%M:%S") if a.created else "",
+            a.description or "",
+            _decoded(a.data),
+        )
+        for a in found
+    ]
+
+
+def read_artifacts(prefix: str = "nllab-") -> tuple[list[StoredArtifact], str]:
+    """The artifacts whose key starts with ``prefix``, newest first, and where they were read
+    (the server at ``PREFECT_API_URL``, else the local database; none there yet: empty)."""
+    from prefect.settings import PREFECT_API_URL
+
+    if api := PREFECT_API_URL.value():
+        return artifacts_from_server(api, prefix), f"the Prefect server at {api}"
+    path = prefect_database()
+    if path is None:
+        raise ArtifactsUnreadable(
+            "the Prefect database is not a sqlite file: set PREFECT_API_URL to its server"
+        )
+    if not path.is_file():
+        return [], str(path)
+    return artifacts_from_database(path, prefix), str(path)

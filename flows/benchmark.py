@@ -18,10 +18,10 @@ from prefect import flow, get_run_logger
 
 from flows._artifacts import artifact_key, publish_table
 from flows._runtime import flow_settings, make_task_runner
-from flows.compare import CELLS_ARTIFACT, cells_record
+from flows.compare import CELLS_ARTIFACT, cells_hash, cells_record
 from nlmodels import native_cpu_kernels
 from tasks.cell import CellRuntime
-from tasks.config import RunConfig
+from tasks.config import CellConfig, RunConfig
 from tasks.engine import run_cells, stored_results
 from tasks.reporting import ResultsTable, parent_summary, results_table
 from tasks.results import CellResult
@@ -78,13 +78,23 @@ def _promote(registry: Registry, results: list[CellResult]) -> list[Promotion]:
     ]
 
 
+def _parent_tags(config: RunConfig, cells: list[CellConfig]) -> dict[str, str]:
+    """What the benchmark's parent run is: its profile, experiment and cells (by which
+    :mod:`flows.compare` finds the earlier benchmark to compare it with)."""
+    return {
+        RunTags.PROFILE: config.profile,
+        RunTags.EXPERIMENT_HASH: experiment_hash(config),
+        RunTags.CELLS_HASH: cells_hash(c.config_hash() for c in cells),
+    }
+
+
 @flow(name="nllab-benchmark", log_prints=True)
 def benchmark_flow(
     config: RunConfig, reused: tuple[CellResult, ...] | None = None
 ) -> BenchmarkSummary:
     """Run (or reuse) every cell of ``config`` and log the results table to a parent run.
 
-    ``reused``: the cells :func:`tasks.cell.stored_results` already found finished in this
+    ``reused``: the cells :func:`tasks.reuse.stored_results` already found finished in this
     command (the store is not asked again for them)."""
     logger = get_run_logger()
     t0 = time.perf_counter()
@@ -101,7 +111,7 @@ def benchmark_flow(
         tracking.runs,
         f"benchmark-{config.profile}",
         kind="benchmark",
-        tags={RunTags.PROFILE: config.profile, RunTags.EXPERIMENT_HASH: experiment_hash(config)},
+        tags=_parent_tags(config, cells),
         # The experiment as parameters and run_config.json; how it executed as tags.
         params={
             "profile": config.profile,
@@ -169,7 +179,7 @@ def run_benchmark(config: RunConfig, *, always_record: bool = False) -> Benchmar
     if not todo and not always_record:
         promotions = _promote(tracking.registry, reused) if config.tracking.register_models else []
         first = reused[0].run_id if reused else None
-        parent = tracking.queries.get_run_data(first).data.tags.get(RunTags.PARENT, first)
+        parent = (tracking.queries.get_run_data(first).parent_run_id or first) if first else None
         return BenchmarkSummary(
             parent,
             tuple(reused),

@@ -1,53 +1,55 @@
-"""Benchmarks over time: the latest benchmark beside the previous one of the same experiment.
+"""Benchmarks over time: a benchmark beside the earlier one of the same cells and profile.
 
-Per cell (system, method, seed): the test RMSE before and after, which numerics fingerprint of
-its runs differs (:mod:`tasks.numerics`: the model's, the data set's) and a verdict:
+This module finds the two benchmarks and their cells in the store, and prints; the verdicts are
+:mod:`tasks.comparison`'s (``unchanged`` up to rounding, ``within tolerance`` of the seeds'
+spread or a relative tolerance, ``regressed`` / ``improved`` beyond it, ``new`` / ``gone``).
 
-* ``unchanged``: the same bits (the same run reused, or a retrained run that gave them again);
-* ``within spread``: changed by no more than the seed spread of its (system, method) in the
-  earlier benchmark (the population standard deviation of test RMSE over its seeds; with one
-  seed there is no spread, and any change is judged as below);
-* ``regressed`` / ``improved``: worse / better beyond it (a cell that failed now and finished
-  before has regressed);
-* ``new`` / ``gone``: in one of the two only.
-
-A benchmark's cells (reused ones too, which are not its child runs) are its ``cells.json``
-artifact (:func:`cells_record`); "the same experiment" is its ``nllab.experiment_hash`` tag.
+By default the later benchmark is the latest finished one with at least one cell that finished
+or was reused (one whose every cell failed has nothing to compare), and the earlier one the
+newest such benchmark started before it with the same profile and the same cells: the same set
+of config hashes (which no code change alters: the ``nllab.cells_hash`` tag, or for a run from
+before that tag its recorded cells) or the same experiment hash. A benchmark's cells (reused
+ones too, which are not its child runs) are its ``cells.json`` artifact (:func:`cells_record`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
 
-import numpy as np
-
+from tasks.comparison import ROUNDING, RTOL, Comparison, compare_cells
 from tasks.results import CellResult
-from tasks.tracking import Metrics, Queries, RunTags, Tracking
+from tasks.tables import plural
+from tasks.tracking import Metrics, Queries, RunTags, StoredRun, Tracking
 
 __all__ = [
     "CELLS_ARTIFACT",
-    "CellChange",
-    "Comparison",
     "NoComparison",
     "UnknownRun",
+    "benchmark_runs",
+    "cells_hash",
     "cells_record",
     "compare_benchmarks",
+    "comparison_markdown",
+    "comparison_rows",
+    "comparison_section",
+    "comparison_summary",
+    "describe_run",
     "record_comparison",
 ]
 
 #: The parent run's record of its cells (reused ones included).
 CELLS_ARTIFACT = "cells.json"
-Verdict = Literal["unchanged", "within spread", "regressed", "improved", "new", "gone"]
 
 
 class NoComparison(LookupError):
-    """There is no benchmark, or no earlier one of the same experiment, to compare."""
+    """There is no benchmark, or no earlier one of the same cells and profile, to compare."""
 
 
 class UnknownRun(NoComparison):
@@ -59,84 +61,31 @@ def cells_record(results: Iterable[CellResult]) -> str:
     return json.dumps([asdict(r) for r in results], indent=1, default=str)
 
 
-@dataclass(frozen=True)
-class CellChange:
-    """One cell in both benchmarks."""
-
-    key: str
-    system: str
-    method: str
-    before: float | None
-    after: float | None
-    spread: float
-    changed: str  # "model", "data set", "model, data set", "" (none) or "not recorded"
-    verdict: Verdict
-
-    @property
-    def delta(self) -> float | None:
-        if self.before is None or self.after is None:
-            return None
-        return self.after - self.before
+def cells_hash(config_hashes: Iterable[str]) -> str:
+    """What a benchmark's cells are: a hash of their config hashes (order and repeats aside)."""
+    text = "\n".join(sorted(set(config_hashes)))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """The cells of benchmark ``after_run`` beside those of ``before_run``."""
-
-    after_run: str
-    before_run: str
-    profile: str
-    cells: tuple[CellChange, ...]
-
-    def count(self, verdict: Verdict) -> int:
-        return sum(c.verdict == verdict for c in self.cells)
-
-    @property
-    def regressions(self) -> int:
-        return self.count("regressed")
-
-    def summary(self) -> str:
-        counts = ", ".join(
-            f"{self.count(v)} {v}"
-            for v in ("unchanged", "within spread", "regressed", "improved", "new", "gone")
-            if self.count(v) or v in ("unchanged", "regressed")
-        )
-        return (
-            f"benchmark {self.after_run} against the previous one of the same experiment "
-            f"({self.before_run}, profile {self.profile}): {len(self.cells)} cells: {counts}"
-        )
-
-    def rows(self) -> list[dict[str, object]]:
-        """One row per cell (the Prefect table artifact), changed cells first."""
-        order = ["regressed", "improved", "within spread", "new", "gone", "unchanged"]
-        cells = sorted(self.cells, key=lambda c: (order.index(c.verdict), c.key))
-        return [
-            {
-                "cell": c.key,
-                "before": _fmt(c.before),
-                "after": _fmt(c.after),
-                "change": _fmt(c.delta, signed=True),
-                "spread": _fmt(c.spread),
-                "fingerprint": c.changed or "-",
-                "verdict": c.verdict,
-            }
-            for c in cells
-        ]
-
-    def to_markdown(self) -> str:
-        rows = self.rows()
-        head = list(rows[0]) if rows else []
-        lines = [f"# {self.summary()}", ""]
-        if rows:
-            lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-            lines += ["| " + " | ".join(str(r[k]) for k in head) + " |" for r in rows]
-        return "\n".join(lines) + "\n"
+def benchmark_runs(queries: Queries) -> list[StoredRun]:
+    """The finished benchmark runs with at least one cell that finished or was reused, newest
+    first (a run from before those counts were tagged counts as having some)."""
+    return [
+        r
+        for r in queries.finished_runs("benchmark")
+        if r.cells_with_results is None or r.cells_with_results > 0
+    ]
 
 
-def _fmt(value: float | None, signed: bool = False) -> str:
-    if value is None or not math.isfinite(value):
-        return "-"
-    return f"{value:+.4g}" if signed else f"{value:.6g}"
+def _started(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def describe_run(run: StoredRun) -> str:
+    """``RUN_ID (profile P, YYYY-MM-DD HH:MM UTC, N of M cells with results)``: which run."""
+    done, total = run.cells_with_results, run.cells
+    counts = f", {done} of {total} cells with results" if done is not None and total else ""
+    return f"{run.run_id} (profile {run.profile or '?'}, {_started(run.start_time)}{counts})"
 
 
 def _cells_of(queries: Queries, run_id: str) -> list[dict]:
@@ -148,157 +97,174 @@ def _cells_of(queries: Queries, run_id: str) -> list[dict]:
             return json.loads(Path(path).read_text())
         except Exception:  # an older benchmark: its own child runs only
             pass
-    cells = []
-    for r in queries.child_runs(run_id):
-        tags = r.data.tags
-        if tags.get(RunTags.KIND) != "cell" or r.info.status != "FINISHED":
-            continue
-        cells.append(
-            {
-                "system": tags.get(RunTags.SYSTEM),
-                "method": tags.get(RunTags.METHOD),
-                "seed": int(tags.get(RunTags.SEED, 0)),
-                "status": "finished",
-                Metrics.TEST_RMSE: r.data.metrics.get(Metrics.TEST_RMSE),
-                "run_id": r.info.run_id,
-            }
-        )
-    return cells
+    return [
+        {
+            "system": r.tags.get(RunTags.SYSTEM),
+            "method": r.tags.get(RunTags.METHOD),
+            "seed": int(r.tags.get(RunTags.SEED, 0)),
+            "status": "finished",
+            Metrics.TEST_RMSE: r.metrics.get(Metrics.TEST_RMSE),
+            "run_id": r.run_id,
+            "config_hash": r.tags.get(RunTags.CONFIG_HASH),
+        }
+        for r in queries.child_runs(run_id)
+        if r.kind == "cell" and r.finished
+    ]
 
 
 def _fingerprints(queries: Queries, cells: Sequence[dict]) -> dict[str, tuple[str, str] | None]:
     runs = queries.runs_by_id(c["run_id"] for c in cells if c.get("run_id"))
-    out: dict[str, tuple[str, str] | None] = {}
-    for run_id, run in runs.items():
-        tags = run.data.tags  # type: ignore[attr-defined]
-        m, s = tags.get(RunTags.NUMERICS_MODEL), tags.get(RunTags.NUMERICS_SYSTEM)
-        out[run_id] = (m, s) if m and s else None
-    return out
+    return {run_id: run.numerics for run_id, run in runs.items()}
 
 
-def _key(c: dict) -> str:
-    return f"{c['system']}/{c['method']}/seed{c['seed']}"
+class _Cells:
+    """The cells of benchmark runs, each read from the store once."""
+
+    def __init__(self, queries: Queries) -> None:
+        self.queries, self._read = queries, {}
+
+    def __call__(self, run_id: str) -> list[dict]:
+        if run_id not in self._read:
+            self._read[run_id] = _cells_of(self.queries, run_id)
+        return self._read[run_id]
+
+    def identity(self, run: StoredRun) -> str:
+        """The run's cells: its ``nllab.cells_hash`` tag, else from its recorded cells."""
+        recorded = (c.get("config_hash") for c in self(run.run_id))
+        return run.cells_hash or cells_hash(h for h in recorded if h)
 
 
-def _ok(c: dict | None) -> float | None:
-    if c is None or c.get("status") not in ("finished", "reused"):
-        return None
-    v = c.get(Metrics.TEST_RMSE)
-    return float(v) if v is not None and math.isfinite(float(v)) else None
+def _same_cells(cells: _Cells, run: StoredRun, after: StoredRun) -> bool:
+    if run.profile != after.profile:
+        return False
+    if after.experiment_hash is not None and run.experiment_hash == after.experiment_hash:
+        return True
+    return cells.identity(run) == cells.identity(after)
 
 
-def _spreads(cells: Sequence[dict]) -> dict[tuple[str, str], float]:
-    groups: dict[tuple[str, str], list[float]] = {}
-    for c in cells:
-        if (v := _ok(c)) is not None:
-            groups.setdefault((c["system"], c["method"]), []).append(v)
-    return {k: float(np.std(v)) for k, v in groups.items()}
-
-
-def _changed(before: tuple[str, str] | None, after: tuple[str, str] | None) -> str:
-    if before is None or after is None:
-        return "not recorded"
-    names = [n for n, b, a in zip(("model", "data set"), before, after, strict=True) if b != a]
-    return ", ".join(names)
-
-
-def _verdict(before: float | None, after: float | None, spread: float) -> str:
-    if before is None and after is None:
-        return "unchanged"
-    if after is None:
-        return "regressed"  # failed now
-    if before is None:
-        return "improved"  # failed before
-    if before == after:
-        return "unchanged"
-    if abs(after - before) <= spread:
-        return "within spread"
-    return "regressed" if after > before else "improved"
+def _pair(
+    queries: Queries, cells: _Cells, run_id: str | None, against: str | None
+) -> tuple[StoredRun, StoredRun]:
+    """Benchmark run ``run_id`` (default: the latest with results) and the one it is compared
+    with (default: the newest with results before it of the same cells and profile)."""
+    finished = {r.run_id: r for r in queries.finished_runs("benchmark")}
+    if run_id is None:
+        with_results = benchmark_runs(queries)
+        if not with_results:
+            raise NoComparison(
+                f"no finished benchmark with results in {queries.settings.tracking_uri}"
+            )
+        run_id = with_results[0].run_id
+    if run_id not in finished:
+        raise UnknownRun(f"{run_id} is not a finished benchmark run")
+    after = finished[run_id]
+    if against is None:
+        older = (
+            r
+            for r in benchmark_runs(queries)
+            if r.start_time < after.start_time and _same_cells(cells, r, after)
+        )
+        before = next(older, None)
+        if before is None:
+            raise NoComparison(
+                f"no earlier finished benchmark of the same cells and profile as "
+                f"{describe_run(after)} to compare with"
+            )
+        return after, before
+    if against not in finished:
+        raise UnknownRun(f"{against} is not a finished benchmark run")
+    return after, finished[against]
 
 
 def compare_benchmarks(
-    queries: Queries, run_id: str | None = None, against: str | None = None
+    queries: Queries, run_id: str | None = None, against: str | None = None, rtol: float = RTOL
 ) -> Comparison:
-    """Benchmark ``run_id`` (default: the latest finished one) beside ``against`` (default: the
-    finished benchmark of the same experiment before it). :class:`NoComparison` when either
-    is missing."""
-    after_run, against = _pair(queries, run_id, against)
-    run_id = after_run.info.run_id
-    after, before = _cells_of(queries, run_id), _cells_of(queries, against)
-    prints = _fingerprints(queries, [*after, *before])
-    spreads = _spreads(before)
-    old = {_key(c): c for c in before}
-    new = {_key(c): c for c in after}
-    changes = [
-        _change(key, old.get(key), new.get(key), spreads, prints)
-        for key in [*new, *(k for k in old if k not in new)]
-    ]
-    profile = after_run.data.tags.get(RunTags.PROFILE, "?")
-    return Comparison(run_id, against, profile, tuple(changes))
-
-
-def _pair(queries: Queries, run_id: str | None, against: str | None):
-    """The finished benchmark run ``run_id`` (default: the latest) and the id of the one it is
-    compared with (default: the same experiment's finished benchmark before it)."""
-    runs = queries.finished_runs("benchmark")  # newest first
-    by_id = {r.info.run_id: r for r in runs}
-    if run_id is None:
-        if not runs:
-            raise NoComparison(f"no finished benchmark in {queries.settings.tracking_uri}")
-        run_id = runs[0].info.run_id
-    if run_id not in by_id:
-        raise UnknownRun(f"{run_id} is not a finished benchmark run")
-    after_run = by_id[run_id]
-    experiment = after_run.data.tags.get(RunTags.EXPERIMENT_HASH)
-    if against is None:
-        older = [
-            r
-            for r in runs
-            if r.info.start_time < after_run.info.start_time
-            and experiment is not None
-            and r.data.tags.get(RunTags.EXPERIMENT_HASH) == experiment
-        ]
-        if not older:
-            raise NoComparison(
-                f"no earlier finished benchmark of the same experiment as {run_id} to compare with"
-            )
-        against = older[0].info.run_id
-    elif against not in by_id:
-        raise UnknownRun(f"{against} is not a finished benchmark run")
-    return after_run, against
-
-
-def _change(key, b: dict | None, a: dict | None, spreads: dict, prints: dict) -> CellChange:
-    """One cell before (``b``) and after (``a``; either may be missing) as a verdict."""
-    c = a or b
-    assert c is not None
-    spread = spreads.get((c["system"], c["method"]), 0.0)
-    if b is None or a is None:
-        verdict: str = "new" if b is None else "gone"
-        changed = ""
-    else:
-        same_run = a.get("run_id") == b.get("run_id")
-        changed = (
-            "" if same_run else _changed(prints.get(b.get("run_id")), prints.get(a.get("run_id")))
-        )
-        verdict = _verdict(_ok(b), _ok(a), spread)
-    return CellChange(
-        key,
-        c["system"],
-        c["method"],
-        _ok(b),
-        _ok(a),
-        spread,
-        changed,
-        verdict,  # type: ignore[arg-type]
+    """Benchmark ``run_id`` beside ``against`` (defaults: see the module), each cell judged
+    by :func:`tasks.comparison.judge` with relative tolerance ``rtol``. :class:`NoComparison`
+    when either is missing, :class:`UnknownRun` when a named run is not a finished benchmark."""
+    cells = _Cells(queries)
+    after_run, before_run = _pair(queries, cells, run_id, against)
+    after, before = cells(after_run.run_id), cells(before_run.run_id)
+    changes = compare_cells(after, before, _fingerprints(queries, [*after, *before]), rtol)
+    return Comparison(
+        after_run.run_id,
+        before_run.run_id,
+        after_run.profile or "?",
+        changes,
+        rtol,
+        after_run.start_time,
+        before_run.start_time,
     )
 
 
+# -- printing -----------------------------------------------------------------------------------
+def _fmt(value: float | None, signed: bool = False) -> str:
+    if value is None or not math.isfinite(value):
+        return "-"
+    return f"{value:+.4g}" if signed else f"{value:.6g}"
+
+
+def comparison_summary(c: Comparison) -> str:
+    """One line: which two benchmarks, how many cells of each verdict, by which tolerance."""
+    counts = ", ".join(
+        f"{c.count(v)} {v}"
+        for v in ("unchanged", "within tolerance", "regressed", "improved", "new", "gone")
+        if c.count(v) or v in ("unchanged", "regressed")
+    )
+    return (
+        f"benchmark {c.after_run} (started {_started(c.after_start)}) against the earlier one "
+        f"of the same cells ({c.before_run}, started {_started(c.before_start)}, profile "
+        f"{c.profile}): {plural(len(c.cells), 'cell')}: {counts} (tolerance: the larger of the "
+        f"seeds' spread and {c.rtol:.3g} of the earlier value; within {ROUNDING:.0e} relative: "
+        "unchanged)"
+    )
+
+
+def comparison_rows(c: Comparison) -> list[dict[str, object]]:
+    """One row per cell (the console table and the Prefect table artifact), changed first."""
+    return [
+        {
+            "cell": x.key,
+            "before": _fmt(x.before),
+            "after": _fmt(x.after),
+            "change": _fmt(x.delta, signed=True),
+            "spread": _fmt(x.spread),
+            "fingerprint": x.changed or "-",
+            "verdict": x.verdict,
+        }
+        for x in c.ordered()
+    ]
+
+
+def comparison_markdown(c: Comparison) -> str:
+    rows = comparison_rows(c)
+    head = list(rows[0]) if rows else []
+    lines = [f"# {comparison_summary(c)}", ""]
+    if rows:
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(str(r[k]) for k in head) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def comparison_section(
+    queries: Queries, run_id: str | None = None, against: str | None = None, rtol: float = RTOL
+) -> tuple[str, Comparison | None]:
+    """``(text, comparison)`` of :func:`compare_benchmarks`; the comparison is ``None`` (and
+    the text says why) when there is nothing to compare. :class:`UnknownRun` propagates."""
+    try:
+        comparison = compare_benchmarks(queries, run_id, against, rtol)
+    except NoComparison as e:
+        if isinstance(e, UnknownRun):
+            raise
+        return f"nothing to compare: {e}", None
+    return comparison_markdown(comparison), comparison
+
+
 def record_comparison(tracking: Tracking, run_id: str) -> Comparison | None:
-    """Compare benchmark ``run_id`` with the previous one of its experiment and record it: on
-    the run (the ``regressions`` metric, ``comparison.md``) and as the Prefect artifacts of
-    the current flow run (the comparison as a table and as Markdown, keyed by profile).
-    ``None`` (and a ``comparison.md`` saying so) when there is nothing to compare with."""
+    """Compare benchmark ``run_id`` with the earlier one of its cells and record it: on the run
+    (the ``regressions`` metric, ``comparison.md``) and as the Prefect artifacts of the current
+    flow run (the comparison as a table and as Markdown, keyed by profile). ``None`` (and a
+    ``comparison.md`` saying so) when there is nothing to compare with."""
     from flows._artifacts import artifact_key, publish_markdown, publish_table
 
     try:
@@ -306,13 +272,14 @@ def record_comparison(tracking: Tracking, run_id: str) -> Comparison | None:
     except NoComparison as e:
         comparison, text, profile = None, f"# Nothing to compare\n\n{e}\n", None
     else:
-        text, profile = comparison.to_markdown(), comparison.profile
-    profile = profile or tracking.queries.get_run_data(run_id).data.tags.get(RunTags.PROFILE, "run")
+        text, profile = comparison_markdown(comparison), comparison.profile
+    profile = profile or tracking.queries.get_run_data(run_id).profile or "run"
     tracking.runs.log_text(run_id, text, "comparison.md")
     regressions = comparison.regressions if comparison is not None else 0
     tracking.runs.log_metrics(run_id, {Metrics.REGRESSIONS: regressions})
     key = artifact_key("benchmark", profile, "comparison")
     if comparison is not None:
-        publish_table(key + "-table", comparison.rows(), comparison.summary())
-    publish_markdown(key, text, f"Benchmark {profile} against the previous one (run {run_id})")
+        table = comparison_rows(comparison)
+        publish_table(key + "-table", table, comparison_summary(comparison))
+    publish_markdown(key, text, f"Benchmark {profile} against the earlier one (run {run_id})")
     return comparison

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from flows._report_folder import MANIFEST, OwnedFolder, UnownedFiles
+from flows.compare import benchmark_runs
 from tasks.config import RunConfig
 from tasks.reporting import PAPER_BUDGET, ResultsTable, results_table
 from tasks.results import CellResult
@@ -76,16 +77,18 @@ class ReportPaths:
 
 # -- what the store holds -------------------------------------------------------------------
 def benchmark_config(queries: Queries) -> tuple[RunConfig, str] | None:
-    """The configuration and run id of the latest FINISHED benchmark parent, or ``None``."""
-    run_id = queries.latest_run("benchmark")
-    if run_id is None:
-        return None
-    with tempfile.TemporaryDirectory(prefix="nllab-report-") as tmp:
-        try:
-            path = queries.download(run_id, "run_config.json", tmp)
-            return RunConfig.model_validate_json(path.read_text()), run_id
-        except Exception:
-            return None  # a parent from an older version without its config
+    """The configuration and run id of the latest finished benchmark with at least one finished
+    or reused cell (:func:`flows.compare.benchmark_runs`; one whose every cell failed has
+    nothing to report), or ``None``. A parent from an older version without its config is
+    passed over."""
+    for run in benchmark_runs(queries):
+        with tempfile.TemporaryDirectory(prefix="nllab-report-") as tmp:
+            try:
+                path = queries.download(run.run_id, "run_config.json", tmp)
+                return RunConfig.model_validate_json(path.read_text()), run.run_id
+            except Exception:
+                continue
+    return None
 
 
 def stored_cell_results(
@@ -93,11 +96,11 @@ def stored_cell_results(
 ) -> list[CellResult]:
     """Every cell of ``config``: its finished run (with the top-share metrics) or ``missing``.
 
-    A cell whose run is a child of ``parent_run_id`` (by default the latest finished benchmark)
-    was trained by that benchmark (status ``finished``, shown as "trained"); any other finished
-    run was reused from an earlier one (``reused``)."""
+    A cell whose run is a child of ``parent_run_id`` (by default the latest finished benchmark
+    with results) was trained by that benchmark (status ``finished``, shown as "trained"); any
+    other finished run was reused from an earlier one (``reused``)."""
     if parent_run_id is None:
-        parent_run_id = queries.latest_run("benchmark")
+        parent_run_id = next((r.run_id for r in benchmark_runs(queries)), None)
     cells = config.cells()
     done = queries.finished_cells(c.config_hash() for c in cells)
     out = []
@@ -107,7 +110,7 @@ def stored_cell_results(
             out.append(CellResult.failed(c, "missing"))
             continue
         r = CellResult.reused(c, rec)
-        if parent_run_id is not None and rec.tags.get("mlflow.parentRunId") == parent_run_id:
+        if parent_run_id is not None and rec.parent_run_id == parent_run_id:
             r = dataclasses.replace(r, status="finished")
         out.append(r)
     return out
@@ -151,7 +154,7 @@ def _tuning_section(queries: Queries, link) -> ReportSection:
         return ReportSection("tune", title, ref, None, "–", {}, {})
     rows = []
     for r in runs:
-        t, m = r.data.tags, r.data.metrics
+        t, m = r.tags, r.metrics
         best = m.get(Metrics.BEST_VAL_RMSE, float("nan"))
         rows.append(
             (
@@ -162,7 +165,7 @@ def _tuning_section(queries: Queries, link) -> ReportSection:
                 TableCell(number(best)),
                 TableCell(str(int(m.get(Metrics.N_TRIALS, 0)))),
                 TableCell(t.get("best_trial", "–")),
-                TableCell(r.info.run_id[:12], link=link(r.info.run_id)),
+                TableCell(r.run_id[:12], link=link(r.run_id)),
             )
         )
     header = (
@@ -176,7 +179,7 @@ def _tuning_section(queries: Queries, link) -> ReportSection:
         "run",
     )
     table = Table(header, tuple(rows), "Open a study with the printed optuna-dashboard command.")
-    return ReportSection("tune", title, ref, runs[0].info.run_id, "–", {"studies": table}, {})
+    return ReportSection("tune", title, ref, runs[0].run_id, "–", {"studies": table}, {})
 
 
 def main_table_figure(table: ResultsTable) -> bytes:

@@ -87,7 +87,7 @@ def resolve_model(tracking: Tracking, uri: str) -> ModelRef:
             f"{uri} points at version {version} of {name!r} (run {run_id}), but {problem}; run "
             f"`nllab benchmark` again to train and register a new champion"
         )
-    deleted = tracking.queries.get_run_data(run_id).info.lifecycle_stage == "deleted"
+    deleted = tracking.queries.get_run_data(run_id).deleted
     return ModelRef(uri, name, version, run_id, deleted)
 
 
@@ -139,7 +139,7 @@ def verify_registered(
     opened = connect(tracking)
     ref = resolve_model(opened, uri)
     run = opened.queries.get_run_data(ref.run_id)
-    tags, metrics = run.data.tags, run.data.metrics
+    tags, metrics = run.tags, run.metrics
     if Metrics.TEST_RMSE not in metrics:
         raise LookupError(f"source run {ref.run_id} of {uri!r} has no logged test_rmse")
     with tempfile.TemporaryDirectory(prefix="nllab-reproduce-") as tmp:

@@ -18,7 +18,7 @@ import math
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -53,10 +53,11 @@ from tasks.pipeline import (
 )
 from tasks.placement import place_pack
 from tasks.results import CellResult
+from tasks.reuse import stored_result, stored_results
 from tasks.tracking import Metrics, RunTags, TrackingSettings, attach, claim_owner, run_name
 
 if TYPE_CHECKING:
-    from tasks.tracking import Queries, RunLog, Store, Tracking
+    from tasks.tracking import CellClaims, Queries, RunLog, Store
 
 __all__ = [
     "CLAIM_POLL_SECONDS",
@@ -126,9 +127,19 @@ class CellRuntime:
         }
         return cls.for_store(store, **{**fields, **kw})
 
-    def attached(self) -> Tracking:
-        """This process's tracking objects of the store (:func:`tasks.tracking.attach`)."""
-        return attach(self.tracking, self.experiment_id)
+    # This process's handles on the store (:func:`tasks.tracking.attach`), one per need: a
+    # holder of the runtime takes the collaborator it uses, never the whole set.
+    def run_log(self) -> RunLog:
+        """Where the cells' runs are created, logged into and ended."""
+        return attach(self.tracking, self.experiment_id).runs
+
+    def cell_claims(self) -> CellClaims:
+        """Which process trains which cell."""
+        return attach(self.tracking, self.experiment_id).claims
+
+    def queries(self) -> Queries:
+        """Which cells are finished (reuse)."""
+        return attach(self.tracking, self.experiment_id).queries
 
 
 def pack_key(cell: CellConfig) -> str:
@@ -211,7 +222,7 @@ class _Pack:
     """The members of one :func:`fit_cells` call, where they train and how they log."""
 
     def __init__(self, cells, rt: CellRuntime, run_ids, on_epoch) -> None:
-        self.rt, self.runs, self.on_epoch = rt, rt.attached().runs, on_epoch
+        self.rt, self.runs, self.on_epoch = rt, rt.run_log(), on_epoch
         self.cells, self.run_ids = list(cells), list(run_ids)
         self.setups: dict[int, CellSetup] = {}
         self.training = cells[0].training
@@ -300,56 +311,6 @@ def _set_up(cell: CellConfig, run_id: str, rt: CellRuntime, runs: RunLog) -> Cel
 CLAIM_POLL_SECONDS = 2.0
 
 
-def stored_results(
-    queries: Queries,
-    cells: Iterable[CellConfig],
-    reuse: Reuse = "numerics",
-    *,
-    tell: bool = True,
-) -> tuple[list[CellResult], list[CellConfig]]:
-    """Is this cell done? The one answer: ``cells`` split into those with a finished run in the
-    store (as ``reused`` results) and those to run, in input order.
-
-    A finished run counts only if its model artifact is present and loads
-    (:meth:`tasks.tracking.Queries.reusable_cells`); otherwise its cell is run again and the
-    user is told why, once per run. ``reuse="numerics"``: also only if the run's numerics
-    fingerprints equal today's (:mod:`tasks.numerics`; a run stored before fingerprints were
-    recorded has none and is trained again), each changed model or system told in one line
-    (``tell``); ``config``: any finished run of the config hash; ``never``: none.
-    """
-    cells = list(cells)
-    today = numerics.warm(cells)  # also cached for the worker processes that tag the runs
-    if reuse == "never":
-        return [], cells
-    done, broken = queries.reusable_cells(c.config_hash() for c in cells)
-    if reuse == "numerics":
-        stale, lines = numerics.stale(cells, done, today)
-        done = {h: r for h, r in done.items() if h not in stale}
-        for line in lines if tell else ():
-            notify_once(f"numerics:{line}", line)
-    reused, todo = [], []
-    for c in cells:
-        h = c.config_hash()
-        if (record := done.get(h)) is not None:
-            reused.append(CellResult.reused(c, record))
-            continue
-        todo.append(c)
-        if h in broken:
-            unusable, problem = broken[h]
-            notify_once(
-                f"unusable:{unusable.run_id}",
-                f"cell {c.key}: not reusing its finished run {unusable.run_id}: {problem}; "
-                "training it again",
-            )
-    return reused, todo
-
-
-def _stored(queries: Queries, cell: CellConfig, reuse: Reuse = "numerics") -> CellResult | None:
-    """:func:`stored_results` of one cell: its ``reused`` result, or ``None``."""
-    reused, _ = stored_results(queries, [cell], reuse, tell=False)
-    return reused[0] if reused else None
-
-
 def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
     """Train and evaluate ``cells`` (one pack: see :func:`pack_key`) in their own MLflow child
     runs; never raises on cell errors. Results in input order.
@@ -362,7 +323,7 @@ def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
     run ends FAILED with its error; the others finish. Ctrl-C (``KeyboardInterrupt``) still
     propagates, after ending every open run as KILLED.
     """
-    claims, queries = rt.attached().claims, rt.attached().queries
+    claims, queries = rt.cell_claims(), rt.queries()
     owner = claim_owner()
     results: dict[str, CellResult] = {}
     elsewhere: list[CellConfig] = []
@@ -372,7 +333,7 @@ def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
             h = c.config_hash()
             if not held.enter_context(claims.cell_claim(h, owner)):
                 elsewhere.append(c)
-            elif (done := _stored(queries, c, rt.reuse)) is not None:
+            elif (done := stored_result(queries, c, rt.reuse)) is not None:
                 results[h] = done  # finished meanwhile
             else:
                 mine.append(c)
@@ -388,10 +349,10 @@ def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
 def _await_cell(cell: CellConfig, rt: CellRuntime) -> CellResult:
     """The result of a cell another process has claimed: reused once it finishes there, trained
     here if its claim is released or goes stale first. Says once whom it waits for."""
-    claims, queries, h = rt.attached().claims, rt.attached().queries, cell.config_hash()
+    claims, queries, h = rt.cell_claims(), rt.queries(), cell.config_hash()
     stop = rt.stop if rt.stop is not None else worker_stop_event()
     while True:
-        if (done := _stored(queries, cell, rt.reuse)) is not None:
+        if (done := stored_result(queries, cell, rt.reuse)) is not None:
             return done
         if stop is not None and stop.is_set():
             return CellResult.failed(
@@ -400,7 +361,8 @@ def _await_cell(cell: CellConfig, rt: CellRuntime) -> CellResult:
         owner = claim_owner()
         with claims.cell_claim(h, owner) as mine:
             if mine:
-                if (done := _stored(queries, cell, rt.reuse)) is not None:  # finished meanwhile
+                # finished meanwhile
+                if (done := stored_result(queries, cell, rt.reuse)) is not None:
                     return done
                 lost: list[CellConfig] = []
                 (result,) = _train_pack([cell], rt, owner, lost)
@@ -426,7 +388,7 @@ def _train_pack(
     the fence) before its run is ended FINISHED; a cell whose claim was lost meanwhile ends
     KILLED instead, is appended to ``lost`` and comes back ``interrupted``.
     """
-    runs, claims = rt.attached().runs, rt.attached().claims
+    runs, claims = rt.run_log(), rt.cell_claims()
     hashes = [c.config_hash() for c in cells]
     tokens = [None if owner is None else claims.claim_generation(h, owner) for h in hashes]
     try:
@@ -448,7 +410,7 @@ def _close_member(
 ) -> CellResult:
     """The result of ``(cell, hash, run id, outcome, claim generation)``; its run ends here
     unless it ends FINISHED (as its :meth:`~tasks.tracking.RunLog.run` block completes)."""
-    (c, h, r, out, token), runs, claims = member, rt.attached().runs, rt.attached().claims
+    (c, h, r, out, token), runs, claims = member, rt.run_log(), rt.cell_claims()
     if not isinstance(out, FitOutcome):  # this member diverged; the others went on
         runs.end_with_error(r, out)
         return _unfinished(c, "failed", out)

@@ -242,7 +242,7 @@ class CellOverride(_Frozen):
     training: dict[str, Scalar | None] = Field(default_factory=dict)
 
 
-#: Which finished cells a run reuses (:func:`tasks.cell.stored_results`).
+#: Which finished cells a run reuses (:func:`tasks.reuse.stored_results`).
 Reuse = Literal["numerics", "config", "never"]
 
 

@@ -4,7 +4,7 @@ The benchmark, every study, reproduction and the cells of a tuning trial go thro
 cells and a :class:`~tasks.cell.CellRuntime`, :func:`run_cells`
 
 1. reuses every cell that already has a FINISHED run with its config hash (never retrained;
-   :func:`tasks.cell.stored_results`, the one answer to "is this cell done?");
+   :func:`tasks.reuse.stored_results`, the one answer to "is this cell done?");
 2. simulates each needed data set once, before training starts;
 3. groups the rest into packs (cells whose tensors have the same shapes:
    :func:`tasks.cell.pack_key`), each trained as one batched model when ``runtime.pack`` is on;
@@ -333,7 +333,7 @@ def _reused(
     """The stored results of ``unique`` (``reused``, if the command already asked) and the
     cells still to train."""
     if reused is None:
-        return stored_results(runtime.attached().queries, unique, runtime.reuse)
+        return stored_results(runtime.queries(), unique, runtime.reuse)
     wanted = {c.config_hash() for c in unique}
     mine = [r for r in reused if r.config_hash in wanted]
     known = {r.config_hash for r in mine}

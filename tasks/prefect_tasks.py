@@ -65,7 +65,7 @@ def pack_task(cells: list[CellConfig], runtime: CellRuntime) -> list[CellResult]
         return [CellResult.failed(c, "interrupted", _NOT_STARTED) for c in cells]
     except WorkerDied as e:
         # Its worker died mid-pack (kill -9, SIGTERM): only these cells fail, their runs too.
-        runtime.attached().runs.end_runs_of_process(e.pid, f"WorkerDied: {e}")
+        runtime.run_log().end_runs_of_process(e.pid, f"WorkerDied: {e}")
         results = [CellResult.failed(c, "failed", f"WorkerDied: {e}") for c in cells]
     if any(r.status == "failed" for r in results):
         raise PackFailed(results)

@@ -39,7 +39,7 @@ def _cell_run(t: Tracking, tmp: Path, config_hash: str, rmse: float = 0.5) -> st
 
 
 def _artifacts(t: Tracking, run_id: str) -> Path:
-    return Path(t.queries.get_run_data(run_id).info.artifact_uri)
+    return Path(t.queries.get_run_data(run_id).artifact_uri)
 
 
 def _cell(seed: int, epochs: int = 2) -> CellConfig:
@@ -268,7 +268,7 @@ def test_claims_are_not_runs_of_the_users_experiment(mlflow_store):
     old = t.runs.create_run("nllab-claims", {"nllab.kind": "claims"})
     t.runs.end_run(old, "FINISHED")
     t = connect()  # migration: the old run is deleted (hidden, restorable)
-    assert t.queries.get_run_data(old).info.lifecycle_stage == "deleted"
+    assert t.queries.get_run_data(old).deleted
     assert t.claims.claim_cell("e5" * 32, "owner-a") and t.claims.heartbeat_cell(
         "e5" * 32, "owner-a"
     )

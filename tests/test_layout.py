@@ -406,6 +406,64 @@ def test_only_the_tracking_package_imports_mlflow() -> None:
     assert not wrong
 
 
+#: Attribute chains of MLflow's entities (``Run.data``, ``Run.info``): who reads them reads
+#: MLflow's layout, which only the tracking package knows; elsewhere runs are the platform's
+#: own records (:mod:`tasks.tracking.records`).
+MLFLOW_DATA_FIELDS = {"tags", "metrics", "params"}
+MLFLOW_INFO_FIELDS = {
+    "run_id",
+    "run_uuid",
+    "run_name",
+    "status",
+    "start_time",
+    "end_time",
+    "artifact_uri",
+    "lifecycle_stage",
+    "experiment_id",
+    "user_id",
+}
+
+
+def _mlflow_entity_reads(trees: dict[str, ast.Module]) -> set[str]:
+    """``module: .data.tags`` (or ``.info.run_id``, ...) for each read of an MLflow entity's
+    fields outside :mod:`tasks.tracking`."""
+    found: set[str] = set()
+    for name, tree in trees.items():
+        if name == "tasks.tracking" or name.startswith("tasks.tracking."):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
+                middle, last = node.value.attr, node.attr
+                if (middle == "data" and last in MLFLOW_DATA_FIELDS) or (
+                    middle == "info" and last in MLFLOW_INFO_FIELDS
+                ):
+                    found.add(f"{name}: .{middle}.{last}")
+    return found
+
+
+def test_only_the_tracking_package_reads_mlflow_entities() -> None:
+    assert not _mlflow_entity_reads(TREES)
+
+
+#: The modules of ``flows.cli`` that every command shares (the others are one command each).
+CLI_SHARED = {"flows.cli", "flows.cli.common", "flows.cli.__main__"}
+
+
+def _commands_importing_commands() -> set[str]:
+    commands = {m for m in MODULES if m.startswith("flows.cli.") and m not in CLI_SHARED}
+    return {
+        f"{module} imports {target}"
+        for module in commands
+        for imported in IMPORTS[module]
+        if (target := _own_module(imported)) in commands and target != module
+    }
+
+
+def test_no_command_module_imports_another() -> None:
+    """What two commands share lives in ``flows/cli/common.py`` or a flows module."""
+    assert not _commands_importing_commands()
+
+
 def test_the_shape_checks_catch_what_they_forbid() -> None:
     """Each rule above on a made-up module that breaks it."""
     source = "\n".join(
@@ -420,6 +478,7 @@ def test_the_shape_checks_catch_what_they_forbid() -> None:
             "from datasets._cache import data_home",
             "import nltrain._loop",
             "m = sys.modules.get('datasets._cache')",
+            "z = run.data.tags, run.info.run_id, system.info.name, frame.data.shape",
         ]
     )
     tree = ast.parse(source)
@@ -435,5 +494,16 @@ def test_the_shape_checks_catch_what_they_forbid() -> None:
         }
         assert _private_crossings(name, MODULES[name], tree) == {"datasets._cache", "nltrain._loop"}
         assert _module_lookups(tree) == {"datasets._cache"}
+        assert _mlflow_entity_reads({name: tree}) == {
+            f"{name}: .data.tags",
+            f"{name}: .info.run_id",
+        }
     finally:
         del MODULES[name], TREES[name]
+    command = "flows.cli.made_up"
+    MODULES[command] = ROOT / "flows" / "cli" / "made_up.py"
+    IMPORTS[command] = {"flows.cli.compare.comparison_section", "flows.cli.common"}
+    try:
+        assert _commands_importing_commands() == {f"{command} imports flows.cli.compare"}
+    finally:
+        del MODULES[command], IMPORTS[command]

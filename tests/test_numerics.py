@@ -114,7 +114,7 @@ def test_numerics_decide_reuse_and_compare_names_the_change(
     first = run_benchmark(config)
     assert set(_statuses(first).values()) == {"finished"}
     tracker = connect()
-    run = tracker.queries.get_run_data(first.results[0].run_id).data.tags
+    run = tracker.queries.get_run_data(first.results[0].run_id).tags
     assert run[RunTags.NUMERICS_MODEL] == numerics.model_fingerprint(first.results[0].method)
     assert run[RunTags.NUMERICS_SYSTEM] == numerics.system_fingerprint("integro_de")
     before = numerics.model_fingerprint(TOY)
@@ -180,6 +180,35 @@ def test_runs_stored_without_fingerprints_are_retrained_once_said(mlflow_store, 
     ]
 
 
+def test_switching_numerics_back_and_forth_retrains_nothing_already_in_the_store(
+    mlflow_store, monkeypatch
+):
+    """As ``NLLAB_CPU_NUMERICS=native`` and back to the default on one home: each mode trains a
+    cell once; afterwards every switch reuses the finished run of that mode's fingerprints, the
+    older one included (the mode faked as another model fingerprint: no second canary)."""
+    from tasks.cell import CellRuntime, run_cell
+
+    (cell,) = _config(methods=["node"], seeds=[0]).cells()
+    tracker = connect()
+    rt = CellRuntime.for_store(tracker.store, parent_run_id=None, profile="smoke")
+    portable = numerics.model_fingerprint
+
+    def native(method: str) -> str:
+        return "native" + portable(method)[6:]
+
+    trained: dict[str, str] = {}
+    retrained = []
+    for mode in ("portable", "native", "portable", "native", "portable"):
+        monkeypatch.setattr(numerics, "model_fingerprint", native if mode == "native" else portable)
+        reused, todo = stored_results(tracker.queries, [cell])
+        if todo:
+            retrained.append(mode)
+            trained[mode] = run_cell(cell, rt).run_id
+        else:
+            assert [r.run_id for r in reused] == [trained[mode]]
+    assert retrained == ["portable", "native"]  # then 0 retrained in three switches
+
+
 def test_the_nightly_deployment_records_its_comparison_as_prefect_artifacts(
     mlflow_store, prefect_server
 ):
@@ -203,8 +232,8 @@ def test_the_nightly_deployment_records_its_comparison_as_prefect_artifacts(
         assert scheduled_benchmark(**params).endswith("0 regressed")
     tracker = connect()
     latest = tracker.queries.finished_runs("benchmark")[0]
-    assert latest.data.metrics["regressions"] == 0
-    assert latest.data.tags[RunTags.CELLS_REUSED] == "2"  # the second night reused both
+    assert latest.metrics["regressions"] == 0
+    assert latest.tags[RunTags.CELLS_REUSED] == "2"  # the second night reused both
     keys = ["nllab-benchmark-smoke-results", "nllab-benchmark-smoke-comparison"]
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(

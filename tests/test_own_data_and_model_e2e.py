@@ -72,9 +72,9 @@ def test_own_data_and_plugin_model_benchmark_report_register_reproduce(tmp_path:
         "from tasks.tracking import RunTags, connect\n"
         "t = connect()\n"
         "(r,) = [r for r in t.queries.finished_runs('cell')\n"
-        "        if r.data.tags.get(RunTags.METHOD) == 'deepsets']\n"
+        "        if r.tags.get(RunTags.METHOD) == 'deepsets']\n"
         "p = t.registry.promote_if_better(\n"
-        "    'deepsets-pendulum_lab', r.info.run_id, r.data.metrics['test_rmse'])\n"
+        "    'deepsets-pendulum_lab', r.run_id, r.metrics['test_rmse'])\n"
         "assert p.promoted, p\n"
     )
     reg = subprocess.run(

@@ -95,7 +95,7 @@ def test_log_outcome_logs_exactly_the_outcome(mlflow_store):
         metrics={"test_rmse": 0.125, "made_up_metric": 7.0},
     )
     log_outcome(t.runs, run, outcome)
-    data = t.queries.get_run_data(run).data
+    data = t.queries.get_run_data(run)
     assert data.metrics == {"test_rmse": 0.125, "made_up_metric": 7.0}
     assert data.params == {"alpha": "3", "name": "x"}
     assert data.tags["stopped"] == "epochs"

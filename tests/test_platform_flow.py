@@ -61,18 +61,18 @@ def test_every_cell_finishes_with_a_result(first):
 def test_child_runs_hold_params_metrics_tags_artifacts(first):
     t = connect()
     parent = t.queries.get_run_data(first.parent_run_id)
-    assert parent.info.status == "FINISHED"
-    assert parent.data.tags["nllab.kind"] == "benchmark" and parent.data.tags["profile"] == "smoke"
-    assert parent.data.tags["cells_failed"] == "0"
+    assert parent.status == "FINISHED"
+    assert parent.tags["nllab.kind"] == "benchmark" and parent.tags["profile"] == "smoke"
+    assert parent.tags["cells_failed"] == "0"
     parent_files = {f.path for f in t.store.client.list_artifacts(first.parent_run_id, "results")}
     assert parent_files == {"results/results.csv", "results/results.md", "results/results.tex"}
     children = t.queries.child_runs(first.parent_run_id)
     assert len(children) == 8
     hashes = {c.key: c.config_hash() for c in _config().cells()}
     for run in children:
-        tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
+        tags, params, metrics = run.tags, run.params, run.metrics
         key = f"{tags['system']}/{tags['method']}/seed{tags['seed']}"
-        assert run.info.status == "FINISHED"
+        assert run.status == "FINISHED"
         assert tags["config_hash"] == hashes[key] and tags["profile"] == "smoke"
         assert len(tags["dataset_hash"]) == 64 and tags["mlflow.source.git.commit"]
         # which CPU path trained it: the native kernels serve float64 Neural Laplace only
@@ -85,10 +85,10 @@ def test_child_runs_hold_params_metrics_tags_artifacts(first):
         assert params["training.epochs"] == "2" and params["data.n_trajectories"] == "40"
         assert params["device"] == "auto" and int(params["n_parameters"]) > 100
         for name in ("train_loss", "val_loss", "val_rmse", "epoch_seconds", "nfe"):
-            steps = [m.step for m in t.store.client.get_metric_history(run.info.run_id, name)]
+            steps = [m.step for m in t.store.client.get_metric_history(run.run_id, name)]
             assert steps == [0, 1], name
         assert metrics["test_rmse"] == pytest.approx(
-            next(r.test_rmse for r in first.results if r.run_id == run.info.run_id)
+            next(r.test_rmse for r in first.results if r.run_id == run.run_id)
         )
         # the outlier census of every split and dimension, and the dominance scores
         dims = range(int(params["state_dim"]))
@@ -96,12 +96,12 @@ def test_child_runs_hold_params_metrics_tags_artifacts(first):
         assert census <= set(metrics) and all(metrics[k] >= 0 for k in census)
         assert 0 < metrics["test_top_share"] <= 1
         assert metrics["test_rmse_without_top"] <= metrics["test_rmse"]
-        files = {f.path for f in t.store.client.list_artifacts(run.info.run_id)}
+        files = {f.path for f in t.store.client.list_artifacts(run.run_id)}
         assert {"config.json", "plots"} <= files
-        plots = {f.path for f in t.store.client.list_artifacts(run.info.run_id, "plots")}
+        plots = {f.path for f in t.store.client.list_artifacts(run.run_id, "plots")}
         assert plots == {"plots/loss_curves.png", "plots/extrapolation.png"}
         # the model is the run's MLflow 3 logged model, with its own artifacts
-        model_id = t.queries.logged_model_id(run.info.run_id)
+        model_id = t.queries.logged_model_id(run.run_id)
         assert model_id is not None
         model = {f.path for f in t.store.client.list_logged_model_artifacts(model_id)}
         assert {"MLmodel", "pyfunc_model.py", "artifacts"} <= model
@@ -115,7 +115,7 @@ def test_child_runs_hold_params_metrics_tags_artifacts(first):
             assert params["model.terms"] == "33" and params["model.stereographic"] == "True"
         else:
             assert params["model.hidden"] == "[128, 128]" and params["model.solver"] == "euler"
-        (ds,) = run.inputs.dataset_inputs
+        (ds,) = t.store.client.get_run(run.run_id).inputs.dataset_inputs  # MLflow's own view
         assert tags["dataset_hash"].startswith(ds.dataset.digest)
         # how it trained: NODE's two seeds as one packed model, Neural Laplace one by one
         assert tags["packed_members"] == ("2" if tags["method"] == "node" else "1")
@@ -172,7 +172,7 @@ def test_interrupted_cell_is_redone(first):
     assert summary.count("reused") == 4 and summary.count("finished") == 2
     redone = next(r for r in summary.results if r.key == new_cell.key)
     assert redone.status == "finished" and redone.run_id not in (stale, failed)
-    assert t.queries.get_run_data(stale).info.status == "RUNNING"  # nothing is rewritten
+    assert t.queries.get_run_data(stale).status == "RUNNING"  # nothing is rewritten
 
 
 def test_failed_cell_is_recorded_and_others_finish(first):
@@ -190,11 +190,11 @@ def test_failed_cell_is_recorded_and_others_finish(first):
     (run,) = [
         r
         for r in t.queries.child_runs(summary.parent_run_id)
-        if r.data.tags["method"] == "neural_laplace"
+        if r.tags["method"] == "neural_laplace"
     ]
-    assert run.info.status == "FAILED" and "max_frequency" in run.data.tags["error"]
-    assert "error.txt" in {f.path for f in t.store.client.list_artifacts(run.info.run_id)}
-    assert t.queries.get_run_data(summary.parent_run_id).data.tags["cells_failed"] == "1"
+    assert run.status == "FAILED" and "max_frequency" in run.tags["error"]
+    assert "error.txt" in {f.path for f in t.store.client.list_artifacts(run.run_id)}
+    assert t.queries.get_run_data(summary.parent_run_id).tags["cells_failed"] == "1"
     # Running it again redoes only the failed cell.
     again = run_benchmark(cfg)
     assert {r.method: r.status for r in again.results} == {

@@ -111,13 +111,13 @@ def test_ablation_runs_are_linked_and_the_registry_is_untouched(registered, pref
     new = values[False]
     assert new.ok and new.run_id != result.run_id
     run = t.queries.get_run_data(new.run_id)
-    assert run.data.tags["nllab.source_run_id"] == result.run_id
-    assert run.data.tags["mlflow.parentRunId"] == out.run_id
-    assert run.data.params["model.stereographic"] == "False"
+    assert run.tags["nllab.source_run_id"] == result.run_id
+    assert run.tags["mlflow.parentRunId"] == out.run_id
+    assert run.params["model.stereographic"] == "False"
     parent = t.queries.get_run_data(out.run_id)
-    assert parent.data.tags["mlflow.parentRunId"] == result.run_id
-    assert parent.data.tags["nllab.kind"] == "reproduce"
-    assert parent.data.metrics["abs_difference"] <= 1e-9
+    assert parent.tags["mlflow.parentRunId"] == result.run_id
+    assert parent.tags["nllab.kind"] == "reproduce"
+    assert parent.metrics["abs_difference"] <= 1e-9
     # printed as the benchmark prints its tables (no Markdown), logged as Markdown
     shown = ablation_table("stereographic", list(out.cells), "terminal")
     assert "|" not in shown and shown.splitlines()[1].startswith("─")

@@ -154,9 +154,9 @@ def test_runs_of_a_killed_process_end_killed_on_the_next_connect(mlflow_store):
     # A run of this (live) process must survive the cleanup.
     live = connect().runs.create_run("live", {"nllab.kind": "cell"})
     tracker = connect()
-    assert tracker.queries.get_run_data(orphan).info.status == "KILLED"
-    assert "ended without closing" in tracker.queries.get_run_data(orphan).data.tags["error"]
-    assert tracker.queries.get_run_data(live).info.status == "RUNNING"
+    assert tracker.queries.get_run_data(orphan).status == "KILLED"
+    assert "ended without closing" in tracker.queries.get_run_data(orphan).tags["error"]
+    assert tracker.queries.get_run_data(live).status == "RUNNING"
     assert tracker.claims.end_stale_runs() == []
     tracker.runs.end_run(live, "FINISHED")
 
@@ -189,9 +189,9 @@ def test_cell_runs_of_another_host_end_killed_once_their_claim_is_stale_or_taken
     parent = run_of("host-b", "17:1", kind="benchmark")
 
     assert sorted(tracker.claims.end_stale_runs(stale_after=50)) == sorted([silent, moved])
-    status = {r: tracker.queries.get_run_data(r).info.status for r in (beating, unclaimed, parent)}
+    status = {r: tracker.queries.get_run_data(r).status for r in (beating, unclaimed, parent)}
     assert set(status.values()) == {"RUNNING"}, status
-    assert "ended without closing" in tracker.queries.get_run_data(moved).data.tags["error"]
+    assert "ended without closing" in tracker.queries.get_run_data(moved).tags["error"]
     for run_id in (beating, unclaimed, parent):
         tracker.runs.end_run(run_id, "FINISHED")
 

@@ -76,8 +76,8 @@ def test_smoke_artifacts(smoke, name, tmp_path):
     run_id = tracker.queries.latest_run(f"study:{name}")
     assert run_id == summary.parent_run_id
     run = tracker.queries.get_run_data(run_id)
-    assert run.info.status == "FINISHED"
-    assert run.data.tags["nllab.study"] == name and run.data.tags["profile"] == "smoke"
+    assert run.status == "FINISHED"
+    assert run.tags["nllab.study"] == name and run.tags["profile"] == "smoke"
     root = tracker.queries.download(run_id, "study", tmp_path)
     meta = json.loads((root / "study.json").read_text())
     paper = json.loads((root / "paper.json").read_text())
@@ -96,7 +96,7 @@ def test_smoke_artifacts(smoke, name, tmp_path):
     # Training studies: their cells are child runs of the study's parent run.
     if summary.cells:
         assert all(c.ok for c in summary.cells)
-        children = {r.info.run_id for r in tracker.queries.child_runs(run_id)}
+        children = {r.run_id for r in tracker.queries.child_runs(run_id)}
         assert {c.run_id for c in summary.cells if c.status == "finished"} <= children
 
 

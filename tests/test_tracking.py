@@ -76,7 +76,7 @@ def test_a_command_connects_once_per_store_and_afresh_when_the_store_changed(mon
     orphan = first.runs.create_run("orphan", {"nllab.kind": "cell"})
     first.runs.set_tags(orphan, {"nllab.process": "999999999:1"})  # no such pid on this host
     assert connect() is first
-    assert first.queries.get_run_data(orphan).info.status == "KILLED"
+    assert first.queries.get_run_data(orphan).status == "KILLED"
 
     moved = tmp_path / "moved"
     use_home(moved)  # another home: its own store
@@ -112,9 +112,9 @@ def test_a_parent_run_ends_as_its_command_ends(mlflow_store):
             note="one failed",
         )
     done = t.queries.get_run_data(run.run_id)
-    assert done.info.status == "FINISHED"
-    assert done.data.params == {"profile": "smoke"}
-    tags = done.data.tags
+    assert done.status == "FINISHED"
+    assert done.params == {"profile": "smoke"}
+    tags = done.tags
     assert tags[RunTags.KIND] == "benchmark" and tags[RunTags.PROFILE] == "smoke"
     assert tags[f"{RunTags.EXECUTION_PREFIX}device"] == "cpu"
     counts = [RunTags.CELLS, RunTags.CELLS_FINISHED, RunTags.CELLS_REUSED, RunTags.CELLS_FAILED]
@@ -126,13 +126,13 @@ def test_a_parent_run_ends_as_its_command_ends(mlflow_store):
         raise ValueError("no cells")
     with pytest.raises(KeyboardInterrupt), parent_run(t.runs, "stop", kind="study:x") as stopped:
         raise KeyboardInterrupt
-    assert t.queries.get_run_data(failed.run_id).info.status == "FAILED"
-    assert t.queries.get_run_data(failed.run_id).data.tags[RunTags.ERROR] == "ValueError: no cells"
-    assert t.queries.get_run_data(stopped.run_id).info.status == "KILLED"
+    assert t.queries.get_run_data(failed.run_id).status == "FAILED"
+    assert t.queries.get_run_data(failed.run_id).tags[RunTags.ERROR] == "ValueError: no cells"
+    assert t.queries.get_run_data(stopped.run_id).status == "KILLED"
     with parent_run(t.runs, "again", kind="benchmark", resume=failed.run_id) as resumed:
         assert resumed.run_id == failed.run_id
-    assert t.queries.get_run_data(failed.run_id).info.status == "FINISHED"
-    assert t.queries.get_run_data(failed.run_id).data.tags[RunTags.RESUMED] == "true"
+    assert t.queries.get_run_data(failed.run_id).status == "FINISHED"
+    assert t.queries.get_run_data(failed.run_id).tags[RunTags.RESUMED] == "true"
 
 
 def test_unreachable_server_is_a_clear_error(monkeypatch):
@@ -157,9 +157,9 @@ def test_run_states(mlflow_store):
         raise TrainingInterrupted("stop")
     with pytest.raises(KeyboardInterrupt), t.runs.run("ctrl-c", {}) as killed:
         raise KeyboardInterrupt
-    status = {r: t.queries.get_run_data(r).info.status for r in (ok, bad, stopped, killed)}
+    status = {r: t.queries.get_run_data(r).status for r in (ok, bad, stopped, killed)}
     assert status == {ok: "FINISHED", bad: "FAILED", stopped: "KILLED", killed: "KILLED"}
-    assert t.queries.get_run_data(bad).data.tags["error"] == "ValueError: broken cell"
+    assert t.queries.get_run_data(bad).tags["error"] == "ValueError: broken cell"
     hist = t.store.client.get_metric_history(ok, "m")
     assert [(m.step, m.value) for m in hist] == [(3, 1.0)]
 
@@ -183,17 +183,17 @@ def test_the_run_life_cycle_takes_an_early_end_and_outcome_tags(mlflow_store):
     with pytest.raises(ValueError), runs.run("failed", {}, outcome_tags=state) as failed:
         raise ValueError("x")
     got = {r: queries.get_run_data(r) for r in (kept, fenced, pruned, done, failed)}
-    assert {r: run.info.status for r, run in got.items()} == {
+    assert {r: run.status for r, run in got.items()} == {
         kept: "FAILED",
         fenced: "KILLED",
         pruned: "KILLED",
         done: "FINISHED",
         failed: "FAILED",
     }
-    assert got[kept].data.tags["error"] == "ValueError: member diverged"
-    assert got[done].data.tags["outcome"] == "none"
-    assert got[failed].data.tags["outcome"] == "ValueError"
-    assert got[failed].data.tags["error"] == "ValueError: x"
+    assert got[kept].tags["error"] == "ValueError: member diverged"
+    assert got[done].tags["outcome"] == "none"
+    assert got[failed].tags["outcome"] == "ValueError"
+    assert got[failed].tags["error"] == "ValueError: x"
 
 
 def test_light_tracking_modules_load_without_mlflow():
@@ -326,7 +326,7 @@ def test_concurrent_writers_keep_sqlite_intact(mlflow_store):
     assert not errors, errors
     assert len(runs) == n_threads
     for rid in runs:
-        r = shared.queries.get_run_data(rid)
+        r = shared.store.client.get_run(rid)
         assert r.info.status == "FINISHED" and len(r.data.params) == 30
         assert len(shared.store.client.get_metric_history(rid, "a")) == n_steps
         assert len(r.inputs.dataset_inputs) == 1

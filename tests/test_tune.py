@@ -82,11 +82,11 @@ def test_study_beats_its_first_trial_and_logs_nested_runs(tmp_path, mlflow_store
     assert study.best_trial.number == r.best_trial
     children = _children(r.parent_run_id)
     assert len(children) == 4
-    assert {c.data.tags["nllab.kind"] for c in children} == {"trial"}
-    by_trial = {int(c.data.tags["optuna.trial"]): c for c in children}
-    assert by_trial[r.best_trial].data.metrics["best_val_rmse"] == pytest.approx(r.best_value)
+    assert {c.tags["nllab.kind"] for c in children} == {"trial"}
+    by_trial = {int(c.tags["optuna.trial"]): c for c in children}
+    assert by_trial[r.best_trial].metrics["best_val_rmse"] == pytest.approx(r.best_value)
     t = connect()
-    assert t.queries.get_run_data(r.parent_run_id).info.status == "FINISHED"
+    assert t.queries.get_run_data(r.parent_run_id).status == "FINISHED"
     # Best config: study attribute + MLflow artifact, and read back for `benchmark --tuned`.
     best = json.loads(
         (t.queries.download(r.parent_run_id, "best_config.json", tmp_path / "dl")).read_text()
@@ -126,8 +126,8 @@ def test_deliberately_bad_trial_is_pruned(tmp_path, mlflow_store):
     assert states == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED]
     pruned = session.study.trials[2]
     assert len(pruned.intermediate_values) < 4  # stopped before the last epoch
-    run = next(c for c in _children(session.parent_run_id) if c.data.tags["optuna.trial"] == "2")
-    assert run.info.status == "KILLED" and run.data.tags["optuna.state"] == "PRUNED"
+    run = next(c for c in _children(session.parent_run_id) if c.tags["optuna.trial"] == "2")
+    assert run.status == "KILLED" and run.tags["optuna.state"] == "PRUNED"
 
 
 def test_diverging_trial_is_pruned_and_the_study_goes_on(tmp_path, mlflow_store, monkeypatch):
@@ -164,7 +164,7 @@ def test_the_parent_run_ends_failed_or_killed_and_is_resumed_without_its_error(
     study = optuna.load_study(study_name=spec.study_name, storage=spec.storage)
     parent_id = study.user_attrs["mlflow_parent_run_id"]
     failed = t.queries.get_run_data(parent_id)
-    assert failed.info.status == "FAILED" and "no completed trial" in failed.data.tags["error"]
+    assert failed.status == "FAILED" and "no completed trial" in failed.tags["error"]
 
     def interrupted(session) -> None:
         raise KeyboardInterrupt
@@ -172,14 +172,14 @@ def test_the_parent_run_ends_failed_or_killed_and_is_resumed_without_its_error(
     with pytest.raises(KeyboardInterrupt):
         run_tuning(spec, trials=interrupted)
     killed = t.queries.get_run_data(parent_id)
-    assert killed.info.status == "KILLED" and killed.data.tags["resumed"] == "true"
-    assert killed.data.tags["error"].startswith("KeyboardInterrupt")
+    assert killed.status == "KILLED" and killed.tags["resumed"] == "true"
+    assert killed.tags["error"].startswith("KeyboardInterrupt")
 
     r = run_tuning(spec)
     assert r.parent_run_id == parent_id and r.n_complete + r.n_pruned == 1
     done = t.queries.get_run_data(parent_id)
-    assert done.info.status == "FINISHED" and "error" not in done.data.tags
-    assert done.data.params["n_trials"] == "1" and done.data.tags["nllab.kind"] == "tune"
+    assert done.status == "FINISHED" and "error" not in done.tags
+    assert done.params["n_trials"] == "1" and done.tags["nllab.kind"] == "tune"
     tune_runs = t.store.client.search_runs([t.experiment_id], "tags.`nllab.kind` = 'tune'")
     assert [p.info.run_id for p in tune_runs] == [parent_id]
 
@@ -198,7 +198,7 @@ def test_shards_given_the_parent_run_log_their_trials_under_it(tmp_path, mlflow_
     r = run_tuning(spec, trials=in_shards)
     assert r.n_complete + r.n_pruned == 3
     assert len(_children(r.parent_run_id)) == 3
-    assert connect().queries.get_run_data(r.parent_run_id).info.status == "FINISHED"
+    assert connect().queries.get_run_data(r.parent_run_id).status == "FINISHED"
 
 
 def test_parallel_trials_on_sqlite(tmp_path, mlflow_store, caplog):

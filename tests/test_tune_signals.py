@@ -93,9 +93,9 @@ def test_sigterm_mid_trial_then_an_immediate_resume_gives_the_full_trial_count(
     parent_id = study.user_attrs["mlflow_parent_run_id"]
     tracker = connect()
     parent = tracker.queries.get_run_data(parent_id)
-    assert parent.info.status == "KILLED" and "TuneTerminated" in parent.data.tags["error"]
+    assert parent.status == "KILLED" and "TuneTerminated" in parent.tags["error"]
     (trial_run,) = tracker.queries.child_runs(parent_id)
-    assert trial_run.info.status == "FAILED"
+    assert trial_run.status == "FAILED"
 
     # At once, well within the heartbeat's grace period: the full count, no trial left over.
     r = run_tuning(_spec(tmp_path))
@@ -104,7 +104,7 @@ def test_sigterm_mid_trial_then_an_immediate_resume_gives_the_full_trial_count(
     assert sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials) == 3
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     parent = tracker.queries.get_run_data(parent_id)
-    assert parent.info.status == "FINISHED" and "error" not in parent.data.tags
+    assert parent.status == "FINISHED" and "error" not in parent.tags
 
 
 def test_a_trial_of_a_dead_process_of_this_host_is_failed_at_once(tmp_path, mlflow_store):

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from flows.cli import (
+    artifacts,
     benchmark,
     compare,
     ledger,
@@ -63,6 +64,7 @@ _SUBCOMMANDS = (
     benchmark,
     report,
     compare,
+    artifacts,
     ui,
     study,
     tune,

@@ -27,7 +27,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "runs, each beside the paper's number with the gap marked.",
     )
     cli.add_selection(
-        p, profile_help="size preset (default: the profile of the latest finished benchmark)"
+        p,
+        profile_help="size preset (default: that of the latest finished benchmark with at least "
+        "one finished or reused cell, named when chosen)",
     )
     p.add_argument(
         "--out",
@@ -89,7 +91,8 @@ def _report(args: argparse.Namespace, config: RunConfig | None) -> int:
     """``nllab report``: 0 written; 1 nothing finished matches; 2 files in the way.
 
     ``config``: the configuration to report, already resolved from the arguments; ``None``
-    takes the latest finished benchmark's (with ``--systems``, … applied to its profile).
+    takes the latest finished benchmark's with results (with ``--systems``, … applied to its
+    profile).
     """
     from flows.report_full import stored_cell_results
     from tasks.reporting import results_table
@@ -120,9 +123,10 @@ def _report(args: argparse.Namespace, config: RunConfig | None) -> int:
 
 
 def _latest_config(args: argparse.Namespace, queries: Queries) -> tuple[RunConfig, Queries] | None:
-    """The configuration of the latest finished benchmark (its profile with the arguments'
-    selection applied, when one is given) and the queries of its store; ``None`` (said on
-    stderr) when there is none to report."""
+    """The configuration of the latest finished benchmark with at least one finished or reused
+    cell (its profile with the arguments' selection applied, when one is given) and the queries
+    of its store; ``None`` (said on stderr) when there is none to report."""
+    from flows.compare import describe_run
     from flows.report_full import benchmark_config
     from tasks.tracking import connect
 
@@ -132,12 +136,14 @@ def _latest_config(args: argparse.Namespace, queries: Queries) -> tuple[RunConfi
         return config, connect(config.tracking).queries
     if latest is None:
         print(
-            f"nllab report: no finished benchmark in {queries.settings.tracking_uri}: run "
-            "`nllab benchmark --profile smoke` first, or name one with --profile",
+            f"nllab report: no finished benchmark with results in "
+            f"{queries.settings.tracking_uri}: run `nllab benchmark --profile smoke` first, or "
+            "name one with --profile",
             file=sys.stderr,
         )
         return None
-    print(f"the latest finished benchmark (run {latest[1]}): profile {latest[0].profile}")
+    chosen = describe_run(queries.get_run_data(latest[1]))
+    print(f"reporting the latest benchmark with results:\n  {chosen}")
     return latest[0], queries
 
 
@@ -169,14 +175,14 @@ def _write_report(args: argparse.Namespace, queries: Queries, profile: str, resu
 
 
 def _comparison(queries: Queries) -> str:
-    """The latest benchmark beside the previous one of its experiment (changed cells only)."""
-    from flows.cli.compare import comparison_section
+    """The latest benchmark beside the earlier one of its cells (changed cells only)."""
+    from flows.compare import comparison_rows, comparison_section, comparison_summary
 
     text, comparison = comparison_section(queries)
     if comparison is None:
         return text
-    changed = [r for r in comparison.rows() if r["verdict"] != "unchanged"]
-    lines = [comparison.summary()]
+    changed = [r for r in comparison_rows(comparison) if r["verdict"] != "unchanged"]
+    lines = [comparison_summary(comparison)]
     lines += [
         f"  {r['cell']}: {r['before']} -> {r['after']} ({r['change']}; fingerprint changed: "
         f"{r['fingerprint']}): {r['verdict']}"

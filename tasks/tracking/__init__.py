@@ -9,7 +9,8 @@ artifact folder under ``data_home()/"mlflow"``.
 its :class:`Tracking` objects, each with its own handle on the store: the :class:`RunLog` (runs
 created, logged into and ended; the run life cycle :meth:`RunLog.run`), the :class:`CellClaims`
 (claims, heartbeats, runs of processes gone), the :class:`Queries` (finished cells, runs, the UI
-view) and the :class:`Registry` (champions). Light modules, without MLflow:
+view; answered as the platform's own records, :mod:`~tasks.tracking.records`, never as MLflow
+objects) and the :class:`Registry` (champions). Light modules, without MLflow:
 :mod:`~tasks.tracking.tags` (tag and metric names), :mod:`~tasks.tracking.locations` (where the
 store is), :mod:`~tasks.tracking.processes` (who owns a run or claim), and
 :mod:`~tasks.tracking.naming` (run names); :mod:`~tasks.tracking.parent` is a command's parent
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tasks.tracking._claims import CLAIM_STALE_AFTER, CellClaims
     from tasks.tracking._connect import Tracking, attach, connect
-    from tasks.tracking._queries import UI_VIEW_KEY, Queries, RunRecord
+    from tasks.tracking._queries import UI_VIEW_KEY, Queries
     from tasks.tracking._registry import CHAMPION, Promotion, Registry
     from tasks.tracking._runs import RunLog
     from tasks.tracking._store import (
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from tasks.tracking.naming import cell_variant, run_name
     from tasks.tracking.parent import ParentRun, parent_run
     from tasks.tracking.processes import claim_owner, owner_gone
+    from tasks.tracking.records import RunRecord, StoredRun
     from tasks.tracking.tags import Metrics, RunTags
 
 _LAZY = {
@@ -50,7 +52,8 @@ _LAZY = {
     "connect": "_connect",
     "UI_VIEW_KEY": "_queries",
     "Queries": "_queries",
-    "RunRecord": "_queries",
+    "RunRecord": "records",
+    "StoredRun": "records",
     "CHAMPION": "_registry",
     "Promotion": "_registry",
     "Registry": "_registry",
@@ -85,6 +88,7 @@ __all__ = [
     "RunRecord",
     "RunTags",
     "Store",
+    "StoredRun",
     "Tracking",
     "TrackingSettings",
     "TrackingUnavailable",

@@ -1,33 +1,51 @@
 """Queries of the MLflow adapter: which cells are finished and reusable, which runs a command
-left, and how the MLflow UI shows them."""
+left, and how the MLflow UI shows them. Runs are answered as the platform's own records
+(:mod:`tasks.tracking.records`), never as MLflow objects."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import mlflow
 
 from tasks.tracking._store import Store
+from tasks.tracking.records import RunRecord, StoredRun
 from tasks.tracking.tags import ExperimentTags, Metrics, RunTags
 
-__all__ = ["UI_VIEW_KEY", "Queries", "RunRecord"]
+__all__ = ["UI_VIEW_KEY", "Queries"]
 #: The key of the results view of the runs page (``?viewStateShareKey=``).
 UI_VIEW_KEY = "nllab-results"
 
 
-@dataclass(frozen=True)
-class RunRecord:
-    """A finished cell found in the store."""
+def _stored_run(run) -> StoredRun:
+    """An ``mlflow.entities.Run`` as a :class:`StoredRun`."""
+    info, data = run.info, run.data
+    return StoredRun(
+        info.run_id,
+        info.status,
+        int(info.start_time or 0),
+        dict(data.tags),
+        dict(data.metrics),
+        dict(data.params),
+        info.artifact_uri,
+        info.lifecycle_stage == "deleted",
+    )
 
-    run_id: str
-    config_hash: str
-    test_rmse: float | None
-    tags: Mapping[str, str]
-    metrics: Mapping[str, float] = field(default_factory=dict)
-    artifact_uri: str | None = None
+
+def _cell_record(run) -> RunRecord:
+    """A finished cell's ``mlflow.entities.Run`` as a :class:`RunRecord`."""
+    tags, metrics = dict(run.data.tags), dict(run.data.metrics)
+    return RunRecord(
+        run.info.run_id,
+        tags.get(RunTags.CONFIG_HASH, ""),
+        metrics.get(Metrics.TEST_RMSE),
+        tags,
+        metrics,
+        run.info.artifact_uri,
+        int(run.info.start_time or 0),
+    )
 
 
 def _local_path(uri: str | None) -> Path | None:
@@ -63,9 +81,9 @@ class Queries:
         """The store's :class:`~tasks.tracking.TrackingSettings` (where a report says it read)."""
         return self._store.settings
 
-    def get_run_data(self, run_id: str):
-        """Status, tags, params and latest metrics of a run (``mlflow.entities.Run``)."""
-        return self._client.get_run(run_id)
+    def get_run_data(self, run_id: str) -> StoredRun:
+        """Status, tags, params and latest metrics of a run."""
+        return _stored_run(self._client.get_run(run_id))
 
     def logged_model_id(self, run_id: str) -> str | None:
         """The id of the run's logged model (the newest; a cell logs one), or ``None`` (a run
@@ -96,6 +114,33 @@ class Queries:
         """Finished cell runs with one of these config hashes (the newest per hash)."""
         return self.reusable_cells(hashes, check_model=False)[0]
 
+    def finished_cell_runs(self, hashes: Iterable[str]) -> dict[str, list[RunRecord]]:
+        """Every finished cell run of each of these config hashes, newest first (one search;
+        whose model loads is not checked: :meth:`first_usable`)."""
+        wanted = set(hashes)
+        found: dict[str, list[RunRecord]] = {}
+        for r in self._store.search(
+            _finished_of_kind("cell"), order_by=["attributes.start_time DESC"]
+        ):
+            h = r.data.tags.get(RunTags.CONFIG_HASH)
+            if h in wanted:
+                found.setdefault(h, []).append(_cell_record(r))
+        return found
+
+    def first_usable(
+        self, records: Sequence[RunRecord]
+    ) -> tuple[RunRecord | None, tuple[RunRecord, str] | None]:
+        """``(usable, unusable)``: the first of ``records`` whose model artifact is present and
+        loads (:meth:`model_problem`), and the first one before it that is not usable with what
+        is wrong with it (each ``None`` when there is none)."""
+        unusable = None
+        for record in records:
+            problem = self.model_problem(record)
+            if problem is None:
+                return record, unusable
+            unusable = unusable or (record, problem)
+        return None, unusable
+
     def reusable_cells(
         self, hashes: Iterable[str], *, check_model: bool = True
     ) -> tuple[dict[str, RunRecord], dict[str, tuple[RunRecord, str]]]:
@@ -103,38 +148,21 @@ class Queries:
         artifact is present and loads (:meth:`model_problem`); and, for hashes that have
         finished runs but none with a usable model, the newest such run and what is wrong
         with it (the cell must be trained again). ``check_model=False``: any finished run."""
-        wanted = set(hashes)
         found: dict[str, RunRecord] = {}
         broken: dict[str, tuple[RunRecord, str]] = {}
-        runs = self._store.search(
-            _finished_of_kind("cell"),
-            order_by=["attributes.start_time DESC"],
-        )
-        for r in runs:
-            h = r.data.tags.get(RunTags.CONFIG_HASH)
-            if h not in wanted or h in found:
-                continue
-            record = RunRecord(
-                r.info.run_id,
-                h,
-                r.data.metrics.get(Metrics.TEST_RMSE),
-                dict(r.data.tags),
-                dict(r.data.metrics),
-                r.info.artifact_uri,
-            )
-            problem = self.model_problem(record) if check_model else None
-            if problem is None:
-                found[h] = record
-                broken.pop(h, None)
-            else:
-                broken.setdefault(h, (record, problem))
+        for h, runs in self.finished_cell_runs(hashes).items():
+            usable, unusable = self.first_usable(runs) if check_model else (runs[0], None)
+            if usable is not None:
+                found[h] = usable
+            elif unusable is not None:
+                broken[h] = unusable
         return found, broken
 
     def model_problem(self, record: RunRecord, artifact_path: str = "model") -> str | None:
         """Why the model logged by a finished cell run cannot be used, or ``None`` when it is
         present and loads. Local artifacts are loaded (:func:`tasks.modelio.load_model`: the
         weights read back into the model); a remote artifact store is only listed."""
-        uri = record.artifact_uri or self._client.get_run(record.run_id).info.artifact_uri
+        uri = record.artifact_uri or self.get_run_data(record.run_id).artifact_uri
         local = _local_path(uri)
         if local is None:
             try:
@@ -181,17 +209,19 @@ class Queries:
         paths = [_local_path(m.artifact_location) for m in models]
         return [p for p in paths if p is not None and p.is_dir()]
 
-    def child_runs(self, parent_run_id: str) -> list:
-        return list(self._store.search(f"tags.`{RunTags.PARENT}` = '{parent_run_id}'"))
+    def child_runs(self, parent_run_id: str) -> list[StoredRun]:
+        """The runs nested under ``parent_run_id`` (a command's cells, a study's trials)."""
+        found = self._store.search(f"tags.`{RunTags.PARENT}` = '{parent_run_id}'")
+        return [_stored_run(r) for r in found]
 
-    def runs_by_id(self, run_ids: Iterable[str]) -> dict[str, object]:
-        """The runs (``mlflow.entities.Run``) of these ids that exist, by id (one search per
-        hundred ids, not one call per run)."""
+    def runs_by_id(self, run_ids: Iterable[str]) -> dict[str, StoredRun]:
+        """The runs of these ids that exist, by id (one search per hundred ids, not one call
+        per run)."""
         ids, found = sorted(set(run_ids)), {}
         for i in range(0, len(ids), 100):
             quoted = ", ".join(f"'{r}'" for r in ids[i : i + 100])
             for run in self._store.search(f"attributes.run_id IN ({quoted})"):
-                found[run.info.run_id] = run
+                found[run.info.run_id] = _stored_run(run)
         return found
 
     def latest_run(self, kind: str) -> str | None:
@@ -204,14 +234,10 @@ class Queries:
         )
         return runs[0].info.run_id if runs else None
 
-    def finished_runs(self, kind: str) -> list:
-        """Every FINISHED run of ``kind``, newest first (``mlflow.entities.Run``)."""
-        return list(
-            self._store.search(
-                _finished_of_kind(kind),
-                order_by=["attributes.start_time DESC"],
-            )
-        )
+    def finished_runs(self, kind: str) -> list[StoredRun]:
+        """Every FINISHED run of ``kind``, newest first."""
+        found = self._store.search(_finished_of_kind(kind), order_by=["attributes.start_time DESC"])
+        return [_stored_run(r) for r in found]
 
     def set_ui_view(self) -> str:
         """Make the MLflow UI open this experiment as a model-training one, with the results in

@@ -11,8 +11,9 @@ from pathlib import Path
 import mlflow
 from mlflow.exceptions import MlflowException
 
-from tasks.tracking._queries import Queries, RunRecord
+from tasks.tracking._queries import Queries
 from tasks.tracking._store import Store
+from tasks.tracking.records import RunRecord
 from tasks.tracking.tags import Metrics
 
 __all__ = ["CHAMPION", "Promotion", "Registry"]

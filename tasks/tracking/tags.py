@@ -40,6 +40,8 @@ class RunTags:
     CPU_NUMERICS = "numerics.cpu"  # portable or native CPU arithmetic (nlmodels._numerics)
     #: A hash of a benchmark's experiment (its config without execution settings).
     EXPERIMENT_HASH = "nllab.experiment_hash"
+    #: A hash of a benchmark's cells (their config hashes, which never change with the code).
+    CELLS_HASH = "nllab.cells_hash"
     ERROR = "error"
     #: Why a finished cell's model never learned (it is flagged and never registered).
     DIVERGED = "diverged"
