@@ -228,14 +228,19 @@ def main() -> None:
     parser.add_argument("--child-digests", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-smoke", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-cost", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--child-training", nargs="+", default=(), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child_digests or args.child_smoke or args.child_cost:
+    if args.child_digests or args.child_smoke or args.child_cost or args.child_training:
         import nlmodels
 
         nlmodels.set_up_numerics()  # as every entry point does, before torch computes
         if note := nlmodels.numerics_note():
             print(f"nllab: {note}", file=sys.stderr)
-    if args.child_digests:
+    if args.child_training:
+        from nltrain import training_digest
+
+        print(json.dumps({m: training_digest(m) for m in args.child_training}))
+    elif args.child_digests:
         print(json.dumps(_digests()))
     elif args.child_smoke:
         print(json.dumps(smoke_bits()))

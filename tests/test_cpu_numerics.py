@@ -1,6 +1,9 @@
 """Bytes that must not depend on the CPU: pinned digests of each main system's quick data (every
 machine, either CPU numerics mode) and of a short float64 training of each model (the portable
-mode, any x86-64 CPU with AVX2 and FMA); the portable mode pins torch's kernel set itself.
+mode, any x86-64 CPU with AVX2 and FMA, Intel or AMD); the portable mode pins torch's kernel set
+and computes matrix products and elementary functions with the platform's own kernels, so no
+MKL code (which differs by CPU vendor) runs; a child whose MKL believes it runs on an AMD CPU
+gets the same bytes.
 
 A digest that differs names its component: a CPU (or a library build) that computes other bytes
 fails here, not in a table's last digits. ``benchmarks/cpu_numerics.py`` shows which setting moves
@@ -9,6 +12,7 @@ which component."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -18,36 +22,39 @@ from pathlib import Path
 import pytest
 
 from datasets import simulate
-from nlmodels import _numerics
+from nlmodels import _cpu, _numerics
 from nlmodels.accel import native as _native
 from nlmodels.accel.native import _store
-from tasks._names import MAIN_SYSTEMS
-from tasks.numerics import training_digest
+from nltrain import training_digest
+from tasks import MAIN_SYSTEMS
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "cpu_numerics.py"
 
 #: sha256(simulate(system, n_trajectories=200, seed=0).x)[:16]: the quick profile's data. Equal
-#: on an AVX-512 EPYC and on an AVX2-only EPYC (numpy 2.4, scipy's LSODA, glibc's libm).
+#: on an AVX-512 EPYC and on an AVX2-only EPYC (numpy 2.4, glibc's libm); stiff Van der Pol
+#: revised once when its solver became RODAS4 in element-wise arithmetic (LSODA's bytes followed
+#: the kernels OpenBLAS picks per CPU: SkylakeX gave others than Haswell or Zen).
 QUICK_DATA = {
     "spiral_dde": "7661b9870a07b19d",
     "lotka_volterra_dde": "7acc7d7f93792003",
     "mackey_glass_dde": "b5b852ee3dd35871",
-    "stiff_van_der_pol": "5f941977f04c1794",
+    "stiff_van_der_pol": "32ca1885be77a778",
     "piecewise_forcing_ode": "ad8e494091640ee7",
     "integro_de": "c8494c357eb58022",
 }
-#: tasks.numerics.training_digest in the portable mode, torch 2.13 CPU; Neural Laplace with the
-#: native kernels and with their torch twins (NLLAB_NATIVE=0).
+#: nltrain.training_digest in the portable mode, torch 2.13 CPU, glibc 2.36; Neural Laplace with
+#: the native kernels and with their torch twins (NLLAB_NATIVE=0). Revised once when products and
+#: elementary functions left MKL (the earlier pins held on AMD CPUs only).
 TRAINING = {
-    "anode": "6cdc0437377b37bf",
-    "latent_ode": "9c458f70a8c5a37c",
-    "neural_laplace": "6554829ae1865a80",
-    "nf_coupling": "4f4c7c411330bec9",
-    "nf_resnet": "5f8a5718137d7e0c",
-    "node": "e60e1ccff8b1023f",
+    "anode": "313f3766b7ce9b8b",
+    "latent_ode": "7669c4f68ac043f3",
+    "neural_laplace": "c2da5c2af196950b",
+    "nf_coupling": "0f83e00442214e21",
+    "nf_resnet": "bf6ef803bf79f60e",
+    "node": "fd12488cd94e50b1",
 }
-NEURAL_LAPLACE_TWINS = "703cedd0b705cadd"
+NEURAL_LAPLACE_TWINS = "a1dbc2f9801d2196"
 
 
 def test_pinned_names_cover_every_main_system_and_model():
@@ -95,14 +102,14 @@ def test_neural_laplace_twins_bytes_are_pinned(monkeypatch):
 
 def test_native_kernels_target_and_cache_key_follow_the_mode(monkeypatch, tmp_path):
     monkeypatch.delenv("NLLAB_NATIVE_MARCH", raising=False)
-    monkeypatch.setenv(_numerics.MODE_VARIABLE, "native")
+    monkeypatch.setenv(_cpu.MODE_VARIABLE, "native")
     native_flags, native_lib = _store.flags(), _store.target(tmp_path)
     assert native_flags[0] == "-march=native" and "-ffp-contract=off" not in native_flags
-    monkeypatch.setenv(_numerics.MODE_VARIABLE, "portable")
-    if not _numerics.portable():
+    monkeypatch.setenv(_cpu.MODE_VARIABLE, "portable")
+    if not _cpu.portable():
         pytest.skip("the portable mode needs an x86-64 CPU with AVX2 and FMA")
     portable_flags = _store.flags()
-    assert portable_flags[0] == f"-march={_numerics.PORTABLE_MARCH}"
+    assert portable_flags[0] == f"-march={_cpu.PORTABLE_MARCH}"
     assert "-ffp-contract=off" in portable_flags
     assert not any(f.startswith("-mprefer-vector-width") for f in portable_flags)
     assert _store.target(tmp_path) != native_lib  # one cached build per target
@@ -111,7 +118,7 @@ def test_native_kernels_target_and_cache_key_follow_the_mode(monkeypatch, tmp_pa
 #: What a child must not inherit: the modes under test, and this session's store and server.
 _NOT_INHERITED = (
     *_numerics.PORTABLE_ENV,
-    _numerics.MODE_VARIABLE,
+    _cpu.MODE_VARIABLE,
     "MLFLOW_TRACKING_URI",
     "NLLAB_ARTIFACT_ROOT",
     "PREFECT_HOME",
@@ -132,7 +139,7 @@ def test_default_mode_gives_the_same_bits_whatever_aten_cpu_capability(tmp_path)
     the Latent ODE (GRU) and the NODE in two processes whose environment asks for different
     torch kernel sets: the default mode pins its own, says once that it replaced the user's
     value, and the test RMSE and forecasts have the same bits."""
-    if not _numerics._portable_cpu():
+    if not _cpu.portable_cpu():
         pytest.skip("the portable mode needs an x86-64 CPU with AVX2 and FMA")
     runs = {}
     for capability in ("default", "avx2"):
@@ -151,7 +158,7 @@ def test_default_mode_gives_the_same_bits_whatever_aten_cpu_capability(tmp_path)
 def test_native_mode_keeps_the_users_capability_and_its_bits_differ(tmp_path):
     """The other side: ``NLLAB_CPU_NUMERICS=native`` keeps the user's kernel set, whose bits
     differ (so the test above could fail), and an unknown mode is one line, then portable."""
-    if not _numerics._portable_cpu():
+    if not _cpu.portable_cpu():
         pytest.skip("the portable mode needs an x86-64 CPU with AVX2 and FMA")
     bits = {}
     for mode in ("native", "portable"):
@@ -165,10 +172,11 @@ def test_native_mode_keeps_the_users_capability_and_its_bits_differ(tmp_path):
         assert out.returncode == 0, out.stderr[-2000:]
         bits[mode] = json.loads(out.stdout.strip().splitlines()[-1])
     assert bits["native"] != bits["portable"]
-    code = "import nlmodels, torch; print(torch.backends.cpu.get_cpu_capability())"
-    out = _child("-c", code, NLLAB_CPU_NUMERICS="bogus", ATEN_CPU_CAPABILITY="default")
-    assert out.stdout.strip() == "AVX2", out.stderr
-    assert "NLLAB_CPU_NUMERICS must be one of portable, native; got 'bogus'" in out.stderr
+    out = _child("-m", "flows.cli", "systems", NLLAB_CPU_NUMERICS="bogus")
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "nllab systems: error: NLLAB_CPU_NUMERICS must be one of portable, native; got 'bogus'"
+    ]
 
 
 @pytest.mark.slow
@@ -178,7 +186,7 @@ def test_smoke_benchmark_bits_whatever_aten_cpu_capability(tmp_path):
     same bits in the default mode."""
     import sqlite3
 
-    if not _numerics._portable_cpu():
+    if not _cpu.portable_cpu():
         pytest.skip("the portable mode needs an x86-64 CPU with AVX2 and FMA")
     scores = {}
     for capability in ("default", "avx2"):
@@ -196,3 +204,54 @@ def test_smoke_benchmark_bits_whatever_aten_cpu_capability(tmp_path):
         scores[capability] = {name: float(v).hex() for name, v in rows}
     assert len(scores["avx2"]) == 3
     assert scores["default"] == scores["avx2"]
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("cpu_numerics_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_training_bytes_do_not_depend_on_mkls_cpu_vendor_dispatch(tmp_path):
+    """The portable mode's promise on CPUs of another vendor, shown on this one: a child whose MKL
+    is told it runs on an AMD CPU (Zen: MKL then ignores MKL_CBWR and runs code of its own) trains
+    to the pinned bytes, and MKL logs no call at all (``MKL_VERBOSE``): no BLAS, LAPACK or vector
+    maths of MKL runs in training. (benchmarks/cpu_numerics.py shows that the same shim moves the
+    bytes when torch's own kernels run.)"""
+    if not _cpu.portable_cpu():
+        pytest.skip("the portable mode needs an x86-64 CPU with AVX2 and FMA")
+    try:
+        shim = _load_script().mkl_amd_shim(tmp_path)
+    except (OSError, subprocess.CalledProcessError) as e:
+        pytest.skip(f"no C compiler for the MKL shim: {e}")
+    methods = ("latent_ode", "node")
+    out = _child(
+        str(SCRIPT),
+        "--child-training",
+        *methods,
+        LD_PRELOAD=str(shim),
+        MKL_VERBOSE="1",
+        NLLAB_HOME=str(tmp_path),
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {m: TRAINING[m] for m in methods}
+    calls = [line for line in out.stdout.splitlines() if line.startswith("MKL_VERBOSE ")]
+    assert [line for line in calls if "oneMKL" not in line] == []
+
+
+def test_importing_the_packages_changes_no_numerics_and_prints_nothing():
+    """A library must not change its host process: the numerics are set up by entry points."""
+    code = (
+        "import os; before = dict(os.environ)\n"
+        "import datasets, nlmodels, nltrain, tasks, flows\n"
+        "print(os.environ.get('ATEN_CPU_CAPABILITY'))\n"
+        "changed = {k for k in os.environ if os.environ.get(k) != before.get(k)}\n"
+        "print(sorted(changed & {'ATEN_CPU_CAPABILITY', 'MKL_CBWR', 'ONEDNN_MAX_CPU_ISA', "
+        "'NLLAB_CPU_NUMERICS'}))"
+    )
+    out = _child("-c", code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["None", "[]"]
+    assert out.stderr == ""

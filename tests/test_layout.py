@@ -331,6 +331,7 @@ TEST_INTERNALS: dict[str, str] = {
     "flows._runtime": "the servers a flow starts, stopped on interrupt",
     "flows._study_catalog": "the study catalogue against the studies registered",
     "flows.studies._config": "the studies' quick training protocol",
+    "nlmodels._cpu": "the CPU numerics mode's facts: the variable, the target, the CPU's flags",
     "nlmodels._numerics": "the CPU numerics mode's pinned environment and tags",
     "nlmodels.accel.gru._NativeGRU": "the native GRU kernel against torch's formula",
     "nlmodels.accel.gru._WavefrontGRU": "the wavefront GRU kernel against torch's formula",
@@ -346,7 +347,6 @@ TEST_INTERNALS: dict[str, str] = {
     "nltrain._steps": "a split's tensors and the epoch readout, built directly",
     "tasks._declarations": "the declared systems, restored after a test declares systems",
     "tasks._model_memory": "the bytes a model's training needs (the estimate checked)",
-    "tasks._names": "the main systems (pinned digests per system)",
     "tasks._workers": "worker processes killed and counted",
     "tasks.placement._probe_key": "the placement probe's cache key",
 }
