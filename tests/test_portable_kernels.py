@@ -1,0 +1,229 @@
+"""The portable mode's own CPU kernels (nlmodels.accel.portable): each product and elementary
+function is one stated definition, checked against an independent oracle, bit for bit where the
+definition is exact (products: exact rational arithmetic rounding once per fused multiply-add)
+and within a few units in the last place elsewhere (mpmath); an element's bits depend on its
+value only, whatever its position, batch or pack; autograd and vmap reach the kernels."""
+
+from __future__ import annotations
+
+import cmath
+import math
+from fractions import Fraction
+
+import mpmath
+import numpy as np
+import pytest
+import torch
+from torch.func import vmap
+
+import nlmodels
+from nlmodels.accel import portable
+
+pytestmark = pytest.mark.skipif(
+    not portable.installed(), reason="the portable kernels are not installed in this process"
+)
+
+
+def _round(x: Fraction) -> float:
+    return float(x)  # Fraction → float rounds to nearest, ties to even: one IEEE rounding
+
+
+def _reference_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The definition: c = a0·b0 rounded, then c = fma(a_l, b_l, c) for l = 1 .. k-1, each
+    fused multiply-add rounded once (exact rationals in between)."""
+    m, k = a.shape
+    n = b.shape[1]
+    out = np.zeros((m, n))
+    for i in range(m):
+        for j in range(n):
+            if k == 0:
+                continue
+            acc = _round(Fraction(a[i, 0]) * Fraction(b[0, j]))
+            for l in range(1, k):
+                acc = _round(Fraction(a[i, l]) * Fraction(b[l, j]) + Fraction(acc))
+            out[i, j] = acc
+    return out
+
+
+SHAPES = [
+    (1, 1, 1),
+    (3, 5, 2),
+    (4, 8, 8),
+    (9, 7, 13),
+    (5, 0, 3),
+    (17, 3, 9),
+    (8, 16, 2),
+    (2, 33, 4),
+]
+
+
+@pytest.mark.parametrize(("m", "k", "n"), SHAPES)
+def test_products_follow_their_definition_exactly(m, k, n):
+    g = torch.Generator().manual_seed(m * 100 + k * 10 + n)
+    a = torch.randn(m, k, generator=g, dtype=torch.float64) * 3.0
+    b = torch.randn(k, n, generator=g, dtype=torch.float64)
+    want = _reference_product(a.numpy(), b.numpy())
+    assert np.array_equal((a @ b).numpy(), want)
+    # the same bits through every operand layout: transposed views, a batch, a pack of members
+    at, bt = a.T.contiguous().T, b.T.contiguous().T
+    assert np.array_equal((at @ bt).numpy(), want)
+    batch = torch.stack([a, a * 0.5])
+    out = torch.bmm(batch, torch.stack([b, b]))
+    assert np.array_equal(out[0].numpy(), want)
+    assert np.array_equal(out[1].numpy(), _reference_product(0.5 * a.numpy(), b.numpy()))
+
+
+def test_matrix_vector_dot_and_affine_forms_share_the_definition():
+    g = torch.Generator().manual_seed(7)
+    a = torch.randn(6, 11, generator=g, dtype=torch.float64)
+    v = torch.randn(11, generator=g, dtype=torch.float64)
+    bias = torch.randn(6, generator=g, dtype=torch.float64)
+    col = _reference_product(a.numpy(), v.numpy()[:, None])[:, 0]
+    assert np.array_equal(torch.mv(a, v).numpy(), col)
+    assert np.array_equal(torch.addmv(bias, a, v).numpy(), bias.numpy() + col)
+    assert torch.dot(v, v).item() == _reference_product(v.numpy()[None], v.numpy()[:, None])[0, 0]
+    lin = torch.nn.functional.linear(a, torch.randn(4, 11, generator=g, dtype=torch.float64))
+    out = torch.empty(0, dtype=torch.float64)
+    assert torch.equal(torch.mm(a, a.T, out=out), a @ a.T) and out.shape == (6, 6)
+    assert lin.shape == (6, 4)
+    x = bias.clone()
+    x.addmv_(a, v, beta=2.0, alpha=0.5)
+    assert np.array_equal(x.numpy(), 2.0 * bias.numpy() + 0.5 * col)
+
+
+def test_float32_and_complex_products():
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(5, 9, generator=g, dtype=torch.float64)
+    b = torch.randn(9, 4, generator=g, dtype=torch.float64)
+    # float32: computed in float64 by the definition, rounded once
+    a32, b32 = a.float(), b.float()
+    want = _reference_product(a32.double().numpy(), b32.double().numpy()).astype(np.float32)
+    assert np.array_equal((a32 @ b32).numpy(), want)
+    # complex: four real products
+    c, d = torch.complex(a, a.flip(0)), torch.complex(b, -b)
+    got = (c @ d).numpy()
+    ar, ai, br, bi = (x.numpy() for x in (a, a.flip(0), b, -b))
+    real = _reference_product(ar, br) - _reference_product(ai, bi)
+    imag = _reference_product(ar, bi) + _reference_product(ai, br)
+    assert np.array_equal(got.real, real) and np.array_equal(got.imag, imag)
+
+
+def test_a_members_products_do_not_depend_on_its_pack():
+    g = torch.Generator().manual_seed(11)
+    w = torch.randn(5, 7, 3, generator=g, dtype=torch.float64)
+    x = torch.randn(5, 10, 3, generator=g, dtype=torch.float64)
+    packed = vmap(lambda wi, xi: torch.tanh(xi @ wi.T))(w, x)
+    for i in range(5):
+        assert torch.equal(packed[i], torch.tanh(x[i] @ w[i].T))
+
+
+FUNCTIONS = {
+    "exp": mpmath.exp,
+    "expm1": mpmath.expm1,
+    "log": mpmath.log,
+    "log1p": mpmath.log1p,
+    "log2": lambda x: mpmath.log(x, 2),
+    "log10": mpmath.log10,
+    "sin": mpmath.sin,
+    "cos": mpmath.cos,
+    "tan": mpmath.tan,
+    "asin": mpmath.asin,
+    "acos": mpmath.acos,
+    "atan": mpmath.atan,
+    "sinh": mpmath.sinh,
+    "cosh": mpmath.cosh,
+    "tanh": mpmath.tanh,
+    "asinh": mpmath.asinh,
+    "acosh": mpmath.acosh,
+    "atanh": mpmath.atanh,
+    "erf": mpmath.erf,
+    "erfc": mpmath.erfc,
+    "erfinv": mpmath.erfinv,
+    "sqrt": mpmath.sqrt,
+}
+
+
+def _domain(name: str, n: int = 203) -> torch.Tensor:
+    g = torch.Generator().manual_seed(len(name))
+    u = torch.rand(n, generator=g, dtype=torch.float64)
+    if name in ("asin", "acos", "atanh", "erfinv"):
+        return u * 1.98 - 0.99
+    if name in ("log", "log2", "log10", "sqrt"):
+        return torch.exp(u * 20.0 - 10.0)
+    if name == "acosh":
+        return 1.0 + u * 50.0
+    if name == "log1p":
+        return u * 10.0 - 0.9
+    return u * 16.0 - 8.0
+
+
+def _ulps(got: float, want: mpmath.mpf) -> float:
+    want_f = float(want)
+    if want_f == 0.0:
+        return abs(got) / 5e-324
+    return abs(got - want) / math.ulp(want_f)
+
+
+def test_every_replaced_function_is_one_of_the_list():
+    assert set(FUNCTIONS) == set(portable.ELEMENTARY)
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_elementary_functions_against_mpmath(name):
+    """Within 4 ulp of the exact value (erfinv, whose Newton steps use erf: 8), float64 and
+    float32; and an element's bits do not depend on its place in the array."""
+    x = _domain(name)
+    y = getattr(torch, name)(x)
+    mpmath.mp.prec = 120
+    worst = max(_ulps(g, FUNCTIONS[name](mpmath.mpf(v))) for v, g in zip(x.tolist(), y.tolist()))
+    assert worst <= (8.0 if name == "erfinv" else 4.0), f"{name}: {worst:.1f} ulp"
+    for start in (1, 2, 3, 5):  # other vector lanes and tails
+        assert torch.equal(getattr(torch, name)(x[start:]), y[start:])
+    assert torch.equal(getattr(torch, name)(x.view(7, 29).T.contiguous()).T, y.view(7, 29))
+    y32 = getattr(torch, name)(x.float())
+    assert torch.equal(y32, getattr(torch, name)(x.float().double()).float())
+
+
+def test_special_values_follow_ieee():
+    special = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan], dtype=torch.float64)
+    assert torch.exp(special).tolist()[:4] == [1.0, 1.0, math.inf, 0.0]
+    assert math.copysign(1.0, torch.tanh(special)[1].item()) == -1.0
+    assert torch.isnan(torch.sin(special)[2:]).all()
+    assert torch.log(torch.tensor([0.0, -1.0], dtype=torch.float64)).tolist()[0] == -math.inf
+    assert math.isnan(torch.sqrt(torch.tensor(-1.0, dtype=torch.float64)).item())
+
+
+def test_complex_elementary_functions_against_cmath():
+    z = torch.complex(_domain("exp", 40) / 4, _domain("sin", 40) / 3)
+    for name in ("exp", "log", "sin", "cos", "tanh", "sqrt"):
+        got = getattr(torch, name)(z).tolist()
+        want = [getattr(cmath, name)(complex(v)) for v in z.tolist()]
+        assert all(abs(g - w) <= 1e-14 * max(1.0, abs(w)) for g, w in zip(got, want)), name
+    with pytest.raises(RuntimeError, match="complex"):
+        torch.erf(z)
+
+
+def test_integer_input_promotes_as_torch_does():
+    y = torch.exp(torch.arange(3))
+    assert y.dtype == torch.get_default_dtype()
+    assert y.tolist() == pytest.approx([1.0, math.e, math.e**2])
+
+
+def test_gradients_flow_through_the_portable_kernels():
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(4, generator=g, dtype=torch.float64, requires_grad=True)
+
+    def f(a, b, v):
+        h = torch.tanh(torch.addmm(torch.ones(2, dtype=torch.float64), a, b))
+        return torch.exp(h).sum() + torch.sin(a @ v).sum() + torch.log1p(torch.dot(v, v))
+
+    assert torch.autograd.gradcheck(f, (a, b, v))
+
+
+def test_set_up_is_idempotent_and_says_what_runs():
+    setup = nlmodels.require_numerics()
+    assert setup.kernels == "portable" and setup.mode == "portable"
+    assert nlmodels.set_up_numerics() is setup
+    assert "kernels=portable" in nlmodels.numerics_tag()
