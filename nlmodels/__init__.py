@@ -20,10 +20,11 @@ from typing import Any
 _WHERE = {
     name: module
     for module, names in {
+        "nlmodels._cpu": "cpu_features",
         "nlmodels._numerics": "NumericsError NumericsSetup cpu_mode_in_effect "
         "mkl_position_independent numerics_in_effect numerics_note numerics_tag require_numerics "
         "set_up_numerics",
-        "nlmodels.accel.native": "native_cpu_kernels",
+        "nlmodels.accel.native": "native_cpu_kernels native_build",
         "nlmodels.base": "ForecastModel",
         "nlmodels.ilt": "ILT_ALGORITHMS ILTAlgorithm get_ilt",
         "nlmodels.model_registry": "MODELS build_model load_builtin_models model_arguments "
@@ -34,7 +35,7 @@ _WHERE = {
     for name in names.split()
 }
 #: Public names under another name in their module.
-_ALIASES = {"native_cpu_kernels": "native_enabled"}
+_ALIASES = {"native_cpu_kernels": "native_enabled", "native_build": "build_info"}
 
 __all__ = sorted(_WHERE)
 

@@ -48,7 +48,13 @@ import torch
 from nlmodels import require_numerics
 from nltrain._sources import covered_sources
 
-__all__ = ["model_fingerprint", "source_key", "system_fingerprint", "training_digest"]
+__all__ = [
+    "model_fingerprint",
+    "source_key",
+    "system_fingerprint",
+    "training_digest",
+    "write_record",
+]
 
 #: Bumped when what a fingerprint hashes changes (old cache files are then ignored).
 _FORMAT = 1
@@ -207,7 +213,7 @@ def _fingerprint(kind: str, name: str, key: str) -> str:
                 f"{e}); its cells are not reused by numerics",
             )
             return "failed-" + hashlib.sha256(f"{type(e).__name__}: {e}".encode()).hexdigest()[:9]
-        _write(path, {"fingerprint": fp, "seconds": time.perf_counter() - t0, "key": key})
+        write_record(path, {"fingerprint": fp, "seconds": time.perf_counter() - t0, "key": key})
     with _MEMO_LOCK:
         _MEMO[memo] = fp
     return fp
@@ -236,7 +242,7 @@ def _run_canary(kind: str, name: str) -> str:
     return _one_thread(_model_canary if kind == "model" else _system_canary, name)
 
 
-def _write(path: Path, record: Mapping[str, object]) -> None:
+def write_record(path: Path, record: Mapping[str, object]) -> None:
     """Atomically (two processes racing write the same bytes); a read-only home only costs
     the next start the canary again."""
     try:

@@ -36,6 +36,7 @@ from nltrain import (
     TrainResult,
     divergence,
     evaluate,
+    last_pinned_check,
     outlier_census,
     seeded,
 )
@@ -298,8 +299,12 @@ def evaluate_cell(
 
 
 def _training_tags(cell: CellConfig, result: TrainResult, device: torch.device) -> dict:
-    """How a cell trained: why it stopped, where, packed with how many, which kernels."""
+    """How a cell trained: why it stopped, where, packed with how many, which kernels, and
+    whether this machine computes the pinned bytes (when ``nllab doctor`` checked it)."""
+    check = last_pinned_check() if device.type == "cpu" else None
+    pinned = {} if check is None else {RunTags.NUMERICS_PINNED: check.verdict}
     return {
+        **pinned,
         "stopped": result.stopped,
         "device_used": str(device),
         "packed_members": result.packed_members,

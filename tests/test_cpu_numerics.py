@@ -25,36 +25,17 @@ from datasets import simulate
 from nlmodels import _cpu, _numerics
 from nlmodels.accel import native as _native
 from nlmodels.accel.native import _store
-from nltrain import training_digest
+from nltrain import PINNED, training_digest
 from tasks import MAIN_SYSTEMS
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "cpu_numerics.py"
 
-#: sha256(simulate(system, n_trajectories=200, seed=0).x)[:16]: the quick profile's data. Equal
-#: on an AVX-512 EPYC and on an AVX2-only EPYC (numpy 2.4, glibc's libm); stiff Van der Pol
-#: revised once when its solver became RODAS4 in element-wise arithmetic (LSODA's bytes followed
-#: the kernels OpenBLAS picks per CPU: SkylakeX gave others than Haswell or Zen).
-QUICK_DATA = {
-    "spiral_dde": "7661b9870a07b19d",
-    "lotka_volterra_dde": "7acc7d7f93792003",
-    "mackey_glass_dde": "b5b852ee3dd35871",
-    "stiff_van_der_pol": "32ca1885be77a778",
-    "piecewise_forcing_ode": "ad8e494091640ee7",
-    "integro_de": "c8494c357eb58022",
-}
-#: nltrain.training_digest in the portable mode, torch 2.13 CPU, glibc 2.36; Neural Laplace with
-#: the native kernels and with their torch twins (NLLAB_NATIVE=0). Revised once when products and
-#: elementary functions left MKL (the earlier pins held on AMD CPUs only).
-TRAINING = {
-    "anode": "313f3766b7ce9b8b",
-    "latent_ode": "7669c4f68ac043f3",
-    "neural_laplace": "c2da5c2af196950b",
-    "nf_coupling": "0f83e00442214e21",
-    "nf_resnet": "bf6ef803bf79f60e",
-    "node": "fd12488cd94e50b1",
-}
-NEURAL_LAPLACE_TWINS = "a1dbc2f9801d2196"
+#: The pins (nltrain.PINNED, also what ``nllab doctor`` checks): the quick data of each main
+#: system and a short float64 training of each model in the portable mode.
+QUICK_DATA = PINNED["data"]
+TRAINING = PINNED["training"]
+NEURAL_LAPLACE_TWINS = PINNED["training_twins"]["neural_laplace"]
 
 
 def test_pinned_names_cover_every_main_system_and_model():

@@ -19,6 +19,7 @@ from flows.cli import (
     artifacts,
     benchmark,
     compare,
+    doctor,
     ledger,
     models,
     report,
@@ -73,6 +74,7 @@ _SUBCOMMANDS = (
     ledger,
     systems,
     models,
+    doctor,
 )
 
 

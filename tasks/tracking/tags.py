@@ -38,6 +38,8 @@ class RunTags:
     NUMERICS_MODEL = "numerics.model"
     NUMERICS_SYSTEM = "numerics.system"
     CPU_NUMERICS = "numerics.cpu"  # portable or native CPU arithmetic (nlmodels._numerics)
+    #: This machine's bytes against the pinned ones (``nllab doctor``; absent: never checked).
+    NUMERICS_PINNED = "numerics.pinned"
     #: A hash of a benchmark's experiment (its config without execution settings).
     EXPERIMENT_HASH = "nllab.experiment_hash"
     #: A hash of a benchmark's cells (their config hashes, which never change with the code).

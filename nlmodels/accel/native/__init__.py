@@ -42,8 +42,10 @@ import torch
 from nlmodels.accel.native import _store
 
 __all__ = [
+    "BuildInfo",
     "NativeUnavailable",
     "build_failure",
+    "build_info",
     "call",
     "kernels",
     "library",
@@ -270,6 +272,28 @@ def kernels() -> ctypes.CDLL | None:
     if _library is None and mode == "1":
         raise NativeUnavailable(f"NLLAB_NATIVE=1 but the native kernels failed: {_failure}")
     return _library
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """The native kernels' build on this machine: compiler flags (the CPU numerics mode's
+    target), where the library is kept, and whether it loaded (else why not)."""
+
+    flags: tuple[str, ...]
+    library: str
+    loaded: bool
+    failure: str | None
+    enabled_for_neural_laplace: bool
+
+
+def build_info() -> BuildInfo:
+    """Build (if needed) and load the library, and say how it went (never raises)."""
+    lib = library()
+    try:
+        where = str(_store.target(_store.cache_dir()))
+    except OSError as e:
+        where = f"(no usable cache folder: {e})"
+    return BuildInfo(_store.flags(), where, lib is not None, _failure, _mode() != "0")
 
 
 def build_failure() -> str | None:

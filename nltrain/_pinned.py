@@ -1,0 +1,172 @@
+"""The bytes the portable CPU numerics mode promises on every x86-64 CPU with AVX2 and FMA, and
+how this machine compares (``nllab doctor``; the tests hold the same pins).
+
+* ``data``: ``sha256(simulate(system, n_trajectories=200, seed=0).x)[:16]``, the quick
+  profile's data of each main system (either mode: the data sets never call BLAS).
+* ``training``: :func:`nltrain.training_digest` of each built-in model (portable mode; Neural
+  Laplace with its native kernels, ``training_twins`` with their torch twins, NLLAB_NATIVE=0).
+
+Pinned with torch 2.13.0 (CPU build), numpy 2.4, glibc 2.36 (its vector maths library computes
+the portable elementary functions); other builds of those may compute other bytes, which the
+check then names. Revisions: stiff Van der Pol's data when its solver became RODAS4 in
+element-wise arithmetic (LSODA's bytes followed the kernels OpenBLAS picks per CPU); every
+training digest when products and elementary functions left MKL (the earlier pins held on AMD
+CPUs only: MKL runs other code on Intel ones).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from dataclasses import dataclass
+
+__all__ = [
+    "PINNED",
+    "PINNED_WITH",
+    "Mismatch",
+    "PinnedCheck",
+    "check_pinned",
+    "data_digest",
+    "last_pinned_check",
+    "pinned_mismatches",
+]
+
+PINNED_WITH = "torch 2.13.0, numpy 2.4, glibc 2.36"
+PINNED = {
+    "data": {
+        "spiral_dde": "7661b9870a07b19d",
+        "lotka_volterra_dde": "7acc7d7f93792003",
+        "mackey_glass_dde": "b5b852ee3dd35871",
+        "stiff_van_der_pol": "32ca1885be77a778",
+        "piecewise_forcing_ode": "ad8e494091640ee7",
+        "integro_de": "c8494c357eb58022",
+    },
+    "training": {
+        "anode": "313f3766b7ce9b8b",
+        "latent_ode": "7669c4f68ac043f3",
+        "neural_laplace": "c2da5c2af196950b",
+        "nf_coupling": "0f83e00442214e21",
+        "nf_resnet": "bf6ef803bf79f60e",
+        "node": "fd12488cd94e50b1",
+    },
+    "training_twins": {"neural_laplace": "a1dbc2f9801d2196"},
+}
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A component whose bytes on this machine differ from the pinned ones."""
+
+    kind: str  # "data" or "training"
+    name: str  # the system or the model
+    got: str
+    pinned: str
+
+    @property
+    def component(self) -> str:
+        return f"{self.kind} of {self.name}"
+
+
+def data_digest(system: str) -> str:
+    """The digest ``PINNED["data"]`` holds for ``system``, computed here."""
+    from datasets import simulate
+
+    x = simulate(system, n_trajectories=200, seed=0, workers=1).x
+    return hashlib.sha256(x.tobytes()).hexdigest()[:16]
+
+
+def pinned_mismatches() -> list[Mismatch]:
+    """Every pinned component whose bytes differ on this machine, in this process's numerics
+    (the training pins hold for the portable mode only: in another mode they are compared too,
+    and a difference then names the mode)."""
+    from nlmodels import native_cpu_kernels
+    from nltrain._fingerprints import training_digest
+
+    out = []
+    for system, pinned in PINNED["data"].items():
+        got = data_digest(system)
+        if got != pinned:
+            out.append(Mismatch("data", system, got, pinned))
+    for method, pinned in PINNED["training"].items():
+        if method == "neural_laplace" and not native_cpu_kernels():
+            pinned = PINNED["training_twins"][method]
+        got = training_digest(method)
+        if got != pinned:
+            out.append(Mismatch("training", method, got, pinned))
+    return out
+
+
+#: Settings of the environment that can move bytes, beyond the mode (a check's cache key).
+_ENVIRONMENT = (
+    "ATEN_CPU_CAPABILITY",
+    "MKL_CBWR",
+    "ONEDNN_MAX_CPU_ISA",
+    "OPENBLAS_CORETYPE",
+    "NPY_DISABLE_CPU_FEATURES",
+    "LD_PRELOAD",
+    "NLLAB_NATIVE",
+    "NLLAB_NATIVE_MARCH",
+)
+
+
+@dataclass(frozen=True)
+class PinnedCheck:
+    """This machine's bytes against :data:`PINNED`: the differing components (empty: as
+    pinned), under a key naming the code, the numerics and the CPU that computed them."""
+
+    key: str
+    mismatches: tuple[Mismatch, ...]
+
+    @property
+    def verdict(self) -> str:
+        """``as pinned``, or ``differs: training of node, data of ...`` (a run's tag)."""
+        if not self.mismatches:
+            return "as pinned"
+        return "differs: " + ", ".join(m.component for m in self.mismatches)
+
+
+def _check_key() -> str:
+    from nlmodels import cpu_features, numerics_tag
+    from nltrain._fingerprints import source_key
+
+    h = hashlib.sha256(source_key().encode())
+    h.update(numerics_tag().split("; torch_threads")[0].encode())
+    h.update(cpu_features().encode())
+    h.update(" ".join(platform.libc_ver()).encode())
+    for name in _ENVIRONMENT:
+        h.update(f"{name}={os.environ.get(name, '')}\n".encode())
+    return h.hexdigest()[:24]
+
+
+def _check_path(key: str):
+    from datasets import data_home
+
+    return data_home() / "numerics" / f"pinned-{key}.json"
+
+
+def last_pinned_check() -> PinnedCheck | None:
+    """The check this machine made for today's code, numerics and CPU (``nllab doctor``), read
+    from the home; None when none was made. Computes nothing."""
+    key = _check_key()
+    try:
+        record = json.loads(_check_path(key).read_text())
+        return PinnedCheck(key, tuple(Mismatch(**m) for m in record["mismatches"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check_pinned(*, fresh: bool = False) -> tuple[PinnedCheck, bool]:
+    """This machine's :class:`PinnedCheck` and whether it was computed now (else read from the
+    home, where a computed one is kept for :func:`last_pinned_check`); ``fresh`` recomputes."""
+    from nltrain._fingerprints import write_record
+
+    check = None if fresh else last_pinned_check()
+    if check is not None:
+        return check, False
+    key = _check_key()
+    check = PinnedCheck(key, tuple(pinned_mismatches()))
+    record = {"mismatches": [m.__dict__ for m in check.mismatches], "pinned_with": PINNED_WITH}
+    write_record(_check_path(key), record)
+    return check, True

@@ -1,0 +1,227 @@
+"""What ``nllab doctor`` checks on a machine, as typed findings (``flows/cli/doctor.py`` prints
+them), after the convention of ``brew doctor`` and ``flutter doctor``: the CPU numerics in effect
+and what they pin, the BLAS and maths libraries loaded and the kernels they chose, the native
+kernels' build, CUDA devices, the stores, and this machine's bytes against the pinned ones
+(:data:`nltrain.PINNED`), each difference named by the component that computes it.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sqlite3
+import tempfile
+from collections.abc import Iterator
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+__all__ = ["Finding", "Status", "diagnose", "failed"]
+
+Status = Literal["ok", "info", "warn", "fail"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One line of the report: its section, what was looked at, what was found, and whether
+    that is as it should be (``fail`` makes the command exit 1)."""
+
+    section: str
+    label: str
+    value: str
+    status: Status = "info"
+
+
+def failed(findings: list[Finding]) -> bool:
+    return any(f.status == "fail" for f in findings)
+
+
+def diagnose(*, fresh: bool = False) -> list[Finding]:
+    """Every finding, in the order the report prints them; ``fresh`` recomputes the pinned
+    bytes instead of reading this machine's earlier check of today's code."""
+    import nlmodels
+
+    setup = nlmodels.require_numerics()
+    return [
+        *_numerics(setup),
+        *_libraries(),
+        *_native(setup),
+        *_cuda(),
+        *_stores(),
+        *_pinned(setup, fresh),
+    ]
+
+
+def _numerics(setup) -> Iterator[Finding]:
+    from nlmodels import cpu_features
+
+    section = "CPU numerics"
+    flags = set(cpu_features().split())
+    wanted = ("avx2", "fma", "avx512f")
+    yield Finding(section, "CPU", f"{_cpu_name()} ({', '.join(f for f in wanted if f in flags)})")
+    status: Status = "ok" if setup.mode == setup.asked else "fail"
+    reason = f" — {setup.reason}" if setup.reason else ""
+    yield Finding(section, "mode", f"{setup.mode} (asked: {setup.asked}){reason}", status)
+    yield Finding(section, "torch kernels", setup.capability, "info")
+    kernels = (
+        "the platform's own (nlmodels.accel.portable)"
+        if setup.kernels == "portable"
+        else "torch's (MKL: bytes differ between CPU vendors)"
+    )
+    yield Finding(section, "products and functions", kernels, "info")
+    pinned = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
+    yield Finding(section, "pinned", ", ".join(f"{k}={os.environ.get(k, '')}" for k in pinned))
+    if setup.replaced:
+        yield Finding(section, "replaced", ", ".join(setup.replaced), "warn")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _libraries() -> Iterator[Finding]:
+    import numpy  # noqa: F401  (each library loads its BLAS, which threadpoolctl then sees)
+    import scipy.linalg  # noqa: F401
+    import torch
+
+    section = "BLAS and maths libraries"
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        yield Finding(section, "threadpoolctl", "not installed: libraries not listed", "warn")
+        return
+    for lib in threadpool_info():
+        if lib.get("user_api") != "blas":
+            continue
+        name = Path(lib.get("filepath", "")).name
+        kernels = lib.get("architecture") or lib.get("threading_layer") or "?"
+        where = "numpy" if "numpy" in lib.get("filepath", "") else "scipy"
+        yield Finding(
+            section,
+            f"{where}: {lib.get('internal_api')} {lib.get('version')}",
+            f"kernels {kernels} ({name}); the data sets call no BLAS",
+        )
+    blas = next(
+        (
+            part.split("=", 1)[1]
+            for part in torch.__config__.show().split(", ")
+            if "BLAS_INFO=" in part
+        ),
+        "?",
+    )
+    yield Finding(section, f"torch {torch.__version__}", f"BLAS {blas}")
+    yield Finding(section, "C library", " ".join(platform.libc_ver()))
+
+
+def _native(setup) -> Iterator[Finding]:
+    import nlmodels
+
+    section = "native kernels"
+    build = nlmodels.native_build()
+    needed = setup.asked == "portable"
+    state: Status = "ok" if build.loaded else ("fail" if needed else "warn")
+    value = "built and loaded" if build.loaded else f"unavailable: {(build.failure or '?')[:200]}"
+    yield Finding(section, "library", f"{value} ({build.library})", state)
+    yield Finding(section, "target", " ".join(build.flags))
+    if not build.enabled_for_neural_laplace:
+        yield Finding(section, "Neural Laplace", "its torch twins (NLLAB_NATIVE=0)", "info")
+
+
+def _cuda() -> Iterator[Finding]:
+    import torch
+
+    if not torch.cuda.is_available():
+        yield Finding("CUDA", "devices", f"none (torch {torch.__version__}: CPU build or no GPU)")
+        return
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        memory = props.total_memory / 2**30
+        yield Finding("CUDA", f"cuda:{i}", f"{props.name}, {memory:.0f} GiB", "ok")
+
+
+def _stores() -> Iterator[Finding]:
+    from datasets import data_home
+    from tasks.tracking.locations import store_path, tracking_uri
+
+    section = "stores"
+    home = data_home()
+    yield Finding(section, "home", f"{home}: {_writable(home)}", _status(_writable(home)))
+    uri = tracking_uri()
+    path = store_path(uri)
+    if path is None:
+        yield Finding(section, "MLflow", f"{uri} (a server or database: not checked here)")
+    else:
+        health = _sqlite_health(path)
+        yield Finding(section, "MLflow store", f"{path}: {health}", _status(health))
+    prefect = Path(os.environ.get("PREFECT_HOME") or home / "prefect").expanduser()
+    yield Finding(section, "Prefect home", f"{prefect}: {_writable(prefect)}", "info")
+
+
+def _status(health: str) -> Status:
+    return "ok" if health.startswith(("writable", "healthy", "not created")) else "fail"
+
+
+def _writable(folder: Path) -> str:
+    if not folder.exists():
+        return "not created yet (made on first use)"
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        return f"not writable ({e.strerror or e})"
+    return "writable"
+
+
+def _sqlite_health(path: Path) -> str:
+    if not path.exists():
+        return "not created yet (made by the first run)"
+    try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+            answer = db.execute("PRAGMA quick_check").fetchone()[0]
+    except sqlite3.Error as e:
+        return f"unreadable ({e})"
+    size = path.stat().st_size / 2**20
+    return f"healthy ({size:.1f} MiB)" if answer == "ok" else f"damaged ({answer})"
+
+
+def _pinned(setup, fresh: bool) -> Iterator[Finding]:
+    from nltrain import PINNED, PINNED_WITH, check_pinned
+
+    section = "bytes against the pins"
+    check, computed = check_pinned(fresh=fresh)
+    differing = {(m.kind, m.name): m for m in check.mismatches}
+    for kind in ("data", "training"):
+        for name in PINNED[kind]:
+            m = differing.get((kind, name))
+            if m is None:
+                yield Finding(section, f"{kind} of {name}", "as pinned", "ok")
+            else:
+                value = f"differs ({m.got}, pinned {m.pinned}): {_cause(kind, setup)}"
+                yield Finding(section, f"{kind} of {name}", value, "fail")
+    how = "computed now" if computed else "this machine's earlier check of today's code"
+    yield Finding(section, "checked", f"{how}; pinned with {PINNED_WITH}")
+    yield Finding(section, "runs tagged", f"numerics.pinned = {check.verdict}")
+
+
+def _cause(kind: str, setup) -> str:
+    """The component that computes other bytes, as far as this process can tell."""
+    import numpy
+    import torch
+
+    if kind == "data":
+        return (
+            f"numpy {numpy.__version__} or the C library ({' '.join(platform.libc_ver())}) "
+            "computes other bytes"
+        )
+    if setup.mode != "portable":
+        return (
+            f"the {setup.mode} CPU numerics: torch's {setup.capability} kernels and MKL "
+            "(the pins are the portable mode's)"
+        )
+    return f"torch {torch.__version__} or glibc {platform.libc_ver()[1]} computes other bytes"
