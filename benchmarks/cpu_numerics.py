@@ -178,7 +178,7 @@ def smoke_bits(methods: tuple[str, ...] = SMOKE_METHODS) -> dict[str, str]:
 
 
 # -- parents ------------------------------------------------------------------------------------
-def findings(modes: tuple[str, ...] = MODES) -> None:
+def findings(modes: tuple[str, ...] = MODES, record: bool = False) -> None:
     rows: dict[str, dict[str, dict[str, str]]] = {}
     for mode in modes:
         rows[mode] = {}
@@ -188,20 +188,35 @@ def findings(modes: tuple[str, ...] = MODES) -> None:
     components = [
         k for k in rows[modes[0]]["reference"] if k.startswith(("data:", "split:", "model:"))
     ]
-    for mode in modes:
-        ref = rows[mode]["reference"]
-        print(f"\nNLLAB_CPU_NUMERICS={mode}: components whose bytes differ from the reference")
-        print(f"{'setting':32} changed")
-        for label, _ in SETTINGS[1:]:
-            got = rows[mode][label]
-            changed = [c.split(":", 1)[1] for c in components if got[c] != ref[c]]
-            print(f"{label:32} {', '.join(changed) or '-'}")
+    table = []
+    for label, _ in SETTINGS[1:]:
+        row = [label]
+        for mode in modes:
+            got, ref = rows[mode][label], rows[mode]["reference"]
+            row.append(", ".join(c for c in components if got[c] != ref[c]) or "–")
+        table.append(row)
+    print(f"\ncomponents whose bytes differ from each mode's reference ({', '.join(modes)})")
+    for row in table:
+        print(f"{row[0]:32} {' | '.join(row[1:])}")
+    if record:
+        from tasks.measurements import record_measurement
+
+        record_measurement(
+            "cpu_numerics_findings",
+            "which setting moves which component's bytes, per CPU numerics mode",
+            f"PYTHONPATH=. python benchmarks/cpu_numerics.py findings --modes {','.join(modes)} "
+            "--record",
+            ("setting forced", *(f"changed ({m} mode)" for m in modes)),
+            table,
+            "data: the quick data of a system; split: its canary split and normaliser; model: a "
+            "short training (nltrain.training_digest). Each setting in its own process.",
+        )
     print(f"\nreference digests ({' | '.join(modes)}):")
     for c in components:
         print(f"  {c:32} {' | '.join(rows[m]['reference'][c] for m in modes)}")
 
 
-def cost(repeats: int, epochs: int) -> None:
+def cost(repeats: int, epochs: int, record: bool = False) -> None:
     times: dict[str, dict[str, list[float]]] = {m: {} for m in MODES}
     for _ in range(repeats):
         for mode in MODES:  # alternating, so a change in the machine's load hits both modes
@@ -213,10 +228,25 @@ def cost(repeats: int, epochs: int) -> None:
         "200 trajectories, batch 32, float64, one thread)"
     )
     print(f"{'model':16} {'native':>8} {'portable':>9} {'ratio':>6}")
+    table = []
     for method in times["native"]:
         a = statistics.median(times["native"][method])
         b = statistics.median(times["portable"][method])
         print(f"{method:16} {a:8.3f} {b:9.3f} {b / a:6.2f}")
+        table.append((method, f"{a:.3f}", f"{b:.3f}", f"{b / a:.2f}"))
+    if record:
+        from tasks.measurements import record_measurement
+
+        record_measurement(
+            "cpu_numerics_cost",
+            "CPU seconds per epoch in each CPU numerics mode",
+            f"PYTHONPATH=. python benchmarks/cpu_numerics.py cost --repeats {repeats} "
+            f"--epochs {epochs} --record",
+            ("model", "native (s)", "portable (s)", "portable / native"),
+            table,
+            f"Median of {repeats}, the modes' children alternating; 200 trajectories, batch 32, "
+            "float64, one thread, process time.",
+        )
 
 
 def main() -> None:
@@ -225,6 +255,7 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--record", action="store_true", help="write results/measurements/")
     parser.add_argument("--child-digests", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-smoke", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-cost", type=int, default=0, help=argparse.SUPPRESS)
@@ -247,9 +278,9 @@ def main() -> None:
     elif args.child_cost:
         print(json.dumps(_epoch_seconds(args.child_cost)))
     elif args.what == "cost":
-        cost(args.repeats, args.epochs)
+        cost(args.repeats, args.epochs, args.record)
     else:
-        findings(tuple(args.modes.split(",")))
+        findings(tuple(args.modes.split(",")), args.record)
 
 
 if __name__ == "__main__":

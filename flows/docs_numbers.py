@@ -2,9 +2,10 @@
 
 Numbers in ``README.md`` and ``docs/**/*.md`` come from committed records, never typed by hand:
 the results ledger of the paper profile (``results/paper/ledger.jsonl``), the recorded quick
-(or smoke) benchmark (``results/quick/PROFILE.json``, written by ``nllab benchmark --record``)
-and the shipped profiles (``tasks/profiles/*.yaml``). Each generated block sits between two
-marker lines::
+(or smoke) benchmark (``results/quick/PROFILE.json``, written by ``nllab benchmark --record``),
+the shipped profiles (``tasks/profiles/*.yaml``) and the benchmark scripts' measurements
+(``results/measurements/NAME.json``, :mod:`tasks.measurements`). Each generated block sits
+between two marker lines::
 
     <!-- generated: NAME (python -m flows.docs_numbers) -->
     ...
@@ -235,11 +236,30 @@ def doc_files(root: Path = ROOT) -> list[Path]:
 _NAMED = re.compile(r"<!-- generated: ([\w-]+) \(")
 
 
+def _measurement(name: str) -> Block:
+    """Block ``measurement-NAME``: the record ``results/measurements/NAME.json``
+    (:mod:`tasks.measurements`), which a benchmark script writes."""
+
+    def make(root: Path) -> str:
+        from tasks.measurements import measurement_markdown, read_measurement
+
+        path = root / "results" / "measurements" / f"{name}.json"
+        if not path.exists():
+            raise ValueError(f"block measurement-{name}: no record {path.relative_to(root)}")
+        return measurement_markdown(read_measurement(path))
+
+    return Block(f"measurement-{name}", make)
+
+
 def _blocks_in(text: str) -> list[Block]:
     found = [BLOCKS["ledger"]] if LEDGER_BEGIN in text else []
     for name in _NAMED.findall(text):
+        if name.startswith("measurement-"):
+            found.append(_measurement(name.removeprefix("measurement-")))
+            continue
         if name not in BLOCKS:
-            raise ValueError(f"unknown generated block {name!r}; known: {', '.join(BLOCKS)}")
+            known = ", ".join([*BLOCKS, "measurement-NAME"])
+            raise ValueError(f"unknown generated block {name!r}; known: {known}")
         found.append(BLOCKS[name])
     return found
 
