@@ -22,6 +22,7 @@ __all__ = [
     "known_systems",
     "plugin_systems",
     "quick_epochs_for",
+    "tell_once",
 ]
 
 #: Systems of the paper's main table (Table 3), in its column order.
@@ -76,7 +77,11 @@ def check_known(
     (numpy, torch), so a configuration of built-in names validates on pydantic alone; any
     other is looked up in the registry with its plugins (systems: and those ``declared``)."""
     from tasks._config_checks import check_names
+    from tasks.tracking.mlflow_names import name_problem
 
+    for name in names:
+        if isinstance(name, str) and (problem := name_problem(kind, name)) is not None:
+            raise ValueError(problem)
     if names and set(names) <= set(builtin):
         return check_names(kind, names, builtin)
     valid = known_systems() + declared if kind == "system" else known_methods(names)
@@ -101,6 +106,13 @@ def known_methods(wanted: Iterable[str] = ()) -> tuple[str, ...]:
     return model_names()
 
 
+def tell_once(line: str) -> None:
+    """Print ``line`` on stderr, once per process (a config resolved again says it once)."""
+    if line not in _TOLD:
+        _TOLD.add(line)
+        print(line, file=sys.stderr)
+
+
 def quick_epochs_for(methods: Iterable[str], method_epochs: MutableMapping[str, int]) -> None:
     """Give each of ``methods`` that the quick profile does not size
     :data:`DEFAULT_QUICK_EPOCHS`, saying so once per method and process."""
@@ -108,10 +120,7 @@ def quick_epochs_for(methods: Iterable[str], method_epochs: MutableMapping[str, 
         if not isinstance(method, str) or method in method_epochs:
             continue
         method_epochs[method] = DEFAULT_QUICK_EPOCHS
-        if method not in _TOLD:
-            _TOLD.add(method)
-            print(
-                f"nllab: {method!r} has no epoch count in the quick profile; it trains "
-                f"{DEFAULT_QUICK_EPOCHS} epochs (set method_epochs.{method} to change)",
-                file=sys.stderr,
-            )
+        tell_once(
+            f"nllab: {method!r} has no epoch count in the quick profile; it trains "
+            f"{DEFAULT_QUICK_EPOCHS} epochs (set method_epochs.{method} to change)"
+        )
