@@ -143,7 +143,8 @@ def _long_form(
                 path, f"column {c!r} is not numeric ({frame[c].iloc[row]!r} in row {row + 2})"
             )
         values[c] = v
-    codes, ids = pd.factorize(frame[trajectory], sort=False)
+    codes, index = pd.factorize(frame[trajectory], sort=False)
+    ids = index.tolist()  # plain ints and strings in the messages, not np.int64(5)
     if (codes < 0).any():
         raise _fail(path, f"column {trajectory!r} has an empty value")
     counts = np.bincount(codes)

@@ -29,7 +29,7 @@ def _plugin_simulators() -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tasks._declarations import SystemDeclaration, declared_names
+    from tasks._declarations import declared_names
     from tasks.config import MAIN_SYSTEMS, SYSTEM_NAMES, load_config_file
 
     layer = load_config_file(args.config) if args.config else {}
@@ -38,7 +38,6 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join([*SYSTEM_NAMES, *declared, *(p for p in plugins if p not in declared)]))
         return 0
     from datasets import SYSTEMS
-    from tasks._declarations import resolve_sources
 
     rows = [
         (
@@ -50,17 +49,19 @@ def run(args: argparse.Namespace) -> int:
         )
         for n in SYSTEM_NAMES
     ]
+    from pydantic import ValidationError
+
+    from tasks.config import declare_systems, format_validation
+
     try:
-        defs = {
-            n: SystemDeclaration.model_validate(d)
-            for n, d in layer.get("define_systems", {}).items()
-        }
-        resolve_sources(defs, tuple(defs), None)
-    except ValueError as err:
-        raise cli.UsageError(str(err).splitlines()[-1].strip()) from None
-    for name, d in defs.items():
+        sources = declare_systems(layer, names=declared)
+    except ValidationError as err:
+        raise cli.UsageError(format_validation(err)) from None
+    except ValueError as err:  # a data file's or a simulator's problem, in one line
+        raise cli.UsageError(str(err)) from None
+    for name, source in sources.items():
         info = SYSTEMS[name]
-        options = json.dumps(d.options) if d.options else ""
+        options = json.dumps(source.options) if source.options else ""
         rows.append(
             (
                 name,
