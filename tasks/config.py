@@ -67,6 +67,7 @@ from tasks._run_settings import (
     Reuse,
     TrackingConfig,
 )
+from tasks.user_modules import find_user_modules
 
 if TYPE_CHECKING:  # served by __getattr__ below, on first use
     from nlmodels.model_registry import model_arguments, model_option_types, model_signature
@@ -451,6 +452,10 @@ def resolve_config(
         layers[0].pop("method_epochs", None)
     merged = deep_merge(deep_merge(layers[0], layers[1]), layers[2])
     merged["profile"] = name
+    try:
+        find_user_modules(merged, config_file)  # module:Class and module:function names
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if name == "quick" and "method_epochs" in layers[0]:  # the profile sizes each model
         quick_epochs_for(merged.get("methods") or (), merged["method_epochs"])
     try:

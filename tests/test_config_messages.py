@@ -121,3 +121,21 @@ def test_register_names_methods_all_or_none() -> None:
     )
     with pytest.raises(ConfigError, match=r"tracking\.register_methods: unknown method 'nodee'"):
         registered(["nodee"])
+
+
+def test_run_benchmark_refuses_a_model_too_large_before_anything_starts(
+    tmp_path, monkeypatch
+) -> None:
+    """The model-memory check meets a Python caller of run_benchmark, as the command's."""
+    from flows.benchmark import run_benchmark
+    from tasks.errors import SettingError
+
+    monkeypatch.setenv("NLLAB_HOME", str(tmp_path))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    wide = {"node": {"hidden": [65536, 65536, 65536]}}  # 10^10 weights: hundreds of GB
+    config = resolve_config(
+        "smoke", overrides={"systems": ["sine"], "methods": ["node"], "models": wide}
+    )
+    with pytest.raises(SettingError, match=r"node on sine: this model needs [\d,.]+ GB to train"):
+        run_benchmark(config)
+    assert not (tmp_path / "mlflow").exists()  # refused before the store was opened
