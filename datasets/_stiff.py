@@ -15,7 +15,6 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
-from scipy.integrate import odeint
 
 MU = 1000.0
 RTOL = 1e-8
@@ -35,6 +34,8 @@ def vdp_jac(t: float, z, mu: float = MU):
 
 
 def _solve_chunk(z0: np.ndarray, t_phys: np.ndarray, mu: float) -> np.ndarray:
+    from scipy.integrate import odeint  # on first solve: listing systems needs no scipy
+
     times = np.concatenate([[0.0], t_phys])
     out = np.empty((z0.shape[0], t_phys.size, 2))
     for i, z in enumerate(z0):  # one stiff solve per trajectory (see module docstring)

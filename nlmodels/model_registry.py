@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from nlmodels._plugins import find_model as _find_model
-from nlmodels._plugins import load_plugins, model_sources, plugin_problems
+from nlmodels._plugins import model_sources
 from nlmodels._registrar import name_registrar
 from nlmodels.base import ForecastModel
 
@@ -36,7 +36,6 @@ __all__ = [
     "model_signature",
     "model_sources",
     "non_default_overrides",
-    "plugin_problems",
     "register_model",
     "registry_choices",
 ]
@@ -49,15 +48,15 @@ register_model = name_registrar(MODELS, "model", "registry_name")
 
 
 def find_model(name: str) -> None:
-    """Make ``name`` known if a plugin (entry point group ``nllab.models``) or its
-    ``module:ClassName`` spelling provides it (:mod:`nlmodels._plugins`); ``ValueError`` when
-    ``module:ClassName`` cannot be imported or is no model."""
+    """Make ``name`` known if a plugin (entry point group ``nllab.models``, imported only now)
+    or its ``module:ClassName`` spelling provides it (:mod:`nlmodels._plugins`); ``ValueError``
+    in one line when it cannot be imported, is no model, or two packages claim the name."""
     _find_model(name, MODELS)
 
 
 def model_names() -> tuple[str, ...]:
-    """Every registered model, plugins included, sorted."""
-    load_plugins(MODELS)
+    """The models registered in this process, sorted: the built-in ones and the plugins used
+    so far (the installed plugins' names are in their metadata: ``tasks.plugins``)."""
     return tuple(sorted(MODELS))
 
 

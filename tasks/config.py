@@ -26,7 +26,6 @@ from pydantic import (
 from tasks._config_checks import (
     ModelOptionError,
     check_model_overrides,
-    check_names,
     format_validation,
     option_problems,
     validation_problems,
@@ -329,11 +328,11 @@ class RunConfig(Frozen):
         # value of the wrong type is reported as such, not as one error per type it is not).
         if not isinstance(v, Mapping) or not all(isinstance(o, Mapping) for o in v.values()):
             return v  # pydantic names what is wrong with the shape
-        check_names("method", tuple(v), known_methods(v)) if v else None
+        known = check_known("method", tuple(v), METHODS) if v else ()
         problems = [
             p
             for method, overrides in v.items()
-            if method in known_methods()
+            if method in known
             for p in option_problems(method, overrides)
         ]
         if problems:

@@ -96,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if (check := getattr(args, "precheck", None)) is not None:
             check(args)  # names, files, registry URIs: before torch, MLflow or Prefect load
-        from datasets._cache import require_writable_home
+        from datasets import require_writable_home
         from flows.cli.common import check_environment, check_store_paths
         from flows.faults import check_free_space
 
@@ -113,10 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\nnllab {args.command}: interrupted{kept}", file=sys.stderr)
         return getattr(e, "exit_code", EXIT_INTERRUPTED)  # 143 for SIGTERM
     except Exception as e:
+        from datasets import CacheError
         from flows.faults import describe_fault, write_log
 
-        cache = sys.modules.get("datasets._cache")
-        if cache is not None and isinstance(e, cache.CacheError):
+        if isinstance(e, CacheError):
             print(f"nllab {args.command}: error: {e}", file=sys.stderr)
             return EXIT_USAGE
         # A full disk, a server gone: one line naming it; the traceback goes to a log file.

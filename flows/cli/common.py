@@ -325,16 +325,22 @@ def _invalid(where: str, message: str):
 
 
 def _check(kind: str, where: str, names: Sequence[str] | None, valid: Sequence[str]) -> None:
+    """Each of ``names`` is in ``valid`` (methods: or spelled module:Class, checked when the
+    config is resolved), else a config error naming the valid ones; a plugin name two packages
+    claim (or a built-in's) says so (:mod:`tasks.plugins`)."""
     if names is None:
         return
-    if kind == "method":
-        # a method spelled module:Class, or any name while model plugins are installed, is
-        # checked against the registry with its plugins (tasks.config), once torch may load
-        from importlib.metadata import entry_points
+    from tasks.config import METHODS, SYSTEM_NAMES
+    from tasks.plugins import MODEL_GROUP, SYSTEM_GROUP, plugin_table
 
-        if entry_points(group="nllab.models"):
-            return
+    if kind == "method":
+        table = plugin_table(MODEL_GROUP, METHODS)
         names = [n for n in names if ":" not in n]
+    else:
+        table = plugin_table(SYSTEM_GROUP, SYSTEM_NAMES)
+    for name in names:
+        if name not in valid and (problem := table.problem(name)) is not None:
+            raise _invalid(where, problem)
     unknown = [n for n in names if n not in valid]
     if unknown:
         raise _invalid(
@@ -353,12 +359,13 @@ def check_names(
     the names and profile it holds), without importing numpy, torch, MLflow or Prefect.
     Raises :class:`~tasks.config.ConfigError` (exit code 2) naming the valid choices."""
     from tasks._declarations import declared_names
-    from tasks.config import METHODS, PROFILES, SYSTEM_NAMES, load_config_file
-
-    valid_methods = tuple(sorted(METHODS))
-    layer = load_config_file(config_file) if config_file is not None else {}
     from tasks._names import plugin_systems
+    from tasks.config import METHODS, PROFILES, SYSTEM_NAMES, load_config_file
+    from tasks.plugins import MODEL_GROUP, plugin_table
 
+    plugin_models = plugin_table(MODEL_GROUP, METHODS).usable
+    valid_methods = tuple(sorted(METHODS)) + tuple(sorted(plugin_models))
+    layer = load_config_file(config_file) if config_file is not None else {}
     valid_systems = SYSTEM_NAMES + declared_names(layer) + tuple(sorted(plugin_systems()))
     _check("system", "systems", systems, valid_systems)
     _check("method", "methods", methods, valid_methods)

@@ -51,8 +51,12 @@ def comparison_section(queries: Queries, run_id: str | None = None, against: str
 
 
 def run(args: argparse.Namespace) -> int:
-    import pandas as pd
 
+    from tasks.tracking.locations import has_finished_run, tracking_uri
+
+    if not args.run and has_finished_run("benchmark") is False:  # answered without MLflow
+        print(f"nothing to compare: no finished benchmark in {tracking_uri()}")
+        return 0
     from tasks.tables import Table, render_table
     from tasks.tracking import connect
 
@@ -63,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     if comparison is None:
         print(text)
         return 0
+    import pandas as pd
+
     if args.format == "markdown":
         print(text, end="")
     else:

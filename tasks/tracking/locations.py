@@ -16,6 +16,7 @@ from pathlib import Path
 __all__ = [
     "embedded_store_path",
     "embedded_tracking_uri",
+    "has_finished_run",
     "registered_version",
     "store_path",
     "stored_model",
@@ -71,6 +72,17 @@ def stored_model(kind: str, key: str, uri: str | None = None) -> bool | None:
         "run": "select 1 from runs where run_uuid = ?",
     }[kind]
     return _holds(query, (key,), None, uri)[0]
+
+
+def has_finished_run(kind: str, uri: str | None = None) -> bool | None:
+    """Whether the embedded store holds a FINISHED, undeleted run tagged ``nllab.kind`` =
+    ``kind`` in any experiment (``None`` when it cannot say: a server, an old or busy file).
+    A command with nothing to read answers from this without loading MLflow."""
+    query = (
+        "select 1 from runs r join tags t on t.run_uuid = r.run_uuid where t.key = 'nllab.kind' "
+        "and t.value = ? and r.status = 'FINISHED' and r.lifecycle_stage = 'active' limit 1"
+    )
+    return _holds(query, (kind,), None, uri)[0]
 
 
 def _holds(
