@@ -83,7 +83,7 @@ def benchmark_config(queries: Queries) -> tuple[RunConfig, str] | None:
     with tempfile.TemporaryDirectory(prefix="nllab-report-") as tmp:
         try:
             path = queries.download(run_id, "run_config.json", tmp)
-            return RunConfig.model_validate_json(path.read_text()), run_id
+            return RunConfig.from_json(path.read_text()), run_id
         except Exception:
             return None  # a parent from an older version without its config
 

@@ -306,6 +306,13 @@ class RunConfig(Frozen):
             data["execution"] = {**dict(data.get("execution") or {}), **moved}
         return data
 
+    @classmethod
+    def from_json(cls, text: str) -> RunConfig:
+        """A run config recorded as JSON (a benchmark's ``run_config.json``), its declared
+        systems declared first (:func:`declare_systems`), as :func:`resolve_config` does."""
+        raw = json.loads(text)
+        return cls.model_validate(raw, context={"declared": declare_systems(raw)})
+
     def experiment_json(self) -> str:
         """The experiment alone (no execution settings), as indented JSON."""
         return self.model_dump_json(indent=2, exclude={"execution"})

@@ -80,6 +80,11 @@ def test_declaring_is_a_step_before_validation_that_validation_only_reads(tmp_pa
     assert set(declared) == {"lab_step"} and SYSTEMS["lab_step"].default_trajectories == 40
     config = RunConfig.model_validate(raw, context={"declared": declared})
     assert config.cells()[0].data.source == declared["lab_step"]
+    # a recorded config (a benchmark's run_config.json) read back in a process new to it
+    from tasks import _declarations
+
+    _declarations._DECLARED.clear()
+    assert RunConfig.from_json(config.model_dump_json()).cells() == config.cells()
 
 
 def test_a_split_of_fewer_than_four_trajectories_is_said_once_and_smoke_s_is_not(
