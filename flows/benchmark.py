@@ -32,6 +32,7 @@ from tasks.tracking.mlflow_names import registered_model_name
 __all__ = [
     "BenchmarkSummary",
     "benchmark_flow",
+    "champions",
     "experiment_hash",
     "registry_name",
     "run_benchmark",
@@ -70,21 +71,27 @@ class BenchmarkSummary:
         return all(r.ok for r in self.results)
 
 
-def _promote(registry: Registry, results: list[CellResult], config: RunConfig) -> list[Promotion]:
-    """Register the best model per system of each method the config registers
-    (``tracking.register_methods``), promoted to @champion only if it beats the current one."""
+def champions(results: list[CellResult], config: RunConfig) -> dict[tuple[str, str], CellResult]:
+    """The candidate champion per ``(method, system)``: the finished cell of lowest test RMSE
+    of each method the config registers (``tracking.register_methods``). A model that never
+    learned, or one scored on a split too small (:meth:`RunConfig.small_split`), stays in its
+    run only."""
     wanted = config.tracking.registered(config.methods)
     usable = {s for s in config.systems if config.small_split(s) is None}
     best: dict[tuple[str, str], CellResult] = {}
     for r in results:
-        # A model that never learned, or scored on a split too small, stays in its run only.
         if r.method in wanted and r.ok and r.run_id and r.diverged is None and r.system in usable:
             key = (r.method, r.system)
             if key not in best or r.test_rmse < best[key].test_rmse:
                 best[key] = r
+    return best
+
+
+def _promote(registry: Registry, results: list[CellResult], config: RunConfig) -> list[Promotion]:
+    """Register each of :func:`champions`, promoted to @champion only if it beats the last."""
     return [
         registry.promote_if_better(registry_name(s, m), r.run_id, r.test_rmse, method=m, system=s)
-        for (m, s), r in best.items()
+        for (m, s), r in champions(results, config).items()
     ]
 
 

@@ -144,3 +144,26 @@ def test_run_benchmark_refuses_a_model_too_large_before_anything_starts(
     with pytest.raises(SettingError, match=r"node on sine: this model needs [\d,.]+ GB to train"):
         run_benchmark(config)
     assert not (tmp_path / "mlflow").exists()  # refused before the store was opened
+
+
+def test_champions_are_the_best_of_each_registered_method_never_on_a_small_split(
+    tmp_path,
+) -> None:
+    from flows.benchmark import champions
+    from tasks.results import CellResult
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'systems = ["tiny_lab", "integro_de"]\nmethods = ["node", "anode"]\nseeds = [0, 1]\n'
+        f'[define_systems.tiny_lab]\nfile = "{_csv(tmp_path / "t.csv", 12)}"\n'
+        '[tracking]\nregister_methods = ["node"]\n'
+    )
+    config = resolve_config("smoke", cfg)
+    rmse = {"tiny_lab": 0.1, "integro_de": 0.5}
+    results = [
+        CellResult(c.system, c.method, c.seed, "finished", rmse[c.system] + c.seed, f"run{i}")
+        for i, c in enumerate(config.cells())
+    ]
+    best = champions(results, config)
+    # node only (as asked), seed 0 (the lower RMSE), integro_de only (tiny_lab splits 10/1/1)
+    assert {k: r.seed for k, r in best.items()} == {("node", "integro_de"): 0}
