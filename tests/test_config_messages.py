@@ -16,20 +16,7 @@ from tasks.config import (
     resolve_config,
 )
 
-
-@pytest.fixture(autouse=True)
-def _forget_declared_systems():
-    """Systems declared here leave the process's registry afterwards."""
-    from datasets import _systems
-    from tasks import _declarations
-
-    before = dict(_systems.SYSTEM_SPECS), dict(_systems._INFOS), dict(_declarations._DECLARED)
-    yield
-    for table, saved in zip(
-        (_systems.SYSTEM_SPECS, _systems._INFOS, _declarations._DECLARED), before, strict=True
-    ):
-        table.clear()
-        table.update(saved)
+pytestmark = pytest.mark.usefixtures("forget_declared_systems")
 
 
 def _csv(path: Path, n: int, steps: int = 6, ragged: int | None = None) -> Path:

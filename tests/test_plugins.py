@@ -37,16 +37,8 @@ _SIM = """
 """
 
 
-def _dist(site: Path, package: str, group: str, entries: dict[str, str]) -> None:
-    info = site / f"{package.replace('-', '_')}-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.1\n")
-    lines = "".join(f"{name} = {value}\n" for name, value in entries.items())
-    (info / "entry_points.txt").write_text(f"[{group}]\n{lines}")
-
-
 @pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_distribution) -> Path:
     """Six fake packages: two models claiming one name, one claiming the built-in 'node', one
     that fails to import; two simulators claiming one name, one claiming the built-in 'sine'."""
     from nlmodels.model_registry import MODELS
@@ -57,16 +49,16 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         ("first-plugin", "plug_a", "ModelA"),
         ("second-plugin", "plug_b", "ModelB"),
     ):
-        _dist(site, package, "nllab.models", {"shared_name": module})
+        fake_distribution(site, package, "nllab.models", {"shared_name": module})
         (site / f"{module}.py").write_text(textwrap.dedent(_MODEL.format(cls=cls)))
-    _dist(site, "impostor", "nllab.models", {"node": "impostor_mod:Impostor"})
+    fake_distribution(site, "impostor", "nllab.models", {"node": "impostor_mod:Impostor"})
     (site / "impostor_mod.py").write_text("raise ImportError('never imported')\n")
-    _dist(site, "broken", "nllab.models", {"plug_c": "plug_c"})
+    fake_distribution(site, "broken", "nllab.models", {"plug_c": "plug_c"})
     (site / "plug_c.py").write_text("raise ImportError('needs a library not installed')\n")
     for package, module, slope in (("sim-one", "sims_one", 1.0), ("sim-two", "sims_two", 2.0)):
-        _dist(site, package, "nllab.systems", {"twice_ramp": f"{module}:ramp"})
+        fake_distribution(site, package, "nllab.systems", {"twice_ramp": f"{module}:ramp"})
         (site / f"{module}.py").write_text(textwrap.dedent(_SIM.format(slope=slope)))
-    _dist(site, "sine-again", "nllab.systems", {"sine": "sims_one:ramp"})
+    fake_distribution(site, "sine-again", "nllab.systems", {"sine": "sims_one:ramp"})
     monkeypatch.syspath_prepend(str(site))
     before = dict(MODELS)
     yield site
@@ -145,11 +137,13 @@ def test_colliding_simulators_are_refused_and_module_function_reaches_either(sit
     assert sine.data.source is None  # the built-in sine, not the plugin claiming its name
 
 
-def test_list_status_and_usage_answers_load_no_plugin_and_no_heavy_stack(tmp_path) -> None:
+def test_list_status_and_usage_answers_load_no_plugin_and_no_heavy_stack(
+    tmp_path, fake_distribution
+) -> None:
     """With plugins installed (one that fails on import), the list and status commands and the
     usage errors import none of them, nor torch, MLflow or Prefect."""
     site = tmp_path / "site"
-    _dist(site, "slow-plugin", "nllab.models", {"slow_model": "slow_plug"})
+    fake_distribution(site, "slow-plugin", "nllab.models", {"slow_model": "slow_plug"})
     (site / "slow_plug.py").write_text("raise ImportError('imported to list names')\n")
     code = textwrap.dedent(
         """

@@ -18,20 +18,7 @@ from tasks.config import resolve_config
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _forget_declared_systems():
-    """Systems these tests declare leave the process's registry afterwards (other tests list
-    the built-in ones)."""
-    from datasets import _systems
-    from tasks import _declarations
-
-    before = dict(_systems.SYSTEM_SPECS), dict(_systems._INFOS), dict(_declarations._DECLARED)
-    yield
-    for table, saved in zip(
-        (_systems.SYSTEM_SPECS, _systems._INFOS, _declarations._DECLARED), before, strict=True
-    ):
-        table.clear()
-        table.update(saved)
+pytestmark = pytest.mark.usefixtures("forget_declared_systems")
 
 
 def _write_csv(path: Path, x: np.ndarray, t: np.ndarray) -> Path:
@@ -238,7 +225,9 @@ def test_a_class_named_module_colon_class_is_a_method_and_a_bad_one_one_line(
         sys.modules.pop("toymod", None)
 
 
-def test_a_simulator_from_an_nllab_systems_entry_point(tmp_path: Path, monkeypatch) -> None:
+def test_a_simulator_from_an_nllab_systems_entry_point(
+    tmp_path: Path, monkeypatch, fake_distribution
+) -> None:
     from flows.cli.common import check_names
     from tasks.cell import simulate_data
 
@@ -249,10 +238,7 @@ def test_a_simulator_from_an_nllab_systems_entry_point(tmp_path: Path, monkeypat
         "    x0 = np.arange(n_trajectories, dtype=float)\n"
         "    return t, (x0[:, None] + slope * t)[..., None]\n"
     )
-    info = tmp_path / "ramp-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ramp\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[nllab.systems]\nramp = ramp_sim:ramp\n")
+    fake_distribution(tmp_path, "ramp", "nllab.systems", {"ramp": "ramp_sim:ramp"})
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg = tmp_path / "c.toml"
     cfg.write_text(
