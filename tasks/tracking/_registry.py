@@ -204,5 +204,6 @@ class Registry:
                 registry_uri=self._store.settings.tracking_uri,
             )
         except MlflowException as e:
-            raise LookupError(f"no model at {uri!r}: {e.message}") from e
+            what = "registered model" if parsed.registered else "logged model"
+            raise LookupError(f"no {what} at {uri!r}: {e.message}") from e
         return Path(path)
