@@ -5,66 +5,49 @@ element-wise arithmetic, closed forms elsewhere), seeded splits with train-only 
 paper's code, all-trajectory) normalisation, Gaussian observation noise, an on-disk cache and
 trajectory plots; and the KSG estimators of (conditional) mutual information between
 trajectories that the CMI study scores forecasts with.  Arrays are float64 numpy throughout.
+
+Names load on first use (PEP 562): the home folder's check needs no numpy, the systems' table
+no matplotlib, and a command pays only for what it asks.
 """
 
-from datasets._cache import CacheError, data_home, load_or_simulate, require_writable_home
-from datasets._cmi import (
-    conditional_mutual_information,
-    gaussian_cmi,
-    gaussian_mi,
-    mutual_information,
-)
-from datasets._dde import solve_constant_history_dde
-from datasets._declared import (
-    DataFileError,
-    declare_file,
-    declare_simulator,
-    file_digest,
-    simulator_fingerprint,
-)
-from datasets._declared import check_name as check_system_name
-from datasets._plot import plot_trajectories
-from datasets._prepare import (
-    NORMALISE_ON,
-    Normaliser,
-    Prepared,
-    SplitData,
-    prepare,
-    split_sizes,
-)
-from datasets._simulate import DATA_VERSION, Dataset, check_memory, simulate
-from datasets._stiff import solve_vdp
-from datasets._systems import PROPERTIES, SYSTEMS, SystemInfo
+from __future__ import annotations
 
-__all__ = [
-    "DATA_VERSION",
-    "NORMALISE_ON",
-    "PROPERTIES",
-    "SYSTEMS",
-    "CacheError",
-    "DataFileError",
-    "Dataset",
-    "Normaliser",
-    "Prepared",
-    "SplitData",
-    "SystemInfo",
-    "check_memory",
-    "check_system_name",
-    "conditional_mutual_information",
-    "data_home",
-    "declare_file",
-    "declare_simulator",
-    "file_digest",
-    "gaussian_cmi",
-    "gaussian_mi",
-    "load_or_simulate",
-    "mutual_information",
-    "plot_trajectories",
-    "prepare",
-    "require_writable_home",
-    "simulate",
-    "simulator_fingerprint",
-    "solve_constant_history_dde",
-    "solve_vdp",
-    "split_sizes",
-]
+import importlib
+from typing import Any
+
+#: The private module that defines each public name.
+_WHERE = {
+    name: module
+    for module, names in {
+        "_home": "CacheError data_home require_writable_home",
+        "_cache": "load_or_simulate",
+        "_cmi": "conditional_mutual_information gaussian_cmi gaussian_mi mutual_information",
+        "_dde": "solve_constant_history_dde",
+        "_declared": "DataFileError declare_file declare_simulator file_digest "
+        "simulator_fingerprint",
+        "_plot": "plot_trajectories",
+        "_prepare": "NORMALISE_ON Normaliser Prepared SplitData prepare split_sizes",
+        "_simulate": "DATA_VERSION Dataset check_memory simulate",
+        "_stiff": "solve_vdp",
+        "_systems": "PROPERTIES SYSTEMS SystemInfo",
+    }.items()
+    for name in names.split()
+}
+#: Public names under another name in their module.
+_ALIASES = {"check_system_name": "check_name"}
+_WHERE["check_system_name"] = "_declared"
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), _ALIASES.get(name, name))
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})

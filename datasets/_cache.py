@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from datasets._home import CacheError, data_home
 from datasets._simulate import (
     Dataset,
     check_workers,
@@ -37,32 +38,6 @@ _ARRAYS = ("t", "x", "x_clean", "ic", "t_physical")
 _TMP_NAME = re.compile(r"\.[a-z0-9_]+-[0-9a-f]{32}-[^/]*\.tmp")
 #: A temporary file older than this was left by a killed writer (a write takes seconds).
 STALE_TMP_SECONDS = 15 * 60
-
-
-class CacheError(OSError):
-    """The cache directory cannot be created or written."""
-
-
-def data_home() -> Path:
-    """The platform's data folder: ``$NLLAB_HOME`` if set, else ``~/.nllab`` (never the cwd)."""
-    env = os.environ.get("NLLAB_HOME")
-    return Path(env).expanduser() if env else Path.home() / ".nllab"
-
-
-def require_writable_home() -> Path:
-    """``data_home()``, created if needed; raises :class:`CacheError` naming the folder and what
-    to do when it cannot be written (checked before any work starts)."""
-    home = data_home()
-    try:
-        home.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=home).close()
-    except OSError as err:
-        raise CacheError(
-            f"the data folder {str(home)!r} is not writable ({err.strerror or err}); it holds the "
-            "data cache, the MLflow store and Prefect's database: set NLLAB_HOME to a writable "
-            "folder"
-        ) from None
-    return home
 
 
 def _checksum(arrays: dict[str, np.ndarray]) -> str:

@@ -143,7 +143,8 @@ def _long_form(
                 path, f"column {c!r} is not numeric ({frame[c].iloc[row]!r} in row {row + 2})"
             )
         values[c] = v
-    codes, ids = pd.factorize(frame[trajectory], sort=False)
+    codes, index = pd.factorize(frame[trajectory], sort=False)
+    ids = index.tolist()  # plain ints and strings in the messages, not np.int64(5)
     if (codes < 0).any():
         raise _fail(path, f"column {trajectory!r} has an empty value")
     counts = np.bincount(codes)
@@ -348,13 +349,23 @@ def declare_file(
 def _simulator(target: str) -> Callable[..., Any]:
     """The function behind ``package.module:function`` or an entry point name."""
     if ":" not in target:
-        found = [ep for ep in entry_points(group=SYSTEM_ENTRY_POINTS) if ep.name == target]
+        found = {
+            (ep.value, getattr(ep.dist, "name", "?")): ep
+            for ep in entry_points(group=SYSTEM_ENTRY_POINTS)
+            if ep.name == target
+        }
         if not found:
             raise ValueError(
                 f"simulator {target!r} is neither 'package.module:function' nor an entry point "
                 f"of the group {SYSTEM_ENTRY_POINTS!r}"
             )
-        target = found[0].value
+        if len(found) > 1:  # which one a run used would depend on the install order
+            named = " and ".join(f"{value} (package {dist})" for value, dist in sorted(found))
+            raise ValueError(
+                f"simulator name {target!r} is claimed by {named}: none is used by that name "
+                '(declare one with simulator = "MODULE:FUNCTION")'
+            )
+        target = next(iter(found.values())).value
     module, _, attr = target.partition(":")
     try:
         fn = getattr(importlib.import_module(module), attr)

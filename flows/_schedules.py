@@ -146,14 +146,9 @@ class _EntryAdapter(BaseModel):
 
 
 def _describe(err: ValidationError) -> str:
-    parts = []
-    for e in err.errors():
-        where = ".".join(str(x) for x in e["loc"] if x not in ("entry", *_FLOWS))
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown setting"
-        parts.append(f"{where or 'entry'}: {msg}")
-    return "; ".join(parts)
+    from tasks.config import validation_problems
+
+    return "; ".join(validation_problems(err, drop=("entry", *_FLOWS)))
 
 
 def load_schedules(path: str | Path | None = None) -> list[BenchmarkEntry | TuneEntry | StudyEntry]:

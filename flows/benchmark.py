@@ -23,19 +23,22 @@ from nlmodels import native_cpu_kernels
 from tasks.cell import CellRuntime
 from tasks.config import CellConfig, RunConfig
 from tasks.engine import run_cells, stored_results
+from tasks.model_memory import check_models_fit
 from tasks.reporting import ResultsTable, parent_summary, results_table
 from tasks.results import CellResult
 from tasks.tracking import Promotion, Registry, RunLog, RunTags, connect, parent_run
+from tasks.tracking.mlflow_names import registered_model_name
 
 __all__ = [
     "BenchmarkSummary",
     "benchmark_flow",
+    "champions",
     "experiment_hash",
     "registry_name",
     "run_benchmark",
 ]
 
-#: The method whose best run per system is kept in the model registry.
+#: The method whose best run per system is registered unless the config names others.
 REGISTERED_METHOD = "neural_laplace"
 
 
@@ -46,8 +49,10 @@ def experiment_hash(config: RunConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def registry_name(system: str) -> str:
-    return f"neural-laplace-{system}"
+def registry_name(system: str, method: str = REGISTERED_METHOD) -> str:
+    """The registered model of ``method``'s champion on ``system`` (``neural-laplace-<system>``,
+    ``node-<system>``; any method through :mod:`tasks.tracking.mlflow_names`)."""
+    return registered_model_name(method, system)
 
 
 @dataclass(frozen=True)
@@ -66,15 +71,27 @@ class BenchmarkSummary:
         return all(r.ok for r in self.results)
 
 
-def _promote(registry: Registry, results: list[CellResult]) -> list[Promotion]:
-    best: dict[str, CellResult] = {}
+def champions(results: list[CellResult], config: RunConfig) -> dict[tuple[str, str], CellResult]:
+    """The candidate champion per ``(method, system)``: the finished cell of lowest test RMSE
+    of each method the config registers (``tracking.register_methods``). A model that never
+    learned, or one scored on a split too small (:meth:`RunConfig.small_split`), stays in its
+    run only."""
+    wanted = config.tracking.registered(config.methods)
+    usable = {s for s in config.systems if config.small_split(s) is None}
+    best: dict[tuple[str, str], CellResult] = {}
     for r in results:
-        # A model that never learned is kept in its run, never in the registry.
-        if r.method == REGISTERED_METHOD and r.ok and r.run_id and r.diverged is None:
-            if r.system not in best or r.test_rmse < best[r.system].test_rmse:
-                best[r.system] = r
+        if r.method in wanted and r.ok and r.run_id and r.diverged is None and r.system in usable:
+            key = (r.method, r.system)
+            if key not in best or r.test_rmse < best[key].test_rmse:
+                best[key] = r
+    return best
+
+
+def _promote(registry: Registry, results: list[CellResult], config: RunConfig) -> list[Promotion]:
+    """Register each of :func:`champions`, promoted to @champion only if it beats the last."""
     return [
-        registry.promote_if_better(registry_name(s), r.run_id, r.test_rmse) for s, r in best.items()
+        registry.promote_if_better(registry_name(s, m), r.run_id, r.test_rmse, method=m, system=s)
+        for (m, s), r in champions(results, config).items()
     ]
 
 
@@ -132,7 +149,7 @@ def benchmark_flow(
         )
         results = run_cells(cells, runtime, reused=reused)
         table = _log_table(tracking.runs, parent, config.profile, results)
-        promotions = _promote(tracking.registry, results) if config.tracking.register_models else []
+        promotions = _promote(tracking.registry, results, config)
         description, summary_metrics = parent_summary(
             results, f"Benchmark, profile {config.profile}", config.profile
         )
@@ -173,11 +190,12 @@ def run_benchmark(config: RunConfig, *, always_record: bool = False) -> Benchmar
     run is compared with the one before).
     """
     t0 = time.perf_counter()
+    check_models_fit(config.cells(), config.execution.device)  # before MLflow and Prefect
     # Fail on an unusable tracking store before starting Prefect (and create sqlite once).
     tracking = connect(config.tracking)
     reused, todo = stored_results(tracking.queries, config.cells(), config.execution.reuse)
     if not todo and not always_record:
-        promotions = _promote(tracking.registry, reused) if config.tracking.register_models else []
+        promotions = _promote(tracking.registry, reused, config)
         first = reused[0].run_id if reused else None
         parent = (tracking.queries.get_run_data(first).parent_run_id or first) if first else None
         return BenchmarkSummary(

@@ -85,7 +85,7 @@ def benchmark_config(queries: Queries) -> tuple[RunConfig, str] | None:
         with tempfile.TemporaryDirectory(prefix="nllab-report-") as tmp:
             try:
                 path = queries.download(run.run_id, "run_config.json", tmp)
-                return RunConfig.model_validate_json(path.read_text()), run.run_id
+                return RunConfig.from_json(path.read_text()), run.run_id
             except Exception:
                 continue
     return None

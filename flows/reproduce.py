@@ -1,6 +1,7 @@
 """``nllab reproduce MODEL_URI [--ablation NAME]``: re-check a registered model, then ablate it.
 
-1. Resolve ``models:/NAME@ALIAS`` (or ``models:/NAME/VERSION``) to its model version and run.
+1. Resolve ``models:/NAME@ALIAS`` (or ``models:/NAME/VERSION``, an MLflow 3 logged model
+   ``models:/m-<id>``, a run's ``runs:/<id>/model``) to its model and source run.
 2. Read the run's recorded cell config and data set hash; rebuild the same data (an error if its
    fingerprint no longer matches: the simulator changed) and the same split.
 3. Re-evaluate the registered weights on the test split: the test RMSE must equal the logged one
@@ -33,6 +34,7 @@ from tasks.modelio import load_model
 from tasks.results import CellResult
 from tasks.tables import Format, Table, TableCell, number, render_table
 from tasks.tracking import Metrics, RunRecord, RunTags, Tracking, connect, parent_run
+from tasks.user_modules import find_user_modules
 
 __all__ = [
     "DataMismatch",
@@ -70,21 +72,30 @@ class ModelRef:
     run_id: str
     run_deleted: bool = False  # the source run is soft-deleted (restorable) but still usable
 
+    @property
+    def label(self) -> str:
+        """``NAME version N`` (a registered version), else ``logged model NAME``."""
+        if self.version:
+            return f"{self.name} version {self.version}"
+        return f"logged model {self.name}"
+
 
 def resolve_model(tracking: Tracking, uri: str) -> ModelRef:
-    """The model version and source run of ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``.
+    """The model and its source run of a model URI: ``models:/NAME@ALIAS``,
+    ``models:/NAME/VERSION``, ``models:/m-<logged model id>`` or ``runs:/<run id>/model``.
 
     Raises ``LookupError`` in one line when there is no such version, or when its source run
     was purged from the store or its model artifact is missing (naming that run).
     """
     name, version, run_id = tracking.registry.model_version(uri)
     if not run_id:
-        raise LookupError(f"{uri!r} (version {version}) has no source run to reproduce")
+        raise LookupError(f"{uri!r} ({name} {version}) has no source run to reproduce".strip())
     # a soft-deleted run is still usable (with a warning) while its model is there
     problem = tracking.registry.run_problem(run_id, allow_deleted=True)
     if problem is not None:
+        what = f"version {version} of {name!r}" if version else f"logged model {name!r}"
         raise LookupError(
-            f"{uri} points at version {version} of {name!r} (run {run_id}), but {problem}; run "
+            f"{uri} points at {what} (run {run_id}), but {problem}; run "
             f"`nllab benchmark` again to train and register a new champion"
         )
     deleted = tracking.queries.get_run_data(run_id).deleted
@@ -142,8 +153,12 @@ def verify_registered(
     tags, metrics = run.tags, run.metrics
     if Metrics.TEST_RMSE not in metrics:
         raise LookupError(f"source run {ref.run_id} of {uri!r} has no logged test_rmse")
+    # a model or simulator of the user's: looked up as a config's are (no config file here)
+    find_user_modules({"methods": [tags.get(RunTags.METHOD, "")]})
     with tempfile.TemporaryDirectory(prefix="nllab-reproduce-") as tmp:
         model, spec = load_model(opened.registry.download_model(uri, Path(tmp) / "model"))
+        source = dict(spec.cell.get("data") or {}).get("source") or {}
+        find_user_modules({"define_systems": {str(spec.cell.get("system")): source}})
         cell = _recorded_cell(spec.cell, tags, ref.run_id)
         recorded_hash = tags.get("dataset_hash") or spec.dataset_fingerprint
         cache = Path(tmp) / "data" if fresh_data else None
@@ -279,17 +294,17 @@ def reproduce_flow(
     variants = ablation_cells(v.cell, ablation) if ablation else []
     tracking = connect()
     link = {RunTags.SOURCE_RUN: v.ref.run_id, RunTags.SOURCE_MODEL: uri}
+    registered = {"registered_model": v.ref.name, "model_version": v.ref.version}
     tags = {
         **link,
-        "registered_model": v.ref.name,
-        "model_version": v.ref.version,
+        **(registered if v.ref.version else {"logged_model": v.ref.name}),
         RunTags.DATASET_HASH: v.dataset_hash,
         "ablation": ablation or "none",
     }
     results: list[tuple[Any, CellResult]] = []
     with parent_run(
         tracking.runs,
-        f"reproduce-{v.ref.name}-v{v.ref.version}",
+        f"reproduce-{v.ref.name}" + (f"-v{v.ref.version}" if v.ref.version else ""),
         kind="reproduce",
         tags=tags,
         source_run_id=v.ref.run_id,

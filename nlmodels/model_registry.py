@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from nlmodels._plugins import find_model as _find_model
-from nlmodels._plugins import load_plugins, model_sources, plugin_problems
+from nlmodels._plugins import model_sources
 from nlmodels._registrar import name_registrar
 from nlmodels.base import ForecastModel
 
@@ -41,7 +41,6 @@ __all__ = [
     "model_signature",
     "model_sources",
     "non_default_overrides",
-    "plugin_problems",
     "register_model",
     "registry_choices",
 ]
@@ -74,15 +73,15 @@ def load_builtin_models() -> tuple[str, ...]:
 
 
 def find_model(name: str) -> None:
-    """Make ``name`` known if a plugin (entry point group ``nllab.models``) or its
-    ``module:ClassName`` spelling provides it (:mod:`nlmodels._plugins`); ``ValueError`` when
-    ``module:ClassName`` cannot be imported or is no model."""
+    """Make ``name`` known if a plugin (entry point group ``nllab.models``, imported only now)
+    or its ``module:ClassName`` spelling provides it (:mod:`nlmodels._plugins`); ``ValueError``
+    in one line when it cannot be imported, is no model, or two packages claim the name."""
     _find_model(name, MODELS)
 
 
 def model_names() -> tuple[str, ...]:
-    """Every registered model, plugins included, sorted."""
-    load_plugins(MODELS)
+    """The models registered in this process, sorted: the built-in ones and the plugins used
+    so far (the installed plugins' names are in their metadata: ``tasks.plugins``)."""
     return tuple(sorted(MODELS))
 
 

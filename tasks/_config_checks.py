@@ -24,6 +24,7 @@ __all__ = [
     "format_validation",
     "option_problems",
     "show",
+    "validation_problems",
 ]
 
 
@@ -184,14 +185,28 @@ def check_names(kind: str, names: tuple[str, ...], valid: tuple[str, ...]) -> tu
     return names
 
 
-def format_validation(err: ValidationError) -> str:
+def validation_problems(
+    err: ValidationError, *, drop: tuple[str, ...] = (), show_input: bool = False
+) -> list[str]:
+    """Each problem of a pydantic ``err`` as ``key.path: what is wrong`` (``unknown setting``
+    for a key no section has; each model option of a :class:`ModelOptionError` on its own):
+    the one way every command names a config problem. ``drop``: key parts left out of the
+    path (a wrapper's own); ``show_input``: append the value given."""
     lines = []
     for e in err.errors():
-        where = ".".join(str(x) for x in e["loc"]) or "config"
+        where = ".".join(str(x) for x in e["loc"] if x not in drop) or "config"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown setting"
+        elif show_input and "input" in e:
+            msg += f" (got {show(e['input'])})"
         cause = (e.get("ctx") or {}).get("error")
         problems = cause.problems if isinstance(cause, ModelOptionError) else [msg]
-        lines += [f"  {where}: {problem}" for problem in problems]
+        lines += [f"{where}: {problem}" for problem in problems]
+    return lines
+
+
+def format_validation(err: ValidationError) -> str:
+    """A config's :func:`validation_problems`, one per indented line."""
+    lines = [f"  {line}" for line in validation_problems(err)]
     return "invalid configuration:\n" + "\n".join(lines)

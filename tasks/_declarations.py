@@ -20,10 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 __all__ = [
     "SystemDeclaration",
     "SystemSource",
-    "data_file_problem",
     "declare_plugin_systems",
+    "declare_systems",
     "declared_data",
     "declared_names",
+    "declared_sources",
     "ensure_declared",
     "resolve_sources",
     "system_info",
@@ -84,7 +85,7 @@ class SystemSource(_Strict):
 
 
 _LOCK = threading.Lock()
-_DECLARED: dict[str, str] = {}  # system -> digest declared in this process
+_DECLARED: dict[str, SystemSource] = {}  # system -> its source, declared in this process
 
 
 def _declare(name: str, source: SystemSource, n_observed: int | None = None) -> None:
@@ -115,9 +116,10 @@ def ensure_declared(name: str, source: SystemSource | None) -> None:
     if source is None:
         return
     with _LOCK:
-        if _DECLARED.get(name) != source.digest:
+        known = _DECLARED.get(name)
+        if known is None or known.digest != source.digest:
             _declare(name, source)
-            _DECLARED[name] = source.digest
+            _DECLARED[name] = source
 
 
 def system_info(system: str, data: Any) -> Any:
@@ -186,7 +188,56 @@ def resolve_sources(
                 options=d.options,
             )
         with _LOCK:
-            _DECLARED[name] = source.digest
+            _DECLARED[name] = source
+        out[name] = source
+    return out
+
+
+class _Definitions(_Strict):
+    define_systems: dict[str, SystemDeclaration] = Field(default_factory=dict)
+
+
+def declare_systems(raw: Any, names: tuple[str, ...] | None = None) -> dict[str, SystemSource]:
+    """Declare in this process the systems that a raw run config (a mapping, before validation)
+    defines under ``define_systems`` and uses in ``systems`` (or those of ``names``): each file
+    or simulator is checked whole, then added to ``datasets.SYSTEMS``. The explicit step before
+    a run config is validated (:func:`tasks.config.resolve_config` takes it; a config's
+    validation reads what it declared and declares nothing). Their sources, by name; raises
+    pydantic's ``ValidationError`` for a malformed definition and ``ValueError`` (a data
+    file's or simulator's one-line problem) for a bad file or simulator."""
+    if not isinstance(raw, Mapping) or not raw.get("define_systems"):
+        return {}
+    defs = _Definitions.model_validate({"define_systems": raw["define_systems"]}).define_systems
+    if names is None:
+        used = raw.get("systems")
+        used = used if isinstance(used, list | tuple) else ()
+        names = tuple(n for n in used if isinstance(n, str))
+    data = raw.get("data")
+    observed = data.get("n_observed") if isinstance(data, Mapping) else None
+    if isinstance(observed, bool) or not isinstance(observed, int) or observed < 1:
+        observed = None  # the run config's validation names a bad value
+    return resolve_sources(defs, names, observed)
+
+
+def declared_sources(
+    declarations: Mapping[str, SystemDeclaration],
+    systems: tuple[str, ...],
+    given: Mapping[str, SystemSource] | None,
+) -> dict[str, SystemSource]:
+    """The sources of the declared systems that ``systems`` uses: from ``given`` (what
+    :func:`declare_systems` returned), else as this process declared them; ``ValueError``
+    for one it has not declared."""
+    out = {}
+    for name in systems:
+        if name not in declarations:
+            continue
+        source = (given or {}).get(name) or _DECLARED.get(name)
+        if source is None:
+            raise ValueError(
+                f"system {name!r} (define_systems.{name}) is not declared in this process: "
+                "resolve the config with tasks.config.resolve_config, or call "
+                "tasks.config.declare_systems on it before validating it"
+            )
         out[name] = source
     return out
 
@@ -214,18 +265,6 @@ def declared_data(
             "n_points": min(data.n_points or 10**9, info.default_points),
         }
     )
-
-
-def data_file_problem(err: Any) -> str | None:
-    """The one line of a validation error that is a data file's problem (which names the file
-    and the problem itself), else None."""
-    from datasets import DataFileError
-
-    for e in err.errors():
-        cause = (e.get("ctx") or {}).get("error")
-        if isinstance(cause, DataFileError):
-            return str(cause)
-    return None
 
 
 def declared_names(layer: Mapping[str, Any]) -> tuple[str, ...]:

@@ -34,6 +34,7 @@ __all__ = [
     "plugin_systems",
     "quick_epochs_for",
     "read_model_cards",
+    "tell_once",
 ]
 
 
@@ -118,9 +119,21 @@ def check_known(
     """``names`` checked against the valid ``kind`` names (a :class:`ValueError` naming them
     otherwise). Names the package ships (``builtin``) pass without loading the registries
     (numpy, torch), so a configuration of built-in names validates on pydantic alone; any
-    other is looked up in the registry with its plugins (systems: and those ``declared``)."""
+    other is looked up among the installed plugins (their metadata, :mod:`tasks.plugins`: a
+    name two packages claim is refused naming both) and the registry (systems: and those
+    ``declared``)."""
     from tasks._config_checks import check_names
+    from tasks.plugins import MODEL_GROUP, SYSTEM_GROUP, plugin_table
+    from tasks.tracking.mlflow_names import name_problem
 
+    table = plugin_table(SYSTEM_GROUP if kind == "system" else MODEL_GROUP, builtin)
+    for name in names:
+        if not isinstance(name, str):
+            continue
+        used = name in builtin or name in declared  # a built-in or declared name wins
+        problem = name_problem(kind, name) or (None if used else table.problem(name))
+        if problem is not None:
+            raise ValueError(problem)
     if names and set(names) <= set(builtin):
         return check_names(kind, names, builtin)
     valid = known_systems() + declared if kind == "system" else known_methods(names)
@@ -128,21 +141,40 @@ def check_known(
 
 
 def plugin_systems() -> frozenset[str]:
-    """The names of the simulators installed as entry points of ``nllab.systems``."""
-    from importlib.metadata import entry_points
+    """The simulators installed as entry points of ``nllab.systems`` that may be used by name
+    (:mod:`tasks.plugins`), read from their metadata."""
+    from tasks.plugins import SYSTEM_GROUP, plugin_table
 
-    return frozenset(ep.name for ep in entry_points(group="nllab.systems"))
+    return frozenset(plugin_table(SYSTEM_GROUP, SYSTEM_NAMES).usable)
 
 
 def known_methods(wanted: Iterable[str] = ()) -> tuple[str, ...]:
-    """Registered models, plugins included, and those of ``wanted`` spelled ``module:Class``
-    (imported here; ``ValueError`` when one cannot be)."""
-    from nlmodels.model_registry import find_model, model_names
+    """The methods a run may name: the built-in ones, the installed plugins' (from their
+    metadata: none is imported), and those of ``wanted`` spelled ``module:Class`` (imported
+    here; ``ValueError`` when one cannot be). A name none of these knows is looked up in the
+    registry of this process (a class registered by code of the user's)."""
+    from tasks.plugins import MODEL_GROUP, plugin_table
 
+    valid = set(BUILTIN_METHODS) | set(plugin_table(MODEL_GROUP, BUILTIN_METHODS).usable)
+    wanted = [n for n in wanted if isinstance(n, str)]
     for name in wanted:
-        if isinstance(name, str) and ":" in name:
+        if ":" in name:
+            from nlmodels.model_registry import find_model
+
             find_model(name)
-    return model_names()
+            valid.add(name)
+    if set(wanted) - valid:
+        from nlmodels.model_registry import model_names
+
+        valid.update(model_names())
+    return tuple(sorted(valid))
+
+
+def tell_once(line: str) -> None:
+    """Print ``line`` on stderr, once per process (a config resolved again says it once)."""
+    if line not in _TOLD:
+        _TOLD.add(line)
+        print(line, file=sys.stderr)
 
 
 def model_label(method: str) -> str:
@@ -162,10 +194,7 @@ def quick_epochs_for(methods: Iterable[str], method_epochs: MutableMapping[str, 
             method_epochs[method] = card.quick_epochs  # stated by its registration
             continue
         method_epochs[method] = DEFAULT_QUICK_EPOCHS
-        if method not in _TOLD:
-            _TOLD.add(method)
-            print(
-                f"nllab: {method!r} has no epoch count in the quick profile; it trains "
-                f"{DEFAULT_QUICK_EPOCHS} epochs (set method_epochs.{method} to change)",
-                file=sys.stderr,
-            )
+        tell_once(
+            f"nllab: {method!r} has no epoch count in the quick profile; it trains "
+            f"{DEFAULT_QUICK_EPOCHS} epochs (set method_epochs.{method} to change)"
+        )

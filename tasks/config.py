@@ -24,13 +24,12 @@ from pydantic import (
 )
 
 from nltrain import MAX_BATCH, MAX_EPOCHS, TrainConfig
-from nltrain import Settings as _Frozen
 from tasks._config_checks import (
     ModelOptionError,
     check_model_overrides,
-    check_names,
     format_validation,
     option_problems,
+    validation_problems,
 )
 from tasks._config_files import (
     ConfigError,
@@ -43,10 +42,10 @@ from tasks._config_files import (
 from tasks._declarations import (
     SystemDeclaration,
     SystemSource,
-    data_file_problem,
     declare_plugin_systems,
+    declare_systems,
     declared_data,
-    resolve_sources,
+    declared_sources,
 )
 from tasks._names import (
     BUILTIN_METHODS,
@@ -57,7 +56,19 @@ from tasks._names import (
     known_methods,
     known_systems,
     quick_epochs_for,
+    tell_once,
 )
+from tasks._run_settings import (
+    DEVICES,
+    EXECUTION_KEYS,
+    MAX_EXPERIMENT_NAME,
+    Device,
+    ExecutionConfig,
+    Frozen,
+    Reuse,
+    TrackingConfig,
+)
+from tasks.user_modules import find_user_modules
 
 if TYPE_CHECKING:  # served by __getattr__ below, on first use
     from nlmodels.model_registry import model_arguments, model_option_types, model_signature
@@ -75,6 +86,7 @@ __all__ = [
     "MAX_EXPERIMENT_NAME",
     "MAX_SEED",
     "METHODS",
+    "MIN_SPLIT",
     "PROFILES",
     "QUICK_EPOCHS",
     "SYSTEM_NAMES",
@@ -85,9 +97,11 @@ __all__ = [
     "ExecutionConfig",
     "ModelOptionError",
     "Profile",
+    "Reuse",
     "RunConfig",
     "TrackingConfig",
     "TrainConfig",
+    "declare_systems",
     "known_methods",
     "known_systems",
     "load_config_file",
@@ -96,20 +110,20 @@ __all__ = [
     "model_signature",
     "profile_file",
     "resolve_config",
+    "validation_problems",
 ]
 
 #: Size presets of a run, each a config file the package ships (``tasks/profiles/<name>.yaml``).
 Profile = Literal["smoke", "quick", "paper"]
 PROFILES: tuple[str, ...] = get_args(Profile)
-#: Where cells train: ``auto`` measures which is faster (``tasks.placement``).
-Device = Literal["auto", "cpu", "cuda"]
-DEVICES: tuple[str, ...] = get_args(Device)
 
+#: The fewest trajectories a split may hold for its models to be registered: the smoke profile's
+#: 40 trajectories split 32/4/4, the smallest split a shipped profile makes; with fewer, one
+#: unusual trajectory decides a test RMSE and so which model becomes a champion.
+MIN_SPLIT = 4
 #: The largest seed: NumPy's and the data simulators' generators take 32-bit seeds.
 MAX_SEED = 2**32 - 1
 
-#: The longest MLflow experiment name (MLflow refuses longer ones).
-MAX_EXPERIMENT_NAME = 500
 
 #: Bumped when the meaning of a cell's fields changes, so old hashes stop matching.
 _HASH_SCHEMA = 1
@@ -142,7 +156,7 @@ def non_default_overrides(method: str, overrides: Mapping[str, Any]) -> dict[str
     return of_registry(method, overrides)
 
 
-class DataConfig(_Frozen):
+class DataConfig(Frozen):
     """How each cell's data set is simulated and split (see ``datasets.load_or_simulate``)."""
 
     n_trajectories: int | None = Field(None, ge=10, description="None: the system's default")
@@ -166,20 +180,7 @@ class DataConfig(_Frozen):
         return v
 
 
-class TrackingConfig(_Frozen):
-    """Where runs go. ``tracking_uri=None``: ``MLFLOW_TRACKING_URI``, else the embedded store."""
-
-    tracking_uri: str | None = None
-    experiment: str | None = Field(
-        None,
-        min_length=1,
-        max_length=MAX_EXPERIMENT_NAME,
-        description="None: NLLAB_EXPERIMENT, else 'nllab'",
-    )
-    register_models: bool = True
-
-
-class CellConfig(_Frozen):
+class CellConfig(Frozen):
     """One training run: a method on a system with a seed. Its hash identifies its result."""
 
     system: str
@@ -235,64 +236,14 @@ class CellConfig(_Frozen):
         return out
 
 
-class CellOverride(_Frozen):
+class CellOverride(Frozen):
     """Model and training settings for one (system, method) pair, e.g. a tuned configuration."""
 
     model: dict[str, Scalar] = Field(default_factory=dict)
     training: dict[str, Scalar | None] = Field(default_factory=dict)
 
 
-#: Which finished cells a run reuses (:func:`tasks.reuse.stored_results`).
-Reuse = Literal["numerics", "config", "never"]
-
-
-class ExecutionConfig(_Frozen):
-    """How a run executes: where and how many cells train at once, and how they are shown.
-
-    None of it changes a cell's result, so none of it enters a config hash; the experiment
-    (:class:`RunConfig` without this part) is what is hashed per cell and logged as parameters.
-    """
-
-    device: Device = "auto"
-    max_workers: int = Field(2, ge=1, description="cells trained at the same time")
-    torch_threads: int | None = Field(1, ge=1, description="torch CPU threads; None: torch's")
-    task_runner: Literal["thread", "dask"] = "thread"
-    isolation: Literal["process", "thread"] = Field(
-        "process", description="train each cell in a worker process (thread: in the runner's)"
-    )
-    dask_address: str | None = None
-    progress: bool = True
-    pack: bool = Field(
-        True,
-        description="train cells that differ only in seed as one packed model (exact per cell)",
-    )
-    reuse: Reuse = Field(
-        "numerics",
-        description="which finished cells are reused: those of the same config hash whose "
-        "numerics fingerprints equal today's (numerics), any of the same config hash (config), "
-        "none (never)",
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _address_implies_dask(cls, data: Any) -> Any:
-        """A scheduler address means the Dask runner; with ``thread`` it would be ignored."""
-        if isinstance(data, Mapping) and data.get("dask_address"):
-            if data.get("task_runner", "dask") != "dask":
-                raise ValueError(
-                    f'dask_address {data["dask_address"]!r} needs task_runner = "dask" '
-                    f"(got {data['task_runner']!r}); a scheduler address implies it"
-                )
-            data = {**data, "task_runner": "dask"}
-        return data
-
-
-#: Settings of :class:`ExecutionConfig`, also accepted at the top level of a config file, a
-#: profile or the command-line overrides (``max_workers = 4`` means ``execution.max_workers``).
-EXECUTION_KEYS: tuple[str, ...] = tuple(ExecutionConfig.model_fields)
-
-
-class RunConfig(_Frozen):
+class RunConfig(Frozen):
     """A whole benchmark: the experiment (every system × method × seed, data, training, models,
     tracking) and, apart from it, how it executes (:attr:`execution`)."""
 
@@ -331,6 +282,13 @@ class RunConfig(_Frozen):
             data["execution"] = {**dict(data.get("execution") or {}), **moved}
         return data
 
+    @classmethod
+    def from_json(cls, text: str) -> RunConfig:
+        """A run config recorded as JSON (a benchmark's ``run_config.json``), its declared
+        systems declared first (:func:`declare_systems`), as :func:`resolve_config` does."""
+        raw = json.loads(text)
+        return cls.model_validate(raw, context={"declared": declare_systems(raw)})
+
     def experiment_json(self) -> str:
         """The experiment alone (no execution settings), as indented JSON."""
         return self.model_dump_json(indent=2, exclude={"execution"})
@@ -353,11 +311,11 @@ class RunConfig(_Frozen):
         # value of the wrong type is reported as such, not as one error per type it is not).
         if not isinstance(v, Mapping) or not all(isinstance(o, Mapping) for o in v.values()):
             return v  # pydantic names what is wrong with the shape
-        check_names("method", tuple(v), known_methods(v)) if v else None
+        known = check_known("method", tuple(v), BUILTIN_METHODS) if v else ()
         problems = [
             p
             for method, overrides in v.items()
-            if method in known_methods()
+            if method in known
             for p in option_problems(method, overrides)
         ]
         if problems:
@@ -383,15 +341,43 @@ class RunConfig(_Frozen):
         return v
 
     @model_validator(mode="after")
-    def _data_fits_in_memory(self) -> RunConfig:
-        """Fail before simulating when a data set cannot fit in memory (with the estimate)."""
+    def _data_fits(self, info: ValidationInfo) -> RunConfig:
+        """Fail before simulating when a data set cannot fit in memory (with the estimate) or
+        leaves a split empty. Declared systems are read as :func:`declare_systems` declared
+        them (passed in the validation context as ``declared``, else this process's)."""
         from datasets import check_memory
 
-        self._sources = resolve_sources(self.define_systems, self.systems, self.data.n_observed)
+        given = (info.context or {}).get("declared")
+        self._sources = declared_sources(self.define_systems, self.systems, given)
         for system in self.systems:
             data = self.data_for(system)
             check_memory(system, data.n_trajectories, data.n_points)
+            try:
+                self.split_sizes(system)
+            except ValueError as e:
+                raise ValueError(f"{system}: {e}") from None
         return self
+
+    def split_sizes(self, system: str) -> tuple[int, int, int]:
+        """Trajectories in ``system``'s train, validation and test splits (``ValueError`` when
+        the training split would be empty)."""
+        from datasets import SYSTEMS, split_sizes
+
+        data = self.data_for(system)
+        n = data.n_trajectories or SYSTEMS[system].default_trajectories
+        n_train, n_val, n_test = split_sizes(n, data.fractions)
+        return min(n_train, data.n_train or n_train), n_val, n_test
+
+    def small_split(self, system: str) -> str | None:
+        """Why the models of ``system`` are never registered: a split of fewer than
+        :data:`MIN_SPLIT` trajectories (their scores rest on too few); else ``None``."""
+        sizes = self.split_sizes(system)
+        if min(sizes) >= MIN_SPLIT:
+            return None
+        return (
+            f"{system}: its data split {'/'.join(map(str, sizes))} trajectories (train/validation"
+            f"/test), fewer than {MIN_SPLIT} in a split; its models train but are never registered"
+        )
 
     def data_for(self, system: str) -> DataConfig:
         """The data settings of ``system``'s cells (a declared system's carry its source)."""
@@ -448,9 +434,21 @@ def resolve_config(
         layers[0].pop("method_epochs", None)
     merged = deep_merge(deep_merge(layers[0], layers[1]), layers[2])
     merged["profile"] = name
+    try:
+        find_user_modules(merged, config_file)  # module:Class and module:function names
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if name == "quick" and "method_epochs" in layers[0]:  # the profile sizes each model
         quick_epochs_for(merged.get("methods") or METHODS, merged["method_epochs"])
     try:
-        return RunConfig.model_validate(merged)
+        merged = declare_plugin_systems(merged)  # an installed simulator named in systems
+        declared = declare_systems(merged)  # each file and simulator checked, then declared
+        config = RunConfig.model_validate(merged, context={"declared": declared})
     except ValidationError as e:
-        raise ConfigError(data_file_problem(e) or format_validation(e)) from None
+        raise ConfigError(format_validation(e)) from None
+    except ValueError as e:  # a data file's or a simulator's problem, in one line
+        raise ConfigError(str(e)) from None
+    for system in config.systems:
+        if (problem := config.small_split(system)) is not None:
+            tell_once(f"nllab: {problem}")
+    return config

@@ -101,3 +101,36 @@ def prefect_server():
 
     with prefect_test_harness(server_startup_timeout=60):
         yield
+
+
+@pytest.fixture
+def forget_declared_systems():
+    """Systems a test declares leave the process's registry afterwards (other tests list the
+    built-in ones)."""
+    from datasets import _systems
+    from tasks import _declarations
+
+    before = dict(_systems.SYSTEM_SPECS), dict(_systems._INFOS), dict(_declarations._DECLARED)
+    yield
+    for table, saved in zip(
+        (_systems.SYSTEM_SPECS, _systems._INFOS, _declarations._DECLARED), before, strict=True
+    ):
+        table.clear()
+        table.update(saved)
+
+
+def _fake_distribution(site: Path, package: str, group: str, entries: dict[str, str]) -> Path:
+    info = site / f"{package.replace('-', '_')}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.1\n")
+    lines = "".join(f"{name} = {value}\n" for name, value in entries.items())
+    (info / "entry_points.txt").write_text(f"[{group}]\n{lines}")
+    return site
+
+
+@pytest.fixture
+def fake_distribution():
+    """``fake_distribution(site, package, group, {name: value})``: an installed package with
+    entry points, as ``pip install`` leaves its ``.dist-info`` in ``site`` (put ``site`` on
+    ``sys.path`` to install it)."""
+    return _fake_distribution

@@ -200,7 +200,7 @@ def test_report_out_in_a_place_that_cannot_be_written_is_one_line(tmp_path, out)
 @pytest.mark.parametrize("method", ["node", "anode", "neural_laplace", "nf_coupling"])
 def test_the_memory_estimate_counts_the_real_models_parameters(method):
     from nlmodels import build_model
-    from tasks._model_memory import TRAINING_COPIES, training_bytes
+    from tasks.model_memory import TRAINING_COPIES, training_bytes
 
     real = sum(p.numel() for p in build_model(method, 3).parameters())  # allocated for real
     assert training_bytes(method, 3, {}, "float64") == real * 8 * TRAINING_COPIES

@@ -76,7 +76,7 @@ def test_changed_simulator_is_a_clear_data_error(registered, monkeypatch, capsys
         ("models:/no-such-model@champion", "no registered model version"),
         (f"models:/{NAME}/99", "no registered model version"),
         (f"models:/{NAME}@no-such-alias", "no registered model version"),
-        ("runs:/abc/model", "expected a registry URI"),
+        ("runs:/abc/model", r"expected a model URI \(models:/NAME@ALIAS, "),
     ],
 )
 def test_unknown_uri_is_a_clear_error(registered, uri, match):

@@ -290,7 +290,10 @@ def test_champion_moves_only_when_beaten(mlflow_store, tmp_path):
     ref, _ = load_model(tmp_path / better)
     for a, b in zip(model.parameters(), ref.parameters()):
         assert torch.equal(a, b)
-    with pytest.raises(ValueError, match="only from the registry"):
+    # a run's model by its runs:/ URI: the same weights; a malformed URI says what is accepted
+    by_run, _ = load_model(t.registry.download_model(f"runs:/{better}/model", tmp_path / "run"))
+    assert all(torch.equal(a, b) for a, b in zip(by_run.parameters(), ref.parameters()))
+    with pytest.raises(LookupError, match=r"expected a model URI \(models:/NAME@ALIAS"):
         t.registry.download_model("runs:/abc/model")
     with pytest.raises(LookupError, match="no registered model"):
         t.registry.download_model("models:/no-such-model@champion", tmp_path / "dl2")

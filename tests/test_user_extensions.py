@@ -1,6 +1,5 @@
 """Systems from data files and simulators, and models from plugins: the cell hash follows a
-file's content (not its path) and a simulator's source; two plugins registering one name are
-refused naming both; a plugin that fails to import is named and the built-in models work."""
+file's content (not its path) and a simulator's source (plugins that collide: test_plugins)."""
 
 from __future__ import annotations
 
@@ -19,20 +18,7 @@ from tasks.config import resolve_config
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _forget_declared_systems():
-    """Systems these tests declare leave the process's registry afterwards (other tests list
-    the built-in ones)."""
-    from datasets import _systems
-    from tasks import _declarations
-
-    before = dict(_systems.SYSTEM_SPECS), dict(_systems._INFOS), dict(_declarations._DECLARED)
-    yield
-    for table, saved in zip(
-        (_systems.SYSTEM_SPECS, _systems._INFOS, _declarations._DECLARED), before, strict=True
-    ):
-        table.clear()
-        table.update(saved)
+pytestmark = pytest.mark.usefixtures("forget_declared_systems")
 
 
 def _write_csv(path: Path, x: np.ndarray, t: np.ndarray) -> Path:
@@ -131,56 +117,6 @@ def test_a_simulator_system_hashes_its_source_and_options(tmp_path: Path, monkey
     module.write_text(code.replace("uniform(1.0, 2.0", "uniform(1.0, 3.0"))
     sys.modules.pop("my_sim", None)
     assert cell(1.0).config_hash() != a.config_hash()
-
-
-def _plugin(site: Path, dist: str, module: str, body: str) -> None:
-    info = site / f"{dist}-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[nllab.models]\n{module} = {module}\n")
-    (site / f"{module}.py").write_text(textwrap.dedent(body))
-
-
-_MODEL = """
-    from nlmodels import ForecastModel, register_model
-
-    @register_model("shared_name")
-    class {cls}(ForecastModel):
-        def __init__(self, state_dim: int, *, width: int = 4) -> None:
-            super().__init__()
-"""
-
-
-def _methods_in_subprocess(site: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}
-    code = "from tasks.config import known_methods; print(','.join(known_methods()))"
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
-    )
-
-
-def test_two_plugins_registering_one_name_are_refused_naming_both(tmp_path: Path) -> None:
-    _plugin(tmp_path, "first-plugin", "plug_a", _MODEL.format(cls="ModelA"))
-    _plugin(tmp_path, "second-plugin", "plug_b", _MODEL.format(cls="ModelB"))
-    (tmp_path / "plug_c.py").write_text("raise ImportError('needs a library not installed')\n")
-    info = tmp_path / "broken-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[nllab.models]\nplug_c = plug_c\n")
-    proc = _methods_in_subprocess(tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert any(
-        "'plug_b'" in ln and "plug_a.ModelA" in ln and "plug_b.ModelB" in ln for ln in lines
-    ), proc.stderr
-    assert any("'plug_c'" in ln and "needs a library not installed" in ln for ln in lines)
-    assert len(lines) == 2, proc.stderr
-    methods = proc.stdout.strip().split(",")
-    # neither plugin's model is used (which one would depend on the order); built-ins all work
-    assert {"node", "anode", "latent_ode", "nf_coupling", "nf_resnet", "neural_laplace"} <= set(
-        methods
-    )
-    assert "shared_name" not in methods
 
 
 EXAMPLE = ROOT / "examples" / "pendulum_lab.toml"
@@ -289,7 +225,9 @@ def test_a_class_named_module_colon_class_is_a_method_and_a_bad_one_one_line(
         sys.modules.pop("toymod", None)
 
 
-def test_a_simulator_from_an_nllab_systems_entry_point(tmp_path: Path, monkeypatch) -> None:
+def test_a_simulator_from_an_nllab_systems_entry_point(
+    tmp_path: Path, monkeypatch, fake_distribution
+) -> None:
     from flows.cli.common import check_names
     from tasks.cell import simulate_data
 
@@ -300,10 +238,7 @@ def test_a_simulator_from_an_nllab_systems_entry_point(tmp_path: Path, monkeypat
         "    x0 = np.arange(n_trajectories, dtype=float)\n"
         "    return t, (x0[:, None] + slope * t)[..., None]\n"
     )
-    info = tmp_path / "ramp-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ramp\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[nllab.systems]\nramp = ramp_sim:ramp\n")
+    fake_distribution(tmp_path, "ramp", "nllab.systems", {"ramp": "ramp_sim:ramp"})
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg = tmp_path / "c.toml"
     cfg.write_text(

@@ -22,7 +22,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     cli.add_training_options(p)
     cli.add_runner_options(p)
     p.add_argument("--no-progress", action="store_true", help="no per-epoch progress bars")
-    p.add_argument("--no-register", action="store_true", help="leave the model registry alone")
+    p.add_argument(
+        "--register",
+        nargs="+",
+        metavar="METHOD",
+        help="register the best model per system of these methods, each as @champion when it "
+        "beats the last: all, none, or method names (default: neural_laplace)",
+    )
+    p.add_argument("--no-register", action="store_true", help="the same as --register none")
     p.add_argument(
         "--tuned",
         action="store_true",
@@ -35,12 +42,21 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="write the finished run to FILE (results/quick/PROFILE.json: the record the "
         "README's and the docs' figures are generated from)",
     )
-    p.set_defaults(handler=run, precheck=_precheck)
+    p.set_defaults(handler=run, precheck=precheck)
     return p
 
 
-def _precheck(args: argparse.Namespace) -> None:
+def precheck(args: argparse.Namespace) -> None:
+    """Names (systems, methods, those to register), the config file and the record's path,
+    before the stack loads."""
     cli.check_selection(args)
+    register = cli.split_names(args.register)
+    if register and args.no_register and register != ["none"]:
+        raise cli.UsageError(f"--no-register contradicts --register {' '.join(register)}")
+    if register and not set(register) & {"all", "none"}:
+        cli.check_names(register=register)
+    elif register and len(register) > 1:
+        raise cli.UsageError(f"--register takes all, none or method names, got {register}")
     if args.record is not None:
         from pathlib import Path
 
@@ -61,8 +77,7 @@ def run(args: argparse.Namespace) -> int:
         applied = apply_tuned(config, args.storage)
         config = applied.config
         print(tuned_line(applied, config.profile, args.storage))
-    cli.check_memory(config)  # the tuned models' sizes too; before MLflow and Prefect start
-    summary = run_benchmark(config)
+    summary = run_benchmark(config)  # models that cannot fit in memory: refused before it starts
     print()
     print(summary.table.to_terminal())
     ranking = summary.table.ranking()

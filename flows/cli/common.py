@@ -22,7 +22,6 @@ __all__ = [
     "add_runner_options",
     "add_selection",
     "check_environment",
-    "check_memory",
     "check_names",
     "check_registry_uri",
     "check_storage",
@@ -127,17 +126,6 @@ def check_storage(url: str | None) -> None:
 
     if url and (problem := sqlite_storage_problem(url)) is not None:
         raise UsageError(problem)
-
-
-def check_memory(config) -> None:
-    """A model of ``config`` whose training cannot fit in the free memory of its device: a
-    :class:`UsageError` ("this model needs N GB to train; M GB free") before anything starts."""
-    from tasks import check_models_fit
-
-    try:
-        check_models_fit(config.cells(), config.execution.device)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
 
 
 def check_store_paths(home: Path) -> None:
@@ -289,8 +277,11 @@ def overrides(args: argparse.Namespace) -> dict:
         o["training"] = training
     if getattr(args, "no_progress", False):
         o["progress"] = False
+    register = split_names(getattr(args, "register", None))
     if getattr(args, "no_register", False):
         o["tracking"] = {"register_models": False}
+    elif register:
+        o["tracking"] = {"register_methods": register[0] if len(register) == 1 else register}
     return o
 
 
@@ -334,16 +325,22 @@ def _invalid(where: str, message: str):
 
 
 def _check(kind: str, where: str, names: Sequence[str] | None, valid: Sequence[str]) -> None:
+    """Each of ``names`` is in ``valid`` (methods: or spelled module:Class, checked when the
+    config is resolved), else a config error naming the valid ones; a plugin name two packages
+    claim (or a built-in's) says so (:mod:`tasks.plugins`)."""
     if names is None:
         return
-    if kind == "method":
-        # a method spelled module:Class, or any name while model plugins are installed, is
-        # checked against the registry with its plugins (tasks.config), once torch may load
-        from importlib.metadata import entry_points
+    from tasks.config import METHODS, SYSTEM_NAMES
+    from tasks.plugins import MODEL_GROUP, SYSTEM_GROUP, plugin_table
 
-        if entry_points(group="nllab.models"):
-            return
+    if kind == "method":
+        table = plugin_table(MODEL_GROUP, METHODS)
         names = [n for n in names if ":" not in n]
+    else:
+        table = plugin_table(SYSTEM_GROUP, SYSTEM_NAMES)
+    for name in names:
+        if name not in valid and (problem := table.problem(name)) is not None:
+            raise _invalid(where, problem)
     unknown = [n for n in names if n not in valid]
     if unknown:
         raise _invalid(
@@ -356,20 +353,22 @@ def check_names(
     systems: Sequence[str] | None = None,
     methods: Sequence[str] | None = None,
     config_file: str | None = None,
+    register: Sequence[str] | None = None,
 ) -> None:
     """Check system and method names, and the config file's (that it exists and parses, and
     the names and profile it holds), without importing numpy, torch, MLflow or Prefect.
     Raises :class:`~tasks.config.ConfigError` (exit code 2) naming the valid choices."""
-    from tasks import declared_names
+    from tasks import declared_names, plugin_systems
     from tasks.config import BUILTIN_METHODS, PROFILES, SYSTEM_NAMES, load_config_file
+    from tasks.plugins import MODEL_GROUP, plugin_table
 
-    valid_methods = tuple(sorted(BUILTIN_METHODS))
+    plugin_models = plugin_table(MODEL_GROUP, BUILTIN_METHODS).usable
+    valid_methods = tuple(sorted(BUILTIN_METHODS)) + tuple(sorted(plugin_models))
     layer = load_config_file(config_file) if config_file is not None else {}
-    from tasks import plugin_systems
-
     valid_systems = SYSTEM_NAMES + declared_names(layer) + tuple(sorted(plugin_systems()))
     _check("system", "systems", systems, valid_systems)
     _check("method", "methods", methods, valid_methods)
+    _check("method", "register", register, valid_methods)
     if config_file is None:
         return
     if "profile" in layer and layer["profile"] not in PROFILES:
@@ -395,23 +394,25 @@ def check_selection(args: argparse.Namespace) -> None:
 
 
 def check_registry_uri(uri: str) -> None:
-    """A registry URI's form (``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``) and, in an
-    embedded (sqlite) store, that the version exists (:func:`tasks.tracking.locations.
-    registered_version`, without MLflow). Raises :class:`UsageError` listing the registered
-    models. A server store is asked later, through MLflow."""
-    from tasks.tracking.locations import registered_version, tracking_uri
+    """A model URI's form (:data:`tasks.tracking.model_uri.ACCEPTED`) and, in an embedded
+    (sqlite) store, that what it names exists (:mod:`tasks.tracking.locations`, without
+    MLflow). Raises :class:`UsageError` in one line (a registry URI's lists the registered
+    models). A server store is asked later, through MLflow."""
+    from tasks.tracking.locations import registered_version, stored_model, tracking_uri
+    from tasks.tracking.model_uri import parse_model_uri
 
-    ref = uri.removeprefix("models:/") if uri.startswith("models:/") else ""
-    if not ref.strip("/"):
-        raise UsageError(
-            f"expected a registry URI 'models:/NAME@ALIAS' or 'models:/NAME/VERSION', got {uri!r}"
-        )
-    if "@" not in ref and "/" not in ref:
-        raise UsageError(f"{uri!r} names no version: use models:/{ref}@champion or models:/{ref}/1")
-    found, names = registered_version(ref)
+    try:
+        parsed = parse_model_uri(uri)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if parsed.registered:
+        sep = "@" if parsed.kind == "alias" else "/"
+        found, names = registered_version(f"{parsed.name}{sep}{parsed.ref}")
+        listed = f"; registered models: {', '.join(names) or 'none'}"
+        what = "registered model version"
+    else:
+        found = stored_model(parsed.kind, parsed.model_id or parsed.run_id)
+        listed, what = "", "logged model" if parsed.kind == "logged" else "run"
     if found is None or found:
         return  # there, or only MLflow itself can say (a server, an old or busy store)
-    raise UsageError(
-        f"no registered model version at {uri!r} in {tracking_uri()}; "
-        f"registered models: {', '.join(names) or 'none'}"
-    )
+    raise UsageError(f"no {what} at {uri!r} in {tracking_uri()}{listed}")

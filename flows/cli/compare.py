@@ -61,8 +61,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    import pandas as pd
 
+    from tasks.tracking.locations import has_finished_run, tracking_uri
+
+    if not args.run and has_finished_run("benchmark") is False:  # answered without MLflow
+        print(f"nothing to compare: no finished benchmark in {tracking_uri()}")
+        return 0
     from flows.compare import UnknownRun, comparison_rows, comparison_section, comparison_summary
     from tasks.tables import Table, render_table
     from tasks.tracking import connect
@@ -77,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     if comparison is None:
         print(text)
         return 0
+    import pandas as pd
+
     if args.format == "markdown":
         print(text, end="")
     else:

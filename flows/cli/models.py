@@ -1,7 +1,9 @@
-"""``nllab models``: the models a run can use: the built-in ones and those of plugins (entry
-points of ``nllab.models``, or ``--methods module:ClassName``), with their source, options
-(constructor keywords and defaults) and the paper's table where it has one. ``--names`` lists
-the names without importing torch: the built-in ones and the plugins' entry points."""
+"""``nllab models``: the models a run can use: the built-in ones and those of installed plugins
+(entry points of ``nllab.models``), with their source, the paper's table where it has one and
+their epochs in the quick profile, read from the packages' metadata without importing torch or
+any plugin; a plugin left out by the naming rule (:mod:`tasks.plugins`) is named with its
+package. ``nllab models NAME ...`` also gives those models' options (constructor keywords and
+defaults), importing them; ``--names`` lists the names only."""
 
 from __future__ import annotations
 
@@ -12,38 +14,70 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="list the models: built-in and from plugins")
-    p.add_argument("--names", action="store_true", help="names only, without importing torch")
+    p.add_argument(
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help="models whose options to show (imports them), e.g. node or package.module:Class",
+    )
+    p.add_argument("--names", dest="names_only", action="store_true", help="names only")
     p.set_defaults(handler=run)
     return p
 
 
-def run(args: argparse.Namespace) -> int:
-    from tasks.config import BUILTIN_METHODS, METHODS
-
-    if args.names:
-        from importlib.metadata import entry_points
-
-        plugins = [f"{ep.name} (plugin {ep.value})" for ep in entry_points(group="nllab.models")]
-        print("\n".join([*sorted(BUILTIN_METHODS), *plugins]))
-        return 0
-    from nlmodels.model_registry import (
-        model_names,
-        model_signature,
-        model_sources,
-        plugin_problems,
-    )
+def _rows() -> tuple[list[tuple[str, str, str, str]], tuple[str, ...]]:
+    """(name, source, paper, quick epochs) of every model a run can name, and the lines of the
+    plugins left out."""
     from tasks import DEFAULT_QUICK_EPOCHS
-    from tasks.config import QUICK_EPOCHS
+    from tasks.config import BUILTIN_METHODS, METHODS, QUICK_EPOCHS
+    from tasks.plugins import MODEL_GROUP, plugin_table
 
-    names = model_names()  # loads the plugins
-    sources = model_sources()
+    table = plugin_table(MODEL_GROUP, BUILTIN_METHODS)
+    sources = {m: "built-in" for m in BUILTIN_METHODS} | {
+        n: f"plugin {p}" for n, p in table.usable.items()
+    }
+    rows = [
+        (
+            name,
+            source,
+            "Table 3" if name in METHODS else "—",
+            f"{QUICK_EPOCHS.get(name, DEFAULT_QUICK_EPOCHS)} epochs",
+        )
+        for name, source in sorted(sources.items())
+    ]
+    return rows, tuple(table.left_out.values())
+
+
+def _options(names: list[str]) -> int:
+    """Each named model's source and options, importing it (a plugin: only that one)."""
+    from flows.cli.common import UsageError
+    from nlmodels.model_registry import find_model, model_signature, model_sources
+
     for name in names:
-        paper = "Table 3" if name in METHODS else "—"
-        source = sources.get(name, "built-in")
-        epochs = QUICK_EPOCHS.get(name, DEFAULT_QUICK_EPOCHS)
-        print(f"{name:<16} {source}; paper: {paper}; quick profile: {epochs} epochs")
-        options = ", ".join(f"{k}={v!r}" for k, v in model_signature(name).items())
-        print(f"{'':<16} options: {options or 'none'}")
-    for problem in plugin_problems():
-        print(f"left out: {problem}")
+        try:
+            find_model(name)
+            options = model_signature(name)
+        except (ValueError, KeyError) as e:
+            message = f"unknown model {name!r}" if isinstance(e, KeyError) else str(e)
+            raise UsageError(message) from None
+        source = model_sources().get(name, "built-in")
+        shown = ", ".join(f"{k}={v!r}" for k, v in options.items())
+        print(f"{name}: {source}; options: {shown or 'none'}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    rows, left_out = _rows()
+    if args.names_only:
+        print("\n".join(r[0] for r in rows))
+        return 0
+    if args.names:
+        return _options(args.names)
+    head = ("model", "source", "paper", "quick profile")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    for r in [head, *rows]:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+    for line in left_out:
+        print(f"left out: {line}")
+    print("options of a model: nllab models NAME")
     return 0

@@ -12,12 +12,17 @@ __all__ = ["add_parser", "run"]
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "reproduce",
-        help="re-evaluate a registered model from its recorded config, then ablate it",
+        help="re-evaluate a registered or logged model from its recorded config, then ablate it",
         description="Rebuild the data of a registered model's run, check that its weights give "
         "the logged test RMSE (to 1e-9), and optionally re-run an ablation from its config. "
         "The registry is only read.",
     )
-    p.add_argument("model_uri", metavar="MODEL_URI", help="e.g. models:/neural-laplace-X@champion")
+    p.add_argument(
+        "model_uri",
+        metavar="MODEL_URI",
+        help="models:/NAME@ALIAS, models:/NAME/VERSION, models:/m-<logged model id> or "
+        "runs:/<run id>/model (e.g. models:/neural-laplace-integro_de@champion)",
+    )
     p.add_argument(
         "--ablation",
         metavar="NAME",
@@ -63,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         raise cli.CommandFailed(str(e)) from None
     v = result.verification
     print(
-        f"{v.ref.uri} = {v.ref.name} version {v.ref.version} (run {v.ref.run_id}): "
+        f"{v.ref.uri} = {v.ref.label} (run {v.ref.run_id}): "
         f"test RMSE {v.test_rmse:.12g}, logged {v.logged_rmse:.12g} "
         f"(|diff| {v.difference:.2g}) - reproduced"
     )

@@ -22,23 +22,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _plugin_simulators() -> dict[str, str]:
-    from importlib.metadata import entry_points
-
-    return {ep.name: ep.value for ep in entry_points(group="nllab.systems")}
-
-
 def run(args: argparse.Namespace) -> int:
-    from tasks import SystemDeclaration, declared_names
+    from tasks import declared_names
     from tasks.config import MAIN_SYSTEMS, SYSTEM_NAMES, load_config_file
+    from tasks.plugins import SYSTEM_GROUP, plugin_table
 
     layer = load_config_file(args.config) if args.config else {}
-    declared, plugins = declared_names(layer), _plugin_simulators()
+    table = plugin_table(SYSTEM_GROUP, SYSTEM_NAMES)  # from the packages' metadata
+    declared, plugins = declared_names(layer), table.usable
     if args.names:
         print("\n".join([*SYSTEM_NAMES, *declared, *(p for p in plugins if p not in declared)]))
         return 0
     from datasets import SYSTEMS
-    from tasks import resolve_sources
 
     rows = [
         (
@@ -50,17 +45,19 @@ def run(args: argparse.Namespace) -> int:
         )
         for n in SYSTEM_NAMES
     ]
+    from pydantic import ValidationError
+
+    from tasks.config import declare_systems, format_validation
+
     try:
-        defs = {
-            n: SystemDeclaration.model_validate(d)
-            for n, d in layer.get("define_systems", {}).items()
-        }
-        resolve_sources(defs, tuple(defs), None)
-    except ValueError as err:
-        raise cli.UsageError(str(err).splitlines()[-1].strip()) from None
-    for name, d in defs.items():
+        sources = declare_systems(layer, names=declared)
+    except ValidationError as err:
+        raise cli.UsageError(format_validation(err)) from None
+    except ValueError as err:  # a data file's or a simulator's problem, in one line
+        raise cli.UsageError(str(err)) from None
+    for name, source in sources.items():
         info = SYSTEMS[name]
-        options = json.dumps(d.options) if d.options else ""
+        options = json.dumps(source.options) if source.options else ""
         rows.append(
             (
                 name,
@@ -70,11 +67,14 @@ def run(args: argparse.Namespace) -> int:
                 "—",
             )
         )
-    for name, target in plugins.items():
+    for name, plugin in plugins.items():
         if name not in declared:
-            rows.append((name, "?", f"plugin simulator {target}", "declare it to use it", "—"))
+            rows.append((name, "?", f"plugin simulator {plugin}", "declare it to use it", "—"))
     head = ("system", "D", "source", "details", "paper")
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     for r in [head, *rows]:
         print("  ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+    for name, line in table.left_out.items():
+        if name not in declared:
+            print(f"left out: {line}")
     return 0

@@ -90,11 +90,9 @@ def spec_from_args(args: argparse.Namespace):
 
 def _one_line(err) -> str:
     """A pydantic error of the tuning spec as ``n_trials: must be ... (got 0)`` lines."""
-    return "; ".join(
-        f"{'.'.join(map(str, e['loc'])) or 'spec'}: "
-        f"{e['msg'].removeprefix('Value error, ')} (got {e.get('input')!r})"
-        for e in err.errors()
-    )
+    from tasks.config import validation_problems
+
+    return "; ".join(validation_problems(err, show_input=True))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from typing import Any
 import mlflow
 
 from tasks.tracking._store import Store
+from tasks.tracking.mlflow_names import logged_model_name
 from tasks.tracking.tags import RunTags
 
 __all__ = ["log_pyfunc_model"]
@@ -68,10 +69,10 @@ def _create_logged_model(store: Store, run_id: str, spec: dict[str, Any], artifa
     so the experiment's Models tab lists it."""
     run = store.client.get_run(run_id)
     cell = [run.data.tags.get(k) for k in (RunTags.METHOD, RunTags.SYSTEM, RunTags.SEED)]
-    name = f"{cell[0]}-{cell[1]}-s{cell[2]}" if all(cell) else artifact_path
+    name = logged_model_name(cell[0], cell[1], int(cell[2])) if all(cell) else artifact_path
     return store.client.create_logged_model(
         store.experiment_id,
-        name=name.replace(".", "_"),  # MLflow refuses / : . % and quotes in a model's name
+        name=name,
         source_run_id=run_id,
         params=dict(run.data.params),
         tags={

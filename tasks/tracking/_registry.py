@@ -13,8 +13,9 @@ from mlflow.exceptions import MlflowException
 
 from tasks.tracking._queries import Queries
 from tasks.tracking._store import Store
+from tasks.tracking.model_uri import parse_model_uri
 from tasks.tracking.records import RunRecord
-from tasks.tracking.tags import Metrics
+from tasks.tracking.tags import Metrics, RunTags
 
 __all__ = ["CHAMPION", "Promotion", "Registry"]
 
@@ -42,10 +43,18 @@ class Registry:
         self._queries = queries
 
     def promote_if_better(
-        self, name: str, run_id: str, test_rmse: float, artifact_path: str = "model"
+        self,
+        name: str,
+        run_id: str,
+        test_rmse: float,
+        artifact_path: str = "model",
+        *,
+        method: str = "neural_laplace",
+        system: str | None = None,
     ) -> Promotion:
-        """Register ``run_id``'s model as a new version of ``name`` and move the champion alias
-        to it, only if it beats the current champion's test RMSE (lower is better).
+        """Register ``run_id``'s model (a cell of ``method`` on ``system``) as a new version of
+        ``name`` and move the champion alias to it, only if it beats the current champion's
+        test RMSE (lower is better).
 
         The registry never points at nothing: a deleted run (or one whose model is gone) is
         never promoted, and a champion whose run was deleted (soft or purged) or whose model is
@@ -55,13 +64,7 @@ class Registry:
         """
         if self.run_problem(run_id, artifact_path) is not None:
             return Promotion(name, False, None, test_rmse, None)
-        try:
-            self._client.create_registered_model(
-                name, description="Best Neural Laplace model of this system (lowest test RMSE)."
-            )
-        except MlflowException as e:
-            if e.error_code != "RESOURCE_ALREADY_EXISTS":
-                raise
+        self._create(name, method, system)
         aliases = self._client.get_registered_model(name).aliases
         previous: float | None = None
         if CHAMPION in aliases:
@@ -81,6 +84,21 @@ class Registry:
             self._link_version(model_id, name, version)
         self._client.set_registered_model_alias(name, CHAMPION, version)
         return Promotion(name, True, version, test_rmse, previous)
+
+    def _create(self, name: str, method: str, system: str | None) -> None:
+        """The registered model ``name`` (if new), tagged with its method and system as written
+        (its name is their MLflow token: :mod:`tasks.tracking.mlflow_names`)."""
+        where = f" on {system}" if system else " of this system"
+        tags = {RunTags.METHOD: method, **({RunTags.SYSTEM: system} if system else {})}
+        try:
+            self._client.create_registered_model(
+                name,
+                tags=tags,
+                description=f"Best {method} model{where} (lowest test RMSE).",
+            )
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
 
     def run_problem(
         self, run_id: str, artifact_path: str = "model", *, allow_deleted: bool = False
@@ -134,41 +152,51 @@ class Registry:
         return str(mv.version), mv.run_id
 
     def model_version(self, uri: str) -> tuple[str, str, str | None]:
-        """``(name, version, source run id)`` of ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``.
+        """``(name, version, source run id)`` of a model URI (:data:`~tasks.tracking.model_uri.
+        ACCEPTED`): a registered version's name and number; a logged model's or a run's model's
+        name and an empty version.
 
-        Raises ``LookupError`` naming the registered models when there is no such version.
-        """
-        ref = uri.removeprefix("models:/") if uri.startswith("models:/") else ""
-        if not ref.strip("/"):
-            raise LookupError(
-                "expected a registry URI 'models:/NAME@ALIAS' or 'models:/NAME/VERSION', "
-                f"got {uri!r}"
-            )
-        if "@" not in ref and "/" not in ref:
-            raise LookupError(
-                f"{uri!r} names no version: use models:/{ref}@champion or models:/{ref}/1"
-            )
+        Raises ``LookupError`` in one line: a malformed URI says what is accepted; a missing
+        registered version names the registered models."""
         try:
-            if "@" in ref:
-                mv = self._client.get_model_version_by_alias(*ref.split("@", 1))
+            parsed = parse_model_uri(uri)
+        except ValueError as e:
+            raise LookupError(str(e)) from None
+        try:
+            if parsed.kind == "alias":
+                mv = self._client.get_model_version_by_alias(parsed.name, parsed.ref)
+            elif parsed.kind == "version":
+                mv = self._client.get_model_version(parsed.name, parsed.ref)
+            elif parsed.kind == "logged":
+                logged = self._client.get_logged_model(parsed.model_id)
+                return logged.name, "", logged.source_run_id
             else:
-                mv = self._client.get_model_version(*ref.rsplit("/", 1))
+                self._client.get_run(parsed.run_id)
+                model_id = self._queries.logged_model_id(parsed.run_id)
+                name = self._client.get_logged_model(model_id).name if model_id else "model"
+                return name, "", parsed.run_id
         except MlflowException as e:
+            where = f"at {uri!r} in {self._store.settings.tracking_uri}"
+            first = e.message.splitlines()[0]
+            if not parsed.registered:
+                what = "logged model" if parsed.kind == "logged" else "run"
+                raise LookupError(f"no {what} {where} ({first})") from None
             names = sorted(m.name for m in self._client.search_registered_models())
             raise LookupError(
-                f"no registered model version at {uri!r} in {self._store.settings.tracking_uri} "
-                f"({e.message.splitlines()[0]}); registered models: {', '.join(names) or 'none'}"
+                f"no registered model version {where} ({first}); "
+                f"registered models: {', '.join(names) or 'none'}"
             ) from None
         return mv.name, str(mv.version), mv.run_id
 
     def download_model(self, uri: str, dst: str | Path | None = None) -> Path:
-        """Download a registered model (``models:/name@alias`` or ``models:/name/version``)."""
-        if not uri.startswith("models:/"):
-            raise ValueError(
-                f"models are loaded only from the registry: expected 'models:/NAME@ALIAS' or "
-                f"'models:/NAME/VERSION', got {uri!r}"
-            )
+        """Download the model a model URI names (:meth:`model_version`'s forms)."""
+        try:
+            parsed = parse_model_uri(uri)
+        except ValueError as e:
+            raise LookupError(str(e)) from None
         dst = Path(dst) if dst is not None else Path(tempfile.mkdtemp(prefix="nllab-model-"))
+        if parsed.kind == "run":
+            return self._queries.download(parsed.run_id, "model", dst)
         try:
             path = mlflow.artifacts.download_artifacts(
                 artifact_uri=uri,
@@ -177,5 +205,6 @@ class Registry:
                 registry_uri=self._store.settings.tracking_uri,
             )
         except MlflowException as e:
-            raise LookupError(f"no registered model at {uri!r}: {e.message}") from e
+            what = "registered model" if parsed.registered else "logged model"
+            raise LookupError(f"no {what} at {uri!r}: {e.message}") from e
         return Path(path)

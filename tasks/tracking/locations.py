@@ -16,8 +16,10 @@ from pathlib import Path
 __all__ = [
     "embedded_store_path",
     "embedded_tracking_uri",
+    "has_finished_run",
     "registered_version",
     "store_path",
+    "stored_model",
     "tracking_uri",
 ]
 
@@ -51,21 +53,52 @@ def registered_version(ref: str, uri: str | None = None) -> tuple[bool | None, l
 
     ``None`` when it cannot say: a server store, or an old or busy sqlite file (MLflow itself
     answers later). A store file that does not exist holds nothing."""
-    db_path = store_path(uri or tracking_uri())
-    if db_path is None:
-        return None, []
     if "@" in ref:
         query = "select 1 from registered_model_aliases where name = ? and alias = ?"
         args: tuple[str, ...] = tuple(ref.split("@", 1))
     else:
         query = "select 1 from model_versions where name = ? and cast(version as text) = ?"
         args = tuple(ref.rsplit("/", 1))
+    names = "select name from registered_models"
+    return _holds(query, args, names, uri)
+
+
+def stored_model(kind: str, key: str, uri: str | None = None) -> bool | None:
+    """Whether the embedded store holds the logged model (``kind`` ``logged``, ``key`` its id)
+    or the run (``run``, its id) a model URI names; ``None`` when it cannot say (as
+    :func:`registered_version`)."""
+    query = {
+        "logged": "select 1 from logged_models where model_id = ?",
+        "run": "select 1 from runs where run_uuid = ?",
+    }[kind]
+    return _holds(query, (key,), None, uri)[0]
+
+
+def has_finished_run(kind: str, uri: str | None = None) -> bool | None:
+    """Whether the embedded store holds a FINISHED, undeleted run tagged ``nllab.kind`` =
+    ``kind`` in any experiment (``None`` when it cannot say: a server, an old or busy file).
+    A command with nothing to read answers from this without loading MLflow."""
+    query = (
+        "select 1 from runs r join tags t on t.run_uuid = r.run_uuid where t.key = 'nllab.kind' "
+        "and t.value = ? and r.status = 'FINISHED' and r.lifecycle_stage = 'active' limit 1"
+    )
+    return _holds(query, (kind,), None, uri)[0]
+
+
+def _holds(
+    query: str, args: tuple[str, ...], names: str | None, uri: str | None
+) -> tuple[bool | None, list[str]]:
+    """Whether ``query`` finds a row in the embedded store, and (when not) the first column of
+    ``names``' rows."""
+    db_path = store_path(uri or tracking_uri())
+    if db_path is None:
+        return None, []
     if not db_path.is_file():
         return False, []
     try:
         with closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5)) as db:
             if db.execute(query, args).fetchone() is not None:
                 return True, []
-            return False, sorted(r[0] for r in db.execute("select name from registered_models"))
+            return False, sorted(r[0] for r in db.execute(names)) if names else []
     except sqlite3.Error:
         return None, []

@@ -10,7 +10,7 @@ from typing import Any
 import optuna
 from pydantic import ValidationError
 
-from tasks.config import CellConfig, ConfigError, RunConfig
+from tasks.config import CellConfig, ConfigError, RunConfig, validation_problems
 from tasks.tuning.spec import BEST_ATTR, study_name
 from tasks.tuning.storage import default_storage_url, open_storage
 
@@ -86,7 +86,7 @@ def apply_tuned(
     except ValidationError as e:
         raise ConfigError(
             f"the tuned configurations of studies {sorted(studies.values())} do not fit a cell "
-            f"config: {e.errors()[0]['msg']}"
+            f"config: {'; '.join(validation_problems(e))}"
         ) from None
     tuned = tuple(c.key for c in cells if f"{c.system}/{c.method}" in overrides)
     untuned = tuple(c.key for c in cells if f"{c.system}/{c.method}" not in overrides)

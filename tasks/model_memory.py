@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["TRAINING_COPIES", "check_models_fit", "free_bytes", "training_bytes"]
+from tasks.errors import SettingError
+
+__all__ = ["TRAINING_COPIES", "ModelTooLarge", "check_models_fit", "free_bytes", "training_bytes"]
 
 #: Copies of each parameter that training holds: weights, gradients, Adam's m and v.
 TRAINING_COPIES = 4
@@ -46,9 +48,14 @@ def free_bytes(device: str) -> int:
     return int(free)
 
 
+class ModelTooLarge(SettingError, ValueError):
+    """A model whose training cannot fit in its device's free memory (a setting to change)."""
+
+
 def check_models_fit(cells: Iterable, device: str) -> None:
-    """Raise ``ValueError`` ("this model needs N GB; M GB free") for the first cell whose model
-    cannot fit in the free memory of ``device``; each distinct model is measured once."""
+    """Raise :class:`ModelTooLarge` ("this model needs N GB; M GB free") for the first cell whose
+    model cannot fit in the free memory of ``device``; each distinct model is measured once.
+    :func:`flows.benchmark.run_benchmark` checks its cells so before anything starts."""
     from datasets import SYSTEMS
 
     seen: set[tuple] = set()
@@ -63,7 +70,7 @@ def check_models_fit(cells: Iterable, device: str) -> None:
             continue
         free = free_bytes(device) if free is None else free
         if need > free:
-            raise ValueError(
+            raise ModelTooLarge(
                 f"{cell.method} on {cell.system}: this model needs {need / 2**30:,.1f} GB to "
                 f"train; {free / 2**30:,.1f} GB free (make its layers narrower)"
             )
