@@ -14,6 +14,7 @@ import functools
 import importlib
 import inspect
 import json
+import sys
 import threading
 import tomllib
 import typing
@@ -56,14 +57,24 @@ register_model = name_registrar(MODELS, "model", "registry_name")
 BUILTIN_CATALOG = Path(__file__).resolve().parent / "models.toml"
 
 
+def _initializing(module: str) -> bool:
+    spec = getattr(sys.modules.get(module), "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
+
+
 def load_builtin_models() -> tuple[str, ...]:
     """Import the module of every model in :data:`BUILTIN_CATALOG` (each registers its class
     with :func:`register_model`); returns the catalog's names, in its order. A name the catalog
-    lists but no module registers is an error (the two would disagree)."""
+    lists but no module registers is an error (the two would disagree), unless its module is
+    still being imported (it imported this registry first: it registers when it finishes)."""
     catalog = tomllib.loads(BUILTIN_CATALOG.read_text(encoding="utf-8"))
     for module in dict.fromkeys(entry["module"] for entry in catalog.values()):
         importlib.import_module(module)
-    missing = [name for name in catalog if name not in MODELS]
+    missing = [
+        name
+        for name, entry in catalog.items()
+        if name not in MODELS and not _initializing(entry["module"])
+    ]
     if missing:
         raise ImportError(
             f"{BUILTIN_CATALOG.name}: {', '.join(missing)} not registered by its module "
