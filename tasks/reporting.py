@@ -1,7 +1,8 @@
 """Results table: mean ± std over seeds per method × system, best in bold, the paper alongside.
 
-The tables themselves (:class:`~tasks.tables.Table`, :func:`~tasks.tables.render_table`,
-:func:`~tasks.tables.verdict`) live in :mod:`tasks.tables`; they are importable from here too."""
+The tables themselves (:class:`~tasks.tables.Table`, :func:`~tasks.tables.render_table`) live in
+:mod:`tasks.tables`, importable from here too; ours against the paper is judged by the one
+:func:`tasks.verdict.verdict`."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pandas as pd
 
 from tasks.config import MAIN_SYSTEMS, METHODS
 from tasks.results import CellResult
-from tasks.tables import Table, TableCell, number, render_table, verdict
+from tasks.tables import Table, TableCell, number, render_table
+from tasks.verdict import VERDICT_RULE, verdict
 
 __all__ = [
     "PAPER_BUDGET",
@@ -27,7 +29,6 @@ __all__ = [
     "parent_summary",
     "render_table",
     "results_table",
-    "verdict",
 ]
 
 
@@ -127,6 +128,13 @@ def _fmt(mean: float, std: float | None) -> str:
     return number(mean) if std is None else f"{number(mean)} ± {number(std)}"
 
 
+def _row_verdict(row: pd.Series) -> str:
+    """:func:`tasks.verdict.verdict` of one row of a :class:`ResultsTable`'s frame."""
+    return verdict(
+        row["mean"], row["std"], int(row["n_seeds"]), row["paper_mean"], row["paper_std"]
+    )
+
+
 #: A cell whose few largest squared errors carry more than this share of the total is flagged.
 TOP_SHARE_FLAG = 0.5
 
@@ -136,10 +144,7 @@ _BEST, _BEST_TERMINAL = "best per system in bold", "best per system marked *"
 #: The training budget behind the paper's Table 3; only the ``paper`` profile trains it.
 PAPER_BUDGET = "5 seeds × 1000 epochs, N = 1000"
 _HEAD = f"Test RMSE (normalised, extrapolated half), mean ± std over seeds; {_BEST}; "
-_CAPTION = (
-    f"{_HEAD}the paper's figure ({PAPER_BUDGET}) in brackets; ▲ better than the paper, "
-    "✓ within its ± band, ▼ worse."
-)
+_CAPTION = f"{_HEAD}the paper's figure ({PAPER_BUDGET}) in brackets; {VERDICT_RULE}."
 
 
 def _caption_other_budget(profile: str) -> str:
@@ -203,9 +208,7 @@ class ResultsTable:
             f"{text} (n={r['n_seeds']})" if seeds else text,
             paper=paper,
             best=self._best().get(system) == method,
-            verdict=verdict(r["mean"], r["std"], r["paper_mean"], r["paper_std"])
-            if self.judged
-            else "",
+            verdict=_row_verdict(r) if self.judged else "",
             link=links.get((method, system)),
             flag=flag,
         )
@@ -245,7 +248,10 @@ class ResultsTable:
                     TableCell(system),
                     TableCell(" < ".join(_short(m) for m in ours["method"])),
                     TableCell(" < ".join(_short(m) for m in paper["method"])),
-                    TableCell("yes" if same else "no", verdict="match" if same else "worse"),
+                    # coloured, not marked: ▲ ✓ ▼ are the verdict against the paper's figure
+                    TableCell(
+                        "yes" if same else "no", verdict="match" if same else "worse", mark=False
+                    ),
                     TableCell(f"{tau:+.2f}"),
                 )
             )
@@ -309,14 +315,13 @@ def parent_summary(
     )
     if table.judged:
         f = table.frame
-        verdicts = [
-            verdict(*row) for row in zip(f["mean"], f["std"], f["paper_mean"], f["paper_std"])
-        ]
+        verdicts = [_row_verdict(r) for _, r in f.iterrows()]
         for v in ("better", "match", "worse"):
             metrics[f"paper_{v}"] = float(verdicts.count(v))
         text += (
             f"Against the paper's Table 3: {verdicts.count('better')} better, "
-            f"{verdicts.count('match')} within its band, {verdicts.count('worse')} worse."
+            f"{verdicts.count('match')} consistent, {verdicts.count('worse')} worse "
+            f"({VERDICT_RULE})."
         )
     else:
         text += f"The paper's Table 3 is another budget ({PAPER_BUDGET}): shown, not judged."
