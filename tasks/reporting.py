@@ -21,6 +21,7 @@ from tasks.verdict import VERDICT_RULE, verdict
 __all__ = [
     "PAPER_BUDGET",
     "PAPER_MAIN_TABLE",
+    "PAPER_STEREOGRAPHIC",
     "TOP_SHARE_FLAG",
     "Published",
     "ResultsTable",
@@ -100,6 +101,16 @@ PAPER_MAIN_TABLE: dict[tuple[str, str], Published] = {
         (0.0035, 0.0004),
         (0.0014, 0.0005),
     ),
+}
+
+
+#: The paper's Table 5 (``Table:ablate``, top block): test RMSE of Neural Laplace with the
+#: stereographic map off and on, per system (single figures, no ±; four of the six systems).
+PAPER_STEREOGRAPHIC: dict[str, tuple[float, float]] = {
+    "lotka_volterra_dde": (0.1617, 0.0614),
+    "stiff_van_der_pol": (0.1836, 0.1286),
+    "piecewise_forcing_ode": (0.0249, 0.0036),
+    "integro_de": (0.0048, 0.0013),
 }
 
 
@@ -184,7 +195,12 @@ class ResultsTable:
         return {s: g.loc[g["mean"].idxmin(), "method"] for s, g in ok.groupby("system")}
 
     def _cell(
-        self, method: str, system: str, links: Mapping[tuple[str, str], str], seeds: bool = False
+        self,
+        method: str,
+        system: str,
+        links: Mapping[tuple[str, str], str],
+        seeds: bool = False,
+        note: str = "",
     ) -> TableCell:
         rows = self.frame[(self.frame.method == method) & (self.frame.system == system)]
         if rows.empty:
@@ -204,8 +220,9 @@ class ResultsTable:
                 f"{number(r['rmse_without_top'])} without them"
             )
         text = _fmt(r["mean"], r["std"] if r["n_seeds"] > 1 else None)
+        count = f"n={r['n_seeds']}" + (f"; {note}" if note else "")
         return TableCell(
-            f"{text} (n={r['n_seeds']})" if seeds else text,
+            f"{text} ({count})" if seeds else text,
             paper=paper,
             best=self._best().get(system) == method,
             verdict=_row_verdict(r) if self.judged else "",
@@ -214,18 +231,32 @@ class ResultsTable:
         )
 
     def main_table(
-        self, links: Mapping[tuple[str, str], str] | None = None, *, seeds: bool = False
+        self,
+        links: Mapping[tuple[str, str], str] | None = None,
+        *,
+        seeds: bool = False,
+        notes: Mapping[tuple[str, str], str] | None = None,
     ) -> Table:
         """Methods × systems, ours beside the paper's mean ± std; ``links`` (method, system) →
         URL makes a cell a link (its runs in the MLflow UI); ``seeds``: each cell says how many
-        seeds its mean is over."""
-        links = links or {}
+        seeds its mean is over, with the ``notes`` (method, system) → text beside the count."""
+        links, notes = links or {}, notes or {}
         rows = tuple(
-            (TableCell(m), *(self._cell(m, s, links, seeds) for s in self.systems))
+            (
+                TableCell(m),
+                *(self._cell(m, s, links, seeds, notes.get((m, s), "")) for s in self.systems),
+            )
             for m in self.methods
         )
         caption = _CAPTION if self.judged else _caption_other_budget(self.profile)
         return Table(("method", *self.systems), rows, caption)
+
+    def verdicts(self) -> dict[tuple[str, str], str]:
+        """(method, system) → the verdict its cell shows ("" where not judged)."""
+        return {
+            (r["method"], r["system"]): _row_verdict(r) if self.judged else ""
+            for _, r in self.frame.iterrows()
+        }
 
     def ranking(self) -> Table:
         """Per system, the methods from best to worst by mean test RMSE, ours beside the
