@@ -86,7 +86,8 @@ def ledger_groups(
     3. the remaining Table 3 seeds, seed by seed.
 
     Each group is one seed of one method on its missing systems; ``merge_seeds`` (a GPU, where
-    bigger packs pay) joins the seeds of one method and phase that miss the same systems."""
+    bigger packs pay) joins the seeds of one method that miss the same systems, a method
+    without any seed in phase 1 with all of them."""
     recorded = {(s.cell.method, s.cell.system) for s in states if s.state == "recorded"}
     by_seed: dict[tuple[str, str, int], list[str]] = {}
     for c in todo:
@@ -98,7 +99,11 @@ def ledger_groups(
 
     def phase(key: tuple[str, str, int]) -> int:
         method, ablation, seed = key
-        return 1 if ablation else (0 if first.get(method) == seed else 2)
+        if ablation:
+            return 1
+        if merge_seeds:  # its first seed comes with the others, in one pack
+            return 0 if method in first else 2
+        return 0 if first.get(method) == seed else 2
 
     groups: dict[tuple, LedgerGroup] = {}
     for key in sorted(by_seed, key=lambda k: (phase(k), k[2], k[1], k[0])):

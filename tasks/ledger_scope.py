@@ -14,6 +14,7 @@ never cached.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -205,7 +206,11 @@ def ledger_scope(
     """:func:`scope_of` with today's numerics, read from ``$NLLAB_HOME/ledger`` when computed
     before at this code state (standard library only), else computed once and cached; ``say``
     is told when it computes."""
-    key = _code_state(config_file, systems, methods)
+    key = _code_state(
+        None if config_file is None else str(config_file),
+        None if systems is None else tuple(systems),
+        None if methods is None else tuple(methods),
+    )
     path = home_folder() / "ledger" / f"scope-{key[:24]}.json" if key else None
     if path is not None and (cached := _read(path)) is not None:
         return cached
@@ -220,10 +225,15 @@ def ledger_scope(
     return scope
 
 
+@functools.cache
 def _code_state(
-    config_file: str | Path | None, systems: Sequence[str] | None, methods: Sequence[str] | None
+    config_file: str | None, systems: tuple[str, ...] | None, methods: tuple[str, ...] | None
 ) -> str | None:
-    """The cache key of a scope (None: not cacheable: a config file that declares systems)."""
+    """The cache key of a scope (None: not cacheable: a config file that declares systems).
+
+    Once per process: loading the models sets the portable CPU mode's variables
+    (:mod:`nlmodels._numerics`), which are part of the key, so a key taken after that would
+    differ from the one the same process took before."""
     h = hashlib.sha256(f"{_FORMAT}; {sys.version}; {systems}; {methods}".encode())
     if config_file is not None:
         text = Path(config_file).read_bytes()
