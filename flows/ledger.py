@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.config import METHODS
 from tasks.ledger import (
     LedgerRecord,
     append_records,
@@ -105,8 +106,13 @@ def ledger_groups(
             return 0 if method in first else 2
         return 0 if first.get(method) == seed else 2
 
+    def order(key: tuple[str, str, int]) -> tuple:
+        method, ablation, seed = key  # the paper's row order within a seed
+        row = METHODS.index(method) if method in METHODS else len(METHODS)
+        return (phase(key), seed, ablation, row, method)
+
     groups: dict[tuple, LedgerGroup] = {}
-    for key in sorted(by_seed, key=lambda k: (phase(k), k[2], k[1], k[0])):
+    for key in sorted(by_seed, key=order):
         method, ablation, seed = key
         systems = tuple(by_seed[key])
         join = (phase(key), method, ablation, systems) if merge_seeds else key
