@@ -101,9 +101,6 @@ class LedgerStatus:
     records: int
     states: tuple[CellState, ...]
 
-    def count(self, state: State) -> int:
-        return sum(s.state == state for s in self.states)
-
     def flagged(self, numerics: Numerics) -> list[CellState]:
         """The recorded cells whose record has ``numerics`` (``older``, ``predates``)."""
         return [s for s in self.states if s.numerics == numerics]
