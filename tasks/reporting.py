@@ -347,12 +347,12 @@ def parent_summary(
     if table.judged:
         f = table.frame
         verdicts = [_row_verdict(r) for _, r in f.iterrows()]
-        for v in ("better", "match", "worse"):
+        for v in ("better", "match", "worse", "unclear"):
             metrics[f"paper_{v}"] = float(verdicts.count(v))
         text += (
             f"Against the paper's Table 3: {verdicts.count('better')} better, "
-            f"{verdicts.count('match')} consistent, {verdicts.count('worse')} worse "
-            f"({VERDICT_RULE})."
+            f"{verdicts.count('match')} matching, {verdicts.count('worse')} worse, "
+            f"{verdicts.count('unclear')} unclear ({VERDICT_RULE})."
         )
     else:
         text += f"The paper's Table 3 is another budget ({PAPER_BUDGET}): shown, not judged."

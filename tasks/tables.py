@@ -43,13 +43,19 @@ def plural(n: int, noun: str) -> str:
 # -- one table model, four renderers ---------------------------------------------------------------
 Format = Literal["terminal", "markdown", "latex", "html"]
 
-VERDICT_MARKS = {"better": "▲", "match": "✓", "worse": "▼"}
-VERDICT_COLOURS = {"better": "#d4f4d4", "match": "#dbe9ff", "worse": "#ffd9d9"}
-_ANSI = {"better": "\x1b[32m", "match": "\x1b[34m", "worse": "\x1b[31m"}
+VERDICT_MARKS = {"better": "▲", "match": "✓", "worse": "▼", "unclear": "?"}
+VERDICT_COLOURS = {
+    "better": "#d4f4d4",
+    "match": "#dbe9ff",
+    "worse": "#ffd9d9",
+    "unclear": "#eeeeee",
+}
+_ANSI = {"better": "\x1b[32m", "match": "\x1b[34m", "worse": "\x1b[31m", "unclear": "\x1b[33m"}
 _LATEX_MARKS = {
     "better": r"$\blacktriangle$",
     "match": r"$\checkmark$",
     "worse": r"$\blacktriangledown$",
+    "unclear": "?",
 }
 
 

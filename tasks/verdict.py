@@ -11,7 +11,11 @@ wild seed widens ours until it "matches" anything), while Welch's t-test weighs 
 spread by its number of seeds and does not assume equal variances (B. L. Welch, "The
 generalization of 'Student's' problem when several different population variances are
 involved", Biometrika 34, 1947; the degrees of freedom by Satterthwaite, Biometrics Bulletin 2,
-1946). It is the test a reviewer expects for two small samples summarised as mean ± std.
+1946): the test a reviewer expects for two small samples summarised as mean ± std. A test that
+finds no difference is not evidence of agreement, though (with few, spread seeds it finds none
+for anything), so ✓ also asks our mean to lie within the paper's own seed spread, the
+practical margin of an equivalence judgement (cf. Schuirmann's two one-sided tests, J.
+Pharmacokinet. Biopharm. 15, 1987); the rest is marked ? rather than claimed.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ __all__ = [
     "verdict",
 ]
 
-Verdict = Literal["better", "match", "worse", ""]
+Verdict = Literal["better", "match", "worse", "unclear", ""]
 
 #: Seeds behind each of the paper's mean ± std figures (Table 3: five seeds).
 PAPER_SEEDS = 5
@@ -40,10 +44,10 @@ RELATIVE_TOLERANCE = 0.10
 
 #: The rule in one sentence (captions, legends, the README).
 VERDICT_RULE = (
-    "▲ better or ▼ worse than the paper when Welch's two-sided t-test of our mean over seeds "
-    "against the paper's (5 seeds) rejects equality at the 5 % level, ✓ consistent with it "
-    "otherwise; with no spread on either side (one seed against a figure without ±) ✓ means "
-    "within 10 % of the paper's figure"
+    "▲ better or ▼ worse than the paper where Welch's t-test of our mean over seeds against "
+    "the paper's (5 seeds) finds a difference at the 5 % level; where it finds none, ✓ if our "
+    "mean lies within the paper's ± std (within 10 % of a figure without ±), ? if not (too few "
+    "or too spread seeds to tell)"
 )
 
 
@@ -66,10 +70,14 @@ def verdict(
     * one seed of ours against mean ± std: our seed as one more draw from the paper's seeds
       (the prediction interval, variance ``paper_std² (1 + 1/paper_n)``, ``paper_n − 1`` degrees
       of freedom);
-    * no spread on either side (or both zero): within :data:`RELATIVE_TOLERANCE` of ``paper``.
+    * no spread on either side (or both zero): no test; a difference beyond
+      :data:`RELATIVE_TOLERANCE` of ``paper`` counts as found.
 
-    ``match`` when the two-sided p-value is at least :data:`ALPHA`, else ``better``/``worse`` by
-    the sign (lower is better unless ``higher_is_better``); ``""`` without both figures.
+    ``better``/``worse`` (by the sign; lower is better unless ``higher_is_better``) when the
+    two-sided p-value is below :data:`ALPHA`. Otherwise the test found no difference, which
+    with 3–5 seeds is not yet agreement: ``match`` when our mean also lies within the paper's
+    ± std (within :data:`RELATIVE_TOLERANCE` of a figure without ±), else ``unclear`` (too
+    few or too spread seeds to tell). ``""`` without both figures.
     """
     if not (_finite(mean) and _finite(paper)) or n < 1:
         return ""
@@ -86,13 +94,14 @@ def verdict(
     else:
         se2, df = 0.0, 0.0
     diff = mean - paper
+    band = paper_std if _finite(paper_std) and paper_std > 0 else RELATIVE_TOLERANCE * abs(paper)
     if se2 > 0:
-        same = t_test_p_value(diff / math.sqrt(se2), df) >= ALPHA
+        differs = t_test_p_value(diff / math.sqrt(se2), df) < ALPHA
     else:
-        same = abs(diff) <= RELATIVE_TOLERANCE * abs(paper)
-    if same:
-        return "match"
-    return "better" if (diff > 0) == higher_is_better else "worse"
+        differs = abs(diff) > RELATIVE_TOLERANCE * abs(paper)
+    if differs:
+        return "better" if (diff > 0) == higher_is_better else "worse"
+    return "match" if abs(diff) <= band else "unclear"
 
 
 def _finite(x: float | None) -> bool:
