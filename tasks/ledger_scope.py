@@ -205,7 +205,16 @@ def ledger_scope(
 ) -> LedgerScope:
     """:func:`scope_of` with today's numerics, read from ``$NLLAB_HOME/ledger`` when computed
     before at this code state (standard library only), else computed once and cached; ``say``
-    is told when it computes."""
+    is told when it computes. Selections within the paper profile's own systems and methods
+    share its scope (one cache file; :meth:`LedgerScope.select` narrows it)."""
+    from tasks._names import MAIN_SYSTEMS, METHODS
+
+    if (
+        config_file is None
+        and set(systems or ()) <= set(MAIN_SYSTEMS)
+        and set(methods or ()) <= set(METHODS)
+    ):
+        systems = methods = None
     key = _code_state(
         None if config_file is None else str(config_file),
         None if systems is None else tuple(systems),

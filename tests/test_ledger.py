@@ -218,7 +218,7 @@ def test_groups_give_every_column_a_first_seed_then_the_ablation_then_the_rest(s
 
 
 def test_status_command_counts_the_ledger(tmp_path, capsys):
-    cells = ledger_scope(methods=["neural_laplace"]).select(seeds=[0])
+    cells = ledger_scope().select(methods=["neural_laplace"], seeds=[0])
     path = tmp_path / "ledger.jsonl"
     append_records(path, [_record(c.system, seed=0, config_hash=c.config_hash) for c in cells[:2]])
     args = ["ledger", "status", "--ledger", str(path), "--methods", "neural_laplace"]
