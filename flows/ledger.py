@@ -152,7 +152,7 @@ class LedgerRun:
 
     todo: int = 0
     appended: list[LedgerRecord] = field(default_factory=list)
-    stopped: bool = False  # the time limit ended it
+    stopped: bool = False  # the time limit (or the caller's stop event) ended it
     failed: list[str] = field(default_factory=list)
     #: groups left out because their expected time exceeded what was left
     skipped: list[str] = field(default_factory=list)
@@ -199,6 +199,7 @@ def run_ledger(
     execution: dict[str, Any],
     max_seconds: float | None = None,
     refresh_older: bool = False,
+    stop: threading.Event | None = None,
     say: Callable[[str], None] = print,
 ) -> LedgerRun:
     """Train the selected ledger cells that have no record at today's config (and, with
@@ -211,7 +212,9 @@ def run_ledger(
     execution settings (max_workers, torch_threads, device...). ``max_seconds``: the time limit;
     when it is reached the running cells stop (KILLED, not recorded) and no group starts after
     it; a group expected to take longer than the time left (from the ledger's records of its
-    method on this kind of device) is not started. The process's CPU priority is the caller's
+    method on this kind of device) is not started. ``stop``: the caller's own stop event (a
+    signal handler's): setting it stops the run as the time limit does (the engine's one stop
+    path, :attr:`tasks.cell.CellRuntime.stop`). The process's CPU priority is the caller's
     (``nllab ledger run --nice``)."""
     from tasks.tracking import connect
 
@@ -227,9 +230,10 @@ def run_ledger(
     todo = [c for c in todo if c.key not in recorder.done]
     device = str(execution.get("device") or "auto")
     groups = ledger_groups(todo, states, merge_seeds=device.startswith("cuda"))
-    stop = threading.Event()
+    stop = threading.Event() if stop is None else stop
+    timed_out = threading.Event()
     t0 = time.monotonic()
-    with _deadline(max_seconds, stop):
+    with _deadline(max_seconds, stop, timed_out):
         for group in groups:
             if stop.is_set():
                 break
@@ -245,8 +249,8 @@ def run_ledger(
             say(f"ledger: training {group.label}")
             cells = [c for c in todo if _in(c, group)]
             _train_group(group, cells, selection, execution, recorder, stop)
-    if stop.is_set():
-        out.stopped = True
+    out.stopped = stop.is_set()
+    if timed_out.is_set():
         say(f"ledger: time limit reached after {(time.monotonic() - t0) / 60:.1f} min")
     return out
 
@@ -261,13 +265,20 @@ def _in(cell: LedgerCell, group: LedgerGroup) -> bool:
 
 
 @contextmanager
-def _deadline(seconds: float | None, stop: threading.Event) -> Iterator[None]:
-    """Set ``stop`` after ``seconds`` (the engine's stop path: running cells end KILLED at
-    their next batch, finished ones stay)."""
+def _deadline(
+    seconds: float | None, stop: threading.Event, fired: threading.Event
+) -> Iterator[None]:
+    """Set ``fired`` and ``stop`` after ``seconds`` (the engine's stop path: running cells end
+    KILLED at their next batch, finished ones stay)."""
     if seconds is None:
         yield
         return
-    timer = threading.Timer(seconds, stop.set)
+
+    def fire() -> None:
+        fired.set()
+        stop.set()
+
+    timer = threading.Timer(seconds, fire)
     timer.daemon = True
     timer.start()
     try:
