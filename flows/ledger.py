@@ -238,13 +238,7 @@ def run_ledger(
             if stop.is_set():
                 break
             left = None if max_seconds is None else max_seconds - (time.monotonic() - t0)
-            expected = _expected_seconds(group, read_ledger(ledger), device)
-            if left is not None and expected is not None and expected > left:
-                out.skipped.append(group.label)
-                say(
-                    f"ledger: not starting {group.label}: about {expected / 60:.0f} min, "
-                    f"{left / 60:.0f} min left"
-                )
+            if not _fits(group, left, ledger, device, out, say):
                 continue
             say(f"ledger: training {group.label}")
             cells = [c for c in todo if _in(c, group)]
@@ -253,6 +247,25 @@ def run_ledger(
     if timed_out.is_set():
         say(f"ledger: time limit reached after {(time.monotonic() - t0) / 60:.1f} min")
     return out
+
+
+def _fits(
+    group: LedgerGroup,
+    left: float | None,
+    ledger: Path,
+    device: str,
+    out: LedgerRun,
+    say: Callable[[str], None],
+) -> bool:
+    """Whether ``group`` is expected to finish in the ``left`` seconds (None: no limit); if
+    not, it is listed in ``out.skipped`` and said."""
+    expected = _expected_seconds(group, read_ledger(ledger), device)
+    if left is None or expected is None or expected <= left:
+        return True
+    out.skipped.append(group.label)
+    minutes = f"about {expected / 60:.0f} min, {left / 60:.0f} min left"
+    say(f"ledger: not starting {group.label}: {minutes}")
+    return False
 
 
 def _in(cell: LedgerCell, group: LedgerGroup) -> bool:

@@ -386,6 +386,25 @@ def test_time_limit_stops_the_running_cell_and_keeps_the_finished_one(
     assert status == {"integro_de": "FINISHED", "spiral_dde": "KILLED"}
 
 
+def test_a_group_expected_to_overrun_the_time_limit_is_not_started(tmp_path, mlflow_store):
+    """The ledger's own records say a node seed takes 28 min on this kind of device: with 10
+    minutes left it is not started (nothing trains, nothing is recorded), and said."""
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY.format(epochs=2))
+    selection = {"config_file": config, "systems": ["integro_de"], "methods": ["node"]}
+    scope = ledger_scope(config, ["integro_de"], ["node"])
+    (cell,) = scope.select(seeds=[0])
+    ledger = tmp_path / "ledger.jsonl"
+    append_records(
+        ledger, [_record("integro_de", "node", 0, config_hash=cell.config_hash, train_seconds=1680)]
+    )
+    said: list[str] = []
+    out = run_ledger(ledger, selection=selection, execution={}, max_seconds=600, say=said.append)
+    assert out.todo == 4 and not out.appended and not out.stopped
+    assert out.skipped == [f"node seed {s} on integro_de" for s in (1, 2, 3, 4)]
+    assert "ledger: not starting node seed 1 on integro_de: about 28 min, 10 min left" in said
+
+
 def _nllab(*args: str, env: dict, **kw) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "flows.cli", *args],
