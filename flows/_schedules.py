@@ -2,7 +2,7 @@
 
 Loads with pydantic and the plain configuration only (study names from the catalog, tuning
 specs, run configurations), so ``nllab serve --check`` answers without loading torch, MLflow
-or Optuna; the deployable flows are :mod:`flows.serve`.
+or Optuna; the deployable flows are :mod:`flows.deployments`.
 """
 
 from __future__ import annotations

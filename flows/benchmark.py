@@ -11,6 +11,7 @@ import hashlib
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,12 +108,17 @@ def _parent_tags(config: RunConfig, cells: list[CellConfig]) -> dict[str, str]:
 
 @flow(name="nllab-benchmark", log_prints=True)
 def benchmark_flow(
-    config: RunConfig, reused: tuple[CellResult, ...] | None = None
+    config: RunConfig,
+    reused: tuple[CellResult, ...] | None = None,
+    stop: threading.Event | None = None,
+    on_finished: Callable[[Sequence[CellResult]], None] | None = None,
 ) -> BenchmarkSummary:
     """Run (or reuse) every cell of ``config`` and log the results table to a parent run.
 
     ``reused``: the cells :func:`tasks.reuse.stored_results` already found finished in this
-    command (the store is not asked again for them)."""
+    command (the store is not asked again for them). ``stop``
+    (:attr:`tasks.cell.CellRuntime.stop`) and ``on_finished``: as :func:`tasks.engine.run_cells`
+    takes them."""
     logger = get_run_logger()
     t0 = time.perf_counter()
     # Connect (and create the sqlite store) before any worker thread writes to it.
@@ -123,7 +129,6 @@ def benchmark_flow(
         "float64 Neural Laplace on the CPU runs %s",
         "the native C kernels" if native_cpu_kernels() else "the pure-torch path",
     )
-    stop = threading.Event()
     with parent_run(
         tracking.runs,
         f"benchmark-{config.profile}",
@@ -145,9 +150,9 @@ def benchmark_flow(
             tracking.store,
             config,
             parent,
-            stop=stop if config.execution.task_runner == "thread" else None,
+            stop=(stop or threading.Event()) if config.execution.task_runner == "thread" else None,
         )
-        results = run_cells(cells, runtime, reused=reused)
+        results = run_cells(cells, runtime, reused=reused, on_finished=on_finished)
         table = _log_table(tracking.runs, parent, config.profile, results)
         promotions = _promote(tracking.registry, results, config)
         description, summary_metrics = parent_summary(
@@ -181,13 +186,20 @@ def _log_table(runs: RunLog, parent: str, profile: str, results: list[CellResult
     return table
 
 
-def run_benchmark(config: RunConfig, *, always_record: bool = False) -> BenchmarkSummary:
+def run_benchmark(
+    config: RunConfig,
+    *,
+    always_record: bool = False,
+    stop: threading.Event | None = None,
+    on_finished: Callable[[Sequence[CellResult]], None] | None = None,
+) -> BenchmarkSummary:
     """Call :func:`benchmark_flow` with the configured task runner and flow settings.
 
     When every cell already has a finished run, nothing is started (no Prefect server, no new,
     empty parent run): the summary is read from the store, under the parent run that trained the
     first cell; ``always_record`` records a new parent run even then (a schedule, whose each
-    run is compared with the one before).
+    run is compared with the one before). ``stop`` and ``on_finished``: as
+    :func:`benchmark_flow` takes them (the reused cells are not passed to ``on_finished``).
     """
     t0 = time.perf_counter()
     check_models_fit(config.cells(), config.execution.device)  # before MLflow and Prefect
@@ -207,4 +219,4 @@ def run_benchmark(config: RunConfig, *, always_record: bool = False) -> Benchmar
         )
     with flow_settings():
         flow_ = benchmark_flow.with_options(task_runner=make_task_runner(config))
-        return flow_(config, tuple(reused))
+        return flow_(config, tuple(reused), stop, on_finished)

@@ -1,78 +1,133 @@
-"""Fill the results ledger: train the paper profile's missing cells through the benchmark.
+"""Fill the results ledger: train the ledger's missing cells through the benchmark.
 
 Cells go through :func:`flows.benchmark.run_benchmark`, so they are tracked in MLflow and reused
-from the store like any benchmark's. A watcher thread appends each finished cell's record to the
-ledger as soon as its run is FINISHED (:func:`tasks.ledger.append_records`), so a run that is
-stopped or killed keeps every cell that finished; the next ``ledger run`` first records what the
-store finished meanwhile, then trains only what is still missing.
+from the store like any benchmark's. The engine's cell-finished hook
+(:func:`tasks.engine.run_cells`) appends each finished cell's record to the ledger as its pack
+ends (:func:`tasks.ledger.append_records`), so a run that is stopped or killed keeps every cell
+that finished; the next ``ledger run`` first records what the store finished meanwhile, then
+trains only what is still missing. A time limit stops through the engine's one stop path
+(:attr:`tasks.cell.CellRuntime.stop`): running cells end KILLED and are not recorded, finished
+ones stay, and no group starts after it.
 """
 
 from __future__ import annotations
 
-import _thread
-import os
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.config import CellConfig, RunConfig, resolve_config
+from tasks.config import METHODS
 from tasks.ledger import (
     LedgerRecord,
     append_records,
-    cell_numerics,
-    cell_states,
     hardware_name,
     numerics_of,
     read_ledger,
     record_of_run,
 )
+from tasks.ledger_scope import ABLATIONS, LedgerCell, LedgerScope, ledger_scope, paper_config
+from tasks.ledger_views import CellState, cell_states
 from tasks.tracking.tags import RunTags
 
 if TYPE_CHECKING:
+    from tasks.config import CellConfig
+    from tasks.results import CellResult
     from tasks.tracking import Queries
 
 __all__ = [
+    "LedgerGroup",
     "LedgerRun",
     "ledger_groups",
     "paper_config",
     "record_finished",
     "record_store",
     "run_ledger",
+    "to_train",
 ]
 
-#: Seconds between two looks at the store for cells that finished.
-POLL_SECONDS = 20.0
+
+@dataclass(frozen=True)
+class LedgerGroup:
+    """Cells trained by one benchmark: every system × seed of one method (and ablation)."""
+
+    method: str
+    ablation: str
+    seeds: tuple[int, ...]
+    systems: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        what = f"{self.method} ({self.ablation})" if self.ablation else self.method
+        seeds = ",".join(map(str, self.seeds))
+        return (
+            f"{what} seed{'s' if len(self.seeds) > 1 else ''} {seeds} on {', '.join(self.systems)}"
+        )
 
 
-def paper_config(
-    overrides: dict[str, Any] | None = None,
-    *,
-    config_file: str | Path | None = None,
-    **more: Any,
-) -> RunConfig:
-    """The paper profile (the ledger's protocol), with ``config_file`` layered on it and the
-    ``overrides`` (selection, execution; keyword arguments join them) on top."""
-    return resolve_config("paper", config_file, {**(overrides or {}), **more})
+def to_train(states: Sequence[CellState], *, refresh_older: bool = False) -> list[LedgerCell]:
+    """The cells ``ledger run`` trains: those with no record at today's config; with
+    ``refresh_older``, also those whose counted record older numerics made."""
+    return [
+        s.cell for s in states if s.state != "recorded" or (refresh_older and s.numerics == "older")
+    ]
 
 
-def ledger_groups(cells: Sequence[CellConfig]) -> list[tuple[int, str, list[str]]]:
-    """``cells`` as benchmark runs: (seed, method, systems), seeds in ascending order so that
-    whole seeds complete first."""
-    groups: dict[tuple[int, str], list[str]] = {}
-    for c in cells:
-        groups.setdefault((c.seed, c.method), []).append(c.system)
-    return [(s, m, systems) for (s, m), systems in sorted(groups.items())]
+def ledger_groups(
+    todo: Sequence[LedgerCell], states: Sequence[CellState], *, merge_seeds: bool = False
+) -> list[LedgerGroup]:
+    """``todo`` as benchmark runs, in the order that gives every column a figure first:
+
+    1. for each Table 3 method with a system that has no recorded seed, its lowest missing seed;
+    2. the ablations (so they start only once every Table 3 column has at least one seed);
+    3. the remaining Table 3 seeds, seed by seed.
+
+    Each group is one seed of one method on its missing systems; ``merge_seeds`` (a GPU, where
+    bigger packs pay) joins the seeds of one method that miss the same systems, a method
+    without any seed in phase 1 with all of them."""
+    recorded = {(s.cell.method, s.cell.system) for s in states if s.state == "recorded"}
+    by_seed: dict[tuple[str, str, int], list[str]] = {}
+    for c in todo:
+        by_seed.setdefault((c.method, c.ablation, c.seed), []).append(c.system)
+    first: dict[str, int] = {}
+    for (method, ablation, seed), systems in sorted(by_seed.items()):
+        if not ablation and any((method, s) not in recorded for s in systems):
+            first.setdefault(method, seed)
+
+    def phase(key: tuple[str, str, int]) -> int:
+        method, ablation, seed = key
+        if ablation:
+            return 1
+        if merge_seeds:  # its first seed comes with the others, in one pack
+            return 0 if method in first else 2
+        return 0 if first.get(method) == seed else 2
+
+    def order(key: tuple[str, str, int]) -> tuple:
+        method, ablation, seed = key  # the paper's row order within a seed
+        row = METHODS.index(method) if method in METHODS else len(METHODS)
+        return (phase(key), seed, ablation, row, method)
+
+    groups: dict[tuple, LedgerGroup] = {}
+    for key in sorted(by_seed, key=order):
+        method, ablation, seed = key
+        systems = tuple(by_seed[key])
+        join = (phase(key), method, ablation, systems) if merge_seeds else key
+        if join in groups:
+            groups[join] = replace(groups[join], seeds=(*groups[join].seeds, seed))
+        else:
+            groups[join] = LedgerGroup(method, ablation, (seed,), systems)
+    return list(groups.values())
 
 
 def record_finished(
-    queries: Queries, cells: Sequence[CellConfig], ledger: Path, hardware: Callable[[str], str]
+    queries: Queries, cells: Sequence[LedgerCell], ledger: Path, hardware: Callable[[str], str]
 ) -> list[LedgerRecord]:
     """Append the records of ``cells`` that have a FINISHED run in the store; returns them."""
-    by_hash = {c.config_hash(): c for c in cells}
+    by_hash = {c.config_hash: c for c in cells}
     found = queries.finished_cells(by_hash)
     records = [
         record_of_run(
@@ -91,70 +146,152 @@ def record_finished(
     return append_records(ledger, records)
 
 
-def _unrecorded(ledger: Path, selection: dict[str, Any]) -> list[CellConfig]:
-    cells = paper_config(**selection).cells()
-    states = cell_states(read_ledger(ledger), cells, cell_numerics)
-    return [c for c, s in zip(cells, states, strict=True) if s.state != "recorded"]
-
-
-def record_store(
-    ledger: Path, *, selection: dict[str, Any], execution: dict[str, Any]
-) -> list[LedgerRecord]:
-    """Record the selected cells that the tracking store holds FINISHED and the ledger lacks
-    (after a plain ``nllab benchmark --profile paper``, or a run that was killed); trains
-    nothing."""
-    from tasks.tracking import connect
-
-    todo = _unrecorded(ledger, selection)
-    if not todo:
-        return []
-    queries = connect(paper_config(**selection, **execution).tracking).queries
-    return record_finished(queries, todo, ledger, hardware_name)
-
-
 @dataclass
 class LedgerRun:
     """What one ``ledger run`` did."""
 
     todo: int = 0
     appended: list[LedgerRecord] = field(default_factory=list)
-    stopped: bool = False  # the time limit ended it
+    stopped: bool = False  # the time limit (or the caller's stop event) ended it
     failed: list[str] = field(default_factory=list)
+    #: groups left out because their expected time exceeded what was left
+    skipped: list[str] = field(default_factory=list)
+
+
+def _states(
+    ledger: Path, scope: LedgerScope, selection: dict[str, Any]
+) -> tuple[list[LedgerCell], list[CellState]]:
+    cells = scope.select(
+        selection.get("systems"),
+        selection.get("methods"),
+        selection.get("seeds"),
+        ablations=selection.get("ablations"),
+    )
+    return cells, cell_states(read_ledger(ledger, scope), cells)
+
+
+def _scope(selection: dict[str, Any], say: Callable[[str], None] | None = None) -> LedgerScope:
+    return ledger_scope(
+        selection.get("config_file"), selection.get("systems"), selection.get("methods"), say=say
+    )
+
+
+def record_store(
+    ledger: Path, *, selection: dict[str, Any], execution: dict[str, Any]
+) -> list[LedgerRecord]:
+    """Record the selected cells that the tracking store holds FINISHED and the ledger lacks
+    at today's config (after a plain ``nllab benchmark --profile paper``, or a run that was
+    killed); trains nothing."""
+    from tasks.tracking import connect
+
+    _, states = _states(ledger, _scope(selection), selection)
+    todo = to_train(states)
+    if not todo:
+        return []
+    queries = connect(paper_config(execution, config_file=selection.get("config_file")).tracking)
+    return record_finished(queries.queries, todo, ledger, hardware_name)
+
+
+def run_ledger(
+    ledger: Path,
+    *,
+    selection: dict[str, Any],
+    execution: dict[str, Any],
+    max_seconds: float | None = None,
+    refresh_older: bool = False,
+    stop: threading.Event | None = None,
+    say: Callable[[str], None] = print,
+) -> LedgerRun:
+    """Train the selected ledger cells that have no record at today's config (and, with
+    ``refresh_older``, those recorded by older numerics), appending each record as its pack
+    finishes.
+
+    ``selection``: ``config_file`` (layered on the paper profile), ``systems``, ``methods``,
+    ``seeds`` (None: all) and ``ablations`` (False: Table 3 only, True: the ablations only,
+    None: both; :meth:`tasks.ledger_scope.LedgerScope.select`). ``execution``: the benchmark's
+    execution settings (max_workers, torch_threads, device...). ``max_seconds``: the time limit;
+    when it is reached the running cells stop (KILLED, not recorded) and no group starts after
+    it; a group expected to take longer than the time left (from the ledger's records of its
+    method on this kind of device) is not started. ``stop``: the caller's own stop event (a
+    signal handler's): setting it stops the run as the time limit does (the engine's one stop
+    path, :attr:`tasks.cell.CellRuntime.stop`). The process's CPU priority is the caller's
+    (``nllab ledger run --nice``)."""
+    from tasks.tracking import connect
+
+    scope = _scope(selection, say)
+    _, states = _states(ledger, scope, selection)
+    todo = to_train(states, refresh_older=refresh_older)
+    out = LedgerRun(todo=len(todo))
+    if not todo:
+        return out
+    queries = connect(paper_config(execution, config_file=selection.get("config_file")).tracking)
+    recorder = _Recorder(queries.queries, ledger, out, say)
+    recorder.record(todo)  # cells a stopped run finished in this store meanwhile
+    todo = [c for c in todo if c.key not in recorder.done]
+    device = str(execution.get("device") or "auto")
+    groups = ledger_groups(todo, states, merge_seeds=device.startswith("cuda"))
+    stop = threading.Event() if stop is None else stop
+    timed_out = threading.Event()
+    t0 = time.monotonic()
+    with _deadline(max_seconds, stop, timed_out):
+        for group in groups:
+            if stop.is_set():
+                break
+            left = None if max_seconds is None else max_seconds - (time.monotonic() - t0)
+            if not _fits(group, left, ledger, device, out, say):
+                continue
+            say(f"ledger: training {group.label}")
+            cells = [c for c in todo if _in(c, group)]
+            _train_group(group, cells, selection, execution, recorder, stop)
+    out.stopped = stop.is_set()
+    if timed_out.is_set():
+        say(f"ledger: time limit reached after {(time.monotonic() - t0) / 60:.1f} min")
+    return out
+
+
+def _fits(
+    group: LedgerGroup,
+    left: float | None,
+    ledger: Path,
+    device: str,
+    out: LedgerRun,
+    say: Callable[[str], None],
+) -> bool:
+    """Whether ``group`` is expected to finish in the ``left`` seconds (None: no limit); if
+    not, it is listed in ``out.skipped`` and said."""
+    expected = _expected_seconds(group, read_ledger(ledger), device)
+    if left is None or expected is None or expected <= left:
+        return True
+    out.skipped.append(group.label)
+    minutes = f"about {expected / 60:.0f} min, {left / 60:.0f} min left"
+    say(f"ledger: not starting {group.label}: {minutes}")
+    return False
+
+
+def _in(cell: LedgerCell, group: LedgerGroup) -> bool:
+    return (
+        cell.method == group.method
+        and cell.ablation == group.ablation
+        and cell.seed in group.seeds
+        and cell.system in group.systems
+    )
 
 
 @contextmanager
-def _watch(check: Callable[[], None], every: float) -> Iterator[None]:
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.wait(every):
-            try:
-                check()
-            except Exception:  # a busy store: the next look (or the final sweep) records it
-                pass
-
-    thread = threading.Thread(target=loop, name="ledger-watch", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
-@contextmanager
-def _deadline(hours: float | None, fired: threading.Event) -> Iterator[None]:
-    """Interrupt the main thread after ``hours`` (the engine's Ctrl-C path: running cells end
-    KILLED, finished ones stay)."""
-    if hours is None:
+def _deadline(
+    seconds: float | None, stop: threading.Event, fired: threading.Event
+) -> Iterator[None]:
+    """Set ``fired`` and ``stop`` after ``seconds`` (the engine's stop path: running cells end
+    KILLED at their next batch, finished ones stay)."""
+    if seconds is None:
         yield
         return
 
     def fire() -> None:
         fired.set()
-        _thread.interrupt_main()
+        stop.set()
 
-    timer = threading.Timer(hours * 3600.0, fire)
+    timer = threading.Timer(seconds, fire)
     timer.daemon = True
     timer.start()
     try:
@@ -163,96 +300,74 @@ def _deadline(hours: float | None, fired: threading.Event) -> Iterator[None]:
         timer.cancel()
 
 
-def run_ledger(
-    ledger: Path,
-    *,
-    selection: dict[str, Any],
-    execution: dict[str, Any],
-    max_hours: float | None = None,
-    niceness: int = 19,
-    poll: float = POLL_SECONDS,
-    say: Callable[[str], None] = print,
-) -> LedgerRun:
-    """Train the cells of the paper profile (``selection``: systems, methods, seeds) that the
-    ledger does not hold at today's config, appending each record as soon as it finishes.
-
-    ``selection`` may name a ``config_file`` layered on the paper profile.
-    ``execution``: the benchmark's execution settings (max_workers, torch_threads, device...).
-    ``niceness``: added to this process's (and so its workers') CPU niceness first."""
-    from tasks.tracking import connect
-
-    if niceness:
-        os.nice(niceness)
-    todo = _unrecorded(ledger, selection)
-    out = LedgerRun(todo=len(todo))
-    if not todo:
-        return out
-    queries = connect(paper_config(**selection, **execution).tracking).queries
-    recorder = _Recorder(
-        lambda group: record_finished(queries, group, ledger, hardware_name), out, say
-    )
-    recorder.sweep(todo)  # cells a stopped run finished in this store meanwhile
-    recorded = {(r.system, r.method, r.seed) for r in out.appended}
-    todo = [c for c in todo if (c.system, c.method, c.seed) not in recorded]
-    fired = threading.Event()
-    t0 = time.monotonic()
-    try:
-        with _deadline(max_hours, fired):
-            _train_groups(todo, selection, execution, recorder, poll, say)
-    except KeyboardInterrupt:
-        if not fired.is_set():
-            recorder.sweep(todo)
-            raise
-        out.stopped = True
-        say(f"ledger: --max-hours reached after {(time.monotonic() - t0) / 3600:.2f} h")
-    recorder.sweep(todo)
-    return out
+def _expected_seconds(
+    group: LedgerGroup, records: Sequence[LedgerRecord], device: str
+) -> float | None:
+    """The median training seconds of the ledger's records of ``group``'s method (and
+    ablation) on this kind of device (a pack's members train at once: a group takes about one
+    member's time); None without such records."""
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    seconds = [
+        r.train_seconds
+        for r in records
+        if r.method == group.method
+        and r.ablation == group.ablation
+        and r.train_seconds is not None
+        and (r.device or "cpu").startswith(kind)
+    ]
+    return statistics.median(seconds) if seconds else None
 
 
 class _Recorder:
-    """Appends to the ledger, one thread at a time, what the store has finished of some cells."""
+    """Appends to the ledger what the store has finished of some cells (the engine's hook)."""
 
-    def __init__(
-        self,
-        record: Callable[[Sequence[CellConfig]], list[LedgerRecord]],
-        out: LedgerRun,
-        say: Callable[[str], None],
-    ) -> None:
-        self._record, self.out, self._say = record, out, say
-        self._lock = threading.Lock()
+    def __init__(self, queries: Queries, ledger: Path, out: LedgerRun, say: Callable) -> None:
+        self.queries, self.ledger, self.out, self.say = queries, ledger, out, say
+        self.done: set[tuple[str, str, str, int]] = set()
 
-    def sweep(self, group: Sequence[CellConfig]) -> None:
-        with self._lock:
-            new = self._record(group)
-        for r in new:
+    def record(self, cells: Sequence[LedgerCell]) -> None:
+        for r in record_finished(self.queries, cells, self.ledger, hardware_name):
             self.out.appended.append(r)
-            self._say(
-                f"ledger: recorded {r.cell_key}: test RMSE {r.test_rmse:.4g} (run {r.run_id})"
-            )
+            self.done.add((r.system, r.method, r.ablation, r.seed))
+            self.say(f"ledger: recorded {r.cell_key}: test RMSE {r.test_rmse:.4g} (run {r.run_id})")
 
 
-def _train_groups(
-    todo: Sequence[CellConfig],
+def _train_group(
+    group: LedgerGroup,
+    cells: Sequence[LedgerCell],
     selection: dict[str, Any],
     execution: dict[str, Any],
     recorder: _Recorder,
-    poll: float,
-    say: Callable[[str], None],
+    stop: threading.Event,
 ) -> None:
-    """One benchmark per (seed, method) group, its cells recorded while it runs and after."""
+    """One benchmark of ``group``, each pack's finished cells recorded as it ends."""
     from flows.benchmark import run_benchmark
 
-    for seed, method, systems in ledger_groups(todo):
-        group = [c for c in todo if c.seed == seed and c.method == method]
-        say(f"ledger: training {method} seed {seed} on {', '.join(systems)}")
-        config = paper_config(
-            execution,
-            config_file=selection.get("config_file"),
-            systems=systems,
-            methods=[method],
-            seeds=[seed],
+    config = paper_config(
+        execution,
+        config_file=selection.get("config_file"),
+        systems=list(group.systems),
+        methods=[group.method],
+        seeds=list(group.seeds),
+        models=ABLATIONS.get(group.ablation),
+    )
+    by_hash = {c.config_hash: c for c in cells}
+    _same_cells(config.cells(), by_hash)
+
+    def finished(results: Sequence[CellResult]) -> None:
+        recorder.record([by_hash[r.config_hash] for r in results if r.ok])
+
+    summary = run_benchmark(config, stop=stop, on_finished=finished)
+    # cells the store had finished at today's numerics (reused, not trained: no hook call)
+    recorder.record([by_hash[r.config_hash] for r in summary.results if r.status == "reused"])
+    recorder.out.failed += [r.key for r in summary.results if r.status == "failed"]
+
+
+def _same_cells(configs: Sequence[CellConfig], by_hash: dict[str, LedgerCell]) -> None:
+    """The benchmark's cells are the ledger's (else the cached scope is stale: a bug)."""
+    missing = [c.key for c in configs if c.config_hash() not in by_hash]
+    if missing:
+        raise RuntimeError(
+            f"the ledger's cached cells do not match today's config for {', '.join(missing)}; "
+            "delete $NLLAB_HOME/ledger and run again"
         )
-        with _watch(lambda g=group: recorder.sweep(g), poll):
-            summary = run_benchmark(config)
-        recorder.sweep(group)
-        recorder.out.failed += [r.key for r in summary.results if not r.ok]

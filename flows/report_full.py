@@ -34,6 +34,7 @@ from tasks.reporting import PAPER_BUDGET, ResultsTable, results_table
 from tasks.results import CellResult
 from tasks.tables import Table, TableCell, number, render_table
 from tasks.tracking import Metrics, Queries
+from tasks.verdict import VERDICT_RULE
 
 #: The command the report suggests when no tuning study has run: complete, as it can be typed.
 TUNE_EXAMPLE = "nllab tune --method neural_laplace --system lotka_volterra_dde --trials 10"
@@ -340,10 +341,9 @@ def build_report(
     return ReportPaths(html_path, md_path, tuple(figures), tuple(results_paths))
 
 
-_LEGEND = (
-    "verdict: ▲ better than the paper, ✓ within 10 % (main table, paper profile only: "
-    "within ± band), ▼ worse"
-)
+#: The verdict's one rule (:func:`tasks.verdict.verdict`); the main table judges the paper
+#: profile only (the budget of the paper's figures).
+_LEGEND = f"verdict (main table: paper profile only): {VERDICT_RULE}"
 
 
 def _report_head(where: str, not_run: list[str]) -> tuple[list[str], list[str]]:

@@ -29,7 +29,8 @@ _OFFLINE = {
 MLFLOW_ENV_FILE = Path(__file__).resolve().parent.parent / "mlflow.env"
 
 
-def _data_home() -> Path:
+def home_folder() -> Path:
+    """The platform's home (``$NLLAB_HOME``, else ``~/.nllab``), standard library only."""
     # Mirrors datasets.data_home() without importing the data stack this early.
     home = os.environ.get("NLLAB_HOME")
     return Path(home).expanduser().resolve() if home else Path.home() / ".nllab"
@@ -57,7 +58,7 @@ def configure_environment() -> None:
         for key, value in dotenv_values(env_file).items():
             if value and key not in os.environ:
                 os.environ[key] = value
-    os.environ.setdefault("PREFECT_HOME", str(_data_home() / "prefect"))
+    os.environ.setdefault("PREFECT_HOME", str(home_folder() / "prefect"))
     # Prefect creates only the last folder level; a fresh NLLAB_HOME needs its parents too.
     try:
         Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)

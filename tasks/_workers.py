@@ -33,6 +33,8 @@ __all__ = [
 
 T = TypeVar("T")
 _POOL: _Pool | None = None
+#: Seconds within which a caller's stop event reaches the workers (:func:`worker_processes`).
+LINK_SECONDS = 0.5
 # In a worker: set by the parent when the flow is interrupted, so running cells stop and end
 # KILLED (workers ignore SIGINT themselves, so the parent decides for all of them).
 _WORKER_STOP = None
@@ -132,10 +134,13 @@ class _Pool:
     ``ProcessPoolExecutor`` instead marks itself broken and terminates every worker.)
     """
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, linked: threading.Event | None = None) -> None:
         # 'spawn': the caller has threads (Prefect), which 'fork' does not copy safely.
         self._ctx = multiprocessing.get_context("spawn")
         self.stop = self._ctx.Event()
+        #: the caller's stop event, passed on to :attr:`stop` (a thread event cannot cross
+        #: processes): checked by the manager at least every :data:`LINK_SECONDS`
+        self._linked = linked
         self._n = max(1, n)
         self._lock = threading.Lock()
         self._queue: deque[_Job] = deque()
@@ -232,7 +237,8 @@ class _Pool:
                 waits[w.process.sentinel] = ("died", w)
                 if w.job is not None:
                     waits[w.conn] = ("reply", w)
-            for ready in wait(list(waits)):
+            timeout = LINK_SECONDS if self._linked is not None else None
+            for ready in wait(list(waits), timeout):
                 kind, w = waits[ready]
                 if kind == "wake":
                     while self._wake_r.poll():
@@ -243,6 +249,8 @@ class _Pool:
                 if not w.process.is_alive():
                     self._reply(w)  # a reply sent just before it ended still counts
                     self._bury(w)
+            if self._linked is not None and self._linked.is_set():
+                self.stop.set()
         for w in self._workers:
             try:
                 w.conn.send(None)
@@ -283,12 +291,14 @@ class _Pool:
 
 
 @contextmanager
-def worker_processes(n: int) -> Iterator[None]:
-    """Run :func:`run_in_worker` calls in up to ``n`` spawned processes while the block runs."""
+def worker_processes(n: int, stop: threading.Event | None = None) -> Iterator[None]:
+    """Run :func:`run_in_worker` calls in up to ``n`` spawned processes while the block runs;
+    once ``stop`` is set (within :data:`LINK_SECONDS`), their running calls see their stop
+    event set, as on Ctrl-C."""
     global _POOL
     if _POOL is not None:
         raise RuntimeError("worker processes are already running in this process")
-    _POOL = pool = _Pool(n)
+    _POOL = pool = _Pool(n, stop)
     try:
         yield
     except BaseException:

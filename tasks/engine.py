@@ -15,7 +15,14 @@ cells and a :class:`~tasks.cell.CellRuntime`, :func:`run_cells`
    Prefect task per pack and one MLflow child run per cell; GPU packs go to at most
    :data:`GPU_LANES` lanes at once while the other workers train CPU packs
    (:func:`in_lanes`), so neither waits behind the other;
-5. returns one :class:`~tasks.results.CellResult` per input cell, in input order.
+5. calls ``on_finished`` with each pack's results as the pack ends (a caller that records cells
+   as they finish, e.g. the results ledger), and returns one :class:`~tasks.results.CellResult`
+   per input cell, in input order.
+
+Stopping: setting ``runtime.stop`` (the one stop mechanism; Ctrl-C sets it too) stops every
+running cell at its next batch, in worker processes as well (their runs end KILLED, their
+results ``interrupted``); packs not yet started return ``interrupted`` without starting, and
+:func:`run_cells` returns normally with the finished cells' results.
 
 It must be called inside a Prefect flow (it submits tasks to the flow's task runner).
 """
@@ -295,14 +302,19 @@ def run_cells(
     runtime: CellRuntime,
     *,
     reused: Sequence[CellResult] | None = None,
+    on_finished: Callable[[Sequence[CellResult]], None] | None = None,
 ) -> list[CellResult]:
     """Train (or reuse, by config hash) ``cells``: one result per cell, in input order.
 
     Cells with the same config hash share one run. Failed or interrupted cells are run again next
     time; a failing cell never stops the others. Ctrl-C stops running cells at their next batch
-    (their runs end KILLED) and propagates. ``reused``: the results :func:`stored_results`
+    (their runs end KILLED) and propagates; ``runtime.stop`` set from elsewhere (a deadline)
+    stops them the same way and returns. ``reused``: the results :func:`stored_results`
     already gave for these cells in this command (the store is then not asked again; a cell
     finished meanwhile by another process is still reused, under its claim).
+    ``on_finished(results)``: called in this thread with each pack's results as it ends
+    (finished, failed and interrupted alike); an exception it raises is logged, and training
+    goes on.
     """
     unique = list({c.config_hash(): c for c in cells}.values())
     reused, todo = _reused(unique, runtime, reused)
@@ -320,11 +332,28 @@ def run_cells(
                     done = collect_results(fut, pack)
                     by_hash.update((r.config_hash, r) for r in done)
                     display.pack_finished(done, by_hash.values())
+                    _tell_finished(on_finished, done)
         for c in todo:
             by_hash.setdefault(
                 c.config_hash(), CellResult.failed(c, "failed", "the cell's task did not return")
             )
     return [by_hash[c.config_hash()] for c in cells]
+
+
+def _tell_finished(
+    on_finished: Callable[[Sequence[CellResult]], None] | None, done: list[CellResult]
+) -> None:
+    if on_finished is None:
+        return
+    try:
+        on_finished(done)
+    except Exception as e:  # the cells are in the store whatever the hook does
+        get_run_logger().warning(
+            "the cell-finished hook failed for %s: %s: %s",
+            ", ".join(r.key for r in done),
+            type(e).__name__,
+            e,
+        )
 
 
 def _reused(
@@ -393,7 +422,8 @@ def _training(runtime: CellRuntime) -> Iterator[None]:
         and runtime.task_runner == "thread"
         and not worker_pool_active()
     )
-    pool = worker_processes(runtime.max_workers) if isolated else nullcontext()
+    # runtime.stop reaches the worker processes through the pool's own stop event
+    pool = worker_processes(runtime.max_workers, runtime.stop) if isolated else nullcontext()
     # Only loggers that print to the console: a logger without a console handler (the root,
     # usually) would get one, and print every record it receives a second time.
     printing = [

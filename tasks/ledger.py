@@ -5,11 +5,14 @@ methods × six systems × five seeds, Table 3 of the paper) take far longer than
 stretch on any one machine. The ledger is what accumulates instead: plain text, reviewed like
 code, appended to by ``nllab ledger run`` as each cell finishes, on whatever hardware is at hand.
 
-A record names its cell (``system``, ``method``, ``seed``, ``config_hash``), the code it ran
-at (``commit``, and ``numerics`` when a numerics fingerprint exists), its scores (``test_rmse``,
-``best_val_rmse``, ``rmse_without_top``, ``top_share``), how it trained (``epochs``,
-``best_epoch``, ``train_seconds``), where (``device``, ``hardware``) and the MLflow ``run_id``
-on the machine that made it. Only the standard library, numpy and pandas load here.
+A record names its cell (``system``, ``method``, ``seed``, ``config_hash``, and its
+``ablation`` for the cells beside Table 3: :data:`tasks.ledger_scope.ABLATIONS`), the code it ran
+at (``commit``, and ``numerics``: the model's and the data set's numerics fingerprints,
+``None`` on records that predate them), its scores (``test_rmse``, ``best_val_rmse``,
+``rmse_without_top``, ``top_share``), how it trained (``epochs``, ``best_epoch``,
+``train_seconds``), where (``device``: ``cpu``/``cuda``, ``hardware``: the processor's or GPU's
+name) and the MLflow ``run_id`` on the machine that made it. Only the standard library loads
+here.
 """
 
 from __future__ import annotations
@@ -18,28 +21,25 @@ import json
 import math
 import os
 import platform
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from tasks.tracking.tags import Metrics
 
 if TYPE_CHECKING:
     from tasks.config import CellConfig
-    from tasks.reporting import ResultsTable
+    from tasks.ledger_scope import LedgerCell, LedgerScope
 
 __all__ = [
     "DEFAULT_LEDGER",
-    "CellState",
     "LedgerError",
     "LedgerRecord",
     "append_records",
     "cell_numerics",
-    "cell_states",
-    "current_records",
+    "cpuinfo_line",
     "hardware_name",
-    "ledger_table",
     "numerics_of",
     "read_ledger",
     "record_of_run",
@@ -48,11 +48,10 @@ __all__ = [
 #: The repository's ledger of the paper profile (``results/paper/ledger.jsonl``).
 DEFAULT_LEDGER = Path(__file__).resolve().parent.parent / "results" / "paper" / "ledger.jsonl"
 
-State = Literal["recorded", "missing", "other_config", "other_numerics"]
-
 
 class LedgerError(ValueError):
-    """A malformed or duplicate ledger line (the message names the file and line number)."""
+    """A malformed, duplicate or unplaceable ledger line (the message names the file and line
+    number)."""
 
 
 @dataclass(frozen=True)
@@ -80,22 +79,35 @@ class LedgerRecord:
     hardware: str | None
     run_id: str | None
     note: str = ""
+    #: "" for a cell of Table 3, else its ablation (:data:`tasks.ledger_scope.ABLATIONS`)
+    ablation: str = ""
 
     status = "finished"
     ok = True
     diverged = None  # (a diverged run is recorded as it scored; its note says so)
 
     @property
-    def key(self) -> tuple[str, str, int, str, str | None]:
+    def key(self) -> tuple[str, str, str, int, str, str | None]:
         """What makes two records the same result: the cell, its config and its numerics."""
-        return (self.system, self.method, self.seed, self.config_hash, self.numerics)
+        return (
+            self.system,
+            self.method,
+            self.ablation,
+            self.seed,
+            self.config_hash,
+            self.numerics,
+        )
 
     @property
     def cell_key(self) -> str:
-        return f"{self.system}/{self.method}/seed{self.seed}"
+        cell = f"{self.system}/{self.method}/seed{self.seed}"
+        return f"{cell} ({self.ablation})" if self.ablation else cell
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
+        data = asdict(self)
+        if not self.ablation:  # Table 3's lines as they always were
+            del data["ablation"]
+        return json.dumps(data, ensure_ascii=False)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> LedgerRecord:
@@ -106,7 +118,7 @@ class LedgerRecord:
         unknown = sorted(set(data) - set(names))
         if unknown:
             raise ValueError(f"unknown field(s) {', '.join(unknown)}")
-        missing = [n for n in names if n not in data and n != "note"]
+        missing = [n for n in names if n not in data and n not in ("note", "ablation")]
         if missing:
             raise ValueError(f"missing field(s) {', '.join(missing)}")
         for name in ("system", "method", "config_hash"):
@@ -115,8 +127,9 @@ class LedgerRecord:
         for name in ("commit", "numerics", "device", "hardware", "run_id"):
             if data[name] is not None and not isinstance(data[name], str):
                 raise ValueError(f"{name} must be a string or null")
-        if not isinstance(data.get("note", ""), str):
-            raise ValueError("note must be a string")
+        for name in ("note", "ablation"):
+            if not isinstance(data.get(name, ""), str):
+                raise ValueError(f"{name} must be a string")
         for name in ("seed", "epochs", "best_epoch"):
             v = data[name]
             if v is None and name != "seed":
@@ -129,7 +142,7 @@ class LedgerRecord:
                 continue
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
                 raise ValueError(f"{name} must be a finite number, got {v!r}")
-            if v < 0 or (name == "top_share" and v > 1):
+            if v < 0 or (name == "top_share" and v > 1):  # a negative RMSE too
                 raise ValueError(f"{name} out of range: {v!r}")
         v = data["train_seconds"]
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v < 0):
@@ -137,11 +150,15 @@ class LedgerRecord:
         return cls(**{n: data[n] for n in names if n in data})
 
 
-def read_ledger(path: str | Path = DEFAULT_LEDGER) -> list[LedgerRecord]:
+def read_ledger(
+    path: str | Path = DEFAULT_LEDGER, scope: LedgerScope | None = None
+) -> list[LedgerRecord]:
     """Every record of the ledger at ``path`` in file order (none if the file is absent).
 
-    Raises :class:`LedgerError` naming ``path:line`` for a line that is not a valid record and
-    for a duplicate (the same cell, config hash and numerics as an earlier line)."""
+    Raises :class:`LedgerError` naming ``path:line`` for a line that is not a valid record, for
+    a duplicate (the same cell, config hash and numerics as an earlier line) and, given the
+    ledger's ``scope``, for a record it cannot place (an unknown system, method or ablation, a
+    seed outside the profile's)."""
     path = Path(path)
     if not path.exists():
         return []
@@ -156,6 +173,8 @@ def read_ledger(path: str | Path = DEFAULT_LEDGER) -> list[LedgerRecord]:
             record = LedgerRecord.from_mapping(json.loads(line))
         except (ValueError, TypeError) as e:  # JSONDecodeError is a ValueError
             raise LedgerError(f"{path}:{number}: not a valid ledger record: {e}") from None
+        if scope is not None and (problem := scope.problem(record)) is not None:
+            raise LedgerError(f"{path}:{number}: {problem} ({record.cell_key})")
         if record.key in first:
             raise LedgerError(
                 f"{path}:{number}: duplicate of line {first[record.key]} "
@@ -198,78 +217,6 @@ def append_records(path: str | Path, records: Iterable[LedgerRecord]) -> list[Le
     return new
 
 
-@dataclass(frozen=True)
-class CellState:
-    """Where one cell of a profile stands in the ledger."""
-
-    system: str
-    method: str
-    seed: int
-    state: State
-    record: LedgerRecord | None = None
-
-
-def _pick(candidates: Sequence[LedgerRecord], numerics: str | None) -> LedgerRecord:
-    """Of one cell's records under today's config: the one at today's numerics if any, else
-    the latest line."""
-    same = [r for r in candidates if numerics is not None and r.numerics == numerics]
-    return (same or list(candidates))[-1]
-
-
-def cell_states(
-    records: Sequence[LedgerRecord],
-    cells: Sequence[CellConfig],
-    numerics: Callable[[CellConfig], str | None] | None = None,
-) -> list[CellState]:
-    """Each of ``cells`` as ``recorded`` (a record under its config hash, at today's numerics
-    or with no fingerprint to compare), ``other_numerics`` (recorded under another numerics
-    fingerprint than ``numerics(cell)``, today's: :func:`cell_numerics`), ``other_config``
-    (only records under another config hash) or ``missing``."""
-    by_cell: dict[tuple[str, str, int], list[LedgerRecord]] = {}
-    for r in records:
-        by_cell.setdefault((r.system, r.method, r.seed), []).append(r)
-    states = []
-    for c in cells:
-        mine = by_cell.get((c.system, c.method, c.seed), [])
-        current = [r for r in mine if r.config_hash == c.config_hash()]
-        today = numerics(c) if numerics is not None else None
-        if current:
-            r = _pick(current, today)
-            stale = today is not None and r.numerics is not None and r.numerics != today
-            states.append(
-                CellState(c.system, c.method, c.seed, "other_numerics" if stale else "recorded", r)
-            )
-        elif mine:
-            states.append(CellState(c.system, c.method, c.seed, "other_config", mine[-1]))
-        else:
-            states.append(CellState(c.system, c.method, c.seed, "missing"))
-    return states
-
-
-def current_records(
-    records: Sequence[LedgerRecord],
-    cells: Sequence[CellConfig],
-    numerics: Callable[[CellConfig], str | None] | None = None,
-) -> list[LedgerRecord]:
-    """One record per cell of ``cells`` that holds one under its config hash (older numerics
-    included: they are the ledger's history until replaced)."""
-    return [
-        s.record
-        for s in cell_states(records, cells, numerics)
-        if s.record is not None and s.state in ("recorded", "other_numerics")
-    ]
-
-
-def ledger_table(records: Iterable[LedgerRecord], cells: Sequence[CellConfig] = ()) -> ResultsTable:
-    """The paper's Table 3 from ledger records: mean ± std over the recorded seeds (with the
-    number of seeds), the paper's figure and verdict beside it, dominated cells flagged with
-    the score without their top share (:func:`tasks.reporting.results_table`). Every (method,
-    system) of ``cells`` has its place, "–" where nothing is recorded yet."""
-    from tasks.reporting import results_table
-
-    return results_table(records, profile="paper", expected=((c.method, c.system) for c in cells))
-
-
 def hardware_name(device: str) -> str:
     """The model of the processor that trained on ``device`` (``cuda…``: the GPU's name)."""
     if device.startswith("cuda"):
@@ -277,13 +224,22 @@ def hardware_name(device: str) -> str:
 
         if torch.cuda.is_available():
             return torch.cuda.get_device_name(torch.device(device))
+    line = cpuinfo_line("model name")
+    if line is not None:
+        return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpuinfo_line(*prefixes: str) -> str | None:
+    """The first line of ``/proc/cpuinfo`` that starts with one of ``prefixes`` (None if none,
+    or where the file is absent)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            if line.startswith(prefixes):
+                return line
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+    return None
 
 
 def numerics_of(model: str | None, system: str | None) -> str | None:
@@ -304,7 +260,7 @@ def _int(value: float | None) -> int | None:
 
 
 def record_of_run(
-    cell: CellConfig,
+    cell: LedgerCell,
     run_id: str,
     metrics: Mapping[str, float],
     tags: Mapping[str, str],
@@ -313,7 +269,8 @@ def record_of_run(
     numerics: str | None = None,
 ) -> LedgerRecord:
     """The ledger record of ``cell``'s finished run (its final metrics and tags as the cell
-    path logs them: :func:`tasks.pipeline.cell_metrics`, :func:`tasks.pipeline.evaluate_cell`)."""
+    path logs them: :func:`tasks.pipeline.cell_metrics`, :func:`tasks.pipeline.evaluate_cell`;
+    ``device_used``: ``cpu`` or ``cuda``, ``hardware``: that device's name)."""
     from tasks.tracking.tags import RunTags
 
     def metric(name: str) -> float | None:
@@ -322,12 +279,12 @@ def record_of_run(
 
     test = metric(Metrics.TEST_RMSE)
     if test is None:
-        raise ValueError(f"run {run_id} of {cell.key} has no finite test_rmse")
+        raise ValueError(f"run {run_id} of {cell.label} has no finite test_rmse")
     return LedgerRecord(
         system=cell.system,
         method=cell.method,
         seed=cell.seed,
-        config_hash=cell.config_hash(),
+        config_hash=cell.config_hash,
         commit=tags.get(RunTags.GIT_COMMIT) or None,
         numerics=numerics,
         test_rmse=test,
@@ -341,4 +298,5 @@ def record_of_run(
         hardware=hardware,
         run_id=run_id,
         note="diverged: never registered" if metrics.get(Metrics.DIVERGED) else "",
+        ablation=cell.ablation,
     )

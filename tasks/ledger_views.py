@@ -1,108 +1,215 @@
-"""What ``nllab ledger`` prints: the status grid and Table 3 from the ledger's records."""
+"""What the ledger's records say about its cells: one rule that ``nllab ledger status``, ``ledger
+table`` and ``ledger run`` share (the command line formats and prints; this module keeps data).
+
+**The counting rule.** A cell counts as *recorded* when the ledger holds a record under its
+config hash today (:class:`tasks.ledger_scope.LedgerCell`), whatever numerics made it: the
+record at today's numerics fingerprints if there is one, else the latest line. A counted record
+made by other numerics than today's is flagged ``older`` (listed by ``status``, retrained by
+``ledger run --refresh-older``), one that predates fingerprints is flagged ``predates``;
+records only under another config hash count for nothing (``other_config``, listed). Every
+view's mean ± std and verdict (:func:`tasks.verdict.verdict`) are over the counted records.
+"""
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections import Counter
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
 
-from tasks.ledger import CellState, LedgerRecord, cell_states, current_records, ledger_table
-from tasks.tables import Table, TableCell, render_table
+from tasks.ledger import LedgerRecord
+from tasks.ledger_scope import LedgerCell
+from tasks.reporting import PAPER_STEREOGRAPHIC, ResultsTable, results_table
+from tasks.tables import Table, TableCell, number
+from tasks.verdict import VERDICT_RULE, Verdict, verdict
 
-if TYPE_CHECKING:
-    from tasks.config import CellConfig
+__all__ = [
+    "CellState",
+    "LedgerStatus",
+    "StatusGroup",
+    "ablation_table",
+    "cell_states",
+    "ledger_status",
+    "ledger_table",
+]
 
-__all__ = ["ledger_markdown", "ledger_terminal", "status_report"]
-
-_STATE_WORDS = {
-    "recorded": "recorded",
-    "missing": "missing",
-    "other_config": "recorded under another config only",
-    "other_numerics": "recorded by older numerics",
-}
-
-
-def _ordered(values: Sequence[str]) -> list[str]:
-    return list(dict.fromkeys(values))
+State = Literal["recorded", "missing", "other_config"]
+Numerics = Literal["today", "older", "predates", ""]
 
 
-def _grid(states: Sequence[CellState]) -> Table:
-    """Methods × systems: recorded seeds of the selected ones, and which are missing."""
-    methods = _ordered([s.method for s in states])
-    systems = _ordered([s.system for s in states])
-    rows = []
-    for m in methods:
-        cells = []
-        for sy in systems:
-            mine = [s for s in states if s.method == m and s.system == sy]
-            done = sum(s.state == "recorded" for s in mine)
-            cells.append(
-                TableCell(f"{done}/{len(mine)}", verdict="match" if done == len(mine) else "")
+@dataclass(frozen=True)
+class CellState:
+    """Where one cell stands in the ledger, with the record that counts for it (or, under
+    ``other_config``, the latest record under another config hash)."""
+
+    cell: LedgerCell
+    state: State
+    record: LedgerRecord | None = None
+
+    @property
+    def numerics(self) -> Numerics:
+        """Of a recorded cell's record: made by today's numerics, by ``older`` (other) ones, or
+        ``predates`` fingerprints ("" when not recorded)."""
+        if self.state != "recorded" or self.record is None:
+            return ""
+        if self.record.numerics is None:
+            return "predates"
+        today = self.cell.numerics
+        return "today" if today is None or self.record.numerics == today else "older"
+
+
+def cell_states(records: Iterable[LedgerRecord], cells: Sequence[LedgerCell]) -> list[CellState]:
+    """Each of ``cells`` under the counting rule (module docstring)."""
+    by_cell: dict[tuple[str, str, str, int], list[LedgerRecord]] = {}
+    for r in records:
+        by_cell.setdefault((r.system, r.method, r.ablation, r.seed), []).append(r)
+    states = []
+    for c in cells:
+        mine = by_cell.get(c.key, [])
+        current = [r for r in mine if r.config_hash == c.config_hash]
+        if current:
+            today = [r for r in current if c.numerics is not None and r.numerics == c.numerics]
+            states.append(CellState(c, "recorded", (today or current)[-1]))
+        elif mine:
+            states.append(CellState(c, "other_config", mine[-1]))
+        else:
+            states.append(CellState(c, "missing"))
+    return states
+
+
+@dataclass(frozen=True)
+class StatusGroup:
+    """One (method, ablation, system) of the selection: seeds recorded of those selected, how
+    many of those by older numerics, and the verdict of their mean against the paper."""
+
+    method: str
+    ablation: str
+    system: str
+    recorded: int
+    selected: int
+    older: int
+    verdict: Verdict
+    missing_seeds: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LedgerStatus:
+    """The selected cells' states and the number of lines the ledger holds."""
+
+    records: int
+    states: tuple[CellState, ...]
+
+    def flagged(self, numerics: Numerics) -> list[CellState]:
+        """The recorded cells whose record has ``numerics`` (``older``, ``predates``)."""
+        return [s for s in self.states if s.numerics == numerics]
+
+    def counted(self, ablation: bool | None = None) -> list[LedgerRecord]:
+        """The records that count (one per recorded cell); ``ablation`` as in
+        :meth:`tasks.ledger_scope.LedgerScope.select`."""
+        return [
+            s.record
+            for s in self.states
+            if s.state == "recorded"
+            and s.record is not None
+            and (ablation is None or bool(s.cell.ablation) == ablation)
+        ]
+
+    def groups(self) -> list[StatusGroup]:
+        """Per (method, ablation, system), in the selection's order; verdicts as the tables
+        draw them (:func:`ledger_table`, :func:`ablation_table`)."""
+        verdicts = _verdicts(self)
+        order: dict[tuple[str, str, str], list[CellState]] = {}
+        for s in self.states:
+            order.setdefault((s.cell.method, s.cell.ablation, s.cell.system), []).append(s)
+        return [
+            StatusGroup(
+                m,
+                a,
+                sy,
+                sum(s.state == "recorded" for s in group),
+                len(group),
+                sum(s.numerics == "older" for s in group),
+                verdicts.get((m, a, sy), ""),
+                tuple(s.cell.seed for s in group if s.state != "recorded"),
             )
-        rows.append((TableCell(m), *cells))
-    return Table(
-        ("method", *systems), tuple(rows), "Seeds recorded at today's config, of those selected."
+            for (m, a, sy), group in order.items()
+        ]
+
+
+def ledger_status(records: Sequence[LedgerRecord], cells: Sequence[LedgerCell]) -> LedgerStatus:
+    """The status of ``cells`` (a selection of the ledger's scope) given its ``records``."""
+    return LedgerStatus(len(records), tuple(cell_states(records, cells)))
+
+
+def ledger_table(status: LedgerStatus) -> tuple[ResultsTable, Table]:
+    """The paper's Table 3 from the counted records: the results table (mean ± std, verdict,
+    dominated cells flagged: :func:`tasks.reporting.results_table`) and its layout with the
+    seed count per cell and how many of them older numerics made. Every (method, system) of
+    the selection has its place, "–" where nothing is recorded yet."""
+    table3 = [s for s in status.states if not s.cell.ablation]
+    expected = dict.fromkeys((s.cell.method, s.cell.system) for s in table3)
+    results = results_table(status.counted(ablation=False), profile="paper", expected=expected)
+    older = Counter((s.cell.method, s.cell.system) for s in table3 if s.numerics == "older")
+    notes = {pair: f"{n} older" for pair, n in older.items()}
+    return results, results.main_table(seeds=True, notes=notes)
+
+
+def _summary(records: Sequence[LedgerRecord]) -> tuple[float, float | None, int]:
+    values = [r.test_rmse for r in records]
+    if not values:
+        return math.nan, None, 0
+    return statistics.fmean(values), statistics.pstdev(values), len(values)
+
+
+def _ablation_cell(records: Sequence[LedgerRecord], paper: float | None) -> TableCell:
+    mean, std, n = _summary(records)
+    figure = number(paper) if paper is not None else "—"
+    if not n:
+        return TableCell("–", paper=figure)
+    text = number(mean) if n == 1 else f"{number(mean)} ± {number(std)}"
+    judged = verdict(mean, std, n, paper) if paper is not None else ""
+    return TableCell(f"{text} (n={n})", paper=figure, verdict=judged)
+
+
+def _ablation_cells(status: LedgerStatus) -> dict[str, tuple[TableCell, TableCell]]:
+    """Per system of the selected ablation cells: (map off, map on) as table cells."""
+    counted = [s for s in status.states if s.state == "recorded" and s.record is not None]
+    out = {}
+    for system in dict.fromkeys(s.cell.system for s in status.states if s.cell.ablation):
+        mine = [s for s in counted if s.cell.system == system]
+        off = [s.record for s in mine if s.cell.ablation]
+        on = [s.record for s in mine if not s.cell.ablation and s.cell.method == "neural_laplace"]
+        paper_off, paper_on = PAPER_STEREOGRAPHIC.get(system, (None, None))
+        out[system] = (_ablation_cell(off, paper_off), _ablation_cell(on, paper_on))
+    return out
+
+
+def ablation_table(status: LedgerStatus) -> Table:
+    """The paper's Table 5 (top block) beside Table 3: Neural Laplace without the
+    stereographic map (the ledger's ablation cells) and with it (Table 3's own Neural Laplace
+    records of the selection), per system, each beside the paper's single figure for that
+    column (the verdict: a one-sample t-test, :func:`tasks.verdict.verdict`)."""
+    rows = tuple(
+        (TableCell(system), off, on) for system, (off, on) in _ablation_cells(status).items()
     )
-
-
-def status_report(
-    records: Sequence[LedgerRecord],
-    cells: Sequence[CellConfig],
-    where: str,
-    numerics: Callable[[CellConfig], str | None] | None = None,
-) -> str:
-    """Counts by state, the methods × systems grid, and the cells not counted with why."""
-    states = cell_states(records, cells, numerics)
-    counts = Counter(s.state for s in states)
-    lines = [
-        f"{where}: {len(records)} records; of the {len(states)} selected cells of the paper "
-        f"profile, {counts['recorded']} recorded, {counts['missing']} missing, "
-        f"{counts['other_config']} recorded under another config only, "
-        f"{counts['other_numerics']} recorded by older numerics ("
-        f"{sum(s.state == 'recorded' and s.record.numerics is None for s in states)} of the "
-        "recorded ones predate numerics fingerprints: their commit says what they ran)",
-        "",
-        render_table(_grid(states), "terminal", width=140),
-    ]
-    for m in _ordered([s.method for s in states]):
-        todo = [s for s in states if s.method == m and s.state != "recorded"]
-        if todo:
-            by_system: dict[str, list[str]] = {}
-            for s in todo:
-                by_system.setdefault(s.system, []).append(str(s.seed))
-            needs = "; ".join(f"{sy} {','.join(seeds)}" for sy, seeds in by_system.items())
-            lines.append(f"{m} needs {len(todo)}: {needs}")
-    stale = [s for s in states if s.state in ("other_config", "other_numerics")]
-    for s in stale:
-        r = s.record
-        lines.append(
-            f"{s.system}/{s.method}/seed{s.seed}: {_STATE_WORDS[s.state]} "
-            f"(config {r.config_hash[:12]}, commit {(r.commit or 'unknown')[:12]})"
-        )
-    return "\n".join(lines)
-
-
-def _hardware(records: Sequence[LedgerRecord]) -> str:
-    made = Counter(f"{r.device or '?'} ({r.hardware or 'unknown'})" for r in records)
-    return "; ".join(f"{n} on {what}" for what, n in sorted(made.items()))
-
-
-def _table(records: Sequence[LedgerRecord], cells: Sequence[CellConfig]) -> tuple[Table, str]:
-    current = current_records(records, cells)
-    table = ledger_table(current, cells).main_table(seeds=True)
-    note = (
-        f"{len(current)} of the {len(cells)} selected cells recorded. Made by: "
-        f"{_hardware(current) or 'nothing yet'}."
+    caption = (
+        "Table 5 (Neural Laplace, stereographic map off/on): test RMSE, mean ± std over seeds; "
+        "'on' is Table 3's Neural Laplace column; the paper's figure in brackets (— where the "
+        f"paper has none); {VERDICT_RULE}."
     )
-    return table, note
+    return Table(("system", "map off (ablation)", "map on (Table 3)"), rows, caption)
 
 
-def ledger_markdown(records: Sequence[LedgerRecord], cells: Sequence[CellConfig]) -> str:
-    """Table 3 from the records under today's config, as Markdown, with what made them."""
-    table, note = _table(records, cells)
-    return render_table(table, "markdown") + "\n\n" + note
-
-
-def ledger_terminal(records: Sequence[LedgerRecord], cells: Sequence[CellConfig]) -> str:
-    table, note = _table(records, cells)
-    return render_table(table, "terminal", width=160) + "\n" + note
+def _verdicts(status: LedgerStatus) -> dict[tuple[str, str, str], Verdict]:
+    """(method, ablation, system) → the verdict its table cell shows."""
+    table3, _ = ledger_table(status)
+    out: dict[tuple[str, str, str], Verdict] = {
+        (m, "", s): v for (m, s), v in table3.verdicts().items()
+    }
+    off = {system: cells[0] for system, cells in _ablation_cells(status).items()}
+    for s in status.states:
+        if s.cell.ablation:
+            out[(s.cell.method, s.cell.ablation, s.cell.system)] = off[s.cell.system].verdict
+    return out

@@ -1,7 +1,8 @@
 """Results table: mean ± std over seeds per method × system, best in bold, the paper alongside.
 
-The tables themselves (:class:`~tasks.tables.Table`, :func:`~tasks.tables.render_table`,
-:func:`~tasks.tables.verdict`) live in :mod:`tasks.tables`; they are importable from here too."""
+The tables themselves (:class:`~tasks.tables.Table`, :func:`~tasks.tables.render_table`) live in
+:mod:`tasks.tables`, importable from here too; ours against the paper is judged by the one
+:func:`tasks.verdict.verdict`."""
 
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ import pandas as pd
 from tasks._names import model_label
 from tasks.config import MAIN_SYSTEMS, METHODS
 from tasks.results import CellResult
-from tasks.tables import Table, TableCell, number, render_table, verdict
+from tasks.tables import Table, TableCell, number, render_table
+from tasks.verdict import VERDICT_RULE, verdict
 
 __all__ = [
     "PAPER_BUDGET",
     "PAPER_MAIN_TABLE",
+    "PAPER_STEREOGRAPHIC",
     "TOP_SHARE_FLAG",
     "Published",
     "ResultsTable",
@@ -28,7 +31,6 @@ __all__ = [
     "parent_summary",
     "render_table",
     "results_table",
-    "verdict",
 ]
 
 
@@ -103,6 +105,16 @@ PAPER_MAIN_TABLE: dict[tuple[str, str], Published] = {
 }
 
 
+#: The paper's Table 5 (``Table:ablate``, top block): test RMSE of Neural Laplace with the
+#: stereographic map off and on, per system (single figures, no ±; four of the six systems).
+PAPER_STEREOGRAPHIC: dict[str, tuple[float, float]] = {
+    "lotka_volterra_dde": (0.1617, 0.0614),
+    "stiff_van_der_pol": (0.1836, 0.1286),
+    "piecewise_forcing_ode": (0.0249, 0.0036),
+    "integro_de": (0.0048, 0.0013),
+}
+
+
 def _order(names: Iterable[str], preferred: Sequence[str]) -> list[str]:
     names = set(names)
     return [n for n in preferred if n in names] + sorted(names - set(preferred))
@@ -118,6 +130,13 @@ def _fmt(mean: float, std: float | None) -> str:
     return number(mean) if std is None else f"{number(mean)} ± {number(std)}"
 
 
+def _row_verdict(row: pd.Series) -> str:
+    """:func:`tasks.verdict.verdict` of one row of a :class:`ResultsTable`'s frame."""
+    return verdict(
+        row["mean"], row["std"], int(row["n_seeds"]), row["paper_mean"], row["paper_std"]
+    )
+
+
 #: A cell whose few largest squared errors carry more than this share of the total is flagged.
 TOP_SHARE_FLAG = 0.5
 
@@ -127,10 +146,7 @@ _BEST, _BEST_TERMINAL = "best per system in bold", "best per system marked *"
 #: The training budget behind the paper's Table 3; only the ``paper`` profile trains it.
 PAPER_BUDGET = "5 seeds × 1000 epochs, N = 1000"
 _HEAD = f"Test RMSE (normalised, extrapolated half), mean ± std over seeds; {_BEST}; "
-_CAPTION = (
-    f"{_HEAD}the paper's figure ({PAPER_BUDGET}) in brackets; ▲ better than the paper, "
-    "✓ within its ± band, ▼ worse."
-)
+_CAPTION = f"{_HEAD}the paper's figure ({PAPER_BUDGET}) in brackets; {VERDICT_RULE}."
 
 
 def _caption_other_budget(profile: str) -> str:
@@ -170,7 +186,12 @@ class ResultsTable:
         return {s: g.loc[g["mean"].idxmin(), "method"] for s, g in ok.groupby("system")}
 
     def _cell(
-        self, method: str, system: str, links: Mapping[tuple[str, str], str], seeds: bool = False
+        self,
+        method: str,
+        system: str,
+        links: Mapping[tuple[str, str], str],
+        seeds: bool = False,
+        note: str = "",
     ) -> TableCell:
         rows = self.frame[(self.frame.method == method) & (self.frame.system == system)]
         if rows.empty:
@@ -190,30 +211,43 @@ class ResultsTable:
                 f"{number(r['rmse_without_top'])} without them"
             )
         text = _fmt(r["mean"], r["std"] if r["n_seeds"] > 1 else None)
+        count = f"n={r['n_seeds']}" + (f"; {note}" if note else "")
         return TableCell(
-            f"{text} (n={r['n_seeds']})" if seeds else text,
+            f"{text} ({count})" if seeds else text,
             paper=paper,
             best=self._best().get(system) == method,
-            verdict=verdict(r["mean"], r["std"], r["paper_mean"], r["paper_std"])
-            if self.judged
-            else "",
+            verdict=_row_verdict(r) if self.judged else "",
             link=links.get((method, system)),
             flag=flag,
         )
 
     def main_table(
-        self, links: Mapping[tuple[str, str], str] | None = None, *, seeds: bool = False
+        self,
+        links: Mapping[tuple[str, str], str] | None = None,
+        *,
+        seeds: bool = False,
+        notes: Mapping[tuple[str, str], str] | None = None,
     ) -> Table:
         """Methods × systems, ours beside the paper's mean ± std; ``links`` (method, system) →
         URL makes a cell a link (its runs in the MLflow UI); ``seeds``: each cell says how many
-        seeds its mean is over."""
-        links = links or {}
+        seeds its mean is over, with the ``notes`` (method, system) → text beside the count."""
+        links, notes = links or {}, notes or {}
         rows = tuple(
-            (TableCell(m), *(self._cell(m, s, links, seeds) for s in self.systems))
+            (
+                TableCell(m),
+                *(self._cell(m, s, links, seeds, notes.get((m, s), "")) for s in self.systems),
+            )
             for m in self.methods
         )
         caption = _CAPTION if self.judged else _caption_other_budget(self.profile)
         return Table(("method", *self.systems), rows, caption)
+
+    def verdicts(self) -> dict[tuple[str, str], str]:
+        """(method, system) → the verdict its cell shows ("" where not judged)."""
+        return {
+            (r["method"], r["system"]): _row_verdict(r) if self.judged else ""
+            for _, r in self.frame.iterrows()
+        }
 
     def ranking(self) -> Table:
         """Per system, the methods from best to worst by mean test RMSE, ours beside the
@@ -236,7 +270,10 @@ class ResultsTable:
                     TableCell(system),
                     TableCell(" < ".join(_short(m) for m in ours["method"])),
                     TableCell(" < ".join(_short(m) for m in paper["method"])),
-                    TableCell("yes" if same else "no", verdict="match" if same else "worse"),
+                    # coloured, not marked: ▲ ✓ ▼ are the verdict against the paper's figure
+                    TableCell(
+                        "yes" if same else "no", verdict="match" if same else "worse", mark=False
+                    ),
                     TableCell(f"{tau:+.2f}"),
                 )
             )
@@ -300,14 +337,13 @@ def parent_summary(
     )
     if table.judged:
         f = table.frame
-        verdicts = [
-            verdict(*row) for row in zip(f["mean"], f["std"], f["paper_mean"], f["paper_std"])
-        ]
-        for v in ("better", "match", "worse"):
+        verdicts = [_row_verdict(r) for _, r in f.iterrows()]
+        for v in ("better", "match", "worse", "unclear"):
             metrics[f"paper_{v}"] = float(verdicts.count(v))
         text += (
             f"Against the paper's Table 3: {verdicts.count('better')} better, "
-            f"{verdicts.count('match')} within its band, {verdicts.count('worse')} worse."
+            f"{verdicts.count('match')} matching, {verdicts.count('worse')} worse, "
+            f"{verdicts.count('unclear')} unclear ({VERDICT_RULE})."
         )
     else:
         text += f"The paper's Table 3 is another budget ({PAPER_BUDGET}): shown, not judged."

@@ -1,6 +1,6 @@
 """Report tables: one table model (:class:`Table` of :class:`TableCell`) and its four renderers
 (:func:`render_table`: terminal, Markdown, LaTeX, HTML), and the verdict of ours against the
-paper's figure (:func:`verdict`)."""
+paper's figure (:func:`tasks.verdict.verdict`) marked ▲ ✓ ▼."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from tasks.verdict import Verdict
+
 __all__ = [
     "VERDICT_COLOURS",
     "VERDICT_MARKS",
@@ -22,7 +24,6 @@ __all__ = [
     "number",
     "plural",
     "render_table",
-    "verdict",
 ]
 
 
@@ -40,27 +41,22 @@ def plural(n: int, noun: str) -> str:
 
 
 # -- one table model, four renderers ---------------------------------------------------------------
-Verdict = Literal["better", "match", "worse", ""]
 Format = Literal["terminal", "markdown", "latex", "html"]
 
-VERDICT_MARKS = {"better": "▲", "match": "✓", "worse": "▼"}
-VERDICT_COLOURS = {"better": "#d4f4d4", "match": "#dbe9ff", "worse": "#ffd9d9"}
-_ANSI = {"better": "\x1b[32m", "match": "\x1b[34m", "worse": "\x1b[31m"}
+VERDICT_MARKS = {"better": "▲", "match": "✓", "worse": "▼", "unclear": "?"}
+VERDICT_COLOURS = {
+    "better": "#d4f4d4",
+    "match": "#dbe9ff",
+    "worse": "#ffd9d9",
+    "unclear": "#eeeeee",
+}
+_ANSI = {"better": "\x1b[32m", "match": "\x1b[34m", "worse": "\x1b[31m", "unclear": "\x1b[33m"}
 _LATEX_MARKS = {
     "better": r"$\blacktriangle$",
     "match": r"$\checkmark$",
     "worse": r"$\blacktriangledown$",
+    "unclear": "?",
 }
-
-
-def verdict(mean: float, std: float, paper: float, paper_std: float) -> Verdict:
-    """Ours against the paper: a match is within the paper's ± band plus ours; lower is better."""
-    if not (np.isfinite(mean) and np.isfinite(paper)):
-        return ""
-    band = (paper_std if np.isfinite(paper_std) else 0.0) + (std if np.isfinite(std) else 0.0)
-    if abs(mean - paper) <= band:
-        return "match"
-    return "better" if mean < paper else "worse"
 
 
 @dataclass(frozen=True)

@@ -181,8 +181,11 @@ def test_only_the_paper_profile_is_judged_against_the_paper():
     profile is judged against them (▲ ✓ ▼), a smaller profile shows them as another budget."""
     results = _results()
     paper, quick = (results_table(results, profile=p) for p in ("paper", "quick"))
-    verdicts = {c.verdict for row in paper.main_table().rows for c in row[1:] if c.text != "failed"}
-    assert verdicts == {"worse"}  # every cell far above the paper's figures
+    verdicts = [c.verdict for row in paper.main_table().rows for c in row[1:] if c.text != "failed"]
+    # node and NL on integro: two seeds each, too spread for Welch's test to tell them from the
+    # paper's figure (t = 1.5 and 5.9 with about one degree of freedom) yet far outside its ±:
+    # unclear; NL's one spiral seed, 0.3 against 0.0331 ± 0.0023, is far outside its seeds
+    assert verdicts == ["unclear", "worse", "unclear"]
     assert not any(c.verdict for row in quick.main_table().rows for c in row[1:])
     md = quick.to_markdown()
     assert not {"▲", "✓", "▼"} & set(md) and "▼" in paper.to_markdown()
@@ -194,7 +197,8 @@ def test_only_the_paper_profile_is_judged_against_the_paper():
     assert "shown, not judged" in text and "worse" not in text
     assert not any(k.startswith("paper_") for k in metrics)
     text, metrics = parent_summary(results, "Benchmark", "paper")
-    assert "0 better, 0 within its band, 3 worse" in text and metrics["paper_worse"] == 3
+    assert "0 better, 0 matching, 1 worse, 2 unclear (▲ better or ▼ worse" in text
+    assert metrics["paper_worse"] == 1 and metrics["paper_unclear"] == 2
 
 
 def test_paper_table_is_complete():

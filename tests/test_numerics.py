@@ -215,7 +215,7 @@ def test_the_nightly_deployment_records_its_comparison_as_prefect_artifacts(
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from flows.serve import build_deployments, load_schedules, scheduled_benchmark
+    from flows.deployments import build_deployments, load_schedules, scheduled_benchmark
 
     (nightly,) = [d for d in build_deployments(load_schedules()) if d.name == "benchmark-nightly"]
     small = {

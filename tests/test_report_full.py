@@ -8,6 +8,8 @@ import re
 
 import pytest
 
+from tasks.verdict import VERDICT_RULE
+
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
 
@@ -42,6 +44,7 @@ def test_report_from_store(mlflow_store, tmp_path):
     assert summary.parent_run_id in md
     # Our number beside the paper's, the gap marked.
     assert "| algorithm | value | std | n | paper | gap | verdict |" in md
+    assert VERDICT_RULE in md and VERDICT_RULE in page  # the legend states the one rule
     assert re.search(r"\| fourier \| 0\.017\d+ \| – \| 1 \| 0\.0171 \| [-0-9.e]+ \| ✓ match \|", md)
     assert "▼ worse" in md  # smoke-trained stereographic models are far from the paper
     assert "background:#dbe9ff" in page  # a coloured match row

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
+from flows.deployments import DEFAULT_SCHEDULES, ScheduleError, build_deployments, load_schedules
 from flows.prefect_server import ServerMissing, require_server
-from flows.serve import DEFAULT_SCHEDULES, ScheduleError, build_deployments, load_schedules
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +26,7 @@ def test_default_schedules_become_deployments_with_their_crons():
         assert schedule.schedule.cron == e["cron"]
         assert schedule.schedule.timezone == "UTC"
     nightly = deployments[0]
-    assert nightly.entrypoint.endswith("flows/serve.py:scheduled_benchmark")
+    assert nightly.entrypoint.endswith("flows/deployments.py:scheduled_benchmark")
     assert nightly.parameters == {"profile": "smoke", "config": {}}
     study = deployments[1].parameters["study"]
     assert study["method"] == "neural_laplace" and study["n_trials"] == raw[1]["trials"]
@@ -132,7 +132,7 @@ def test_serve_check_validates_every_entry_without_torch_mlflow_or_optuna(tmp_pa
 def test_instances_on_one_server_pause_only_what_no_other_serves(prefect_server, monkeypatch):
     from prefect.client.orchestration import get_client
 
-    import flows.serving as serve
+    import flows.serve_loop as serve
 
     deployments = build_deployments(load_schedules())[:2]
     ids = [d.apply() for d in deployments]
@@ -160,7 +160,7 @@ def test_a_serve_whose_server_stops_answering_is_told_to_stop(monkeypatch):
     import threading
     import time
 
-    import flows.serving as serve
+    import flows.serve_loop as serve
 
     up = threading.Event()
     up.set()

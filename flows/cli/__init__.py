@@ -90,6 +90,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_home():
+    """The home and the environment a command that trains or tracks needs, checked at once."""
+    from datasets import require_writable_home
+    from flows.cli.common import check_environment, check_store_paths
+    from flows.faults import check_free_space
+
+    check_environment()
+    home = require_writable_home()
+    check_store_paths(home)
+    check_free_space(home)
+    return home
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``nllab`` console script; returns the exit code."""
     args = build_parser().parse_args(argv)  # exits 2 on usage errors, 0 on --help
@@ -109,14 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if (check := getattr(args, "precheck", None)) is not None:
             check(args)  # names, files, registry URIs: before torch, MLflow or Prefect load
-        from datasets import require_writable_home
-        from flows.cli.common import check_environment, check_store_paths
-        from flows.faults import check_free_space
-
-        check_environment()
-        home = require_writable_home()
-        check_store_paths(home)
-        check_free_space(home)
+        reads_only = getattr(args, "reads_only", None)
+        if reads_only is None or not reads_only(args):  # (a command that only reads files)
+            home = _check_home()
         return args.handler(args)
     except (ConfigError, UsageError, CommandFailed) as e:
         print(f"nllab {args.command}: error: {e}", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""``nllab serve``: scheduled deployments (the flows and schedules: :mod:`flows.serve`)."""
+"""``nllab serve``: scheduled deployments (the flows and their schedules:
+:mod:`flows.deployments`; serving them beside other instances: :mod:`flows.serve_loop`)."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     if server is None:
         prefect_server.require_answer(api)  # a dead PREFECT_API_URL: one line, exit 3
-    from flows.serving import serve_deployments
+    from flows.serve_loop import serve_deployments
 
     try:
         outcome = serve_deployments(entries, api)

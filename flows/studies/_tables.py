@@ -2,7 +2,8 @@
 
 Every study table has the study's key columns followed by :data:`VALUE_COLUMNS`: the mean over
 seeds (``value``), its ``std`` and ``n``, the paper's figure (``paper``), the difference
-(``gap = value − paper``) and a ``verdict`` (``better``, ``match`` within 10 %, ``worse``).
+(``gap = value − paper``) and a ``verdict`` (``better``, ``match``, ``worse``: the one rule of
+:func:`tasks.verdict.verdict`; the paper's study figures have no ±).
 """
 
 from __future__ import annotations
@@ -15,20 +16,17 @@ import numpy as np
 import pandas as pd
 
 from tasks.results import CellResult
+from tasks.verdict import verdict
 
 __all__ = [
-    "MATCH_TOLERANCE",
     "VALUE_COLUMNS",
     "add_paper",
     "aggregate",
     "rmse_records",
     "to_markdown",
-    "verdict",
 ]
 
 VALUE_COLUMNS: tuple[str, ...] = ("value", "std", "n", "paper", "gap", "verdict")
-#: Relative distance to the paper's figure that still counts as a match.
-MATCH_TOLERANCE = 0.10
 
 
 def aggregate(records: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> pd.DataFrame:
@@ -63,27 +61,25 @@ def add_paper(
     paper: Mapping[tuple[str, ...], float],
     *,
     higher_is_better: bool = False,
-    tolerance: float = MATCH_TOLERANCE,
 ) -> pd.DataFrame:
-    """Add ``paper``, ``gap`` (ours − paper) and ``verdict`` columns."""
+    """Add ``paper``, ``gap`` (ours − paper) and ``verdict`` columns (``–`` without a figure or
+    a value); ``std`` and ``n``, where the frame has them, are the spread the verdict tests."""
     out = frame.copy()
     pub = [paper.get(tuple(str(row[k]) for k in keys), math.nan) for _, row in out.iterrows()]
     out["paper"] = np.asarray(pub, dtype=float)
     out["gap"] = out["value"] - out["paper"]
     out["verdict"] = [
-        verdict(v, p, higher_is_better, tolerance)
-        for v, p in zip(out["value"], out["paper"], strict=True)
+        verdict(
+            row["value"],
+            row.get("std"),
+            int(row["n"]) if "n" in row and np.isfinite(row["n"]) else 1,
+            row["paper"],
+            higher_is_better=higher_is_better,
+        )
+        or "–"
+        for _, row in out.iterrows()
     ]
     return out
-
-
-def verdict(value: float, paper: float, higher_is_better: bool, tolerance: float) -> str:
-    """``better``/``match``/``worse`` against the paper; ``–`` without a figure or a value."""
-    if not (np.isfinite(value) and np.isfinite(paper)):
-        return "–"
-    if abs(value - paper) <= tolerance * abs(paper):
-        return "match"
-    return "better" if (value > paper) == higher_is_better else "worse"
 
 
 def rmse_records(

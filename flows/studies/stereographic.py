@@ -5,19 +5,14 @@ from __future__ import annotations
 
 from flows.studies._core import Factor, Study, StudyContext, StudyOutput, StudySpec, rmse_table
 from flows.studies._plots import plot_bars
+from tasks.reporting import PAPER_STEREOGRAPHIC
 
-_PAPER = {  # test RMSE with the map off, on
-    "lotka_volterra_dde": (0.1617, 0.0614),
-    "stiff_van_der_pol": (0.1836, 0.1286),
-    "piecewise_forcing_ode": (0.0249, 0.0036),
-    "integro_de": (0.0048, 0.0013),
-}
-SYSTEMS = tuple(_PAPER)
+SYSTEMS = tuple(PAPER_STEREOGRAPHIC)
 SPEC = StudySpec(
     name="stereographic",
     paper={
         (system, state): v
-        for system, row in _PAPER.items()
+        for system, row in PAPER_STEREOGRAPHIC.items()
         for state, v in zip(("off", "on"), row, strict=True)
     },
     factor=Factor("model", "stereographic", (False, True), ("neural_laplace",)),

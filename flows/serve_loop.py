@@ -162,11 +162,30 @@ def _quiet_connection_errors() -> None:
                 handler.addFilter(quiet)
 
 
-def _interrupt_main() -> None:
-    """Stop ``serve`` in the main thread as Ctrl-C does."""
-    import signal
+def _serve(deployments: list, lease: ServeLease) -> None:
+    """Prefect's runner serving ``deployments``, built as :func:`prefect.serve` builds it but
+    without its pause of every served deployment at exit (another instance may serve them:
+    :meth:`ServeLease.release` decides), until Ctrl-C or until the lease finds the server gone:
+    then the lease's watcher stops the runner on the runner's own event loop
+    (:meth:`prefect.runner.Runner.astop`, as Prefect's own SIGTERM handler does)."""
+    import asyncio
 
-    os.kill(os.getpid(), signal.SIGINT)
+    from prefect.exceptions import TerminationSignal
+    from prefect.runner import Runner
+
+    runner = Runner(pause_on_shutdown=False)
+    for deployment in deployments:
+        runner.add_deployment(deployment)
+
+    def stop() -> None:
+        if runner.started:
+            runner.execute_in_background(runner.astop)
+
+    lease.watch(stop)
+    try:
+        asyncio.run(runner.start())
+    except TerminationSignal:  # as prefect.serve: a stop, then the pause below
+        pass
 
 
 @dataclass(frozen=True)
@@ -182,10 +201,9 @@ class ServeOutcome:
 def serve_deployments(entries: list, api: str) -> ServeOutcome:
     """Serve the deployments of schedule ``entries`` on the server at ``api`` until Ctrl-C or
     until the server stops answering; at exit pause what no other live instance serves."""
-    from prefect import serve
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.serve import build_deployments
+    from flows.deployments import build_deployments
 
     lease = None
     try:
@@ -201,11 +219,8 @@ def serve_deployments(entries: list, api: str) -> ServeOutcome:
             # A Ctrl-C from here on (serving, or still starting to) pauses, as below.
             try:
                 lease.beat()
-                lease.watch(_interrupt_main)
                 _quiet_connection_errors()
-                # Not Prefect's pause of every served deployment at exit: another instance may
-                # serve them too. This one pauses what no other live instance serves (below).
-                serve(*deployments, pause_on_shutdown=False)
+                _serve(deployments, lease)
             except KeyboardInterrupt:
                 pass
             if lease.server_lost.is_set():

@@ -5,7 +5,7 @@ nightly, chosen studies weekly), read and validated by :mod:`flows._schedules`; 
 entry is a :class:`ScheduleError` naming it.
 
 Schedules need a Prefect server (:mod:`flows.prefect_server`); several ``nllab serve`` instances
-may serve one server (:mod:`flows.serving`). The command itself is :mod:`flows.cli.serve`.
+may serve one server (:mod:`flows.serve_loop`). The command itself is :mod:`flows.cli.serve`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,326 @@
+"""The cells the results ledger holds: the paper profile's Table 3 and its ablation beside it,
+each with today's config hash and numerics fingerprints, cached on disk per code state.
+
+A config hash needs the models' defaults (torch) and a numerics fingerprint runs a canary, so
+``nllab ledger status``/``table`` would load torch on every call. Instead :func:`ledger_scope`
+computes them once per *code state* and keeps them under ``$NLLAB_HOME/ledger``; a later call
+with the same code state reads one small JSON file (standard library only). The code state is a
+hash of everything the hashes and fingerprints depend on: the sources of ``nlmodels``,
+``datasets``, ``tasks`` (and ``nltrain`` where present), the torch and numpy builds, the CPU's
+feature flags, the numerics switches of the environment, installed plugins and the config file.
+A config file that declares systems (their data files are hashed into the config hash) is
+never cached.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tasks._env import home_folder
+from tasks.ledger import LedgerRecord, cell_numerics, cpuinfo_line
+
+if TYPE_CHECKING:
+    from tasks.config import CellConfig, RunConfig
+
+__all__ = [
+    "ABLATIONS",
+    "LedgerCell",
+    "LedgerScope",
+    "ledger_scope",
+    "paper_config",
+    "scope_of",
+]
+
+#: The ablations the ledger keeps beside Table 3 (the paper's Table 5, top block): the record's
+#: ``ablation`` key -> the model overrides of its cells (their methods: the overrides' keys).
+ABLATIONS: dict[str, dict[str, dict[str, Any]]] = {
+    "stereographic=False": {"neural_laplace": {"stereographic": False}},
+}
+
+_ROOT = Path(__file__).resolve().parent.parent
+#: What the cached hashes and fingerprints depend on, besides the environment.
+_PACKAGES = ("nlmodels", "datasets", "tasks", "nltrain")
+_SUFFIXES = (".py", ".c", ".h", ".yaml", ".toml")
+_ENVIRONMENT = (
+    "NLLAB_CPU_NUMERICS",
+    "NLLAB_NATIVE",
+    "ATEN_CPU_CAPABILITY",
+    "MKL_CBWR",
+    "ONEDNN_MAX_CPU_ISA",
+)
+#: Bumped when the cached file's content changes.
+_FORMAT = 1
+
+
+def paper_config(
+    overrides: dict[str, Any] | None = None,
+    *,
+    config_file: str | Path | None = None,
+    **more: Any,
+) -> RunConfig:
+    """The paper profile (the ledger's protocol), with ``config_file`` layered on it and the
+    ``overrides`` (selection, execution; keyword arguments join them) on top."""
+    from tasks.config import resolve_config
+
+    return resolve_config("paper", config_file, {**(overrides or {}), **more})
+
+
+@dataclass(frozen=True)
+class LedgerCell:
+    """One cell of the ledger as today's code defines it."""
+
+    system: str
+    method: str
+    seed: int
+    config_hash: str
+    #: today's ``numerics`` (:func:`tasks.ledger.numerics_of`), None where not computed
+    numerics: str | None
+    #: "" for Table 3, else its key in :data:`ABLATIONS`
+    ablation: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, str, int]:
+        return (self.system, self.method, self.ablation, self.seed)
+
+    @property
+    def label(self) -> str:
+        cell = f"{self.system}/{self.method}/seed{self.seed}"
+        return f"{cell} ({self.ablation})" if self.ablation else cell
+
+
+@dataclass(frozen=True)
+class LedgerScope:
+    """The ledger's cells (Table 3, then the ablations) and what a record may name."""
+
+    cells: tuple[LedgerCell, ...]
+    #: the profile's seeds (a config file may set others)
+    seeds: tuple[int, ...]
+    systems: frozenset[str]
+    methods: frozenset[str]
+
+    def select(
+        self,
+        systems: Iterable[str] | None = None,
+        methods: Iterable[str] | None = None,
+        seeds: Iterable[int] | None = None,
+        *,
+        ablations: bool | None = False,
+    ) -> list[LedgerCell]:
+        """The cells of the selection (None: all); ``ablations`` False: Table 3 only, True:
+        the ablations only, None: both."""
+        want = [set(x) if x is not None else None for x in (systems, methods, seeds)]
+        return [
+            c
+            for c in self.cells
+            if all(w is None or v in w for w, v in zip(want, (c.system, c.method, c.seed)))
+            and (ablations is None or bool(c.ablation) == ablations)
+        ]
+
+    def problem(self, record: LedgerRecord) -> str | None:
+        """Why ``record`` cannot be placed in this ledger (None when it can)."""
+        if record.system not in self.systems:
+            return f"unknown system {record.system!r}"
+        if record.method not in self.methods:
+            return f"unknown method {record.method!r}"
+        if record.seed not in self.seeds:
+            return f"seed {record.seed} is not one of the profile's seeds {_seeds(self.seeds)}"
+        if record.ablation and record.ablation not in ABLATIONS:
+            return f"unknown ablation {record.ablation!r} (known: {', '.join(ABLATIONS)})"
+        return None
+
+
+def _seeds(seeds: Sequence[int]) -> str:
+    s = sorted(seeds)
+    if s == list(range(s[0], s[-1] + 1)) and len(s) > 2:
+        return f"{s[0]}-{s[-1]}"
+    return ", ".join(map(str, s))
+
+
+def scope_of(
+    config_file: str | Path | None = None,
+    systems: Sequence[str] | None = None,
+    methods: Sequence[str] | None = None,
+    *,
+    numerics: Callable[[CellConfig], str | None] | None = None,
+) -> LedgerScope:
+    """The scope computed now: the paper profile's cells (``config_file`` layered on it, the
+    ``systems``/``methods`` asked for, None: its own) and those of each ablation, with
+    ``numerics(cell)`` (today's fingerprints) if given. Loads the models (torch)."""
+    from tasks._names import SYSTEM_NAMES, plugin_systems
+
+    base = paper_config(config_file=config_file, systems=systems, methods=methods)
+    tagged = [(c, "") for c in base.cells()]
+    for key, overrides in ABLATIONS.items():
+        wanted = [m for m in overrides if methods is None or m in methods]
+        if wanted:
+            config = paper_config(
+                config_file=config_file, systems=systems, methods=wanted, models=overrides
+            )
+            tagged += [(c, key) for c in config.cells()]
+    cells = tuple(
+        LedgerCell(
+            c.system,
+            c.method,
+            c.seed,
+            c.config_hash(),
+            numerics(c) if numerics is not None else None,
+            key,
+        )
+        for c, key in tagged
+    )
+    known_systems = set(SYSTEM_NAMES) | plugin_systems() | set(base.define_systems)
+    return LedgerScope(
+        cells,
+        tuple(base.seeds),
+        frozenset(known_systems | set(base.systems)),
+        frozenset(_known_methods() | set(base.methods)),
+    )
+
+
+def _known_methods() -> set[str]:
+    """The built-in models and the plugins' (entry-point metadata: no plugin is imported)."""
+    from importlib.metadata import entry_points
+
+    from tasks._names import METHODS
+
+    return set(METHODS) | {ep.name for ep in entry_points(group="nllab.models")}
+
+
+def ledger_scope(
+    config_file: str | Path | None = None,
+    systems: Sequence[str] | None = None,
+    methods: Sequence[str] | None = None,
+    *,
+    say: Callable[[str], None] | None = None,
+) -> LedgerScope:
+    """:func:`scope_of` with today's numerics, read from ``$NLLAB_HOME/ledger`` when computed
+    before at this code state (standard library only), else computed once and cached; ``say``
+    is told when it computes. Selections within the paper profile's own systems and methods
+    share its scope (one cache file; :meth:`LedgerScope.select` narrows it)."""
+    from tasks._names import MAIN_SYSTEMS, METHODS
+
+    if (
+        config_file is None
+        and set(systems or ()) <= set(MAIN_SYSTEMS)
+        and set(methods or ()) <= set(METHODS)
+    ):
+        systems = methods = None
+    key = _code_state(
+        None if config_file is None else str(config_file),
+        None if systems is None else tuple(systems),
+        None if methods is None else tuple(methods),
+    )
+    path = home_folder() / "ledger" / f"scope-{key[:24]}.json" if key else None
+    if path is not None and (cached := _read(path)) is not None:
+        return cached
+    if say is not None:
+        say(
+            "ledger: computing today's config hashes and numerics fingerprints (once per code "
+            "state; cached under $NLLAB_HOME/ledger)"
+        )
+    scope = scope_of(config_file, systems, methods, numerics=cell_numerics)
+    if path is not None:
+        _write(path, scope)
+    return scope
+
+
+@functools.cache
+def _code_state(
+    config_file: str | None, systems: tuple[str, ...] | None, methods: tuple[str, ...] | None
+) -> str | None:
+    """The cache key of a scope (None: not cacheable: a config file that declares systems).
+
+    Once per process: loading the models sets the portable CPU mode's variables
+    (:mod:`nlmodels._numerics`), which are part of the key, so a key taken after that would
+    differ from the one the same process took before."""
+    h = hashlib.sha256(f"{_FORMAT}; {sys.version}; {systems}; {methods}".encode())
+    if config_file is not None:
+        text = Path(config_file).read_bytes()
+        if b"define_systems" in text:
+            return None
+        h.update(text)
+    for package in _PACKAGES:
+        _hash_tree(_ROOT / package, h)
+    for module in ("torch", "numpy"):  # their builds: version files, not imported
+        spec = importlib.util.find_spec(module)
+        if spec is not None and spec.origin is not None:
+            version = Path(spec.origin).parent / "version.py"
+            h.update(version.read_bytes() if version.is_file() else spec.origin.encode())
+    h.update(_cpu_flags().encode())
+    h.update(json.dumps({k: os.environ.get(k) for k in _ENVIRONMENT}).encode())
+    _hash_plugins(h)
+    return h.hexdigest()
+
+
+def _hash_tree(folder: Path, h: Any) -> None:
+    if not folder.is_dir():
+        return
+    for p in sorted(folder.rglob("*")):
+        if p.suffix in _SUFFIXES and p.is_file():
+            h.update(str(p.relative_to(_ROOT)).encode())
+            h.update(p.read_bytes())
+
+
+def _cpu_flags() -> str:
+    import platform
+
+    return cpuinfo_line("flags", "Features") or platform.processor()
+
+
+def _hash_plugins(h: Any) -> None:
+    """Installed model and system plugins: names, targets and their top-level sources."""
+    from importlib.metadata import entry_points
+
+    for group in ("nllab.models", "nllab.systems"):
+        for ep in sorted(entry_points(group=group), key=lambda e: e.name):
+            h.update(f"{group}:{ep.name}={ep.value}".encode())
+            top = ep.value.split(":", 1)[0].split(".", 1)[0]
+            spec = importlib.util.find_spec(top)
+            if spec is not None and spec.origin is not None:
+                origin = Path(spec.origin)
+                if spec.submodule_search_locations:
+                    _hash_tree(origin.parent, h)
+                elif origin.is_file():
+                    h.update(origin.read_bytes())
+
+
+def _read(path: Path) -> LedgerScope | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return LedgerScope(
+            tuple(LedgerCell(*c) for c in data["cells"]),
+            tuple(data["seeds"]),
+            frozenset(data["systems"]),
+            frozenset(data["methods"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write(path: Path, scope: LedgerScope) -> None:
+    """Atomically; a home that cannot be written only costs the next call the computation."""
+    data = {
+        "cells": [
+            [c.system, c.method, c.seed, c.config_hash, c.numerics, c.ablation] for c in scope.cells
+        ],
+        "seeds": list(scope.seeds),
+        "systems": sorted(scope.systems),
+        "methods": sorted(scope.methods),
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as f:
+            json.dump(data, f)
+        os.replace(f.name, path)
+    except OSError:
+        pass
