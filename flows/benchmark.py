@@ -96,6 +96,17 @@ def _promote(registry: Registry, results: list[CellResult], config: RunConfig) -
     ]
 
 
+def _parent_params(config: RunConfig, n_cells: int) -> dict[str, object]:
+    """The experiment's selection as the parent run's parameters."""
+    return {
+        "profile": config.profile,
+        "systems": ",".join(config.systems),
+        "methods": ",".join(config.methods),
+        "seeds": ",".join(map(str, config.seeds)),
+        "n_cells": n_cells,
+    }
+
+
 def _parent_tags(config: RunConfig, cells: list[CellConfig]) -> dict[str, str]:
     """What the benchmark's parent run is: its profile, experiment and cells (by which
     :mod:`flows.compare` finds the earlier benchmark to compare it with)."""
@@ -135,13 +146,7 @@ def benchmark_flow(
         kind="benchmark",
         tags=_parent_tags(config, cells),
         # The experiment as parameters and run_config.json; how it executed as tags.
-        params={
-            "profile": config.profile,
-            "systems": ",".join(config.systems),
-            "methods": ",".join(config.methods),
-            "seeds": ",".join(map(str, config.seeds)),
-            "n_cells": len(cells),
-        },
+        params=_parent_params(config, len(cells)),
         execution=config.execution.model_dump(mode="json"),
         config_json=(config.experiment_json(), "run_config.json"),
     ) as run:

@@ -244,8 +244,8 @@ def _measurement(name: str) -> Block:
         from tasks.measurements import measurement_markdown, read_measurement
 
         path = root / "results" / "measurements" / f"{name}.json"
-        if not path.exists():
-            raise ValueError(f"block measurement-{name}: no record {path.relative_to(root)}")
+        if not path.exists():  # a page may name a measurement before it is first made
+            return f"*Not measured yet: no record `{path.relative_to(root)}`.*"
         return measurement_markdown(read_measurement(path))
 
     return Block(f"measurement-{name}", make)
