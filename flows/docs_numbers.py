@@ -174,28 +174,24 @@ def quick_epochs(root: Path) -> str:
     return "\n".join([head, rule, row])
 
 
-def _ledger_records(root: Path):
-    from flows.ledger import paper_config
-    from tasks.ledger import read_ledger
-
-    return read_ledger(root / "results" / "paper" / "ledger.jsonl"), paper_config().cells()
-
-
 def ledger_table(root: Path) -> str:
-    """The ledger's Table 3, as ``nllab ledger table --readme`` writes it."""
-    from tasks.ledger_views import ledger_markdown
+    """The ledger's Table 3 and ablation, as ``nllab ledger table --readme`` writes them."""
+    from flows.ledger_text import readme_ledger
 
-    return ledger_markdown(*_ledger_records(root))
+    return readme_ledger(root / "results" / "paper" / "ledger.jsonl")
 
 
 def ledger_seeds(root: Path) -> str:
     """Each recorded seed of the ledger under today's config: method/system × seed."""
-    from tasks.ledger import current_records
+    from tasks.ledger import read_ledger
+    from tasks.ledger_scope import ledger_scope
+    from tasks.ledger_views import ledger_status
     from tasks.reporting import TOP_SHARE_FLAG
     from tasks.tables import Table, TableCell, number, render_table
 
-    records, cells = _ledger_records(root)
-    current = current_records(records, cells)
+    scope = ledger_scope(None, None, None)
+    records = read_ledger(root / "results" / "paper" / "ledger.jsonl", scope)
+    current = ledger_status(records, scope.select(ablations=None)).counted()
     seeds = sorted({r.seed for r in current})
     by_pair: dict[tuple[str, str], dict[int, str]] = {}
     for r in current:

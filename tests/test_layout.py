@@ -346,7 +346,6 @@ TEST_INTERNALS: dict[str, str] = {
     "nltrain._packer": "the batched step, built directly",
     "nltrain._steps": "a split's tensors and the epoch readout, built directly",
     "tasks._declarations": "the declared systems, restored after a test declares systems",
-    "tasks._model_memory": "the bytes a model's training needs (the estimate checked)",
     "tasks._workers": "worker processes killed and counted",
     "tasks.placement._probe_key": "the placement probe's cache key",
 }

@@ -1,0 +1,159 @@
+"""The ledger as people read it: ``nllab ledger status``'s report and the tables of ``nllab ledger
+table`` (terminal or Markdown, the README's generated block), from :mod:`tasks.ledger_views`'
+data. The command and the docs' generator both print through here."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tasks.ledger import LedgerRecord
+    from tasks.ledger_views import CellState, LedgerStatus
+
+__all__ = ["OLDER", "ledger_markdown", "readme_ledger", "status_text", "tables"]
+
+OLDER = (
+    "n=K; J older: J of the K records were made by other numerics than today's (`nllab ledger "
+    "status` lists them, `nllab ledger run --refresh-older` retrains them)"
+)
+
+
+# -- status -------------------------------------------------------------------------------------
+def _counts(status: LedgerStatus, ablation: bool) -> str | None:
+    states = [s for s in status.states if bool(s.cell.ablation) == ablation]
+    if not states:
+        return None
+    n = Counter(s.state for s in states)
+    older = sum(s.numerics == "older" for s in states)
+    predates = sum(s.numerics == "predates" for s in states)
+    what = "the stereographic ablation (Table 5)" if ablation else "Table 3"
+    return (
+        f"{what}: {n['recorded']} of {len(states)} selected cells recorded ({older} by older "
+        f"numerics, {predates} predate numerics fingerprints), {n['missing']} missing, "
+        f"{n['other_config']} recorded under another config only"
+    )
+
+
+def status_text(status: LedgerStatus, path: Path) -> str:
+    """``ledger status``: counts, the methods × systems grid with each column's verdict, what
+    each method still needs, and the records that older numerics or another config made."""
+    from tasks.tables import Table, TableCell, render_table
+    from tasks.verdict import VERDICT_RULE
+
+    groups = status.groups()
+    systems = list(dict.fromkeys(g.system for g in groups))
+    rows = {}
+    for g in groups:
+        label = f"{g.method} ({g.ablation})" if g.ablation else g.method
+        older = f" ({g.older} older)" if g.older else ""
+        cell = TableCell(f"{g.recorded}/{g.selected}{older}", verdict=g.verdict)
+        rows.setdefault(label, {})[g.system] = cell
+    grid = Table(
+        ("method", *systems),
+        tuple(
+            (TableCell(m), *(cells.get(s, TableCell("")) for s in systems))
+            for m, cells in rows.items()
+        ),
+        f"Seeds recorded at today's config, of those selected; {VERDICT_RULE}.",
+    )
+    lines = [f"{path}: {status.records} records"]
+    lines += [c for c in (_counts(status, False), _counts(status, True)) if c]
+    lines += ["", render_table(grid, "terminal", width=160), ""]
+    todo = [s for s in status.states if s.state != "recorded"]
+    for label, states in _by_label(todo).items():
+        lines.append(f"{label} needs {len(states)}: {_cells_phrase(states, systems)}")
+    older = status.flagged("older")
+    for label, states in _by_label(older).items():
+        commits = sorted({(s.record.commit or "unknown")[:7] for s in states if s.record})
+        lines.append(
+            f"{label}: {len(states)} recorded by older numerics (commit {', '.join(commits)}): "
+            f"{_cells_phrase(states, systems)}; `ledger run --refresh-older` retrains them"
+        )
+    for s in status.states:
+        if s.state == "other_config" and s.record is not None:
+            lines.append(
+                f"{s.cell.label}: recorded under another config only (config "
+                f"{s.record.config_hash[:12]}, commit {(s.record.commit or 'unknown')[:12]})"
+            )
+    return "\n".join(lines)
+
+
+def _by_label(states: list[CellState]) -> dict[str, list[CellState]]:
+    out: dict[str, list[CellState]] = {}
+    for s in states:
+        label = f"{s.cell.method} ({s.cell.ablation})" if s.cell.ablation else s.cell.method
+        out.setdefault(label, []).append(s)
+    return out
+
+
+def _cells_phrase(states: list[CellState], systems: list[str]) -> str:
+    """``seeds 3,4 of all 6 systems``, ``seed 4 of integro_de; seeds 0-4 of spiral_dde``."""
+    by_system: dict[str, list[int]] = {}
+    for s in states:
+        by_system.setdefault(s.cell.system, []).append(s.cell.seed)
+    by_seeds: dict[tuple[int, ...], list[str]] = {}
+    for system, seeds in by_system.items():
+        by_seeds.setdefault(tuple(sorted(seeds)), []).append(system)
+    parts = []
+    for seeds, where in by_seeds.items():
+        of = f"all {len(where)} systems" if len(where) == len(systems) > 1 else ", ".join(where)
+        parts.append(f"seed{'s' if len(seeds) > 1 else ''} {_seeds(seeds)} of {of}")
+    return "; ".join(parts)
+
+
+def _seeds(seeds: tuple[int, ...]) -> str:
+    if len(seeds) > 2 and seeds == tuple(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ",".join(map(str, seeds))
+
+
+# -- table --------------------------------------------------------------------------------------
+def _made_by(records: list[LedgerRecord]) -> str:
+    made = Counter(f"{r.device or '?'} ({r.hardware or 'unknown'})" for r in records)
+    return "; ".join(f"{n} on {what}" for what, n in sorted(made.items())) or "nothing yet"
+
+
+def tables(status: LedgerStatus, fmt: str) -> str:
+    from tasks.ledger_views import ablation_table, ledger_table
+    from tasks.tables import render_table
+
+    width = {"width": 160} if fmt == "terminal" else {}
+    parts = []
+    table3 = [s for s in status.states if not s.cell.ablation]
+    if table3:
+        _, table = ledger_table(status)
+        counted = status.counted(ablation=False)
+        parts.append(render_table(table, fmt, **width))
+        parts.append(
+            f"{len(counted)} of the {len(table3)} selected cells of Table 3 recorded. "
+            f"Made by: {_made_by(counted)}. {OLDER}."
+        )
+    ablated = [s for s in status.states if s.cell.ablation]
+    if ablated:
+        counted = status.counted(ablation=True)
+        parts.append(render_table(ablation_table(status), fmt, **width))
+        parts.append(
+            f"{len(counted)} of the {len(ablated)} selected ablation cells recorded. "
+            f"Made by: {_made_by(counted)}."
+        )
+    return "\n\n".join(parts)
+
+
+def ledger_markdown(status: LedgerStatus) -> str:
+    """Table 3 and the ablation from the counted records, as Markdown, with what made them
+    (the README's generated block)."""
+    return tables(status, "markdown")
+
+
+def readme_ledger(path: Path) -> str:
+    """The README's block: every cell of the paper profile, Table 3 and the ablation, from the
+    ledger ``path`` (what ``nllab ledger table --readme`` writes)."""
+    from tasks.ledger import read_ledger
+    from tasks.ledger_scope import ledger_scope
+    from tasks.ledger_views import ledger_status
+
+    scope = ledger_scope(None, None, None)
+    cells = scope.select(ablations=None)
+    return ledger_markdown(ledger_status(read_ledger(path, scope), cells))
