@@ -93,7 +93,7 @@ def test_sigterm_mid_trial_then_an_immediate_resume_gives_the_full_trial_count(
     parent_id = study.user_attrs["mlflow_parent_run_id"]
     tracker = connect()
     parent = tracker.queries.get_run_data(parent_id)
-    assert parent.info.status == "KILLED" and "TuneTerminated" in parent.data.tags["error"]
+    assert parent.info.status == "KILLED" and "stopped by SIGTERM" in parent.data.tags["error"]
     (trial_run,) = tracker.queries.child_runs(parent_id)
     assert trial_run.info.status == "FAILED"
 

@@ -91,26 +91,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # exits 2 on usage errors, 0 on --help
     configure_environment()  # offline switches and tracking defaults, before the stack loads
     from tasks.config import ConfigError
+    from tasks.stopping import UserCodeExit, contained, stop_signals
 
     home = None
     try:
-        if (check := getattr(args, "precheck", None)) is not None:
-            check(args)  # names, files, registry URIs: before torch, MLflow or Prefect load
-        from datasets._cache import require_writable_home
-        from flows.cli.common import check_environment, check_store_paths
-        from flows.faults import check_free_space
+        # Ctrl-C and SIGTERM: one path (running cells end KILLED), 130 or 143.
+        with stop_signals(abandon=lambda code: _abandon(args.command, code)):
+            if (check := getattr(args, "precheck", None)) is not None:
+                check(args)  # names, files, registry URIs: before torch, MLflow or Prefect load
+            from datasets._cache import require_writable_home
+            from flows.cli.common import check_environment, check_store_paths
+            from flows.faults import check_free_space
 
-        check_environment()
-        home = require_writable_home()
-        check_store_paths(home)
-        check_free_space(home)
-        return args.handler(args)
-    except (ConfigError, UsageError, CommandFailed) as e:
+            check_environment()
+            home = require_writable_home()
+            check_store_paths(home)
+            check_free_space(home)
+            with contained():  # user code (a simulator, a plugin) leaving by sys.exit
+                return args.handler(args)
+    except (ConfigError, UsageError, CommandFailed, UserCodeExit) as e:
         print(f"nllab {args.command}: error: {e}", file=sys.stderr)
-        return EXIT_FAILED if isinstance(e, CommandFailed) else EXIT_USAGE
+        return EXIT_USAGE if isinstance(e, ConfigError | UsageError) else EXIT_FAILED
     except KeyboardInterrupt as e:
-        kept = "" if args.command == "serve" else "; finished cells are kept, run again to resume"
-        print(f"\nnllab {args.command}: interrupted{kept}", file=sys.stderr)
+        print(f"\nnllab {args.command}: {_interrupted(args.command)}", file=sys.stderr)
         return getattr(e, "exit_code", EXIT_INTERRUPTED)  # 143 for SIGTERM
     except Exception as e:
         from flows.faults import describe_fault, write_log
@@ -131,3 +134,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"nllab {args.command}: error: {e}", file=sys.stderr)
             return EXIT_USAGE
         raise
+
+
+def _interrupted(command: str) -> str:
+    kept = "" if command == "serve" else "; finished cells are kept, run again to resume"
+    return f"interrupted{kept}"
+
+
+def _abandon(command: str, code: int) -> None:
+    """Work still running long after a stop signal (user code that hangs), or a second signal:
+    the process ends now, saying so in one line (a thread stuck in user code can be neither
+    stopped nor joined)."""
+    import os
+
+    line = f"{_interrupted(command)} (work still running was abandoned)"
+    try:
+        print(f"\nnllab {command}: {line}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+    finally:
+        os._exit(code)
