@@ -399,6 +399,8 @@ def declare_simulator(
             t, x = fn(n, seed, **options)
         except Exception as err:
             raise ValueError(f"{where} failed ({type(err).__name__}: {err})") from err
+        except SystemExit as err:  # its data set fails, never the command (with exit code 0)
+            raise ValueError(f"{where} called sys.exit({err.code!r})") from err
         t, x = np.asarray(t, dtype=np.float64), np.asarray(x, dtype=np.float64)
         if t.ndim != 1 or x.ndim != 3 or x.shape[:2] != (n, t.size):
             raise ValueError(

@@ -47,6 +47,7 @@ import torch
 
 from nlmodels._numerics import cpu_mode_in_effect
 from tasks._notify import notify_once
+from tasks.stopping import contained
 
 __all__ = [
     "CellNumerics",
@@ -245,7 +246,8 @@ def _fingerprint(kind: str, name: str, key: str) -> str:
     if not isinstance(fp, str):
         t0 = time.perf_counter()
         try:
-            fp = _run_canary(kind, name)
+            with contained():  # user code's sys.exit too
+                fp = _run_canary(kind, name)
         except Exception as e:
             # The model or simulator fails as it runs: its cells fail on their own, with their
             # error; this fingerprint matches no stored run and is neither cached nor memoised.
