@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flows.prefect_server import healthy
+from tasks.stopping import Stopped
 
 __all__ = [
     "BEAT_SECONDS",
@@ -164,25 +166,51 @@ def _quiet_connection_errors() -> None:
 
 def _interrupt_main() -> None:
     """Stop ``serve`` in the main thread as Ctrl-C does."""
-    import signal
-
     os.kill(os.getpid(), signal.SIGINT)
 
 
 @dataclass(frozen=True)
 class ServeOutcome:
-    """How serving ended: the server stopped answering, or a Ctrl-C after which ``paused``
-    deployments were paused (``kept`` others stay served by another instance)."""
+    """How serving ended: the server stopped answering, or a stop signal (``signum``: Ctrl-C,
+    SIGTERM) after which ``paused`` deployments were paused (``kept`` others stay served by
+    another instance)."""
 
     server_lost: bool
     paused: tuple[str, ...] = ()
     kept: int = 0
+    signum: int = signal.SIGINT
+
+
+def _serve(deployments: list) -> int:
+    """Prefect's ``serve`` of ``deployments`` (no pause at shutdown, see below) until a stop
+    signal; which one. Prefect's runner takes SIGTERM over while it runs (a graceful shutdown,
+    as for Ctrl-C); its handler here also remembers it, so that the command exits 143."""
+    import asyncio
+
+    from prefect.runner import Runner
+
+    class _Runner(Runner):
+        signum = signal.SIGINT
+
+        def handle_sigterm(self, *args: Any, **kwargs: Any) -> None:
+            self.signum = signal.SIGTERM
+            if not self.started or self.stopping or self._loop is None:
+                raise Stopped(signal.SIGTERM)  # (Prefect's own: sys.exit(0))
+            super().handle_sigterm(*args, **kwargs)
+
+    runner = _Runner(pause_on_shutdown=False)
+    for deployment in deployments:
+        runner.add_deployment(deployment)
+    try:
+        asyncio.run(runner.start())
+    except KeyboardInterrupt as e:
+        return getattr(e, "signum", signal.SIGINT)
+    return runner.signum
 
 
 def serve_deployments(entries: list, api: str) -> ServeOutcome:
     """Serve the deployments of schedule ``entries`` on the server at ``api`` until Ctrl-C or
     until the server stops answering; at exit pause what no other live instance serves."""
-    from prefect import serve
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows.serve import build_deployments
@@ -198,22 +226,24 @@ def serve_deployments(entries: list, api: str) -> ServeOutcome:
                 f"to trigger one from another shell, first: export PREFECT_API_URL={api}",
                 flush=True,
             )
-            # A Ctrl-C from here on (serving, or still starting to) pauses, as below.
+            # A Ctrl-C or SIGTERM from here on (serving, or still starting to) pauses, as below.
+            signum = signal.SIGINT
             try:
                 lease.beat()
                 lease.watch(_interrupt_main)
                 _quiet_connection_errors()
                 # Not Prefect's pause of every served deployment at exit: another instance may
                 # serve them too. This one pauses what no other live instance serves (below).
-                serve(*deployments, pause_on_shutdown=False)
-            except KeyboardInterrupt:
-                pass
+                signum = _serve(deployments)
+            except KeyboardInterrupt as e:
+                signum = getattr(e, "signum", signal.SIGINT)
             if lease.server_lost.is_set():
                 return ServeOutcome(server_lost=True)
             alone = lease.release()
             if alone:
                 pause_deployments(alone)
-            return ServeOutcome(False, tuple(alone), len(lease.deployments) - len(alone))
+            kept = len(lease.deployments) - len(alone)
+            return ServeOutcome(False, tuple(alone), kept, signum)
     finally:
         if lease is not None:
             lease._done.set()
