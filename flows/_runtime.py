@@ -72,7 +72,7 @@ import os, signal, sys, threading, time
 _, _mark, parent, log, *args = sys.argv
 parent = int(parent)
 try:  # the server's own errors go to a log file, not the terminal of the command
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

@@ -101,12 +101,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 check(args)  # names, files, registry URIs: before torch, MLflow or Prefect load
             from datasets._cache import require_writable_home
             from flows.cli.common import check_environment, check_store_paths
-            from flows.faults import check_free_space
+            from flows.faults import check_free_space, reserve_log_space
 
             check_environment()
             home = require_writable_home()
             check_store_paths(home)
             check_free_space(home)
+            reserve_log_space(home)
             with contained():  # user code (a simulator, a plugin) leaving by sys.exit
                 return args.handler(args)
     except (ConfigError, UsageError, CommandFailed, UserCodeExit) as e:

@@ -164,16 +164,34 @@ def _create_embedded_store(db_path: Path, artifact_root: str | None) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _damage(db_path: Path) -> str | None:
+    """sqlite's own words when ``PRAGMA quick_check`` finds the store's pages damaged, else
+    ``None`` (a busy store is told elsewhere). Where a store is opened for writing: a damaged
+    page that MLflow's queries do not happen to read would otherwise pass unseen until a write
+    meets it. quick_check reads every page but skips matching indexes against their tables
+    (sqlite.org/pragma.html#pragma_quick_check): measured 0.03 s on a 1 MB store, 0.7 s on a
+    368 MB one with 2 million metric rows (warm cache; integrity_check took 5.3 s)."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(
+            sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=60)
+        ) as db:
+            rows = db.execute("PRAGMA quick_check(1)").fetchall()
+    except sqlite3.DatabaseError as e:  # not a database, busy: said as MLflow opens it
+        return str(e) if "malformed" in str(e) else None
+    return None if rows == [("ok",)] else str(rows[0][0] if rows else "no answer")
+
+
 def _broken_store_message(db_path: Path, error: BaseException) -> str:
     # busy, read-only, full or too long a path: said as such (moving the store would not help)
     if (line := sqlite_problem(str(error), db_path)) is not None:
         return line
+    first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
     return (
-        f"the MLflow store {db_path} cannot be opened ({type(error).__name__}: "
-        f"{str(error).splitlines()[0] if str(error) else ''}).\n"
-        "If it was damaged by an older nllab killed while creating it: move it aside, e.g.\n"
-        f"  mv {db_path} {db_path}.broken\n"
-        "and run the command again (a new, empty store is created; nothing else is deleted)."
+        f"the MLflow store {db_path} cannot be opened ({type(error).__name__}: {first}); if an "
+        f"older nllab killed while creating it damaged it, move it aside (mv {db_path} "
+        f"{db_path}.broken) and run the command again: a new, empty store is made"
     )
 
 
@@ -252,6 +270,9 @@ class Store:
                 _create_embedded_store(db_path, settings.artifact_root)
             except Exception as e:
                 raise TrackingUnavailable(_broken_store_message(db_path, e)) from None
+            if (damage := _damage(db_path)) is not None:
+                problem = f"database disk image is malformed: {damage[:120]}"
+                raise TrackingUnavailable(_broken_store_message(db_path, RuntimeError(problem)))
             return cls._open(settings, db_path)
 
     @classmethod
