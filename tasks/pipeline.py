@@ -36,6 +36,7 @@ from tasks.evaluation import (
     plot_loss_curves,
 )
 from tasks.modelio import ModelSpec, model_params, resolved_model_args, save_model
+from tasks.scratch import cell_scratch
 from tasks.tracking import Metrics, RunTags
 from tasks.training import EpochRecord, TrainResult, seeded
 
@@ -306,7 +307,7 @@ def log_outcome(runs: RunLog, run_id: str, outcome: CellOutcome) -> None:
     if (d := outcome.dataset) is not None:
         runs.log_dataset(run_id, name=d.name, digest=d.digest, source=d.source, profile=d.profile)
     if outcome.figures or outcome.model is not None:
-        with tempfile.TemporaryDirectory(prefix="nllab-cell-") as tmp:
+        with cell_scratch() as tmp:  # removed at the next start should this process be killed
             folder = Path(tmp)
             if outcome.figures:
                 (folder / "plots").mkdir()

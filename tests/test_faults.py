@@ -276,3 +276,25 @@ def test_claims_are_not_runs_of_the_users_experiment(mlflow_store):
     assert t.store.client.search_runs([t.experiment_id], "") == []  # the user sees no run
     holder = t.claims.claim_holder("e5" * 32)
     assert holder is not None and holder.startswith("pid ")
+
+
+def test_cell_scratch_folders_of_ended_processes_are_removed_and_live_ones_kept(tmp_path):
+    """What ``kill -9`` leaves in /tmp (a cell's figures and model, before they were logged)
+    goes at the next start; a live process's folder, and an unknown folder, stay."""
+    import subprocess
+    import sys
+
+    from tasks.scratch import SCRATCH_PREFIX, cell_scratch, remove_stale_scratch
+
+    ended = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead = tmp_path / f"{SCRATCH_PREFIX}{ended.stdout.strip()}_1-abc"
+    (dead / "model").mkdir(parents=True)
+    young_old_style = tmp_path / f"{SCRATCH_PREFIX}12345678"  # an older version's, today's
+    young_old_style.mkdir()
+    with cell_scratch() as mine:
+        live = tmp_path / Path(mine).name
+        live.mkdir()
+        assert remove_stale_scratch(tmp_path) == [dead]
+    assert live.exists() and young_old_style.exists() and not dead.exists()

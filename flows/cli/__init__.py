@@ -102,12 +102,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from datasets._cache import require_writable_home
             from flows.cli.common import check_environment, check_store_paths
             from flows.faults import check_free_space, reserve_log_space
+            from tasks.scratch import remove_stale_scratch
 
             check_environment()
             home = require_writable_home()
             check_store_paths(home)
             check_free_space(home)
             reserve_log_space(home)
+            remove_stale_scratch()  # cells' folders a killed process left in /tmp
             with contained():  # user code (a simulator, a plugin) leaving by sys.exit
                 return args.handler(args)
     except (ConfigError, UsageError, CommandFailed, UserCodeExit) as e:
