@@ -4,9 +4,11 @@ mid-cell, a registry alias whose run is gone, and bookkeeping kept out of the us
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import sqlite3
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -59,6 +61,13 @@ def test_a_copied_home_writes_only_into_itself(tmp_path, monkeypatch):
     t = connect()
     first = _cell_run(t, tmp_path / "m", A)
     assert t.registry.promote_if_better("neural-laplace-copy", first, 0.5).promoted
+    orig_root = tmp_path / "orig" / "mlflow" / "artifacts"
+    t.runs.log_dataset(
+        first, name="d", digest="0" * 36, source=f"{tmp_path}/orig/cache", profile={}
+    )
+    mlmodel = orig_root / "models" / "m-1" / "artifacts" / "MLmodel"  # as MLflow writes one
+    mlmodel.parent.mkdir(parents=True)
+    mlmodel.write_text(f"artifact_path: {mlmodel.parent}\nflavors: {{}}\n")
     shutil.copytree(tmp_path / "orig", tmp_path / "copy", symlinks=True)  # cp -a
 
     _use_home(monkeypatch, tmp_path / "copy")
@@ -66,6 +75,11 @@ def test_a_copied_home_writes_only_into_itself(tmp_path, monkeypatch):
     second = _cell_run(c, tmp_path / "m", B)
     for run in (first, second):
         assert _artifacts(c, run).is_relative_to(tmp_path / "copy")
+    copied = tmp_path / "copy" / "mlflow" / "artifacts" / "models" / "m-1" / "artifacts"
+    assert (copied / "MLmodel").read_text().startswith(f"artifact_path: {copied}\n")
+    with sqlite3.connect(tmp_path / "copy" / "mlflow" / "mlflow.db") as db:
+        (source,) = db.execute("select dataset_source from datasets").fetchone()
+    assert json.loads(source)["uri"] == f"{tmp_path}/copy/cache"
     assert not [p for p in (tmp_path / "orig").rglob("*") if second in p.name]
 
     shutil.rmtree(tmp_path / "orig")  # loses nothing of the copy's
