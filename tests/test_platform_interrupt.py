@@ -36,6 +36,8 @@ def _nllab(home: Path, isolation: str, *, session: bool = False) -> subprocess.P
         [sys.executable, "-m", "flows.cli", *ARGS, "--config", str(_config(home, isolation))],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=session,  # its own process group, as a shell gives each command
+        # Ctrl-C reaches it even when the suite runs as a background job (which ignores SIGINT)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
 
 

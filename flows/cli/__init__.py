@@ -6,7 +6,9 @@ handler that imports the heavy stack (torch, mlflow, prefect) only when the comm
 1 some cells failed or a runtime error; 2 a usage or configuration error (unknown name, bad value,
 missing GPU, busy port); 3 a fault of the environment (the tracking store, Optuna storage or Dask
 scheduler cannot be reached, a full disk: one line, the traceback in ``$NLLAB_HOME/logs``);
-130 Ctrl-C; 143 SIGTERM of ``nllab tune``.
+130 Ctrl-C and 143 SIGTERM, one stop path for both (:mod:`tasks.stopping`): running cells end
+KILLED, finished ones are kept. A simulator or plugin that calls ``sys.exit`` is an error line
+naming its function (exit 1), never a silent 0.
 """
 
 from __future__ import annotations
