@@ -203,3 +203,34 @@ def test_sigterm_mid_training_ends_the_running_cell_killed_and_keeps_the_finishe
     status = {r.data.tags.get("method", r.data.tags.get("nllab.kind")): r.info.status for r in runs}
     assert status["node"] == "FINISHED" and status["slowmod:Slow"] == "KILLED", status
     assert status["benchmark"] == "KILLED", status
+
+
+def _raises_keyboard_interrupt():
+    raise KeyboardInterrupt
+
+
+def _calls_sys_exit():
+    sys.exit(3)
+
+
+def test_user_code_leaving_by_sys_exit_or_its_own_keyboard_interrupt_is_an_error_naming_it():
+    from tasks.errors import Interrupted
+    from tasks.stopping import Stopped, UserCodeExit, abandonable, contained
+
+    stop = threading.Event()
+    with pytest.raises(UserCodeExit, match=r"_raises_keyboard_interrupt raised KeyboardInterrupt"):
+        abandonable(_raises_keyboard_interrupt, stop, "simulate")  # off the main thread
+    with pytest.raises(UserCodeExit, match=r"test_stop_signals:_calls_sys_exit called sys.exit\(3"):
+        abandonable(_calls_sys_exit, None, "simulate")
+    with pytest.raises(Stopped), contained():  # a real stop signal goes through
+        raise Stopped(signal.SIGTERM)
+
+    def hang():
+        while True:
+            time.sleep(0.05)
+
+    threading.Timer(0.3, stop.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(Interrupted, match="abandoned"):
+        abandonable(hang, stop, "simulate s seed 0")  # left to hang in its daemon thread
+    assert time.monotonic() - t0 < 2
