@@ -220,15 +220,17 @@ def serve_deployments(entries: list, api: str) -> ServeOutcome:
         with temporary_settings({PREFECT_API_URL: api}):
             deployments = build_deployments(entries)
             lease = ServeLease(api, [f"{d.flow_name}/{d.name}" for d in deployments])
-            print(f"serving {len(entries)} deployments on {api} (Ctrl-C to stop)")
-            # Prefect's own hint, `prefect deployment run NAME`, needs this in the other shell.
-            print(
-                f"to trigger one from another shell, first: export PREFECT_API_URL={api}",
-                flush=True,
-            )
-            # A Ctrl-C or SIGTERM from here on (serving, or still starting to) pauses, as below.
+            # A Ctrl-C or SIGTERM from here on (serving, or still starting to, even as the lines
+            # that say so are printed: a terminal's Ctrl-C may follow them at once) pauses.
             signum = signal.SIGINT
             try:
+                print(f"serving {len(entries)} deployments on {api} (Ctrl-C to stop)")
+                # Prefect's own hint, `prefect deployment run NAME`, needs this in the other
+                # shell.
+                print(
+                    f"to trigger one from another shell, first: export PREFECT_API_URL={api}",
+                    flush=True,
+                )
                 lease.beat()
                 lease.watch(_interrupt_main)
                 _quiet_connection_errors()
