@@ -7,7 +7,7 @@ equal shapes as one batched model, at most :data:`tasks.engine.CPU_PACK_MEMBERS`
 that prefer it train one by one). This script builds exactly those packs for seed 0 of each
 method (paper profile: N = 1000, its data simulated or read from ``$NLLAB_HOME``), trains each
 pack for ``--epochs`` epochs on one torch thread through the engine's own
-:func:`tasks.packing.train_packed` (the step a ledger cell runs), and takes the median epoch after
+:func:`nltrain.train_packed` (the step a ledger cell runs), and takes the median epoch after
 the first. A column is 5 seeds × ``epochs`` (1000) epochs of the group of packs:
 
 * **CPU hours**: the packs one after another on one thread (the work itself);
@@ -37,10 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from nltrain import LoopOptions, prefers_one_by_one, train_packed
 from tasks.config import CellConfig
 from tasks.engine import make_packs
 from tasks.ledger_scope import paper_config
-from tasks.packing import prefers_one_by_one, train_packed
 from tasks.pipeline import build_cell_model, prepare_cell, simulate_data
 
 METHODS = ("node", "anode", "latent_ode", "nf_coupling", "nf_resnet", "neural_laplace")
@@ -73,7 +73,7 @@ def time_pack(cells: Sequence[CellConfig], epochs: int) -> Pack:
         cells[0].training.fixed_epochs(epochs),
         device="cpu",
         seeds=[c.seed for c in cells],
-        labels=[c.key for c in cells],
+        options=LoopOptions(labels=tuple(c.key for c in cells)),
         pack=packed,
     )
     if packed:  # one history, shared by the members

@@ -51,9 +51,11 @@ import sys
 import time
 from pathlib import Path
 
+from probe_common import ROOT, fresh_dir, one_clear_line, print_row, probe_env
+from reliability_third import THIRD_PASS
+
 from flows._runtime import guarded_servers
 
-ROOT = Path(__file__).resolve().parent.parent
 CELLS = [
     "--profile", "smoke", "--systems", "integro_de", "piecewise_forcing_ode",
     "--methods", "node", "neural_laplace", "nf_coupling", "--epochs", "40", "--max-workers", "1",
@@ -61,23 +63,10 @@ CELLS = [
 ]  # fmt: skip
 
 
-def probe_env(home: Path) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "NLLAB_HOME": str(home)}
-    for var in ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT", "PREFECT_API_URL", "PREFECT_HOME"):
-        env.pop(var, None)
-    return env
-
-
 def _nllab(home: Path, *args: str, **kw) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=probe_env(home), text=True, **kw
     )
-
-
-def fresh_dir(path: Path) -> Path:
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    return path
 
 
 def race(scratch: Path, tries: int) -> None:
@@ -488,21 +477,6 @@ def worker_death(scratch: Path) -> None:
 
 
 # -- second pass: strict config values, SIGTERM of tune, a full disk, two serves -----------------
-def print_row(name: str, ok: bool, detail: str) -> bool:
-    print(f"  {'pass' if ok else 'FAIL'}  {name:<34} {detail}", flush=True)
-    return ok
-
-
-def one_clear_line(r: subprocess.CompletedProcess, codes: tuple[int, ...]) -> tuple[bool, str]:
-    """Exit code in ``codes``, no traceback, and one ``error:`` line (continuation lines of one
-    error, indented, are allowed)."""
-    errors = [ln for ln in r.stderr.splitlines() if "error:" in ln]
-    ok = r.returncode in codes and "Traceback" not in r.stdout + r.stderr and len(errors) == 1
-    return ok, f"exit {r.returncode}, tracebacks {r.stderr.count('Traceback')}: " + (
-        errors[0][:100] if errors else r.stderr.strip()[-100:]
-    )
-
-
 def strict_inputs(scratch: Path) -> None:
     """Values of the wrong kind or out of range, and the smaller bad inputs: exit 2 (or 3 for
     an unreachable scheduler), one line, no traceback, before any training."""
@@ -800,8 +774,6 @@ def serve_pair(scratch: Path) -> None:
 
 
 def main() -> None:
-    from reliability_third import THIRD_PASS  # its module imports this one's helpers
-
     _SECOND_PASS.update(THIRD_PASS)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tries", type=int, default=4)

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from reliability import ROOT, fresh_dir, one_clear_line, print_row, probe_env
+from probe_common import ROOT, fresh_dir, one_clear_line, print_row, probe_env
 
 SMOKE = ["--profile", "smoke", "--systems", "integro_de", "--methods", "node", "--no-progress"]
 # Holds the store's write lock, as a process stopped (Ctrl-Z) inside a write does.

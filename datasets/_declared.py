@@ -18,6 +18,7 @@ import hashlib
 import importlib
 import inspect
 import json
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
@@ -26,7 +27,15 @@ from typing import Any
 
 import numpy as np
 
-from datasets._simulate import available_memory
+from datasets._datafile import (
+    FORMATS,
+    DataFileError,
+    check_file,
+    fail,
+    quote,
+    read_long_form,
+    read_npz,
+)
 from datasets._systems import (
     BUILTIN_SYSTEMS,
     RawTrajectories,
@@ -46,19 +55,11 @@ __all__ = [
     "simulator_fingerprint",
 ]
 
-#: Data file suffixes understood, and the entry point group of packaged simulators.
-FORMATS = (".csv", ".parquet", ".npz")
+#: The entry point group of packaged simulators.
 SYSTEM_ENTRY_POINTS = "nllab.systems"
-#: Bytes of memory per byte of file while a file is parsed into arrays and then trained on
-#: (text and frame copies, then ``_simulate._ARRAY_COPIES`` arrays): checked before reading.
-_MEMORY_PER_FILE_BYTE = 8
 #: Trajectories and time points the seeded split and the observed/forecast split need at least.
 MIN_TRAJECTORIES, MIN_POINTS = 3, 4
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
-
-
-class DataFileError(ValueError):
-    """A data file that cannot be used: the message names the file and the problem."""
 
 
 def check_name(name: str) -> None:
@@ -80,116 +81,22 @@ def file_digest(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def _fail(path: Path, problem: str) -> DataFileError:
-    return DataFileError(f"data file {str(path)!r}: {problem}")
+def _max_abs(count: int) -> float:
+    """The largest magnitude whose ``count`` squares still sum to a finite float64 (the
+    normaliser's variance), with a margin of 4 for the sum's rounding and the mean's shift."""
+    return math.sqrt(np.finfo(np.float64).max / (4.0 * max(count, 1)))
 
 
-def _check_file(path: Path) -> None:
-    if not path.is_file():
-        raise _fail(path, "does not exist")
-    if path.suffix.lower() not in FORMATS:
-        raise _fail(path, f"unknown format {path.suffix!r}; valid: {', '.join(FORMATS)}")
-    size = path.stat().st_size
-    if size == 0:
-        raise _fail(path, "is empty")
-    available = available_memory()
-    if available is not None and size * _MEMORY_PER_FILE_BYTE > available:
-        gib = 2.0**30
-        raise _fail(
-            path,
-            f"is {size / gib:.2f} GiB; reading and training on it needs about "
-            f"{size * _MEMORY_PER_FILE_BYTE / gib:.1f} GiB of memory and "
-            f"{available / gib:.1f} GiB is available",
-        )
-
-
-def _long_form(
-    path: Path, trajectory: str, time: str, state: Sequence[str] | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]:
-    """(ids [N], t [N, T'], x [N, T', D]) from a long-form table; ``T'`` equal per trajectory."""
-    import pandas as pd
-
-    try:
-        if path.suffix.lower() == ".csv":
-            frame = pd.read_csv(path)
-        else:
-            frame = pd.read_parquet(path)
-    except Exception as err:  # the readers raise many kinds; each is "cannot be read"
-        kind = path.suffix.lower().lstrip(".").upper()
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise _fail(path, f"cannot be read as {kind} ({first})") from None
-    columns = [str(c) for c in frame.columns]
-    for needed in (trajectory, time, *(state or ())):
-        if needed not in columns:
-            raise _fail(path, f"missing column {needed!r} (columns: {', '.join(columns)})")
-    if state is None:
-        state = tuple(c for c in columns if c not in (trajectory, time))
-        if not state:
-            raise _fail(path, f"no state column besides {trajectory!r} and {time!r}")
-    extra = [c for c in columns if c not in (trajectory, time, *state)]
-    if extra:
-        raise _fail(
-            path, f"extra column {extra[0]!r} (not {trajectory!r}, {time!r} or a state column)"
-        )
-    if len(frame) == 0:
-        raise _fail(path, "is empty (no rows)")
-    values = {}
-    for c in (time, *state):
-        v = pd.to_numeric(frame[c], errors="coerce").to_numpy(dtype=np.float64)
-        bad = np.isnan(v) & frame[c].notna().to_numpy()
-        if bad.any():
-            row = int(np.argmax(bad))
-            raise _fail(
-                path, f"column {c!r} is not numeric ({frame[c].iloc[row]!r} in row {row + 2})"
-            )
-        values[c] = v
-    codes, index = pd.factorize(frame[trajectory], sort=False)
-    ids = index.tolist()  # plain ints and strings in the messages, not np.int64(5)
-    if (codes < 0).any():
-        raise _fail(path, f"column {trajectory!r} has an empty value")
-    counts = np.bincount(codes)
-    order = np.argsort(codes, kind="stable")  # file order within each trajectory
-    if (counts != counts[0]).any():
-        k = int(np.argmax(counts != counts[0]))
-        raise _fail(
-            path,
-            f"trajectory {ids[k]!r} has {counts[k]} time points and trajectory {ids[0]!r} "
-            f"{counts[0]}: the time grid must be the same for every trajectory",
-        )
-    n, steps = len(ids), int(counts[0])
-    t = values[time][order].reshape(n, steps)
-    x = np.stack([values[c][order] for c in state], axis=-1).reshape(n, steps, len(state))
-    return np.asarray(ids), t, x, tuple(state)
-
-
-def _npz(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]:
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: np.asarray(z[k]) for k in z.files}
-    except Exception as err:
-        raise _fail(path, f"cannot be read as NPZ ({type(err).__name__}: {err})") from None
-    for key in ("t", "x"):
-        if key not in arrays:
-            raise _fail(path, f"missing array {key!r} (arrays: {', '.join(arrays) or 'none'})")
-    extra = sorted(set(arrays) - {"t", "x"})
-    if extra:
-        raise _fail(path, f"extra array {extra[0]!r} (expected only 't' [T] and 'x' [N, T, D])")
-    t, x = arrays["t"], arrays["x"]
-    if t.ndim != 1 or x.ndim != 3 or x.shape[1] != t.shape[0]:
-        raise _fail(path, f"expected t [T] and x [N, T, D], got t {t.shape} and x {x.shape}")
-    if x.size == 0:
-        raise _fail(path, "is empty (no values in x)")
-    try:
-        t, x = t.astype(np.float64), x.astype(np.float64)
-    except (TypeError, ValueError):
-        raise _fail(path, f"t and x must be numeric, got {t.dtype} and {x.dtype}") from None
-    n = x.shape[0]
-    return (
-        np.arange(n),
-        np.broadcast_to(t, (n, t.size)),
-        x,
-        tuple(f"x{i}" for i in range(x.shape[2])),
-    )
+def _overflowing(x: np.ndarray) -> tuple[int, int, int] | None:
+    """Index ``(trajectory, time, dimension)`` of the largest value of the first state dimension
+    too large to normalise (:func:`_max_abs`), else ``None``; one dimension at a time (a
+    temporary of one dimension's size)."""
+    for d in range(x.shape[-1]):
+        column = x[..., d]
+        top = np.unravel_index(int(np.argmax(np.abs(column))), column.shape)
+        if abs(column[top]) > _max_abs(column.size):
+            return int(top[0]), int(top[1]), d
+    return None
 
 
 def check_trajectories(
@@ -202,18 +109,25 @@ def check_trajectories(
     def fail(problem: str) -> ValueError:
         return DataFileError(f"{where}: {problem}")
 
-    ids = np.asarray(ids).tolist()  # plain ints and strings in the messages
+    ids = [quote(repr(i), 40) for i in np.asarray(ids).tolist()]  # as messages show them
 
     bad = ~np.isfinite(t)
     if bad.any():
         i, j = np.argwhere(bad)[0]
-        raise fail(f"non-finite time ({t[i, j]}) in trajectory {ids[i]!r} at index {j}")
+        raise fail(f"non-finite time ({t[i, j]}) in trajectory {ids[i]} at index {j}")
     bad = ~np.isfinite(x)
     if bad.any():
         i, j, d = np.argwhere(bad)[0]
         raise fail(
-            f"non-finite value ({x[i, j, d]}) in trajectory {ids[i]!r} at t = {t[i, j]:g} "
+            f"non-finite value ({x[i, j, d]}) in trajectory {ids[i]} at t = {t[i, j]:g} "
             f"(state dimension {d})"
+        )
+    if (big := _overflowing(x)) is not None:
+        i, j, d = big
+        raise fail(
+            f"value {x[i, j, d]:g} in trajectory {ids[i]} at t = {t[i, j]:g} (state dimension "
+            f"{d}) is too large to normalise: its mean and spread overflow float64 (keep "
+            f"|x| below {_max_abs(x[..., d].size):.3g}, or rescale the data)"
         )
     n, steps = t.shape
     if n < MIN_TRAJECTORIES:
@@ -232,7 +146,7 @@ def check_trajectories(
         i, j = np.argwhere(step <= 0)[0]
         what = "duplicate time" if step[i, j] == 0 else "time not increasing:"
         raise fail(
-            f"{what} t = {t[i, j + 1]:g} after t = {t[i, j]:g} in trajectory {ids[i]!r}; "
+            f"{what} t = {t[i, j + 1]:g} after t = {t[i, j]:g} in trajectory {ids[i]}; "
             "times must be strictly increasing"
         )
     scale = max(1.0, float(np.abs(t[0]).max()))
@@ -241,7 +155,7 @@ def check_trajectories(
         i = int(np.argmax(differs))
         j = int(np.argmax(np.abs(t[i] - t[0]) > 1e-9 * scale))
         raise fail(
-            f"trajectory {ids[i]!r} has a different time grid from trajectory {ids[0]!r} "
+            f"trajectory {ids[i]} has a different time grid from trajectory {ids[0]} "
             f"(t = {t[i, j]:g} against {t[0, j]:g} at index {j}); one shared grid is needed"
         )
     return np.ascontiguousarray(t[0])
@@ -257,11 +171,11 @@ def read_trajectories(
 ) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     """``(t [T], x [N, T, D], state column names)`` of a data file, every check passed."""
     p = Path(path)
-    _check_file(p)
+    check_file(p)
     if p.suffix.lower() == ".npz":
-        ids, t, x, labels = _npz(p)
+        ids, t, x, labels = read_npz(p)
     else:
-        ids, t, x, labels = _long_form(p, trajectory, time, state)
+        ids, t, x, labels = read_long_form(p, trajectory, time, state)
     grid = check_trajectories(f"data file {str(p)!r}", ids, t, x, n_observed)
     return grid, np.ascontiguousarray(x), labels
 
@@ -317,10 +231,10 @@ def declare_file(
     its grid evenly spread times."""
     check_name(name)
     p = Path(path)
-    _check_file(p)
+    check_file(p)
     found = file_digest(p)
     if digest is not None and found != digest:
-        raise _fail(
+        raise fail(
             p, f"changed since its cells were configured (sha256 {found[:12]}…, was {digest[:12]}…)"
         )
     t, x, labels = read_trajectories(
@@ -409,7 +323,9 @@ def declare_simulator(
         try:
             t, x = fn(n, seed, **options)
         except Exception as err:
-            raise ValueError(f"{where} failed ({type(err).__name__}: {err})") from err
+            raise ValueError(f"{where} failed ({type(err).__name__}: {quote(err)})") from err
+        except SystemExit as err:  # its data set fails, never the command (with exit code 0)
+            raise ValueError(f"{where} called sys.exit({err.code!r})") from err
         t, x = np.asarray(t, dtype=np.float64), np.asarray(x, dtype=np.float64)
         if t.ndim != 1 or x.ndim != 3 or x.shape[:2] != (n, t.size):
             raise ValueError(

@@ -72,7 +72,7 @@ import os, signal, sys, threading, time
 _, _mark, parent, log, *args = sys.argv
 parent = int(parent)
 try:  # the server's own errors go to a log file, not the terminal of the command
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
@@ -167,18 +167,31 @@ def _guard_temporary_server() -> None:
         _GuardedServer()
 
 
+#: Prefect's words for a flow or task run stopped by a signal (``exception_to_crashed_state``).
+_SIGNAL_CRASHES = ("aborted by an interrupt signal", "aborted by a termination signal")
+
+
 class _QuietEnvironmentFaults(logging.Filter):
     """Drops console records about a fault of the environment (a full disk, a server gone):
     ``nllab`` reports it once, in one line, and writes the traceback to a log file
     (:mod:`flows.faults`); Prefect would print one traceback per failed task and flow.
 
     Also drops Prefect's records of a pack task failed by its cells (``PackFailed``): each cell's
-    traceback is in its run (``error.txt``) and the flow says which cell failed in one line."""
+    traceback is in its run (``error.txt``) and the flow says which cell failed in one line;
+    its "Crash detected!" records of a flow stopped by Ctrl-C or SIGTERM (its crash path,
+    which the command reports as an interruption, in one line); and the first of its two
+    records of a task that returned a ``Failed`` state (the second, "Finished in state
+    Failed(...)", says why in one line)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         from flows.faults import describe_fault, names_fault
         from tasks.prefect_tasks import PackFailed
 
+        message = record.getMessage()
+        if any(s in message for s in _SIGNAL_CRASHES):
+            return False
+        if message.startswith("Task run failed with state:"):
+            return False  # a task's own Failed state (a data set that cannot be made): said next
         error = record.exc_info[1] if record.exc_info else None
         if isinstance(error, PackFailed) or (
             record.name.startswith("prefect.task_runs") and "PackFailed" in record.getMessage()

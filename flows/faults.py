@@ -7,6 +7,7 @@ The terminal gets one line naming the cause; the full traceback goes to a log fi
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -27,6 +28,7 @@ __all__ = [
     "describe_fault",
     "fault_in_text",
     "names_fault",
+    "reserve_log_space",
     "write_log",
 ]
 
@@ -116,8 +118,8 @@ def describe_fault(error: BaseException, home: Path | None = None) -> str | None
     """One line naming the environmental cause of ``error``, or ``None`` if it is not one."""
     chain = _chain(error)
     for e in chain:
-        if isinstance(e, EnvironmentFault):
-            return str(e)
+        if isinstance(e, EnvironmentFault | Unreachable) and str(e):
+            return str(e)  # already the one line, naming the fault: never said again inside
     for e in chain:
         text = f"{type(e).__name__}: {e}".lower()
         full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
@@ -134,10 +136,6 @@ def describe_fault(error: BaseException, home: Path | None = None) -> str | None
         for e in chain:
             if _from_mlflow(e, chain) and (line := sqlite_problem(str(e), store)) is not None:
                 return line
-    # Faults the platform already names (a store, a storage, a scheduler it cannot reach).
-    for e in chain:
-        if isinstance(e, Unreachable):
-            return str(e) or type(e).__name__
     for e in chain:
         text = str(e).lower()
         if any(marker in text for marker in _UNREACHABLE):
@@ -149,7 +147,8 @@ def describe_fault(error: BaseException, home: Path | None = None) -> str | None
                     f"the MLflow tracking server {uri} stopped answering; start it again, then "
                     "run the same command (finished cells are kept)"
                 )
-    return None
+    unreachable = next((e for e in chain if isinstance(e, Unreachable)), None)
+    return type(unreachable).__name__ if unreachable is not None else None
 
 
 def _embedded_store(home: Path | None) -> Path | None:
@@ -178,18 +177,50 @@ def _from_mlflow(error: BaseException, chain: list[BaseException]) -> bool:
     return False
 
 
+#: Space kept free for the details log in ``$NLLAB_HOME/logs`` (:func:`reserve_log_space`):
+#: freed when the disk is full, so that the log of a full disk is written beside the store.
+LOG_RESERVE_BYTES = 256 * 1024
+_RESERVE = ".reserve"
+
+
+def reserve_log_space(home: Path) -> None:
+    """Keep :data:`LOG_RESERVE_BYTES` of ``home/logs`` taken by a placeholder (made once, when
+    there is room), which :func:`write_log` frees should the disk fill up."""
+    reserve = home / "logs" / _RESERVE
+    try:
+        if reserve.is_file() and reserve.stat().st_size >= LOG_RESERVE_BYTES:
+            return
+        reserve.parent.mkdir(parents=True, exist_ok=True)
+        with open(reserve, "wb") as fh:
+            fh.write(b"\0" * LOG_RESERVE_BYTES)  # real blocks (not a sparse file)
+    except OSError:
+        pass  # no room for it: logs are then written where there is
+
+
 def write_log(command: str, error: BaseException, home: Path | None) -> Path | None:
-    """Write ``error``'s full traceback to ``home/logs`` (else the temporary folder); the path,
-    or ``None`` when no file could be written (a full disk everywhere)."""
+    """Write ``error``'s full traceback to ``home/logs`` (else the temporary folder), readable
+    by the user only (mode 600: it may quote paths and settings); the path, or ``None`` when no
+    file could be written. On a full disk the home's reserve is freed for it first."""
     text = "".join(traceback.format_exception(error))
     name = f"nllab-{command}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-    folders = ([home / "logs"] if home is not None else []) + [Path(tempfile.gettempdir())]
-    for folder in folders:
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            path = folder / name
-            path.write_text(f"nllab {' '.join(sys.argv[1:])}\n\n{text}")
-            return path
-        except OSError:
-            continue
-    return None
+    body = f"nllab {' '.join(sys.argv[1:])}\n\n{text}".encode()
+    if home is not None:
+        for free_reserve in (False, True):
+            if free_reserve:
+                (home / "logs" / _RESERVE).unlink(missing_ok=True)
+            if (path := _write_private(home / "logs" / name, body)) is not None:
+                return path
+    return _write_private(Path(tempfile.gettempdir()) / name, body)
+
+
+def _write_private(path: Path, body: bytes) -> Path | None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(body)
+    except OSError:
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)  # a log cut short by the full disk
+        return None
+    return path

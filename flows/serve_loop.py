@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flows.prefect_server import healthy
+from tasks.stopping import Stopped
 
 __all__ = [
     "BEAT_SECONDS",
@@ -162,18 +164,41 @@ def _quiet_connection_errors() -> None:
                 handler.addFilter(quiet)
 
 
-def _serve(deployments: list, lease: ServeLease) -> None:
+@dataclass(frozen=True)
+class ServeOutcome:
+    """How serving ended: the server stopped answering, or a stop signal (``signum``: Ctrl-C,
+    SIGTERM) after which ``paused`` deployments were paused (``kept`` others stay served by
+    another instance)."""
+
+    server_lost: bool
+    paused: tuple[str, ...] = ()
+    kept: int = 0
+    signum: int = signal.SIGINT
+
+
+def _serve(deployments: list, lease: ServeLease) -> int:
     """Prefect's runner serving ``deployments``, built as :func:`prefect.serve` builds it but
     without its pause of every served deployment at exit (another instance may serve them:
-    :meth:`ServeLease.release` decides), until Ctrl-C or until the lease finds the server gone:
-    then the lease's watcher stops the runner on the runner's own event loop
-    (:meth:`prefect.runner.Runner.astop`, as Prefect's own SIGTERM handler does)."""
+    :meth:`ServeLease.release` decides), until a stop signal (which one: Prefect's runner takes
+    SIGTERM over while it runs, as a graceful shutdown; its handler here remembers it, so that
+    the command exits 143) or until the lease finds the server gone: then the lease's watcher
+    stops the runner on the runner's own event loop (:meth:`prefect.runner.Runner.astop`, as
+    Prefect's own SIGTERM handler does)."""
     import asyncio
 
     from prefect.exceptions import TerminationSignal
     from prefect.runner import Runner
 
-    runner = Runner(pause_on_shutdown=False)
+    class _Runner(Runner):
+        signum = signal.SIGINT
+
+        def handle_sigterm(self, *args: Any, **kwargs: Any) -> None:
+            self.signum = signal.SIGTERM
+            if not self.started or self.stopping or self._loop is None:
+                raise Stopped(signal.SIGTERM)  # (Prefect's own: sys.exit(0))
+            super().handle_sigterm(*args, **kwargs)
+
+    runner = _Runner(pause_on_shutdown=False)
     for deployment in deployments:
         runner.add_deployment(deployment)
 
@@ -184,18 +209,11 @@ def _serve(deployments: list, lease: ServeLease) -> None:
     lease.watch(stop)
     try:
         asyncio.run(runner.start())
-    except TerminationSignal:  # as prefect.serve: a stop, then the pause below
+    except KeyboardInterrupt as e:
+        return getattr(e, "signum", signal.SIGINT)
+    except TerminationSignal:  # as prefect.serve: a stop, then the pause that follows
         pass
-
-
-@dataclass(frozen=True)
-class ServeOutcome:
-    """How serving ended: the server stopped answering, or a Ctrl-C after which ``paused``
-    deployments were paused (``kept`` others stay served by another instance)."""
-
-    server_lost: bool
-    paused: tuple[str, ...] = ()
-    kept: int = 0
+    return runner.signum
 
 
 def serve_deployments(entries: list, api: str) -> ServeOutcome:
@@ -210,25 +228,31 @@ def serve_deployments(entries: list, api: str) -> ServeOutcome:
         with temporary_settings({PREFECT_API_URL: api}):
             deployments = build_deployments(entries)
             lease = ServeLease(api, [f"{d.flow_name}/{d.name}" for d in deployments])
-            print(f"serving {len(entries)} deployments on {api} (Ctrl-C to stop)")
-            # Prefect's own hint, `prefect deployment run NAME`, needs this in the other shell.
-            print(
-                f"to trigger one from another shell, first: export PREFECT_API_URL={api}",
-                flush=True,
-            )
-            # A Ctrl-C from here on (serving, or still starting to) pauses, as below.
+            # A Ctrl-C or SIGTERM from here on (serving, or still starting to, even as the lines
+            # that say so are printed: a terminal's Ctrl-C may follow them at once) pauses.
+            signum = signal.SIGINT
             try:
+                print(f"serving {len(entries)} deployments on {api} (Ctrl-C to stop)")
+                # Prefect's own hint, `prefect deployment run NAME`, needs this in the other
+                # shell.
+                print(
+                    f"to trigger one from another shell, first: export PREFECT_API_URL={api}",
+                    flush=True,
+                )
                 lease.beat()
                 _quiet_connection_errors()
-                _serve(deployments, lease)
-            except KeyboardInterrupt:
-                pass
+                # Not Prefect's pause of every served deployment at exit: another instance may
+                # serve them too. This one pauses what no other live instance serves (below).
+                signum = _serve(deployments, lease)
+            except KeyboardInterrupt as e:
+                signum = getattr(e, "signum", signal.SIGINT)
             if lease.server_lost.is_set():
                 return ServeOutcome(server_lost=True)
             alone = lease.release()
             if alone:
                 pause_deployments(alone)
-            return ServeOutcome(False, tuple(alone), len(lease.deployments) - len(alone))
+            kept = len(lease.deployments) - len(alone)
+            return ServeOutcome(False, tuple(alone), kept, signum)
     finally:
         if lease is not None:
             lease._done.set()

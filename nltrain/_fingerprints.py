@@ -204,7 +204,7 @@ def _fingerprint(kind: str, name: str, key: str) -> str:
         t0 = time.perf_counter()
         try:
             fp = _run_canary(kind, name)
-        except Exception as e:
+        except (Exception, SystemExit) as e:  # user code's sys.exit too (a real stop is not)
             # The model or simulator fails as it runs: its cells fail on their own, with their
             # error; this fingerprint matches no stored run and is neither cached nor memoised.
             _tell_once(

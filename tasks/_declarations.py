@@ -165,10 +165,16 @@ def resolve_sources(
         datasets.check_system_name(name)
         observed = n_observed or d.n_observed
         if d.file is not None:
-            path = Path(d.file).expanduser().resolve()
-            # every check of the file, each with its one-line message, before anything is written
+            given, path = Path(d.file).expanduser().absolute(), Path(d.file).expanduser().resolve()
+            # every check of the file, each with its one-line message (naming it as the user
+            # did, a symlink too), before anything is written
             datasets.declare_file(
-                name, path, trajectory=d.trajectory, time=d.time, state=d.state, n_observed=observed
+                name,
+                given,
+                trajectory=d.trajectory,
+                time=d.time,
+                state=d.state,
+                n_observed=observed,
             )
             source = SystemSource(
                 kind="file",

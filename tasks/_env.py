@@ -73,6 +73,9 @@ def configure_environment() -> None:
     # MLflow's INFO lines (creating the store's tables, validating a model's input example)
     # are bookkeeping a user cannot act on; its warnings and errors still show.
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    # With a tracking server, MLflow prints "🏃 View run … at: URL" for every run that ends
+    # (hundreds in a benchmark); the command names the UI once.
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     # Prefect logs the notice on its root logger, which its logging setup keeps filters on.
     prefect_logger = logging.getLogger("prefect")
     if _SERVER_NOTICE not in prefect_logger.filters:

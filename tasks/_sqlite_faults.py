@@ -8,6 +8,7 @@ meets with it, and the tracking store explains a failed open with it.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 __all__ = ["MAX_SQLITE_PATH", "lock_holders", "path_too_long", "sqlite_problem"]
@@ -61,6 +62,18 @@ def _writable(path: Path) -> bool | None:
     return True
 
 
+def _folder_writable(folder: Path) -> bool | None:
+    """Whether a file can be created in ``folder`` (sqlite's journal must be), ``None`` when
+    the folder is missing or not searchable."""
+    if not folder.is_dir() or not os.access(folder, os.X_OK):
+        return None
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError:
+        return False  # a permission, an immutable flag (chattr +i), a read-only file system
+    return True
+
+
 def path_too_long(path: Path) -> str | None:
     """One line when sqlite cannot open a store at ``path`` for its length, else ``None``."""
     n = len(str(path.expanduser().absolute()))
@@ -85,21 +98,24 @@ def sqlite_problem(text: str, path: Path, what: str = "the MLflow store") -> str
         )
     if "disk i/o error" in low and _writable(path) is False:
         low = "readonly database"  # an immutable file (chattr +i) fails its writes as I/O
+    if any(m in low for m in _CANNOT_OPEN) and _folder_writable(path.parent) is False:
+        low = "readonly database"  # its journal cannot be created beside it
     if any(m in low for m in _READ_ONLY):
         return (
             f"{what} {path} is read-only (a permission or an immutable flag on it or its folder: "
-            f"check `ls -l {path}` and `lsattr {path}`); make it writable and run the command "
-            "again: nothing needs to move"
+            f"check `ls -l {path}` and `lsattr {path}`, `lsattr -d {path.parent}`); make it "
+            "writable and run the command again: nothing needs to move"
         )
     if any(m in low for m in _FULL):
         return (
             f"the disk of {what} {path} is full: free some space, then run the same command "
             "again (finished work is kept)"
         )
-    if any(m in low for m in _DAMAGED):
+    if damage := next((m for m in _DAMAGED if m in low), None):
         return (
-            f"{what} {path} is damaged ({text.strip().splitlines()[0][:120]}); move it aside "
-            f"(mv {path} {path}.broken) and run the command again: a new, empty store is made"
+            f"{what} {path} is damaged (sqlite: {damage}); move it aside "
+            f"(mv {path} {path}.broken) and run the command again: a new, empty store is made "
+            f"(`sqlite3 {path}.broken .recover` may save what it held)"
         )
     if "disk i/o error" in low:
         return (

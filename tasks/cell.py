@@ -54,6 +54,7 @@ from tasks.pipeline import (
 from tasks.placement import place_pack
 from tasks.results import CellResult
 from tasks.reuse import stored_result, stored_results
+from tasks.stopping import contained
 from tasks.tracking import Metrics, RunTags, TrackingSettings, attach, claim_owner, run_name
 
 if TYPE_CHECKING:
@@ -397,7 +398,8 @@ def _train_pack(
                 opened.enter_context(runs.run(run_name(c), _tags(c, rt, h), rt.parent_run_id))
                 for c, h in zip(cells, hashes, strict=True)
             ]
-            outcomes = fit_cells(cells, rt, run_ids)
+            with contained():  # a plugin model's sys.exit fails its cells, not the command
+                outcomes = fit_cells(cells, rt, run_ids)
             members = zip(cells, hashes, run_ids, outcomes, tokens, strict=True)
             return [_close_member(m, rt, owner, lost) for m in members]
     except Exception as e:  # every open run has ended with it; Ctrl-C propagates

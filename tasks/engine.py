@@ -35,23 +35,24 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 from prefect import get_run_logger
-from prefect.futures import PrefectFuture, as_completed, wait
+from prefect.futures import PrefectFuture, as_completed
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tasks._workers import worker_pool_active, worker_processes
 from tasks.cell import CellRuntime, pack_key, stored_results
-from tasks.config import CellConfig, DataConfig
+from tasks.config import CellConfig
 from tasks.placement import Measure, gpu_pack_size, place_pack, split_evenly
-from tasks.prefect_tasks import PackFailed, pack_task, simulate_task
+from tasks.prefect_tasks import PackFailed, pack_task, simulate_data_sets
 from tasks.results import CellResult
+from tasks.stopping import contained, stop_signals
 from tasks.tables import number, plural
 
 __all__ = [
@@ -83,14 +84,15 @@ def _packable(cell: CellConfig, device: str = "cpu") -> bool:
     from nltrain import packable, prefers_one_by_one
     from tasks._declarations import system_info
 
+    dev = torch.device(device)
     try:
-        model = build_model(
-            cell.method, system_info(cell.system, cell.data).state_dim, **cell.model
-        )
+        with contained():  # a plugin's sys.exit, too: the cell fails on its own when it runs
+            model = build_model(
+                cell.method, system_info(cell.system, cell.data).state_dim, **cell.model
+            )
+            return packable(model, dev) and not prefers_one_by_one(model, dev)
     except Exception:
         return False  # the cell fails on its own, with its error, when it runs
-    dev = torch.device(device)
-    return packable(model, dev) and not prefers_one_by_one(model, dev)
 
 
 def make_packs(
@@ -219,15 +221,6 @@ def collect_results(future: PrefectFuture, pack: Sequence[CellConfig]) -> list[C
     return [CellResult.failed(c, "failed", str(value)) for c in pack]
 
 
-def _data_keys(cells: Iterable[CellConfig]) -> list[tuple[str, DataConfig, int]]:
-    seen: dict[str, tuple[str, DataConfig, int]] = {}
-    for c in cells:
-        seen.setdefault(
-            f"{c.system}|{c.data.model_dump_json()}|{c.seed}", (c.system, c.data, c.seed)
-        )
-    return list(seen.values())
-
-
 @contextmanager
 def _torch_threads(n: int | None) -> Iterator[None]:
     before = torch.get_num_threads()
@@ -307,9 +300,10 @@ def run_cells(
     """Train (or reuse, by config hash) ``cells``: one result per cell, in input order.
 
     Cells with the same config hash share one run. Failed or interrupted cells are run again next
-    time; a failing cell never stops the others. Ctrl-C stops running cells at their next batch
-    (their runs end KILLED) and propagates; ``runtime.stop`` set from elsewhere (a deadline)
-    stops them the same way and returns. ``reused``: the results :func:`stored_results`
+    time; a failing cell never stops the others. Ctrl-C or SIGTERM stops running cells at their
+    next batch (their runs end KILLED), abandons a running simulation, and the signal
+    propagates; ``runtime.stop`` set from elsewhere (a deadline) stops them the same way and
+    returns. ``reused``: the results :func:`stored_results`
     already gave for these cells in this command (the store is then not asked again; a cell
     finished meanwhile by another process is still reused, under its claim).
     ``on_finished(results)``: called in this thread with each pack's results as it ends
@@ -324,9 +318,15 @@ def run_cells(
         display = _Display(runtime.progress, len(todo), len(reused))
         if display.lines:  # no bars in the workers either
             runtime = replace(runtime, progress=False)
-        with display:
-            wait([simulate_task.submit(s, d, seed) for s, d, seed in _data_keys(todo)])
+        if runtime.stop is None and runtime.task_runner == "thread":  # a caller without one
+            runtime = replace(runtime, stop=threading.Event())
+        with display, _stopping(runtime):
+            no_data = simulate_data_sets(todo, runtime.stop)  # failed: each with its line
+            by_hash.update((r.config_hash, r) for r in no_data)
+            placed = [(p, d) for p, d in ((_left(p, by_hash), d) for p, d in placed) if p]
             display.training_started()
+            if no_data:
+                display.pack_finished(no_data, by_hash.values())
             with _training(runtime):
                 for fut, pack in _submitted(placed, runtime):
                     done = collect_results(fut, pack)
@@ -413,10 +413,30 @@ def _submitted(
     yield from ((f, futures[f]) for f in as_completed(list(futures)))
 
 
+def _left(pack: list[CellConfig], done: Mapping[str, CellResult]) -> list[CellConfig]:
+    return [c for c in pack if c.config_hash() not in done]
+
+
+@contextmanager
+def _stopping(runtime: CellRuntime) -> Iterator[None]:
+    """While cells simulate and train: SIGTERM and Ctrl-C raise
+    :class:`~tasks.stopping.Stopped` here (re-armed inside the Prefect flow, whose engine
+    replaces the SIGTERM handler), and on either the stop event is set: queued work never
+    starts, running cells stop at their next batch and end KILLED, a running simulation is
+    abandoned."""
+    with stop_signals():
+        try:
+            yield
+        except BaseException:
+            if runtime.stop is not None:
+                runtime.stop.set()
+            raise
+
+
 @contextmanager
 def _training(runtime: CellRuntime) -> Iterator[None]:
-    """While packs train: the worker processes (process isolation), log lines printed above
-    the progress bars, and on Ctrl-C the stop event set."""
+    """While packs train: the worker processes (process isolation) and log lines printed above
+    the progress bars."""
     isolated = (
         runtime.isolation == "process"
         and runtime.task_runner == "thread"
@@ -433,14 +453,7 @@ def _training(runtime: CellRuntime) -> Iterator[None]:
     ]
     quiet = logging_redirect_tqdm(loggers=printing) if runtime.progress and printing else None
     with pool, quiet or nullcontext():
-        try:
-            yield
-        except BaseException:
-            # Ctrl-C: before the pool shuts down, so queued cells never start; running cells
-            # stop at their next batch and end KILLED, finished ones stay.
-            if runtime.stop is not None:
-                runtime.stop.set()
-            raise
+        yield
 
 
 class _Display:

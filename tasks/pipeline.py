@@ -44,6 +44,7 @@ from tasks._declarations import ensure_declared
 from tasks.config import CellConfig, DataConfig
 from tasks.modelio import ModelSpec, model_params, resolved_model_args, save_model
 from tasks.plots import plot_extrapolation, plot_loss_curves
+from tasks.scratch import cell_scratch
 from tasks.tracking import Metrics, RunTags
 
 if TYPE_CHECKING:
@@ -333,7 +334,7 @@ def log_outcome(runs: RunLog, run_id: str, outcome: CellOutcome) -> None:
     if (d := outcome.dataset) is not None:
         runs.log_dataset(run_id, name=d.name, digest=d.digest, source=d.source, profile=d.profile)
     if outcome.figures or outcome.model is not None:
-        with tempfile.TemporaryDirectory(prefix="nllab-cell-") as tmp:
+        with cell_scratch() as tmp:  # removed at the next start should this process be killed
             folder = Path(tmp)
             if outcome.figures:
                 (folder / "plots").mkdir()

@@ -52,8 +52,33 @@ def test_a_full_disk_mid_benchmark_is_one_line_exit_3_and_a_log(
     (line,) = _errors(err)
     assert f"the disk of '{home}' is full" in line and "run the same command again" in line
     log = Path(line.rsplit("(details: ", 1)[1].rstrip(")"))
-    assert log.parent == home / "logs"
+    assert log.parent == home / "logs" and log.stat().st_mode & 0o777 == 0o600
     assert "database or disk is full" in log.read_text() and "Traceback" in log.read_text()
+
+
+def test_the_log_of_a_full_disk_is_written_in_the_home_by_freeing_its_reserve(
+    tmp_path, monkeypatch
+):
+    import errno
+    import os
+
+    from flows import faults
+
+    faults.reserve_log_space(tmp_path)
+    reserve = tmp_path / "logs" / ".reserve"
+    assert reserve.stat().st_size == faults.LOG_RESERVE_BYTES
+    real_open = os.open
+
+    def full_disk(path, flags, mode=0o777, **kw):  # no room until the reserve is freed
+        if str(path).endswith(".log") and reserve.exists():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, flags, mode, **kw)
+
+    monkeypatch.setattr(faults.os, "open", full_disk)
+    log = faults.write_log("benchmark", RuntimeError("database or disk is full"), tmp_path)
+    assert log is not None and log.parent == tmp_path / "logs", log
+    assert log.stat().st_mode & 0o777 == 0o600 and not reserve.exists()
+    assert "RuntimeError: database or disk is full" in log.read_text()
 
 
 def test_an_os_level_disk_full_is_recognised_anywhere_in_the_chain(tmp_path):

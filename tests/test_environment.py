@@ -20,7 +20,8 @@ class Spy:
     def find_spec(self, name, path=None, target=None):
         if name in ("mlflow", "prefect") and name not in seen:
             seen[name] = [os.environ.get(k) for k in (
-                "MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK", "PREFECT_SERVER_ANALYTICS_ENABLED")]
+                "MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK", "PREFECT_SERVER_ANALYTICS_ENABLED",
+                "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT")]
         return None
 sys.meta_path.insert(0, Spy())
 import importlib
@@ -47,10 +48,15 @@ def test_offline_switches_are_set_before_mlflow_and_prefect_load(first, tmp_path
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen, f"importing {first} loaded neither mlflow nor prefect"
     for name, values in seen.items():
-        assert values == ["true", "true", "false"], (first, name, values)
+        assert values == ["true", "true", "false", "true"], (first, name, values)
 
 
-_OFFLINE = ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK", "PREFECT_SERVER_ANALYTICS_ENABLED")
+_OFFLINE = (
+    "MLFLOW_DISABLE_TELEMETRY",
+    "DO_NOT_TRACK",
+    "PREFECT_SERVER_ANALYTICS_ENABLED",
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT",  # a server's "🏃 View run …" lines
+)
 
 
 #: What must never reach a user's console: warnings they cannot act on, and bookkeeping.

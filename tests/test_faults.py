@@ -4,9 +4,11 @@ mid-cell, a registry alias whose run is gone, and bookkeeping kept out of the us
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import sqlite3
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -59,6 +61,13 @@ def test_a_copied_home_writes_only_into_itself(tmp_path, monkeypatch):
     t = connect()
     first = _cell_run(t, tmp_path / "m", A)
     assert t.registry.promote_if_better("neural-laplace-copy", first, 0.5).promoted
+    orig_root = tmp_path / "orig" / "mlflow" / "artifacts"
+    t.runs.log_dataset(
+        first, name="d", digest="0" * 36, source=f"{tmp_path}/orig/cache", profile={}
+    )
+    mlmodel = orig_root / "models" / "m-1" / "artifacts" / "MLmodel"  # as MLflow writes one
+    mlmodel.parent.mkdir(parents=True)
+    mlmodel.write_text(f"artifact_path: {mlmodel.parent}\nflavors: {{}}\n")
     shutil.copytree(tmp_path / "orig", tmp_path / "copy", symlinks=True)  # cp -a
 
     _use_home(monkeypatch, tmp_path / "copy")
@@ -66,6 +75,11 @@ def test_a_copied_home_writes_only_into_itself(tmp_path, monkeypatch):
     second = _cell_run(c, tmp_path / "m", B)
     for run in (first, second):
         assert _artifacts(c, run).is_relative_to(tmp_path / "copy")
+    copied = tmp_path / "copy" / "mlflow" / "artifacts" / "models" / "m-1" / "artifacts"
+    assert (copied / "MLmodel").read_text().startswith(f"artifact_path: {copied}\n")
+    with sqlite3.connect(tmp_path / "copy" / "mlflow" / "mlflow.db") as db:
+        (source,) = db.execute("select dataset_source from datasets").fetchone()
+    assert json.loads(source)["uri"] == f"{tmp_path}/copy/cache"
     assert not [p for p in (tmp_path / "orig").rglob("*") if second in p.name]
 
     shutil.rmtree(tmp_path / "orig")  # loses nothing of the copy's
@@ -276,3 +290,25 @@ def test_claims_are_not_runs_of_the_users_experiment(mlflow_store):
     assert t.store.client.search_runs([t.experiment_id], "") == []  # the user sees no run
     holder = t.claims.claim_holder("e5" * 32)
     assert holder is not None and holder.startswith("pid ")
+
+
+def test_cell_scratch_folders_of_ended_processes_are_removed_and_live_ones_kept(tmp_path):
+    """What ``kill -9`` leaves in /tmp (a cell's figures and model, before they were logged)
+    goes at the next start; a live process's folder, and an unknown folder, stay."""
+    import subprocess
+    import sys
+
+    from tasks.scratch import SCRATCH_PREFIX, cell_scratch, remove_stale_scratch
+
+    ended = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead = tmp_path / f"{SCRATCH_PREFIX}{ended.stdout.strip()}_1-abc"
+    (dead / "model").mkdir(parents=True)
+    young_old_style = tmp_path / f"{SCRATCH_PREFIX}12345678"  # an older version's, today's
+    young_old_style.mkdir()
+    with cell_scratch() as mine:
+        live = tmp_path / Path(mine).name
+        live.mkdir()
+        assert remove_stale_scratch(tmp_path) == [dead]
+    assert live.exists() and young_old_style.exists() and not dead.exists()

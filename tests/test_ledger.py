@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from flows.ledger_text import ledger_markdown, status_text
 from flows.ledger import ledger_groups, run_ledger, to_train
+from flows.ledger_text import ledger_markdown, status_text
 from tasks.ledger import DEFAULT_LEDGER, LedgerError, LedgerRecord, append_records, read_ledger
 from tasks.ledger_scope import LedgerScope, ledger_scope, paper_config, scope_of
 from tasks.ledger_views import cell_states, ledger_status

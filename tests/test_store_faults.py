@@ -152,3 +152,51 @@ def test_the_prefect_start_timeout_grows_with_the_load(monkeypatch):
         assert ps.startup_timeout() == seconds
     monkeypatch.setenv(ps.TIMEOUT_VARIABLE, "45")  # the user's value wins
     assert ps.startup_timeout() == 45
+
+
+def test_an_immutable_store_folder_is_read_only_not_missing(tmp_path):
+    """sqlite says "unable to open database file" when it cannot create its journal beside the
+    store: the folder is there and searchable, so the cause said is a read-only folder."""
+    path = _store(tmp_path / "mlflow.db")
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(tmp_path)]).returncode:
+        pytest.skip("no immutable flag here (chattr needs root and a file system that has it)")
+    try:
+        line = sqlite_problem("(sqlite3.OperationalError) unable to open database file", path)
+    finally:
+        subprocess.run(["chattr", "-i", str(tmp_path)], check=True)
+    assert "is read-only" in line and f"lsattr -d {tmp_path}" in line, line
+    missing = tmp_path / "gone" / "mlflow.db"
+    line = sqlite_problem("(sqlite3.OperationalError) unable to open database file", missing)
+    assert "its folder is missing or not searchable" in line
+
+
+def test_a_store_with_a_damaged_page_is_refused_where_it_opens_in_one_unnested_line(
+    tmp_path, monkeypatch, capsys
+):
+    """A page no query of the command would read is damaged (what PRAGMA integrity_check calls
+    malformed): ``PRAGMA quick_check`` as the store opens refuses it, exit 3, one line that
+    says "damaged" once."""
+    from flows.cli import main
+    from tasks.tracking import TrackingUnavailable, connect
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("NLLAB_HOME", str(home))
+    for var in ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT"):
+        monkeypatch.delenv(var, raising=False)
+    connect()
+    db = home / "mlflow" / "mlflow.db"
+    with sqlite3.connect(db) as con:
+        (root,) = con.execute(
+            "select rootpage from sqlite_master where name = 'trace_info'"
+        ).fetchone()
+        (size,) = con.execute("pragma page_size").fetchone()
+    with open(db, "r+b") as fh:  # a table the commands never read: only a full check sees it
+        fh.seek((root - 1) * size)
+        fh.write(b"\x99" * size)
+    monkeypatch.setattr("tasks.tracking._connect._CONNECTED", {})  # a new process, as it were
+    with pytest.raises(TrackingUnavailable, match="is damaged"):
+        connect()
+    assert main(["compare"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.count("is damaged (") == 1, err
+    assert f"mv {db} {db}.broken" in err and "malformed" in err

@@ -146,12 +146,13 @@ def test_cli_runs_a_study_and_rejects_unknown(smoke, capsys):
 
 def test_study_cli_takes_the_task_runner_flags(monkeypatch, capsys):
     from flows.cli import main
+    from tasks.stopping import Stopped
 
     ran = []
 
     def stop_before_running(config):  # the study's config as `nllab study` built it
         ran.append(config.run)
-        raise KeyboardInterrupt
+        raise Stopped()  # Ctrl-C, as nllab's handler raises it
 
     monkeypatch.setattr("flows.studies.run_study", stop_before_running)
     args = ["study", "noise", "--profile", "smoke"]

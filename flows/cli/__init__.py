@@ -6,7 +6,9 @@ handler that imports the heavy stack (torch, mlflow, prefect) only when the comm
 1 some cells failed or a runtime error; 2 a usage or configuration error (unknown name, bad value,
 missing GPU, busy port); 3 a fault of the environment (the tracking store, Optuna storage or Dask
 scheduler cannot be reached, a full disk: one line, the traceback in ``$NLLAB_HOME/logs``);
-130 Ctrl-C; 143 SIGTERM of ``nllab tune``.
+130 Ctrl-C and 143 SIGTERM, one stop path for both (:mod:`tasks.stopping`): running cells end
+KILLED, finished ones are kept. A simulator or plugin that calls ``sys.exit`` is an error line
+naming its function (exit 1), never a silent 0.
 """
 
 from __future__ import annotations
@@ -94,12 +96,15 @@ def _check_home():
     """The home and the environment a command that trains or tracks needs, checked at once."""
     from datasets import require_writable_home
     from flows.cli.common import check_environment, check_store_paths
-    from flows.faults import check_free_space
+    from flows.faults import check_free_space, reserve_log_space
+    from tasks.scratch import remove_stale_scratch
 
     check_environment()
     home = require_writable_home()
     check_store_paths(home)
     check_free_space(home)
+    reserve_log_space(home)
+    remove_stale_scratch()  # cells' folders a killed process left in /tmp
     return home
 
 
@@ -117,21 +122,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if note := nlmodels.numerics_note():
         print(f"nllab: {note}", file=sys.stderr)
     from tasks.config import ConfigError
+    from tasks.stopping import UserCodeExit, contained, stop_signals
 
     home = None
     try:
-        if (check := getattr(args, "precheck", None)) is not None:
-            check(args)  # names, files, registry URIs: before torch, MLflow or Prefect load
-        reads_only = getattr(args, "reads_only", None)
-        if reads_only is None or not reads_only(args):  # (a command that only reads files)
-            home = _check_home()
-        return args.handler(args)
-    except (ConfigError, UsageError, CommandFailed) as e:
+        # Ctrl-C and SIGTERM: one path (running cells end KILLED), 130 or 143.
+        with stop_signals(abandon=lambda code: _abandon(args.command, code)):
+            if (check := getattr(args, "precheck", None)) is not None:
+                check(args)  # names, files, registry URIs: before torch, MLflow or Prefect load
+            reads_only = getattr(args, "reads_only", None)
+            if reads_only is None or not reads_only(args):  # (a command that only reads files)
+                home = _check_home()
+            with contained():  # user code (a simulator, a plugin) leaving by sys.exit
+                return args.handler(args)
+    except (ConfigError, UsageError, CommandFailed, UserCodeExit) as e:
         print(f"nllab {args.command}: error: {e}", file=sys.stderr)
-        return EXIT_FAILED if isinstance(e, CommandFailed) else EXIT_USAGE
+        return EXIT_USAGE if isinstance(e, ConfigError | UsageError) else EXIT_FAILED
     except KeyboardInterrupt as e:
-        kept = "" if args.command == "serve" else "; finished cells are kept, run again to resume"
-        print(f"\nnllab {args.command}: interrupted{kept}", file=sys.stderr)
+        print(f"\nnllab {args.command}: {_interrupted(args.command)}", file=sys.stderr)
         return getattr(e, "exit_code", EXIT_INTERRUPTED)  # 143 for SIGTERM
     except Exception as e:
         from datasets import CacheError
@@ -152,3 +160,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"nllab {args.command}: error: {e}", file=sys.stderr)
             return EXIT_USAGE
         raise
+
+
+def _interrupted(command: str) -> str:
+    kept = "" if command == "serve" else "; finished cells are kept, run again to resume"
+    return f"interrupted{kept}"
+
+
+def _abandon(command: str, code: int) -> None:
+    """Work still running long after a stop signal (user code that hangs), or a second signal:
+    the process ends now, saying so in one line (a thread stuck in user code can be neither
+    stopped nor joined)."""
+    import os
+
+    line = f"{_interrupted(command)} (work still running was abandoned)"
+    try:
+        print(f"\nnllab {command}: {line}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+    finally:
+        os._exit(code)

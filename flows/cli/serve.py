@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from flows.cli.common import EXIT_INTERRUPTED, EXIT_TRACKING, UsageError, port
+from flows.cli.common import EXIT_TRACKING, UsageError, port
 
 __all__ = ["add_parser", "run"]
 
@@ -37,7 +37,8 @@ def precheck(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``nllab serve``: 2 on a malformed schedule or no server, 3 when the server
-    does not start, does not answer or stops answering, else serves until Ctrl-C (130)."""
+    does not start, does not answer or stops answering, else serves until Ctrl-C (130) or
+    SIGTERM (143)."""
     from flows import prefect_server
     from flows._schedules import ScheduleError, load_schedules
 
@@ -82,4 +83,4 @@ def run(args: argparse.Namespace) -> int:
         + (f"; {kept} stay served by another nllab serve" if kept else ""),
         file=sys.stderr,
     )
-    return EXIT_INTERRUPTED
+    return 128 + outcome.signum  # 130 for Ctrl-C, 143 for SIGTERM

@@ -20,11 +20,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     config = cli.resolve(args)
     from tasks.cell import simulate_data
+    from tasks.stopping import UserCodeExit, contained
 
     for system in config.systems:
         for seed in config.seeds:
             t0 = time.perf_counter()
-            ds = simulate_data(system, config.data_for(system), seed)
+            try:
+                with contained():
+                    ds = simulate_data(system, config.data_for(system), seed)
+            except (ValueError, UserCodeExit) as e:  # a simulator's error, its data's problem
+                raise cli.CommandFailed(f"{system} seed {seed}: {e}") from None
             print(
                 f"{system:<24} seed {seed}  N={ds.x.shape[0]} T={ds.x.shape[1]} D={ds.x.shape[2]}"
                 f"  fingerprint {ds.fingerprint[:12]}  {time.perf_counter() - t0:.1f} s"

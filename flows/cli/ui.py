@@ -159,10 +159,6 @@ def run(args: argparse.Namespace) -> int:
     )
     threading.Thread(target=_forward_errors, args=(proc.stderr,), daemon=True).start()
 
-    def on_term(signum, frame):
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, on_term)
     try:
         if _ready(address, proc, 90.0):
             print(f"  open {url}  (Ctrl-C to stop)", flush=True)
@@ -176,8 +172,7 @@ def run(args: argparse.Namespace) -> int:
         if code:
             print(f"nllab ui: error: the MLflow UI exited with code {code}", file=sys.stderr)
         return code
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (143): nllab's stop signals
+        return getattr(e, "exit_code", EXIT_INTERRUPTED)
     finally:
         _stop(proc)
-        signal.signal(signal.SIGTERM, previous)

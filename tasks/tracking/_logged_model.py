@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-import warnings
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,6 @@ from tasks.tracking.mlflow_names import logged_model_name
 from tasks.tracking.tags import RunTags
 
 __all__ = ["log_pyfunc_model"]
-
-_SIGNATURE_REPORT = "Failed to infer signature from type hint"
 
 
 def _signature_and_example(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -89,13 +86,8 @@ def log_pyfunc_model(store: Store, run_id: str, folder: Path, artifact_path: str
     from mlflow.entities import LoggedModelStatus
     from mlflow.models import Model
 
-    # MLflow cannot turn the pyfunc's dict-of-arrays ``predict`` hint into a signature (it takes
-    # list[...] hints only) and says so as it logs a model; the signature is given explicitly.
-    # A process-wide filter as well as the recording below: ``warnings.catch_warnings`` swaps
-    # the process's filters, so two cells logging models from two threads at once could restore
-    # each other's and let the report through (seen on a busy machine). Set before each model:
-    # this module loads on first use, possibly inside a caller's own ``catch_warnings``.
-    warnings.filterwarnings("ignore", message=_SIGNATURE_REPORT, category=UserWarning)
+    # The signature is given explicitly; the pyfunc's ``predict`` has no input hint, so MLflow
+    # infers none (no warning that it cannot: no ``warnings`` filters, which threads share).
     spec = json.loads((folder / "model.json").read_text())
     signature, example = _signature_and_example(spec)
     logged = _create_logged_model(store, run_id, spec, artifact_path)
@@ -107,23 +99,17 @@ def log_pyfunc_model(store: Store, run_id: str, folder: Path, artifact_path: str
         # named explicitly: cells log from worker threads, which have no active run. It links
         # the model to the run and sets the MLmodel's run_id.
         mlflow.set_tracking_uri(store.settings.tracking_uri)
-        # MLflow reports, past any filter, that it cannot turn the dict-of-arrays hint into a
-        # signature: the signature is given, so that report is dropped and any other shown.
-        with warnings.catch_warnings(record=True) as caught:
-            Model.log(
-                None,  # artifact_path: MLflow 3 names a model by ``name``
-                name=logged.name,
-                flavor=mlflow.pyfunc,
-                run_id=run_id,
-                model_id=logged.model_id,
-                python_model=str(code),
-                artifacts={"weights": str(weights)},
-                signature=signature,
-                input_example=example,
-                pip_requirements=_requirements(),
-            )
-    for w in caught:
-        if not str(w.message).startswith(_SIGNATURE_REPORT):
-            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+        Model.log(
+            None,  # artifact_path: MLflow 3 names a model by ``name``
+            name=logged.name,
+            flavor=mlflow.pyfunc,
+            run_id=run_id,
+            model_id=logged.model_id,
+            python_model=str(code),
+            artifacts={"weights": str(weights)},
+            signature=signature,
+            input_example=example,
+            pip_requirements=_requirements(),
+        )
     store.client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
     return logged.model_id

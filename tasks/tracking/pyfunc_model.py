@@ -21,7 +21,9 @@ class ForecastPyfunc(PythonModel):
 
     #: MLflow's type-hint validation takes ``list[...]`` inputs only; this model takes one dict
     #: of arrays, which the tensor signature logged with it validates (names, shapes, dtype).
-    #: MLflow's own switch for such models: the hints document, the signature validates.
+    #: MLflow's own switch for such models: the signature validates. ``model_input`` has no
+    #: hint for the same reason: MLflow would try to infer a signature from it as it logs the
+    #: model and warn that it cannot.
     _skip_type_hint_validation = True
 
     def load_context(self, context) -> None:
@@ -32,7 +34,7 @@ class ForecastPyfunc(PythonModel):
     def predict(
         self,
         context,
-        model_input: dict[str, np.ndarray],
+        model_input,  # {"obs_t": [n, T], "obs_x": [n, T, D], "query_t": [n, Tq]} arrays
         params: dict[str, Any] | None = None,
     ) -> np.ndarray:
         from tasks.modelio import forecast

@@ -3,7 +3,6 @@ its errors, and SIGTERM handled as Ctrl-C."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tasks.config import CellConfig, Device, Profile, RunConfig, resolve_config
 from tasks.errors import SettingError, Unreachable
 from tasks.search_spaces import Suggestion
+from tasks.stopping import Stopped, stop_signals
 
 __all__ = [
     "BEST_ATTR",
@@ -48,31 +48,18 @@ class StorageUnavailable(TuningError, Unreachable):
     not answer, a full disk): a fault of the environment, not of the command."""
 
 
-class TuneTerminated(KeyboardInterrupt):
-    """SIGTERM during a study: handled as Ctrl-C (the running trial ends FAIL, the parent run
-    KILLED), so that a terminated study resumes like an interrupted one."""
-
-    exit_code = 143  # 128 + SIGTERM, as the shell reports a process the signal ended
+#: SIGTERM during a study: handled as Ctrl-C (the running trial ends FAIL, the parent run
+#: KILLED), so that a terminated study resumes like an interrupted one; exit code 143.
+TuneTerminated = Stopped
 
 
 @contextmanager
 def sigterm_interrupts() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`TuneTerminated` in the main thread (as SIGINT
-    raises ``KeyboardInterrupt``); outside the main thread, nothing changes."""
-    import signal
-
-    if threading.current_thread() is not threading.main_thread():
+    """Within the block, SIGTERM (and Ctrl-C) raise :class:`~tasks.stopping.Stopped` in the
+    main thread (:func:`tasks.stopping.stop_signals`); outside the main thread, nothing
+    changes."""
+    with stop_signals():
         yield
-        return
-
-    def terminate(signum: int, _frame: Any) -> None:
-        raise TuneTerminated(f"terminated by signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 class TuneSpec(BaseModel):

@@ -11,6 +11,7 @@ from nltrain import EpochRecord, TrainingDiverged
 from tasks.cell import CellRuntime, fit_cells
 from tasks.config import CellConfig, TrainConfig
 from tasks.search_spaces import suggest
+from tasks.stopping import contained
 from tasks.tracking import Metrics, RunLog, RunTags, claim_owner
 from tasks.tuning.spec import OWNER_ATTR, TuneSpec
 
@@ -86,7 +87,8 @@ def run_trial(
 
         # The same set-up and training path as every benchmark cell; the test split is not
         # evaluated (the objective is the best validation RMSE).
-        (out,) = fit_cells([cell], runtime, [run], on_epoch=report, evaluate_test=False)
+        with contained():  # a plugin's sys.exit fails this trial, not the study
+            (out,) = fit_cells([cell], runtime, [run], on_epoch=report, evaluate_test=False)
         if isinstance(out, TrainingDiverged):
             trial.set_user_attr("diverged", str(out))
             raise optuna.TrialPruned(f"diverged: {out}") from out
