@@ -188,10 +188,12 @@ def test_switching_numerics_back_and_forth_retrains_nothing_already_in_the_store
     older one included (the mode faked as another model fingerprint: no second canary)."""
     from tasks.cell import CellRuntime, run_cell
 
+    from tasks import numerics as cell_numerics  # what a cell's tags and reuse read
+
     (cell,) = _config(methods=["node"], seeds=[0]).cells()
     tracker = connect()
     rt = CellRuntime.for_store(tracker.store, parent_run_id=None, profile="smoke")
-    portable = numerics.model_fingerprint
+    portable = cell_numerics.model_fingerprint
 
     def native(method: str) -> str:
         return "native" + portable(method)[6:]
@@ -199,7 +201,8 @@ def test_switching_numerics_back_and_forth_retrains_nothing_already_in_the_store
     trained: dict[str, str] = {}
     retrained = []
     for mode in ("portable", "native", "portable", "native", "portable"):
-        monkeypatch.setattr(numerics, "model_fingerprint", native if mode == "native" else portable)
+        fingerprint = native if mode == "native" else portable
+        monkeypatch.setattr(cell_numerics, "model_fingerprint", fingerprint)
         reused, todo = stored_results(tracker.queries, [cell])
         if todo:
             retrained.append(mode)
