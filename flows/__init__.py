@@ -1,9 +1,6 @@
-"""Prefect flows of Neural Laplace Lab and the ``nllab`` command line."""
-
-from tasks import configure_environment
-
-# Explicit, before any flow module imports prefect (they all load through this package).
-configure_environment()
+"""Prefect flows of Neural Laplace Lab and the ``nllab`` command line. Importing this package
+changes nothing in the process: the flow modules, which load Prefect, apply the platform's
+settings first (:mod:`tasks.offline`)."""
 
 __all__ = ["BenchmarkSummary", "benchmark_flow", "registry_name", "run_benchmark"]
 

@@ -25,6 +25,8 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
+import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
+
 __all__ = [
     "BUSY_WAITS",
     "ArtifactsBusy",

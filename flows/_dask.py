@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 
+import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
+
 from tasks.errors import SettingError, Unreachable
 from tasks.tracking import TrackingSettings
 

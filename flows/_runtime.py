@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
+
 import prefect
 from prefect.server.api.server import SubprocessASGIServer
 from prefect.settings import (

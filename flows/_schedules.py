@@ -11,6 +11,8 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
+
 from pydantic import (
     BaseModel,
     ConfigDict,

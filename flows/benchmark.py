@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
+
 from prefect import flow, get_run_logger
 
 from flows._artifacts import artifact_key, publish_table

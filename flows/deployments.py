@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
+
 from prefect import flow
 
 from flows._schedules import (

@@ -14,6 +14,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
+
 from flows.faults import EnvironmentFault
 
 __all__ = [

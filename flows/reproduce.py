@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
+
 from prefect import flow, get_run_logger
 
 from flows._runtime import flow_settings, make_task_runner

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
+
 from flows.prefect_server import healthy
 from tasks.stopping import Stopped
 

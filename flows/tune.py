@@ -8,6 +8,8 @@ workers are on other machines).
 
 from __future__ import annotations
 
+import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
+
 from optuna.trial import TrialState
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE

@@ -1,5 +1,6 @@
 """Plain, typed experiment functions (simulate, train, evaluate, report, track) and their thin
-Prefect task wrappers. Importing this package turns telemetry off before mlflow/prefect load.
+Prefect task wrappers. Importing this package changes nothing in the process: the modules that
+load MLflow, Prefect or Optuna apply the platform's settings first (:mod:`tasks.offline`).
 """
 
 from __future__ import annotations
@@ -7,10 +8,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tasks._env import configure_environment
-
-# The one place the process is set up: every entry point (the CLI, flows started from Python,
-# worker processes and Dask workers) imports this package before mlflow or prefect load.
-configure_environment()
 
 if TYPE_CHECKING:
     from nlmodels import ForecastModel

@@ -11,6 +11,8 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
+
 import optuna
 
 __all__ = ["derived_space"]

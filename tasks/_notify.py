@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 import threading
 
+import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
+
 __all__ = ["notify_once"]
 
 _TOLD: set[str] = set()

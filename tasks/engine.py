@@ -30,20 +30,18 @@ It must be called inside a Prefect flow (it submits tasks to the flow's task run
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import threading
-import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 
+import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
+
 import torch
 from prefect import get_run_logger
 from prefect.futures import PrefectFuture, as_completed
-from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from tasks._workers import worker_pool_active, worker_processes
@@ -51,9 +49,10 @@ from tasks.cell import CellRuntime, pack_key, stored_results
 from tasks.config import CellConfig
 from tasks.placement import Measure, gpu_pack_size, place_pack, split_evenly
 from tasks.prefect_tasks import PackFailed, pack_task, simulate_data_sets
+from tasks.progress import Display
 from tasks.results import CellResult
 from tasks.stopping import contained, stop_signals
-from tasks.tables import number, plural
+from tasks.tables import plural
 
 __all__ = [
     "CPU_PACK_MEMBERS",
@@ -232,64 +231,6 @@ def _torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-#: Seconds of silence after which a redirected run prints a line saying it is still working
-#: (``NLLAB_HEARTBEAT_SECONDS`` changes it).
-HEARTBEAT_SECONDS = float(os.environ.get("NLLAB_HEARTBEAT_SECONDS", "60"))
-
-
-class _Heartbeat:
-    """Prints ``status()`` whenever :data:`HEARTBEAT_SECONDS` pass without a line, from a
-    background thread between :meth:`start` and :meth:`stop` (redirected output, which has no
-    progress bars to show that a long phase is still moving)."""
-
-    def __init__(self, enabled: bool, status: Callable[[], str]) -> None:
-        self.enabled, self.status = enabled, status
-        self.last = time.monotonic()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name="nllab-heartbeat", daemon=True)
-
-    def printed(self) -> None:
-        """A line was printed: the silence starts again."""
-        self.last = time.monotonic()
-
-    def _beat(self) -> None:
-        while not self._stop.wait(min(HEARTBEAT_SECONDS, 5.0)):
-            if time.monotonic() - self.last >= HEARTBEAT_SECONDS:
-                print(self.status(), flush=True)
-                self.printed()
-
-    def start(self) -> None:
-        if self.enabled:
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-
-def _clock(seconds: float) -> str:
-    m, s = divmod(round(seconds), 60)
-    return f"{m} min {s} s" if m else f"{s} s"
-
-
-def _print_finished(done: Sequence[CellResult], n: int, total: int, seconds: float) -> None:
-    """One line per finished cell (progress when the output is not a terminal): its own
-    training seconds, and the time since the first pack started."""
-    for i, r in enumerate(done, start=n - len(done) + 1):
-        outcome = (
-            f"test RMSE {number(r.test_rmse)}"
-            if r.ok
-            else f"{r.status}: {(r.error or 'no result').splitlines()[0]}"
-        )
-        trained = f"trained {r.train_seconds:.0f} s, " if r.train_seconds is not None else ""
-        print(
-            f"cell {i}/{total} {r.key}: {outcome} ({trained}{_clock(seconds)} since training "
-            "started)",
-            flush=True,
-        )
-
-
 def run_cells(
     cells: Sequence[CellConfig],
     runtime: CellRuntime,
@@ -315,7 +256,7 @@ def run_cells(
     by_hash: dict[str, CellResult] = {r.config_hash: r for r in reused}
     placed = _plan(unique, len(reused), todo, runtime)
     if todo:
-        display = _Display(runtime.progress, len(todo), len(reused))
+        display = Display(runtime.progress, len(todo), len(reused))
         if display.lines:  # no bars in the workers either
             runtime = replace(runtime, progress=False)
         if runtime.stop is None and runtime.task_runner == "thread":  # a caller without one
@@ -454,50 +395,3 @@ def _training(runtime: CellRuntime) -> Iterator[None]:
     quiet = logging_redirect_tqdm(loggers=printing) if runtime.progress and printing else None
     with pool, quiet or nullcontext():
         yield
-
-
-class _Display:
-    """What a run shows while its packs train: in a terminal, a bar of cells; redirected, one
-    line per finished cell (:func:`_print_finished`) and a heartbeat in long silences."""
-
-    def __init__(self, progress: bool, todo: int, reused: int) -> None:
-        # Bars redraw in place: in a terminal only. Redirected, a line per finished cell instead.
-        self.lines = progress and not (sys.stdout.isatty() and sys.stderr.isatty())
-        self.bars, self.todo, self.reused = progress and not self.lines, todo, reused
-        self.t0, self.finished, self.training = time.perf_counter(), 0, False
-        self.heartbeat = _Heartbeat(self.lines, self.status)
-        self.bar: tqdm | None = None
-
-    def status(self) -> str:
-        if not self.training:
-            return f"… simulating data sets ({_clock(time.perf_counter() - self.t0)})"
-        return (
-            f"… {self.finished}/{plural(self.todo, 'cell')} finished, "
-            f"{_clock(time.perf_counter() - self.t0)} since training started"
-        )
-
-    def __enter__(self) -> _Display:
-        self.heartbeat.start()
-        return self
-
-    def training_started(self) -> None:
-        self.heartbeat.printed()
-        self.t0, self.training = time.perf_counter(), True
-        bars = {"desc": "cells", "unit": "cell", "position": 0, "leave": True}
-        self.bar = tqdm(total=self.todo, disable=not self.bars, **bars)
-
-    def pack_finished(self, done: list[CellResult], results: Iterable[CellResult]) -> None:
-        assert self.bar is not None
-        self.bar.update(len(done))
-        self.finished += len(done)
-        seconds = time.perf_counter() - self.t0
-        if self.lines:
-            _print_finished(done, self.finished, self.todo, seconds)
-            self.heartbeat.printed()
-        failed = sum(not r.ok for r in results)
-        self.bar.set_postfix(failed=failed, reused=self.reused, elapsed=f"{seconds:.0f}s")
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        self.heartbeat.stop()

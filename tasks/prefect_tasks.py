@@ -10,6 +10,8 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
+import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
+
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait

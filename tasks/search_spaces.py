@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
+
 if TYPE_CHECKING:  # the spaces only call the trial they are given: checking a method's
     import optuna  # space (a schedules file, the command line) does not load Optuna
 

@@ -327,6 +327,7 @@ TEST_INTERNALS: dict[str, str] = {
     "datasets._simulate": "the memory a data set may take (faked) and the data version",
     "datasets._systems": "the system registry, restored after a test declares systems",
     "flows._artifacts": "the Prefect artifact keys a study writes",
+    "datasets._datafile": "the memory a file may take and the CSV chunk size, set for the test",
     "flows._dask": "the Dask task runner's checks and errors, without a cluster",
     "flows._runtime": "the servers a flow starts, stopped on interrupt",
     "flows._study_catalog": "the study catalogue against the studies registered",
@@ -423,6 +424,40 @@ MLFLOW_INFO_FIELDS = {
 }
 
 
+SETTINGS_DOOR = "tasks.offline"
+
+
+def _top_level_imports(tree: ast.Module) -> set[str]:
+    """The modules a module imports at its top level (``import a.b`` gives ``a.b``)."""
+    out: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+    return out
+
+
+def _orchestration_without_settings() -> set[str]:
+    """Modules that import Prefect, MLflow or Optuna (anywhere in them) while neither they nor an
+    enclosing package of theirs imports :mod:`tasks.offline` at its top level: the libraries
+    would load before the platform's settings (telemetry off, the homes) unless something else
+    happened to set them first."""
+    out = set()
+    for name, imported in IMPORTS.items():
+        if name == SETTINGS_DOOR or not {n.split(".")[0] for n in imported} & ORCHESTRATION:
+            continue
+        parts = name.split(".")
+        enclosing = [".".join(parts[:i]) for i in range(2, len(parts) + 1)]
+        if not any(SETTINGS_DOOR in _top_level_imports(TREES[m]) for m in enclosing if m in TREES):
+            out.add(name)
+    return out
+
+
+def test_orchestration_libraries_load_after_the_platforms_settings() -> None:
+    assert _orchestration_without_settings() == set()
+
+
 def _mlflow_entity_reads(trees: dict[str, ast.Module]) -> set[str]:
     """``module: .data.tags`` (or ``.info.run_id``, ...) for each read of an MLflow entity's
     fields outside :mod:`tasks.tracking`."""
@@ -497,7 +532,12 @@ def test_the_shape_checks_catch_what_they_forbid() -> None:
             f"{name}: .data.tags",
             f"{name}: .info.run_id",
         }
+        IMPORTS[name] = {"prefect.flow"}  # Prefect without the platform's settings first
+        assert _orchestration_without_settings() == {name}
+        TREES[name] = ast.parse("import tasks.offline\nimport prefect")
+        assert _orchestration_without_settings() == set()
     finally:
+        IMPORTS.pop(name, None)
         del MODULES[name], TREES[name]
     command = "flows.cli.made_up"
     MODULES[command] = ROOT / "flows" / "cli" / "made_up.py"

@@ -13,6 +13,8 @@ from importlib import import_module
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
+
 from flows._study_catalog import STUDY_CATALOG
 from flows.studies._config import StudyConfig, study_config
 

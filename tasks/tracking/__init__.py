@@ -24,6 +24,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
+
 if TYPE_CHECKING:
     from tasks.tracking._claims import CLAIM_STALE_AFTER, CellClaims
     from tasks.tracking._connect import Tracking, attach, connect

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
+
 # The spec loads at once (pydantic only); the sessions, storage and runs load on first use
 # (PEP 562), so a schedules file or the command line checks a ``TuneSpec`` without loading
 # Optuna, MLflow or torch.
