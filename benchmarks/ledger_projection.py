@@ -19,7 +19,11 @@ each beside its ratio to the node column measured in the same run. Not included:
 Prefect, MLflow and evaluation time, other load on the machine (a nice 19 run beside other
 work takes longer), early stopping (the paper profile has none).
 
-    PYTHONPATH=. nice -n 10 python benchmarks/ledger_projection.py --epochs 3
+    PYTHONPATH=. nice -n 10 python benchmarks/ledger_projection.py --epochs 3 [--record]
+
+``--record`` writes the table to ``results/measurements/ledger_projection.json``
+(:func:`tasks.measurements.record_measurement`), which the docs' generator renders on the
+ledger page (block ``measurement-ledger_projection``).
 """
 
 from __future__ import annotations
@@ -100,11 +104,36 @@ def hours(packs: Sequence[Pack], epochs: int, cores: int) -> tuple[float, float]
     return SEEDS * epochs * total / 3600, SEEDS * epochs * wall / 3600
 
 
+COLUMNS = (
+    "method",
+    "packs of seed 0 (members: s/epoch)",
+    "CPU h per column",
+    "× node",
+    "wall h on the cores",
+    "× node",
+)
+
+
+def table_rows(rows: dict[str, tuple[list[Pack], float, float]]) -> list[tuple[str, ...]]:
+    """One row per method: its packs, CPU and wall hours per column, each beside node's."""
+    node = rows.get("node")
+    out = []
+    for method, (packs, cpu_h, wall_h) in rows.items():
+        desc = "; ".join(
+            f"{len(p.systems)}{' packed' if p.packed else ' one by one'}: {p.seconds:.2f}"
+            for p in packs
+        )
+        ratio = (f"{cpu_h / node[1]:.2f}", f"{wall_h / node[2]:.2f}") if node else ("–", "–")
+        out.append((method, desc, f"{cpu_h:.1f}", ratio[0], f"{wall_h:.1f}", ratio[1]))
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=3, help="epochs timed per pack (default 3)")
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="for the wall hours")
+    ap.add_argument("--record", action="store_true", help="write results/measurements/")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -113,25 +142,29 @@ def main(argv: Sequence[str] | None = None) -> None:
         packs, paper_epochs = measure(method, args.epochs)
         rows[method] = (packs, *hours(packs, paper_epochs, args.cores))
         print(f"measured {method}: {time.perf_counter() - t0:.0f} s so far", file=sys.stderr)
-    node = rows.get("node")
-    print(
-        f"Ledger columns on this CPU ({args.cores} cores for the wall time; load average "
-        f"{os.getloadavg()[0]:.1f} at the end), {SEEDS} seeds × {paper_epochs} epochs, "
-        f"one torch thread per pack, epochs timed: {args.epochs}\n"
+    note = (
+        f"{SEEDS} seeds × {paper_epochs} epochs per column, one torch thread per pack, "
+        f"{args.epochs} epochs timed per pack (the median after the first); wall hours on "
+        f"{args.cores} cores. Training only: no simulation, tracking or evaluation, and no "
+        "other load (a nice 19 run beside other work takes longer)."
     )
-    print(
-        "| method | packs of seed 0 (members: s/epoch) | CPU h per column | × node "
-        "| wall h on the cores | × node |"
-    )
-    print("|---|---|---|---|---|---|")
-    for method, (packs, cpu_h, wall_h) in rows.items():
-        desc = "; ".join(
-            f"{len(p.systems)}{' packed' if p.packed else ' one by one'}: {p.seconds:.2f}"
-            for p in packs
+    table = table_rows(rows)
+    print(f"| {' | '.join(COLUMNS)} |\n|{'|'.join('---' for _ in COLUMNS)}|")
+    for row in table:
+        print(f"| {' | '.join(row)} |")
+    print(f"\n{note}\n(measured in {time.perf_counter() - t0:.0f} s)")
+    if args.record:
+        from tasks.measurements import record_measurement
+
+        path = record_measurement(
+            "ledger_projection",
+            "projected hours per ledger column on this CPU",
+            f"PYTHONPATH=. python benchmarks/ledger_projection.py --epochs {args.epochs} --record",
+            COLUMNS,
+            table,
+            note,
         )
-        ratio = (f"{cpu_h / node[1]:.2f}", f"{wall_h / node[2]:.2f}") if node else ("–", "–")
-        print(f"| {method} | {desc} | {cpu_h:.1f} | {ratio[0]} | {wall_h:.1f} | {ratio[1]} |")
-    print(f"\n(measured in {time.perf_counter() - t0:.0f} s)")
+        print(f"recorded {path}")
 
 
 if __name__ == "__main__":
