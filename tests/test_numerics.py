@@ -186,9 +186,8 @@ def test_switching_numerics_back_and_forth_retrains_nothing_already_in_the_store
     """As ``NLLAB_CPU_NUMERICS=native`` and back to the default on one home: each mode trains a
     cell once; afterwards every switch reuses the finished run of that mode's fingerprints, the
     older one included (the mode faked as another model fingerprint: no second canary)."""
-    from tasks.cell import CellRuntime, run_cell
-
     from tasks import numerics as cell_numerics  # what a cell's tags and reuse read
+    from tasks.cell import CellRuntime, run_cell
 
     (cell,) = _config(methods=["node"], seeds=[0]).cells()
     tracker = connect()
