@@ -129,6 +129,7 @@ got["space"] = [draw.model, draw.training]
 check_names(systems=["toy_wave"], methods=["toy_mean"])  # `nllab tune`'s check: no error
 got["tune_typo"] = cli("tune", "--method", "toy_maen", "--system", "toy_wave", "--trials", "1")
 got["models"] = cli("models")
+got["model_options"] = cli("models", "toy_mean")
 got["names"] = cli("models", "--names")
 got["systems_cli"] = cli("systems")
 got["study_help"] = cli("study", "--help")
@@ -169,14 +170,14 @@ def _follow_recipes(tree: Path) -> dict[str, list[str]]:
     edit(
         "command",
         "flows/cli/__init__.py",
-        "    compare,\n    ledger,",
-        "    compare,\n    hello,\n    ledger,",
+        "    doctor,\n    ledger,",
+        "    doctor,\n    hello,\n    ledger,",
     )
     edit(
         "command",
         "flows/cli/__init__.py",
-        "    models,\n)\n\n\ndef build",
-        "    models,\n    hello,\n)\n\n\ndef build",
+        "    doctor,\n)\n\n\ndef build",
+        "    doctor,\n    hello,\n)\n\n\ndef build",
     )
     return touched
 
@@ -210,7 +211,9 @@ def test_a_model_for_the_main_table_is_its_module_and_one_registration(recipes):
     # its search space is derived from its typed options (hidden: a quarter to four times 8)
     assert got["space"] == [{"hidden": 16}, {"lr": 0.01}]
     code, out = got["models"]
-    assert code == 0 and "toy_mean" in out and "options: hidden=8" in out
+    assert code == 0 and "toy_mean" in out and "7 epochs" in out.split("toy_mean", 1)[1]
+    code, out = got["model_options"]
+    assert code == 0 and "options: hidden=8" in out
     assert got["names"][1].split().count("toy_mean") == 1
     code, out = got["tune_typo"]
     assert code == 2 and "toy_mean" in out  # the valid choices include it

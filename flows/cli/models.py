@@ -25,10 +25,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+def _quick_epochs(name: str, profile: dict, cards, default: int) -> int:
+    """The quick profile's epochs of ``name``: the profile's, else its registration's."""
+    card = cards.get(name)
+    return profile.get(name) or (card.quick_epochs if card is not None else None) or default
+
+
 def _rows() -> tuple[list[tuple[str, str, str, str]], tuple[str, ...]]:
     """(name, source, paper, quick epochs) of every model a run can name, and the lines of the
     plugins left out."""
-    from tasks import DEFAULT_QUICK_EPOCHS
+    from tasks import DEFAULT_QUICK_EPOCHS, MODEL_CARDS
     from tasks.config import BUILTIN_METHODS, METHODS, QUICK_EPOCHS
     from tasks.plugins import MODEL_GROUP, plugin_table
 
@@ -41,7 +47,7 @@ def _rows() -> tuple[list[tuple[str, str, str, str]], tuple[str, ...]]:
             name,
             source,
             "Table 3" if name in METHODS else "—",
-            f"{QUICK_EPOCHS.get(name, DEFAULT_QUICK_EPOCHS)} epochs",
+            f"{_quick_epochs(name, QUICK_EPOCHS, MODEL_CARDS, DEFAULT_QUICK_EPOCHS)} epochs",
         )
         for name, source in sorted(sources.items())
     ]
