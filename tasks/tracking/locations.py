@@ -76,17 +76,19 @@ def stored_model(kind: str, key: str, uri: str | None = None) -> bool | None:
 
 def has_finished_run(kind: str, uri: str | None = None) -> bool | None:
     """Whether the embedded store holds a FINISHED, undeleted run tagged ``nllab.kind`` =
-    ``kind`` in any experiment (``None`` when it cannot say: a server, an old or busy file).
-    A command with nothing to read answers from this without loading MLflow."""
+    ``kind`` in any experiment (``None`` when it cannot say: a server, an old, busy or damaged
+    file — ``PRAGMA quick_check``, as the store's opening runs it, so that a damaged store is
+    reported by the command's full path, not answered "nothing"). A command with nothing to
+    read answers from this without loading MLflow."""
     query = (
         "select 1 from runs r join tags t on t.run_uuid = r.run_uuid where t.key = 'nllab.kind' "
         "and t.value = ? and r.status = 'FINISHED' and r.lifecycle_stage = 'active' limit 1"
     )
-    return _holds(query, (kind,), None, uri)[0]
+    return _holds(query, (kind,), None, uri, checked=True)[0]
 
 
 def _holds(
-    query: str, args: tuple[str, ...], names: str | None, uri: str | None
+    query: str, args: tuple[str, ...], names: str | None, uri: str | None, checked: bool = False
 ) -> tuple[bool | None, list[str]]:
     """Whether ``query`` finds a row in the embedded store, and (when not) the first column of
     ``names``' rows."""
@@ -97,6 +99,8 @@ def _holds(
         return False, []
     try:
         with closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5)) as db:
+            if checked and db.execute("PRAGMA quick_check").fetchone() != ("ok",):
+                return None, []
             if db.execute(query, args).fetchone() is not None:
                 return True, []
             return False, sorted(r[0] for r in db.execute(names)) if names else []
