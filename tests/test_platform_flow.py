@@ -78,9 +78,11 @@ def test_child_runs_hold_params_metrics_tags_artifacts(first):
         # which CPU path trained it: the native kernels serve float64 Neural Laplace only
         native = tags["method"] == "neural_laplace" and native_cpu_kernels()
         assert tags["native_cpu_kernels"] == str(native)
-        # the run's CPU numerics mode (portable by default) and MKL's strict mode, in effect
+        # the run's CPU numerics mode (portable by default), whose kernels, MKL's strict mode
         cpu = cpu_mode_in_effect()
-        assert tags["numerics.cpu"] == cpu and tags["numerics"].startswith(f"cpu={cpu}; mkl_")
+        kernels = "portable" if cpu.startswith("portable") else "torch"
+        assert tags["numerics.cpu"] == cpu
+        assert tags["numerics"].startswith(f"cpu={cpu}; kernels={kernels}; mkl_")
         assert "STRICT; position_independent=True;" in tags["numerics"]
         assert params["training.epochs"] == "2" and params["data.n_trajectories"] == "40"
         assert params["device"] == "auto" and int(params["n_parameters"]) > 100
