@@ -56,9 +56,9 @@ def test_a_module_class_method_trains_logs_registers_and_reproduces(
 
     t = connect()
     client = t.store.client
-    (run,) = [r for r in t.queries.finished_runs("cell") if r.data.tags["method"] == METHOD]
-    run_id = run.info.run_id
-    assert run.info.run_name == f"{TOKEN} · integro_de · s0"
+    (run,) = [r for r in t.queries.finished_runs("cell") if r.tags["method"] == METHOD]
+    run_id = run.run_id
+    assert client.get_run(run_id).info.run_name == f"{TOKEN} · integro_de · s0"
     model_id = t.queries.logged_model_id(run_id)
     assert client.get_logged_model(model_id).name == f"{TOKEN}-integro_de-s0"
     registered = client.get_registered_model(name)
