@@ -134,4 +134,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from nlmodels import set_up_numerics
+
+    set_up_numerics()  # before torch computes: the CPU numerics the training paths require
     main()

@@ -822,4 +822,7 @@ _SECOND_PASS = {
 }
 
 if __name__ == "__main__":
+    from nlmodels import set_up_numerics
+
+    set_up_numerics(defer=True)  # the probes' commands inherit the mode's environment
     main()

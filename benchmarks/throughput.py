@@ -187,13 +187,14 @@ def _fmt(v: float | None) -> str:
     return "—" if v is None else f"{v:.4f}"
 
 
-def table_markdown(rows: Sequence[Timing], members: int, big_members: int) -> str:
-    """The timings as one Markdown table (seconds per cell-epoch)."""
-    lines = [
-        f"| model | dtype | device | eager | packed ×{members} | graphs ×{members} "
-        f"| graphs ×{big_members} | best vs eager |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+def table_columns(members: int, big_members: int) -> tuple[str, ...]:
+    return ("model", "dtype", "device", "eager", f"packed ×{members}", f"graphs ×{members}",
+            f"graphs ×{big_members}", "best vs eager")  # fmt: skip
+
+
+def table_rows(rows: Sequence[Timing], members: int, big_members: int) -> list[tuple[str, ...]]:
+    """The timings as table rows (seconds per cell-epoch), in :func:`table_columns`' order."""
+    out = []
     for r in rows:
         eager = r.seconds[1]
         if r.device == "cuda":
@@ -201,16 +202,25 @@ def table_markdown(rows: Sequence[Timing], members: int, big_members: int) -> st
             g5, g30 = r.seconds.get(members), r.seconds.get(big_members)
         else:
             packed, g5, g30 = r.seconds.get(members), None, None
-        if not r.packable:
-            packed_s = "not packable"
-        else:
-            packed_s = _fmt(packed)
+        packed_s = _fmt(packed) if r.packable else "not packable"
         best = min(r.seconds.values())
-        lines.append(
-            f"| {r.model} | {r.dtype} | {r.device} | {eager:.4f} | {packed_s} | {_fmt(g5)} "
-            f"| {_fmt(g30)} | {eager / best:.1f}× |"
-        )
-    return "\n".join(lines)
+        out.append((r.model, r.dtype, r.device, f"{eager:.4f}", packed_s, _fmt(g5), _fmt(g30),
+                    f"{eager / best:.1f}×"))  # fmt: skip
+    return out
+
+
+def _markdown(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return [
+        f"| {' | '.join(columns)} |",
+        f"|{'|'.join('---' for _ in columns)}|",
+        *(f"| {' | '.join(r)} |" for r in rows),
+    ]
+
+
+def table_markdown(rows: Sequence[Timing], members: int, big_members: int) -> str:
+    """The timings as one Markdown table (seconds per cell-epoch)."""
+    columns = table_columns(members, big_members)
+    return "\n".join(_markdown(columns, table_rows(rows, members, big_members)))
 
 
 def lookup(rows: Sequence[Timing], method: str, dtype: str, device: str, members: int):
@@ -335,34 +345,45 @@ def project(
     )
 
 
-def projection_markdown(p: Projection) -> str:
-    """The projection's plan per model and its wall time."""
+PROJECTION_COLUMNS = ("model", "device", "packs × members", "s/cell-epoch", "source")
+
+
+def projection_rows(p: Projection) -> list[tuple[str, ...]]:
+    """The projection's plan per model, in :data:`PROJECTION_COLUMNS`' order."""
     by_model: dict[tuple[str, str], list[PackCost]] = {}
     for c in p.packs:
         by_model.setdefault((c.method, c.device), []).append(c)
-    lanes = f" (up to {p.lanes} of them GPU lanes)" if p.lanes else ", no GPU"
-    lines = [
-        f"Paper profile: {p.cells} cells × {p.epochs} epochs, {p.workers} workers{lanes}, "
-        "planned by `tasks.engine.plan_packs` on the timings above.",
-        "",
-        "| model | device | packs × members | s/cell-epoch | source |",
-        "|---|---|---|---|---|",
-    ]
+    rows = []
     for (method, device), packs in by_model.items():
         sizes = sorted({c.members for c in packs})
         shape = ", ".join(f"{sum(c.members == m for c in packs)} × {m}" for m in sizes)
         secs = ", ".join(sorted({f"{c.seconds_per_cell_epoch:.4f}" for c in packs}))
         how = ", ".join(sorted({c.how for c in packs}))
-        lines.append(f"| {method} | {device} | {shape} | {secs} | {how} |")
-    lines += [
-        "",
+        rows.append((method, device, shape, secs, how))
+    return rows
+
+
+def projection_sentences(p: Projection) -> tuple[str, str]:
+    """(what was projected, what it came to): the text around :func:`projection_rows`."""
+    lanes = f" (up to {p.lanes} of them GPU lanes)" if p.lanes else ", no GPU"
+    head = (
+        f"Paper profile: {p.cells} cells × {p.epochs} epochs, {p.workers} workers{lanes}, "
+        "planned by `tasks.engine.plan_packs` on the timings above."
+    )
+    tail = (
         f"GPU busy {p.gpu_seconds / 3600:.2f} h, CPU workers busy {p.cpu_seconds / 3600:.2f} h: "
         f"**projected wall time {p.wall_seconds / 3600:.2f} h** "
-        f"({p.wall_seconds:.0f} s; training only: simulation, Prefect and MLflow not included).",
-    ]
+        f"({p.wall_seconds:.0f} s; training only: simulation, Prefect and MLflow not included)."
+    )
     if p.missing:
-        lines.append(f"Not timed, so left out of these totals: {', '.join(p.missing)}.")
-    return "\n".join(lines)
+        tail += f" Not timed, so left out of these totals: {', '.join(p.missing)}."
+    return head, tail
+
+
+def projection_markdown(p: Projection) -> str:
+    """The projection's plan per model and its wall time."""
+    head, tail = projection_sentences(p)
+    return "\n".join([head, "", *_markdown(PROJECTION_COLUMNS, projection_rows(p)), "", tail])
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -440,4 +461,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    from nlmodels import set_up_numerics
+
+    set_up_numerics()  # before torch computes: the CPU numerics the training paths require
     main()

@@ -169,4 +169,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    from nlmodels import set_up_numerics
+
+    set_up_numerics()  # before torch computes: the CPU numerics the training paths require
     main()

@@ -12,7 +12,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["Measurement", "measurement_markdown", "read_measurement", "record_measurement"]
+__all__ = [
+    "FOLDER",
+    "Measurement",
+    "measurement_markdown",
+    "read_measurement",
+    "record_measurement",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDER = ROOT / "results" / "measurements"
@@ -75,15 +81,17 @@ def record_measurement(
     rows: Sequence[Sequence[str]],
     note: str = "",
     folder: Path = FOLDER,
+    machine: str | None = None,
 ) -> Path:
-    """Write the record ``folder/name.json``; its path."""
+    """Write the record ``folder/name.json``; its path. ``machine``: where it was measured, when
+    not this machine (a GPU node's results recorded here); by default this machine and load."""
     m = Measurement(
         name,
         title,
         command,
         tuple(columns),
         tuple(tuple(str(c) for c in r) for r in rows),
-        _machine(),
+        machine or _machine(),
         _commit(),
         note,
     )

@@ -546,3 +546,43 @@ def test_the_shape_checks_catch_what_they_forbid() -> None:
         assert _commands_importing_commands() == {f"{command} imports flows.cli.compare"}
     finally:
         del MODULES[command], IMPORTS[command]
+
+
+_COMPUTING = ("torch", "nlmodels", "nltrain", "datasets", "tasks", "flows", "benchmarks")
+
+
+def _scripts_without_numerics() -> set[str]:
+    """Runnable scripts (a ``__main__`` block) that import torch or a project floor but never
+    set up the CPU numerics: their first training call after any torch computation refuses."""
+    missing = set()
+    for path in sorted((*ROOT.glob("benchmarks/*.py"), *ROOT.glob("scripts/*.py"))):
+        tree = ast.parse(path.read_text())
+        imported = {
+            alias.name.split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import)
+            for alias in node.names
+        } | {
+            (node.module or "").split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+        }
+        mains = [
+            node
+            for node in tree.body
+            if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+        ]
+        if not mains or not imported & set(_COMPUTING):
+            continue
+        calls = {
+            ast.unparse(n.func).rsplit(".", 1)[-1]
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Call)
+        }
+        if "set_up_numerics" not in calls:
+            missing.add(path.relative_to(ROOT).as_posix())
+    return missing
+
+
+def test_every_script_sets_up_the_numerics_before_it_computes() -> None:
+    assert _scripts_without_numerics() == set()

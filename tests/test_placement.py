@@ -320,6 +320,19 @@ def test_gpu_check_smallest_writes_its_summary(tmp_path):
     hours = re.search(r"projected wall time ([\d.]+) h", text)
     assert hours and 0 < float(hours.group(1)) < 1e4
     assert "left out of these totals: anode, latent_ode, nf_coupling, nf_resnet" in text
+    # The folder becomes measurement records that say what the summary says.
+    from tasks.measurements import read_measurement
+
+    gpu_check.record(tmp_path, into=tmp_path / "records")
+    parts = read_measurement(tmp_path / "records" / "gpu_check.json")
+    for title, status, _seconds, _result in parts.rows:
+        assert re.search(rf"^\| {re.escape(title)} \| {status} \|", text, re.M)
+    throughput = read_measurement(tmp_path / "records" / "gpu_throughput.json")
+    assert {r[0] for r in throughput.rows} == {"node", "neural_laplace"}
+    for row in throughput.rows:
+        assert f"| {' | '.join(row)} |" in text
+    projected = read_measurement(tmp_path / "records" / "gpu_projection.json")
+    assert f"projected wall time {hours.group(1)} h" in projected.note
 
 
 def test_the_engine_runs_gpu_planned_packs_in_lanes(mlflow_store, prefect_server, monkeypatch):
