@@ -28,8 +28,10 @@ $(STAMP): pyproject.toml
 benchmark: $(STAMP)
 	$(VENV)/bin/nllab benchmark --profile quick
 
+# Two pytest processes (pytest-xdist), whole files to each so that a module's shared fixtures
+# (trained cells, the studies' smoke runs) are made once; benchmarks/suite_time.py times this.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

@@ -104,6 +104,17 @@ def prefect_server():
 
 
 @pytest.fixture
+def prefect_api(prefect_server) -> str:
+    """The session's Prefect server's URL, for a subprocess's ``PREFECT_API_URL``: an ``nllab``
+    command run by a test then starts no temporary server of its own (~8 s each). The temporary
+    server's own start, notice and timeout are checked by tests/test_environment.py and
+    tests/test_store_faults.py, which leave ``PREFECT_API_URL`` unset."""
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value()
+
+
+@pytest.fixture
 def forget_declared_systems():
     """Systems a test declares leave the process's registry afterwards (other tests list the
     built-in ones)."""

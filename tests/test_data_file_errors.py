@@ -5,9 +5,12 @@ rest through :func:`flows.cli.main` in this process)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -126,13 +129,22 @@ def _store_is_empty(home: Path) -> bool:
     return not (home / "mlflow").exists() and not (home / "cache").exists()
 
 
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A scratch folder with a short path: a message quotes a data file's path whole only up to
+    80 characters, and pytest's own folders are longer under xdist (``popen-gwN/``)."""
+    folder = Path(tempfile.mkdtemp(prefix="nl-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 SUBPROCESS_CASES = ("empty", "nan", "grids differ")
 
 
 @pytest.mark.parametrize("case", SUBPROCESS_CASES)
-def test_a_bad_file_is_one_line_and_exit_2_as_the_user_sees_it(tmp_path: Path, case: str) -> None:
-    data, extra, problem = _bad_cases(tmp_path)[case]
-    home = tmp_path / "home"
+def test_a_bad_file_is_one_line_and_exit_2_as_the_user_sees_it(short_tmp: Path, case: str) -> None:
+    data, extra, problem = _bad_cases(short_tmp)[case]
+    home = short_tmp / "home"
     env = {**os.environ, "NLLAB_HOME": str(home), "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [
@@ -143,12 +155,12 @@ def test_a_bad_file_is_one_line_and_exit_2_as_the_user_sees_it(tmp_path: Path, c
             "--profile",
             "smoke",
             "--config",
-            str(_config(tmp_path, data, extra)),
+            str(_config(short_tmp, data, extra)),
         ],
         capture_output=True,
         text=True,
         env=env,
-        cwd=tmp_path,
+        cwd=short_tmp,
         timeout=120,
     )
     assert proc.returncode == 2, proc.stderr
@@ -184,12 +196,12 @@ def test_a_bad_file_is_one_line_and_exit_2_as_the_user_sees_it(tmp_path: Path, c
     ],
 )
 def test_every_bad_file_case_is_named_with_exit_2_and_an_empty_store(
-    tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    short_tmp: Path, case: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    data, extra, problem = _bad_cases(tmp_path)[case]
-    home = tmp_path / "home"
+    data, extra, problem = _bad_cases(short_tmp)[case]
+    home = short_tmp / "home"
     monkeypatch.setenv("NLLAB_HOME", str(home))
-    cfg = _config(tmp_path, data, extra)
+    cfg = _config(short_tmp, data, extra)
     assert main(["benchmark", "--profile", "smoke", "--config", str(cfg)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and len(err) < 400, err  # content quoted short, whatever it is

@@ -37,10 +37,10 @@ def test_the_divergence_rule():
     assert divergence(_history((1.0, 1.0)), 1.0, target) is None
 
 
-def _benchmark(home: Path, config: str, method: str) -> subprocess.CompletedProcess:
+def _benchmark(home: Path, config: str, method: str, api: str) -> subprocess.CompletedProcess:
     (home.parent / "c.toml").write_text(config)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "NLLAB_HOME": str(home)}
-    for var in ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT", "PREFECT_API_URL"):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NLLAB_HOME": str(home), "PREFECT_API_URL": api}
+    for var in ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT"):
         env.pop(var, None)
     args = ["--config", str(home.parent / "c.toml"), "--systems", "integro_de", "--methods"]
     return subprocess.run(
@@ -52,10 +52,10 @@ def _benchmark(home: Path, config: str, method: str) -> subprocess.CompletedProc
     )
 
 
-def test_a_benchmark_that_diverges_registers_nothing(tmp_path):
+def test_a_benchmark_that_diverges_registers_nothing(tmp_path, prefect_api):
     home = tmp_path / "home"
     config = 'profile = "smoke"\n[training]\nlr = 1000.0\nepochs = 3\n'
-    out = _benchmark(home, config, "neural_laplace")
+    out = _benchmark(home, config, "neural_laplace", prefect_api)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "@champion" not in out.stdout
     lines = [x for x in out.stdout.splitlines() if x.startswith("cell ") and "diverged" in x]
@@ -71,10 +71,10 @@ def test_a_benchmark_that_diverges_registers_nothing(tmp_path):
     assert metric == [(1.0,)]
 
 
-def test_a_failed_cell_is_one_line_and_its_error_stays_in_its_run(tmp_path):
+def test_a_failed_cell_is_one_line_and_its_error_stays_in_its_run(tmp_path, prefect_api):
     home = tmp_path / "home"
     config = 'profile = "smoke"\nisolation = "process"\n[training]\nlr = 1e300\nepochs = 1\n'
-    out = _benchmark(home, config, "node")  # the loss overflows: the cell fails
+    out = _benchmark(home, config, "node", prefect_api)  # the loss overflows: the cell fails
     assert out.returncode == 1, out.stdout + out.stderr
     text = out.stdout + out.stderr
     assert "Traceback" not in text and "PackFailed" not in text

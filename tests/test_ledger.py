@@ -418,14 +418,15 @@ def _nllab(*args: str, env: dict, **kw) -> subprocess.Popen:
     )
 
 
-def test_kill9_mid_run_keeps_the_finished_records(tmp_path):
+def test_kill9_mid_run_keeps_the_finished_records(tmp_path, prefect_api):
     """``ledger run`` killed while its second cell trains: the first cell's record is in the
     ledger, nothing of the second, and ``status`` says which one is missing."""
     config = tmp_path / "tiny.toml"
     config.write_text(TINY.format(epochs=30))
     ledger = tmp_path / "ledger.jsonl"
     env = {**os.environ, "NLLAB_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
-    for var in ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT", "PREFECT_API_URL"):
+    env["PREFECT_API_URL"] = prefect_api
+    for var in ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT"):
         env.pop(var, None)
     sel = ["--ledger", str(ledger), "--config", str(config), "--methods", "node"]
     sel += ["--systems", "integro_de", "--seeds", "0", "1"]

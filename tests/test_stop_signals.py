@@ -69,14 +69,6 @@ class Slow(ForecastModel):  # as it trains (a worker thread), a batch takes a se
 """
 
 
-@pytest.fixture
-def prefect_api(prefect_server) -> str:
-    """The session's Prefect server, for a subprocess (no temporary server of its own)."""
-    from prefect.settings import PREFECT_API_URL
-
-    return PREFECT_API_URL.value()
-
-
 def _env(tmp_path: Path, api: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "NLLAB_"))}
     return {

@@ -18,11 +18,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Waits for the start file (so all processes hit store creation together), then connects.
+# Says it is ready (mlflow imported), waits for the start file (so all processes hit store
+# creation together), then connects.
 _CONNECT = """
 import os, sys, time
 from pathlib import Path
 from tasks.tracking import connect
+print("ready", flush=True)
 go = Path(sys.argv[1])
 while not go.exists():
     time.sleep(0.01)
@@ -66,13 +68,37 @@ def test_processes_creating_a_fresh_store_at_once_all_succeed(tmp_path):
         )
         for _ in range(3)
     ]
-    time.sleep(6)  # let every process import mlflow and wait at the start line
+    # every process at the start line, mlflow imported
+    assert [p.stdout.readline().strip() for p in procs] == ["ready"] * 3
     go.touch()
     outs = [p.communicate(timeout=180)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], "\n---\n".join(outs)
     assert len({o.split()[-1] for o in outs}) == 1  # one experiment, the same for all
     _store_ok(home)
     assert not list((home / "mlflow").glob(".*.tmp"))
+
+
+def test_a_fresh_store_is_an_ordinary_sqlite_file_and_later_connections_sync(point_mlflow_at):
+    """The schema is built without sqlite's syncs (on a scratch file); the store that takes its
+    name keeps the default journal, and no connection opened afterwards skips a sync."""
+    import contextlib
+    import sqlite3
+
+    import sqlalchemy
+
+    from tasks.tracking import connect
+
+    folder = point_mlflow_at(Path(os.environ["NLLAB_HOME"]) / "fresh-store")
+    connect()
+    with contextlib.closing(sqlite3.connect(folder / "mlflow.db")) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+        assert db.execute("select count(*) from alembic_version").fetchone() == (1,)
+    for name in ("mlflow.db", "other.db"):
+        engine = sqlalchemy.create_engine(f"sqlite:///{folder / name}")
+        with engine.connect() as c:
+            assert c.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
+        engine.dispose()
+    assert not list(folder.glob(".*.tmp"))
 
 
 @pytest.mark.slow

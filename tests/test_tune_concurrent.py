@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import optuna
@@ -21,11 +20,21 @@ import torch
 from tasks.tuning import TuneSpec, run_tuning
 torch.set_num_threads(1)
 spec = TuneSpec(**json.loads(sys.argv[1]))
+print("ready", flush=True)
 go = Path(sys.argv[2])
 while not go.exists():
     time.sleep(0.01)
 run_tuning(spec)
 """
+
+
+def _until_ready(proc: subprocess.Popen) -> str:
+    """What ``proc`` printed up to its ready line (it fails the test if the process ends first)."""
+    lines = []
+    while (line := proc.stdout.readline()).strip() != "ready":
+        assert line, "".join(lines)  # ended before it was ready
+        lines.append(line)
+    return "".join(lines)
 
 
 def test_two_processes_on_one_study_stop_at_its_total_and_never_draw_the_same_point(
@@ -66,9 +75,9 @@ def test_two_processes_on_one_study_stop_at_its_total_and_never_draw_the_same_po
         )
         for _ in range(2)
     ]
-    time.sleep(8)  # both imported and waiting
+    said = [_until_ready(p) for p in procs]  # both imported and waiting
     go.touch()
-    outs = [p.communicate(timeout=600)[0] for p in procs]
+    outs = [before + p.communicate(timeout=600)[0] for before, p in zip(said, procs, strict=True)]
     assert [p.returncode for p in procs] == [0, 0], "\n---\n".join(outs)
 
     study = optuna.load_study(study_name=name, storage=spec["storage"])
