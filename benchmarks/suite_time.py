@@ -101,4 +101,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    from nlmodels import set_up_numerics
+
+    set_up_numerics(defer=True)  # the suite it times inherits the mode's environment
     sys.exit(main())
