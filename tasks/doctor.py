@@ -1,23 +1,26 @@
 """What ``nllab doctor`` checks on a machine, as typed findings (``flows/cli/doctor.py`` prints
 them), after the convention of ``brew doctor`` and ``flutter doctor``: the CPU numerics in effect
 and what they pin, the BLAS and maths libraries loaded and the kernels they chose, the native
-kernels' build, CUDA devices, the stores, and this machine's bytes against the pinned ones
+kernels' build, CUDA devices, every module of the project importable (a dependency missing
+from the environment named), the stores, and this machine's bytes against the pinned ones
 (:data:`nltrain.PINNED`), each difference named by the component that computes it.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import pkgutil
 import platform
 import sqlite3
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["Finding", "Status", "diagnose", "failed"]
+__all__ = ["Finding", "Status", "check_installation", "diagnose", "failed", "project_packages"]
 
 Status = Literal["ok", "info", "warn", "fail"]
 
@@ -48,6 +51,7 @@ def diagnose(*, fresh: bool = False) -> list[Finding]:
         *_libraries(),
         *_native(setup),
         *_cuda(),
+        *check_installation(),
         *_stores(),
         *_pinned(setup, fresh),
     ]
@@ -144,6 +148,61 @@ def _cuda() -> Iterator[Finding]:
         props = torch.cuda.get_device_properties(i)
         memory = props.total_memory / 2**30
         yield Finding("CUDA", f"cuda:{i}", f"{props.name}, {memory:.0f} GiB", "ok")
+
+
+def project_packages() -> tuple[str, ...]:
+    """The top-level packages this installation of the project provides (its metadata's
+    ``top_level.txt``; the five floors where it has none, as in a bare checkout)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        text = distribution("neural-laplace-lab").read_text("top_level.txt") or ""
+    except PackageNotFoundError:
+        text = ""
+    found = tuple(sorted(n for n in text.split() if not n.startswith("_")))
+    return found or ("datasets", "flows", "nlmodels", "nltrain", "tasks")
+
+
+def check_installation(packages: Iterable[str] | None = None) -> Iterator[Finding]:
+    """Import every module of ``packages`` (default: :func:`project_packages`) except command
+    entry points (``__main__``): a dependency left out of the environment (a wheelhouse that
+    excluded one the machine lacks, a partial install) is named here, not at a run's first
+    import of the module that needs it."""
+    section = "installation"
+    missing: dict[str, list[str]] = {}
+    broken: dict[str, str] = {}
+    imported = 0
+
+    def note(name: str, error: BaseException) -> None:
+        if isinstance(error, ModuleNotFoundError) and error.name:
+            missing.setdefault(error.name.split(".")[0], []).append(name)
+        else:
+            broken[name] = f"{type(error).__name__}: {error}"
+
+    for package in packages or project_packages():
+        try:
+            root = importlib.import_module(package)
+        except Exception as error:
+            note(package, error)
+            continue
+        imported += 1
+        for info in pkgutil.walk_packages(root.__path__, f"{package}.", onerror=lambda _: None):
+            if info.name.rsplit(".", 1)[-1] == "__main__":
+                continue
+            try:
+                importlib.import_module(info.name)
+                imported += 1
+            except Exception as error:
+                note(info.name, error)
+    for name, needers in sorted(missing.items()):
+        shown = ", ".join(needers[:3]) + (
+            f" and {len(needers) - 3} more" if len(needers) > 3 else ""
+        )
+        yield Finding(section, name, f"not installed: needed by {shown}", "fail")
+    for name, error in sorted(broken.items()):
+        yield Finding(section, name, f"does not import: {error[:200]}", "fail")
+    if not missing and not broken:
+        yield Finding(section, "modules", f"{imported} imported", "ok")
 
 
 def _stores() -> Iterator[Finding]:

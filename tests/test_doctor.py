@@ -20,6 +20,7 @@ SECTIONS = (
     "BLAS and maths libraries",
     "native kernels",
     "CUDA",
+    "installation",
     "stores",
     "bytes against the pins",
 )
@@ -58,6 +59,37 @@ def test_doctor_names_what_differs_exits_1_and_tags_the_next_runs(home, monkeypa
     monkeypatch.setattr(nltrain._pinned, "pinned_mismatches", lambda: pytest.fail("recomputed"))
     assert last_pinned_check().verdict == "differs: training of node"
     assert main(["doctor"]) == 1  # warm: the kept check, no recomputation
+
+
+def test_a_dependency_missing_from_the_environment_is_named_with_its_modules(tmp_path, monkeypatch):
+    from tasks.doctor import check_installation
+
+    package = tmp_path / "nllab_fake_pkg"
+    (package / "inner").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "fine.py").write_text("import json\n")
+    (package / "needs.py").write_text("import nllab_surely_not_installed.sub\n")
+    (package / "inner" / "__init__.py").write_text("")
+    (package / "inner" / "also.py").write_text("from nllab_surely_not_installed import x\n")
+    (package / "broken.py").write_text("raise RuntimeError('at import')\n")
+    (package / "__main__.py").write_text("raise SystemExit('an entry point is never imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = {f.label: f for f in check_installation(["nllab_fake_pkg"])}
+    assert set(found) == {"nllab_surely_not_installed", "nllab_fake_pkg.broken"}
+    missing = found["nllab_surely_not_installed"]
+    assert missing.status == "fail" and missing.section == "installation"
+    assert missing.value == (
+        "not installed: needed by nllab_fake_pkg.inner.also, nllab_fake_pkg.needs"
+    )
+    assert "RuntimeError: at import" in found["nllab_fake_pkg.broken"].value
+    (package / "needs.py").write_text("")
+    (package / "inner" / "also.py").write_text("")
+    (package / "broken.py").write_text("")
+    for name in [m for m in sys.modules if m.startswith("nllab_fake_pkg")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert [(f.label, f.value, f.status) for f in check_installation(["nllab_fake_pkg"])] == [
+        ("modules", "6 imported", "ok")
+    ]
 
 
 @pytest.mark.slow
