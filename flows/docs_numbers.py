@@ -232,17 +232,24 @@ def doc_files(root: Path = ROOT) -> list[Path]:
 _NAMED = re.compile(r"<!-- generated: ([\w-]+) \(")
 
 
+_INLINE = "inline-"
+
+
 def _measurement(name: str) -> Block:
     """Block ``measurement-NAME``: the record ``results/measurements/NAME.json``
-    (:mod:`tasks.measurements`), which a benchmark script writes."""
+    (:mod:`tasks.measurements`), which a benchmark script writes, as a table;
+    ``measurement-inline-NAME``: the same record as one paragraph."""
+    inline = name.startswith(_INLINE)
+    record = name.removeprefix(_INLINE)
 
     def make(root: Path) -> str:
-        from tasks.measurements import measurement_markdown, read_measurement
+        from tasks.measurements import measurement_inline, measurement_markdown, read_measurement
 
-        path = root / "results" / "measurements" / f"{name}.json"
+        path = root / "results" / "measurements" / f"{record}.json"
         if not path.exists():  # a page may name a measurement before it is first made
             return f"*Not measured yet: no record `{path.relative_to(root)}`.*"
-        return measurement_markdown(read_measurement(path))
+        m = read_measurement(path)
+        return measurement_inline(m) if inline else measurement_markdown(m)
 
     return Block(f"measurement-{name}", make)
 
