@@ -79,7 +79,9 @@ class ExecutionConfig(Frozen):
 
     device: Device = "auto"
     max_workers: int = Field(2, ge=1, description="cells trained at the same time")
-    torch_threads: int | None = Field(1, ge=1, description="torch CPU threads; None: torch's")
+    torch_threads: int | None = Field(
+        1, ge=1, description="torch CPU threads per worker; None: the cores shared by the workers"
+    )
     task_runner: Literal["thread", "dask"] = "thread"
     isolation: Literal["process", "thread"] = Field(
         "process", description="train each cell in a worker process (thread: in the runner's)"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import threading
 import time
 import traceback
@@ -103,6 +104,19 @@ class CellRuntime:
     #: where :func:`tasks.engine.run_cells` placed this pack under ``device="auto"`` (``cpu`` /
     #: ``cuda``); None: the pack is placed where it runs
     placed: str | None = None
+
+    def cpu_threads(self) -> int:
+        """torch's CPU threads in one worker: ``torch_threads`` when set, else this machine's
+        cores shared among the workers that train at once. Never more threads than cores: a
+        worker's OpenMP pool sized to the whole machine spins against the other workers' threads
+        (two paper-profile packs on two cores ran several times slower so)."""
+        if self.torch_threads is not None:
+            return self.torch_threads
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # not on Linux
+            cores = os.cpu_count() or 1
+        return max(1, cores // max(1, self.max_workers))
 
     @classmethod
     def for_store(cls, store: Store, **kw) -> CellRuntime:
@@ -201,8 +215,8 @@ def fit_cells(
     interruption. ``evaluate_test=False`` (tuning trials) never touches the test split: no test
     metrics, plots or model artifact, and ``FitOutcome.test_rmse`` is NaN.
     """
-    if rt.torch_threads is not None and torch.get_num_threads() != rt.torch_threads:
-        torch.set_num_threads(rt.torch_threads)
+    if torch.get_num_threads() != rt.cpu_threads():
+        torch.set_num_threads(rt.cpu_threads())
     pack = _Pack(cells, rt, run_ids, on_epoch)
     outcomes: list[FitOutcome | Exception | None] = [None] * len(cells)
     for i, (cell, run_id) in enumerate(zip(cells, run_ids, strict=True)):

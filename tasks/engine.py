@@ -221,10 +221,9 @@ def collect_results(future: PrefectFuture, pack: Sequence[CellConfig]) -> list[C
 
 
 @contextmanager
-def _torch_threads(n: int | None) -> Iterator[None]:
+def _torch_threads(n: int) -> Iterator[None]:
     before = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
+    torch.set_num_threads(n)
     try:
         yield
     finally:
@@ -314,7 +313,7 @@ def _plan(
     unique: list[CellConfig], n_reused: int, todo: list[CellConfig], runtime: CellRuntime
 ) -> list[tuple[list[CellConfig], str]]:
     """:func:`plan_packs` of ``todo``, said in one log line."""
-    with _torch_threads(runtime.torch_threads):  # probes run with the workers' thread count
+    with _torch_threads(runtime.cpu_threads()):  # probes run with the workers' thread count
         placed = plan_packs(
             todo, pack=runtime.pack, device=runtime.device, cache_dir=runtime.cache_dir
         )

@@ -146,3 +146,19 @@ def test_pack_labels_name_every_cell_of_a_pack():
     assert pack_label([_cell(0), _cell(1)]) == "integro_de/node/seeds 0,1"
     mixed = [_cell(0), _cell(0, system="sine", data={"n_trajectories": 30})]
     assert pack_label(mixed) == "node: integro_de/seed0, sine/seed0"
+
+
+def test_workers_share_the_cores_unless_told_their_threads(monkeypatch):
+    # None: the cores shared by the workers (an OpenMP pool the size of the machine in each
+    # worker spins against the others); an explicit count wins.
+    import os
+    from dataclasses import replace
+
+    from tasks.tracking import TrackingSettings
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(16)), raising=False)
+    rt = CellRuntime(TrackingSettings("sqlite:///unused.db", None, "x"), "0", None, "paper")
+    assert replace(rt, max_workers=4).cpu_threads() == 4
+    assert replace(rt, max_workers=3).cpu_threads() == 5
+    assert replace(rt, max_workers=32).cpu_threads() == 1
+    assert replace(rt, max_workers=4, torch_threads=7).cpu_threads() == 7
