@@ -43,10 +43,13 @@ _WORKER_STOP = None
 def _init_worker(stop) -> None:
     global _WORKER_STOP
     _WORKER_STOP = stop
-    # A terminal's Ctrl-C reaches the whole process group, these workers included. Only the
-    # parent acts on it (it sets ``stop``): a KeyboardInterrupt here would kill an idle worker
-    # or escape from a cell before its run is ended KILLED.
+    # A terminal's Ctrl-C reaches the whole process group, these workers included, and so does
+    # a SIGTERM sent to the group (systemd's control-group kill, ``kill -- -PGID``). Only the
+    # parent acts on them (it sets ``stop``): dying here would fail a cell instead of ending its
+    # run KILLED, and leave the pool's semaphores behind. A worker whose parent is gone stops
+    # by itself (``_watch_parent``); the pool ends a stuck one with SIGKILL.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # The parent's CPU numerics (its environment is inherited) before this process computes.
     import nlmodels
 

@@ -53,17 +53,20 @@ def exits_at_once(n, seed):
 """
 
 SLOW_MODEL = """
-import threading, time
+import multiprocessing, threading, time
 import torch
 from nlmodels import ForecastModel
 
-class Slow(ForecastModel):  # as it trains (a worker thread), a batch takes a second or two
+def in_worker():
+    return multiprocessing.parent_process() is not None
+
+class Slow(ForecastModel):  # as it trains (a worker thread or process), a batch takes 1-2 s
     def __init__(self, state_dim: int, *, gain: float = 1.0) -> None:
         super().__init__()
         self.gain = torch.nn.Parameter(torch.tensor(gain, dtype=torch.float64))
 
     def forward(self, obs_t, obs_x, query_t):
-        if threading.current_thread() is not threading.main_thread():
+        if threading.current_thread() is not threading.main_thread() or in_worker():
             time.sleep(1.5)
         return self.gain * obs_x[:, -1:, :].expand(-1, query_t.shape[-1], -1)
 """
@@ -86,6 +89,7 @@ class _Nllab:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "flows.cli", *args],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,  # its own process group, for a signal to the whole group
         )  # fmt: skip
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -104,9 +108,12 @@ class _Nllab:
             assert self.proc.poll() is None and time.monotonic() < deadline, self.out
             time.sleep(0.1)
 
-    def stop(self, sig: int, seconds: float = 60) -> tuple[int, float]:
+    def stop(self, sig: int, seconds: float = 60, group: bool = False) -> tuple[int, float]:
         t0 = time.monotonic()
-        self.proc.send_signal(sig)
+        if group:  # as a terminal, systemd (KillMode=control-group) or `kill -- -PGID` send it
+            os.killpg(self.proc.pid, sig)
+        else:
+            self.proc.send_signal(sig)
         code = self.proc.wait(timeout=seconds)
         time.sleep(0.3)  # the reader's last lines
         return code, time.monotonic() - t0
@@ -163,14 +170,19 @@ def test_user_simulators_end_their_own_data_set_and_sigterm_abandons_a_hang(tmp_
     ), out
 
 
+@pytest.mark.parametrize(
+    "isolation, group",
+    [("thread", False), ("process", True)],
+    ids=["to the command, cells in threads", "to its process group, cells in worker processes"],
+)
 def test_sigterm_mid_training_ends_the_running_cell_killed_and_keeps_the_finished_one(
-    tmp_path, prefect_api
+    tmp_path, prefect_api, isolation, group
 ):
     from tasks.config import TrackingConfig
     from tasks.tracking import connect
 
     (tmp_path / "slowmod.py").write_text(SLOW_MODEL)
-    cfg = _config(tmp_path, 'isolation = "thread"\nmax_workers = 1\n')
+    cfg = _config(tmp_path, f'isolation = "{isolation}"\nmax_workers = 1\n')
     run = _Nllab(
         _env(tmp_path, prefect_api),
         "benchmark", "--profile", "smoke", "--systems", "integro_de", "--methods", "node",
@@ -184,7 +196,7 @@ def test_sigterm_mid_training_ends_the_running_cell_killed_and_keeps_the_finishe
     while not tracker.store.client.search_runs([tracker.experiment_id], query):
         assert time.monotonic() < deadline, run.out
         time.sleep(0.2)
-    code, seconds = run.stop(signal.SIGTERM)
+    code, seconds = run.stop(signal.SIGTERM, group=group)
     out = run.out
     assert code == 143 and seconds < 30, (code, seconds, out)
     assert "Task run 'integro_de/slowmod:Slow/seed0' - Finished in state Cancelled(" in out
