@@ -25,6 +25,7 @@ __all__ = [
     "WorkerDied",
     "WorkerStopped",
     "run_in_worker",
+    "usable_cores",
     "worker_pids",
     "worker_pool_active",
     "worker_processes",
@@ -38,6 +39,13 @@ LINK_SECONDS = 0.5
 # In a worker: set by the parent when the flow is interrupted, so running cells stop and end
 # KILLED (workers ignore SIGINT themselves, so the parent decides for all of them).
 _WORKER_STOP = None
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the platform tells it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _init_worker(stop) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import threading
 import time
 import traceback
@@ -38,7 +37,7 @@ from nltrain import (
 from tasks import numerics
 from tasks._declarations import system_info
 from tasks._notify import notify_once
-from tasks._workers import worker_stop_event
+from tasks._workers import usable_cores, worker_stop_event
 from tasks.config import CellConfig, Reuse, RunConfig
 from tasks.pipeline import (
     CellSetup,
@@ -112,11 +111,7 @@ class CellRuntime:
         (two paper-profile packs on two cores ran several times slower so)."""
         if self.torch_threads is not None:
             return self.torch_threads
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # not on Linux
-            cores = os.cpu_count() or 1
-        return max(1, cores // max(1, self.max_workers))
+        return max(1, usable_cores() // max(1, self.max_workers))
 
     @classmethod
     def for_store(cls, store: Store, **kw) -> CellRuntime:
@@ -215,8 +210,9 @@ def fit_cells(
     interruption. ``evaluate_test=False`` (tuning trials) never touches the test split: no test
     metrics, plots or model artifact, and ``FitOutcome.test_rmse`` is NaN.
     """
-    if torch.get_num_threads() != rt.cpu_threads():
-        torch.set_num_threads(rt.cpu_threads())
+    threads = rt.cpu_threads()
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
     pack = _Pack(cells, rt, run_ids, on_epoch)
     outcomes: list[FitOutcome | Exception | None] = [None] * len(cells)
     for i, (cell, run_id) in enumerate(zip(cells, run_ids, strict=True)):

@@ -142,9 +142,10 @@ def write_quick_run(path: str | Path, run: QuickRun) -> Path:
 
 def machine_name() -> str:
     """The processor model and the number of cores this process may use."""
+    from tasks._workers import usable_cores
     from tasks.ledger import hardware_name
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     return f"{hardware_name('cpu')}, {cores} cores, {platform.system()} {platform.machine()}"
 
 
