@@ -350,7 +350,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.record_from:
         if not (args.record_from / "check.json").is_file():
             ap.error(f"{args.record_from / 'check.json'} not found: not a finished check's folder")
-        for path in record(args.record_from):
+        try:
+            paths = record(args.record_from)
+        except (ValueError, KeyError, TypeError) as error:  # JSONDecodeError is a ValueError
+            ap.error(f"{args.record_from}: not a finished check's record ({error!r})")
+        for path in paths:
             print(f"recorded: {path.relative_to(ROOT)}")
         return 0
     t0 = time.perf_counter()

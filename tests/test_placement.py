@@ -333,6 +333,13 @@ def test_gpu_check_smallest_writes_its_summary(tmp_path):
         assert f"| {' | '.join(row)} |" in text
     projected = read_measurement(tmp_path / "records" / "gpu_projection.json")
     assert f"projected wall time {hours.group(1)} h" in projected.note
+    # A damaged or foreign folder is a usage error, not a traceback.
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "check.json").write_text("{")
+    for folder in (tmp_path / "bad", tmp_path / "absent"):
+        with pytest.raises(SystemExit) as stopped:
+            gpu_check.main(["--record-from", str(folder)])
+        assert stopped.value.code == 2
 
 
 def test_the_engine_runs_gpu_planned_packs_in_lanes(mlflow_store, prefect_server, monkeypatch):
