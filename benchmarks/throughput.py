@@ -31,7 +31,6 @@ Simulation, Prefect and MLflow time are not included.
 from __future__ import annotations
 
 import argparse
-import heapq
 import json
 import math
 import os
@@ -302,7 +301,7 @@ def project(
     """The wall time of ``cells`` (default: the paper profile's 180) at ``epochs`` epochs a
     cell, planned by ``tasks.engine.plan_packs`` on the timings, on ``workers`` workers of which
     ``lanes`` may be GPU lanes (see the module's docstring)."""
-    from tasks.engine import GPU_LANES, plan_packs
+    from tasks.engine import GPU_LANES, busy_seconds, plan_packs
 
     lanes = GPU_LANES if lanes is None else lanes
     if cells is None:
@@ -324,15 +323,9 @@ def project(
         s, how = lookup(rows, c.method, c.training.dtype, device, len(pack))
         costs.append(PackCost(c.method, device, len(pack), s, how))
     timed = [p for p in costs if math.isfinite(p.seconds_per_cell_epoch)]
-    gpu = sum(p.seconds_per_cell_epoch * p.members * epochs for p in timed if p.device == "cuda")
-    cpu_packs = sorted(
-        (p.seconds_per_cell_epoch * p.members * epochs for p in timed if p.device != "cuda"),
-        reverse=True,
+    gpu, cpu = busy_seconds(
+        ((p.device, p.seconds_per_cell_epoch * p.members * epochs) for p in timed), workers, lanes
     )
-    used_lanes = min(lanes, sum(p.device == "cuda" for p in costs), max(workers - 1, 1))
-    slots = [0.0] * max(1, workers - used_lanes if cpu_packs else workers)
-    for s in cpu_packs:  # longest first, each on the earliest free worker
-        heapq.heapreplace(slots, slots[0] + s)
     return Projection(
         epochs,
         workers,
@@ -340,7 +333,7 @@ def project(
         len(cells),
         tuple(costs),
         gpu,
-        max(slots) if cpu_packs else 0.0,
+        cpu,
         tuple(sorted({p.method for p in costs} - {p.method for p in timed})),
     )
 

@@ -35,7 +35,8 @@ from tasks.ledger_views import CellState, cell_states
 from tasks.tracking.tags import RunTags
 
 if TYPE_CHECKING:
-    from tasks.config import CellConfig
+    from tasks.config import CellConfig, RunConfig
+    from tasks.engine import PackEstimate
     from tasks.results import CellResult
     from tasks.tracking import Queries
 
@@ -67,6 +68,17 @@ class LedgerGroup:
         return (
             f"{what} seed{'s' if len(self.seeds) > 1 else ''} {seeds} on {', '.join(self.systems)}"
         )
+
+    def largest_part(self, cells: set[tuple[str, int]]) -> LedgerGroup | None:
+        """The largest ``systems × seeds`` of this group (its first seeds) whose cells are all
+        in ``cells`` ((system, seed) pairs): a benchmark's cells are such a product."""
+        best: LedgerGroup | None = None
+        for k in range(len(self.seeds), 0, -1):
+            seeds = self.seeds[:k]
+            systems = tuple(s for s in self.systems if all((s, seed) in cells for seed in seeds))
+            if systems and (best is None or len(systems) * k > len(best.systems) * len(best.seeds)):
+                best = replace(self, systems=systems, seeds=seeds)
+        return best
 
 
 def to_train(states: Sequence[CellState], *, refresh_older: bool = False) -> list[LedgerCell]:
@@ -234,11 +246,12 @@ def run_ledger(
     timed_out = threading.Event()
     t0 = time.monotonic()
     with _deadline(max_seconds, stop, timed_out):
-        for group in groups:
+        for whole in groups:
             if stop.is_set():
                 break
             left = None if max_seconds is None else max_seconds - (time.monotonic() - t0)
-            if not _fits(group, left, ledger, device, out, say):
+            group = _what_fits(whole, left, ledger, device, selection, execution, out, say)
+            if group is None:
                 continue
             say(f"ledger: training {group.label}")
             cells = [c for c in todo if _in(c, group)]
@@ -249,23 +262,68 @@ def run_ledger(
     return out
 
 
-def _fits(
+#: Seconds a group's benchmark spends besides training: Prefect's server, the plan and its
+#: probes, reading the data sets, the test evaluation and the runs' last writes.
+FIXED_SECONDS = 45.0
+#: A measured estimate is trusted to this factor (probes time two epochs of one batch).
+ESTIMATE_MARGIN = 1.2
+
+
+def _what_fits(
     group: LedgerGroup,
     left: float | None,
     ledger: Path,
     device: str,
+    selection: dict[str, Any],
+    execution: dict[str, Any],
     out: LedgerRun,
     say: Callable[[str], None],
-) -> bool:
-    """Whether ``group`` is expected to finish in the ``left`` seconds (None: no limit); if
-    not, it is listed in ``out.skipped`` and said."""
+) -> LedgerGroup | None:
+    """The part of ``group`` to train in the ``left`` seconds (None: no limit, all of it), or
+    None (listed in ``out.skipped`` and said) when no part is expected to finish.
+
+    The expectation comes from the ledger's records of the method on this kind of device
+    (:func:`_expected_seconds`: the whole group or nothing); without such records, from this
+    machine's measurement of the packs the engine would train (:func:`tasks.engine.
+    estimate_packs`), and then the group is cut to the whole packs that fit, so that a short
+    GPU window records some cells rather than stopping every pack before its end."""
+    if left is None:
+        return group
     expected = _expected_seconds(group, read_ledger(ledger), device)
-    if left is None or expected is None or expected <= left:
-        return True
+    if expected is not None:
+        if expected <= left:
+            return group
+        return _skip(group, f"about {expected / 60:.0f} min, {left / 60:.0f} min left", out, say)
+    from tasks.engine import busy_seconds, estimate_packs
+
+    config = _group_config(group, selection, execution)
+    estimates = estimate_packs(config)
+    workers = config.execution.max_workers
+    budget = (left - FIXED_SECONDS) / ESTIMATE_MARGIN
+
+    def wall(chosen: Sequence[PackEstimate]) -> float:
+        return max(busy_seconds(((e.device, e.seconds) for e in chosen), workers))
+
+    chosen: list[PackEstimate] = []
+    for e in estimates:  # the engine's order; a pack that does not fit leaves room for others
+        if wall([*chosen, e]) <= budget:
+            chosen.append(e)
+    whole = FIXED_SECONDS + ESTIMATE_MARGIN * wall(estimates)
+    if len(chosen) == len(estimates):
+        return group
+    part = group.largest_part({(c.system, c.seed) for e in chosen for c in e.cells})
+    measured = f"about {whole / 60:.0f} min by this machine's measurement, {left / 60:.0f} min left"
+    if part is None:
+        return _skip(group, measured, out, say)
+    n_part, n_all = len(part.systems) * len(part.seeds), len(group.systems) * len(group.seeds)
+    say(f"ledger: {n_part} of {n_all} cells of {group.label} fit ({measured})")
+    out.skipped.append(f"{n_all - n_part} of the {n_all} cells of {group.label}")
+    return part
+
+
+def _skip(group: LedgerGroup, why: str, out: LedgerRun, say: Callable[[str], None]) -> None:
     out.skipped.append(group.label)
-    minutes = f"about {expected / 60:.0f} min, {left / 60:.0f} min left"
-    say(f"ledger: not starting {group.label}: {minutes}")
-    return False
+    say(f"ledger: not starting {group.label}: {why}")
 
 
 def _in(cell: LedgerCell, group: LedgerGroup) -> bool:
@@ -343,14 +401,7 @@ def _train_group(
     """One benchmark of ``group``, each pack's finished cells recorded as it ends."""
     from flows.benchmark import run_benchmark
 
-    config = paper_config(
-        execution,
-        config_file=selection.get("config_file"),
-        systems=list(group.systems),
-        methods=[group.method],
-        seeds=list(group.seeds),
-        models=ABLATIONS.get(group.ablation),
-    )
+    config = _group_config(group, selection, execution)
     by_hash = {c.config_hash: c for c in cells}
     _same_cells(config.cells(), by_hash)
 
@@ -361,6 +412,20 @@ def _train_group(
     # cells the store had finished at today's numerics (reused, not trained: no hook call)
     recorder.record([by_hash[r.config_hash] for r in summary.results if r.status == "reused"])
     recorder.out.failed += [r.key for r in summary.results if r.status == "failed"]
+
+
+def _group_config(
+    group: LedgerGroup, selection: dict[str, Any], execution: dict[str, Any]
+) -> RunConfig:
+    """The benchmark config of ``group``: the paper profile on its systems, method and seeds."""
+    return paper_config(
+        execution,
+        config_file=selection.get("config_file"),
+        systems=list(group.systems),
+        methods=[group.method],
+        seeds=list(group.seeds),
+        models=ABLATIONS.get(group.ablation),
+    )
 
 
 def _same_cells(configs: Sequence[CellConfig], by_hash: dict[str, LedgerCell]) -> None:

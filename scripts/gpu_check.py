@@ -91,7 +91,9 @@ def _run(cmd: list[str], timeout: float, env: dict | None = None) -> tuple[int |
         )
         return done.returncode, done.stdout + done.stderr, time.perf_counter() - t0
     except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        out = "".join(
+            (x or b"").decode() if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr)
+        )
         return None, out, time.perf_counter() - t0
 
 
@@ -232,8 +234,11 @@ def part_data(cuda: bool, cap: float) -> Part:
 
 
 def part_benchmark(
-    cuda: bool, cap: float, workers: int, rows: list[Timing]
+    cuda: bool, cap: float, workers: int, rows: list[Timing], out: Path | None = None
 ) -> tuple[Part, float | None]:
+    """The slice through the benchmark in a fresh home; its output kept as ``out/slice.log``,
+    one line per finished cell (redirected output), so that a slice stopped at its cap still
+    says how far it got."""
     title = "Paper profile slice: `nllab benchmark --profile paper --device auto`"
     args, over = _slice_args(cuda)
     real_home = Path(os.environ.get("NLLAB_HOME", Path.home() / ".nllab")).expanduser()
@@ -248,10 +253,12 @@ def part_benchmark(
         config.write_text(json.dumps(execution))
         cmd = [sys.executable, "-m", "flows.cli", "benchmark", "--profile", "paper"]
         cmd += ["--device", "auto", "--config", str(config), *args]
-        cmd += ["--no-progress", "--no-register"]
+        cmd += ["--no-register"]  # redirected: a line per finished cell, no bars
         env = {"NLLAB_HOME": str(home), "PREFECT_HOME": str(home / "prefect")}
         env["MLFLOW_TRACKING_URI"] = None  # the fresh home's embedded store
         rc, text, secs = _run(cmd, cap, env)
+    if out is not None:
+        (out / "slice.log").write_text(text)
     shown = "nllab benchmark --profile paper --device auto " + " ".join(args)
     body = [f"`{shown}` with {workers} workers, 1 torch thread each, fresh tracking store."]
     counts = re.search(r"^(\d+) cells: .*$", text, re.MULTILINE)
@@ -259,7 +266,12 @@ def part_benchmark(
         body.append(f"`{counts.group(0)}`")
     body.append(f"Wall time {secs:.0f} s (Prefect start, data, placement probes included).")
     if rc is None:
-        body.append(f"Stopped at the part's cap of {cap:.0f} s; a rerun resumes (cells reused).")
+        finished = re.findall(r"\bcell (\d+)/(\d+) ", text)
+        got = f"{finished[-1][0]} of {finished[-1][1]}" if finished else "no"
+        body.append(
+            f"Stopped at the part's cap of {cap:.0f} s with {got} cells finished; a rerun "
+            "resumes (cells reused)."
+        )
     if rows:
         cells = resolve_config(
             "paper",
@@ -377,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         parts.append(Part("Paper profile slice", "skipped", 0.0, "Skipped: `--smallest`."))
     else:
         parts.append(part_data(cuda, left(caps["data"])))
-        parts.append(part_benchmark(cuda, left(), workers, rows)[0])
+        parts.append(part_benchmark(cuda, left(), workers, rows, out)[0])
     device = torch.cuda.get_device_name(0) if cuda else "none (CPU only)"
     head = [
         "# GPU check",

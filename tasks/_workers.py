@@ -30,6 +30,7 @@ __all__ = [
     "worker_pool_active",
     "worker_processes",
     "worker_stop_event",
+    "worker_threads",
 ]
 
 T = TypeVar("T")
@@ -46,6 +47,14 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def worker_threads(torch_threads: int | None, max_workers: int) -> int:
+    """torch's CPU threads in one worker: ``torch_threads`` when set, else this machine's
+    cores shared among the ``max_workers`` workers that train at once."""
+    if torch_threads is not None:
+        return torch_threads
+    return max(1, usable_cores() // max(1, max_workers))
 
 
 def _init_worker(stop) -> None:

@@ -37,7 +37,7 @@ from nltrain import (
 from tasks import numerics
 from tasks._declarations import system_info
 from tasks._notify import notify_once
-from tasks._workers import usable_cores, worker_stop_event
+from tasks._workers import worker_stop_event, worker_threads
 from tasks.config import CellConfig, Reuse, RunConfig
 from tasks.pipeline import (
     CellSetup,
@@ -109,9 +109,7 @@ class CellRuntime:
         cores shared among the workers that train at once. Never more threads than cores: a
         worker's OpenMP pool sized to the whole machine spins against the other workers' threads
         (two paper-profile packs on two cores ran several times slower so)."""
-        if self.torch_threads is not None:
-            return self.torch_threads
-        return max(1, usable_cores() // max(1, self.max_workers))
+        return worker_threads(self.torch_threads, self.max_workers)
 
     @classmethod
     def for_store(cls, store: Store, **kw) -> CellRuntime:

@@ -29,12 +29,13 @@ It must be called inside a Prefect flow (it submits tasks to the flow's task run
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
@@ -44,10 +45,10 @@ from prefect import get_run_logger
 from prefect.futures import PrefectFuture, as_completed
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from tasks._workers import worker_pool_active, worker_processes
+from tasks._workers import worker_pool_active, worker_processes, worker_threads
 from tasks.cell import CellRuntime, pack_key, stored_results
-from tasks.config import CellConfig
-from tasks.placement import Measure, gpu_pack_size, place_pack, split_evenly
+from tasks.config import CellConfig, RunConfig
+from tasks.placement import Measure, cached_probe, gpu_pack_size, place_pack, split_evenly
 from tasks.prefect_tasks import PackFailed, pack_task, simulate_data_sets
 from tasks.progress import Display
 from tasks.results import CellResult
@@ -57,7 +58,10 @@ from tasks.tables import plural
 __all__ = [
     "CPU_PACK_MEMBERS",
     "GPU_LANES",
+    "PackEstimate",
+    "busy_seconds",
     "collect_results",
+    "estimate_packs",
     "in_lanes",
     "make_packs",
     "plan_packs",
@@ -173,6 +177,64 @@ def plan_packs(
         else:
             placed.append((p, where))
     return placed
+
+
+@dataclass(frozen=True)
+class PackEstimate:
+    """A pack as :func:`plan_packs` plans it, with the seconds it is expected to train."""
+
+    cells: tuple[CellConfig, ...]
+    device: str
+    seconds: float
+
+
+def estimate_packs(
+    config: RunConfig,
+    *,
+    cache_dir: Path | None = None,
+    measure: Measure | None = None,
+    cuda_available: bool | None = None,
+    free_bytes: int | None = None,
+) -> list[PackEstimate]:
+    """``config``'s cells planned as :func:`run_cells` plans them under its execution settings
+    (:func:`plan_packs`), each pack with its training seconds at its cells' epoch ceiling: the
+    seconds per cell-epoch this machine measured for a pack of that size on that device
+    (:func:`tasks.placement.cached_probe`: the probes the engine's planning takes and caches
+    itself, with the workers' thread count) × members × epochs. Early stopping only shortens
+    it. ``measure``/``cuda_available``/``free_bytes`` as :func:`plan_packs`."""
+    ex = config.execution
+    with _torch_threads(worker_threads(ex.torch_threads, ex.max_workers)):
+        planned = plan_packs(
+            config.cells(),
+            pack=ex.pack,
+            device=ex.device,
+            cache_dir=cache_dir,
+            measure=measure,
+            cuda_available=cuda_available,
+            free_bytes=free_bytes,
+        )
+        out = []
+        for p, where in planned:
+            probe = cached_probe(p[0], len(p), (where,), cache_dir=cache_dir, measure=measure)
+            out.append(PackEstimate(tuple(p), where, probe[where] * len(p) * p[0].training.epochs))
+    return out
+
+
+def busy_seconds(
+    packs: Iterable[tuple[str, float]], workers: int, lanes: int = GPU_LANES
+) -> tuple[float, float]:
+    """(GPU, CPU) busy seconds of ``packs`` (device, training seconds) run as :func:`run_cells`
+    runs them on ``workers`` workers: the GPU's packs add up (packs in several lanes share one
+    GPU by time slices, as the ledger's CUDA runs measured), the CPU's packs longest first, each
+    on the earliest free worker of those the GPU lanes leave."""
+    packs = list(packs)
+    gpu = [s for d, s in packs if d == "cuda"]
+    cpu = sorted((s for d, s in packs if d != "cuda"), reverse=True)
+    used_lanes = min(lanes, len(gpu), max(workers - 1, 1))
+    slots = [0.0] * max(1, workers - used_lanes if cpu else workers)
+    for s in cpu:
+        heapq.heapreplace(slots, slots[0] + s)
+    return sum(gpu), max(slots) if cpu else 0.0
 
 
 def in_lanes(

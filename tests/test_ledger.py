@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from flows.ledger import ledger_groups, run_ledger, to_train
+from flows.ledger import LedgerGroup, ledger_groups, run_ledger, to_train
 from flows.ledger_text import ledger_markdown, status_text
 from tasks.ledger import DEFAULT_LEDGER, LedgerError, LedgerRecord, append_records, read_ledger
 from tasks.ledger_scope import LedgerScope, ledger_scope, paper_config, scope_of
@@ -37,6 +37,20 @@ n_trajectories = 30
 epochs = {epochs}
 batch_size = 8
 """
+
+
+def _two_systems(tmp_path: Path, seeds: list[int], extra: str = "") -> tuple[Path, dict]:
+    """(ledger file, selection) of node on integro_de and spiral_dde under the tiny config
+    (``extra`` appended to it)."""
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY.format(epochs=2) + extra)
+    selection = {
+        "config_file": config,
+        "systems": ["integro_de", "spiral_dde"],
+        "methods": ["node"],
+        "seeds": seeds,
+    }
+    return tmp_path / "ledger.jsonl", selection
 
 
 def _record(system="integro_de", method="neural_laplace", seed=0, **kw) -> LedgerRecord:
@@ -309,22 +323,16 @@ def test_run_records_each_finished_cell_and_not_a_failed_one(
         return real(cell, state_dim)
 
     monkeypatch.setattr(tasks.cell, "build_cell_model", broken_for_spiral)
-    config = tmp_path / "tiny.toml"
-    config.write_text(TINY.format(epochs=2))
-    ledger = tmp_path / "ledger.jsonl"
-    selection = {
-        "config_file": config,
-        "systems": ["integro_de", "spiral_dde"],
-        "methods": ["node"],
-        "seeds": [0, 1],
-    }
+    ledger, selection = _two_systems(tmp_path, [0, 1])
     said: list[str] = []
     out = run_ledger(ledger, selection=selection, execution={}, say=said.append)
     records = read_ledger(ledger)
     assert out.todo == 4 and len(out.appended) == 2
     assert sorted((r.system, r.seed) for r in records) == [("integro_de", 0), ("integro_de", 1)]
     assert sorted(out.failed) == ["spiral_dde/node/seed0", "spiral_dde/node/seed1"]
-    config = paper_config(config_file=config, systems=["integro_de"], methods=["node"])
+    config = paper_config(
+        config_file=selection["config_file"], systems=["integro_de"], methods=["node"]
+    )
     cells = {c.seed: c for c in config.cells()}
     for r in records:
         assert r.config_hash == cells[r.seed].config_hash() and r.epochs == 2
@@ -360,17 +368,11 @@ def test_time_limit_stops_the_running_cell_and_keeps_the_finished_one(
         return model, args
 
     monkeypatch.setattr(tasks.cell, "build_cell_model", slow_on_spiral)
-    config = tmp_path / "tiny.toml"
     # the fast cell: 2 epochs; the slow one: 100 000 epochs of batches of 0.05 s at least
     slow = '[cell_overrides."spiral_dde/node".training]\nepochs = 100000\n'
-    config.write_text(TINY.format(epochs=2) + slow)
-    ledger = tmp_path / "ledger.jsonl"
-    selection = {
-        "config_file": config,
-        "systems": ["integro_de", "spiral_dde"],
-        "methods": ["node"],
-        "seeds": [0],
-    }
+    ledger, selection = _two_systems(tmp_path, [0], slow)
+    # a record of another seed says a node group takes a second here: both cells start
+    append_records(ledger, [_record("integro_de", "node", 4, train_seconds=1.0)])
     t0 = time.monotonic()
     out = run_ledger(
         ledger, selection=selection, execution={"max_workers": 2}, max_seconds=20, say=print
@@ -378,7 +380,10 @@ def test_time_limit_stops_the_running_cell_and_keeps_the_finished_one(
     elapsed = time.monotonic() - t0
     assert out.stopped and not out.failed
     assert 20 <= elapsed < 35  # on time: the slow cell stopped within its next batches
-    assert [(r.system, r.seed) for r in read_ledger(ledger)] == [("integro_de", 0)]
+    assert [(r.system, r.seed) for r in read_ledger(ledger)] == [
+        ("integro_de", 4),
+        ("integro_de", 0),
+    ]
     import mlflow
 
     found = mlflow.MlflowClient().search_runs([connect().store.experiment_id])
@@ -403,6 +408,78 @@ def test_a_group_expected_to_overrun_the_time_limit_is_not_started(tmp_path, mlf
     assert out.todo == 4 and not out.appended and not out.stopped
     assert out.skipped == [f"node seed {s} on integro_de" for s in (1, 2, 3, 4)]
     assert "ledger: not starting node seed 1 on integro_de: about 28 min, 10 min left" in said
+
+
+def test_without_records_a_time_limited_group_trains_the_packs_this_machine_measures_fit(
+    tmp_path, mlflow_store, prefect_server, monkeypatch
+):
+    """No record says how long node takes here: the packs the engine would train are measured
+    (the probes, here a stand-in: integro_de's pack 100 s, spiral_dde's 10 000 s). With 10
+    minutes left the spiral pack cannot finish, so only integro_de's cell is trained (and
+    recorded), spiral_dde's is not started, and both are said."""
+    import tasks.placement
+    from tasks.placement import Probe
+
+    def probe(cell, device, members=1):
+        per_pack = 100.0 if cell.system == "integro_de" else 10_000.0
+        return Probe(per_pack / members / cell.training.epochs)
+
+    monkeypatch.setattr(tasks.placement, "probe_pack", probe)
+    monkeypatch.setenv("NLLAB_HOME", str(tmp_path / "home"))  # its own probe cache
+    ledger, selection = _two_systems(tmp_path, [0])
+    said: list[str] = []
+    out = run_ledger(ledger, selection=selection, execution={}, max_seconds=600, say=said.append)
+    assert [(r.system, r.seed) for r in read_ledger(ledger)] == [("integro_de", 0)]
+    assert not out.stopped and not out.failed
+    group = "node seed 0 on integro_de, spiral_dde"
+    assert out.skipped == [f"1 of the 2 cells of {group}"]
+    assert (
+        f"ledger: 1 of 2 cells of {group} fit (about 203 min by this machine's measurement, "
+        "10 min left)" in said
+    )
+    assert "ledger: training node seed 0 on integro_de" in said
+
+
+def test_a_group_whose_every_pack_overruns_is_not_started(tmp_path, mlflow_store, monkeypatch):
+    """No record, and this machine's measurement says each pack needs more than the time left:
+    nothing is trained, and the run says how long it measured."""
+    import tasks.placement
+    from tasks.placement import Probe
+
+    monkeypatch.setattr(
+        tasks.placement, "probe_pack", lambda cell, device, members=1: Probe(1000.0 / members)
+    )
+    monkeypatch.setenv("NLLAB_HOME", str(tmp_path / "home"))  # its own probe cache
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY.format(epochs=2))
+    selection = {"config_file": config, "systems": ["integro_de"], "methods": ["node"]}
+    said: list[str] = []
+    ledger = tmp_path / "ledger.jsonl"
+    out = run_ledger(
+        ledger, selection=selection | {"seeds": [0]}, execution={}, max_seconds=600,
+        say=said.append,
+    )  # fmt: skip
+    assert not read_ledger(ledger) and out.skipped == ["node seed 0 on integro_de"]
+    assert (
+        "ledger: not starting node seed 0 on integro_de: about 41 min by this machine's "
+        "measurement, 10 min left" in said
+    )
+
+
+@pytest.mark.parametrize(
+    ("cells", "expected"),
+    [
+        ({("a", 0), ("a", 1), ("b", 0), ("b", 1)}, (("a", "b"), (0, 1))),
+        ({("a", 0), ("a", 1), ("b", 0)}, (("a",), (0, 1))),  # 2 cells either way: all seeds
+        ({("a", 0), ("b", 0), ("c", 0), ("a", 1)}, (("a", "b", "c"), (0,))),
+        ({("b", 1)}, None),  # no first seed: nothing
+        (set(), None),
+    ],
+)
+def test_the_part_of_a_group_is_its_largest_product_of_systems_and_first_seeds(cells, expected):
+    group = LedgerGroup("node", "", (0, 1), ("a", "b", "c"))
+    part = group.largest_part(cells)
+    assert (part and (part.systems, part.seeds)) == expected or (part is None and expected is None)
 
 
 def _nllab(*args: str, env: dict, **kw) -> subprocess.Popen:

@@ -282,14 +282,37 @@ def test_a_cache_of_another_shape_is_measured_again_and_rewritten(tmp_path, text
     assert calls == ["cpu"] and again == {"cpu": 2.0}  # rewritten, read back
 
 
-def test_gpu_check_smallest_writes_its_summary(tmp_path):
+def _gpu_check_script():
     import importlib.util
-    import re
 
     spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
     gpu_check = importlib.util.module_from_spec(spec)
     sys.modules["gpu_check"] = gpu_check  # its dataclasses look their module up
     spec.loader.exec_module(gpu_check)
+    return gpu_check
+
+
+def test_gpu_check_slice_stopped_at_its_cap_keeps_its_log_and_says_how_far_it_got(
+    tmp_path, monkeypatch
+):
+    """The slice's command is stopped at the part's cap: its output (the engine's lines per
+    finished cell, logged) is kept as slice.log and the summary counts the finished cells."""
+    gpu_check = _gpu_check_script()
+    log = "".join(
+        f"12:00:0{i} | INFO | Flow run 'x' - cell {i}/180 spiral_dde/node/seed{i}: test RMSE 0.1\n"
+        for i in (1, 2, 3)
+    )
+    monkeypatch.setattr(gpu_check, "_run", lambda cmd, cap, env=None: (None, log, cap))
+    part, seconds = gpu_check.part_benchmark(True, 100.0, 16, [], tmp_path)
+    assert (tmp_path / "slice.log").read_text() == log
+    assert part.status == "timed out" and seconds is None
+    assert "Stopped at the part's cap of 100 s with 3 of 180 cells finished" in part.body
+
+
+def test_gpu_check_smallest_writes_its_summary(tmp_path):
+    import re
+
+    gpu_check = _gpu_check_script()
     threads = torch.get_num_threads()
     try:
         assert gpu_check.main(["--smallest", "--out", str(tmp_path), "--workers", "2"]) == 0

@@ -110,7 +110,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         type=_positive("minutes", 600_000),
         metavar="M",
         help="stop after M minutes (as --max-hours); a group of cells expected to take longer "
-        "than the time left is not started",
+        "than the time left is cut to the packs that fit, or not started (expected: from the "
+        "ledger's records of the method on this kind of device, else measured here)",
     )
     training.add_argument(
         "--refresh-older",
