@@ -12,6 +12,7 @@ ones stay, and no group starts after it.
 
 from __future__ import annotations
 
+import math
 import statistics
 import threading
 import time
@@ -312,7 +313,11 @@ def _what_fits(
     if len(chosen) == len(estimates):
         return group
     part = group.largest_part({(c.system, c.seed) for e in chosen for c in e.cells})
-    measured = f"about {whole / 60:.0f} min by this machine's measurement, {left / 60:.0f} min left"
+    measured = (
+        f"about {whole / 60:.0f} min by this machine's measurement, {left / 60:.0f} min left"
+        if math.isfinite(whole)
+        else "this machine's probe could not train a pack of it (e.g. out of memory)"
+    )
     if part is None:
         return _skip(group, measured, out, say)
     n_part, n_all = len(part.systems) * len(part.seeds), len(group.systems) * len(group.seeds)

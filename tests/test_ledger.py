@@ -440,14 +440,23 @@ def test_without_records_a_time_limited_group_trains_the_packs_this_machine_meas
     assert "ledger: training node seed 0 on integro_de" in said
 
 
-def test_a_group_whose_every_pack_overruns_is_not_started(tmp_path, mlflow_store, monkeypatch):
-    """No record, and this machine's measurement says each pack needs more than the time left:
-    nothing is trained, and the run says how long it measured."""
+@pytest.mark.parametrize(
+    ("seconds", "why"),
+    [
+        (1000.0, "about 41 min by this machine's measurement, 10 min left"),
+        (math.inf, "this machine's probe could not train a pack of it (e.g. out of memory)"),
+    ],
+)
+def test_a_group_whose_every_pack_overruns_is_not_started(
+    tmp_path, mlflow_store, monkeypatch, seconds, why
+):
+    """No record, and this machine's measurement says each pack needs more than the time left
+    (or its probe failed, as out of memory does): nothing is trained, and the run says why."""
     import tasks.placement
     from tasks.placement import Probe
 
     monkeypatch.setattr(
-        tasks.placement, "probe_pack", lambda cell, device, members=1: Probe(1000.0 / members)
+        tasks.placement, "probe_pack", lambda cell, device, members=1: Probe(seconds / members)
     )
     monkeypatch.setenv("NLLAB_HOME", str(tmp_path / "home"))  # its own probe cache
     config = tmp_path / "tiny.toml"
@@ -460,10 +469,7 @@ def test_a_group_whose_every_pack_overruns_is_not_started(tmp_path, mlflow_store
         say=said.append,
     )  # fmt: skip
     assert not read_ledger(ledger) and out.skipped == ["node seed 0 on integro_de"]
-    assert (
-        "ledger: not starting node seed 0 on integro_de: about 41 min by this machine's "
-        "measurement, 10 min left" in said
-    )
+    assert f"ledger: not starting node seed 0 on integro_de: {why}" in said
 
 
 @pytest.mark.parametrize(
