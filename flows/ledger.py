@@ -13,15 +13,21 @@ ones stay, and no group starts after it.
 from __future__ import annotations
 
 import math
-import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flows._ledger_budget import (
+    ESTIMATE_MARGIN,
+    FIXED_SECONDS,
+    deadline,
+    expected_seconds,
+    fitting_parts,
+    needed_seconds,
+)
 from tasks.config import METHODS
 from tasks.ledger import (
     LedgerRecord,
@@ -37,13 +43,15 @@ from tasks.tracking.tags import RunTags
 
 if TYPE_CHECKING:
     from tasks.config import CellConfig, RunConfig
-    from tasks.engine import PackEstimate
     from tasks.results import CellResult
     from tasks.tracking import Queries
 
 __all__ = [
+    "ESTIMATE_MARGIN",
+    "FIXED_SECONDS",
     "LedgerGroup",
     "LedgerRun",
+    "fitting_parts",
     "ledger_groups",
     "paper_config",
     "record_finished",
@@ -70,6 +78,11 @@ class LedgerGroup:
             f"{what} seed{'s' if len(self.seeds) > 1 else ''} {seeds} on {', '.join(self.systems)}"
         )
 
+    @property
+    def size(self) -> int:
+        """Its cells: systems × seeds."""
+        return len(self.systems) * len(self.seeds)
+
     def largest_part(self, cells: set[tuple[str, int]]) -> LedgerGroup | None:
         """The largest ``systems × seeds`` of this group (its first seeds) whose cells are all
         in ``cells`` ((system, seed) pairs): a benchmark's cells are such a product."""
@@ -77,7 +90,7 @@ class LedgerGroup:
         for k in range(len(self.seeds), 0, -1):
             seeds = self.seeds[:k]
             systems = tuple(s for s in self.systems if all((s, seed) in cells for seed in seeds))
-            if systems and (best is None or len(systems) * k > len(best.systems) * len(best.seeds)):
+            if systems and (best is None or len(systems) * k > best.size):
                 best = replace(self, systems=systems, seeds=seeds)
         return best
 
@@ -246,28 +259,25 @@ def run_ledger(
     stop = threading.Event() if stop is None else stop
     timed_out = threading.Event()
     t0 = time.monotonic()
-    with _deadline(max_seconds, stop, timed_out):
+
+    def left() -> float | None:
+        return None if max_seconds is None else max_seconds - (time.monotonic() - t0)
+
+    with deadline(max_seconds, stop, timed_out):
         for whole in groups:
             if stop.is_set():
                 break
-            left = None if max_seconds is None else max_seconds - (time.monotonic() - t0)
-            group = _what_fits(whole, left, ledger, device, selection, execution, out, say)
-            if group is None:
-                continue
-            say(f"ledger: training {group.label}")
-            cells = [c for c in todo if _in(c, group)]
-            _train_group(group, cells, selection, execution, recorder, stop)
+            parts = _what_fits(whole, left(), ledger, device, selection, execution, out, say)
+            for group, needed in parts:
+                if not _may_start(group, needed, left(), stop, out, say):
+                    break
+                say(f"ledger: training {group.label}")
+                cells = [c for c in todo if _in(c, group)]
+                _train_group(group, cells, selection, execution, recorder, stop)
     out.stopped = stop.is_set()
     if timed_out.is_set():
         say(f"ledger: time limit reached after {(time.monotonic() - t0) / 60:.1f} min")
     return out
-
-
-#: Seconds a group's benchmark spends besides training: Prefect's server, the plan and its
-#: probes, reading the data sets, the test evaluation and the runs' last writes.
-FIXED_SECONDS = 45.0
-#: A measured estimate is trusted to this factor (probes time two epochs of one batch).
-ESTIMATE_MARGIN = 1.2
 
 
 def _what_fits(
@@ -279,51 +289,63 @@ def _what_fits(
     execution: dict[str, Any],
     out: LedgerRun,
     say: Callable[[str], None],
-) -> LedgerGroup | None:
-    """The part of ``group`` to train in the ``left`` seconds (None: no limit, all of it), or
-    None (listed in ``out.skipped`` and said) when no part is expected to finish.
+) -> list[tuple[LedgerGroup, float | None]]:
+    """The parts of ``group`` to train, in order, in the ``left`` seconds (None: no limit, all
+    of it), each with the seconds it is expected to need (None: not known); empty (listed in
+    ``out.skipped`` and said) when no part is expected to finish.
 
     The expectation comes from the ledger's records of the method on this kind of device
-    (:func:`_expected_seconds`: the whole group or nothing); without such records, from this
-    machine's measurement of the packs the engine would train (:func:`tasks.engine.
-    estimate_packs`), and then the group is cut to the whole packs that fit, so that a short
-    GPU window records some cells rather than stopping every pack before its end."""
+    (:func:`~flows._ledger_budget.expected_seconds`: the whole group or nothing); without such
+    records, from this machine's measurement of the packs the engine would train
+    (:func:`tasks.engine.estimate_packs`), and then the group is cut to the whole packs that fit
+    (:func:`~flows._ledger_budget.fitting_parts`), so that a short GPU window records some
+    cells rather than stopping every pack before its end."""
     if left is None:
-        return group
-    expected = _expected_seconds(group, read_ledger(ledger), device)
+        return [(group, None)]
+    expected = expected_seconds(group, read_ledger(ledger), device)
     if expected is not None:
         if expected <= left:
-            return group
-        return _skip(group, f"about {expected / 60:.0f} min, {left / 60:.0f} min left", out, say)
-    from tasks.engine import busy_seconds, estimate_packs
+            return [(group, expected)]
+        _skip(group, f"about {expected / 60:.0f} min, {left / 60:.0f} min left", out, say)
+        return []
+    from tasks.engine import estimate_packs
 
     config = _group_config(group, selection, execution)
     estimates = estimate_packs(config)
     workers = config.execution.max_workers
-    budget = (left - FIXED_SECONDS) / ESTIMATE_MARGIN
-
-    def wall(chosen: Sequence[PackEstimate]) -> float:
-        return max(busy_seconds(((e.device, e.seconds) for e in chosen), workers))
-
-    chosen: list[PackEstimate] = []
-    for e in estimates:  # the engine's order; a pack that does not fit leaves room for others
-        if wall([*chosen, e]) <= budget:
-            chosen.append(e)
-    whole = FIXED_SECONDS + ESTIMATE_MARGIN * wall(estimates)
-    if len(chosen) == len(estimates):
-        return group
-    part = group.largest_part({(c.system, c.seed) for e in chosen for c in e.cells})
+    parts = fitting_parts(group, estimates, left, workers)
+    whole = needed_seconds(estimates, workers)
     measured = (
         f"about {whole / 60:.0f} min by this machine's measurement, {left / 60:.0f} min left"
         if math.isfinite(whole)
         else "this machine's probe could not train a pack of it (e.g. out of memory)"
     )
-    if part is None:
-        return _skip(group, measured, out, say)
-    n_part, n_all = len(part.systems) * len(part.seeds), len(group.systems) * len(group.seeds)
-    say(f"ledger: {n_part} of {n_all} cells of {group.label} fit ({measured})")
-    out.skipped.append(f"{n_all - n_part} of the {n_all} cells of {group.label}")
-    return part
+    if not parts:
+        _skip(group, measured, out, say)
+        return []
+    n_part, n_all = sum(p.size for p, _ in parts), group.size
+    if n_part < n_all:
+        say(f"ledger: {n_part} of {n_all} cells of {group.label} fit ({measured})")
+        out.skipped.append(f"{n_all - n_part} of the {n_all} cells of {group.label}")
+    return list(parts)
+
+
+def _may_start(
+    group: LedgerGroup,
+    needed: float | None,
+    left: float | None,
+    stop: threading.Event,
+    out: LedgerRun,
+    say: Callable[[str], None],
+) -> bool:
+    """Whether a part starts: not after a stop, nor when an earlier part took so long that what
+    is left is less than this one needs (then said, and listed as skipped)."""
+    if stop.is_set():
+        return False
+    if needed is not None and left is not None and needed > left:
+        _skip(group, f"about {needed / 60:.0f} min, {left / 60:.0f} min left", out, say)
+        return False
+    return True
 
 
 def _skip(group: LedgerGroup, why: str, out: LedgerRun, say: Callable[[str], None]) -> None:
@@ -338,47 +360,6 @@ def _in(cell: LedgerCell, group: LedgerGroup) -> bool:
         and cell.seed in group.seeds
         and cell.system in group.systems
     )
-
-
-@contextmanager
-def _deadline(
-    seconds: float | None, stop: threading.Event, fired: threading.Event
-) -> Iterator[None]:
-    """Set ``fired`` and ``stop`` after ``seconds`` (the engine's stop path: running cells end
-    KILLED at their next batch, finished ones stay)."""
-    if seconds is None:
-        yield
-        return
-
-    def fire() -> None:
-        fired.set()
-        stop.set()
-
-    timer = threading.Timer(seconds, fire)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
-
-
-def _expected_seconds(
-    group: LedgerGroup, records: Sequence[LedgerRecord], device: str
-) -> float | None:
-    """The median training seconds of the ledger's records of ``group``'s method (and
-    ablation) on this kind of device (a pack's members train at once: a group takes about one
-    member's time); None without such records."""
-    kind = "cuda" if device.startswith("cuda") else "cpu"
-    seconds = [
-        r.train_seconds
-        for r in records
-        if r.method == group.method
-        and r.ablation == group.ablation
-        and r.train_seconds is not None
-        and (r.device or "cpu").startswith(kind)
-    ]
-    return statistics.median(seconds) if seconds else None
 
 
 class _Recorder:

@@ -472,6 +472,41 @@ def test_a_group_whose_every_pack_overruns_is_not_started(
     assert f"ledger: not starting node seed 0 on integro_de: {why}" in said
 
 
+_PAIR_A, _PAIR_B = ("spiral_dde", "lotka_volterra_dde"), ("mackey_glass_dde", "integro_de")
+
+
+@pytest.mark.parametrize(
+    ("device", "left", "expected"),
+    [
+        # on CUDA one part per pack, one after another: each pays the fixed cost
+        ("cuda", 1000, [(_PAIR_A, 165), (_PAIR_B, 165)]),
+        ("cuda", 200, [(_PAIR_A, 165)]),  # the first pack only
+        ("cuda", 100, []),
+        # on the CPU the two packs train at once on the two workers: the whole group
+        ("cpu", 1000, [(_PAIR_A + _PAIR_B, 165)]),
+        ("cpu", 100, []),
+    ],
+)
+def test_a_measured_group_is_cut_to_its_packs_that_fit_and_gpu_packs_go_one_by_one(
+    device, left, expected
+):
+    """:func:`flows.ledger.fitting_parts` on two measured packs of 100 s each (two systems ×
+    two seeds each): the fixed cost and the margin allowed for, the packs that fit, as parts a
+    benchmark can run (systems × seeds), one per pack on CUDA."""
+    from flows.ledger import ESTIMATE_MARGIN, FIXED_SECONDS, fitting_parts
+    from tasks.engine import PackEstimate
+
+    assert FIXED_SECONDS + ESTIMATE_MARGIN * 100 == 165  # the figures below
+    systems = _PAIR_A + _PAIR_B
+    cells = paper_config(systems=list(systems), methods=["anode"], seeds=[0, 1]).cells()
+    packs = [[c for c in cells if c.system in pair] for pair in (systems[:2], systems[2:])]
+    estimates = [PackEstimate(tuple(p), device, 100.0) for p in packs]
+    group = LedgerGroup("anode", "", (0, 1), systems)
+    parts = fitting_parts(group, estimates, left, workers=2)
+    assert [(p.systems, needed) for p, needed in parts] == expected
+    assert all(p.seeds == (0, 1) and p.method == "anode" for p, _ in parts)
+
+
 @pytest.mark.parametrize(
     ("cells", "expected"),
     [
