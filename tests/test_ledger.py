@@ -15,6 +15,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from flows.cli import main
 from flows.ledger import LedgerGroup, ledger_groups, run_ledger, to_train
@@ -470,6 +471,33 @@ def test_a_group_whose_every_pack_overruns_is_not_started(
     )  # fmt: skip
     assert not read_ledger(ledger) and out.skipped == ["node seed 0 on integro_de"]
     assert f"ledger: not starting node seed 0 on integro_de: {why}" in said
+
+
+def test_on_a_gpu_the_records_give_way_to_this_machines_measurement(
+    tmp_path, mlflow_store, monkeypatch
+):
+    """The ledger's records say a node cell takes a second, but on a GPU a record is one pack's
+    time while packs in lanes add up: the measurement decides (here, too long to start)."""
+    import tasks.placement
+    from tasks.placement import Probe
+
+    tasks.placement.machine_fingerprint()  # this machine's, cached before CUDA is faked
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(
+        tasks.placement, "probe_pack", lambda cell, device, members=1: Probe(1000.0 / members)
+    )
+    monkeypatch.setenv("NLLAB_HOME", str(tmp_path / "home"))  # its own probe cache
+    ledger, selection = _two_systems(tmp_path, [0])
+    append_records(ledger, [_record("integro_de", "node", 4, train_seconds=1.0, device="cuda")])
+    said: list[str] = []
+    out = run_ledger(
+        ledger, selection=selection, execution={"device": "cuda"}, max_seconds=600,
+        say=said.append,
+    )  # fmt: skip
+    assert len(read_ledger(ledger)) == 1 and out.skipped == [
+        "node seed 0 on integro_de, spiral_dde"
+    ]
+    assert any("by this machine's measurement, 10 min left" in line for line in said)
 
 
 _PAIR_A, _PAIR_B = ("spiral_dde", "lotka_volterra_dde"), ("mackey_glass_dde", "integro_de")
