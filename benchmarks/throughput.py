@@ -93,6 +93,17 @@ class Timing:
     bytes_per_member: dict[int, int] = field(default_factory=dict)  # CUDA peak memory
 
 
+def read_timings(path: Path) -> list[Timing]:
+    """The timings of a ``--json`` file (``make gpu-check`` leaves one as
+    ``gpu-check/throughput.json``)."""
+    rows = []
+    for d in json.loads(Path(path).read_text())["timings"]:
+        for k in ("seconds", "eager_packed", "bytes_per_member"):
+            d[k] = {int(m): v for m, v in d[k].items()}
+        rows.append(Timing(**d))
+    return rows
+
+
 def packed_seconds(
     name, tr, va, cfg, device, members: int, graphs: bool | None
 ) -> tuple[float | None, int]:

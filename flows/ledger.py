@@ -52,6 +52,7 @@ __all__ = [
     "LedgerGroup",
     "LedgerRun",
     "fitting_parts",
+    "group_config",
     "ledger_groups",
     "paper_config",
     "record_finished",
@@ -314,7 +315,7 @@ def _what_fits(
         return []
     from tasks.engine import estimate_packs
 
-    config = _group_config(group, selection, execution)
+    config = group_config(group, selection, execution)
     estimates = estimate_packs(config)
     workers = config.execution.max_workers
     parts = fitting_parts(group, estimates, left, workers)
@@ -391,7 +392,7 @@ def _train_group(
     """One benchmark of ``group``, each pack's finished cells recorded as it ends."""
     from flows.benchmark import run_benchmark
 
-    config = _group_config(group, selection, execution)
+    config = group_config(group, selection, execution)
     by_hash = {c.config_hash: c for c in cells}
     _same_cells(config.cells(), by_hash)
 
@@ -404,7 +405,7 @@ def _train_group(
     recorder.out.failed += [r.key for r in summary.results if r.status == "failed"]
 
 
-def _group_config(
+def group_config(
     group: LedgerGroup, selection: dict[str, Any], execution: dict[str, Any]
 ) -> RunConfig:
     """The benchmark config of ``group``: the paper profile on its systems, method and seeds."""

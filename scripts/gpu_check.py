@@ -55,6 +55,7 @@ from benchmarks.throughput import (  # noqa: E402
     projection_markdown,
     projection_rows,
     projection_sentences,
+    read_timings,
     table_columns,
     table_markdown,
     table_rows,
@@ -115,15 +116,6 @@ def part_pytest(cuda: bool, cap: float) -> Part:
     return Part("pytest -m gpu", status, secs, body)
 
 
-def _timings(path: Path) -> list[Timing]:
-    rows = []
-    for d in json.loads(path.read_text())["timings"]:
-        for k in ("seconds", "eager_packed", "bytes_per_member"):
-            d[k] = {int(m): v for m, v in d[k].items()}
-        rows.append(Timing(**d))
-    return rows
-
-
 def part_throughput(cuda: bool, cap: float, out: Path, smallest: bool) -> tuple[Part, list[Timing]]:
     title = "Throughput (seconds per cell-epoch)"
     json_path = out / "throughput.json"
@@ -154,7 +146,7 @@ def part_throughput(cuda: bool, cap: float, out: Path, smallest: bool) -> tuple[
     if rc is None or rc != 0 or not json_path.exists():
         status = "timed out" if rc is None else "failed"
         return Part(title, status, secs, _tail(text, 40)), []
-    rows = _timings(json_path)
+    rows = read_timings(json_path)
     members = 5 if "--members" in cmd and cmd[cmd.index("--members") + 1] == "5" else 2
     return Part(title, "passed", secs, note + "\n\n" + table_markdown(rows, members, 30)), rows
 
@@ -325,7 +317,7 @@ def record(folder: Path, into: Path | None = None) -> list[Path]:
     ]  # fmt: skip
     throughput = folder / "throughput.json"
     if throughput.exists():
-        rows, cuda = _timings(throughput), facts["cuda"]
+        rows, cuda = read_timings(throughput), facts["cuda"]
         members = 5 if cuda else 2
         paths.append(
             record_measurement(

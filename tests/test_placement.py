@@ -447,3 +447,20 @@ def test_the_cuda_probe_runs_the_graphed_pack_and_measures_its_memory(tmp_path):
     # The engine and a worker agree: the worker's place_pack reads what the engine measured.
     for pack, device in planned:
         assert place_pack(pack, "auto", cache_dir=tmp_path).type == device
+
+
+def test_a_gpu_window_is_planned_by_the_ledgers_rules_from_a_checks_timings(tmp_path):
+    """From the H200 check's committed timings and an empty ledger: node's 30 cells are two
+    packs of 15 on CUDA (each about two minutes); 5 minutes record one pack, 9.5 minutes
+    both, one after another (the fixed cost and margin counted for each)."""
+    from benchmarks.gpu_window import plan_window
+    from tasks.config import MAIN_SYSTEMS
+
+    throughput = ROOT / "results" / "gpu" / "2026-11-27-h200-second" / "throughput.json"
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text("")
+    free = 140 * 2**30
+    first = {m: plan_window(throughput, m, ledger, free)[0] for m in (1, 5, 9.5)}
+    assert first[1][:3] == ("node seeds 0,1,2,3,4 on " + ", ".join(MAIN_SYSTEMS), 0, 30)
+    assert first[5][1:3] == (15, 30) and first[9.5][1:3] == (30, 30)
+    assert first[9.5][3] == pytest.approx(2 * first[5][3])
