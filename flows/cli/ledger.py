@@ -110,8 +110,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         type=_positive("minutes", 600_000),
         metavar="M",
         help="stop after M minutes (as --max-hours); a group of cells expected to take longer "
-        "than the time left is cut to the packs that fit, or not started (expected: from the "
-        "ledger's records of the method on this kind of device, else measured here)",
+        "than the time left is cut to the packs that fit, or not started (expected: measured "
+        "here on a GPU or where the ledger has no record of the method on this kind of device, "
+        "else from those records); on a GPU its packs then train one after another",
     )
     training.add_argument(
         "--refresh-older",
