@@ -272,7 +272,8 @@ def run_ledger(
             for group, needed in parts:
                 if not _may_start(group, needed, left(), stop, out, say):
                     break
-                say(f"ledger: training {group.label}")
+                expect = f" (about {needed / 60:.0f} min expected)" if needed is not None else ""
+                say(f"ledger: training {group.label}{expect}")
                 cells = [c for c in todo if _in(c, group)]
                 _train_group(group, cells, selection, execution, recorder, stop)
     out.stopped = stop.is_set()

@@ -438,7 +438,7 @@ def test_without_records_a_time_limited_group_trains_the_packs_this_machine_meas
         f"ledger: 1 of 2 cells of {group} fit (about 203 min by this machine's measurement, "
         "10 min left)" in said
     )
-    assert "ledger: training node seed 0 on integro_de" in said
+    assert "ledger: training node seed 0 on integro_de (about 3 min expected)" in said
 
 
 @pytest.mark.parametrize(
