@@ -272,8 +272,6 @@ def run_ledger(
             for group, needed in parts:
                 if not _may_start(group, needed, left(), stop, out, say):
                     break
-                expect = f" (about {needed / 60:.0f} min expected)" if needed is not None else ""
-                say(f"ledger: training {group.label}{expect}")
                 cells = [c for c in todo if _in(c, group)]
                 _train_group(group, cells, selection, execution, recorder, stop)
     out.stopped = stop.is_set()
@@ -344,13 +342,16 @@ def _may_start(
     out: LedgerRun,
     say: Callable[[str], None],
 ) -> bool:
-    """Whether a part starts: not after a stop, nor when an earlier part took so long that what
-    is left is less than this one needs (then said, and listed as skipped)."""
+    """Whether a part starts (said, with the minutes it is expected to take): not after a stop,
+    nor when an earlier part took so long that what is left is less than this one needs (then
+    said, and listed as skipped)."""
     if stop.is_set():
         return False
     if needed is not None and left is not None and needed > left:
         _skip(group, f"about {needed / 60:.0f} min, {left / 60:.0f} min left", out, say)
         return False
+    expect = f" (about {needed / 60:.0f} min expected)" if needed is not None else ""
+    say(f"ledger: training {group.label}{expect}")
     return True
 
 
