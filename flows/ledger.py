@@ -318,7 +318,10 @@ def _what_fits(
     estimates = estimate_packs(config)
     workers = config.execution.max_workers
     parts = fitting_parts(group, estimates, left, workers)
-    whole = needed_seconds(estimates, workers)
+    n_part, n_all = sum(p.size for p, _ in parts), group.size
+    if parts and n_part == n_all:
+        return parts
+    whole = needed_seconds(estimates, workers)  # only said when not all of the group fits
     measured = (
         f"about {whole / 60:.0f} min by this machine's measurement, {left / 60:.0f} min left"
         if math.isfinite(whole)
@@ -327,11 +330,9 @@ def _what_fits(
     if not parts:
         _skip(group, measured, out, say)
         return []
-    n_part, n_all = sum(p.size for p, _ in parts), group.size
-    if n_part < n_all:
-        say(f"ledger: {n_part} of {n_all} cells of {group.label} fit ({measured})")
-        out.skipped.append(f"{n_all - n_part} of the {n_all} cells of {group.label}")
-    return list(parts)
+    say(f"ledger: {n_part} of {n_all} cells of {group.label} fit ({measured})")
+    out.skipped.append(f"{n_all - n_part} of the {n_all} cells of {group.label}")
+    return parts
 
 
 def _may_start(
