@@ -239,18 +239,20 @@ def lookup(rows: Sequence[Timing], method: str, dtype: str, device: str, members
     row = next((r for r in rows if (r.model, r.dtype, r.device) == (method, dtype, device)), None)
     if row is None:
         return math.inf, f"not measured on {device}"
-    points = sorted(row.seconds)
-    if members in row.seconds:
-        return row.seconds[members], "measured"
+    # a pack that cannot be graphed trains packed with eager steps: the engine's step there
+    seconds = {**row.eager_packed, **row.seconds}
+    points = sorted(seconds)
+    if members in seconds:
+        return seconds[members], "measured"
     below = [m for m in points if m < members]
     above = [m for m in points if m > members]
     if below and above:
         a, b = below[-1], above[0]
         w = (math.log(members) - math.log(a)) / (math.log(b) - math.log(a))
-        s = math.exp((1 - w) * math.log(row.seconds[a]) + w * math.log(row.seconds[b]))
+        s = math.exp((1 - w) * math.log(seconds[a]) + w * math.log(seconds[b]))
         return s, f"interpolated ×{a}–×{b}"
     k = below[-1] if below else above[0]
-    return row.seconds[k], f"extrapolated from ×{k}"
+    return seconds[k], f"extrapolated from ×{k}"
 
 
 def table_measure(rows: Sequence[Timing]):
@@ -324,6 +326,7 @@ def project(
             device="auto",
             cache_dir=Path(tmp),
             lanes=lanes,
+            workers=workers,
             measure=table_measure(rows),
             cuda_available=cuda,
             free_bytes=free_bytes,

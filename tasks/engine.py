@@ -29,11 +29,11 @@ It must be called inside a Prefect flow (it submits tasks to the flow's task run
 
 from __future__ import annotations
 
-import heapq
 import logging
 import threading
+import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -45,10 +45,18 @@ from prefect import get_run_logger
 from prefect.futures import PrefectFuture, as_completed
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from tasks.balance import GPU_LANES, PackOption, balance_devices, busy_seconds
 from tasks._workers import worker_pool_active, worker_processes, worker_threads
 from tasks.cell import CellRuntime, pack_key, stored_results
 from tasks.config import CellConfig, RunConfig
-from tasks.placement import Measure, cached_probe, gpu_pack_size, place_pack, split_evenly
+from tasks.placement import (
+    CpuProbesAhead,
+    Measure,
+    cached_probe,
+    gpu_pack_size,
+    place_pack,
+    split_evenly,
+)
 from tasks.prefect_tasks import PackFailed, pack_task, simulate_data_sets
 from tasks.progress import Display
 from tasks.results import CellResult
@@ -68,9 +76,6 @@ __all__ = [
     "run_cells",
     "stored_results",
 ]
-
-#: GPU packs training at once under ``--device auto`` (the other workers train CPU packs).
-GPU_LANES = 2
 
 #: The most cells one CPU pack holds (the packs on a machine without CUDA, or under
 #: ``--device cpu``): a constant, so that the packs, and hence the table, depend on the
@@ -135,6 +140,7 @@ def plan_packs(
     device: str,
     cache_dir: Path | None = None,
     lanes: int = GPU_LANES,
+    workers: int | None = None,
     measure: Measure | None = None,
     cuda_available: bool | None = None,
     free_bytes: int | None = None,
@@ -147,7 +153,11 @@ def plan_packs(
     under ``auto`` each pack then goes where :func:`tasks.placement.place_pack` measured it
     faster (the CPU side measured as it would run there: one by one for a model that prefers
     it, :func:`nltrain.prefers_one_by_one`; such a pack placed on the CPU is then split
-    into single cells, which spread over the workers). ``measure``/``cuda_available``/
+    into single cells, which spread over the workers; with the real probes, the CPU side of
+    each pack is measured in other processes while the GPU is probed:
+    :class:`tasks.placement.CpuProbesAhead`); given ``workers``, the packs then move
+    between the devices while that shortens the whole plan (:func:`_placed`: the GPU's packs
+    add up, the CPU's spread over the workers). ``measure``/``cuda_available``/
     ``free_bytes`` replace the probes, CUDA's presence and the free GPU memory (tests,
     projections).
     """
@@ -155,27 +165,50 @@ def plan_packs(
     if device == "cpu" or not has_cuda:  # ("cuda" without CUDA: each cell fails, saying so)
         return [(p, "cpu") for p in make_packs(cells, pack)]
 
-    def size(group: list[CellConfig]) -> int:
-        return gpu_pack_size(
-            group[0],
-            len(group),
-            lanes=lanes,
-            cache_dir=cache_dir,
-            measure=measure,
-            free_bytes=free_bytes,
-        )
+    # under auto the CPU side of each pack is measured in other processes meanwhile
+    ahead = CpuProbesAhead(cache_dir) if device == "auto" and measure is None else None
 
-    packs = make_packs(cells, pack, pack_size=size, device="cuda")
+    def size(group: list[CellConfig]) -> int:
+        most = gpu_pack_size(
+            group[0], len(group), lanes=lanes, cache_dir=cache_dir, measure=measure,
+            free_bytes=free_bytes,
+        )  # fmt: skip
+        for p in split_evenly(group, most) if ahead is not None else ():
+            ahead.submit(p[0], len(p))
+        return most
+
+    with ahead or nullcontext():
+        packs = make_packs(cells, pack, pack_size=size, device="cuda")
     if device == "cuda":
         return [(p, "cuda") for p in packs]
-    kw = {"cache_dir": cache_dir, "measure": measure, "cuda_available": True}
+    return _placed(packs, workers, lanes, cache_dir, measure)
+
+
+def _placed(
+    packs: list[list[CellConfig]],
+    workers: int | None,
+    lanes: int,
+    cache_dir: Path | None,
+    measure: Measure | None,
+) -> list[tuple[list[CellConfig], str]]:
+    """``packs`` under ``auto``: each on its faster device (:func:`tasks.placement.place_pack`),
+    then, given ``workers``, the plan that finishes first from there
+    (:func:`tasks.balance.balance_devices`); a pack placed on the CPU whose model trains one
+    by one there split into single cells."""
+    kw = {"cache_dir": cache_dir, "measure": measure}
+    where = [place_pack(p, "auto", cuda_available=True, **kw).type for p in packs]
+    split = [len(p) > 1 and not _packable(p[0], "cpu") for p in packs]
+    if workers is not None:
+        options = []
+        for p, one_by_one in zip(packs, split, strict=True):
+            probe, epochs = cached_probe(p[0], len(p), **kw), p[0].training.epochs
+            per_cell = probe["cpu"] * epochs
+            cpu = (per_cell,) * len(p) if one_by_one else (per_cell * len(p),)
+            options.append(PackOption(probe["cuda"] * len(p) * epochs, cpu))
+        where = balance_devices(options, where, workers, lanes)
     placed: list[tuple[list[CellConfig], str]] = []
-    for p in packs:
-        where = place_pack(p, "auto", **kw).type
-        if where == "cpu" and len(p) > 1 and not _packable(p[0], "cpu"):
-            placed += [([c], "cpu") for c in p]
-        else:
-            placed.append((p, where))
+    for p, d, one_by_one in zip(packs, where, split, strict=True):
+        placed += [([c], "cpu") for c in p] if d == "cpu" and one_by_one else [(p, d)]
     return placed
 
 
@@ -209,6 +242,7 @@ def estimate_packs(
             pack=ex.pack,
             device=ex.device,
             cache_dir=cache_dir,
+            workers=ex.max_workers,
             measure=measure,
             cuda_available=cuda_available,
             free_bytes=free_bytes,
@@ -218,23 +252,6 @@ def estimate_packs(
             probe = cached_probe(p[0], len(p), (where,), cache_dir=cache_dir, measure=measure)
             out.append(PackEstimate(tuple(p), where, probe[where] * len(p) * p[0].training.epochs))
     return out
-
-
-def busy_seconds(
-    packs: Iterable[tuple[str, float]], workers: int, lanes: int = GPU_LANES
-) -> tuple[float, float]:
-    """(GPU, CPU) busy seconds of ``packs`` (device, training seconds) run as :func:`run_cells`
-    runs them on ``workers`` workers: the GPU's packs add up (packs in several lanes share one
-    GPU by time slices, as the ledger's CUDA runs measured), the CPU's packs longest first, each
-    on the earliest free worker of those the GPU lanes leave."""
-    packs = list(packs)
-    gpu = [s for d, s in packs if d == "cuda"]
-    cpu = sorted((s for d, s in packs if d != "cuda"), reverse=True)
-    used_lanes = min(lanes, len(gpu), max(workers - 1, 1))
-    slots = [0.0] * max(1, workers - used_lanes if cpu else workers)
-    for s in cpu:
-        heapq.heapreplace(slots, slots[0] + s)
-    return sum(gpu), max(slots) if cpu else 0.0
 
 
 def in_lanes(
@@ -374,19 +391,27 @@ def _reused(
 def _plan(
     unique: list[CellConfig], n_reused: int, todo: list[CellConfig], runtime: CellRuntime
 ) -> list[tuple[list[CellConfig], str]]:
-    """:func:`plan_packs` of ``todo``, said in one log line."""
+    """:func:`plan_packs` of ``todo``, said in one log line (with the seconds the planning
+    took where it may measure: on a fresh GPU machine its probes take minutes)."""
+    t0 = time.perf_counter()
     with _torch_threads(runtime.cpu_threads()):  # probes run with the workers' thread count
         placed = plan_packs(
-            todo, pack=runtime.pack, device=runtime.device, cache_dir=runtime.cache_dir
+            todo,
+            pack=runtime.pack,
+            device=runtime.device,
+            cache_dir=runtime.cache_dir,
+            workers=runtime.max_workers,
         )
+    measured = runtime.device != "cpu" and torch.cuda.is_available()
     get_run_logger().info(
-        "%s: %d already finished (reused), %d to run in %s (%d on CUDA), "
+        "%s: %d already finished (reused), %d to run in %s (%d on CUDA%s), "
         "%d at a time; tracking at %s",
         plural(len(unique), "cell"),
         n_reused,
         len(todo),
         plural(len(placed), "pack"),
         sum(d == "cuda" for _, d in placed),
+        f"; planned in {time.perf_counter() - t0:.0f} s" if measured else "",
         runtime.max_workers,
         runtime.tracking.tracking_uri,
     )

@@ -24,10 +24,12 @@ import gc
 import hashlib
 import json
 import math
+import multiprocessing
 import os
 import platform
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +45,7 @@ __all__ = [
     "MAX_PACK_MEMBERS",
     "MEMORY_SHARE",
     "PROBE_EPOCHS",
+    "CpuProbesAhead",
     "Probe",
     "cached_probe",
     "cell_shapes",
@@ -307,6 +310,76 @@ def cached_probe(
                 new[f"{d}_bytes"] = probe.bytes_per_member
         _merge_write(path, {key: new})
     return {**entry, **new}
+
+
+def _init_probe_process(threads: int) -> None:
+    import nlmodels
+
+    nlmodels.set_up_numerics()  # the parent's CPU numerics (its environment is inherited)
+    torch.set_num_threads(threads)
+
+
+def _cpu_probe_seconds(cell: CellConfig, members: int) -> float:
+    return probe_pack(cell, torch.device("cpu"), members).seconds
+
+
+class CpuProbesAhead:
+    """CPU probes (:func:`probe_pack`) measured in spawned processes, one core each, while the
+    caller goes on probing the GPU; on leaving the block their results join the cache, where
+    :func:`cached_probe` then finds them.
+
+    On a GPU node the planning of a benchmark otherwise probes every kind of pack on the GPU
+    and then on one CPU core, one after another in one process, while the cores that will
+    train the CPU packs stand idle. A probe that fails in its process (or a process that dies)
+    leaves its entry out; :func:`cached_probe` measures it in-process as before. Probes run with
+    this process's torch thread count (part of the cache key), ``processes`` at once (default:
+    the usable cores less one, for the GPU probes); with fewer than two cores nothing is
+    measured ahead.
+    """
+
+    def __init__(self, cache_dir: Path | None = None, processes: int | None = None) -> None:
+        from tasks._workers import usable_cores
+
+        self._path = _cache_path(cache_dir)
+        self._processes = usable_cores() - 1 if processes is None else processes
+        self._pool: ProcessPoolExecutor | None = None
+        self._pending: dict[str, Future] = {}
+
+    def submit(self, cell: CellConfig, members: int) -> None:
+        """Measure a pack of ``members`` cells like ``cell`` on the CPU, unless it is cached or
+        already on its way."""
+        key = _probe_key(cell, members)
+        if self._processes < 1 or key in self._pending or "cpu" in _read(self._path).get(key, {}):
+            return
+        if self._pool is None:  # 'spawn': the caller has threads and may hold CUDA
+            self._pool = ProcessPoolExecutor(
+                self._processes,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_probe_process,
+                initargs=(torch.get_num_threads(),),
+            )
+        self._pending[key] = self._pool.submit(_cpu_probe_seconds, cell, members)
+
+    def __enter__(self) -> CpuProbesAhead:
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if self._pool is None:
+            return
+        if exc_type is not None:  # interrupted: nothing queued starts, nothing is waited for
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            return
+        measured = {}
+        for key, future in self._pending.items():
+            try:
+                seconds = future.result()
+            except Exception:  # measured again in-process by cached_probe
+                continue
+            if math.isfinite(seconds):
+                measured[key] = {"cpu": seconds}
+        self._pool.shutdown()
+        with _file_lock(self._path):
+            _merge_write(self._path, measured)
 
 
 def _has_cuda(cuda_available: bool | None) -> bool:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ from cells import tiny_cell
 
 from tasks.engine import in_lanes, make_packs, plan_packs
 from tasks.placement import (
+    CpuProbesAhead,
     Probe,
     cached_probe,
     gpu_pack_size,
@@ -464,3 +466,60 @@ def test_a_gpu_window_is_planned_by_the_ledgers_rules_from_a_checks_timings(tmp_
     assert first[1][:3] == ("node seeds 0,1,2,3,4 on " + ", ".join(MAIN_SYSTEMS), 0, 30)
     assert first[5][1:3] == (15, 30) and first[9.5][1:3] == (30, 30)
     assert first[9.5][3] == pytest.approx(2 * first[5][3])
+
+
+def _never_on_the_cpu(real=None):
+    """A probe for the planning process: the GPU side from ``real`` (or a stand-in timing of
+    100 s per cell-epoch), the CPU side never (it is to be measured ahead, elsewhere)."""
+
+    def measure(cell, device, members):
+        if device.type == "cpu":
+            raise AssertionError("a CPU probe ran in the planning process")
+        return real(cell, device, members) if real else Probe(100.0, 1000 * members)
+
+    return measure
+
+
+def test_cpu_probes_measured_ahead_in_other_processes_join_the_cache(tmp_path):
+    cells = [_cell(0), _cell(0, method="anode")]
+    with CpuProbesAhead(tmp_path, processes=2) as ahead:
+        for c in cells:
+            ahead.submit(c, 2)
+    for c in cells:  # found in the cache: measuring again would raise
+        entry = cached_probe(c, 2, ("cpu",), cache_dir=tmp_path, measure=_never_on_the_cpu())
+        assert 0 < entry["cpu"] < math.inf
+    # a pack of another size was not measured
+    with pytest.raises(AssertionError, match="planning process"):
+        cached_probe(cells[0], 3, ("cpu",), cache_dir=tmp_path, measure=_never_on_the_cpu())
+
+
+def test_auto_planning_measures_the_cpu_side_of_every_pack_ahead(tmp_path, monkeypatch):
+    # The planning process's probe (the module's, which the spawned processes do not share)
+    # only ever times the GPU, at a stand-in 100 s per cell-epoch: every pack still gets its
+    # real, far cheaper CPU time, measured ahead, and is placed there.
+    import tasks.placement as placement
+
+    monkeypatch.setattr(placement, "probe_pack", _never_on_the_cpu())
+    cells = [_cell(s) for s in range(3)] + [_cell(s, method="anode") for s in range(3)]
+    placed = plan_packs(
+        cells, pack=True, device="auto", cache_dir=tmp_path, cuda_available=True,
+        free_bytes=2**30,
+    )  # fmt: skip
+    assert sorted((p[0].method, len(p), d) for p, d in placed) == [
+        ("anode", 3, "cpu"),
+        ("node", 3, "cpu"),
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_auto_planning_on_cuda_probes_the_cpu_side_in_other_processes(tmp_path, monkeypatch):
+    import tasks.placement as placement
+
+    monkeypatch.setattr(placement, "probe_pack", _never_on_the_cpu(probe_pack))
+    cells = [_cell(s) for s in range(4)] + [_cell(s, method="nf_coupling") for s in range(4)]
+    placed = plan_packs(cells, pack=True, device="auto", cache_dir=tmp_path)
+    assert sorted(c.seed for p, _ in placed for c in p) == [0, 0, 1, 1, 2, 2, 3, 3]
+    # every pack placed with a CPU time measured ahead (in this process it would have raised)
+    entries = json.loads((tmp_path / "placement.json").read_text()).values()
+    assert sum(0 < e.get("cpu", 0) < math.inf for e in entries) >= 2
