@@ -45,8 +45,8 @@ from prefect import get_run_logger
 from prefect.futures import PrefectFuture, as_completed
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from tasks.balance import GPU_LANES, PackOption, balance_devices, busy_seconds
 from tasks._workers import worker_pool_active, worker_processes, worker_threads
+from tasks.balance import GPU_LANES, PackOption, balance_devices, busy_seconds
 from tasks.cell import CellRuntime, pack_key, stored_results
 from tasks.config import CellConfig, RunConfig
 from tasks.placement import (

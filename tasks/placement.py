@@ -313,7 +313,12 @@ def cached_probe(
 
 
 def _init_probe_process(threads: int) -> None:
+    import signal
+
     import nlmodels
+
+    # a terminal's Ctrl-C reaches the whole process group: the planning process stops the pool
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     nlmodels.set_up_numerics()  # the parent's CPU numerics (its environment is inherited)
     torch.set_num_threads(threads)

@@ -4,13 +4,17 @@ finishes first (GPU packs add up, CPU packs spread over the workers), from the p
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
+import torch
 from cells import tiny_cell
 
 from tasks.balance import MIN_GAIN, PackOption, balance_devices, busy_seconds
 from tasks.engine import plan_packs
 from tasks.placement import Probe
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _span(options, where, workers, lanes=2):
@@ -72,3 +76,22 @@ def test_auto_planning_given_the_workers_places_the_plan_not_the_pack(tmp_path):
     # on one worker the six cells would train one after another: the GPU pack stays
     one = plan_packs(cells, cache_dir=tmp_path, measure=measure, workers=1, **kw)
     assert [(len(p), d) for p, d in one] == [(6, "cuda")]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="--fake-cuda is for machines without CUDA")
+def test_the_planning_benchmark_times_both_ways_on_stand_in_gpu_probes(monkeypatch, capsys):
+    import tasks.engine as engine
+    import tasks.placement as placement
+
+    monkeypatch.syspath_prepend(str(ROOT))  # benchmarks/ is a folder of scripts
+    monkeypatch.setattr(placement, "probe_pack", placement.probe_pack)  # restored afterwards
+    monkeypatch.setattr(engine, "CpuProbesAhead", engine.CpuProbesAhead)
+    from benchmarks.planning_probes import main
+
+    argv = ["--fake-cuda", "--systems", "integro_de", "--methods", "node", "--seeds", "0", "1"]
+    assert main([*argv, "--workers", "2", "--compare"]) == 0
+    out = capsys.readouterr().out
+    # ahead: no CPU probe in the planning process; the baseline: the pack's one CPU probe there
+    assert "CPU probes ahead:\n  cuda: 0 probes in this process, 0.0 s\n  cpu: 0 probes" in out
+    assert "  cpu: 1 probes in this process" in out
+    assert "planning with the CPU probes ahead:" in out
