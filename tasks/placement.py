@@ -371,20 +371,33 @@ class CpuProbesAhead:
     def __exit__(self, exc_type, *exc) -> None:
         if self._pool is None:
             return
-        if exc_type is not None:  # interrupted: nothing queued starts, nothing is waited for
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        if exc_type is not None:
+            self._stop()
             return
         measured = {}
-        for key, future in self._pending.items():
-            try:
-                seconds = future.result()
-            except Exception:  # measured again in-process by cached_probe
-                continue
-            if math.isfinite(seconds):
-                measured[key] = {"cpu": seconds}
+        try:
+            for key, future in self._pending.items():
+                try:
+                    seconds = future.result()
+                except Exception:  # measured again in-process by cached_probe
+                    continue
+                if math.isfinite(seconds):
+                    measured[key] = {"cpu": seconds}
+        except BaseException:  # Ctrl-C while waiting for them
+            self._stop()
+            raise
         self._pool.shutdown()
         with _file_lock(self._path):
             _merge_write(self._path, measured)
+
+    def _stop(self) -> None:
+        """Interrupted: nothing queued starts, and the running probes end now (the pool would
+        otherwise let them finish, and the interpreter wait for them at exit)."""
+        assert self._pool is not None
+        processes = list(getattr(self._pool, "_processes", {}).values())
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.terminate()
 
 
 def _has_cuda(cuda_available: bool | None) -> bool:
