@@ -329,8 +329,8 @@ def _cpu_probe_seconds(cell: CellConfig, members: int) -> float:
 
 
 class CpuProbesAhead:
-    """CPU probes (:func:`probe_pack`) measured in spawned processes, one core each, while the
-    caller goes on probing the GPU; on leaving the block their results join the cache, where
+    """CPU probes (:func:`probe_pack`) measured in spawned processes while the caller goes on
+    probing the GPU; on leaving the block their results join the cache, where
     :func:`cached_probe` then finds them.
 
     On a GPU node the planning of a benchmark otherwise probes every kind of pack on the GPU
@@ -338,15 +338,16 @@ class CpuProbesAhead:
     train the CPU packs stand idle. A probe that fails in its process (or a process that dies)
     leaves its entry out; :func:`cached_probe` measures it in-process as before. Probes run with
     this process's torch thread count (part of the cache key), ``processes`` at once (default:
-    the usable cores less one, for the GPU probes); with fewer than two cores nothing is
-    measured ahead.
+    as many as the usable cores less one, kept for the GPU probes, hold at that thread count);
+    where that is none, nothing is measured ahead.
     """
 
     def __init__(self, cache_dir: Path | None = None, processes: int | None = None) -> None:
         from tasks._workers import usable_cores
 
         self._path = _cache_path(cache_dir)
-        self._processes = usable_cores() - 1 if processes is None else processes
+        spare = (usable_cores() - 1) // max(1, torch.get_num_threads())  # not oversubscribed
+        self._processes = spare if processes is None else processes
         self._pool: ProcessPoolExecutor | None = None
         self._pending: dict[str, Future] = {}
 
