@@ -13,6 +13,7 @@ from torch import nn
 
 import nlmodels.baselines  # noqa: F401  (registers the baselines)
 from nlmodels.baselines import NODE, CouplingFlow, LatentODE, ResNetFlow
+from nlmodels.baselines.neural_flows import TimeLinear, TimeTanh
 from nlmodels.model_registry import build_model
 
 torch.set_num_threads(1)
@@ -189,9 +190,10 @@ def test_gradcheck_node_euler_and_coupling_flow():
 # ---------------------------------------------------------------- flows
 
 
-def test_coupling_flow_is_exactly_invertible():
+@pytest.mark.parametrize("time_net", ["tanh", "linear"])
+def test_coupling_flow_is_exactly_invertible(time_net):
     torch.manual_seed(4)
-    flow = CouplingFlow(4).double()
+    flow = CouplingFlow(4, time_net=time_net).double()
     t = 3 * torch.randn(50, dtype=F64)
     x = torch.randn(50, 4, dtype=F64)
     y = flow(t, x)
@@ -199,13 +201,43 @@ def test_coupling_flow_is_exactly_invertible():
     assert (flow.inverse(t, y) - x).abs().max() < 1e-10
 
 
+@pytest.mark.parametrize("time_net", ["tanh", "linear"])
 @pytest.mark.parametrize("flow_cls", [CouplingFlow, ResNetFlow])
-def test_flows_are_identity_at_time_zero(flow_cls):
+def test_flows_are_identity_at_time_zero(flow_cls, time_net):
     torch.manual_seed(5)
-    flow = flow_cls(5).double()
+    flow = flow_cls(5, time_net=time_net).double()
     x = torch.randn(7, 3, 5, dtype=F64)
     assert torch.equal(flow(torch.zeros(7, 3, dtype=F64), x), x)
     assert (flow(torch.full((7, 3), 0.5, dtype=F64), x) - x).abs().max() > 1e-3
+
+
+def test_linear_time_functions_grow_where_tanh_saturates():
+    torch.manual_seed(7)
+    tanh, linear = TimeTanh(8).double(), TimeLinear(8).double()
+    linear.load_state_dict(tanh.state_dict())  # the same frequencies ω
+    t = torch.tensor([-3.0, 0.0, 0.5, 12.0, 20.0], dtype=F64)
+    omega_t = t.unsqueeze(-1) * tanh.freq
+    assert torch.equal(linear(t), omega_t) and torch.equal(tanh(t), torch.tanh(omega_t))
+    # over a forecast window far from t = 0 the tanh features barely move, the linear ones do
+    assert (tanh(t[4:]) - tanh(t[3:4])).abs().min() < 0.01
+    assert ((linear(t[4:]) - linear(t[3:4])) - 8 * tanh.freq).abs().max() < 1e-12
+
+
+def test_resnet_flow_with_linear_time_inverts_where_it_contracts():
+    torch.manual_seed(8)
+    flow = ResNetFlow(3, time_net="linear").double().eval()  # eval: no power iterations between
+    x = torch.randn(20, 3, dtype=F64)
+    t = torch.full((20,), 0.5, dtype=F64)  # |ω t| · c < 1 for the initial ω ≤ 1
+    y = flow(t, x)
+    assert (y - x).abs().max() > 1e-3
+    assert (flow.inverse(t, y) - x).abs().max() < 1e-10
+
+
+@pytest.mark.parametrize("method", ["nf_coupling", "nf_resnet"])
+def test_unknown_time_function_is_refused_by_name(method):
+    refusal = r"time_net must be one of \('tanh', 'linear'\), got 'relu'"
+    with pytest.raises(ValueError, match=refusal):
+        build_model(method, 2, time_net="relu")
 
 
 def _spectral_layers(model: nn.Module) -> list[nn.Linear]:

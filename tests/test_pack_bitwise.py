@@ -20,7 +20,7 @@ from datasets import SplitData
 from nlmodels import build_model
 from nltrain import TrainResult, seeded, train, train_packed
 from nltrain._member_products import MemberProducts
-from tasks.config import TrainConfig
+from tasks.config import TrainConfig, resolve_config
 
 # The quick profile's shapes (tasks/profiles/quick.yaml; 1-D and 2-D systems alike: 100
 # observed and 100 predicted points, batches of 32) and its models' default sizes; fewer
@@ -47,9 +47,9 @@ def _member(seed: int, t_end: float, n_train: int, dim: int) -> tuple[SplitData,
     return _split(100 + seed, n_train, **grid), _split(200 + seed, 20, **grid)
 
 
-def _model(name: str, seed: int, dim: int):
+def _model(name: str, seed: int, dim: int, options: dict | None = None):
     with seeded(seed):
-        return build_model(name, dim)
+        return build_model(name, dim, **(options or {}))
 
 
 def _same_bytes(a: tuple, b: tuple) -> None:
@@ -64,7 +64,14 @@ def _same_bytes(a: tuple, b: tuple) -> None:
         assert torch.equal(sa[name], sb[name]), name
 
 
-def _runs(name: str, epochs: int, n_train: int, grids=(3.0, 5.0, 2.0, 3.0), dim: int = 2):
+def _runs(
+    name: str,
+    epochs: int,
+    n_train: int,
+    grids=(3.0, 5.0, 2.0, 3.0),
+    dim: int = 2,
+    options: dict | None = None,
+):
     cfg = TrainConfig(epochs=epochs, **_QUICK)
     data = [_member(s, t_end, n_train, dim) for s, t_end in enumerate(grids)]
 
@@ -72,11 +79,11 @@ def _runs(name: str, epochs: int, n_train: int, grids=(3.0, 5.0, 2.0, 3.0), dim:
         """Member ``i``'s unpacked run, to compare with its result in a pack of
         ``packed_members`` (one: the pack trained it alone, by ``train``)."""
         step = "packed" if name in ONE_BY_ONE_ON_CPU and packed_members > 1 else "auto"
-        model = _model(name, i, dim)
+        model = _model(name, i, dim, options)
         return model, train(model, *data[i], cfg, seed=i, step=step)
 
     def packed(members: list[int]):
-        models = [_model(name, i, dim) for i in members]
+        models = [_model(name, i, dim, options) for i in members]
         results = train_packed(
             models,
             [data[i][0] for i in members],
@@ -89,8 +96,8 @@ def _runs(name: str, epochs: int, n_train: int, grids=(3.0, 5.0, 2.0, 3.0), dim:
     return alone, packed
 
 
-def _check_cross_system(name: str, dim: int) -> None:
-    alone, packed = _runs(name, epochs=2, n_train=64, dim=dim)
+def _check_cross_system(name: str, dim: int, options: dict | None = None) -> None:
+    alone, packed = _runs(name, epochs=2, n_train=64, dim=dim, options=options)
     full = packed([0, 1, 2])
     size = 1 if name == "latent_ode" else 3
     assert all(r.packed_members == size for _, r in full.values())
@@ -112,6 +119,12 @@ def test_a_cross_system_member_is_bitwise_its_unpacked_run(name):
     Packed Neural Laplace and Latent ODE members are compared with their pack of one (see
     ``ONE_BY_ONE_ON_CPU``); the Latent ODE's cross-system pack trains one pack per grid."""
     _check_cross_system(name, 2)
+
+
+@pytest.mark.parametrize("name", ["nf_coupling", "nf_resnet"])
+def test_the_paper_profiles_flows_pack_bitwise(name):
+    """The paper profile's Neural Flows (the reference's linear time functions) too."""
+    _check_cross_system(name, 2, dict(resolve_config("paper").models[name]))
 
 
 @pytest.mark.parametrize(

@@ -42,10 +42,13 @@ def test_profiles_set_their_sizes():
     assert epochs["latent_ode"] > epochs["nf_coupling"] == epochs["nf_resnet"]
     assert all(smoke.training.epochs < n < paper.training.epochs for n in epochs.values())
     assert len(paper.cells()) == 6 * 6 * 5
-    # the paper profile runs the Latent ODE as the reference code does; the others as published
+    # the paper profile runs the Latent ODE and the Neural Flows as the reference code does; the
+    # others, and the other profiles, as published
     reference = {"z0_time": "first_query", "kl_average": "latents"}
     assert dict(paper.models["latent_ode"]) == reference
-    assert "latent_ode" not in quick.models and "latent_ode" not in smoke.models
+    for flow in ("nf_coupling", "nf_resnet"):
+        assert dict(paper.models[flow]) == {"time_net": "linear"}
+    assert not {"latent_ode", "nf_coupling", "nf_resnet"} & {*quick.models, *smoke.models}
 
 
 def test_layers_apply_in_order(tmp_path):

@@ -9,6 +9,12 @@ gate φ(t) = tanh(ω t) with φ(0) = 0 — and are invertible in x for every fix
   tanh, |φ| < 1 and c < 1, so the update is a contraction in x and the layer is invertible
   (Behrmann et al., 2019); the inverse is the fixed point iteration.
 
+The time functions are :class:`TimeTanh` by default. ``time_net = "linear"`` takes
+:class:`TimeLinear` (φ(t) = ω t, unbounded) instead, as the paper's reference code builds both
+flows (stribor's ``TimeLinear``): tanh features saturate over a forecast window far from t = 0,
+so the flow can barely change along it. With it the ResNet flow's update is a contraction, and
+the layer invertible, only while |ω t| · c < 1.
+
 The forecasters pair a flow-evolved ODE-RNN encoder (the GRU hidden state is carried between
 observations by a flow instead of an ODE solve) with a latent flow decoder.
 """
@@ -18,7 +24,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
@@ -31,7 +37,10 @@ from nlmodels.baselines._mlp import mlp
 from nlmodels.baselines._solve import check_inputs, check_obs
 from nlmodels.model_registry import register_model
 
-__all__ = ["CouplingFlow", "NFCoupling", "NFResNet", "ResNetFlow", "TimeTanh"]
+__all__ = ["CouplingFlow", "NFCoupling", "NFResNet", "ResNetFlow", "TimeLinear", "TimeTanh"]
+
+#: The time functions φ of the flows' layers (see the module's docstring).
+TimeNet = Literal["tanh", "linear"]
 
 
 class TimeTanh(nn.Module):
@@ -48,6 +57,24 @@ class TimeTanh(nn.Module):
         return torch.tanh(t.unsqueeze(-1) * self.freq)
 
 
+class TimeLinear(TimeTanh):
+    """Time embedding ``ω t`` (stribor's ``TimeLinear``): vanishes at t = 0, unbounded; the
+    frequencies start as :class:`TimeTanh`'s."""
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        """``t [...]`` → ``[..., width]``."""
+        return t.unsqueeze(-1) * self.freq
+
+
+TIME_NETS: dict[str, type[TimeTanh]] = {"tanh": TimeTanh, "linear": TimeLinear}
+
+
+def _time_net(name: str) -> type[TimeTanh]:
+    if name not in TIME_NETS:
+        raise ValueError(f"time_net must be one of {get_args(TimeNet)}, got {name!r}")
+    return TIME_NETS[name]
+
+
 def _check_time(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     t = t.to(x)
     if t.shape != x.shape[:-1]:
@@ -56,11 +83,18 @@ def _check_time(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 class _CouplingLayer(nn.Module):
-    def __init__(self, dim: int, hidden: Sequence[int], time_width: int, mask: torch.Tensor):
+    def __init__(
+        self,
+        dim: int,
+        hidden: Sequence[int],
+        time_width: int,
+        mask: torch.Tensor,
+        time_net: TimeNet = "tanh",
+    ):
         super().__init__()
         self.register_buffer("mask", mask)
-        self.embed = TimeTanh(time_width)
-        self.gate = TimeTanh(2 * dim)
+        self.embed = _time_net(time_net)(time_width)
+        self.gate = _time_net(time_net)(2 * dim)
         self.net = mlp(dim + time_width, hidden, 2 * dim)
 
     def _affine(self, t: torch.Tensor, kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,11 +114,18 @@ class _CouplingLayer(nn.Module):
 
 
 class _ResNetLayer(nn.Module):
-    def __init__(self, dim: int, hidden: Sequence[int], time_width: int, lipschitz: float):
+    def __init__(
+        self,
+        dim: int,
+        hidden: Sequence[int],
+        time_width: int,
+        lipschitz: float,
+        time_net: TimeNet = "tanh",
+    ):
         super().__init__()
         self.lipschitz = float(lipschitz)
-        self.embed = TimeTanh(time_width)
-        self.gate = TimeTanh(dim)
+        self.embed = _time_net(time_net)(time_width)
+        self.gate = _time_net(time_net)(dim)
         self.net = mlp(dim + time_width, hidden, dim, wrap=spectral_norm)
 
     def residual(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -122,12 +163,19 @@ class CouplingFlow(_Flow):
     """Continuous-time affine coupling flow (Biloš et al., 2021); halves alternate per layer."""
 
     def __init__(
-        self, dim: int, *, layers: int = 2, hidden: Sequence[int] = (31, 31), time_width: int = 8
+        self,
+        dim: int,
+        *,
+        layers: int = 2,
+        hidden: Sequence[int] = (31, 31),
+        time_width: int = 8,
+        time_net: TimeNet = "tanh",
     ) -> None:
         super().__init__()
+        _time_net(time_net)
         idx = torch.arange(dim)
         self.layers = nn.ModuleList(
-            _CouplingLayer(dim, hidden, time_width, ((idx + k) % 2 == 0).float())
+            _CouplingLayer(dim, hidden, time_width, ((idx + k) % 2 == 0).float(), time_net)
             for k in range(layers)
         )
 
@@ -143,12 +191,14 @@ class ResNetFlow(_Flow):
         hidden: Sequence[int] = (26, 26),
         time_width: int = 8,
         lipschitz: float = 0.9,
+        time_net: TimeNet = "tanh",
     ) -> None:
         super().__init__()
         if not 0 < lipschitz < 1:
             raise ValueError(f"lipschitz must lie in (0, 1) for invertibility, got {lipschitz}")
+        _time_net(time_net)
         self.layers = nn.ModuleList(
-            _ResNetLayer(dim, hidden, time_width, lipschitz) for _ in range(layers)
+            _ResNetLayer(dim, hidden, time_width, lipschitz, time_net) for _ in range(layers)
         )
 
 
@@ -163,7 +213,8 @@ class _NeuralFlowForecaster(ForecastModel):
     The ODE-RNN encoder (Rubanova et al., 2019) carries its GRU state between observations with a
     flow over the hidden state and yields the latent z₀ at the first observed time; the latent
     flow gives z(t) = F(t − t₀, z₀) at every query time in one evaluation, and a linear layer
-    decodes z to the state. Trained by MSE. NFE counts flow evaluations.
+    decodes z to the state. Trained by MSE. NFE counts flow evaluations. ``time_net`` picks
+    the flows' time functions (see the module's docstring).
     """
 
     flow_kind = ""
@@ -177,11 +228,12 @@ class _NeuralFlowForecaster(ForecastModel):
         hidden: Sequence[int] = (31, 31),
         flow_layers: int = 2,
         time_width: int = 8,
+        time_net: TimeNet = "tanh",
     ) -> None:
         super().__init__()
         self.state_dim, self.latent_dim = int(state_dim), int(latent_dim)
         flow = FLOWS[self.flow_kind]
-        sizes = dict(layers=flow_layers, hidden=hidden, time_width=time_width)
+        sizes = dict(layers=flow_layers, hidden=hidden, time_width=time_width, time_net=time_net)
         self.encoder = ODERNNEncoder(state_dim, encoder_units, self.latent_dim)
         self.hidden_flow = flow(encoder_units, **sizes)
         self.latent_flow = flow(self.latent_dim, **sizes)
