@@ -181,7 +181,8 @@ class CouplingFlow(_Flow):
 
 
 class ResNetFlow(_Flow):
-    """Invertible ResNet flow (Biloš et al., 2021); each update is ``lipschitz``-Lipschitz in x."""
+    """Invertible ResNet flow (Biloš et al., 2021); each update is ``lipschitz``-Lipschitz in x
+    (with linear time functions, times |ω t|: see the module's docstring)."""
 
     def __init__(
         self,
