@@ -12,7 +12,6 @@ without loading torch, MLflow or Prefect.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -132,7 +131,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         type=int,
         default=19,
         metavar="N",
-        help="CPU niceness added to this command's (default: 19; 0 keeps it)",
+        help="CPU niceness added to this command's (default: 19; 0 keeps it); in a session "
+        "of its own (setsid) its Linux autogroup's too, so that it yields to other sessions",
     )
     cli.add_runner_options(training)
 
@@ -285,7 +285,11 @@ def _train(args: argparse.Namespace) -> int:
     from flows.ledger import run_ledger
 
     if args.nice:  # the command's choice: its workers inherit it
-        os.nice(args.nice)
+        from tasks.priority import lower_priority
+
+        hint = lower_priority(args.nice).hint()
+        if hint:
+            print(f"nllab ledger: {hint}", file=sys.stderr)
     path = _ledger_path(args)
     _scope(args)  # a --seeds outside the profile's: a usage error before anything starts
     limit = args.max_minutes * 60 if args.max_minutes else None

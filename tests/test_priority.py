@@ -1,0 +1,100 @@
+"""Low priority against other sessions: the session's autogroup is raised only where the
+session holds nothing but the run (and what started it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tasks.priority import lower_session_group
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _proc(tmp_path: Path, processes: dict[int, tuple[str, int, int]], enabled: str = "1") -> Path:
+    """A process table: pid → (name, parent pid, session id); each with an autogroup file."""
+    proc = tmp_path / "proc"
+    (proc / "sys/kernel").mkdir(parents=True)
+    (proc / "sys/kernel/sched_autogroup_enabled").write_text(f"{enabled}\n")
+    for pid, (name, ppid, session) in processes.items():
+        (proc / str(pid)).mkdir()
+        (proc / str(pid) / "stat").write_text(f"{pid} ({name}) S {ppid} {pid} {session} 0 -1\n")
+        (proc / str(pid) / "autogroup").write_text(f"/autogroup-{session} nice 0\n")
+    (proc / "self").mkdir()  # entries that are not processes are skipped
+    return proc
+
+
+# a launching shell (the session's leader), the run, its worker; another session's process
+SCRIPTED = {100: ("sh", 1, 100), 200: ("python (nllab) x", 100, 100), 201: ("w", 200, 100)}
+OTHER_SESSION = {300: ("pytest", 1, 300)}
+
+
+def test_a_session_of_its_own_has_its_group_lowered(tmp_path):
+    proc = _proc(tmp_path, SCRIPTED | OTHER_SESSION)
+    change = lower_session_group(19, proc=proc, pid=200)
+    assert (change.group, change.group_nice) == ("raised", 19)
+    assert (proc / "200/autogroup").read_text() == "19\n"
+    assert change.hint() is None
+
+
+def test_a_shared_session_keeps_its_group_and_says_so(tmp_path):
+    # another job of the same terminal (not the run's ancestor or descendant)
+    proc = _proc(tmp_path, SCRIPTED | OTHER_SESSION | {150: ("make test", 100, 100)})
+    change = lower_session_group(19, proc=proc, pid=200)
+    assert change.group == "shared"
+    assert (proc / "200/autogroup").read_text() == "/autogroup-100 nice 0\n"
+    assert "setsid" in change.hint()
+
+
+@pytest.mark.parametrize(("enabled", "nice"), [("0", 19), ("1", 0)])
+def test_nothing_to_raise_without_autogroup_or_niceness(tmp_path, enabled, nice):
+    proc = _proc(tmp_path, SCRIPTED, enabled=enabled)
+    assert lower_session_group(nice, proc=proc, pid=200).group == "none"
+    assert (proc / "200/autogroup").read_text() == "/autogroup-100 nice 0\n"
+
+
+def test_the_group_is_raised_by_the_niceness_and_never_past_19(tmp_path):
+    proc = _proc(tmp_path, SCRIPTED)
+    (proc / "200/autogroup").write_text("/autogroup-100 nice 15\n")
+    assert lower_session_group(10, proc=proc, pid=200).group_nice == 19
+
+
+def _autogroup_on() -> bool:
+    try:
+        on = Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+        return on and Path("/proc/self/autogroup").exists()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _autogroup_on(), reason="no Linux autogroup scheduling here")
+def test_on_this_kernel_a_run_in_its_own_session_lowers_its_group():
+    probe = (
+        "import os; from tasks.priority import lower_priority; c = lower_priority(5); "
+        "print(c.group, c.group_nice, os.getpriority(os.PRIO_PROCESS, 0), "
+        "open('/proc/self/autogroup').read().split()[-1])"
+    )
+    before = int(Path("/proc/self/autogroup").read_text().split()[-1])
+    # a sibling in this session, so that the child started in it never finds it its own
+    sibling = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for own_session, expected in ((True, "raised"), (False, "shared")):
+            out = subprocess.run(
+                [sys.executable, "-c", probe],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                check=True,
+                start_new_session=own_session,
+            ).stdout.split()
+            assert out[0] == expected, out
+            if own_session:  # the child's new group; its own niceness raised as well
+                assert int(out[1]) == int(out[3]) == 5 and int(out[2]) >= 5
+    finally:
+        sibling.kill()
+        sibling.wait()
+    # the test's own session (shared with pytest and its workers) was left alone
+    assert int(Path("/proc/self/autogroup").read_text().split()[-1]) == before
