@@ -312,13 +312,20 @@ def cached_probe(
     return {**entry, **new}
 
 
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def _init_probe_process(threads: int) -> None:
     import signal
 
     import nlmodels
 
-    # a terminal's Ctrl-C reaches the whole process group: the planning process stops the pool
+    # a terminal's Ctrl-C reaches the whole process group: the planning process stops the pool,
+    # ending each probe by SIGTERM, on which it exits as Python does (its exit handlers
+    # release what it registered with the shared resource tracker)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_term)
 
     nlmodels.set_up_numerics()  # the parent's CPU numerics (its environment is inherited)
     torch.set_num_threads(threads)
@@ -399,6 +406,11 @@ class CpuProbesAhead:
         self._pool.shutdown(wait=False, cancel_futures=True)
         for process in processes:
             process.terminate()
+        for process in processes:
+            process.join(5)
+            if process.is_alive():  # stuck where SIGTERM waits: not worth the user's wait
+                process.kill()
+                process.join()
 
 
 def _has_cuda(cuda_available: bool | None) -> bool:

@@ -523,3 +523,46 @@ def test_auto_planning_on_cuda_probes_the_cpu_side_in_other_processes(tmp_path, 
     # every pack placed with a CPU time measured ahead (in this process it would have raised)
     entries = json.loads((tmp_path / "placement.json").read_text()).values()
     assert sum(0 < e.get("cpu", 0) < math.inf for e in entries) >= 2
+
+
+_PROBING_WHEN_STOPPED = textwrap.dedent(
+    """
+    import sys, time
+    from tasks.config import resolve_config
+    from tasks.placement import CpuProbesAhead
+    cell = next(c for c in resolve_config("paper").cells() if c.method == "latent_ode")
+    with CpuProbesAhead(sys.argv[1], processes=1) as ahead:
+        ahead.submit(cell, 64)  # a pack that measures for many seconds
+        time.sleep(8)  # its process is up and measuring
+        print("waiting for the probe", flush=True)
+    """
+)
+
+
+def test_ctrl_c_while_waiting_for_probes_ends_them_cleanly(tmp_path):
+    """The probe processes end on the planning's Ctrl-C, within seconds, releasing what they
+    hold: no semaphore reported leaked by the resource tracker at exit."""
+    import os
+    import signal
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _PROBING_WHEN_STOPPED, str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert proc.stdout.readline().strip() == "waiting for the probe"
+    time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    start = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - start < 10
+    assert proc.returncode in (-signal.SIGINT, 128 + signal.SIGINT), err
+    assert "KeyboardInterrupt" in err and "leaked semaphore" not in err, err
+    assert (
+        not (tmp_path / "placement.json").exists()
+        or "cpu" not in (tmp_path / "placement.json").read_text()
+    )  # nothing half-measured was cached
