@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import textwrap
@@ -61,7 +62,7 @@ def test_the_cache_keeps_every_entry_under_concurrent_writers(tmp_path):
         subprocess.Popen(
             [sys.executable, "-c", script, str(p), str(start), str(tmp_path)],
             cwd=ROOT,
-            env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
         for p in range(n_proc)
     ]
@@ -493,10 +494,22 @@ def test_cpu_probes_measured_ahead_in_other_processes_join_the_cache(tmp_path):
         cached_probe(cells[0], 3, ("cpu",), cache_dir=tmp_path, measure=_never_on_the_cpu())
 
 
-def test_auto_planning_measures_the_cpu_side_of_every_pack_ahead(tmp_path, monkeypatch):
+@pytest.fixture
+def one_torch_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a core besides the planning's")
+def test_auto_planning_measures_the_cpu_side_of_every_pack_ahead(
+    tmp_path, monkeypatch, one_torch_thread
+):
     # The planning process's probe (the module's, which the spawned processes do not share)
     # only ever times the GPU, at a stand-in 100 s per cell-epoch: every pack still gets its
-    # real, far cheaper CPU time, measured ahead, and is placed there.
+    # real, far cheaper CPU time, measured ahead (one thread each, on the cores the planning
+    # leaves), and is placed there.
     import tasks.placement as placement
 
     monkeypatch.setattr(placement, "probe_pack", _never_on_the_cpu())
@@ -542,7 +555,6 @@ _PROBING_WHEN_STOPPED = textwrap.dedent(
 def test_ctrl_c_while_waiting_for_probes_ends_them_cleanly(tmp_path):
     """The probe processes end on the planning's Ctrl-C, within seconds, releasing what they
     hold: no semaphore reported leaked by the resource tracker at exit."""
-    import os
     import signal
 
     proc = subprocess.Popen(
