@@ -21,16 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tasks.config import MAIN_SYSTEMS
+
 TIME_NETS = ("tanh", "linear")
 METHODS = ("nf_coupling", "nf_resnet")
-SYSTEMS = (
-    "spiral_dde",
-    "lotka_volterra_dde",
-    "mackey_glass_dde",
-    "stiff_van_der_pol",
-    "piecewise_forcing_ode",
-    "integro_de",
-)
 
 
 def scores(method: str, systems: tuple[str, ...], epochs: int, seed: int) -> list[float]:
@@ -70,7 +64,7 @@ def scores(method: str, systems: tuple[str, ...], epochs: int, seed: int) -> lis
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--epochs", type=int, default=40, help="epochs per run (fixed)")
-    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), help="paper systems")
+    parser.add_argument("--systems", nargs="+", default=list(MAIN_SYSTEMS), help="paper systems")
     parser.add_argument("--seed", type=int, default=0, help="the paper profile's seed")
     parser.add_argument("--record", action="store_true", help="write results/measurements/")
     args = parser.parse_args()
