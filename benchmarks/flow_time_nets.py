@@ -1,12 +1,13 @@
-"""The Neural Flows' time functions: tanh (Biloš et al.'s bounded φ) against linear (the paper's
-reference code, stribor's ``TimeLinear``), on the paper profile's own cells at a short budget.
+"""The Neural Flows' time functions, tanh against linear, on the paper profile's own cells.
 
-Each (system, model) is trained from the same initial weights with either time function
-(``time_net``; everything else the paper profile's cell: its data, split, normalisation and
-protocol, seed 0), for a fixed number of epochs, and scored on its test split (the best
-validation epoch's weights, as the ledger scores). The runs of one model train as one pack
-(bitwise their unpacked runs, ``tests/test_pack_bitwise.py``), the two models in two processes.
-A short budget says which way the choice goes, not the full-budget figure (the ledger's).
+Tanh is Biloš et al.'s bounded φ; linear is the paper's reference code's (stribor's
+``TimeLinear``). Each (system, model) is trained from the same initial weights with either
+time function (``time_net``; everything else the paper profile's cell: its data, split,
+normalisation and protocol, seed 0), for a fixed number of epochs, and scored on its test split
+(the best validation epoch's weights, as the ledger scores). The runs of one model train as one
+pack (bitwise their unpacked runs, ``tests/test_pack_bitwise.py``), the two models in two
+processes. A short budget says which way the choice goes, not the full-budget figure (the
+ledger's).
 
     PYTHONPATH=. python benchmarks/flow_time_nets.py [--epochs 40] [--systems ...] [--record]
 """
@@ -70,6 +71,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.epochs < 1:
         parser.error(f"--epochs must be >= 1, got {args.epochs}")
+    unknown = sorted(set(args.systems) - set(MAIN_SYSTEMS))
+    if unknown:
+        parser.error(f"not a system of the paper's table: {', '.join(unknown)}")
+    if not 0 <= args.seed <= 4:
+        parser.error(f"--seed must be one of the paper profile's seeds 0-4, got {args.seed}")
     systems = tuple(args.systems)
     spawn = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(len(METHODS), mp_context=spawn) as pool:
