@@ -4,16 +4,18 @@
 scheduling (``/proc/sys/kernel/sched_autogroup_enabled``, on by default in the common
 distribution kernels) each session is a group of its own, and the groups share the CPU as
 equals (sched(7), "The autogroup feature"): a run at nice 19 started in its own session
-(``setsid``, ``nohup`` from a script, a tmux window, cron) takes half of a busy two-core
-machine from a test suite in another terminal. The group's own nice
+(``setsid``, a tmux window, cron, a systemd unit) takes half of a busy two-core machine from
+a test suite in another terminal. The group's own nice
 (``/proc/<pid>/autogroup``) is what ranks the groups, so :func:`lower_priority` raises it too,
 where the session holds nothing but this process, its children and the processes that
 started it (a launching shell waiting for it): in a terminal where other jobs run it leaves
-the group alone, since that would lower them as well.
+the group alone, since that would lower them as well. The group outlives the run where the
+session does (a terminal's shell), so :meth:`PriorityChange.restore` puts its niceness back.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +29,26 @@ PROC = Path("/proc")
 class PriorityChange:
     """What :func:`lower_priority` did: ``nice`` the process's niceness after it; ``group``
     ``"raised"`` (the session's autogroup niceness raised to ``group_nice``), ``"shared"``
-    (left: other processes share the session), or ``"none"`` (no autogroup scheduling here)."""
+    (left: other processes share the session), or ``"none"`` (no autogroup scheduling here);
+    ``group_before`` the group's niceness before."""
 
     nice: int
     group: str
     group_nice: int | None = None
+    group_before: int | None = None
+    #: the autogroup file changed (None where none was)
+    group_file: Path | None = None
+
+    def restore(self) -> None:
+        """Put the session group's niceness back (a lower value than now is allowed where it
+        is not negative), unless somebody has changed it since; nothing where none was raised."""
+        if self.group_file is None or self.group_before is None:
+            return
+        try:
+            if _group_nice(self.group_file) == self.group_nice:
+                self.group_file.write_text(f"{self.group_before}\n")
+        except (OSError, ValueError, IndexError):
+            pass
 
     def hint(self) -> str | None:
         """A line for the user where other sessions still compete as equals."""
@@ -81,16 +98,20 @@ def _alone_in_session(proc: Path, pid: int) -> bool:
     return True
 
 
-def _raise_group(proc: Path, pid: int, nice: int) -> int | None:
-    """Raise ``pid``'s autogroup niceness by ``nice`` (at most 19); the new value, or None
-    where the file refuses."""
+def _group_nice(path: Path) -> int:
+    """The niceness in an autogroup file (``/autogroup-25 nice 0``: its last word)."""
+    return int(path.read_text().split()[-1])
+
+
+def _raise_group(path: Path, nice: int) -> tuple[int, int] | None:
+    """Raise the autogroup niceness in ``path`` by ``nice`` (at most 19): (before, after), or
+    None where the file refuses."""
     try:
-        path = proc / str(pid) / "autogroup"
-        current = int(path.read_text().split("nice")[1])
-        target = min(19, current + nice)
-        if target > current:
+        before = _group_nice(path)
+        target = min(19, before + nice)
+        if target > before:
             path.write_text(f"{target}\n")
-        return target
+        return before, target
     except (OSError, ValueError, IndexError):
         return None
 
@@ -110,8 +131,11 @@ def lower_session_group(nice: int, *, proc: Path = PROC, pid: int | None = None)
         return PriorityChange(current, "none")
     if not _alone_in_session(proc, own):
         return PriorityChange(current, "shared")
-    group = _raise_group(proc, own, nice)
-    return PriorityChange(current, "none" if group is None else "raised", group)
+    path = proc / str(own) / "autogroup"
+    raised = _raise_group(path, nice)
+    if raised is None:
+        return PriorityChange(current, "none")
+    return PriorityChange(current, "raised", raised[1], raised[0], path)
 
 
 def lower_priority(nice: int) -> PriorityChange:
@@ -119,5 +143,4 @@ def lower_priority(nice: int) -> PriorityChange:
     would not make it yield to other sessions, to its session group's
     (:func:`lower_session_group`)."""
     value = os.nice(nice)
-    change = lower_session_group(nice)
-    return PriorityChange(value, change.group, change.group_nice)
+    return dataclasses.replace(lower_session_group(nice), nice=value)

@@ -32,12 +32,22 @@ SCRIPTED = {100: ("sh", 1, 100), 200: ("python (nllab) x", 100, 100), 201: ("w",
 OTHER_SESSION = {300: ("pytest", 1, 300)}
 
 
-def test_a_session_of_its_own_has_its_group_lowered(tmp_path):
+def test_a_session_of_its_own_has_its_group_lowered_and_then_restored(tmp_path):
     proc = _proc(tmp_path, SCRIPTED | OTHER_SESSION)
     change = lower_session_group(19, proc=proc, pid=200)
-    assert (change.group, change.group_nice) == ("raised", 19)
+    assert (change.group, change.group_nice, change.group_before) == ("raised", 19, 0)
     assert (proc / "200/autogroup").read_text() == "19\n"
     assert change.hint() is None
+    change.restore()  # a terminal's shell keeps the group after the run
+    assert (proc / "200/autogroup").read_text() == "0\n"
+
+
+def test_a_group_changed_by_somebody_else_meanwhile_is_not_restored(tmp_path):
+    proc = _proc(tmp_path, SCRIPTED)
+    change = lower_session_group(10, proc=proc, pid=200)
+    (proc / "200/autogroup").write_text("/autogroup-100 nice 5\n")
+    change.restore()
+    assert (proc / "200/autogroup").read_text() == "/autogroup-100 nice 5\n"
 
 
 def test_a_shared_session_keeps_its_group_and_says_so(tmp_path):
@@ -47,6 +57,8 @@ def test_a_shared_session_keeps_its_group_and_says_so(tmp_path):
     assert change.group == "shared"
     assert (proc / "200/autogroup").read_text() == "/autogroup-100 nice 0\n"
     assert "setsid" in change.hint()
+    change.restore()  # nothing was raised: nothing to put back
+    assert (proc / "200/autogroup").read_text() == "/autogroup-100 nice 0\n"
 
 
 @pytest.mark.parametrize(("enabled", "nice"), [("0", 19), ("1", 0)])
@@ -74,8 +86,9 @@ def _autogroup_on() -> bool:
 def test_on_this_kernel_a_run_in_its_own_session_lowers_its_group():
     probe = (
         "import os; from tasks.priority import lower_priority; c = lower_priority(5); "
-        "print(c.group, c.group_nice, os.getpriority(os.PRIO_PROCESS, 0), "
-        "open('/proc/self/autogroup').read().split()[-1])"
+        "g = lambda: open('/proc/self/autogroup').read().split()[-1]; lowered = g(); "
+        "c.restore(); print(c.group, c.group_nice, os.getpriority(os.PRIO_PROCESS, 0), "
+        "lowered, g())"
     )
     before = int(Path("/proc/self/autogroup").read_text().split()[-1])
     # a sibling in this session, so that the child started in it never finds it its own
@@ -91,8 +104,9 @@ def test_on_this_kernel_a_run_in_its_own_session_lowers_its_group():
                 start_new_session=own_session,
             ).stdout.split()
             assert out[0] == expected, out
-            if own_session:  # the child's new group; its own niceness raised as well
+            if own_session:  # the child's new group, then restored; its own niceness too
                 assert int(out[1]) == int(out[3]) == 5 and int(out[2]) >= 5
+                assert int(out[4]) == 0
     finally:
         sibling.kill()
         sibling.wait()

@@ -282,14 +282,24 @@ def _execution(args: argparse.Namespace) -> dict:
 
 
 def _train(args: argparse.Namespace) -> int:
+    if not args.nice:
+        return _train_cells(args)
+    from tasks.priority import lower_priority
+
+    # the command's choice: its workers inherit it; a terminal's session group gets its own
+    # niceness back when the run ends
+    change = lower_priority(args.nice)
+    if change.hint():
+        print(f"nllab ledger: {change.hint()}", file=sys.stderr)
+    try:
+        return _train_cells(args)
+    finally:
+        change.restore()
+
+
+def _train_cells(args: argparse.Namespace) -> int:
     from flows.ledger import run_ledger
 
-    if args.nice:  # the command's choice: its workers inherit it
-        from tasks.priority import lower_priority
-
-        hint = lower_priority(args.nice).hint()
-        if hint:
-            print(f"nllab ledger: {hint}", file=sys.stderr)
     path = _ledger_path(args)
     _scope(args)  # a --seeds outside the profile's: a usage error before anything starts
     limit = args.max_minutes * 60 if args.max_minutes else None
