@@ -43,8 +43,8 @@ __all__ = ["CouplingFlow", "NFCoupling", "NFResNet", "ResNetFlow", "TimeLinear",
 TimeNet = Literal["tanh", "linear"]
 
 
-class TimeTanh(nn.Module):
-    """Time embedding ``tanh(ω t)`` of a given width: vanishes at t = 0, bounded by 1."""
+class _TimeEmbedding(nn.Module):
+    """A time function of a given width with learnt frequencies ω, zero at t = 0."""
 
     def __init__(self, width: int, max_freq: float = 1.0) -> None:
         super().__init__()
@@ -52,12 +52,16 @@ class TimeTanh(nn.Module):
         start = math.log(max_freq / 10) if width > 1 else math.log(max_freq)
         self.freq = nn.Parameter(torch.logspace(start, math.log(max_freq), width, base=math.e))
 
+
+class TimeTanh(_TimeEmbedding):
+    """Time embedding ``tanh(ω t)`` of a given width: vanishes at t = 0, bounded by 1."""
+
     def forward(self, t: torch.Tensor) -> torch.Tensor:
         """``t [...]`` → ``[..., width]``."""
         return torch.tanh(t.unsqueeze(-1) * self.freq)
 
 
-class TimeLinear(TimeTanh):
+class TimeLinear(_TimeEmbedding):
     """Time embedding ``ω t`` (stribor's ``TimeLinear``): vanishes at t = 0, unbounded; the
     frequencies start as :class:`TimeTanh`'s."""
 
@@ -66,10 +70,10 @@ class TimeLinear(TimeTanh):
         return t.unsqueeze(-1) * self.freq
 
 
-TIME_NETS: dict[str, type[TimeTanh]] = {"tanh": TimeTanh, "linear": TimeLinear}
+TIME_NETS: dict[str, type[_TimeEmbedding]] = {"tanh": TimeTanh, "linear": TimeLinear}
 
 
-def _time_net(name: str) -> type[TimeTanh]:
+def _time_net(name: str) -> type[_TimeEmbedding]:
     if name not in TIME_NETS:
         raise ValueError(f"time_net must be one of {get_args(TimeNet)}, got {name!r}")
     return TIME_NETS[name]
