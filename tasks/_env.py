@@ -49,6 +49,18 @@ class _NoServerHowTo(logging.Filter):
 _SERVER_NOTICE = _NoServerHowTo()
 
 
+class _NoDrainProgress(logging.Filter):
+    """Prefect's events worker counting down the events it still sends while the process
+    exits ("Still processing items: N items remaining..."): after a command's last line (an
+    interrupted run's included) it says nothing a user can act on. Its other warnings stay."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith("Still processing"))
+
+
+_DRAIN_PROGRESS = _NoDrainProgress()
+
+
 def configure_environment() -> None:
     """Apply offline switches, ``mlflow.env`` (environment variables win) and Prefect defaults."""
     os.environ.update(_OFFLINE)
@@ -80,3 +92,7 @@ def configure_environment() -> None:
     prefect_logger = logging.getLogger("prefect")
     if _SERVER_NOTICE not in prefect_logger.filters:
         prefect_logger.addFilter(_SERVER_NOTICE)
+    # Prefect's queue services log under their class names, outside its "prefect" tree.
+    events_logger = logging.getLogger("EventsWorker")
+    if _DRAIN_PROGRESS not in events_logger.filters:
+        events_logger.addFilter(_DRAIN_PROGRESS)

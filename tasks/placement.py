@@ -27,10 +27,8 @@ import math
 import multiprocessing
 import os
 import platform
-import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +36,7 @@ import numpy as np
 import torch
 
 from nltrain import TrainResult, seeded, select_device
-from tasks._filelock import exclusive
+from tasks._probe_cache import locked, merge_entries, read_entries
 from tasks.config import CellConfig
 
 __all__ = [
@@ -66,7 +64,6 @@ MAX_PACK_MEMBERS = 64
 MEMORY_SHARE = 0.5
 #: A smaller pack is chosen only when it is measured this much cheaper per cell-epoch.
 SMALLER_PACK_MARGIN = 0.9
-_LOCK = threading.Lock()
 _CACHE_FILE = "placement.json"
 
 
@@ -235,52 +232,6 @@ def _probe_key(cell: CellConfig, members: int) -> str:
     return f"{machine_fingerprint()}/{digest}/x{members}"
 
 
-@contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive ``flock`` next to ``path`` (threads of this process: also ``_LOCK``); in a
-    read-only home, the thread lock only (entries may then not be kept)."""
-    with _LOCK:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            pass
-        with exclusive(path.with_suffix(".lock")):
-            yield
-
-
-def _read(path: Path) -> dict[str, dict[str, float]]:
-    """The cache's entries; any of another shape (valid JSON written by something else, or
-    by hand) is left out, so it is measured again and rewritten."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    return {
-        key: entry
-        for key, entry in data.items()
-        if isinstance(entry, dict)
-        and all(
-            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-            for v in entry.values()
-        )
-    }
-
-
-def _merge_write(path: Path, entries: Mapping[str, Mapping[str, float]]) -> None:
-    """Merge ``entries`` into the file (the caller holds the lock): what others wrote stays."""
-    merged = _read(path)
-    for key, value in entries.items():
-        merged[key] = {**merged.get(key, {}), **value}
-    try:
-        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(merged, indent=1, sort_keys=True))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only home only costs a probe next time
-
-
 def cached_probe(
     cell: CellConfig,
     members: int,
@@ -294,11 +245,11 @@ def cached_probe(
     Only the devices missing from the cache are measured."""
     path = _cache_path(cache_dir)
     key = _probe_key(cell, members)
-    entry = _read(path).get(key, {})
+    entry = read_entries(path).get(key, {})
     if all(d in entry for d in devices):
         return entry
-    with _file_lock(path):
-        entry = _read(path).get(key, {})  # another process may have measured it meanwhile
+    with locked(path):
+        entry = read_entries(path).get(key, {})  # another process may have measured it meanwhile
         new: dict[str, float] = {}
         for d in devices:
             if d in entry:
@@ -308,7 +259,7 @@ def cached_probe(
             new[d] = probe.seconds
             if probe.bytes_per_member:
                 new[f"{d}_bytes"] = probe.bytes_per_member
-        _merge_write(path, {key: new})
+        merge_entries(path, {key: new})
     return {**entry, **new}
 
 
@@ -362,7 +313,11 @@ class CpuProbesAhead:
         """Measure a pack of ``members`` cells like ``cell`` on the CPU, unless it is cached or
         already on its way."""
         key = _probe_key(cell, members)
-        if self._processes < 1 or key in self._pending or "cpu" in _read(self._path).get(key, {}):
+        if (
+            self._processes < 1
+            or key in self._pending
+            or "cpu" in read_entries(self._path).get(key, {})
+        ):
             return
         if self._pool is None:  # 'spawn': the caller has threads and may hold CUDA
             self._pool = ProcessPoolExecutor(
@@ -395,8 +350,8 @@ class CpuProbesAhead:
             self._stop()
             raise
         self._pool.shutdown()
-        with _file_lock(self._path):
-            _merge_write(self._path, measured)
+        with locked(self._path):
+            merge_entries(self._path, measured)
 
     def _stop(self) -> None:
         """Interrupted: nothing queued starts, and the running probes end now (the pool would

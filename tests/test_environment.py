@@ -114,3 +114,24 @@ def test_smoke_benchmark_console_is_quiet_when_redirected(tmp_path):
     assert again.returncode == 0, again.stderr
     assert "2 cells: 0 finished, 2 reused" in again.stdout, again.stdout
     assert "Starting temporary server" not in again.stdout + again.stderr
+
+
+def test_prefects_exit_countdown_is_dropped_and_its_other_warnings_kept():
+    """Prefect's events worker counts down what it still sends while a command exits ("Still
+    processing items: …"), after the command's last line; its other warnings stay."""
+    probe = (
+        "import logging; from tasks import configure_environment; configure_environment(); "
+        "lg = logging.getLogger('EventsWorker'); "
+        "mk = lambda m: lg.makeRecord('EventsWorker', logging.WARNING, 'f', 1, m, (), None); "
+        "print(bool(lg.filter(mk('Still processing items: 1 items remaining...'))), "
+        "bool(lg.filter(mk('Service %r queue is full (%d items), dropping item'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert out == ["False", "True"]
