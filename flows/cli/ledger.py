@@ -289,8 +289,9 @@ def _train(args: argparse.Namespace) -> int:
     # the command's choice: its workers inherit it; a terminal's session group gets its own
     # niceness back when the run ends
     change = lower_priority(args.nice)
-    if change.hint():
-        print(f"nllab ledger: {change.hint()}", file=sys.stderr)
+    hint = change.hint()
+    if hint:
+        print(f"nllab ledger: {hint}", file=sys.stderr)
     try:
         return _train_cells(args)
     finally:
