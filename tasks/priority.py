@@ -103,6 +103,18 @@ def _group_nice(path: Path) -> int:
     return int(path.read_text().split()[-1])
 
 
+def _in_an_autogroup(path: Path) -> bool:
+    """Whether the process of the autogroup file ``path`` has an autogroup: the kernel leaves
+    the file empty for one in the default group (its session never left init's, as in many
+    containers), whose processes compete one by one with the other sessions' groups, so that
+    their own niceness already ranks them."""
+    try:
+        _group_nice(path)
+    except (OSError, ValueError, IndexError):
+        return False
+    return True
+
+
 def _raise_group(path: Path, nice: int) -> tuple[int, int] | None:
     """Raise the autogroup niceness in ``path`` by ``nice`` (at most 19): (before, after), or
     None where the file refuses."""
@@ -127,11 +139,11 @@ def lower_session_group(nice: int, *, proc: Path = PROC, pid: int | None = None)
         current = os.getpriority(os.PRIO_PROCESS, 0) if pid is None else 0
     except OSError:
         enabled, current = False, 0
-    if not enabled or nice <= 0 or not (proc / str(own) / "autogroup").exists():
+    path = proc / str(own) / "autogroup"
+    if not enabled or nice <= 0 or not _in_an_autogroup(path):
         return PriorityChange(current, "none")
     if not _alone_in_session(proc, own):
         return PriorityChange(current, "shared")
-    path = proc / str(own) / "autogroup"
     raised = _raise_group(path, nice)
     if raised is None:
         return PriorityChange(current, "none")

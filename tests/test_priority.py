@@ -74,6 +74,16 @@ def test_the_group_is_raised_by_the_niceness_and_never_past_19(tmp_path):
     assert lower_session_group(10, proc=proc, pid=200).group_nice == 19
 
 
+def test_a_process_in_the_default_group_competes_on_its_own_niceness(tmp_path):
+    # the kernel leaves the autogroup file empty there: nothing to raise, nothing to hint
+    proc = _proc(tmp_path, SCRIPTED | {150: ("make test", 100, 100)})
+    for pid in SCRIPTED | {150: None}:
+        (proc / str(pid) / "autogroup").write_text("")
+    change = lower_session_group(19, proc=proc, pid=200)
+    assert (change.group, change.hint()) == ("none", None)
+    assert (proc / "200/autogroup").read_text() == ""
+
+
 def _autogroup_on() -> bool:
     try:
         on = Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
@@ -90,11 +100,14 @@ def test_on_this_kernel_a_run_in_its_own_session_lowers_its_group():
         "c.restore(); print(c.group, c.group_nice, os.getpriority(os.PRIO_PROCESS, 0), "
         "lowered, g())"
     )
-    before = int(Path("/proc/self/autogroup").read_text().split()[-1])
+    before = Path("/proc/self/autogroup").read_text()
+    # in the default group (a session that never left init's: the file is empty) a process
+    # competes on its own niceness, so nothing is raised and nothing is hinted
+    shared = "shared" if before.split() else "none"
     # a sibling in this session, so that the child started in it never finds it its own
     sibling = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        for own_session, expected in ((True, "raised"), (False, "shared")):
+        for own_session, expected in ((True, "raised"), (False, shared)):
             out = subprocess.run(
                 [sys.executable, "-c", probe],
                 cwd=ROOT,
@@ -111,4 +124,4 @@ def test_on_this_kernel_a_run_in_its_own_session_lowers_its_group():
         sibling.kill()
         sibling.wait()
     # the test's own session (shared with pytest and its workers) was left alone
-    assert int(Path("/proc/self/autogroup").read_text().split()[-1]) == before
+    assert Path("/proc/self/autogroup").read_text() == before
