@@ -54,6 +54,11 @@ SHAPES = [
     (17, 3, 9),
     (8, 16, 2),
     (2, 33, 4),
+    # column tails of 1-3 under blocks of every row count (masked lanes never written)
+    (6, 5, 31),
+    (11, 4, 15),
+    (5, 6, 6),
+    (7, 3, 3),
 ]
 
 

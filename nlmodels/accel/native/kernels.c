@@ -702,15 +702,60 @@ static const mm_block_fn MM_BLOCKS[2][5] = {
     {NULL, mm_block_1x2, mm_block_2x2, mm_block_3x2, mm_block_4x2},
 };
 
-static inline void mm_columns(int rows, i64 k, const double *a, i64 ars, i64 acs,
-                              const double *b, i64 ldb, double *c, i64 ldc, i64 j)
+/* R rows of a times the last 4 * (V - 1) + w columns of b, 0 < w < 4 (as MM_BLOCK): the last
+ * vector's lanes past w are neither read nor written (masked loads and stores), so each
+ * element's sum is the block's */
+#define MM_TAIL(R, V)                                                                            \
+    static void mm_tail_##R##x##V(i64 k, const double *a, i64 ars, i64 acs, const double *b,     \
+                                  i64 ldb, double *c, i64 ldc, i64 w)                            \
+    {                                                                                            \
+        const __m256i mask =                                                                     \
+            _mm256_cmpgt_epi64(_mm256_set1_epi64x(w), _mm256_setr_epi64x(0, 1, 2, 3));           \
+        const int last = V - 1;                                                                  \
+        __m256d acc[R][V], bv[V];                                                                \
+        for (int v = 0; v < last; ++v) bv[v] = _mm256_loadu_pd(b + 4 * v);                      \
+        bv[last] = _mm256_maskload_pd(b + 4 * last, mask);                                       \
+        for (int r = 0; r < R; ++r) {                                                            \
+            const __m256d ar = _mm256_set1_pd(a[r * ars]);                                       \
+            for (int v = 0; v < V; ++v) acc[r][v] = _mm256_mul_pd(ar, bv[v]);                    \
+        }                                                                                        \
+        for (i64 l = 1; l < k; ++l) {                                                            \
+            const double *bl = b + l * ldb;                                                      \
+            for (int v = 0; v < last; ++v) bv[v] = _mm256_loadu_pd(bl + 4 * v);                 \
+            bv[last] = _mm256_maskload_pd(bl + 4 * last, mask);                                  \
+            for (int r = 0; r < R; ++r) {                                                        \
+                const __m256d ar = _mm256_set1_pd(a[r * ars + l * acs]);                         \
+                for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_pd(ar, bv[v], acc[r][v]);   \
+            }                                                                                    \
+        }                                                                                        \
+        for (int r = 0; r < R; ++r) {                                                            \
+            for (int v = 0; v < last; ++v) _mm256_storeu_pd(c + r * ldc + 4 * v, acc[r][v]);     \
+            _mm256_maskstore_pd(c + r * ldc + 4 * last, mask, acc[r][last]);                     \
+        }                                                                                        \
+    }
+MM_TAIL(4, 2)
+MM_TAIL(3, 2)
+MM_TAIL(2, 2)
+MM_TAIL(1, 2)
+MM_TAIL(4, 1)
+MM_TAIL(3, 1)
+MM_TAIL(2, 1)
+MM_TAIL(1, 1)
+
+typedef void (*mm_tail_fn)(i64, const double *, i64, i64, const double *, i64, double *, i64, i64);
+static const mm_tail_fn MM_TAILS[2][5] = {
+    {NULL, mm_tail_1x1, mm_tail_2x1, mm_tail_3x1, mm_tail_4x1},
+    {NULL, mm_tail_1x2, mm_tail_2x2, mm_tail_3x2, mm_tail_4x2},
+};
+
+/* the last n - j < 8 columns of R rows: a masked block of one or two vectors, or a full one */
+static inline void mm_last_columns(int rows, i64 k, const double *a, i64 ars, i64 acs,
+                                   const double *b, i64 ldb, double *c, i64 ldc, i64 rest)
 {
-    /* one column j of b, the rows' sums interleaved (scalar) */
-    double s[4];
-    for (int r = 0; r < rows; ++r) s[r] = a[r * ars] * b[j];
-    for (i64 l = 1; l < k; ++l)
-        for (int r = 0; r < rows; ++r) s[r] = fma(a[r * ars + l * acs], b[l * ldb + j], s[r]);
-    for (int r = 0; r < rows; ++r) c[r * ldc + j] = s[r];
+    if (rest == 4)
+        MM_BLOCKS[0][rows](k, a, ars, acs, b, ldb, c, ldc);
+    else if (rest > 0)
+        MM_TAILS[rest > 4][rows](k, a, ars, acs, b, ldb, c, ldc, rest > 4 ? rest - 4 : rest);
 }
 
 /* c [m][n] (row stride n) = a (strides ars, acs) times b (contiguous rows, stride ldb) */
@@ -723,8 +768,7 @@ static void mm_core(i64 m, i64 n, i64 k, const double *a, i64 ars, i64 acs, cons
         double *ci = c + i * n;
         i64 j = 0;
         for (; j + 8 <= n; j += 8) mm_block_4x2(k, ai, ars, acs, b + j, ldb, ci + j, n);
-        for (; j + 4 <= n; j += 4) mm_block_4x1(k, ai, ars, acs, b + j, ldb, ci + j, n);
-        for (; j < n; ++j) mm_columns(4, k, ai, ars, acs, b, ldb, ci, n, j);
+        mm_last_columns(4, k, ai, ars, acs, b + j, ldb, ci + j, n, n - j);
     }
     if (full < m) {
         const int rows = (int)(m - full);
@@ -732,8 +776,7 @@ static void mm_core(i64 m, i64 n, i64 k, const double *a, i64 ars, i64 acs, cons
         double *ci = c + full * n;
         i64 j = 0;
         for (; j + 8 <= n; j += 8) MM_BLOCKS[1][rows](k, ai, ars, acs, b + j, ldb, ci + j, n);
-        for (; j + 4 <= n; j += 4) MM_BLOCKS[0][rows](k, ai, ars, acs, b + j, ldb, ci + j, n);
-        for (; j < n; ++j) mm_columns(rows, k, ai, ars, acs, b, ldb, ci, n, j);
+        mm_last_columns(rows, k, ai, ars, acs, b + j, ldb, ci + j, n, n - j);
     }
 }
 
