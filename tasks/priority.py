@@ -20,6 +20,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasks.tracking.processes import stat_fields
+
 __all__ = ["PriorityChange", "lower_priority", "lower_session_group"]
 
 PROC = Path("/proc")
@@ -63,12 +65,8 @@ class PriorityChange:
 
 def _stat(proc: Path, pid: int) -> tuple[int, int] | None:
     """(parent pid, session id) of ``pid``, or None if it is gone or unreadable."""
-    try:
-        text = (proc / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()  # the name may hold spaces and brackets
-    return int(fields[1]), int(fields[3])
+    fields = stat_fields(pid, proc)
+    return None if fields is None else (int(fields[1]), int(fields[3]))
 
 
 def _lineage(proc: Path, pid: int) -> set[int]:

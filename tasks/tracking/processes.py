@@ -11,7 +11,14 @@ import os
 import socket
 from pathlib import Path
 
-__all__ = ["claim_owner", "host_id", "owner_gone", "process_alive", "process_token"]
+__all__ = [
+    "claim_owner",
+    "host_id",
+    "owner_gone",
+    "process_alive",
+    "process_token",
+    "stat_fields",
+]
 
 
 def host_id() -> str:
@@ -33,12 +40,21 @@ def process_token(pid: int) -> str | None:
         return None
     except PermissionError:
         pass  # alive, owned by someone else
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+    fields = stat_fields(pid)
+    if fields is None:
         return str(pid)  # no /proc (not Linux): the pid alone
-    # Field 22 (starttime); the command name (field 2) may hold spaces, so split after ")".
-    return f"{pid}:{stat.rsplit(')', 1)[1].split()[19]}"
+    return f"{pid}:{fields[19]}"  # field 22 of proc(5): starttime
+
+
+def stat_fields(pid: int, proc: Path = Path("/proc")) -> list[str] | None:
+    """The fields of ``proc/<pid>/stat`` after the command name (``fields[0]`` is proc(5)'s
+    field 3, the state), or ``None`` where it is gone or unreadable. The name (field 2) may
+    hold spaces and brackets, so the split is after its last ``)``."""
+    try:
+        text = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()
 
 
 def process_alive(token: str) -> bool:
