@@ -38,8 +38,8 @@ from tasks.ledger import (
     record_of_run,
 )
 from tasks.ledger_scope import ABLATIONS, LedgerCell, LedgerScope, ledger_scope, paper_config
-from tasks.ledger_views import CellState, cell_states
-from tasks.tracking.tags import RunTags
+from tasks.ledger_views import CellProgress, CellState, cell_progress, cell_states
+from tasks.tracking.tags import Metrics, RunTags
 
 if TYPE_CHECKING:
     from tasks.config import CellConfig, RunConfig
@@ -59,6 +59,7 @@ __all__ = [
     "record_store",
     "run_ledger",
     "to_train",
+    "training_now",
 ]
 
 
@@ -217,6 +218,29 @@ def record_store(
         return []
     queries = connect(paper_config(execution, config_file=selection.get("config_file")).tracking)
     return record_finished(queries.queries, todo, ledger, hardware_name)
+
+
+def training_now(
+    cells: Sequence[LedgerCell], *, config_file: str | Path | None = None
+) -> tuple[list[CellProgress], str]:
+    """Which of ``cells`` the ledger's tracking store (the one ``ledger run`` writes) is
+    training now, each with its progress (:func:`tasks.ledger_views.cell_progress`), and the
+    store's address. Opening the store ends the runs of processes that are gone."""
+    from tasks.tracking import connect
+
+    queries = connect(paper_config(config_file=config_file).tracking).queries
+    by_hash = {c.config_hash: c for c in cells}
+    progress = [
+        cell_progress(
+            by_hash[h],
+            run.run_id,
+            dict(run.params),
+            queries.metric_times(run.run_id, Metrics.TRAIN_LOSS),
+        )
+        for h, run in queries.running_cells(by_hash).items()
+    ]
+    order = {c.key: i for i, c in enumerate(cells)}
+    return sorted(progress, key=lambda p: order[p.cell.key]), queries.settings.tracking_uri
 
 
 def run_ledger(

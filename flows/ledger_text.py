@@ -10,9 +10,16 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tasks.ledger import LedgerRecord
-    from tasks.ledger_views import CellState, LedgerStatus
+    from tasks.ledger_views import CellProgress, CellState, LedgerStatus
 
-__all__ = ["OLDER", "ledger_markdown", "readme_ledger", "status_text", "tables"]
+__all__ = [
+    "OLDER",
+    "ledger_markdown",
+    "readme_ledger",
+    "status_text",
+    "tables",
+    "training_text",
+]
 
 OLDER = (
     "n=K; J older: J of the K records were made by other numerics than today's (`nllab ledger "
@@ -34,6 +41,43 @@ def _counts(status: LedgerStatus, ablation: bool) -> str | None:
         f"numerics, {predates} predate numerics fingerprints), {n['missing']} missing, "
         f"{n['other_config']} recorded under another config only"
     )
+
+
+def _time_to_go(p: CellProgress, now: float) -> str:
+    """``about 51 min to go (until 01:52)``: minutes (seconds under ten minutes), and the local
+    time of day it ends."""
+    import time
+
+    from tasks.progress import clock
+
+    left = p.seconds_left
+    if left is None:
+        return "time to go not known yet"
+    hours, minutes = divmod(round(left / 60), 60)
+    span = clock(left) if left < 600 else f"{hours} h {minutes} min" if hours else f"{minutes} min"
+    until = time.strftime("%H:%M", time.localtime(now + left))
+    return f"{'at most' if p.may_stop_early else 'about'} {span} to go (until {until})"
+
+
+def training_text(progress: list[CellProgress], store: str, now: float | None = None) -> str:
+    """``ledger status --training``: each selected cell the store is training now, its epoch
+    of the planned epochs, its pace over the recent epochs and the time to its last epoch
+    (``now``: seconds since the epoch, default the clock's)."""
+    import time
+
+    now = time.time() if now is None else now
+    if not progress:
+        return f"Training now: none of the selected cells (tracking store {store})"
+    lines = [f"Training now: {len(progress)} of the selected cells (tracking store {store})"]
+    width = max(len(p.cell.label) for p in progress)
+    for p in progress:
+        of = f"/{p.epochs}" if p.epochs is not None else ""
+        pace = f"{p.seconds_per_epoch:.1f} s/epoch lately" if p.seconds_per_epoch else "pace —"
+        lines.append(
+            f"  {p.cell.label:<{width}}  epoch {p.epochs_done}{of}  {pace}  {_time_to_go(p, now)}"
+            f"  (run {p.run_id[:8]})"
+        )
+    return "\n".join(lines)
 
 
 def status_text(status: LedgerStatus, path: Path) -> str:

@@ -26,10 +26,13 @@ from tasks.tables import Table, TableCell, number
 from tasks.verdict import VERDICT_RULE, Verdict, verdict
 
 __all__ = [
+    "CellProgress",
     "CellState",
     "LedgerStatus",
+    "PACE_EPOCHS",
     "StatusGroup",
     "ablation_table",
+    "cell_progress",
     "cell_states",
     "ledger_status",
     "ledger_table",
@@ -213,3 +216,61 @@ def _verdicts(status: LedgerStatus) -> dict[tuple[str, str, str], Verdict]:
         if s.cell.ablation:
             out[(s.cell.method, s.cell.ablation, s.cell.system)] = off[s.cell.system].verdict
     return out
+
+
+# -- cells training now -------------------------------------------------------------------------
+#: The recent epochs a cell's pace is measured over (the load of the machine changes).
+PACE_EPOCHS = 20
+
+
+@dataclass(frozen=True)
+class CellProgress:
+    """A ledger cell that a tracking store's run is training now: ``epochs_done`` of
+    ``epochs`` (``None`` where the run does not say), ``seconds_per_epoch`` the wall time
+    between its last :data:`PACE_EPOCHS` epochs' metrics (``None`` before two epochs), and
+    whether it may stop early (a patience or a time limit)."""
+
+    cell: LedgerCell
+    run_id: str
+    epochs_done: int
+    epochs: int | None
+    seconds_per_epoch: float | None
+    may_stop_early: bool = False
+
+    @property
+    def seconds_left(self) -> float | None:
+        """Wall seconds to its last epoch at the recent pace (evaluation not included)."""
+        if self.epochs is None or self.seconds_per_epoch is None:
+            return None
+        return max(self.epochs - self.epochs_done, 0) * self.seconds_per_epoch
+
+
+def _int_param(params: dict[str, str], key: str) -> int | None:
+    try:
+        return int(params[key])
+    except (KeyError, ValueError):
+        return None
+
+
+def cell_progress(
+    cell: LedgerCell,
+    run_id: str,
+    params: dict[str, str],
+    epoch_times: Sequence[tuple[int, float]],
+) -> CellProgress:
+    """Where the run ``run_id`` of ``cell`` stands, from its logged parameters (the training
+    config: ``training.epochs``, ``training.patience``, ``training.max_train_seconds``) and
+    ``epoch_times``: (epoch, seconds) of each epoch's metric as the store stamped it (epochs
+    count from 0)."""
+    times = sorted(epoch_times)
+    pace = None
+    if len(times) >= 2:
+        (first_epoch, first), (last_epoch, last) = times[-(PACE_EPOCHS + 1) :][0], times[-1]
+        if last_epoch > first_epoch:
+            pace = (last - first) / (last_epoch - first_epoch)
+    early = any(
+        params.get(key, "None") not in ("None", "null", "")
+        for key in ("training.patience", "training.max_train_seconds")
+    )
+    done = times[-1][0] + 1 if times else 0
+    return CellProgress(cell, run_id, done, _int_param(params, "training.epochs"), pace, early)

@@ -69,6 +69,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     _add_selection(p)
     _add_run_options(p)
+    p.add_argument(
+        "--training",
+        action="store_true",
+        help="status: also the selected cells that the tracking store `ledger run` writes "
+        "(this machine's, or MLFLOW_TRACKING_URI) is training now: epoch, recent pace, time to go",
+    )
     table = p.add_argument_group("table")
     table.add_argument(
         "--format", choices=("terminal", "markdown"), default="terminal", help="table format"
@@ -138,8 +144,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
 
 
 def _reads_only(args: argparse.Namespace) -> bool:
-    """``status`` and ``table`` read the ledger only (no store, no data, no Prefect)."""
-    return args.action in ("status", "table")
+    """``status`` and ``table`` read the ledger only (no data, no Prefect; no store unless
+    ``status --training``)."""
+    return args.action == "table" or (args.action == "status" and not args.training)
 
 
 def _precheck(args: argparse.Namespace) -> None:
@@ -154,6 +161,8 @@ def _precheck(args: argparse.Namespace) -> None:
             if getattr(args, flag) is not None:
                 name = "--" + flag.replace("_", "-")
                 raise cli.UsageError(f"{name} applies to 'nllab ledger run' only")
+    if args.action != "status" and args.training:
+        raise cli.UsageError("--training applies to 'nllab ledger status' only")
     if args.action != "run" and args.refresh_older:
         raise cli.UsageError("--refresh-older applies to 'nllab ledger run' only")
     if args.action != "table" and (args.readme or args.format != "terminal"):
@@ -183,10 +192,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if args.action == "status":
-            from flows.ledger_text import status_text
-
-            print(status_text(*_read(args)))
-            return 0
+            return _status(args)
         if args.action == "table":
             return _table(args)
         if args.action == "record":
@@ -194,6 +200,20 @@ def run(args: argparse.Namespace) -> int:
         return _train(args)
     except LedgerError as e:
         raise cli.UsageError(str(e)) from None
+
+
+def _status(args: argparse.Namespace) -> int:
+    from flows.ledger_text import status_text, training_text
+
+    status, path = _read(args)
+    print(status_text(status, path))
+    if args.training:
+        from flows.ledger import training_now
+
+        cells = [s.cell for s in status.states]
+        print()
+        print(training_text(*training_now(cells, config_file=args.config)))
+    return 0
 
 
 def _scope(args: argparse.Namespace) -> LedgerScope:

@@ -127,6 +127,24 @@ class Queries:
                 found.setdefault(h, []).append(_cell_record(r))
         return found
 
+    def running_cells(self, hashes: Iterable[str]) -> dict[str, StoredRun]:
+        """The RUNNING cell run of each of these config hashes (the newest where several; runs
+        of processes that are gone were ended when the store was opened)."""
+        wanted = set(hashes)
+        found: dict[str, StoredRun] = {}
+        running = f"tags.`{RunTags.KIND}` = 'cell' and attributes.status = 'RUNNING'"
+        for r in self._store.search(running, order_by=["attributes.start_time DESC"]):
+            h = r.data.tags.get(RunTags.CONFIG_HASH)
+            if h in wanted and h not in found:
+                found[h] = _stored_run(r)
+        return found
+
+    def metric_times(self, run_id: str, key: str) -> list[tuple[int, float]]:
+        """(step, seconds since the epoch as the store stamped it) of each value of a run's
+        metric ``key``, by step."""
+        history = self._client.get_metric_history(run_id, key)
+        return sorted((int(m.step), m.timestamp / 1000) for m in history)
+
     def first_usable(
         self, records: Sequence[RunRecord]
     ) -> tuple[RunRecord | None, tuple[RunRecord, str] | None]:

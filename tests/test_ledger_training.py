@@ -1,0 +1,133 @@
+"""``nllab ledger status --training``: the cells a tracking store is training now, their epoch,
+their recent pace and the time to their last epoch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import mlflow
+import pytest
+from mlflow.entities import Metric
+
+from flows.cli import main
+from flows.ledger import training_now
+from flows.ledger_text import training_text
+from tasks.ledger_scope import LedgerCell, ledger_scope
+from tasks.ledger_views import PACE_EPOCHS, cell_progress
+from tasks.tracking import connect
+from tasks.tracking.processes import host_id, process_token
+from tasks.tracking.tags import Metrics, RunTags
+
+CELL = LedgerCell("integro_de", "node", 0, "a" * 64, None)
+PLANNED = {"training.epochs": "1000", "training.patience": "None"}
+
+
+def test_the_pace_is_the_recent_epochs_and_the_time_to_go_follows_from_it():
+    # 40 epochs 10 s apart, then the machine got busy: 30 s apart for the last 25
+    times = [(e, 10.0 * e) for e in range(40)]
+    times += [(e, times[-1][1] + 30.0 * (e - 39)) for e in range(40, 65)]
+    p = cell_progress(CELL, "r1", PLANNED, list(reversed(times)))  # any order
+    assert (p.epochs_done, p.epochs, p.may_stop_early) == (65, 1000, False)
+    assert p.seconds_per_epoch == pytest.approx(30.0)  # the last PACE_EPOCHS epochs only
+    assert PACE_EPOCHS < 25
+    assert p.seconds_left == pytest.approx(935 * 30.0)
+
+
+@pytest.mark.parametrize(
+    ("params", "times", "epochs", "pace", "early"),
+    [
+        (PLANNED, [], 1000, None, False),  # no epoch yet
+        (PLANNED, [(0, 5.0)], 1000, None, False),  # one epoch: no pace yet
+        ({"training.epochs": "50", "training.patience": "9"}, [(0, 0.0), (1, 2.0)], 50, 2.0, True),
+        ({"training.max_train_seconds": "3600"}, [(0, 0.0), (2, 2.0)], None, 1.0, True),
+    ],
+)
+def test_what_a_run_does_not_say_is_not_guessed(params, times, epochs, pace, early):
+    p = cell_progress(CELL, "r1", params, times)
+    assert (p.epochs, p.seconds_per_epoch, p.may_stop_early) == (epochs, pace, early)
+    if epochs is None or pace is None:
+        assert p.seconds_left is None
+
+
+def test_the_text_gives_epoch_pace_and_time_to_go():
+    running = cell_progress(CELL, "0123456789ab", PLANNED, [(e, 3.0 * e) for e in range(250)])
+    early = cell_progress(
+        LedgerCell("spiral_dde", "node", 1, "b" * 64, None),
+        "fedcba987654",
+        {**PLANNED, "training.patience": "10"},
+        [(e, 2.0 * e) for e in range(997)],
+    )
+    text = training_text([running, early], "sqlite:///store.db", now=0.0)
+    assert "Training now: 2 of the selected cells (tracking store sqlite:///store.db)" in text
+    assert "integro_de/node/seed0  epoch 250/1000  3.0 s/epoch lately  about 38 min to go" in text
+    assert "(run 01234567)" in text
+    assert "epoch 997/1000  2.0 s/epoch lately  at most 6 s to go" in text  # may stop earlier
+    assert "none of the selected cells" in training_text([], "sqlite:///s.db")
+
+
+def _cell_run(client, experiment: str, config_hash: str, status: str, **tags: str) -> str:
+    run = client.create_run(
+        experiment,
+        tags={RunTags.KIND: "cell", RunTags.CONFIG_HASH: config_hash, **tags},
+    )
+    client.log_batch(
+        run.info.run_id,
+        metrics=[Metric(Metrics.TRAIN_LOSS, 1.0, 1_000_000 + 4000 * e, e) for e in range(6)],
+        params=[mlflow.entities.Param("training.epochs", "10")],
+    )
+    if status != "RUNNING":
+        client.set_terminated(run.info.run_id, status)
+    return run.info.run_id
+
+
+def test_the_store_s_running_cells_are_found_and_those_of_ended_processes_are_not(
+    tmp_path, mlflow_store
+):
+    config = tmp_path / "tiny.toml"
+    config.write_text("[training]\nepochs = 10\n")
+    cells = ledger_scope(config, ["integro_de"], ["node"]).select(seeds=[0, 1, 2])
+    experiment = connect().store.experiment_id  # first: it points MLflow at this test's store
+    client = mlflow.MlflowClient()
+    ended = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    this_host = {RunTags.HOST: host_id()}
+    mine = {**this_host, RunTags.PROCESS: process_token(os.getpid())}
+    live = _cell_run(client, experiment, cells[0].config_hash, "RUNNING", **mine)
+    _cell_run(client, experiment, cells[1].config_hash, "FINISHED")
+    orphan = {**this_host, RunTags.PROCESS: f"{ended}:1"}
+    left = _cell_run(client, experiment, cells[2].config_hash, "RUNNING", **orphan)
+    _cell_run(client, experiment, "c" * 64, "RUNNING")  # not a selected cell
+
+    progress, store = training_now(cells, config_file=config)
+    assert [(p.cell.seed, p.run_id, p.epochs_done, p.epochs) for p in progress] == [
+        (0, live, 6, 10)
+    ]
+    assert progress[0].seconds_per_epoch == pytest.approx(4.0)
+    assert progress[0].seconds_left == pytest.approx(16.0)
+    assert store.startswith("sqlite:")
+    # the run of the process that ended was ended when the store was opened
+    assert client.get_run(left).info.status == "KILLED"
+
+
+def test_the_command_prints_them_after_the_status(tmp_path, mlflow_store, capsys):
+    config = tmp_path / "tiny.toml"
+    config.write_text("[training]\nepochs = 10\n")
+    (cell,) = ledger_scope(config, ["integro_de"], ["node"]).select(seeds=[3])
+    experiment = connect().store.experiment_id  # first: it points MLflow at this test's store
+    client = mlflow.MlflowClient()
+    _cell_run(client, experiment, cell.config_hash, "RUNNING")
+    args = ["ledger", "status", "--config", str(config), "--systems", "integro_de"]
+    args += ["--methods", "node", "--ledger", str(tmp_path / "ledger.jsonl")]
+    assert main([*args, "--training"]) == 0
+    out = capsys.readouterr().out
+    assert "Training now: 1 of the selected cells" in out
+    assert "integro_de/node/seed3  epoch 6/10  4.0 s/epoch lately  about 16 s to go" in out
+    assert main(args) == 0
+    assert "Training now" not in capsys.readouterr().out  # the plain status reads no store
+    assert main(["ledger", "table", "--training"]) == 2
