@@ -26,10 +26,10 @@ from tasks.tables import Table, TableCell, number
 from tasks.verdict import VERDICT_RULE, Verdict, verdict
 
 __all__ = [
+    "PACE_EPOCHS",
     "CellProgress",
     "CellState",
     "LedgerStatus",
-    "PACE_EPOCHS",
     "StatusGroup",
     "ablation_table",
     "cell_progress",
