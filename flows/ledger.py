@@ -28,6 +28,7 @@ from flows._ledger_budget import (
     fitting_parts,
     needed_seconds,
 )
+from flows._ledger_progress import ProgressReports, training_now
 from tasks.config import METHODS
 from tasks.ledger import (
     LedgerRecord,
@@ -38,8 +39,8 @@ from tasks.ledger import (
     record_of_run,
 )
 from tasks.ledger_scope import ABLATIONS, LedgerCell, LedgerScope, ledger_scope, paper_config
-from tasks.ledger_views import CellProgress, CellState, cell_progress, cell_states
-from tasks.tracking.tags import Metrics, RunTags
+from tasks.ledger_views import CellState, cell_states
+from tasks.tracking.tags import RunTags
 
 if TYPE_CHECKING:
     from tasks.config import CellConfig, RunConfig
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ESTIMATE_MARGIN",
     "FIXED_SECONDS",
+    "REPORT_SECONDS",
     "LedgerGroup",
     "LedgerRun",
     "fitting_parts",
@@ -174,6 +176,10 @@ def record_finished(
     return append_records(ledger, records)
 
 
+#: How often ``ledger run`` says where its running cells stand (seconds; its ``--report-minutes``).
+REPORT_SECONDS = 600.0
+
+
 @dataclass
 class LedgerRun:
     """What one ``ledger run`` did."""
@@ -220,29 +226,6 @@ def record_store(
     return record_finished(queries.queries, todo, ledger, hardware_name)
 
 
-def training_now(
-    cells: Sequence[LedgerCell], *, config_file: str | Path | None = None
-) -> tuple[list[CellProgress], str]:
-    """Which of ``cells`` the ledger's tracking store (the one ``ledger run`` writes) is
-    training now, each with its progress (:func:`tasks.ledger_views.cell_progress`), and the
-    store's address. Opening the store ends the runs of processes that are gone."""
-    from tasks.tracking import connect
-
-    queries = connect(paper_config(config_file=config_file).tracking).queries
-    by_hash = {c.config_hash: c for c in cells}
-    progress = [
-        cell_progress(
-            by_hash[h],
-            run.run_id,
-            dict(run.params),
-            queries.metric_times(run.run_id, Metrics.TRAIN_LOSS),
-        )
-        for h, run in queries.running_cells(by_hash).items()
-    ]
-    order = {c.key: i for i, c in enumerate(cells)}
-    return sorted(progress, key=lambda p: order[p.cell.key]), queries.settings.tracking_uri
-
-
 def run_ledger(
     ledger: Path,
     *,
@@ -252,6 +235,7 @@ def run_ledger(
     refresh_older: bool = False,
     stop: threading.Event | None = None,
     say: Callable[[str], None] = print,
+    report_seconds: float | None = REPORT_SECONDS,
 ) -> LedgerRun:
     """Train the selected ledger cells that have no record at today's config (and, with
     ``refresh_older``, those recorded by older numerics), appending each record as its pack
@@ -265,8 +249,8 @@ def run_ledger(
     it; a group expected to take longer than the time left (from the ledger's records of its
     method on this kind of device) is not started. ``stop``: the caller's own stop event (a
     signal handler's): setting it stops the run as the time limit does (the engine's one stop
-    path, :attr:`tasks.cell.CellRuntime.stop`). The process's CPU priority is the caller's
-    (``nllab ledger run --nice``)."""
+    path, :attr:`tasks.cell.CellRuntime.stop`). ``report_seconds``: how often to say where the
+    running cells stand (None: never). The CPU priority is the caller's (``--nice``)."""
     from tasks.tracking import connect
 
     scope = _scope(selection, say)
@@ -281,14 +265,13 @@ def run_ledger(
     todo = [c for c in todo if c.key not in recorder.done]
     device = str(execution.get("device") or "auto")
     groups = ledger_groups(todo, states, merge_seeds=device.startswith("cuda"))
-    stop = threading.Event() if stop is None else stop
-    timed_out = threading.Event()
-    t0 = time.monotonic()
+    stop, timed_out, t0 = stop or threading.Event(), threading.Event(), time.monotonic()
 
     def left() -> float | None:
         return None if max_seconds is None else max_seconds - (time.monotonic() - t0)
 
-    with deadline(max_seconds, stop, timed_out):
+    reports = ProgressReports(queries.queries, todo, say, report_seconds)
+    with deadline(max_seconds, stop, timed_out), reports:
         for whole in groups:
             if stop.is_set():
                 break

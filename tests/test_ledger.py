@@ -375,12 +375,23 @@ def test_time_limit_stops_the_running_cell_and_keeps_the_finished_one(
     # a record of another seed says a node group takes a second here: both cells start
     append_records(ledger, [_record("integro_de", "node", 4, train_seconds=1.0)])
     t0 = time.monotonic()
+    said: list[str] = []
     out = run_ledger(
-        ledger, selection=selection, execution={"max_workers": 2}, max_seconds=20, say=print
+        ledger,
+        selection=selection,
+        execution={"max_workers": 2},
+        max_seconds=20,
+        say=said.append,
+        report_seconds=3,
     )
     elapsed = time.monotonic() - t0
     assert out.stopped and not out.failed
     assert 20 <= elapsed < 35  # on time: the slow cell stopped within its next batches
+    # meanwhile it said where the running cell stood, every few seconds
+    reports = [line for line in said if "spiral_dde/node/seed0  epoch " in line]
+    assert len(reports) >= 3 and all(line.startswith("ledger:   ") for line in reports)
+    assert "/100000  " in reports[-1] and " s/epoch lately  about " in reports[-1]
+    assert said[said.index(reports[-1]) - 1].startswith("ledger: Training now: 1 of the selected")
     assert [(r.system, r.seed) for r in read_ledger(ledger)] == [
         ("integro_de", 4),
         ("integro_de", 0),

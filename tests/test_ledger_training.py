@@ -131,3 +131,8 @@ def test_the_command_prints_them_after_the_status(tmp_path, mlflow_store, capsys
     assert main(args) == 0
     assert "Training now" not in capsys.readouterr().out  # the plain status reads no store
     assert main(["ledger", "table", "--training"]) == 2
+    assert main(["ledger", "status", "--report-minutes", "5"]) == 2  # a run's option
+    with pytest.raises(SystemExit) as refused:
+        main(["ledger", "run", "--report-minutes", "-1"])
+    assert refused.value.code == 2
+    assert "--report-minutes: a number of minutes 0 or more, got '-1'" in capsys.readouterr().err
