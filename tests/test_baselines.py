@@ -320,10 +320,14 @@ def test_each_model_fits_a_single_trajectory(name):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("name", NAMES)
-def test_cuda_smoke(name):
+@pytest.mark.parametrize(
+    ("name", "settings"),
+    [*((name, {}) for name in NAMES)]
+    + [(name, {"time_net": "linear"}) for name in ("nf_coupling", "nf_resnet")],  # the paper's
+)
+def test_cuda_smoke(name, settings):
     dev = torch.device("cuda")
-    model = build_model(name, 2).double().to(dev)
+    model = build_model(name, 2, **settings).double().to(dev)
     ot, ox, qt, target = (v.to(dev) for v in spiral(batch=3))
     shift = torch.tensor([[0.0], [0.3], [0.6]], dtype=F64, device=dev)
     for o, q in ((ot, qt), (ot + shift, qt + shift)):
