@@ -4,6 +4,7 @@ hook and stopping at its time limit through the engine's stop path."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 from flows.cli import main
+from flows.cli.ledger import add_parser
 from flows.ledger import LedgerGroup, ledger_groups, run_ledger, to_train
 from flows.ledger_text import ledger_markdown, status_text
 from tasks.ledger import DEFAULT_LEDGER, LedgerError, LedgerRecord, append_records, read_ledger
@@ -608,10 +610,28 @@ def test_kill9_mid_run_keeps_the_finished_records(tmp_path, prefect_api):
     assert "node needs 1: seed 1 of integro_de" in out
 
 
-def test_record_refuses_flags_of_another_action(capsys):
+def _a_value(option: argparse.Action) -> list[str]:
+    """The command-line words giving ``option`` a value other than its default."""
+    if option.nargs == 0:  # a switch: the spelling that changes it
+        return [option.option_strings[-1] if option.default is None else option.option_strings[0]]
+    if option.choices:
+        return [option.option_strings[0], next(c for c in option.choices if c != option.default)]
+    return [option.option_strings[0], "1" if option.default != 1 else "2"]
+
+
+def test_every_option_of_an_action_is_refused_by_the_others(capsys):
+    """Whatever option a group declares, any other action given it stops with one line naming
+    the option and the actions it belongs to (none is silently ignored)."""
+    parser = argparse.ArgumentParser()
+    scoped = add_parser(parser.add_subparsers()).get_default("scoped")
+    assert {o.dest for o, _ in scoped} >= {"training", "max_hours", "nice", "pack", "readme"}
+    for option, actions in scoped:
+        for action in {"status", "run", "record", "table"} - set(actions):
+            assert main(["ledger", action, *_a_value(option)]) == 2, (option.dest, action)
+            err = capsys.readouterr().err
+            assert f"{'/'.join(option.option_strings)} applies to 'nllab ledger " in err, err
     assert main(["ledger", "status", "--max-hours", "1"]) == 2
     assert "--max-hours applies to 'nllab ledger run' only" in capsys.readouterr().err
-    assert main(["ledger", "run", "--format", "markdown"]) == 2
 
 
 def test_record_equality_survives_a_round_trip():
