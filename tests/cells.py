@@ -1,8 +1,22 @@
-"""Small cells the tests share: one config of a cheap system and model, seeded."""
+"""Small cells the tests share: one config of a cheap system and model, seeded; a tuning study
+of a few such cells."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 from tasks.config import CellConfig, TrainConfig
+
+if TYPE_CHECKING:
+    from tasks.tuning import TuneSpec
+
+#: The overrides of a toy tuning study: 40 short trajectories, 4 epochs.
+TOY = {
+    "data": {"n_trajectories": 40, "n_points": 40},
+    "training": {"epochs": 4, "batch_size": 8},
+    "progress": False,
+}
 
 
 def tiny_cell(seed: int = 0, **overrides) -> CellConfig:
@@ -15,3 +29,20 @@ def tiny_cell(seed: int = 0, **overrides) -> CellConfig:
         "training": TrainConfig(epochs=2, batch_size=8, patience=None),
     }
     return CellConfig.model_validate({**base, **overrides})
+
+
+def toy_tune_spec(folder: Path, **overrides) -> TuneSpec:
+    """A smoke-profile study of Neural Laplace on ``integro_de`` (4 trials, 2 of them random)
+    with its Optuna storage in ``folder``; ``overrides`` replace fields."""
+    from tasks.tuning import TuneSpec  # Optuna only where a test tunes
+
+    base = {
+        "method": "neural_laplace",
+        "system": "integro_de",
+        "profile": "smoke",
+        "n_trials": 4,
+        "startup_trials": 2,
+        "storage": f"sqlite:///{folder / 'optuna.db'}",
+        "overrides": TOY,
+    }
+    return TuneSpec(**{**base, **overrides})

@@ -16,6 +16,7 @@ from pathlib import Path
 import optuna
 import pytest
 import torch
+from cells import TOY, toy_tune_spec
 from optuna.trial import FixedTrial, TrialState
 
 from nlmodels import build_model
@@ -33,12 +34,6 @@ from tasks.tuning import (
     tuned_overrides,
 )
 
-TOY = {
-    "data": {"n_trajectories": 40, "n_points": 40},
-    "training": {"epochs": 4, "batch_size": 8},
-    "progress": False,
-}
-
 
 @pytest.fixture(autouse=True)
 def _one_thread():
@@ -46,16 +41,7 @@ def _one_thread():
 
 
 def _spec(tmp_path: Path, **kw) -> TuneSpec:
-    base = {
-        "method": "neural_laplace",
-        "system": "integro_de",
-        "profile": "smoke",
-        "n_trials": 4,
-        "startup_trials": 2,
-        "storage": f"sqlite:///{tmp_path / 'optuna.db'}",
-        "overrides": TOY,
-    }
-    return TuneSpec(**{**base, **kw})
+    return toy_tune_spec(tmp_path, **kw)
 
 
 def _children(parent: str):

@@ -15,16 +15,11 @@ from pathlib import Path
 import optuna
 import pytest
 import torch
+from cells import TOY, toy_tune_spec
 from optuna.trial import TrialState
 
 from tasks.tracking import claim_owner, connect
 from tasks.tuning import OWNER_ATTR, TuneSpec, open_session, open_storage, run_tuning
-
-TOY = {
-    "data": {"n_trajectories": 40, "n_points": 40},
-    "training": {"epochs": 4, "batch_size": 8},
-    "progress": False,
-}
 
 
 @pytest.fixture(autouse=True)
@@ -33,16 +28,7 @@ def _one_thread():
 
 
 def _spec(tmp_path: Path, **kw) -> TuneSpec:
-    base = {
-        "method": "neural_laplace",
-        "system": "integro_de",
-        "profile": "smoke",
-        "n_trials": 3,
-        "startup_trials": 2,
-        "storage": f"sqlite:///{tmp_path / 'optuna.db'}",
-        "overrides": TOY,
-    }
-    return TuneSpec(**{**base, **kw})
+    return toy_tune_spec(tmp_path, **{"n_trials": 3, **kw})
 
 
 def _wait_for_a_running_trial(spec: TuneSpec, proc: subprocess.Popen) -> None:
