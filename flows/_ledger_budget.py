@@ -99,18 +99,24 @@ def deadline(
 
 
 def expected_seconds(
-    group: LedgerGroup, records: Sequence[LedgerRecord], device: str
+    group: LedgerGroup,
+    records: Sequence[LedgerRecord],
+    device: str,
+    hardware: str | None = None,
 ) -> float | None:
     """The median training seconds of the ledger's records of ``group``'s method (and
     ablation) on this kind of device (a pack's members train at once: a group takes about one
-    member's time); None without such records."""
+    member's time); of those made on ``hardware`` (the processor's name) where there are any,
+    since two CPUs of one kind can differ twofold; None without such records."""
     kind = "cuda" if device.startswith("cuda") else "cpu"
-    seconds = [
-        r.train_seconds
+    usable = [
+        r
         for r in records
         if r.method == group.method
         and r.ablation == group.ablation
         and r.train_seconds is not None
         and (r.device or "cpu").startswith(kind)
     ]
+    here = [r for r in usable if hardware is not None and r.hardware == hardware]
+    seconds = [r.train_seconds for r in here or usable]
     return statistics.median(seconds) if seconds else None

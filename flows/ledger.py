@@ -301,8 +301,9 @@ def _what_fits(
     of it), each with the seconds it is expected to need (None: not known); empty (listed in
     ``out.skipped`` and said) when no part is expected to finish.
 
-    The expectation comes from the ledger's records of the method on this kind of device
-    (:func:`~flows._ledger_budget.expected_seconds`: the whole group or nothing); on a GPU or
+    The expectation comes from the ledger's records of the method on this kind of device, on
+    this processor where it has some (:func:`~flows._ledger_budget.expected_seconds`: the whole
+    group or nothing); on a GPU or
     without such records, from this machine's measurement of the packs the engine would train
     (:func:`tasks.engine.estimate_packs`), and then the group is cut to the whole packs that fit
     (:func:`~flows._ledger_budget.fitting_parts`), so that a short GPU window records some
@@ -313,7 +314,8 @@ def _what_fits(
 
     # On a GPU the records do not tell: packs in lanes add up, and a record is one pack's time.
     gpu = device != "cpu" and torch.cuda.is_available()
-    expected = None if gpu else expected_seconds(group, read_ledger(ledger), device)
+    records = read_ledger(ledger)
+    expected = None if gpu else expected_seconds(group, records, device, hardware_name(device))
     if expected is not None:
         if expected <= left:
             return [(group, expected)]

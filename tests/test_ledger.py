@@ -20,7 +20,7 @@ import torch
 
 from flows.cli import main
 from flows.cli.ledger import add_parser
-from flows.ledger import LedgerGroup, ledger_groups, run_ledger, to_train
+from flows.ledger import LedgerGroup, expected_seconds, ledger_groups, run_ledger, to_train
 from flows.ledger_text import ledger_markdown, status_text
 from tasks.ledger import DEFAULT_LEDGER, LedgerError, LedgerRecord, append_records, read_ledger
 from tasks.ledger_scope import LedgerScope, ledger_scope, paper_config, scope_of
@@ -403,6 +403,25 @@ def test_time_limit_stops_the_running_cell_and_keeps_the_finished_one(
     found = mlflow.MlflowClient().search_runs([connect().store.experiment_id])
     status = {r.data.tags.get("system"): r.info.status for r in found if r.data.tags.get("system")}
     assert status == {"integro_de": "FINISHED", "spiral_dde": "KILLED"}
+
+
+def test_a_group_is_expected_to_take_what_its_method_took_on_this_processor():
+    records = [
+        _record("integro_de", "node", 0, train_seconds=1000.0, hardware="Xeon"),
+        _record("spiral_dde", "node", 0, train_seconds=1200.0, hardware="Xeon"),
+        _record("integro_de", "node", 1, train_seconds=500.0, hardware="EPYC"),
+        _record("integro_de", "node", 2, train_seconds=50.0, hardware="H100", device="cuda"),
+        _record("integro_de", "anode", 0, train_seconds=9.0, hardware="EPYC"),
+    ]
+    group = LedgerGroup("node", "", (3,), ("integro_de",))
+    assert expected_seconds(group, records, "cpu", "EPYC") == 500.0  # this CPU's own record
+    assert expected_seconds(group, records, "cpu", "Opteron") == 1000.0  # none: every CPU's
+    assert expected_seconds(group, records, "cpu") == 1000.0
+    assert expected_seconds(group, records, "cuda:0", "EPYC") == 50.0  # the kind of device first
+    assert (
+        expected_seconds(LedgerGroup("latent_ode", "", (3,), ("integro_de",)), records, "cpu")
+        is None
+    )
 
 
 def test_a_group_expected_to_overrun_the_time_limit_is_not_started(tmp_path, mlflow_store):
