@@ -265,7 +265,8 @@ def run_ledger(
     todo = [c for c in todo if c.key not in recorder.done]
     device = str(execution.get("device") or "auto")
     groups = ledger_groups(todo, states, merge_seeds=device.startswith("cuda"))
-    stop, timed_out, t0 = stop or threading.Event(), threading.Event(), time.monotonic()
+    stop = threading.Event() if stop is None else stop
+    timed_out, t0 = threading.Event(), time.monotonic()
 
     def left() -> float | None:
         return None if max_seconds is None else max_seconds - (time.monotonic() - t0)
@@ -314,8 +315,9 @@ def _what_fits(
 
     # On a GPU the records do not tell: packs in lanes add up, and a record is one pack's time.
     gpu = device != "cpu" and torch.cuda.is_available()
-    records = read_ledger(ledger)
-    expected = None if gpu else expected_seconds(group, records, device, hardware_name(device))
+    expected = (
+        None if gpu else expected_seconds(group, read_ledger(ledger), device, hardware_name(device))
+    )
     if expected is not None:
         if expected <= left:
             return [(group, expected)]

@@ -4,6 +4,7 @@ data. The command and the docs' generator both print through here."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -46,8 +47,6 @@ def _counts(status: LedgerStatus, ablation: bool) -> str | None:
 def _time_to_go(p: CellProgress, now: float) -> str:
     """``about 51 min to go (until 01:52)``: minutes (seconds under ten minutes), and the local
     time of day it ends."""
-    import time
-
     from tasks.progress import clock
 
     left = p.seconds_left
@@ -63,8 +62,6 @@ def training_text(progress: list[CellProgress], store: str, now: float | None = 
     """``ledger status --training``: each selected cell the store is training now, its epoch
     of the planned epochs, its pace over the recent epochs and the time to its last epoch
     (``now``: seconds since the epoch, default the clock's)."""
-    import time
-
     now = time.time() if now is None else now
     if not progress:
         return f"Training now: none of the selected cells (tracking store {store})"

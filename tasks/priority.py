@@ -46,11 +46,11 @@ class PriorityChange:
         is not negative), unless somebody has changed it since; nothing where none was raised."""
         if self.group_file is None or self.group_before is None:
             return
-        try:
-            if _group_nice(self.group_file) == self.group_nice:
+        if _group_nice(self.group_file) == self.group_nice:
+            try:
                 self.group_file.write_text(f"{self.group_before}\n")
-        except (OSError, ValueError, IndexError):
-            pass
+            except OSError:
+                pass
 
     def hint(self) -> str | None:
         """A line for the user where other sessions still compete as equals."""
@@ -96,32 +96,13 @@ def _alone_in_session(proc: Path, pid: int) -> bool:
     return True
 
 
-def _group_nice(path: Path) -> int:
-    """The niceness in an autogroup file (``/autogroup-25 nice 0``: its last word)."""
-    return int(path.read_text().split()[-1])
-
-
-def _in_an_autogroup(path: Path) -> bool:
-    """Whether the process of the autogroup file ``path`` has an autogroup: the kernel leaves
-    the file empty for one in the default group (its session never left init's, as in many
-    containers), whose processes compete one by one with the other sessions' groups, so that
-    their own niceness already ranks them."""
+def _group_nice(path: Path) -> int | None:
+    """The niceness in an autogroup file (``/autogroup-25 nice 0``: its last word), or None
+    where it is unreadable or empty: the kernel leaves it empty for a process of the default
+    group (its session never left init's, as in many containers), whose processes compete one
+    by one with the other sessions' groups, so that their own niceness already ranks them."""
     try:
-        _group_nice(path)
-    except (OSError, ValueError, IndexError):
-        return False
-    return True
-
-
-def _raise_group(path: Path, nice: int) -> tuple[int, int] | None:
-    """Raise the autogroup niceness in ``path`` by ``nice`` (at most 19): (before, after), or
-    None where the file refuses."""
-    try:
-        before = _group_nice(path)
-        target = min(19, before + nice)
-        if target > before:
-            path.write_text(f"{target}\n")
-        return before, target
+        return int(path.read_text().split()[-1])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -138,14 +119,18 @@ def lower_session_group(nice: int, *, proc: Path = PROC, pid: int | None = None)
     except OSError:
         enabled, current = False, 0
     path = proc / str(own) / "autogroup"
-    if not enabled or nice <= 0 or not _in_an_autogroup(path):
+    before = _group_nice(path) if enabled and nice > 0 else None
+    if before is None:
         return PriorityChange(current, "none")
     if not _alone_in_session(proc, own):
         return PriorityChange(current, "shared")
-    raised = _raise_group(path, nice)
-    if raised is None:
-        return PriorityChange(current, "none")
-    return PriorityChange(current, "raised", raised[1], raised[0], path)
+    target = min(19, before + nice)  # the kernel refuses more than 19
+    if target > before:
+        try:
+            path.write_text(f"{target}\n")
+        except OSError:
+            return PriorityChange(current, "none")
+    return PriorityChange(current, "raised", target, before, path)
 
 
 def lower_priority(nice: int) -> PriorityChange:
