@@ -22,6 +22,7 @@ __all__ = [
     "expected_seconds",
     "fitting_parts",
     "needed_seconds",
+    "speed_ratios",
 ]
 
 #: Seconds a group's benchmark spends besides training: Prefect's server, the plan and its
@@ -99,24 +100,76 @@ def deadline(
 
 
 def expected_seconds(
-    group: LedgerGroup,
+    packs: Sequence[Sequence[str]],
+    method: str,
+    ablation: str,
     records: Sequence[LedgerRecord],
     device: str,
     hardware: str | None = None,
+    workers: int = 1,
 ) -> float | None:
-    """The median training seconds of the ledger's records of ``group``'s method (and
-    ablation) on this kind of device (a pack's members train at once: a group takes about one
-    member's time); of those made on ``hardware`` (the processor's name) where there are any,
-    since two CPUs of one kind can differ twofold; None without such records."""
+    """The seconds a benchmark of ``method`` (and ``ablation``) is expected to take on this
+    kind of device, from the ledger's records, given the packs the engine trains it in (the
+    systems of each; one cell per pack for a model that trains one by one) and ``workers``:
+    each pack takes as long as its slowest cell's estimate (a pack's members train at once, and
+    a packed record holds its pack's time), and the packs spread over the workers as the engine
+    runs them (:func:`tasks.balance.busy_seconds`), plus the benchmark's fixed cost
+    (:data:`FIXED_SECONDS`). None where some cell has no estimate (no record of the method on
+    this kind of device).
+
+    A cell's estimate is the median training time of the records of its system on
+    ``hardware`` (the processor's name: two CPUs of one kind can differ twofold), else of every
+    system on it, else of its system on any processor, else of every system; another
+    processor's records count at this one's speed where both recorded some cells
+    (:func:`speed_ratios`)."""
+    from tasks.balance import busy_seconds
+
     kind = "cuda" if device.startswith("cuda") else "cpu"
-    usable = [
-        r
-        for r in records
-        if r.method == group.method
-        and r.ablation == group.ablation
-        and r.train_seconds is not None
-        and (r.device or "cpu").startswith(kind)
+    ratio = speed_ratios(records, hardware, kind)  # (this processor's own records: not in it)
+    mine = [r for r in _timed(records, kind) if r.method == method and r.ablation == ablation]
+    usable = [(r.system, r.train_seconds * ratio.get(r.hardware, 1.0)) for r in mine]
+    here = [(r.system, r.train_seconds) for r in mine if r.hardware == hardware]
+    cells = {s: _cell_seconds(s, here, usable) for pack in packs for s in pack}
+    if not packs or None in cells.values():
+        return None
+    slowest = [max(cells[s] for s in pack) for pack in packs]  # type: ignore[type-var]
+    return FIXED_SECONDS + max(busy_seconds((("cpu", s) for s in slowest), workers))
+
+
+def _timed(records: Sequence[LedgerRecord], kind: str) -> list[LedgerRecord]:
+    """The records with a training time made on ``kind`` of device (``cpu``, ``cuda``)."""
+    return [
+        r for r in records if r.train_seconds is not None and (r.device or "cpu").startswith(kind)
     ]
-    here = [r for r in usable if hardware is not None and r.hardware == hardware]
-    seconds = [r.train_seconds for r in here or usable]
-    return statistics.median(seconds) if seconds else None
+
+
+def speed_ratios(
+    records: Sequence[LedgerRecord], hardware: str | None, kind: str = "cpu"
+) -> dict[str, float]:
+    """For each other processor named in ``records`` made on ``kind`` of device (``cpu``,
+    ``cuda``), how long ``hardware`` takes of what it takes: the median, over the cells both
+    recorded (method, ablation, system; any seed), of the ratio of their median training
+    times. Processors with no cell in common are left out (their records count as they are)."""
+    times: dict[str | None, dict[tuple[str, str, str], list[float]]] = {}
+    for r in _timed(records, kind):
+        key = (r.method, r.ablation, r.system)
+        times.setdefault(r.hardware, {}).setdefault(key, []).append(r.train_seconds)  # type: ignore[arg-type]
+    ours = times.get(hardware, {}) if hardware is not None else {}
+    out: dict[str, float] = {}
+    for other, theirs in times.items():
+        common = ours.keys() & theirs.keys()
+        if other is not None and other != hardware and common:
+            out[other] = statistics.median(
+                statistics.median(ours[k]) / statistics.median(theirs[k]) for k in common
+            )
+    return out
+
+
+def _cell_seconds(
+    system: str, here: Sequence[tuple[str, float]], anywhere: Sequence[tuple[str, float]]
+) -> float | None:
+    for pool in (here, anywhere):
+        same = [t for s, t in pool if s == system]
+        if same or pool:
+            return statistics.median(same or [t for _, t in pool])
+    return None

@@ -27,6 +27,7 @@ from flows._ledger_budget import (
     expected_seconds,
     fitting_parts,
     needed_seconds,
+    speed_ratios,
 )
 from flows._ledger_progress import ProgressReports, training_now
 from tasks.config import METHODS
@@ -53,13 +54,18 @@ __all__ = [
     "REPORT_SECONDS",
     "LedgerGroup",
     "LedgerRun",
+    "cpu_workers",
+    "expected_seconds",
     "fitting_parts",
     "group_config",
     "ledger_groups",
+    "ledger_states",
     "paper_config",
     "record_finished",
     "record_store",
+    "recorded_seconds",
     "run_ledger",
+    "speed_ratios",
     "to_train",
     "training_now",
 ]
@@ -204,6 +210,11 @@ def _states(
     return cells, cell_states(read_ledger(ledger, scope), cells)
 
 
+def ledger_states(ledger: Path, selection: dict[str, Any]) -> list[CellState]:
+    """The states of the selected cells in ``ledger`` (``selection`` as :func:`run_ledger`'s)."""
+    return _states(ledger, _scope(selection), selection)[1]
+
+
 def _scope(selection: dict[str, Any], say: Callable[[str], None] | None = None) -> LedgerScope:
     return ledger_scope(
         selection.get("config_file"), selection.get("systems"), selection.get("methods"), say=say
@@ -276,7 +287,7 @@ def run_ledger(
         for whole in groups:
             if stop.is_set():
                 break
-            parts = _what_fits(whole, left(), ledger, device, selection, execution, out, say)
+            parts = _what_fits(whole, left(), ledger, selection, execution, out, say)
             for group, needed in parts:
                 if not _may_start(group, needed, left(), stop, out, say):
                     break
@@ -292,7 +303,6 @@ def _what_fits(
     group: LedgerGroup,
     left: float | None,
     ledger: Path,
-    device: str,
     selection: dict[str, Any],
     execution: dict[str, Any],
     out: LedgerRun,
@@ -302,22 +312,16 @@ def _what_fits(
     of it), each with the seconds it is expected to need (None: not known); empty (listed in
     ``out.skipped`` and said) when no part is expected to finish.
 
-    The expectation comes from the ledger's records of the method on this kind of device, on
-    this processor where it has some (:func:`~flows._ledger_budget.expected_seconds`: the whole
-    group or nothing); on a GPU or
+    The expectation comes from the ledger's records of the method on the CPU
+    (:func:`recorded_seconds`: the whole group or nothing); on a GPU or
     without such records, from this machine's measurement of the packs the engine would train
     (:func:`tasks.engine.estimate_packs`), and then the group is cut to the whole packs that fit
     (:func:`~flows._ledger_budget.fitting_parts`), so that a short GPU window records some
     cells rather than stopping every pack before its end."""
     if left is None:
         return [(group, None)]
-    import torch  # (not at import: the ledger's quick commands do without it)
-
-    # On a GPU the records do not tell: packs in lanes add up, and a record is one pack's time.
-    gpu = device != "cpu" and torch.cuda.is_available()
-    expected = (
-        None if gpu else expected_seconds(group, read_ledger(ledger), device, hardware_name(device))
-    )
+    config = group_config(group, selection, execution)
+    expected = recorded_seconds(group, config, read_ledger(ledger))
     if expected is not None:
         if expected <= left:
             return [(group, expected)]
@@ -325,7 +329,6 @@ def _what_fits(
         return []
     from tasks.engine import estimate_packs
 
-    config = group_config(group, selection, execution)
     estimates = estimate_packs(config)
     workers = config.execution.max_workers
     parts = fitting_parts(group, estimates, left, workers)
@@ -344,6 +347,41 @@ def _what_fits(
     say(f"ledger: {n_part} of {n_all} cells of {group.label} fit ({measured})")
     out.skipped.append(f"{n_all - n_part} of the {n_all} cells of {group.label}")
     return parts
+
+
+def recorded_seconds(
+    group: LedgerGroup, config: RunConfig, records: Sequence[LedgerRecord]
+) -> float | None:
+    """The seconds the benchmark ``config`` of ``group`` is expected to take on the CPU, from
+    the ledger's ``records`` (:func:`~flows._ledger_budget.expected_seconds`: the engine's CPU
+    packs of it, on its workers, at most one per core); None on a GPU, where the records do not
+    tell (packs in lanes add up, and a record is one pack's time), or without records of the
+    method."""
+    import torch  # (not at import: the ledger's quick commands do without it)
+
+    from tasks.engine import make_packs
+
+    ex = config.execution
+    if ex.device != "cpu" and torch.cuda.is_available():
+        return None
+    packs = [[c.system for c in p] for p in make_packs(config.cells(), ex.pack)]
+    return expected_seconds(
+        packs,
+        group.method,
+        group.ablation,
+        records,
+        "cpu",
+        hardware_name("cpu"),
+        cpu_workers(config),
+    )
+
+
+def cpu_workers(config: RunConfig) -> int:
+    """The packs ``config`` trains at once on the CPU: its workers, at most one per core (more
+    would finish no sooner)."""
+    from tasks import usable_cores
+
+    return min(config.execution.max_workers, usable_cores())
 
 
 def _may_start(

@@ -10,11 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from flows.ledger import LedgerGroup
+    from flows.ledger_forecast import Forecast
     from tasks.ledger import LedgerRecord
     from tasks.ledger_views import CellProgress, CellState, LedgerStatus
 
 __all__ = [
     "OLDER",
+    "forecast_text",
     "ledger_markdown",
     "readme_ledger",
     "status_text",
@@ -52,10 +55,51 @@ def _time_to_go(p: CellProgress, now: float) -> str:
     left = p.seconds_left
     if left is None:
         return "time to go not known yet"
-    hours, minutes = divmod(round(left / 60), 60)
-    span = clock(left) if left < 600 else f"{hours} h {minutes} min" if hours else f"{minutes} min"
+    span = clock(left) if left < 600 else _span(left)
     until = time.strftime("%H:%M", time.localtime(now + left))
     return f"{'at most' if p.may_stop_early else 'about'} {span} to go (until {until})"
+
+
+def _span(seconds: float) -> str:
+    """``1 h 32 min``, ``12 min``: to the minute."""
+    hours, minutes = divmod(round(seconds / 60), 60)
+    return f"{hours} h {minutes} min" if hours else f"{minutes} min"
+
+
+def forecast_text(forecast: Forecast) -> str:
+    """``ledger status --time-left``: the groups ``ledger run`` would train, in its order,
+    each with its expected time here and what that rests on, and their sum."""
+    if not forecast.groups:
+        return "Time left: none, every selected cell is recorded"
+    unknown = len(forecast.unknown)
+    rest = f" (and {unknown} groups without an estimate)" if unknown else ""
+    lines = [
+        f"Time left: {forecast.cells} missing cells in {len(forecast.groups)} groups, as `ledger "
+        f"run` trains them here one group after another ({forecast.hardware}, "
+        f"{forecast.workers} at once): about {_span(forecast.known_seconds)}{rest}, by the "
+        "ledger's records of each method's training time"
+    ]
+    for other, ratio in sorted(forecast.ratios.items()):
+        lines.append(
+            f"  ({other}'s records count at ×{ratio:.2f}: this processor's time on the cells "
+            "both recorded)"
+        )
+    labels = [_group_label(g.group) for g in forecast.groups]
+    width = max(map(len, labels))
+    for label, g in zip(labels, forecast.groups, strict=True):
+        if g.seconds is None:
+            what = "no record of the method on the CPU: `ledger run` measures it when it starts"
+        else:
+            basis = "this processor's records" if g.here else "other processors' records"
+            what = f"about {_span(g.seconds):>12}  ({basis})"
+        lines.append(f"  {label:<{width}}  {what}")
+    return "\n".join(lines)
+
+
+def _group_label(group: LedgerGroup) -> str:
+    what = f"{group.method} ({group.ablation})" if group.ablation else group.method
+    seeds = f"seed{'s' if len(group.seeds) > 1 else ''} {_seeds(group.seeds)}"
+    return f"{what} {seeds}, {group.size} cell{'s' if group.size > 1 else ''}"
 
 
 def training_text(progress: list[CellProgress], store: str, now: float | None = None) -> str:

@@ -72,6 +72,7 @@ _LAZY = {
     "path_too_long": "tasks._sqlite_faults",
     "sqlite_problem": "tasks._sqlite_faults",
     "sqlite_storage_problem": "tasks._storage_urls",
+    "usable_cores": "tasks._workers",
 }
 
 __all__ = [
@@ -130,6 +131,7 @@ __all__ = [
     "train",
     "train_loop",
     "train_packed",
+    "usable_cores",
 ]
 
 

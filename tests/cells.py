@@ -1,5 +1,5 @@
 """Small cells the tests share: one config of a cheap system and model, seeded; a tuning study
-of a few such cells."""
+of a few such cells; a ledger record."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tasks.config import CellConfig, TrainConfig
+from tasks.ledger import LedgerRecord
 
 if TYPE_CHECKING:
     from tasks.tuning import TuneSpec
@@ -46,3 +47,26 @@ def toy_tune_spec(folder: Path, **overrides) -> TuneSpec:
         "overrides": TOY,
     }
     return TuneSpec(**{**base, **overrides})
+
+
+def ledger_record(system="integro_de", method="neural_laplace", seed=0, **kw) -> LedgerRecord:
+    """A ledger record of the cell, 10 s of training on "some CPU"; ``kw`` replace fields."""
+    base = dict(
+        system=system,
+        method=method,
+        seed=seed,
+        config_hash="h" * 64,
+        commit="abc",
+        numerics=None,
+        test_rmse=0.01,
+        best_val_rmse=0.01,
+        rmse_without_top=0.01,
+        top_share=0.1,
+        epochs=1000,
+        best_epoch=999,
+        train_seconds=10.0,
+        device="cpu",
+        hardware="some CPU",
+        run_id="r" * 32,
+    )
+    return LedgerRecord(**{**base, **kw})

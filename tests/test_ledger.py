@@ -17,10 +17,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from cells import ledger_record as _record
 
 from flows.cli import main
 from flows.cli.ledger import add_parser
-from flows.ledger import LedgerGroup, expected_seconds, ledger_groups, run_ledger, to_train
+from flows.ledger import (
+    FIXED_SECONDS,
+    LedgerGroup,
+    expected_seconds,
+    ledger_groups,
+    run_ledger,
+    to_train,
+)
 from flows.ledger_text import ledger_markdown, status_text
 from tasks.ledger import DEFAULT_LEDGER, LedgerError, LedgerRecord, append_records, read_ledger
 from tasks.ledger_scope import LedgerScope, ledger_scope, paper_config, scope_of
@@ -54,28 +62,6 @@ def _two_systems(tmp_path: Path, seeds: list[int], extra: str = "") -> tuple[Pat
         "seeds": seeds,
     }
     return tmp_path / "ledger.jsonl", selection
-
-
-def _record(system="integro_de", method="neural_laplace", seed=0, **kw) -> LedgerRecord:
-    base = dict(
-        system=system,
-        method=method,
-        seed=seed,
-        config_hash="h" * 64,
-        commit="abc",
-        numerics=None,
-        test_rmse=0.01,
-        best_val_rmse=0.01,
-        rmse_without_top=0.01,
-        top_share=0.1,
-        epochs=1000,
-        best_epoch=999,
-        train_seconds=10.0,
-        device="cpu",
-        hardware="some CPU",
-        run_id="r" * 32,
-    )
-    return LedgerRecord(**{**base, **kw})
 
 
 def _write(path: Path, lines: list[str]) -> Path:
@@ -353,6 +339,7 @@ def test_time_limit_stops_the_running_cell_and_keeps_the_finished_one(
     """``ledger run`` with a time limit, one fast cell and one that would train for ever: at the
     limit the slow cell stops at its next batch through the engine's stop path (its run KILLED,
     no record), the fast one stays recorded, and the run returns on time."""
+    import flows.ledger
     import tasks.cell
     from tasks.tracking import connect
 
@@ -374,8 +361,8 @@ def test_time_limit_stops_the_running_cell_and_keeps_the_finished_one(
     # the fast cell: 2 epochs; the slow one: 100 000 epochs of batches of 0.05 s at least
     slow = '[cell_overrides."spiral_dde/node".training]\nepochs = 100000\n'
     ledger, selection = _two_systems(tmp_path, [0], slow)
-    # a record of another seed says a node group takes a second here: both cells start
-    append_records(ledger, [_record("integro_de", "node", 4, train_seconds=1.0)])
+    # the records are said to expect a second of the group: both cells start
+    monkeypatch.setattr(flows.ledger, "expected_seconds", lambda *args: 1.0)
     t0 = time.monotonic()
     said: list[str] = []
     out = run_ledger(
@@ -394,10 +381,7 @@ def test_time_limit_stops_the_running_cell_and_keeps_the_finished_one(
     assert len(reports) >= 3 and all(line.startswith("ledger:   ") for line in reports)
     assert "/100000  " in reports[-1] and " s/epoch lately  about " in reports[-1]
     assert said[said.index(reports[-1]) - 1].startswith("ledger: Training now: 1 of the selected")
-    assert [(r.system, r.seed) for r in read_ledger(ledger)] == [
-        ("integro_de", 4),
-        ("integro_de", 0),
-    ]
+    assert [(r.system, r.seed) for r in read_ledger(ledger)] == [("integro_de", 0)]
     import mlflow
 
     found = mlflow.MlflowClient().search_runs([connect().store.experiment_id])
@@ -406,6 +390,8 @@ def test_time_limit_stops_the_running_cell_and_keeps_the_finished_one(
 
 
 def test_a_group_is_expected_to_take_what_its_method_took_on_this_processor():
+    """A cell's estimate: its system's records on this processor, else its method's there,
+    else its system's anywhere, else its method's; on this kind of device only."""
     records = [
         _record("integro_de", "node", 0, train_seconds=1000.0, hardware="Xeon"),
         _record("spiral_dde", "node", 0, train_seconds=1200.0, hardware="Xeon"),
@@ -413,15 +399,40 @@ def test_a_group_is_expected_to_take_what_its_method_took_on_this_processor():
         _record("integro_de", "node", 2, train_seconds=50.0, hardware="H100", device="cuda"),
         _record("integro_de", "anode", 0, train_seconds=9.0, hardware="EPYC"),
     ]
-    group = LedgerGroup("node", "", (3,), ("integro_de",))
-    assert expected_seconds(group, records, "cpu", "EPYC") == 500.0  # this CPU's own record
-    assert expected_seconds(group, records, "cpu", "Opteron") == 1000.0  # none: every CPU's
-    assert expected_seconds(group, records, "cpu") == 1000.0
-    assert expected_seconds(group, records, "cuda:0", "EPYC") == 50.0  # the kind of device first
-    assert (
-        expected_seconds(LedgerGroup("latent_ode", "", (3,), ("integro_de",)), records, "cpu")
-        is None
-    )
+
+    def expected(systems, device="cpu", hardware=None, method="node"):
+        seconds = expected_seconds([systems], method, "", records, device, hardware)
+        return None if seconds is None else seconds - FIXED_SECONDS
+
+    assert expected(["integro_de"], hardware="EPYC") == 500.0  # this CPU's own record
+    assert expected(["spiral_dde"], hardware="EPYC") == 500.0  # its method's on this CPU
+    assert expected(["spiral_dde"], hardware="Opteron") == 1200.0  # its system's, any CPU
+    assert expected(["mackey_glass_dde"], hardware="Opteron") == 1000.0  # every CPU's
+    assert expected(["integro_de"]) == 750.0  # its system's two CPU records: 1000 and 500
+    assert expected(["integro_de"], "cuda:0", "EPYC") == 50.0  # the kind of device first
+    assert expected(["integro_de"], method="latent_ode") is None
+    assert expected_seconds([], "node", "", records, "cpu") is None
+
+
+@pytest.mark.parametrize(
+    ("packs", "workers", "training"),
+    [
+        ([["a", "b", "c"]], 1, 300.0),  # one pack: its slowest member's time
+        ([["b", "c"], ["a"]], 2, 300.0),  # two packs on two workers: the longer
+        ([["a"], ["b"], ["c"]], 1, 600.0),  # one by one on one worker: their sum
+        ([["a"], ["b"], ["c"]], 2, 300.0),  # on two: longest first, each to the first free
+        ([["c"], ["b"], ["a"], ["b"]], 2, 400.0),  # 300 + 100 beside 200 + 200
+    ],
+)
+def test_a_group_takes_its_packs_time_spread_over_the_workers(packs, workers, training):
+    """Packed members train at once, so a pack takes its slowest cell's time (a packed record
+    holds its pack's time); packs, and cells that train one by one, spread over the workers
+    as the engine runs them: a one-by-one model's group of three cells on one worker takes
+    three cells' time, not one's."""
+    seconds = {"a": 300.0, "b": 200.0, "c": 100.0}
+    records = [_record(s, "latent_ode", 0, train_seconds=t) for s, t in seconds.items()]
+    got = expected_seconds(packs, "latent_ode", "", records, "cpu", "some CPU", workers)
+    assert got == FIXED_SECONDS + training
 
 
 def test_a_group_expected_to_overrun_the_time_limit_is_not_started(tmp_path, mlflow_store):
@@ -440,7 +451,26 @@ def test_a_group_expected_to_overrun_the_time_limit_is_not_started(tmp_path, mlf
     out = run_ledger(ledger, selection=selection, execution={}, max_seconds=600, say=said.append)
     assert out.todo == 4 and not out.appended and not out.stopped
     assert out.skipped == [f"node seed {s} on integro_de" for s in (1, 2, 3, 4)]
-    assert "ledger: not starting node seed 1 on integro_de: about 28 min, 10 min left" in said
+    assert "ledger: not starting node seed 1 on integro_de: about 29 min, 10 min left" in said
+
+
+def test_a_group_whose_cells_add_up_on_its_one_worker_past_the_limit_is_not_started(
+    tmp_path, mlflow_store
+):
+    """The records say a node cell of either system takes under 7 minutes, but the two systems
+    train as two packs and the config runs one worker: about 14 minutes together, so with 10
+    left the group is not started (a single cell's time would have let it start, and both
+    cells would have been stopped unfinished)."""
+    ledger, selection = _two_systems(tmp_path, [0])
+    append_records(
+        ledger,
+        [_record(s, "node", 1, train_seconds=400.0) for s in ("integro_de", "spiral_dde")],
+    )
+    said: list[str] = []
+    out = run_ledger(ledger, selection=selection, execution={}, max_seconds=600, say=said.append)
+    group = "node seed 0 on integro_de, spiral_dde"
+    assert not out.appended and out.skipped == [group]
+    assert f"ledger: not starting {group}: about 14 min, 10 min left" in said
 
 
 def test_without_records_a_time_limited_group_trains_the_packs_this_machine_measures_fit(

@@ -92,11 +92,19 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     _add_selection(p)
     scoped: list[tuple[argparse.Action, tuple[str, ...]]] = []
-    _scoped_group(p, "status", scoped).add_argument(
+    status = _scoped_group(p, "status", scoped)
+    status.add_argument(
         "--training",
         action="store_true",
         help="also the selected cells that the tracking store `ledger run` writes (this "
         "machine's, or MLFLOW_TRACKING_URI) is training now: epoch, recent pace, time to go",
+    )
+    status.add_argument(
+        "--time-left",
+        action="store_true",
+        help="also how long `ledger run` is expected to take here to train the selected "
+        "missing cells, group by group in its order, from the ledger's records of each "
+        "method's training time (this processor's where it has some)",
     )
     _add_run_options(_scoped_group(p, "run", scoped))
     _add_execution_options(_scoped_group(p, "run and record", scoped))
@@ -236,6 +244,12 @@ def _status(args: argparse.Namespace) -> int:
 
     status, path = _read(args)
     print(status_text(status, path))
+    if args.time_left:
+        from flows.ledger_forecast import forecast
+        from flows.ledger_text import forecast_text
+
+        print()
+        print(forecast_text(forecast(path, selection=_selection(args))))
     if args.training:
         from flows.ledger import training_now
 

@@ -1,0 +1,97 @@
+"""How long the ledger's missing cells take here: other processors' records at this one's
+speed, and ``nllab ledger status --time-left``."""
+
+from __future__ import annotations
+
+import pytest
+from cells import ledger_record
+
+from flows.cli import main
+from flows.ledger import FIXED_SECONDS, expected_seconds, speed_ratios
+from tasks import usable_cores
+from tasks.ledger import append_records, hardware_name
+from tasks.ledger_scope import ledger_scope
+
+RECORDS = [
+    ledger_record("integro_de", "node", 0, train_seconds=500.0, hardware="EPYC"),
+    ledger_record("spiral_dde", "node", 0, train_seconds=600.0, hardware="EPYC"),
+    ledger_record("integro_de", "node", 0, train_seconds=1000.0, hardware="Xeon"),
+    ledger_record("spiral_dde", "node", 0, train_seconds=900.0, hardware="Xeon"),
+    ledger_record("spiral_dde", "node", 1, train_seconds=1100.0, hardware="Xeon"),
+    ledger_record("mackey_glass_dde", "anode", 0, train_seconds=2000.0, hardware="Xeon"),
+    ledger_record("integro_de", "latent_ode", 0, train_seconds=70.0, hardware="Opteron"),
+    ledger_record("integro_de", "node", 0, train_seconds=5.0, hardware="EPYC", device="cuda"),
+]
+
+
+def test_a_processor_is_timed_against_another_on_the_cells_both_recorded():
+    """EPYC took 500 of Xeon's 1000 s on integro_de and 600 of its median 1000 s on spiral_dde:
+    ×0.55 (the median ratio); Opteron shares no cell with it (left out); the GPU's record is of
+    another kind of device."""
+    assert speed_ratios(RECORDS, "EPYC") == {"Xeon": pytest.approx(0.55)}
+    assert speed_ratios(RECORDS, "Xeon") == {"EPYC": pytest.approx((1000 / 500 + 1000 / 600) / 2)}
+    assert speed_ratios(RECORDS, "Opteron") == {}
+    assert speed_ratios(RECORDS, None) == {}
+    assert speed_ratios(RECORDS, "EPYC", "cuda") == {}
+
+
+def test_another_processors_records_count_at_this_ones_speed():
+    def expected(method: str, system: str, hardware: str) -> float | None:
+        seconds = expected_seconds([[system]], method, "", RECORDS, "cpu", hardware)
+        return None if seconds is None else seconds - FIXED_SECONDS
+
+    assert expected("anode", "mackey_glass_dde", "EPYC") == pytest.approx(2000.0 * 0.55)
+    assert expected("anode", "mackey_glass_dde", "Opteron") == 2000.0  # no ratio: as recorded
+    assert expected("latent_ode", "integro_de", "EPYC") == 70.0
+    assert expected("node", "integro_de", "EPYC") == 500.0  # its own records, unscaled
+
+
+TINY = """\
+max_workers = 1
+[data]
+n_trajectories = 30
+[training]
+epochs = 2
+"""
+
+
+def test_time_left_lists_the_groups_run_trains_with_their_estimates(tmp_path, capsys):
+    """node's seed 0 is recorded (100 s on integro_de, 300 s on spiral_dde, another
+    processor's records): its seed 1 trains as two packs (one per system: their shapes differ)
+    on the config's one worker, 400 s and the fixed cost; anode has no record, so its groups
+    have no estimate; anode's seed 0 comes first (`ledger run` gives each column a seed
+    first)."""
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY)
+    systems, methods = ["integro_de", "spiral_dde"], ["node", "anode"]
+    scope = ledger_scope(config, systems, methods)
+    ledger = tmp_path / "ledger.jsonl"
+    took = {"integro_de": 100.0, "spiral_dde": 300.0}
+    recorded = [
+        ledger_record(c.system, "node", 0, config_hash=c.config_hash, train_seconds=took[c.system])
+        for c in scope.select(methods=["node"], seeds=[0])
+    ]
+    append_records(ledger, recorded)
+    assert hardware_name("cpu") != "some CPU"  # the records are another processor's
+    selection = ["--systems", *systems, "--methods", *methods, "--seeds", "0", "1"]
+    base = ["ledger", "status", "--ledger", str(ledger), "--config", str(config), "--no-ablation"]
+    assert main([*base, *selection, "--time-left"]) == 0
+    out = capsys.readouterr().out.split("Time left: ", 1)[1].splitlines()
+    assert out[0].startswith(
+        f"6 missing cells in 3 groups, as `ledger run` trains them here one group after another "
+        f"({hardware_name('cpu')}, {min(1, usable_cores())} at once): about 7 min (and 2 groups "
+        "without an estimate)"
+    )
+    rows = [line.split() for line in out[1:]]
+    assert [r[:3] for r in rows] == [
+        ["anode", "seed", "0,"],
+        ["node", "seed", "1,"],
+        ["anode", "seed", "1,"],
+    ]
+    assert " ".join(rows[1][5:]) == "about 7 min (other processors' records)"
+    assert round((FIXED_SECONDS + 400) / 60) == 7
+    assert "no record of the method on the CPU" in " ".join(rows[0])
+    # nothing missing: said so
+    done = ["--systems", "integro_de", "--methods", "node", "--seeds", "0"]
+    assert main([*base, *done, "--time-left"]) == 0
+    assert "Time left: none, every selected cell is recorded" in capsys.readouterr().out
