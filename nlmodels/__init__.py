@@ -25,6 +25,7 @@ _WHERE = {
         "mkl_position_independent numerics_in_effect numerics_note numerics_tag require_numerics "
         "set_up_numerics",
         "nlmodels.accel.native": "native_cpu_kernels native_build",
+        "nlmodels.accel.portable": "portable_cpu_kernels",
         "nlmodels.base": "ForecastModel",
         "nlmodels.ilt": "ILT_ALGORITHMS ILTAlgorithm get_ilt",
         "nlmodels.model_registry": "MODELS build_model load_builtin_models model_arguments "
@@ -35,7 +36,11 @@ _WHERE = {
     for name in names.split()
 }
 #: Public names under another name in their module.
-_ALIASES = {"native_cpu_kernels": "native_enabled", "native_build": "build_info"}
+_ALIASES = {
+    "native_cpu_kernels": "native_enabled",
+    "native_build": "build_info",
+    "portable_cpu_kernels": "installed",
+}
 
 __all__ = sorted(_WHERE)
 

@@ -13,6 +13,12 @@ of a pack of several got other bytes than alone (a pack of one).
 the call its pack of one makes. It runs as a ``TorchDispatchMode`` (a Python call per operator)
 only where a step has such a product: the first step of each shape finds out, later ones of that
 shape run without it when it had none.
+
+Under the portable CPU numerics (:mod:`nlmodels.accel.portable`, the default) it is not needed
+and stays off: every element of a product has one definition there (its first product, then
+fused multiply-adds in increasing inner index), whatever the batch it is computed in, so a
+batched product is its members' batch-of-one products by construction, and a 1-D pack trains
+without a Python call per operator.
 """
 
 from __future__ import annotations
@@ -26,6 +32,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 __all__ = ["MemberProducts"]
 
 _BMM = torch.ops.aten.bmm.default
+
+
+def _portable() -> bool:
+    """Whether the portable kernels compute this process's CPU products (see the module's
+    docstring: then a batch cannot change a member's bytes)."""
+    from nlmodels import portable_cpu_kernels
+
+    return portable_cpu_kernels()
 
 
 class _PerMember(TorchDispatchMode):
@@ -60,7 +74,7 @@ class MemberProducts:
         """Run the enclosed step of a pack of ``members`` (shape ``key``: the same operators on
         the same shapes each time) with its matrix–vector products computed member by member."""
         key = (key, members)
-        if not self.enabled or members == 1 or self.needed.get(key) is False:
+        if not self.enabled or members == 1 or self.needed.get(key) is False or _portable():
             yield
             return
         mode = _PerMember(members)

@@ -13,9 +13,10 @@ own moments, gradient-norm clipping over its own parameters, its validation, ear
 best-validation weights, and a divergence that ends only that member. A member's result is its
 unpacked run's, bit for bit, whatever it was packed with and wherever it sits in the pack: a
 single cell the engine would pack trains as a pack of one (:func:`nltrain.train`),
-members always get their own time grids, MKL runs in its strict reproducible mode
-(:mod:`nlmodels._numerics`) and a pack's matrix–vector products (1-D systems) are computed
-member by member, as a pack of one computes them (:mod:`nltrain._member_products`).
+members always get their own time grids, and a batched product gives each member its own
+product's bytes: by definition under the portable CPU kernels (the default), and under torch's
+(MKL in its strict reproducible mode, :mod:`nlmodels._numerics`) by computing a pack's
+matrix–vector products (1-D systems) member by member (:mod:`nltrain._member_products`).
 
 A member that stopped is frozen by ``torch.where`` masks (a diverged member's values may be NaN,
 and NaN·0 is NaN) until the end of the epoch, then dropped from the pack. The epochs, stopping

@@ -18,6 +18,7 @@ from test_packing import _split
 
 from datasets import SplitData
 from nlmodels import build_model
+from nlmodels.accel import portable
 from nltrain import TrainResult, seeded, train, train_packed
 from nltrain._member_products import MemberProducts
 from tasks.config import TrainConfig, resolve_config
@@ -121,10 +122,12 @@ def test_a_cross_system_member_is_bitwise_its_unpacked_run(name):
     _check_cross_system(name, 2)
 
 
+@pytest.mark.parametrize("dim", [1, 2])
 @pytest.mark.parametrize("name", ["nf_coupling", "nf_resnet"])
-def test_the_paper_profiles_flows_pack_bitwise(name):
-    """The paper profile's Neural Flows (the reference's linear time functions) too."""
-    _check_cross_system(name, 2, dict(resolve_config("paper").models[name]))
+def test_the_paper_profiles_flows_pack_bitwise(name, dim):
+    """The paper profile's Neural Flows (the reference's linear time functions) too, on 1-D
+    and 2-D systems."""
+    _check_cross_system(name, dim, dict(resolve_config("paper").models[name]))
 
 
 @pytest.mark.parametrize(
@@ -140,11 +143,28 @@ def test_a_1d_member_is_bitwise_its_unpacked_run(name):
     _check_cross_system(name, 1)
 
 
+@pytest.fixture(params=["portable", "torch"])
+def products_by(request):
+    """The CPU products this process computes by: the portable kernels, or torch's own (MKL,
+    as under the native numerics) for the test's time."""
+    if not portable.installed():
+        pytest.skip("the portable kernels are not installed in this process")
+    if request.param == "torch":
+        portable.uninstall()
+    try:
+        yield request.param
+    finally:
+        portable.install()
+
+
 @pytest.mark.parametrize("rows, cols", [(32, 1), (1, 32), (32, 2)])
-def test_a_packs_matrix_vector_products_are_its_members_batch_of_one_products(rows, cols):
+def test_a_packs_matrix_vector_products_are_its_members_batch_of_one_products(
+    rows, cols, products_by
+):
     """Under :class:`MemberProducts` a batched product of three members gives each member its
-    batch-of-one product (the pack of one's), bit for bit, and the scope remembers whether a
-    step shape needed it (only matrix–vector shapes do)."""
+    batch-of-one product (the pack of one's), bit for bit. With torch's kernels the scope
+    splits the matrix–vector shapes (and remembers which step shapes needed it); the portable
+    kernels define each element whatever the batch, so there it stays off."""
     g = torch.Generator().manual_seed(0)
     a = torch.randn(3, rows, 128, generator=g, dtype=torch.float64)
     b = torch.randn(3, 128, cols, generator=g, dtype=torch.float64)
@@ -154,7 +174,8 @@ def test_a_packs_matrix_vector_products_are_its_members_batch_of_one_products(ro
             out = torch.bmm(a, b)
         for j in range(3):
             assert torch.equal(out[j], torch.bmm(a[j : j + 1], b[j : j + 1])[0]), j
-    assert products.needed == {("probe", 3): 1 in (rows, cols)}
+    split = {("probe", 3): 1 in (rows, cols)}
+    assert products.needed == ({} if products_by == "portable" else split)
 
 
 _QUICK_PACKS = {
