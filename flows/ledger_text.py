@@ -71,13 +71,15 @@ def forecast_text(forecast: Forecast) -> str:
     each with its expected time here and what that rests on, and their sum."""
     if not forecast.groups:
         return "Time left: none, every selected cell is recorded"
-    unknown = len(forecast.unknown)
-    rest = f" (and {unknown} groups without an estimate)" if unknown else ""
+    unknown, n = len(forecast.unknown), len(forecast.groups)
+    if unknown == n:
+        total = "not known: the ledger has no record of these methods on the CPU"
+    else:
+        rest = f" (and {unknown} groups without an estimate)" if unknown else ""
+        total = f"about {_span(forecast.known_seconds)}{rest}, by the ledger's records"
     lines = [
-        f"Time left: {forecast.cells} missing cells in {len(forecast.groups)} groups, as `ledger "
-        f"run` trains them here one group after another ({forecast.hardware}, "
-        f"{forecast.workers} at once): about {_span(forecast.known_seconds)}{rest}, by the "
-        "ledger's records of each method's training time"
+        f"Time left: {forecast.cells} missing cells in {n} groups, as `ledger run` trains them "
+        f"here one group after another ({forecast.hardware}, {forecast.workers} at once): {total}"
     ]
     for other, ratio in sorted(forecast.ratios.items()):
         lines.append(

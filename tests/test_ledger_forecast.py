@@ -91,6 +91,9 @@ def test_time_left_lists_the_groups_run_trains_with_their_estimates(tmp_path, ca
     assert " ".join(rows[1][5:]) == "about 7 min (other processors' records)"
     assert round((FIXED_SECONDS + 400) / 60) == 7
     assert "no record of the method on the CPU" in " ".join(rows[0])
+    # no record of the selected method: not guessed
+    assert main([*base, *selection[:3], "--methods", "anode", "--time-left"]) == 0
+    assert "at once): not known: the ledger has no record" in capsys.readouterr().out
     # nothing missing: said so
     done = ["--systems", "integro_de", "--methods", "node", "--seeds", "0"]
     assert main([*base, *done, "--time-left"]) == 0
