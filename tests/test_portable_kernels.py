@@ -113,6 +113,37 @@ def test_float32_and_complex_products():
     assert np.array_equal(got.real, real) and np.array_equal(got.imag, imag)
 
 
+def _batched_cases(count: int = 40, seed: int = 5):
+    """Random (members, m, k, n, transposed): matrix–vector shapes (m or n = 1) one time in
+    three each, inner sizes across the kernel's blocks and tails, and the right operand a
+    transposed view (as a packed linear layer's weight) half the time."""
+    g = torch.Generator().manual_seed(seed)
+
+    def draw(low: int, high: int) -> int:
+        return int(torch.randint(low, high + 1, (), generator=g))
+
+    for _ in range(count):
+        m = 1 if draw(0, 2) == 0 else draw(1, 40)
+        n = 1 if draw(0, 2) == 0 else draw(1, 40)
+        yield draw(2, 6), m, draw(1, 70), n, bool(draw(0, 1))
+
+
+def test_a_batched_products_members_are_their_own_products_whatever_the_shape():
+    """The property a pack relies on (:mod:`nltrain._member_products`): each member of a
+    batched product gets the bytes of its own product, as a batch of one and as a plain matrix
+    product, on shapes drawn at random rather than listed."""
+    g = torch.Generator().manual_seed(12)
+    for members, m, k, n, transposed in _batched_cases():
+        a = torch.randn(members, m, k, generator=g, dtype=torch.float64)
+        b = torch.randn(members, *((n, k) if transposed else (k, n)), generator=g, dtype=a.dtype)
+        b = b.transpose(1, 2) if transposed else b
+        batched = torch.bmm(a, b)
+        for j in range(members):
+            case = (members, m, k, n, transposed, j)
+            assert torch.equal(batched[j], torch.bmm(a[j : j + 1], b[j : j + 1])[0]), case
+            assert torch.equal(batched[j], a[j] @ b[j]), case
+
+
 def test_a_members_products_do_not_depend_on_its_pack():
     g = torch.Generator().manual_seed(11)
     w = torch.randn(5, 7, 3, generator=g, dtype=torch.float64)
