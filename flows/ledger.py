@@ -330,7 +330,7 @@ def _what_fits(
     from tasks.engine import estimate_packs
 
     estimates = estimate_packs(config)
-    workers = config.execution.max_workers
+    workers = cpu_workers(config)
     parts = fitting_parts(group, estimates, left, workers)
     n_part, n_all = sum(p.size for p, _ in parts), group.size
     if parts and n_part == n_all:

@@ -503,6 +503,34 @@ def test_without_records_a_time_limited_group_trains_the_packs_this_machine_meas
     assert "ledger: training node seed 0 on integro_de (about 3 min expected)" in said
 
 
+@pytest.mark.parametrize(("cores", "skipped"), [(1, ["1 of the 2 cells of {group}"]), (2, [])])
+def test_measured_packs_count_the_workers_this_machine_has_cores_for(
+    tmp_path, mlflow_store, prefect_server, monkeypatch, cores, skipped
+):
+    """No record; each of the two packs measures 240 s. The config asks for two workers: on two
+    cores the packs train side by side and the group fits 10 minutes; on one core they share
+    it, one after the other (about 10.4 min with the margin), so only the first pack's cell is
+    trained."""
+    import tasks
+    import tasks.placement
+    from tasks.placement import Probe
+
+    monkeypatch.setattr(
+        tasks.placement,
+        "probe_pack",
+        lambda cell, device, members=1: Probe(240.0 / members / cell.training.epochs),
+    )
+    monkeypatch.setattr(tasks, "usable_cores", lambda: cores)
+    monkeypatch.setenv("NLLAB_HOME", str(tmp_path / "home"))  # its own probe cache
+    ledger, selection = _two_systems(tmp_path, [0])
+    out = run_ledger(
+        ledger, selection=selection, execution={"max_workers": 2}, max_seconds=600, say=print
+    )
+    group = "node seed 0 on integro_de, spiral_dde"
+    assert out.skipped == [s.format(group=group) for s in skipped]
+    assert len(read_ledger(ledger)) == cores
+
+
 @pytest.mark.parametrize(
     ("seconds", "why"),
     [
