@@ -508,9 +508,8 @@ def test_measured_packs_count_the_workers_this_machine_has_cores_for(
     tmp_path, mlflow_store, prefect_server, monkeypatch, cores, skipped
 ):
     """No record; each of the two packs measures 240 s. The config asks for two workers: on two
-    cores the packs train side by side and the group fits 10 minutes; on one core they share
-    it, one after the other (about 10.4 min with the margin), so only the first pack's cell is
-    trained."""
+    cores the packs train side by side and the group fits the 10 minutes left; on one core
+    they take turns (about 10.4 min with the margin), so only the first pack's cell trains."""
     import tasks
     import tasks.placement
     from tasks.placement import Probe
