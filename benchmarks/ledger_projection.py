@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from nltrain import LoopOptions, prefers_one_by_one, train_packed
+from nltrain import LoopOptions, TrainResult, prefers_one_by_one, train_packed
 from tasks.config import CellConfig
 from tasks.engine import make_packs
 from tasks.ledger_scope import paper_config
@@ -60,8 +60,12 @@ class Pack:
     seconds: float
 
 
-def time_pack(cells: Sequence[CellConfig], epochs: int) -> Pack:
-    """Seconds per epoch of ``cells`` trained as the engine trains that pack."""
+def train_pack(
+    cells: Sequence[CellConfig], epochs: int, pack: bool | None = None
+) -> tuple[list[torch.nn.Module], list[TrainResult], bool]:
+    """``cells`` built and trained for ``epochs`` epochs through :func:`nltrain.train_packed`
+    from their seeds' initial weights: (the trained models, their results, whether packed).
+    ``pack``: None packs as the engine does (several cells of a model that packs on the CPU)."""
     models, trains, vals = [], [], []
     for c in cells:
         prepared = prepare_cell(c, simulate_data(c.system, c.data, c.seed))
@@ -69,7 +73,8 @@ def time_pack(cells: Sequence[CellConfig], epochs: int) -> Pack:
         models.append(model)
         trains.append(prepared.train)
         vals.append(prepared.val)
-    packed = len(cells) > 1 and not prefers_one_by_one(models[0], torch.device("cpu"))
+    if pack is None:
+        pack = len(cells) > 1 and not prefers_one_by_one(models[0], torch.device("cpu"))
     results = train_packed(
         models,
         trains,
@@ -78,15 +83,23 @@ def time_pack(cells: Sequence[CellConfig], epochs: int) -> Pack:
         device="cpu",
         seeds=[c.seed for c in cells],
         options=LoopOptions(labels=tuple(c.key for c in cells)),
-        pack=packed,
+        pack=pack,
     )
+    return models, results, pack
+
+
+def median_epoch(result: TrainResult) -> float:
+    """A training's median epoch seconds after the first (the first warms caches up)."""
+    return statistics.median(r.seconds for r in result.history[1:] or result.history)
+
+
+def time_pack(cells: Sequence[CellConfig], epochs: int) -> Pack:
+    """Seconds per epoch of ``cells`` trained as the engine trains that pack."""
+    _, results, packed = train_pack(cells, epochs)
     if packed:  # one history, shared by the members
-        history = results[0].history
-        per_epoch = statistics.median(r.seconds for r in history[1:] or history)
+        per_epoch = median_epoch(results[0])
     else:  # one after another: their epochs add up
-        per_epoch = sum(
-            statistics.median(r.seconds for r in res.history[1:] or res.history) for res in results
-        )
+        per_epoch = sum(median_epoch(res) for res in results)
     return Pack(tuple(c.system for c in cells), packed, per_epoch)
 
 

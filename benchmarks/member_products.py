@@ -34,12 +34,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+from ledger_projection import median_epoch, train_pack
 
-from nltrain import LoopOptions, train_packed
 from tasks.config import CellConfig
 from tasks.engine import make_packs
 from tasks.ledger_scope import paper_config
-from tasks.pipeline import build_cell_model, prepare_cell, simulate_data
+from tasks.pipeline import simulate_data
 
 METHODS = ("nf_coupling", "nf_resnet", "anode", "node")
 
@@ -71,25 +71,8 @@ def one_d_pack(method: str) -> list[CellConfig]:
 def train_once(cells: Sequence[CellConfig], epochs: int) -> tuple[float, str]:
     """(median seconds per epoch after the first, SHA-256 of the trained weights) of ``cells``
     trained as one pack for ``epochs`` epochs from their seeds' initial weights."""
-    models, trains, vals = [], [], []
-    for c in cells:
-        prepared = prepare_cell(c, simulate_data(c.system, c.data, c.seed))
-        model, _ = build_cell_model(c, int(prepared.train.obs_x.shape[-1]))
-        models.append(model)
-        trains.append(prepared.train)
-        vals.append(prepared.val)
-    results = train_packed(
-        models,
-        trains,
-        vals,
-        cells[0].training.fixed_epochs(epochs),
-        device="cpu",
-        seeds=[c.seed for c in cells],
-        options=LoopOptions(labels=tuple(c.key for c in cells)),
-        pack=True,
-    )
-    history = results[0].history
-    per_epoch = statistics.median(r.seconds for r in history[1:] or history)
+    models, results, _ = train_pack(cells, epochs, pack=True)
+    per_epoch = median_epoch(results[0])
     digest = hashlib.sha256()
     for model in models:
         for name, tensor in sorted(model.state_dict().items()):
