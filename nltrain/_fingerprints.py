@@ -6,8 +6,11 @@ fixed canary produces through the code paths a cell takes, so it changes when a 
 trainer's or a system's arithmetic changes, and not when code is only moved, renamed or
 commented (unlike a hash of the source, as Prefect's task cache or DVC key on).
 
-* **model**: a few training steps of the model (initial weights drawn as
-  :func:`tasks.pipeline.build_cell_model` draws them) on fixed synthetic data, float64, CPU, one
+* **model**: a few training steps of the model as the cell builds it (its settings: the
+  model's keyword arguments that differ from its defaults, e.g. the paper profile's linear
+  time functions of the Neural Flows or the ablation's ``stereographic = false``; initial
+  weights drawn as :func:`tasks.pipeline.build_cell_model` draws them) on fixed synthetic
+  data, float64, CPU, one
   torch thread, through :func:`nltrain.train_packed` one by one (the eager step of
   :func:`nltrain.train`: Neural Laplace's native kernels, or their torch twins, whichever
   this process runs — named in the hash, with the CPU numerics mode in effect,
@@ -23,8 +26,9 @@ few seconds, so each is computed once per *source state* and cached under
 plugin model's whole package): a start with unchanged sources reads a small file; an edit
 recomputes the canary, whose bytes then decide.
 
-Not covered: CUDA arithmetic (the canary runs on the CPU), model settings other than the
-defaults and data sizes other than the canary's (the same code at other sizes), and
+A model at its defaults hashes what it hashed before settings were covered, so its
+fingerprint did not change with them. Not covered: CUDA arithmetic (the canary runs on the
+CPU), data sizes other than the canary's (the same code at other sizes), and
 orchestration (``tasks``, ``flows``: evaluation plots, tracking, the command line), which
 cannot move a number.
 """
@@ -39,8 +43,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,6 +55,7 @@ from nltrain._sources import covered_sources
 
 __all__ = [
     "model_fingerprint",
+    "model_settings",
     "source_key",
     "system_fingerprint",
     "training_digest",
@@ -103,8 +109,9 @@ def _canary_splits(state_dim: int = 2):
     return SplitData.from_trajectories(t, x[:8], 10), SplitData.from_trajectories(t, x[8:], 10)
 
 
-def _train_canary(method: str, h: hashlib._Hash) -> None:
-    """Feed ``h`` the canary training's bytes: losses, weights after them and a forecast."""
+def _train_canary(method: str, h: hashlib._Hash, settings: Mapping[str, Any]) -> None:
+    """Feed ``h`` the canary training's bytes: losses, weights after them and a forecast, of
+    ``method`` built with ``settings``."""
     from nlmodels import build_model
     from nltrain._config import TrainConfig
     from nltrain._loop import LoopOptions
@@ -118,7 +125,7 @@ def _train_canary(method: str, h: hashlib._Hash) -> None:
         models = []
         for s in seeds:
             with seeded(s):  # as tasks.pipeline.build_cell_model draws a cell's weights
-                models.append(build_model(method, 2))
+                models.append(build_model(method, 2, **settings))
         # torch's global stream during training (a model's own draws), fixed too
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
@@ -151,22 +158,38 @@ def _cpu_mark() -> str:
     return f"; cpu={mode}" if mode.startswith("portable") else ""
 
 
-def _model_canary(method: str) -> str:
+def _model_canary(method: str, settings: Mapping[str, Any]) -> str:
     from nlmodels import native_cpu_kernels
 
     h = hashlib.sha256(f"{_FORMAT}; {_versions()}; {method}".encode())
+    if settings:  # (none: the bytes a model at its defaults always hashed)
+        h.update(f"; settings {_settings_text(settings)}".encode())
     # which fast path the eager step runs: native kernels and their torch twins are not
     # bitwise equal, so each has its own fingerprint; so has the portable CPU mode
     h.update(f"native={native_cpu_kernels()}{_cpu_mark()}".encode())
-    _train_canary(method, h)
+    _train_canary(method, h, settings)
     return h.hexdigest()[:16]
+
+
+def _settings_text(settings: Mapping[str, Any]) -> str:
+    """``settings`` as canonical JSON (sorted keys, tuples as lists)."""
+    return json.dumps(dict(settings), sort_keys=True, default=repr)
+
+
+def model_settings(method: str, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The settings of ``method`` that a fingerprint covers: its ``overrides`` (a cell's
+    ``model`` keywords) whose value differs from the model's own default (a default spelt out
+    is the same model, :func:`nlmodels.non_default_overrides`)."""
+    from nlmodels import non_default_overrides
+
+    return non_default_overrides(method, overrides or {})
 
 
 def training_digest(method: str) -> str:
     """The canary training's bytes alone (no versions, modes or format), one torch thread: what
     the tests pin, so a CPU that computes other bytes fails naming the model."""
     h = hashlib.sha256()
-    _one_thread(_train_canary, method, h)
+    _one_thread(_train_canary, method, h, {})
     return h.hexdigest()[:16]
 
 
@@ -190,7 +213,9 @@ def _cache_dir() -> Path:
     return data_home() / "numerics"
 
 
-def _fingerprint(kind: str, name: str, key: str) -> str:
+def _fingerprint(kind: str, name: str, key: str, canary: Callable[[], str]) -> str:
+    """The fingerprint of ``kind`` ``name`` at source state ``key``: memoised, else read from
+    the cache, else ``canary()`` run (one torch thread) and cached."""
     memo = (kind, name, key)
     with _MEMO_LOCK:
         if memo in _MEMO:
@@ -203,7 +228,7 @@ def _fingerprint(kind: str, name: str, key: str) -> str:
     if not isinstance(fp, str):
         t0 = time.perf_counter()
         try:
-            fp = _run_canary(kind, name)
+            fp = _one_thread(canary)
         except (Exception, SystemExit) as e:  # user code's sys.exit too (a real stop is not)
             # The model or simulator fails as it runs: its cells fail on their own, with their
             # error; this fingerprint matches no stored run and is neither cached nor memoised.
@@ -238,10 +263,6 @@ def _one_thread(fn, *args):
         torch.set_num_threads(threads)
 
 
-def _run_canary(kind: str, name: str) -> str:
-    return _one_thread(_model_canary if kind == "model" else _system_canary, name)
-
-
 def write_record(path: Path, record: Mapping[str, object]) -> None:
     """Atomically (two processes racing write the same bytes); a read-only home only costs
     the next start the canary again."""
@@ -254,12 +275,18 @@ def write_record(path: Path, record: Mapping[str, object]) -> None:
         print(f"nllab: numerics fingerprint not cached ({e})", file=sys.stderr)
 
 
-def model_fingerprint(method: str) -> str:
-    """The numerics fingerprint of model ``method`` (16 hex digits; cached per source state)."""
-    return _fingerprint("model", method, source_key(method))
+def model_fingerprint(method: str, overrides: Mapping[str, Any] | None = None) -> str:
+    """The numerics fingerprint of model ``method`` built with ``overrides`` (a cell's
+    ``model`` keywords; those at the model's default count as absent, :func:`model_settings`)
+    (16 hex digits; cached per source state and settings)."""
+    settings = model_settings(method, overrides)
+    name = method
+    if settings:
+        name += "+" + hashlib.sha256(_settings_text(settings).encode()).hexdigest()[:12]
+    return _fingerprint("model", name, source_key(method), lambda: _model_canary(method, settings))
 
 
 def system_fingerprint(system: str) -> str:
     """The numerics fingerprint of data set ``system`` (16 hex digits; cached per source
     state)."""
-    return _fingerprint("system", system, source_key())
+    return _fingerprint("system", system, source_key(), lambda: _system_canary(system))

@@ -252,7 +252,8 @@ def cell_numerics(cell: CellConfig) -> str:
     """Today's ``numerics`` of ``cell`` (its fingerprints computed, or read from their cache)."""
     from nltrain import model_fingerprint, system_fingerprint
 
-    return numerics_of(model_fingerprint(cell.method), system_fingerprint(cell.system)) or ""
+    model = model_fingerprint(cell.method, cell.model)
+    return numerics_of(model, system_fingerprint(cell.system)) or ""
 
 
 def _int(value: float | None) -> int | None:

@@ -7,10 +7,11 @@ here they are read for a run's cells, written as its tags and compared with a st
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from nltrain import model_fingerprint, system_fingerprint, training_digest
+from nltrain import model_fingerprint, model_settings, system_fingerprint, training_digest
 
 __all__ = [
     "CellNumerics",
@@ -23,22 +24,32 @@ __all__ = [
 ]
 
 
+def _model_key(cell) -> tuple[str, str]:
+    """The model a fingerprint tells apart: the method and its settings (canonical JSON)."""
+    return cell.method, json.dumps(model_settings(cell.method, cell.model), sort_keys=True)
+
+
 @dataclass(frozen=True)
 class CellNumerics:
-    """Today's fingerprints of the models and systems of some cells."""
+    """Today's fingerprints of the models (method and settings) and systems of some cells."""
 
-    models: Mapping[str, str]
+    models: Mapping[tuple[str, str], str]
     systems: Mapping[str, str]
+
+    def model(self, cell) -> str:
+        """Today's fingerprint of ``cell``'s model, as its settings build it."""
+        return self.models[_model_key(cell)]
 
 
 def warm(cells: Iterable) -> CellNumerics:
-    """Today's fingerprints of the methods and systems of ``cells`` (computed now if not
-    cached, so worker processes then only read them)."""
+    """Today's fingerprints of the models (with their settings) and systems of ``cells``
+    (computed now if not cached, so worker processes then only read them)."""
     cells = list(cells)
-    methods = sorted({c.method for c in cells})
+    models = {_model_key(c): c for c in cells}
     systems = sorted({c.system for c in cells})
     return CellNumerics(
-        {m: model_fingerprint(m) for m in methods}, {s: system_fingerprint(s) for s in systems}
+        {key: model_fingerprint(c.method, c.model) for key, c in sorted(models.items())},
+        {s: system_fingerprint(s) for s in systems},
     )
 
 
@@ -47,7 +58,7 @@ def cell_tags(cell) -> dict[str, str]:
     from tasks.tracking.tags import RunTags
 
     return {
-        RunTags.NUMERICS_MODEL: model_fingerprint(cell.method),
+        RunTags.NUMERICS_MODEL: model_fingerprint(cell.method, cell.model),
         RunTags.NUMERICS_SYSTEM: system_fingerprint(cell.system),
     }
 
@@ -75,11 +86,11 @@ def stale(
             unrecorded += 1
             continue
         commit = (tags.get(RunTags.GIT_COMMIT) or "")[:7] or "unknown"
-        if model != today.models[c.method]:
+        if model != today.model(c):
             changed.setdefault((c.method, "model"), []).append(commit)
         if system != today.systems[c.system]:
             changed.setdefault((c.system, "data set"), []).append(commit)
-        if model != today.models[c.method] or system != today.systems[c.system]:
+        if model != today.model(c) or system != today.systems[c.system]:
             out.add(h)
     lines = [
         f"{'' if kind == 'model' else 'the data set '}{name} changed since commit "

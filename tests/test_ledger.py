@@ -730,3 +730,26 @@ def test_status_and_table_read_without_torch_mlflow_or_prefect(tmp_path):
     )
     assert done.stdout.splitlines()[-1] == "[0, 0] []", done.stdout[-2000:] + done.stderr
     assert "computing today's config hashes" not in done.stderr
+
+
+def test_a_cells_numerics_are_those_of_its_model_as_the_profile_sets_it(tmp_path, monkeypatch):
+    """The ablation's Neural Laplace (``stereographic = false``) and the paper profile's
+    Neural Flows (linear time functions) run code their models' defaults do not reach: their
+    records' model fingerprints are those of that code, not of the defaults'."""
+    from nltrain import model_fingerprint
+    from tasks.ledger import cell_numerics
+
+    monkeypatch.setenv("NLLAB_HOME", str(tmp_path))  # fingerprints computed afresh
+    one = {"systems": ["integro_de"], "seeds": [0]}
+    (plain,) = paper_config(methods=["neural_laplace"], **one).cells()
+    (ablated,) = paper_config(
+        methods=["neural_laplace"], models={"neural_laplace": {"stereographic": False}}, **one
+    ).cells()
+    (flow,) = paper_config(methods=["nf_resnet"], **one).cells()
+    plain_fp, ablated_fp, flow_fp = (cell_numerics(c).split("/")[0] for c in (plain, ablated, flow))
+    assert plain_fp == model_fingerprint("neural_laplace")
+    assert ablated_fp == model_fingerprint("neural_laplace", {"stereographic": False})
+    assert ablated_fp != plain_fp
+    assert flow.model == {"time_net": "linear"}
+    assert flow_fp == model_fingerprint("nf_resnet", {"time_net": "linear"})
+    assert flow_fp != model_fingerprint("nf_resnet")

@@ -164,6 +164,41 @@ def test_numerics_decide_reuse_and_compare_names_the_change(
     assert "node/seed0" not in section
 
 
+# the toy at width 2 reads the query time twice and adds OFFSET: arithmetic only that setting
+# reaches (at its default, width 1, OFFSET is multiplied by 0)
+WIDE = """q = query_t if query_t.dim() == 2 else query_t.expand(obs_x.shape[0], -1)
+        last = obs_x[:, -1:, :].expand(-1, q.shape[1], -1)
+        extra = self.net.in_features - self.state_dim
+        times = q.unsqueeze(-1).expand(-1, -1, extra)
+        return self.net(torch.cat([last, times], -1)) + OFFSET * (extra - 1)"""
+
+
+def test_a_setting_s_own_arithmetic_moves_its_fingerprint_and_retrains_its_cells(
+    toy, mlflow_store, prefect_server, capsys
+):
+    """A model's fingerprint is its canary built as the cell builds it: a setting that takes
+    its own code path (the paper profile's linear time functions, the ablation's plain output
+    map) gets a fingerprint of its own, which an edit of that path alone changes, and the
+    cells of that setting are then retrained while the default's stay as they are."""
+    toy(0.0, WIDE)
+    default, wide = numerics.model_fingerprint(TOY), numerics.model_fingerprint(TOY, {"width": 2})
+    assert wide != default
+    assert numerics.model_fingerprint(TOY, {"width": 1}) == default  # a default spelt out
+    assert numerics.model_settings(TOY, {"width": 1}) == {}
+    config = _config(methods=[TOY], seeds=[0], models={TOY: {"width": 2}})
+    first = run_benchmark(config)
+    assert set(_statuses(first).values()) == {"finished"}
+    tags = connect().queries.get_run_data(first.results[0].run_id).tags
+    assert tags[RunTags.NUMERICS_MODEL] == wide
+
+    toy(5.0, WIDE)  # the arithmetic of width 2 only
+    assert numerics.model_fingerprint(TOY) == default
+    assert numerics.model_fingerprint(TOY, {"width": 2}) != wide
+    capsys.readouterr()
+    assert _statuses(run_benchmark(config)) == {f"{TOY}/0": "finished"}  # retrained, not reused
+    assert f"{TOY} changed since commit" in capsys.readouterr().err
+
+
 def test_runs_stored_without_fingerprints_are_retrained_once_said(mlflow_store, capsys):
     from tasks.cell import CellRuntime, run_cell
 
@@ -194,8 +229,8 @@ def test_switching_numerics_back_and_forth_retrains_nothing_already_in_the_store
     rt = CellRuntime.for_store(tracker.store, parent_run_id=None, profile="smoke")
     portable = cell_numerics.model_fingerprint
 
-    def native(method: str) -> str:
-        return "native" + portable(method)[6:]
+    def native(method: str, overrides=None) -> str:
+        return "native" + portable(method, overrides)[6:]
 
     trained: dict[str, str] = {}
     retrained = []
