@@ -36,8 +36,8 @@ _WHERE = {
         "_loop": "EpochRecord LoopOptions StepFunction StopReason TrainResult epoch_bar "
         "stop_reason train_loop",
         "_packing": "PlainGRU PlainGRUCell packable prefers_one_by_one train_packed",
-        "_pinned": "PINNED PINNED_WITH Mismatch PinnedCheck check_pinned data_digest "
-        "last_pinned_check pinned_mismatches",
+        "_pinned": "PINNED PINNED_SETTINGS PINNED_WITH Mismatch PinnedCheck check_pinned "
+        "data_digest last_pinned_check pinned_label pinned_mismatches",
         "_sources": "NUMERIC_PACKAGES covered_sources",
         "_steps": "DTYPES as_tensor",
         "_training": "epoch_seconds predict seeded select_device step_function train",

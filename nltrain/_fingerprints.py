@@ -185,11 +185,12 @@ def model_settings(method: str, overrides: Mapping[str, Any] | None) -> dict[str
     return non_default_overrides(method, overrides or {})
 
 
-def training_digest(method: str) -> str:
-    """The canary training's bytes alone (no versions, modes or format), one torch thread: what
-    the tests pin, so a CPU that computes other bytes fails naming the model."""
+def training_digest(method: str, overrides: Mapping[str, Any] | None = None) -> str:
+    """The canary training's bytes alone (no versions, modes or format), one torch thread, of
+    ``method`` built with ``overrides`` (:func:`model_settings`): what the tests pin, so a CPU
+    that computes other bytes fails naming the model."""
     h = hashlib.sha256()
-    _one_thread(_train_canary, method, h, {})
+    _one_thread(_train_canary, method, h, model_settings(method, overrides))
     return h.hexdigest()[:16]
 
 

@@ -25,7 +25,7 @@ from datasets import simulate
 from nlmodels import _cpu, _numerics
 from nlmodels.accel import native as _native
 from nlmodels.accel.native import _store
-from nltrain import PINNED, training_digest
+from nltrain import PINNED, PINNED_SETTINGS, model_settings, pinned_label, training_digest
 from tasks import MAIN_SYSTEMS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,14 +35,37 @@ SCRIPT = ROOT / "benchmarks" / "cpu_numerics.py"
 #: system and a short float64 training of each model in the portable mode.
 QUICK_DATA = PINNED["data"]
 TRAINING = PINNED["training"]
-NEURAL_LAPLACE_TWINS = PINNED["training_twins"]["neural_laplace"]
+TWINS = PINNED["training_twins"]
+
+
+def _model(label: str) -> tuple[str, dict]:
+    return PINNED_SETTINGS.get(label, (label, {}))
 
 
 def test_pinned_names_cover_every_main_system_and_model():
     from nlmodels import MODELS
 
     assert set(QUICK_DATA) == set(MAIN_SYSTEMS)
-    assert set(TRAINING) <= set(MODELS)
+    assert set(MODELS) >= {_model(label)[0] for label in TRAINING}
+    assert set(PINNED_SETTINGS) <= set(TRAINING)
+    for label, (method, settings) in PINNED_SETTINGS.items():
+        assert pinned_label(method, model_settings(method, settings)) == label
+
+
+def test_every_model_the_paper_profile_and_its_ablations_build_is_pinned():
+    """Not a list to keep: the models as the ledger's cells build them (the paper profile's
+    settings and each ablation's), read from the profile."""
+    from tasks.ledger_scope import ABLATIONS, paper_config
+
+    configs = [paper_config()]
+    configs += [paper_config(methods=list(o), models=o) for o in ABLATIONS.values()]
+    built = {
+        pinned_label(c.method, model_settings(c.method, c.model))
+        for config in configs
+        for c in config.cells()
+    }
+    assert built - set(TRAINING) == set()
+    assert {label for label in built if label.startswith("neural_laplace")} <= set(TWINS)
 
 
 @pytest.mark.parametrize("system", MAIN_SYSTEMS)
@@ -58,27 +81,29 @@ def _portable_or_skip() -> None:
         pytest.skip(f"training digests are pinned for the portable mode; this process: {mode}")
 
 
-@pytest.mark.parametrize("method", sorted(TRAINING))
-def test_short_training_bytes_are_pinned(method):
+@pytest.mark.parametrize("label", sorted(TRAINING))
+def test_short_training_bytes_are_pinned(label):
     _portable_or_skip()
+    method, settings = _model(label)
     if method == "neural_laplace" and not _native.native_enabled():
-        pinned = NEURAL_LAPLACE_TWINS  # no C compiler: the torch twins run
+        pinned = TWINS[label]  # no C compiler: the torch twins run
     else:
-        pinned = TRAINING[method]
-    got = training_digest(method)
-    assert got == pinned, f"training of {method}: {got}, pinned {pinned}"
+        pinned = TRAINING[label]
+    got = training_digest(method, settings)
+    assert got == pinned, f"training of {label}: {got}, pinned {pinned}"
 
 
-def test_neural_laplace_twins_bytes_are_pinned(monkeypatch):
+@pytest.mark.parametrize("label", sorted(TWINS))
+def test_neural_laplace_twins_bytes_are_pinned(monkeypatch, label):
     _portable_or_skip()
     monkeypatch.setenv("NLLAB_NATIVE", "0")
     _native._forget()
     try:
-        got = training_digest("neural_laplace")
+        got = training_digest(*_model(label))
     finally:
         monkeypatch.undo()
         _native._forget()
-    assert got == NEURAL_LAPLACE_TWINS, f"training of neural_laplace (torch twins): {got}"
+    assert got == TWINS[label], f"training of {label} (torch twins): {got}"
 
 
 def test_native_kernels_target_and_cache_key_follow_the_mode(monkeypatch, tmp_path):
