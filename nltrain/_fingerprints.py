@@ -10,11 +10,10 @@ commented (unlike a hash of the source, as Prefect's task cache or DVC key on).
   model's keyword arguments that differ from its defaults, e.g. the paper profile's linear
   time functions of the Neural Flows or the ablation's ``stereographic = false``; initial
   weights drawn as :func:`tasks.pipeline.build_cell_model` draws them) on fixed synthetic
-  data, float64, CPU, one
-  torch thread, through :func:`nltrain.train_packed` one by one (the eager step of
-  :func:`nltrain.train`: Neural Laplace's native kernels, or their torch twins, whichever
-  this process runs — named in the hash, with the CPU numerics mode in effect,
-  :mod:`nlmodels._numerics`) and as a pack of two seeds (the vmapped step, plain
+  data, float64, CPU, one torch thread, through :func:`nltrain.train_packed` one by one
+  (the eager step of :func:`nltrain.train`: Neural Laplace's native kernels, or their torch
+  twins, whichever this process runs — named in the hash, with the CPU numerics mode in
+  effect, :mod:`nlmodels._numerics`) and as a pack of two seeds (the vmapped step, plain
   formulas): the losses, the weights after them and a forecast.
 * **system**: a small simulation (:func:`datasets.simulate`, 4 trajectories) and its split
   (:func:`datasets.prepare`): every array's bytes.
