@@ -6,17 +6,27 @@ fixed canary produces through the code paths a cell takes, so it changes when a 
 trainer's or a system's arithmetic changes, and not when code is only moved, renamed or
 commented (unlike a hash of the source, as Prefect's task cache or DVC key on).
 
+A canary is the cell in miniature, so that it runs the cell's code paths:
+
 * **model**: a few training steps of the model as the cell builds it (its settings: the
   model's keyword arguments that differ from its defaults, e.g. the paper profile's linear
   time functions of the Neural Flows or the ablation's ``stereographic = false``; initial
-  weights drawn as :func:`tasks.pipeline.build_cell_model` draws them) on fixed synthetic
-  data, float64, CPU, one torch thread, through :func:`nltrain.train_packed` one by one
-  (the eager step of :func:`nltrain.train`: Neural Laplace's native kernels, or their torch
-  twins, whichever this process runs — named in the hash, with the CPU numerics mode in
-  effect, :mod:`nlmodels._numerics`) and as a pack of two seeds (the vmapped step, plain
-  formulas): the losses, the weights after them and a forecast.
-* **system**: a small simulation (:func:`datasets.simulate`, 4 trajectories) and its split
-  (:func:`datasets.prepare`): every array's bytes.
+  weights drawn as :func:`tasks.pipeline.build_cell_model` draws them) at the cell's state
+  dimension, on fixed synthetic data, float64, CPU, one torch thread, through
+  :func:`nltrain.train_packed` one by one (the eager step of :func:`nltrain.train`: Neural
+  Laplace's native kernels, or their torch twins, whichever this process runs — named in the
+  hash, with the CPU numerics mode in effect, :mod:`nlmodels._numerics`) and as a pack of two
+  seeds (the vmapped step, plain formulas): the losses, the weights after them and a forecast.
+  Its sizes reach every branch of the native kernels that a cell's do (their full 32-column
+  blocks and their tails at either vector width, the row blocks each state dimension takes),
+  and a batch ends short, as a cell's last one does.
+* **system**: a small simulation (:func:`datasets.simulate`, 10 trajectories) and its split
+  (:func:`datasets.prepare` with the cell's normalisation, and a sub-sample of the training
+  trajectories where the cell takes one): every array's bytes.
+
+``tests/test_fingerprint_coverage.py`` measures that claim rather than trusting it: every line
+of ``nltrain``, ``nlmodels`` and ``datasets`` that a paper-profile cell runs, and every line of
+the native kernels (under gcov), the canary runs too.
 
 Both include the torch and numpy versions. Computing one takes a fraction of a second to a
 few seconds, so each is computed once per *source state* and cached under
@@ -25,11 +35,10 @@ few seconds, so each is computed once per *source state* and cached under
 plugin model's whole package): a start with unchanged sources reads a small file; an edit
 recomputes the canary, whose bytes then decide.
 
-A model at its defaults hashes what it hashed before settings were covered, so its
-fingerprint did not change with them. Not covered: CUDA arithmetic (the canary runs on the
-CPU), data sizes other than the canary's (the same code at other sizes), and
-orchestration (``tasks``, ``flows``: evaluation plots, tracking, the command line), which
-cannot move a number.
+A system split as by default (train-set normalisation, every training trajectory) hashes what
+it hashed before splits were covered. Not covered: CUDA arithmetic (the canary runs on the
+CPU), and orchestration (``tasks``, ``flows``: evaluation plots, tracking, the command line),
+which cannot move a number.
 """
 
 from __future__ import annotations
@@ -55,14 +64,18 @@ from nltrain._sources import covered_sources
 __all__ = [
     "model_fingerprint",
     "model_settings",
+    "settings_text",
     "source_key",
     "system_fingerprint",
+    "system_state_dim",
     "training_digest",
     "write_record",
 ]
 
-#: Bumped when what a fingerprint hashes changes (old cache files are then ignored).
-_FORMAT = 1
+#: Bumped when what a fingerprint hashes changes (old cache files are then ignored): the
+#: models' canary and the systems' canary each have their own, so that one can change alone.
+_FORMAT = 2
+_SYSTEM_FORMAT = 1
 
 _MEMO: dict[tuple[str, str, str], str] = {}
 _MEMO_LOCK = threading.Lock()
@@ -78,7 +91,7 @@ def source_key(method: str | None = None) -> str:
     numeric floors' packages whole, and ``method``'s plugin package), the versions, the native
     kernels' mode and the CPU numerics mode in effect: the cache key of every fingerprint
     (re-read each call: a few milliseconds)."""
-    h = hashlib.sha256(f"{_FORMAT}; {_versions()}".encode())
+    h = hashlib.sha256(f"{_FORMAT}.{_SYSTEM_FORMAT}; {_versions()}".encode())
     h.update(os.environ.get("NLLAB_NATIVE", "auto").encode())
     h.update(_cpu_mark().encode())
     for name, path in sorted(covered_sources(method).items()):
@@ -96,35 +109,45 @@ def _digest(h: hashlib._Hash, *arrays) -> None:
         h.update(np.ascontiguousarray(a).tobytes())
 
 
-def _canary_splits(state_dim: int = 2):
-    """Fixed synthetic data (no random draws): damped oscillations of 12 phases and
-    frequencies, 10 observed and 10 predicted points; 8 train and 4 validation trajectories."""
+#: The canary's trajectories (train, validation) and batch: 45 = 37 + 8 and 40 = 32 + 8 columns
+#: take the native kernels' 32-column blocks and their 5- and 8-column tails (one masked vector
+#: of 8 doubles, or one full and one masked of 4); the training's second batch is short.
+_CANARY_TRAIN, _CANARY_VAL, _CANARY_BATCH = 45, 40, 37
+
+
+def _canary_splits(state_dim: int):
+    """Fixed synthetic data (no random draws): damped oscillations of as many phases and
+    frequencies as trajectories, in ``state_dim`` dimensions, 10 observed and 10 predicted
+    points."""
     from datasets import SplitData
 
     t = np.linspace(0.0, 2.0, 20)
-    k = np.arange(12, dtype=np.float64)[:, None, None]
+    k = np.arange(_CANARY_TRAIN + _CANARY_VAL, dtype=np.float64)[:, None, None]
     d = np.arange(state_dim, dtype=np.float64)[None, None, :]
     x = np.exp(-0.3 * t)[None, :, None] * np.sin((1.0 + 0.25 * k) * t[None, :, None] + k + d)
-    return SplitData.from_trajectories(t, x[:8], 10), SplitData.from_trajectories(t, x[8:], 10)
+    train = SplitData.from_trajectories(t, x[:_CANARY_TRAIN], 10)
+    return train, SplitData.from_trajectories(t, x[_CANARY_TRAIN:], 10)
 
 
-def _train_canary(method: str, h: hashlib._Hash, settings: Mapping[str, Any]) -> None:
+def _train_canary(
+    method: str, h: hashlib._Hash, settings: Mapping[str, Any], state_dim: int
+) -> None:
     """Feed ``h`` the canary training's bytes: losses, weights after them and a forecast, of
-    ``method`` built with ``settings``."""
+    ``method`` built with ``settings`` for ``state_dim`` dimensions."""
     from nlmodels import build_model
     from nltrain._config import TrainConfig
     from nltrain._loop import LoopOptions
     from nltrain._packing import train_packed
     from nltrain._training import predict, seeded
 
-    config = TrainConfig(epochs=2, patience=None, batch_size=4, lr=1e-2, grad_clip=1.0)
-    train_split, val_split = _canary_splits()
+    config = TrainConfig(epochs=2, patience=None, batch_size=_CANARY_BATCH, lr=1e-2, grad_clip=1.0)
+    train_split, val_split = _canary_splits(state_dim)
     for pack in (False, True):
         seeds = [0, 1] if pack else [0]
         models = []
         for s in seeds:
             with seeded(s):  # as tasks.pipeline.build_cell_model draws a cell's weights
-                models.append(build_model(method, 2, **settings))
+                models.append(build_model(method, state_dim, **settings))
         # torch's global stream during training (a model's own draws), fixed too
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
@@ -157,21 +180,22 @@ def _cpu_mark() -> str:
     return f"; cpu={mode}" if mode.startswith("portable") else ""
 
 
-def _model_canary(method: str, settings: Mapping[str, Any]) -> str:
+def _model_canary(method: str, settings: Mapping[str, Any], state_dim: int) -> str:
     from nlmodels import native_cpu_kernels
 
-    h = hashlib.sha256(f"{_FORMAT}; {_versions()}; {method}".encode())
-    if settings:  # (none: the bytes a model at its defaults always hashed)
-        h.update(f"; settings {_settings_text(settings)}".encode())
+    h = hashlib.sha256(f"{_FORMAT}; {_versions()}; {method}; {state_dim}-D".encode())
+    if settings:
+        h.update(f"; settings {settings_text(settings)}".encode())
     # which fast path the eager step runs: native kernels and their torch twins are not
     # bitwise equal, so each has its own fingerprint; so has the portable CPU mode
     h.update(f"native={native_cpu_kernels()}{_cpu_mark()}".encode())
-    _train_canary(method, h, settings)
+    _train_canary(method, h, settings, state_dim)
     return h.hexdigest()[:16]
 
 
-def _settings_text(settings: Mapping[str, Any]) -> str:
-    """``settings`` as canonical JSON (sorted keys, tuples as lists)."""
+def settings_text(settings: Mapping[str, Any]) -> str:
+    """``settings`` as canonical JSON (sorted keys, tuples as lists): how a model's settings
+    are told apart wherever fingerprints are keyed by them."""
     return json.dumps(dict(settings), sort_keys=True, default=repr)
 
 
@@ -184,21 +208,40 @@ def model_settings(method: str, overrides: Mapping[str, Any] | None) -> dict[str
     return non_default_overrides(method, overrides or {})
 
 
-def training_digest(method: str, overrides: Mapping[str, Any] | None = None) -> str:
+def training_digest(
+    method: str, overrides: Mapping[str, Any] | None = None, state_dim: int = 2
+) -> str:
     """The canary training's bytes alone (no versions, modes or format), one torch thread, of
-    ``method`` built with ``overrides`` (:func:`model_settings`): what the tests pin, so a CPU
-    that computes other bytes fails naming the model."""
+    ``method`` built with ``overrides`` (:func:`model_settings`) for ``state_dim`` dimensions:
+    what the tests pin, so a CPU that computes other bytes fails naming the model."""
     h = hashlib.sha256()
-    _one_thread(_train_canary, method, h, model_settings(method, overrides))
+    _one_thread(_train_canary, method, h, model_settings(method, overrides), state_dim)
     return h.hexdigest()[:16]
 
 
-def _system_canary(system: str) -> str:
+#: The sub-sample a system's canary takes of its 8 training trajectories where the cell takes one.
+_CANARY_SUB_SAMPLE = 6
+
+
+def _split_settings(normalise_on: str, sub_sample: bool) -> dict[str, Any]:
+    """The keywords of :func:`datasets.prepare` a system's canary passes for a cell's split
+    (none for the default split, whose bytes it always hashed)."""
+    out: dict[str, Any] = {}
+    if normalise_on != "train":
+        out["normalise_on"] = normalise_on
+    if sub_sample:
+        out["n_train"] = _CANARY_SUB_SAMPLE
+    return out
+
+
+def _system_canary(system: str, split: Mapping[str, Any]) -> str:
     from datasets import prepare, simulate
 
     ds = simulate(system, n_trajectories=10, seed=0, noise_std=0.01, workers=1)
-    p = prepare(ds, seed=0)
-    h = hashlib.sha256(f"{_FORMAT}; {_versions()}; {system}".encode())
+    p = prepare(ds, seed=0, **split)
+    h = hashlib.sha256(f"{_SYSTEM_FORMAT}; {_versions()}; {system}".encode())
+    if split:
+        h.update(f"; split {settings_text(split)}".encode())
     _digest(h, ds.t, ds.x, ds.x_clean, ds.ic, ds.t_physical)
     for s in (p.train, p.val, p.test):
         _digest(h, s.obs_t, s.obs_x, s.query_t, s.target, s.target_clean, s.index, s.ic)
@@ -213,9 +256,12 @@ def _cache_dir() -> Path:
     return data_home() / "numerics"
 
 
-def _fingerprint(kind: str, name: str, key: str, canary: Callable[[], str]) -> str:
-    """The fingerprint of ``kind`` ``name`` at source state ``key``: memoised, else read from
-    the cache, else ``canary()`` run (one torch thread) and cached."""
+def _fingerprint(
+    kind: str, name: str, key: str, canary: Callable[[], str], what: str | None = None
+) -> str:
+    """The fingerprint of ``kind`` ``name`` (``what`` it is, in messages; default ``name``) at
+    source state ``key``: memoised, else read from the cache, else ``canary()`` run (one torch
+    thread) and cached."""
     memo = (kind, name, key)
     with _MEMO_LOCK:
         if memo in _MEMO:
@@ -234,7 +280,7 @@ def _fingerprint(kind: str, name: str, key: str, canary: Callable[[], str]) -> s
             # error; this fingerprint matches no stored run and is neither cached nor memoised.
             _tell_once(
                 f"canary:{kind}:{name}",
-                f"the numerics canary of {kind} {name} failed ({type(e).__name__}: "
+                f"the numerics canary of {kind} {what or name} failed ({type(e).__name__}: "
                 f"{e}); its cells are not reused by numerics",
             )
             return "failed-" + hashlib.sha256(f"{type(e).__name__}: {e}".encode()).hexdigest()[:9]
@@ -275,18 +321,49 @@ def write_record(path: Path, record: Mapping[str, object]) -> None:
         print(f"nllab: numerics fingerprint not cached ({e})", file=sys.stderr)
 
 
-def model_fingerprint(method: str, overrides: Mapping[str, Any] | None = None) -> str:
+def _name(base: str, settings: Mapping[str, Any]) -> str:
+    """A cache file's name part for ``base`` with ``settings``."""
+    if not settings:
+        return base
+    return base + "+" + hashlib.sha256(settings_text(settings).encode()).hexdigest()[:12]
+
+
+def model_fingerprint(
+    method: str, overrides: Mapping[str, Any] | None = None, state_dim: int = 2
+) -> str:
     """The numerics fingerprint of model ``method`` built with ``overrides`` (a cell's
     ``model`` keywords; those at the model's default count as absent, :func:`model_settings`)
-    (16 hex digits; cached per source state and settings)."""
+    for data of ``state_dim`` dimensions (:func:`system_state_dim` of the cell's system)
+    (16 hex digits; cached per source state, settings and dimension)."""
+    if isinstance(state_dim, bool) or not isinstance(state_dim, int) or state_dim < 1:
+        raise ValueError(f"state_dim must be a positive integer, got {state_dim!r}")
     settings = model_settings(method, overrides)
-    name = method
-    if settings:
-        name += "+" + hashlib.sha256(_settings_text(settings).encode()).hexdigest()[:12]
-    return _fingerprint("model", name, source_key(method), lambda: _model_canary(method, settings))
+    return _fingerprint(
+        "model",
+        _name(f"{method}-{state_dim}d", settings),
+        source_key(method),
+        lambda: _model_canary(method, settings, state_dim),
+        f"{method} ({state_dim}-D{'; ' + settings_text(settings) if settings else ''})",
+    )
 
 
-def system_fingerprint(system: str) -> str:
-    """The numerics fingerprint of data set ``system`` (16 hex digits; cached per source
-    state)."""
-    return _fingerprint("system", system, source_key(), lambda: _system_canary(system))
+def system_fingerprint(system: str, normalise_on: str = "train", sub_sample: bool = False) -> str:
+    """The numerics fingerprint of data set ``system`` split as a cell splits it: z-scored on
+    ``normalise_on`` (:func:`datasets.prepare`), and with ``sub_sample`` a sub-sample of its
+    training trajectories taken (a cell's ``n_train``) (16 hex digits; cached per source state
+    and split)."""
+    split = _split_settings(normalise_on, sub_sample)
+    return _fingerprint(
+        "system", _name(system, split), source_key(), lambda: _system_canary(system, split)
+    )
+
+
+def system_state_dim(system: str) -> int:
+    """The number of state dimensions of ``system``, built-in or declared in this process (what
+    a cell's model is built for)."""
+    from datasets import SYSTEMS
+
+    info = SYSTEMS.get(system)
+    if info is None:
+        raise KeyError(f"unknown system {system!r}: not built in and not declared here")
+    return int(info.state_dim)

@@ -1,25 +1,24 @@
-"""Carry the ledger's records over to model fingerprints that cover the model's settings.
+"""Carry the ledger's records over to today's numerics fingerprints, where their code proves it.
 
-A model's numerics fingerprint (:func:`nltrain.model_fingerprint`) is its canary training's
-bytes. It used to build the model at its defaults only, so a record of a cell whose model has
-other settings (the paper profile's Neural Flows with linear time functions and its Latent ODE,
-the stereographic ablation) carried the defaults' fingerprint, which an edit of the code only
-those settings reach would not change. Today the canary builds the model as the cell does, and
-those records read as made by older numerics until this script shows, record by record, that
-their code computes today's bytes: for each commit that made such records, a git worktree of
-that commit (its own ``nlmodels``, ``nltrain`` and ``datasets``) computes, with this tree's
-fingerprint module,
+A record's ``numerics`` are the fingerprints (:mod:`nltrain._fingerprints`) of its model and its
+data set as the fingerprint module of its day computed them. When that module changes what its
+canaries run (to cover the model's settings, the cell's state dimension and batch sizes, the
+cell's split), every record reads as made by older numerics, although most were made by code
+that computes today's bytes. This script shows that record by record: for each commit that made
+records, a git worktree of that commit (its own ``nlmodels``, ``nltrain`` and ``datasets``)
+computes
 
-1. the defaults' fingerprint, which must be the one the record holds (so the versions and
-   numerics modes hashed in it are today's too), and
-2. the fingerprint of the cell's settings, which must be today's.
+1. with the fingerprint module of ``--before`` (the revision whose module the records'
+   fingerprints come from), the record's fingerprints, which must be the ones it holds (so the
+   versions and numerics modes hashed in them are today's too), and
+2. with today's fingerprint module, the cell's fingerprints, which must be today's.
 
-Where both hold, the record's model fingerprint becomes today's and its note keeps the old one;
+Where both hold, the record's ``numerics`` become today's and its note keeps the old ones;
 every other record stays as it is (``nllab ledger status`` lists it; ``nllab ledger run
 --refresh-older`` retrains it). Lines it does not change keep their bytes. Run it when no
 ``nllab ledger run`` writes to the same file.
 
-    PYTHONPATH=. python scripts/ledger_refingerprint.py [--ledger FILE] [--dry-run]
+    PYTHONPATH=. python scripts/ledger_refingerprint.py --before REV [--ledger FILE] [--dry-run]
 """
 
 from __future__ import annotations
@@ -37,37 +36,56 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-FINGERPRINTS = ROOT / "nltrain" / "_fingerprints.py"
-#: What runs in the old commit's tree: the defaults' and the settings' fingerprints of each
-#: (method, settings) asked, by this tree's fingerprint module over that tree's code.
+MODULE = "nltrain/_fingerprints.py"
+#: What runs in the old commit's tree: for each cell asked, its fingerprints by the module of
+#: ``--before`` (copied in as ``_fingerprints_before``) and by today's (as ``_fingerprints``).
 CHILD = """
 import json, sys
 from nlmodels import set_up_numerics
 set_up_numerics()
-from nltrain._fingerprints import model_fingerprint
-asked = json.loads(sys.argv[1])
-print(json.dumps([[model_fingerprint(m), model_fingerprint(m, s)] for m, s in asked]))
+from nltrain import _fingerprints as today, _fingerprints_before as before
+out = []
+for method, settings, system, dim, normalise_on, sub_sample in json.loads(sys.argv[1]):
+    old = (before.model_fingerprint(method, settings), before.system_fingerprint(system))
+    new = (today.model_fingerprint(method, settings, dim),
+           today.system_fingerprint(system, normalise_on, sub_sample))
+    out.append(["/".join(old), "/".join(new)])
+print(json.dumps(out))
 """
 
 
-def settings_of(record) -> dict | None:
-    """The settings a fingerprint covers of ``record``'s model, as its cell builds it today;
-    None when the record is of another config than today's cell (history, not counted)."""
-    from nltrain import model_settings
+def cell_of(record):
+    """Today's cell of ``record``, or None when the record is of another config (history, not
+    counted)."""
     from tasks.ledger_scope import ABLATIONS, paper_config
 
-    overrides = ABLATIONS.get(record.ablation, {})
     (cell,) = paper_config(
-        methods=[record.method], systems=[record.system], seeds=[record.seed], models=overrides
+        methods=[record.method],
+        systems=[record.system],
+        seeds=[record.seed],
+        models=ABLATIONS.get(record.ablation, {}),
     ).cells()
-    if cell.config_hash() != record.config_hash:
-        return None
-    return model_settings(record.method, cell.model)
+    return cell if cell.config_hash() == record.config_hash else None
 
 
-def at_commit(commit: str, asked: list[tuple[str, dict]]) -> list[tuple[str, str]] | str:
-    """(defaults', settings') fingerprints of each of ``asked`` computed by ``commit``'s code,
-    or why they could not be."""
+def asked_of(cell) -> tuple:
+    """What the child computes for ``cell`` (JSON-able, hashable)."""
+    from nltrain import model_settings, settings_text, system_state_dim
+
+    settings = settings_text(model_settings(cell.method, cell.model))
+    return (
+        cell.method,
+        settings,
+        cell.system,
+        system_state_dim(cell.system),
+        cell.data.normalise_on,
+        cell.data.n_train is not None,
+    )
+
+
+def at_commit(commit: str, before: bytes, asked: list[tuple]) -> dict[tuple, tuple] | str:
+    """(the ``before`` module's, today's module's) numerics of each of ``asked`` computed by
+    ``commit``'s code, or why they could not be."""
     with tempfile.TemporaryDirectory(prefix="refingerprint-") as scratch:
         tree = Path(scratch) / "tree"
         add = ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), commit]
@@ -75,15 +93,20 @@ def at_commit(commit: str, asked: list[tuple[str, dict]]) -> list[tuple[str, str
         if done.returncode:
             return f"no worktree of {commit[:10]}: {done.stderr.strip()}"
         try:
-            (tree / "nltrain" / "_fingerprints.py").write_bytes(FINGERPRINTS.read_bytes())
+            if not (tree / MODULE).is_file():
+                return f"{commit[:10]} has no {MODULE} (its fingerprints came from elsewhere)"
+            (tree / MODULE).write_bytes((ROOT / MODULE).read_bytes())
+            (tree / MODULE.replace(".py", "_before.py")).write_bytes(before)
             env = {**os.environ, "PYTHONPATH": str(tree), "NLLAB_HOME": str(Path(scratch) / "h")}
+            args = [[m, json.loads(s), *rest] for m, s, *rest in asked]
             child = subprocess.run(
-                [sys.executable, "-c", CHILD, json.dumps(asked)],
+                [sys.executable, "-c", CHILD, json.dumps(args)],
                 capture_output=True, text=True, cwd=tree, env=env,
             )  # fmt: skip
             if child.returncode:
                 return f"{commit[:10]}'s code: {child.stderr.strip().splitlines()[-1]}"
-            return [tuple(pair) for pair in json.loads(child.stdout.strip().splitlines()[-1])]
+            got = json.loads(child.stdout.strip().splitlines()[-1])
+            return {a: tuple(pair) for a, pair in zip(asked, got, strict=True)}
         finally:
             subprocess.run(
                 ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
@@ -91,53 +114,54 @@ def at_commit(commit: str, asked: list[tuple[str, dict]]) -> list[tuple[str, str
             )
 
 
-def carry_over(ledger: Path, dry_run: bool) -> int:
-    """Rewrite the records of ``ledger`` whose commit's code gives today's fingerprint of their
-    settings; the number rewritten."""
-    from nltrain import model_fingerprint
-    from tasks.ledger import LedgerRecord, read_ledger
+def carry_over(ledger: Path, before_rev: str, dry_run: bool) -> int:
+    """Rewrite the records of ``ledger`` whose commit's code gives today's numerics; the
+    number rewritten."""
+    from tasks.ledger import LedgerRecord, cell_numerics, read_ledger
 
+    shown = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{before_rev}:{MODULE}"], capture_output=True
+    )
+    if shown.returncode:
+        raise SystemExit(f"no {MODULE} at {before_rev!r}: {shown.stderr.decode().strip()}")
     candidates: dict[str, list] = {}
-    settings: dict[tuple, dict] = {}  # (method, ablation) -> the settings of today's cells
+    today: dict[str, tuple[tuple, str]] = {}  # record key -> (asked, today's numerics)
     for r in read_ledger(ledger):
         if not (r.numerics and r.commit):
             continue
-        s = settings_of(r)
-        if s and r.numerics.split("/")[0] != model_fingerprint(r.method, s):
-            settings[(r.method, r.ablation)] = s
+        cell = cell_of(r)
+        if cell is None:
+            continue
+        numerics = cell_numerics(cell)
+        if r.numerics != numerics:
+            today[r.key] = (asked_of(cell), numerics)
             candidates.setdefault(r.commit, []).append(r)
-    updates: dict[tuple, str] = {}
+    updates: dict[str, str] = {}
     for commit, records in sorted(candidates.items()):
-        asked = sorted({(r.method, json.dumps(settings[(r.method, r.ablation)], sort_keys=True))
-                        for r in records})  # fmt: skip
-        got = at_commit(commit, [(m, json.loads(s)) for m, s in asked])
+        asked = sorted({today[r.key][0] for r in records})
+        got = at_commit(commit, shown.stdout, asked)
         if isinstance(got, str):
             print(f"{len(records)} record(s) of {commit[:10]} kept: {got}")
             continue
-        found = dict(zip(asked, got, strict=True))
         for r in records:
-            s = settings[(r.method, r.ablation)]
-            old_default, old_settings = found[(r.method, json.dumps(s, sort_keys=True))]
-            today = model_fingerprint(r.method, s)
-            model, system = r.numerics.split("/")
-            if model == old_default and old_settings == today:
-                updates[r.key] = f"{today}/{system}"
+            cell_asked, numerics = today[r.key]
+            old, new = got[cell_asked]
+            if old == r.numerics and new == numerics:
+                updates[r.key] = numerics
             else:
-                why = "its fingerprint" if model != old_default else "its settings' bytes"
+                why = "its fingerprints" if old != r.numerics else "today's canaries' bytes"
                 print(f"{r.cell_key} ({commit[:10]}) kept: {why} differ from today's")
-    lines = ledger.read_text(encoding="utf-8").splitlines(keepends=True)
     out = []
-    for line in lines:
-        if not line.strip():
-            out.append(line)
-            continue
-        r = LedgerRecord.from_mapping(json.loads(line))
-        if r.key in updates:
-            note = f"model fingerprint {r.numerics.split('/')[0]} before it covered settings"
-            r = replace(r, numerics=updates[r.key], note="; ".join(filter(None, [r.note, note])))
-            line = r.to_json() + "\n"
+    for line in ledger.read_text(encoding="utf-8").splitlines(keepends=True):
+        if line.strip():
+            r = LedgerRecord.from_mapping(json.loads(line))
+            if r.key in updates:
+                note = f"numerics {r.numerics} by the fingerprints of {before_rev[:10]}"
+                note = "; ".join(filter(None, [r.note, note]))
+                r = replace(r, numerics=updates[r.key], note=note)
+                line = r.to_json() + "\n"
         out.append(line)
-    print(f"{len(updates)} record(s) carried over to their settings' fingerprints")
+    print(f"{len(updates)} record(s) carried over to today's numerics fingerprints")
     if updates and not dry_run:
         tmp = ledger.with_suffix(".tmp")
         tmp.write_text("".join(out), encoding="utf-8")
@@ -147,12 +171,17 @@ def carry_over(ledger: Path, dry_run: bool) -> int:
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--before",
+        required=True,
+        help="the revision whose fingerprint module computed the records' numerics",
+    )
     ap.add_argument("--ledger", type=Path, default=ROOT / "results" / "paper" / "ledger.jsonl")
     ap.add_argument("--dry-run", action="store_true", help="say what would change, write nothing")
     args = ap.parse_args(argv)
     if not args.ledger.is_file():
         raise SystemExit(f"no ledger at {args.ledger}")
-    carry_over(args.ledger, args.dry_run)
+    carry_over(args.ledger, args.before, args.dry_run)
 
 
 if __name__ == "__main__":

@@ -250,10 +250,9 @@ def numerics_of(model: str | None, system: str | None) -> str | None:
 
 def cell_numerics(cell: CellConfig) -> str:
     """Today's ``numerics`` of ``cell`` (its fingerprints computed, or read from their cache)."""
-    from nltrain import model_fingerprint, system_fingerprint
+    from tasks.numerics import cell_fingerprints
 
-    model = model_fingerprint(cell.method, cell.model)
-    return numerics_of(model, system_fingerprint(cell.system)) or ""
+    return numerics_of(*cell_fingerprints(cell)) or ""
 
 
 def _int(value: float | None) -> int | None:

@@ -36,6 +36,7 @@ __all__ = [
     "ABLATIONS",
     "LedgerCell",
     "LedgerScope",
+    "ledger_cell_configs",
     "ledger_scope",
     "paper_config",
     "scope_of",
@@ -146,6 +147,31 @@ def _seeds(seeds: Sequence[int]) -> str:
     return ", ".join(map(str, s))
 
 
+def ledger_cell_configs(
+    config_file: str | Path | None = None,
+    *,
+    systems: Sequence[str] | None = None,
+    methods: Sequence[str] | None = None,
+    seeds: Sequence[int] | None = None,
+) -> list[tuple[CellConfig, str]]:
+    """The ledger's cells as configs: the paper profile's (``config_file`` layered on it; the
+    ``systems``, ``methods`` and ``seeds`` asked for, None: its own), then each ablation's,
+    each with its ablation's key ("" for Table 3). Loads the models (torch)."""
+    selection: dict[str, Any] = {"systems": systems}
+    if seeds is not None:
+        selection["seeds"] = list(seeds)
+    base = paper_config(config_file=config_file, methods=methods, **selection)
+    tagged = [(c, "") for c in base.cells()]
+    for key, overrides in ABLATIONS.items():
+        wanted = [m for m in overrides if methods is None or m in methods]
+        if wanted:
+            config = paper_config(
+                config_file=config_file, methods=wanted, models=overrides, **selection
+            )
+            tagged += [(c, key) for c in config.cells()]
+    return tagged
+
+
 def scope_of(
     config_file: str | Path | None = None,
     systems: Sequence[str] | None = None,
@@ -159,14 +185,7 @@ def scope_of(
     from tasks._names import SYSTEM_NAMES, plugin_systems
 
     base = paper_config(config_file=config_file, systems=systems, methods=methods)
-    tagged = [(c, "") for c in base.cells()]
-    for key, overrides in ABLATIONS.items():
-        wanted = [m for m in overrides if methods is None or m in methods]
-        if wanted:
-            config = paper_config(
-                config_file=config_file, systems=systems, methods=wanted, models=overrides
-            )
-            tagged += [(c, key) for c in config.cells()]
+    tagged = ledger_cell_configs(config_file, systems=systems, methods=methods)
     cells = tuple(
         LedgerCell(
             c.system,

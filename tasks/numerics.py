@@ -7,49 +7,87 @@ here they are read for a run's cells, written as its tags and compared with a st
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from nltrain import model_fingerprint, model_settings, system_fingerprint, training_digest
+from nltrain import (
+    model_fingerprint,
+    model_settings,
+    settings_text,
+    system_fingerprint,
+    system_state_dim,
+    training_digest,
+)
 
 __all__ = [
     "CellNumerics",
+    "cell_fingerprints",
     "cell_tags",
     "model_fingerprint",
+    "model_key",
     "stale",
     "system_fingerprint",
+    "system_key",
+    "system_state_dim",
     "training_digest",
     "warm",
 ]
 
 
-def _model_key(cell) -> tuple[str, str]:
-    """The model a fingerprint tells apart: the method and its settings (canonical JSON)."""
-    return cell.method, json.dumps(model_settings(cell.method, cell.model), sort_keys=True)
+def model_key(cell) -> tuple[str, str, int]:
+    """The model canary that fingerprints ``cell``'s model: the method, its settings
+    (canonical JSON) and the state dimension of the cell's system it is built for."""
+    settings = settings_text(model_settings(cell.method, cell.model))
+    return cell.method, settings, system_state_dim(cell.system)
+
+
+def system_key(cell) -> tuple[str, str, bool]:
+    """The system canary that fingerprints ``cell``'s data set: the system, its normalisation
+    and whether the training trajectories are sub-sampled."""
+    return cell.system, cell.data.normalise_on, cell.data.n_train is not None
+
+
+def _model_of(key: tuple[str, str, int], cell) -> str:
+    return model_fingerprint(cell.method, cell.model, key[2])
+
+
+def _system_of(key: tuple[str, str, bool]) -> str:
+    system, normalise_on, sub_sample = key
+    return system_fingerprint(system, normalise_on, sub_sample)
+
+
+def cell_fingerprints(cell) -> tuple[str, str]:
+    """Today's fingerprints of ``cell``'s model (as its settings build it for its system's
+    state dimension) and of its data set (split as the cell splits it)."""
+    return _model_of(model_key(cell), cell), _system_of(system_key(cell))
 
 
 @dataclass(frozen=True)
 class CellNumerics:
-    """Today's fingerprints of the models (method and settings) and systems of some cells."""
+    """Today's fingerprints of the models and data sets of some cells (keyed as
+    :func:`cell_fingerprints` tells them apart)."""
 
-    models: Mapping[tuple[str, str], str]
-    systems: Mapping[str, str]
+    models: Mapping[tuple[str, str, int], str]
+    systems: Mapping[tuple[str, str, bool], str]
 
     def model(self, cell) -> str:
-        """Today's fingerprint of ``cell``'s model, as its settings build it."""
-        return self.models[_model_key(cell)]
+        """Today's fingerprint of ``cell``'s model."""
+        return self.models[model_key(cell)]
+
+    def system(self, cell) -> str:
+        """Today's fingerprint of ``cell``'s data set, split as the cell splits it."""
+        return self.systems[system_key(cell)]
 
 
 def warm(cells: Iterable) -> CellNumerics:
-    """Today's fingerprints of the models (with their settings) and systems of ``cells``
-    (computed now if not cached, so worker processes then only read them)."""
+    """Today's fingerprints of the models and data sets of ``cells`` (computed now if not
+    cached, so worker processes then only read them)."""
     cells = list(cells)
-    models = {_model_key(c): c for c in cells}
-    systems = sorted({c.system for c in cells})
+    models = {model_key(c): c for c in cells}
+    systems = {system_key(c) for c in cells}
     return CellNumerics(
-        {key: model_fingerprint(c.method, c.model) for key, c in sorted(models.items())},
-        {s: system_fingerprint(s) for s in systems},
+        {key: _model_of(key, c) for key, c in sorted(models.items())},
+        {key: _system_of(key) for key in sorted(systems)},
     )
 
 
@@ -57,10 +95,8 @@ def cell_tags(cell) -> dict[str, str]:
     """The ``numerics.model`` and ``numerics.system`` tags of a cell's run."""
     from tasks.tracking.tags import RunTags
 
-    return {
-        RunTags.NUMERICS_MODEL: model_fingerprint(cell.method, cell.model),
-        RunTags.NUMERICS_SYSTEM: system_fingerprint(cell.system),
-    }
+    model, system = cell_fingerprints(cell)
+    return {RunTags.NUMERICS_MODEL: model, RunTags.NUMERICS_SYSTEM: system}
 
 
 def stale(
@@ -86,11 +122,12 @@ def stale(
             unrecorded += 1
             continue
         commit = (tags.get(RunTags.GIT_COMMIT) or "")[:7] or "unknown"
-        if model != today.model(c):
+        model_changed, system_changed = model != today.model(c), system != today.system(c)
+        if model_changed:
             changed.setdefault((c.method, "model"), []).append(commit)
-        if system != today.systems[c.system]:
+        if system_changed:
             changed.setdefault((c.system, "data set"), []).append(commit)
-        if model != today.model(c) or system != today.systems[c.system]:
+        if model_changed or system_changed:
             out.add(h)
     lines = [
         f"{'' if kind == 'model' else 'the data set '}{name} changed since commit "

@@ -24,7 +24,7 @@ __all__ = ["stored_result", "stored_results"]
 
 
 def _same_numerics(cell: CellConfig, record: RunRecord, today: numerics.CellNumerics) -> bool:
-    return record.numerics == (today.model(cell), today.systems[cell.system])
+    return record.numerics == (today.model(cell), today.system(cell))
 
 
 def _candidates(

@@ -340,7 +340,8 @@ TEST_INTERNALS: dict[str, str] = {
     "nlmodels.baselines._dopri": "the Dormand-Prince tableau and the batched solver's lanes",
     "nlmodels.baselines._mlp": "the stacked (batched) MLP against one member's",
     "nlmodels.baselines._solve": "the fixed-step Euler solve the packed step is compared with",
-    "nltrain._fingerprints": "the fingerprint cache (folder, memo) replaced per test",
+    "nltrain._fingerprints": "the fingerprint cache (folder, memo) replaced per test, and "
+    "the canaries traced against the cells they stand for",
     "nltrain._loop": "the training loop's clock, replaced to test time budgets",
     "nltrain._member_products": "per-member products against the batched ones, bit for bit",
     "nltrain._packed_cells": "a pack of one, built directly",

@@ -735,8 +735,10 @@ def test_status_and_table_read_without_torch_mlflow_or_prefect(tmp_path):
 def test_a_cells_numerics_are_those_of_its_model_as_the_profile_sets_it(tmp_path, monkeypatch):
     """The ablation's Neural Laplace (``stereographic = false``) and the paper profile's
     Neural Flows (linear time functions) run code their models' defaults do not reach: their
-    records' model fingerprints are those of that code, not of the defaults'."""
-    from nltrain import model_fingerprint
+    records' model fingerprints are those of that code, not of the defaults', at the system's
+    state dimension; and the data set's is that of the profile's split (normalised on every
+    trajectory, as the reference code does), not of the default split's."""
+    from nltrain import model_fingerprint, system_fingerprint
     from tasks.ledger import cell_numerics
 
     monkeypatch.setenv("NLLAB_HOME", str(tmp_path))  # fingerprints computed afresh
@@ -747,9 +749,13 @@ def test_a_cells_numerics_are_those_of_its_model_as_the_profile_sets_it(tmp_path
     ).cells()
     (flow,) = paper_config(methods=["nf_resnet"], **one).cells()
     plain_fp, ablated_fp, flow_fp = (cell_numerics(c).split("/")[0] for c in (plain, ablated, flow))
-    assert plain_fp == model_fingerprint("neural_laplace")
-    assert ablated_fp == model_fingerprint("neural_laplace", {"stereographic": False})
+    assert plain_fp == model_fingerprint("neural_laplace", None, 1)  # integro_de is 1-D
+    assert plain_fp != model_fingerprint("neural_laplace", None, 2)
+    assert ablated_fp == model_fingerprint("neural_laplace", {"stereographic": False}, 1)
     assert ablated_fp != plain_fp
     assert flow.model == {"time_net": "linear"}
-    assert flow_fp == model_fingerprint("nf_resnet", {"time_net": "linear"})
-    assert flow_fp != model_fingerprint("nf_resnet")
+    assert flow_fp == model_fingerprint("nf_resnet", {"time_net": "linear"}, 1)
+    assert flow_fp != model_fingerprint("nf_resnet", None, 1)
+    assert plain.data.normalise_on == "all"
+    split_fp = cell_numerics(plain).split("/")[1]
+    assert split_fp == system_fingerprint("integro_de", "all") != system_fingerprint("integro_de")

@@ -19,6 +19,7 @@ from nlmodels import MODELS
 from nltrain import _fingerprints as numerics
 from tasks.cell import stored_results
 from tasks.config import RunConfig
+from tasks.numerics import cell_fingerprints
 from tasks.tracking import RunTags, connect
 
 TOY = "toy_offset"
@@ -115,7 +116,9 @@ def test_numerics_decide_reuse_and_compare_names_the_change(
     assert set(_statuses(first).values()) == {"finished"}
     tracker = connect()
     run = tracker.queries.get_run_data(first.results[0].run_id).tags
-    assert run[RunTags.NUMERICS_MODEL] == numerics.model_fingerprint(first.results[0].method)
+    # integro_de is 1-D: the model's fingerprint is its 1-D canary's
+    one_d = numerics.model_fingerprint(first.results[0].method, None, 1)
+    assert run[RunTags.NUMERICS_MODEL] == one_d != numerics.model_fingerprint(TOY)
     assert run[RunTags.NUMERICS_SYSTEM] == numerics.system_fingerprint("integro_de")
     before = numerics.model_fingerprint(TOY)
 
@@ -181,19 +184,21 @@ def test_a_setting_s_own_arithmetic_moves_its_fingerprint_and_retrains_its_cells
     map) gets a fingerprint of its own, which an edit of that path alone changes, and the
     cells of that setting are then retrained while the default's stay as they are."""
     toy(0.0, WIDE)
-    default, wide = numerics.model_fingerprint(TOY), numerics.model_fingerprint(TOY, {"width": 2})
-    assert wide != default
-    assert numerics.model_fingerprint(TOY, {"width": 1}) == default  # a default spelt out
-    assert numerics.model_settings(TOY, {"width": 1}) == {}
     config = _config(methods=[TOY], seeds=[0], models={TOY: {"width": 2}})
+    (cell,) = config.cells()
+    dim = numerics.system_state_dim(cell.system)
+    default, wide = (numerics.model_fingerprint(TOY, s, dim) for s in (None, {"width": 2}))
+    assert wide != default
+    assert numerics.model_fingerprint(TOY, {"width": 1}, dim) == default  # a default spelt out
+    assert numerics.model_settings(TOY, {"width": 1}) == {}
     first = run_benchmark(config)
     assert set(_statuses(first).values()) == {"finished"}
     tags = connect().queries.get_run_data(first.results[0].run_id).tags
-    assert tags[RunTags.NUMERICS_MODEL] == wide
+    assert tags[RunTags.NUMERICS_MODEL] == cell_fingerprints(cell)[0] == wide
 
     toy(5.0, WIDE)  # the arithmetic of width 2 only
-    assert numerics.model_fingerprint(TOY) == default
-    assert numerics.model_fingerprint(TOY, {"width": 2}) != wide
+    assert numerics.model_fingerprint(TOY, None, dim) == default
+    assert numerics.model_fingerprint(TOY, {"width": 2}, dim) != wide
     capsys.readouterr()
     assert _statuses(run_benchmark(config)) == {f"{TOY}/0": "finished"}  # retrained, not reused
     assert f"{TOY} changed since commit" in capsys.readouterr().err
@@ -229,8 +234,8 @@ def test_switching_numerics_back_and_forth_retrains_nothing_already_in_the_store
     rt = CellRuntime.for_store(tracker.store, parent_run_id=None, profile="smoke")
     portable = cell_numerics.model_fingerprint
 
-    def native(method: str, overrides=None) -> str:
-        return "native" + portable(method, overrides)[6:]
+    def native(method: str, overrides=None, state_dim: int = 2) -> str:
+        return "native" + portable(method, overrides, state_dim)[6:]
 
     trained: dict[str, str] = {}
     retrained = []
@@ -303,7 +308,7 @@ def test_a_model_that_fails_as_it_runs_gets_a_fingerprint_that_matches_nothing(
     monkeypatch.setattr(NODE, "forward", broken)
     failed = numerics.model_fingerprint("node")
     assert failed.startswith("failed-") and not list(tmp_path.iterdir())  # nothing cached
-    assert "the numerics canary of model node failed" in capsys.readouterr().err
+    assert "the numerics canary of model node (2-D) failed" in capsys.readouterr().err
     monkeypatch.undo()
     monkeypatch.setattr(numerics, "_cache_dir", lambda: tmp_path)
     monkeypatch.setattr(numerics, "_MEMO", {})
