@@ -31,7 +31,8 @@ _WHERE = {
         "_errors": "Interrupted TrainingDiverged TrainingInterrupted",
         "_evaluation": "DIVERGED_RMSE_FACTOR DOMINATED_SHARE Evaluation divergence evaluate "
         "outlier_census rmse top_error_share",
-        "_fingerprints": "model_fingerprint model_settings settings_text source_key "
+        "_fingerprints": "FINGERPRINT_FORMAT model_fingerprint model_settings settings_text "
+        "source_key "
         "system_fingerprint system_state_dim training_digest",
         "_loop": "EpochRecord LoopOptions StepFunction StopReason TrainResult epoch_bar "
         "stop_reason train_loop",

@@ -62,6 +62,7 @@ from nlmodels import require_numerics
 from nltrain._sources import covered_sources
 
 __all__ = [
+    "FINGERPRINT_FORMAT",
     "model_fingerprint",
     "model_settings",
     "settings_text",
@@ -76,6 +77,9 @@ __all__ = [
 #: models' canary and the systems' canary each have their own, so that one can change alone.
 _FORMAT = 2
 _SYSTEM_FORMAT = 1
+#: Which canaries made a fingerprint, as runs are tagged with it: a stored run whose format
+#: differs was fingerprinted by other canaries, whatever its code.
+FINGERPRINT_FORMAT = f"{_FORMAT}.{_SYSTEM_FORMAT}"
 
 _MEMO: dict[tuple[str, str, str], str] = {}
 _MEMO_LOCK = threading.Lock()
@@ -91,7 +95,7 @@ def source_key(method: str | None = None) -> str:
     numeric floors' packages whole, and ``method``'s plugin package), the versions, the native
     kernels' mode and the CPU numerics mode in effect: the cache key of every fingerprint
     (re-read each call: a few milliseconds)."""
-    h = hashlib.sha256(f"{_FORMAT}.{_SYSTEM_FORMAT}; {_versions()}".encode())
+    h = hashlib.sha256(f"{FINGERPRINT_FORMAT}; {_versions()}".encode())
     h.update(os.environ.get("NLLAB_NATIVE", "auto").encode())
     h.update(_cpu_mark().encode())
     for name, path in sorted(covered_sources(method).items()):

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from nltrain import (
+    FINGERPRINT_FORMAT,
     model_fingerprint,
     model_settings,
     settings_text,
@@ -92,11 +93,16 @@ def warm(cells: Iterable) -> CellNumerics:
 
 
 def cell_tags(cell) -> dict[str, str]:
-    """The ``numerics.model`` and ``numerics.system`` tags of a cell's run."""
+    """The ``numerics.model``, ``numerics.system`` and ``numerics.format`` tags of a cell's
+    run."""
     from tasks.tracking.tags import RunTags
 
     model, system = cell_fingerprints(cell)
-    return {RunTags.NUMERICS_MODEL: model, RunTags.NUMERICS_SYSTEM: system}
+    return {
+        RunTags.NUMERICS_MODEL: model,
+        RunTags.NUMERICS_SYSTEM: system,
+        RunTags.NUMERICS_FORMAT: FINGERPRINT_FORMAT,
+    }
 
 
 def stale(
@@ -104,12 +110,13 @@ def stale(
 ) -> tuple[set[str], list[str]]:
     """Which stored runs (``records``: config hash → :class:`tasks.tracking.RunRecord`) were
     computed by other numerics than today's: their config hashes, and one line per changed
-    model or system (and one for runs stored before fingerprints were recorded)."""
+    model or system (and one for runs stored before fingerprints were recorded, one for runs
+    fingerprinted by other canaries: neither says which model changed)."""
     from tasks.tracking.tags import RunTags
 
     out: set[str] = set()
     changed: dict[tuple[str, str], list[str]] = {}
-    unrecorded = 0
+    unrecorded = other_canaries = 0
     for c in cells:
         h = c.config_hash()
         record = records.get(h)
@@ -123,12 +130,16 @@ def stale(
             continue
         commit = (tags.get(RunTags.GIT_COMMIT) or "")[:7] or "unknown"
         model_changed, system_changed = model != today.model(c), system != today.system(c)
+        if not (model_changed or system_changed):
+            continue
+        out.add(h)
+        if tags.get(RunTags.NUMERICS_FORMAT, "1") != FINGERPRINT_FORMAT:
+            other_canaries += 1
+            continue
         if model_changed:
             changed.setdefault((c.method, "model"), []).append(commit)
         if system_changed:
             changed.setdefault((c.system, "data set"), []).append(commit)
-        if model_changed or system_changed:
-            out.add(h)
     lines = [
         f"{'' if kind == 'model' else 'the data set '}{name} changed since commit "
         f"{max(set(commits), key=commits.count)}: {len(commits)} "
@@ -140,5 +151,11 @@ def stale(
             f"{unrecorded} finished cell{'s' if unrecorded != 1 else ''} stored without "
             "numerics fingerprints (before they were recorded) retrained; --reuse config "
             "reuses them"
+        )
+    if other_canaries:
+        lines.append(
+            f"{other_canaries} finished cell{'s' if other_canaries != 1 else ''} fingerprinted "
+            f"by earlier numerics canaries (before format {FINGERPRINT_FORMAT}, which run the "
+            "cell's state dimension, batch sizes and split) retrained; --reuse config reuses them"
         )
     return out, lines

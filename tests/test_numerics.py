@@ -220,6 +220,33 @@ def test_runs_stored_without_fingerprints_are_retrained_once_said(mlflow_store, 
     ]
 
 
+def test_runs_fingerprinted_by_earlier_canaries_are_retrained_without_blaming_a_model(
+    mlflow_store, capsys
+):
+    """A run stored before the canaries ran the cell's sizes carries a format-1 fingerprint
+    (no ``numerics.format`` tag): retrained once, said as such, not as "node changed"; a run of
+    today's format whose fingerprint differs names its model."""
+    from tasks.cell import CellRuntime, run_cell
+
+    (cell,) = _config(methods=["node"], seeds=[0]).cells()
+    tracker = connect()
+    rt = CellRuntime.for_store(tracker.store, parent_run_id=None, profile="smoke")
+    result = run_cell(cell, rt)
+    tags = connect().queries.get_run_data(result.run_id).tags
+    assert tags[RunTags.NUMERICS_FORMAT] == numerics.FINGERPRINT_FORMAT
+    client = tracker.store.client
+    client.set_tag(result.run_id, RunTags.NUMERICS_MODEL, "0123456789abcdef")  # another canary's
+    client.delete_tag(result.run_id, RunTags.NUMERICS_FORMAT)  # as stored before the tag
+    capsys.readouterr()
+    assert stored_results(tracker.queries, [cell])[1] == [cell]
+    err = capsys.readouterr().err
+    assert "1 finished cell fingerprinted by earlier numerics canaries" in err
+    assert "node changed" not in err
+    client.set_tag(result.run_id, RunTags.NUMERICS_FORMAT, numerics.FINGERPRINT_FORMAT)
+    assert stored_results(tracker.queries, [cell])[1] == [cell]
+    assert "node changed since commit" in capsys.readouterr().err
+
+
 def test_switching_numerics_back_and_forth_retrains_nothing_already_in_the_store(
     mlflow_store, monkeypatch
 ):

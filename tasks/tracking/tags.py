@@ -37,6 +37,8 @@ class RunTags:
     #: Numerics fingerprints of the code that trained a cell (:mod:`tasks.numerics`).
     NUMERICS_MODEL = "numerics.model"
     NUMERICS_SYSTEM = "numerics.system"
+    #: Which canaries made those fingerprints (``nltrain.FINGERPRINT_FORMAT``; absent: format 1).
+    NUMERICS_FORMAT = "numerics.format"
     CPU_NUMERICS = "numerics.cpu"  # portable or native CPU arithmetic (nlmodels._numerics)
     #: This machine's bytes against the pinned ones (``nllab doctor``; absent: never checked).
     NUMERICS_PINNED = "numerics.pinned"
