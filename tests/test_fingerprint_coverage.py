@@ -132,8 +132,16 @@ def test_a_models_canary_runs_every_python_line_its_paper_cells_run(key):
     assert not _missing(real, canary), "\n".join(_missing(real, canary))
 
 
+def _data_cells() -> list:
+    """One paper cell per system, and each with a sub-sample of its training trajectories (as
+    the sample-size study trains: ``n_train``)."""
+    cells = [c for c in _paper_cells() if c.method == "node"]
+    sub = [c.model_copy(update={"data": c.data.model_copy(update={"n_train": 24})}) for c in cells]
+    return cells + sub
+
+
 @pytest.mark.parametrize(
-    "cell", [c for c in _paper_cells() if c.method == "node"], ids=lambda c: c.system
+    "cell", _data_cells(), ids=lambda c: c.system + ("" if c.data.n_train is None else "-n_train")
 )
 def test_a_systems_canary_runs_every_python_line_its_paper_cells_data_run(cell):
     """The data of a cell (simulated, then split as the cell splits it; the on-disk cache
