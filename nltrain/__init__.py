@@ -38,7 +38,7 @@ _WHERE = {
         "stop_reason train_loop",
         "_packing": "PlainGRU PlainGRUCell packable prefers_one_by_one train_packed",
         "_pinned": "PINNED PINNED_SETTINGS PINNED_WITH Mismatch PinnedCheck check_pinned "
-        "data_digest last_pinned_check pinned_label pinned_mismatches",
+        "data_digest last_pinned_check pinned_label pinned_mismatches pinned_model",
         "_sources": "NUMERIC_PACKAGES covered_sources",
         "_steps": "DTYPES as_tensor",
         "_training": "epoch_seconds predict seeded select_device step_function train",

@@ -5,8 +5,9 @@ how this machine compares (``nllab doctor``; the tests hold the same pins).
   profile's data of each main system (either mode: the data sets never call BLAS).
 * ``training``: :func:`nltrain.training_digest` of each built-in model at its defaults and,
   under the labels of :data:`PINNED_SETTINGS`, with the settings the paper profile and its
-  ablation build it with (portable mode; Neural Laplace with its native kernels,
-  ``training_twins`` with their torch twins, NLLAB_NATIVE=0).
+  ablation build it with, for each state dimension of their systems (portable mode; Neural
+  Laplace with its native kernels, ``training_twins`` with their torch twins,
+  NLLAB_NATIVE=0).
 
 Pinned with torch 2.13.0 (CPU build), numpy 2.4, glibc 2.36 (its vector maths library computes
 the portable elementary functions); other builds of those may compute other bytes, which the
@@ -37,6 +38,7 @@ __all__ = [
     "last_pinned_check",
     "pinned_label",
     "pinned_mismatches",
+    "pinned_model",
 ]
 
 PINNED_WITH = "torch 2.13.0, numpy 2.4, glibc 2.36"
@@ -60,32 +62,56 @@ PINNED = {
         "neural_laplace (stereographic=False)": "60aa0c1aeb919149",
         "nf_coupling (time_net=linear)": "3ab88c6c9a266b32",
         "nf_resnet (time_net=linear)": "d31841a50b237a2d",
+        "anode 1-D": "5719be1194d78400",
+        "latent_ode (kl_average=latents, z0_time=first_query) 1-D": "e45ef599f458910a",
+        "neural_laplace 1-D": "debe904090d0d50f",
+        "neural_laplace (stereographic=False) 1-D": "f61d3a0d89e1816e",
+        "nf_coupling (time_net=linear) 1-D": "139cb8eb163c9d7a",
+        "nf_resnet (time_net=linear) 1-D": "ed2e9a0cdc834f93",
+        "node 1-D": "9ad706faa5cfc52c",
     },
     "training_twins": {
         "neural_laplace": "ab578be2cbc16035",
         "neural_laplace (stereographic=False)": "79aca6c507af13c8",
+        "neural_laplace 1-D": "e649e123ee8dde14",
+        "neural_laplace (stereographic=False) 1-D": "3c823d0e5130e5f2",
     },
 }
 
 
-def pinned_label(method: str, settings: dict[str, object]) -> str:
-    """The label a model built with ``settings`` (non-default keywords) is pinned under."""
-    if not settings:
-        return method
-    return f"{method} ({', '.join(f'{k}={v}' for k, v in sorted(settings.items()))})"
+def pinned_label(method: str, settings: dict[str, object], state_dim: int = 2) -> str:
+    """The label a model built with ``settings`` (non-default keywords) for ``state_dim``
+    dimensions is pinned under (2-D, a model's canary before it ran each cell's dimension,
+    unmarked)."""
+    label = method
+    if settings:
+        label += f" ({', '.join(f'{k}={v}' for k, v in sorted(settings.items()))})"
+    return label if state_dim == 2 else f"{label} {state_dim}-D"
 
 
-#: The models pinned with settings (label in ``PINNED["training"]`` -> method, settings): those
-#: the paper profile and the ledger's ablation build (the tests check that each of theirs is).
-PINNED_SETTINGS: dict[str, tuple[str, dict[str, object]]] = {
-    pinned_label(method, settings): (method, settings)
+#: The models pinned besides each built-in one at its defaults in 2-D (label in
+#: ``PINNED["training"]`` -> method, settings, state dimension): those the paper profile and
+#: the ledger's ablation build, for each of their systems' dimensions (the tests check that
+#: each of theirs is).
+PINNED_SETTINGS: dict[str, tuple[str, dict[str, object], int]] = {
+    pinned_label(method, settings, dim): (method, settings, dim)
     for method, settings in (
+        ("anode", {}),
         ("latent_ode", {"kl_average": "latents", "z0_time": "first_query"}),
+        ("neural_laplace", {}),
         ("neural_laplace", {"stereographic": False}),
         ("nf_coupling", {"time_net": "linear"}),
         ("nf_resnet", {"time_net": "linear"}),
+        ("node", {}),
     )
+    for dim in (1, 2)
+    if settings or dim != 2
 }
+
+
+def pinned_model(label: str) -> tuple[str, dict[str, object], int]:
+    """The (method, settings, state dimension) pinned under ``label``."""
+    return PINNED_SETTINGS.get(label, (label, {}, 2))
 
 
 @dataclass(frozen=True)
@@ -123,10 +149,10 @@ def pinned_mismatches() -> list[Mismatch]:
         if got != pinned:
             out.append(Mismatch("data", system, got, pinned))
     for label, pinned in PINNED["training"].items():
-        method, settings = PINNED_SETTINGS.get(label, (label, {}))
+        method, settings, dim = pinned_model(label)
         if method == "neural_laplace" and not native_cpu_kernels():
             pinned = PINNED["training_twins"][label]
-        got = training_digest(method, settings)
+        got = training_digest(method, settings, dim)
         if got != pinned:
             out.append(Mismatch("training", label, got, pinned))
     return out

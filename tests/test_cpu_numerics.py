@@ -25,7 +25,15 @@ from datasets import simulate
 from nlmodels import _cpu, _numerics
 from nlmodels.accel import native as _native
 from nlmodels.accel.native import _store
-from nltrain import PINNED, PINNED_SETTINGS, model_settings, pinned_label, training_digest
+from nltrain import (
+    PINNED,
+    PINNED_SETTINGS,
+    model_settings,
+    pinned_label,
+    pinned_model,
+    system_state_dim,
+    training_digest,
+)
 from tasks import MAIN_SYSTEMS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,8 +46,8 @@ TRAINING = PINNED["training"]
 TWINS = PINNED["training_twins"]
 
 
-def _model(label: str) -> tuple[str, dict]:
-    return PINNED_SETTINGS.get(label, (label, {}))
+def _model(label: str) -> tuple[str, dict, int]:
+    return pinned_model(label)
 
 
 def test_pinned_names_cover_every_main_system_and_model():
@@ -48,8 +56,8 @@ def test_pinned_names_cover_every_main_system_and_model():
     assert set(QUICK_DATA) == set(MAIN_SYSTEMS)
     assert set(MODELS) >= {_model(label)[0] for label in TRAINING}
     assert set(PINNED_SETTINGS) <= set(TRAINING)
-    for label, (method, settings) in PINNED_SETTINGS.items():
-        assert pinned_label(method, model_settings(method, settings)) == label
+    for label, (method, settings, dim) in PINNED_SETTINGS.items():
+        assert pinned_label(method, model_settings(method, settings), dim) == label
 
 
 def test_every_model_the_paper_profile_and_its_ablations_build_is_pinned():
@@ -58,7 +66,7 @@ def test_every_model_the_paper_profile_and_its_ablations_build_is_pinned():
     from tasks.ledger_scope import ledger_cell_configs
 
     built = {
-        pinned_label(c.method, model_settings(c.method, c.model))
+        pinned_label(c.method, model_settings(c.method, c.model), system_state_dim(c.system))
         for c, _ in ledger_cell_configs(seeds=[0])
     }
     assert built - set(TRAINING) == set()
@@ -81,12 +89,12 @@ def _portable_or_skip() -> None:
 @pytest.mark.parametrize("label", sorted(TRAINING))
 def test_short_training_bytes_are_pinned(label):
     _portable_or_skip()
-    method, settings = _model(label)
+    method, settings, dim = _model(label)
     if method == "neural_laplace" and not _native.native_enabled():
         pinned = TWINS[label]  # no C compiler: the torch twins run
     else:
         pinned = TRAINING[label]
-    got = training_digest(method, settings)
+    got = training_digest(method, settings, dim)
     assert got == pinned, f"training of {label}: {got}, pinned {pinned}"
 
 
