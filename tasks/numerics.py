@@ -38,8 +38,10 @@ __all__ = [
 def model_key(cell) -> tuple[str, str, int]:
     """The model canary that fingerprints ``cell``'s model: the method, its settings
     (canonical JSON) and the state dimension of the cell's system it is built for."""
+    from tasks._declarations import system_info  # (declares a data file's system here)
+
     settings = settings_text(model_settings(cell.method, cell.model))
-    return cell.method, settings, system_state_dim(cell.system)
+    return cell.method, settings, int(system_info(cell.system, cell.data).state_dim)
 
 
 def system_key(cell) -> tuple[str, str, bool]:

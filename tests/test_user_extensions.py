@@ -255,3 +255,30 @@ def test_a_simulator_from_an_nllab_systems_entry_point(
     ds = simulate_data(cell.system, cell.data, cell.seed, tmp_path / "cache")
     np.testing.assert_allclose(ds.x[:, :, 0] - ds.x[:, :1, 0], 1.0 * np.tile(ds.t, (40, 1)))
     check_names(systems=["ramp"])  # the command line's quick check knows it too
+
+
+def test_a_data_file_systems_cells_get_fingerprints_in_a_process_new_to_it(tmp_path: Path):
+    """A worker process that has not declared the system yet (as a Dask worker's first cell):
+    its cells' fingerprints are those of its state dimension, read from its file."""
+    from datasets import _systems
+    from nltrain import model_fingerprint
+    from tasks import _declarations
+    from tasks.numerics import cell_fingerprints
+
+    rng = np.random.default_rng(2)
+    t, x = np.linspace(0.0, 2.0, 10), rng.standard_normal((20, 10, 3))
+    rows = ["trajectory,t,u,v,w"] + [
+        f"{n},{float(t[i])!r}," + ",".join(repr(float(v)) for v in x[n, i])
+        for n in range(20)
+        for i in range(10)
+    ]
+    (tmp_path / "lab.csv").write_text("\n".join(rows) + "\n")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        'systems = ["lab"]\nmethods = ["node"]\n[define_systems.lab]\nfile = "lab.csv"\n'
+    )
+    (cell,) = resolve_config("smoke", cfg).cells()
+    for table in (_systems.SYSTEM_SPECS, _systems._INFOS, _declarations._DECLARED):
+        table.pop("lab", None)  # a process new to it
+    model, _ = cell_fingerprints(cell)
+    assert model == model_fingerprint("node", None, 3) != model_fingerprint("node", None, 2)
