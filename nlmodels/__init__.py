@@ -20,7 +20,7 @@ from typing import Any
 _WHERE = {
     name: module
     for module, names in {
-        "nlmodels._cpu": "cpu_features",
+        "nlmodels._cpu": "cpu_features numerics_environment",
         "nlmodels._numerics": "NumericsError NumericsSetup cpu_mode_in_effect "
         "mkl_position_independent numerics_in_effect numerics_note numerics_tag require_numerics "
         "set_up_numerics",

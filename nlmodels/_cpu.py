@@ -14,14 +14,51 @@ MODES = ("portable", "native")
 PORTABLE_MARCH = "x86-64-v3"
 
 __all__ = [
+    "BYTE_MOVING_ENVIRONMENT",
     "MODES",
     "MODE_VARIABLE",
     "PORTABLE_MARCH",
     "cpu_features",
     "cpu_mode",
+    "numerics_environment",
     "portable",
     "portable_cpu",
 ]
+
+
+#: Families (prefixes) of environment variables through which this package or a library it
+#: loads can change the bytes a float64 computation gives: the BLAS, LAPACK and OpenMP runtimes
+#: (MKL, OpenBLAS, oneDNN, GNU and Intel OpenMP), torch's and numpy's CPU dispatch, the dynamic
+#: linker, and this package's numerics switches (the mode; the native kernels' use and target).
+BYTE_MOVING_ENVIRONMENT = (
+    "ATEN_",
+    "DNNL_",
+    "GOMP_",
+    "KMP_",
+    "LD_",
+    "MKL_",
+    "NPY_",
+    "OMP_",
+    "ONEDNN_",
+    "OPENBLAS_",
+    MODE_VARIABLE,
+    "NLLAB_NATIVE",
+)
+#: Of those families, the variables that only name a place (where a build is cached).
+_PLACES = frozenset({"NLLAB_NATIVE_CACHE"})
+
+
+def numerics_environment() -> str:
+    """What besides the code decides the bytes this machine computes: the CPU's feature flags,
+    the C library, and every environment variable of the :data:`BYTE_MOVING_ENVIRONMENT`
+    families (a cache key's part: a variable that moves nothing costs a recomputation, a missing
+    one a wrong reuse)."""
+    env = sorted(
+        f"{k}={v}"
+        for k, v in os.environ.items()
+        if k.startswith(BYTE_MOVING_ENVIRONMENT) and k not in _PLACES
+    )
+    return "\n".join([cpu_features(), " ".join(platform.libc_ver()), *env])
 
 
 def cpu_features() -> str:

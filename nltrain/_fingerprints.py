@@ -32,8 +32,10 @@ Both include the torch and numpy versions. Computing one takes a fraction of a s
 few seconds, so each is computed once per *source state* and cached under
 ``data_home()/numerics``, keyed by a hash of every file that can move a number
 (:mod:`nltrain._sources`: the packages ``nltrain``, ``nlmodels`` and ``datasets`` whole, and a
-plugin model's whole package): a start with unchanged sources reads a small file; an edit
-recomputes the canary, whose bytes then decide.
+plugin model's whole package), and by the CPU, its C library and every environment variable
+that can move bytes (:func:`nlmodels.numerics_environment`: a home shared by two CPUs, or two
+targets of the native kernels, holds a fingerprint for each): a start with unchanged sources
+reads a small file; an edit recomputes the canary, whose bytes then decide.
 
 A system split as by default (train-set normalisation, every training trajectory) hashes what
 it hashed before splits were covered. Not covered: CUDA arithmetic (the canary runs on the
@@ -58,7 +60,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nlmodels import require_numerics
+from nlmodels import numerics_environment, require_numerics
 from nltrain._sources import covered_sources
 
 __all__ = [
@@ -98,6 +100,9 @@ def source_key(method: str | None = None) -> str:
     h = hashlib.sha256(f"{FINGERPRINT_FORMAT}; {_versions()}".encode())
     h.update(os.environ.get("NLLAB_NATIVE", "auto").encode())
     h.update(_cpu_mark().encode())
+    # the CPU and the environment too: a home shared by two CPUs, or another target of the
+    # native kernels, computes its own canaries (their bytes then decide)
+    h.update(numerics_environment().encode())
     for name, path in sorted(covered_sources(method).items()):
         data = path.read_bytes()
         h.update(f"{name}\0{len(data)}\0".encode())

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import platform
 from dataclasses import dataclass
 
 __all__ = [
@@ -158,19 +156,6 @@ def pinned_mismatches() -> list[Mismatch]:
     return out
 
 
-#: Settings of the environment that can move bytes, beyond the mode (a check's cache key).
-_ENVIRONMENT = (
-    "ATEN_CPU_CAPABILITY",
-    "MKL_CBWR",
-    "ONEDNN_MAX_CPU_ISA",
-    "OPENBLAS_CORETYPE",
-    "NPY_DISABLE_CPU_FEATURES",
-    "LD_PRELOAD",
-    "NLLAB_NATIVE",
-    "NLLAB_NATIVE_MARCH",
-)
-
-
 @dataclass(frozen=True)
 class PinnedCheck:
     """This machine's bytes against :data:`PINNED`: the differing components (empty: as
@@ -188,15 +173,14 @@ class PinnedCheck:
 
 
 def _check_key() -> str:
-    from nlmodels import cpu_features, numerics_tag
+    """The code, the versions, the CPU, the C library and the environment
+    (:func:`nltrain.source_key`, which covers :func:`nlmodels.numerics_environment`) and the
+    numerics in effect."""
+    from nlmodels import numerics_tag
     from nltrain._fingerprints import source_key
 
     h = hashlib.sha256(source_key().encode())
     h.update(numerics_tag().split("; torch_threads")[0].encode())
-    h.update(cpu_features().encode())
-    h.update(" ".join(platform.libc_ver()).encode())
-    for name in _ENVIRONMENT:
-        h.update(f"{name}={os.environ.get(name, '')}\n".encode())
     return h.hexdigest()[:24]
 
 

@@ -37,6 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 MODULE = "nltrain/_fingerprints.py"
+#: Copied from this tree with today's fingerprint module: the CPU facts its cache is keyed by
+#: (standard library only, a superset of every earlier version's).
+HELPERS = ("nlmodels/_cpu.py",)
 #: What runs in the old commit's tree: for each cell asked, its fingerprints by the module of
 #: ``--before`` (copied in as ``_fingerprints_before``) and by today's (as ``_fingerprints``).
 CHILD = """
@@ -95,7 +98,8 @@ def at_commit(commit: str, before: bytes, asked: list[tuple]) -> dict[tuple, tup
         try:
             if not (tree / MODULE).is_file():
                 return f"{commit[:10]} has no {MODULE} (its fingerprints came from elsewhere)"
-            (tree / MODULE).write_bytes((ROOT / MODULE).read_bytes())
+            for path in (MODULE, *HELPERS):
+                (tree / path).write_bytes((ROOT / path).read_bytes())
             (tree / MODULE.replace(".py", "_before.py")).write_bytes(before)
             env = {**os.environ, "PYTHONPATH": str(tree), "NLLAB_HOME": str(Path(scratch) / "h")}
             args = [[m, json.loads(s), *rest] for m, s, *rest in asked]

@@ -6,8 +6,9 @@ A config hash needs the models' defaults (torch) and a numerics fingerprint runs
 computes them once per *code state* and keeps them under ``$NLLAB_HOME/ledger``; a later call
 with the same code state reads one small JSON file (standard library only). The code state is a
 hash of everything the hashes and fingerprints depend on: the sources of ``nlmodels``,
-``datasets``, ``tasks`` (and ``nltrain`` where present), the torch and numpy builds, the CPU's
-feature flags, the numerics switches of the environment, installed plugins and the config file.
+``datasets``, ``tasks`` (and ``nltrain`` where present), the torch and numpy builds, the CPU,
+its C library and the environment that can move bytes (:func:`nlmodels.numerics_environment`),
+installed plugins and the config file.
 A config file that declares systems (their data files are hashed into the config hash) is
 never cached.
 """
@@ -26,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nlmodels import numerics_environment
 from tasks._env import home_folder
-from tasks.ledger import LedgerRecord, cell_numerics, cpuinfo_line
+from tasks.ledger import LedgerRecord, cell_numerics
 
 if TYPE_CHECKING:
     from tasks.config import CellConfig, RunConfig
@@ -52,13 +54,6 @@ _ROOT = Path(__file__).resolve().parent.parent
 #: What the cached hashes and fingerprints depend on, besides the environment.
 _PACKAGES = ("nlmodels", "datasets", "tasks", "nltrain")
 _SUFFIXES = (".py", ".c", ".h", ".yaml", ".toml")
-_ENVIRONMENT = (
-    "NLLAB_CPU_NUMERICS",
-    "NLLAB_NATIVE",
-    "ATEN_CPU_CAPABILITY",
-    "MKL_CBWR",
-    "ONEDNN_MAX_CPU_ISA",
-)
 #: Bumped when the cached file's content changes.
 _FORMAT = 1
 
@@ -275,8 +270,7 @@ def _code_state(
         if spec is not None and spec.origin is not None:
             version = Path(spec.origin).parent / "version.py"
             h.update(version.read_bytes() if version.is_file() else spec.origin.encode())
-    h.update(_cpu_flags().encode())
-    h.update(json.dumps({k: os.environ.get(k) for k in _ENVIRONMENT}).encode())
+    h.update(numerics_environment().encode())
     _hash_plugins(h)
     return h.hexdigest()
 
@@ -288,12 +282,6 @@ def _hash_tree(folder: Path, h: Any) -> None:
         if p.suffix in _SUFFIXES and p.is_file():
             h.update(str(p.relative_to(_ROOT)).encode())
             h.update(p.read_bytes())
-
-
-def _cpu_flags() -> str:
-    import platform
-
-    return cpuinfo_line("flags", "Features") or platform.processor()
 
 
 def _hash_plugins(h: Any) -> None:

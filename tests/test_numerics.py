@@ -7,9 +7,12 @@ schedule records each night's comparison as Prefect artifacts."""
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
 import sys
 import textwrap
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +25,7 @@ from tasks.config import RunConfig
 from tasks.numerics import cell_fingerprints
 from tasks.tracking import RunTags, connect
 
+ROOT = Path(__file__).resolve().parents[1]
 TOY = "toy_offset"
 
 # The toy model predicts an affine map of the last observation and the query time, plus a fixed
@@ -340,3 +344,37 @@ def test_a_model_that_fails_as_it_runs_gets_a_fingerprint_that_matches_nothing(
     monkeypatch.setattr(numerics, "_cache_dir", lambda: tmp_path)
     monkeypatch.setattr(numerics, "_MEMO", {})
     assert not numerics.model_fingerprint("node").startswith("failed-")
+
+
+_FINGERPRINT_CHILD = """
+import nlmodels
+nlmodels.set_up_numerics()
+from nltrain import model_fingerprint
+print(model_fingerprint("neural_laplace"))
+"""
+
+
+def test_a_home_shared_by_two_kernel_targets_gives_each_its_own_fingerprint(tmp_path):
+    """The native mode builds the kernels for this CPU (``-march=native``) or for the target
+    ``NLLAB_NATIVE_MARCH`` names: two builds whose bytes can differ (8- or 4-wide vectors). A
+    fingerprint read from a home the other build filled is the one that build computes in a
+    fresh home, as on two CPUs sharing a home."""
+
+    from nlmodels.accel import native
+
+    if not native.usable():
+        pytest.skip("the native kernels do not build here")
+
+    def fingerprint(home: str, march: str) -> str:
+        env = {**os.environ, "NLLAB_HOME": home, "NLLAB_CPU_NUMERICS": "native"}
+        env.update(NLLAB_NATIVE_MARCH=march, PYTHONPATH=str(ROOT))
+        done = subprocess.run(
+            [sys.executable, "-c", _FINGERPRINT_CHILD],
+            env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.split()[-1]
+
+    shared = str(tmp_path / "shared")
+    fingerprint(shared, "")  # this CPU's build fills the home first
+    assert fingerprint(shared, "haswell") == fingerprint(str(tmp_path / "fresh"), "haswell")
