@@ -16,7 +16,6 @@ from nltrain import (
     model_settings,
     settings_text,
     system_fingerprint,
-    system_state_dim,
     training_digest,
 )
 
@@ -29,7 +28,6 @@ __all__ = [
     "stale",
     "system_fingerprint",
     "system_key",
-    "system_state_dim",
     "training_digest",
     "warm",
 ]
