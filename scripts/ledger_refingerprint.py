@@ -44,7 +44,10 @@ HELPERS = ("nlmodels/_cpu.py",)
 #: ``--before`` (copied in as ``_fingerprints_before``) and by today's (as ``_fingerprints``).
 CHILD = """
 import json, sys
-from nlmodels import set_up_numerics
+import nlmodels
+from nlmodels import _cpu, set_up_numerics
+if not hasattr(nlmodels, "numerics_environment"):  # a tree older than the name: this tree's
+    nlmodels.numerics_environment = _cpu.numerics_environment
 set_up_numerics()
 from nltrain import _fingerprints as today, _fingerprints_before as before
 out = []
