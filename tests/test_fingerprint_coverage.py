@@ -82,31 +82,37 @@ def _missing(real: set, canary: set) -> list[str]:
     ]
 
 
-def _train_real(cells: list) -> None:
-    """``cells`` as the engine trains them (packed where their model packs), one epoch, and
-    their test forecasts."""
-    import torch
+def _packs(cells: list) -> list[list]:
+    """``cells`` in the packs the engine trains them in (outside a trace: the registry's
+    lookups that decide it compute nothing)."""
+    from tasks.engine import make_packs
 
-    from nltrain import LoopOptions, predict, prefers_one_by_one, train_packed
+    return make_packs(cells, True)
+
+
+def _train_real(packs: list[list]) -> None:
+    """Each of ``packs`` trained as the engine trains it, one epoch, and its test forecasts."""
+    from nltrain import LoopOptions, predict, train_packed
     from tasks.pipeline import build_cell_model, prepare_cell, simulate_data
 
-    prepared = [prepare_cell(c, simulate_data(c.system, c.data, c.seed)) for c in cells]
-    models = [build_cell_model(c, int(p.train.obs_x.shape[-1]))[0] for c, p in zip(cells, prepared)]
-    one_by_one = prefers_one_by_one(models[0], torch.device("cpu"))
-    for group in [[i] for i in range(len(cells))] if one_by_one else [list(range(len(cells)))]:
-        config = cells[group[0]].training.model_copy(update={"epochs": 1})
+    for pack in packs:
+        prepared = [prepare_cell(c, simulate_data(c.system, c.data, c.seed)) for c in pack]
+        models = [
+            build_cell_model(c, int(p.train.obs_x.shape[-1]))[0]
+            for c, p in zip(pack, prepared, strict=True)
+        ]
         train_packed(
-            [models[i] for i in group],
-            [prepared[i].train for i in group],
-            [prepared[i].val for i in group],
-            config,
+            models,
+            [p.train for p in prepared],
+            [p.val for p in prepared],
+            pack[0].training.model_copy(update={"epochs": 1}),
             device="cpu",
-            seeds=[cells[i].seed for i in group],
-            options=LoopOptions(labels=tuple(cells[i].key for i in group)),
-            pack=len(group) > 1,
+            seeds=[c.seed for c in pack],
+            options=LoopOptions(labels=tuple(c.key for c in pack)),
+            pack=len(pack) > 1,
         )
-        for i in group:
-            predict(models[i], prepared[i].test)
+        for model, p in zip(models, prepared, strict=True):
+            predict(model, p.test)
 
 
 def _run_canary(key: tuple[str, str, int]) -> None:
@@ -123,12 +129,12 @@ GROUPS = _model_groups()
 
 @pytest.mark.parametrize("key", sorted(GROUPS), ids=lambda k: f"{k[0]}{k[1]}-{k[2]}d")
 def test_a_models_canary_runs_every_python_line_its_paper_cells_run(key):
-    cells = GROUPS[key]
-    _train_real(cells[:1])  # once untraced: the imports a first cell pays are not the cells'
+    packs = _packs(GROUPS[key])
+    _train_real([packs[0][:1]])  # once untraced: the imports a first cell pays are not the cells'
     with _lines_run(("nltrain", "nlmodels")) as canary:  # first: checks done once per process
         _run_canary(key)
     with _lines_run(("nltrain", "nlmodels")) as real:
-        _train_real(cells)
+        _train_real(packs)
     assert not _missing(real, canary), "\n".join(_missing(real, canary))
 
 
@@ -170,7 +176,7 @@ set_up_numerics()
 import test_fingerprint_coverage as t
 assert native_cpu_kernels(), "the native kernels did not load"
 for key, cells in sorted(t.GROUPS.items()):
-    t._run_canary(key) if sys.argv[1] == "canary" else t._train_real(cells)
+    t._run_canary(key) if sys.argv[1] == "canary" else t._train_real(t._packs(cells))
 """
 
 
