@@ -33,7 +33,7 @@ _WHERE = {
         "outlier_census rmse top_error_share",
         "_fingerprints": "FINGERPRINT_FORMAT model_fingerprint model_settings settings_text "
         "source_key "
-        "system_fingerprint system_state_dim training_digest",
+        "system_fingerprint training_digest",
         "_loop": "EpochRecord LoopOptions StepFunction StopReason TrainResult epoch_bar "
         "stop_reason train_loop",
         "_packing": "PlainGRU PlainGRUCell packable prefers_one_by_one train_packed",

@@ -70,7 +70,6 @@ __all__ = [
     "settings_text",
     "source_key",
     "system_fingerprint",
-    "system_state_dim",
     "training_digest",
     "write_record",
 ]
@@ -342,7 +341,7 @@ def model_fingerprint(
 ) -> str:
     """The numerics fingerprint of model ``method`` built with ``overrides`` (a cell's
     ``model`` keywords; those at the model's default count as absent, :func:`model_settings`)
-    for data of ``state_dim`` dimensions (:func:`system_state_dim` of the cell's system)
+    for data of ``state_dim`` dimensions (the cell's system's: :func:`tasks.numerics.model_key`)
     (16 hex digits; cached per source state, settings and dimension)."""
     if isinstance(state_dim, bool) or not isinstance(state_dim, int) or state_dim < 1:
         raise ValueError(f"state_dim must be a positive integer, got {state_dim!r}")
@@ -365,14 +364,3 @@ def system_fingerprint(system: str, normalise_on: str = "train", sub_sample: boo
     return _fingerprint(
         "system", _name(system, split), source_key(), lambda: _system_canary(system, split)
     )
-
-
-def system_state_dim(system: str) -> int:
-    """The number of state dimensions of ``system``, built-in or declared in this process (what
-    a cell's model is built for)."""
-    from datasets import SYSTEMS
-
-    info = SYSTEMS.get(system)
-    if info is None:
-        raise KeyError(f"unknown system {system!r}: not built in and not declared here")
-    return int(info.state_dim)

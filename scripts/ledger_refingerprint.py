@@ -51,7 +51,7 @@ if not hasattr(nlmodels, "numerics_environment"):  # a tree older than the name:
 set_up_numerics()
 from nltrain import _fingerprints as today, _fingerprints_before as before
 out = []
-for method, settings, system, dim, normalise_on, sub_sample in json.loads(sys.argv[1]):
+for method, settings, dim, system, normalise_on, sub_sample in json.loads(sys.argv[1]):
     old = (before.model_fingerprint(method, settings), before.system_fingerprint(system))
     new = (today.model_fingerprint(method, settings, dim),
            today.system_fingerprint(system, normalise_on, sub_sample))
@@ -75,18 +75,11 @@ def cell_of(record):
 
 
 def asked_of(cell) -> tuple:
-    """What the child computes for ``cell`` (JSON-able, hashable)."""
-    from nltrain import model_settings, settings_text, system_state_dim
+    """What the child computes for ``cell``: the keys of its model's and its data set's canaries
+    (:func:`tasks.numerics.model_key`, :func:`tasks.numerics.system_key`)."""
+    from tasks.numerics import model_key, system_key
 
-    settings = settings_text(model_settings(cell.method, cell.model))
-    return (
-        cell.method,
-        settings,
-        cell.system,
-        system_state_dim(cell.system),
-        cell.data.normalise_on,
-        cell.data.n_train is not None,
-    )
+    return (*model_key(cell), *system_key(cell))
 
 
 def at_commit(commit: str, before: bytes, asked: list[tuple]) -> dict[tuple, tuple] | str:

@@ -31,7 +31,6 @@ from nltrain import (
     model_settings,
     pinned_label,
     pinned_model,
-    system_state_dim,
     training_digest,
 )
 from tasks import MAIN_SYSTEMS
@@ -64,9 +63,10 @@ def test_every_model_the_paper_profile_and_its_ablations_build_is_pinned():
     """Not a list to keep: the models as the ledger's cells build them (the paper profile's
     settings and each ablation's), read from the profile."""
     from tasks.ledger_scope import ledger_cell_configs
+    from tasks.numerics import model_key
 
     built = {
-        pinned_label(c.method, model_settings(c.method, c.model), system_state_dim(c.system))
+        pinned_label(c.method, model_settings(c.method, c.model), model_key(c)[2])
         for c, _ in ledger_cell_configs(seeds=[0])
     }
     assert built - set(TRAINING) == set()

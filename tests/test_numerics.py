@@ -22,7 +22,7 @@ from nlmodels import MODELS
 from nltrain import _fingerprints as numerics
 from tasks.cell import stored_results
 from tasks.config import RunConfig
-from tasks.numerics import cell_fingerprints
+from tasks.numerics import cell_fingerprints, model_key
 from tasks.tracking import RunTags, connect
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,7 +190,7 @@ def test_a_setting_s_own_arithmetic_moves_its_fingerprint_and_retrains_its_cells
     toy(0.0, WIDE)
     config = _config(methods=[TOY], seeds=[0], models={TOY: {"width": 2}})
     (cell,) = config.cells()
-    dim = numerics.system_state_dim(cell.system)
+    dim = model_key(cell)[2]
     default, wide = (numerics.model_fingerprint(TOY, s, dim) for s in (None, {"width": 2}))
     assert wide != default
     assert numerics.model_fingerprint(TOY, {"width": 1}, dim) == default  # a default spelt out
