@@ -55,12 +55,12 @@ def sizes(train: int, val: int, batch: int) -> Iterator[None]:
         fp._CANARY_TRAIN, fp._CANARY_VAL, fp._CANARY_BATCH = before
 
 
-def _seconds(key: tuple[str, str, int]) -> float:
+def _seconds(key: tuple[str, str, int, str]) -> float:
     from nltrain import _fingerprints as fp
 
-    method, settings, dim = key
+    method, settings, dim, protocol = key
     t0 = time.perf_counter()
-    fp._train_canary(method, hashlib.sha256(), json.loads(settings), dim)
+    fp._train_canary(method, hashlib.sha256(), json.loads(settings), dim, json.loads(protocol))
     return time.perf_counter() - t0
 
 

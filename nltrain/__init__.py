@@ -31,9 +31,9 @@ _WHERE = {
         "_errors": "Interrupted TrainingDiverged TrainingInterrupted",
         "_evaluation": "DIVERGED_RMSE_FACTOR DOMINATED_SHARE Evaluation divergence evaluate "
         "outlier_census rmse top_error_share",
-        "_fingerprints": "FINGERPRINT_FORMAT model_fingerprint model_settings settings_text "
-        "source_key "
+        "_fingerprints": "FINGERPRINT_FORMAT model_fingerprint model_settings source_key "
         "system_fingerprint training_digest",
+        "_miniature": "canary_split canary_training settings_text",
         "_loop": "EpochRecord LoopOptions StepFunction StopReason TrainResult epoch_bar "
         "stop_reason train_loop",
         "_packing": "PlainGRU PlainGRUCell packable prefers_one_by_one train_packed",

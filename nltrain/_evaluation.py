@@ -115,10 +115,11 @@ def evaluate(
     normaliser,
     *,
     device: torch.device | str | None = None,
-    dtype: str = "float64",
+    dtype: str | None = None,
     batch_size: int = 128,
 ) -> tuple[Evaluation, np.ndarray]:
-    """Evaluate on ``split`` (a normalised ``SplitData``); returns scores and predictions."""
+    """Evaluate on ``split`` (a normalised ``SplitData``); returns scores and predictions
+    (``dtype``: the data's, default the model's)."""
     dev = torch.device(device) if device is not None else None
     model.reset_nfe()
     pred = predict(model, split, device=dev, dtype=dtype, batch_size=batch_size)

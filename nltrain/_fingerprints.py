@@ -12,7 +12,9 @@ A canary is the cell in miniature, so that it runs the cell's code paths:
   model's keyword arguments that differ from its defaults, e.g. the paper profile's linear
   time functions of the Neural Flows or the ablation's ``stereographic = false``; initial
   weights drawn as :func:`tasks.pipeline.build_cell_model` draws them) at the cell's state
-  dimension, on fixed synthetic data, float64, CPU, one torch thread, through
+  dimension, trained by the cell's protocol in miniature (:func:`canary_training`: every
+  setting of :class:`~nltrain.TrainConfig` is the cell's, its dtype, step size and clipping,
+  but how long it trains), on fixed synthetic data, CPU, one torch thread, through
   :func:`nltrain.train_packed` one by one (the eager step of :func:`nltrain.train`: Neural
   Laplace's native kernels, or their torch twins, whichever this process runs — named in the
   hash, with the CPU numerics mode in effect, :mod:`nlmodels._numerics`) and as a pack of two
@@ -21,8 +23,13 @@ A canary is the cell in miniature, so that it runs the cell's code paths:
   blocks and their tails at either vector width, the row blocks each state dimension takes),
   and a batch ends short, as a cell's last one does.
 * **system**: a small simulation (:func:`datasets.simulate`, 10 trajectories) and its split
-  (:func:`datasets.prepare` with the cell's normalisation, and a sub-sample of the training
-  trajectories where the cell takes one): every array's bytes.
+  (:func:`datasets.prepare`), each with the cell's keywords but how many trajectories
+  (:func:`canary_split`: its normalisation, fractions, noise, grid; a sub-sample of the
+  training trajectories where the cell takes one): every array's bytes.
+
+Both take a cell's settings whole, by the fields of its configuration and the keywords of the
+functions they feed, not from a list of the ones that matter; the few that only say how much
+(epochs, batch size, trajectories) are the exceptions, named once here.
 
 ``tests/test_fingerprint_coverage.py`` measures that claim rather than trusting it: every line
 of ``nltrain``, ``nlmodels`` and ``datasets`` that a paper-profile cell runs, and every line of
@@ -61,26 +68,36 @@ import numpy as np
 import torch
 
 from nlmodels import numerics_environment, require_numerics
+from nltrain._miniature import (
+    CANARY_NOISE,
+    CANARY_PROTOCOL,
+    canary_split,
+    canary_training,
+    canary_trajectories,
+    data_keywords,
+    settings_text,
+)
 from nltrain._sources import covered_sources
 
 __all__ = [
     "FINGERPRINT_FORMAT",
     "model_fingerprint",
     "model_settings",
-    "settings_text",
     "source_key",
     "system_fingerprint",
     "training_digest",
     "write_record",
 ]
 
-#: Bumped when what a fingerprint hashes changes (old cache files are then ignored): the
-#: models' canary and the systems' canary each have their own, so that one can change alone.
+#: Hashed first by the models' and the systems' canaries: bumped when what every one of them
+#: hashes changes (a canary that still runs as before keeps its bytes under the same number).
 _FORMAT = 2
 _SYSTEM_FORMAT = 1
-#: Which canaries made a fingerprint, as runs are tagged with it: a stored run whose format
-#: differs was fingerprinted by other canaries, whatever its code.
-FINGERPRINT_FORMAT = f"{_FORMAT}.{_SYSTEM_FORMAT}"
+#: Which canaries made a fingerprint, as runs are tagged with it and the cache is keyed by it:
+#: a stored run whose fingerprint and format both differ was fingerprinted by other canaries,
+#: whatever its code. 2.1: at the cell's state dimension, batch sizes and split; 3: with the
+#: cell's protocol and data keywords whole.
+FINGERPRINT_FORMAT = "3"
 
 _MEMO: dict[tuple[str, str, str], str] = {}
 _MEMO_LOCK = threading.Lock()
@@ -138,17 +155,22 @@ def _canary_splits(state_dim: int):
 
 
 def _train_canary(
-    method: str, h: hashlib._Hash, settings: Mapping[str, Any], state_dim: int
+    method: str,
+    h: hashlib._Hash,
+    settings: Mapping[str, Any],
+    state_dim: int,
+    protocol: Mapping[str, Any] | None = None,
 ) -> None:
     """Feed ``h`` the canary training's bytes: losses, weights after them and a forecast, of
-    ``method`` built with ``settings`` for ``state_dim`` dimensions."""
+    ``method`` built with ``settings`` for ``state_dim`` dimensions, trained by the canary's
+    protocol changed by ``protocol`` (:func:`canary_training`)."""
     from nlmodels import build_model
     from nltrain._config import TrainConfig
     from nltrain._loop import LoopOptions
     from nltrain._packing import train_packed
     from nltrain._training import predict, seeded
 
-    config = TrainConfig(epochs=2, patience=None, batch_size=_CANARY_BATCH, lr=1e-2, grad_clip=1.0)
+    config = TrainConfig(**{**CANARY_PROTOCOL, "batch_size": _CANARY_BATCH, **(protocol or {})})
     train_split, val_split = _canary_splits(state_dim)
     for pack in (False, True):
         seeds = [0, 1] if pack else [0]
@@ -188,7 +210,9 @@ def _cpu_mark() -> str:
     return f"; cpu={mode}" if mode.startswith("portable") else ""
 
 
-def _model_canary(method: str, settings: Mapping[str, Any], state_dim: int) -> str:
+def _model_canary(
+    method: str, settings: Mapping[str, Any], state_dim: int, protocol: Mapping[str, Any]
+) -> str:
     from nlmodels import native_cpu_kernels
 
     h = hashlib.sha256(f"{_FORMAT}; {_versions()}; {method}; {state_dim}-D".encode())
@@ -197,14 +221,9 @@ def _model_canary(method: str, settings: Mapping[str, Any], state_dim: int) -> s
     # which fast path the eager step runs: native kernels and their torch twins are not
     # bitwise equal, so each has its own fingerprint; so has the portable CPU mode
     h.update(f"native={native_cpu_kernels()}{_cpu_mark()}".encode())
-    _train_canary(method, h, settings, state_dim)
+    # the protocol is not named: its bytes tell (a stop the canary never reaches moves none)
+    _train_canary(method, h, settings, state_dim, protocol)
     return h.hexdigest()[:16]
-
-
-def settings_text(settings: Mapping[str, Any]) -> str:
-    """``settings`` as canonical JSON (sorted keys, tuples as lists): how a model's settings
-    are told apart wherever fingerprints are keyed by them."""
-    return json.dumps(dict(settings), sort_keys=True, default=repr)
 
 
 def model_settings(method: str, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -217,36 +236,29 @@ def model_settings(method: str, overrides: Mapping[str, Any] | None) -> dict[str
 
 
 def training_digest(
-    method: str, overrides: Mapping[str, Any] | None = None, state_dim: int = 2
+    method: str,
+    overrides: Mapping[str, Any] | None = None,
+    state_dim: int = 2,
+    training: Mapping[str, Any] | None = None,
 ) -> str:
     """The canary training's bytes alone (no versions, modes or format), one torch thread, of
-    ``method`` built with ``overrides`` (:func:`model_settings`) for ``state_dim`` dimensions:
-    what the tests pin, so a CPU that computes other bytes fails naming the model."""
+    ``method`` built with ``overrides`` (:func:`model_settings`) for ``state_dim`` dimensions,
+    trained as by ``training`` (:func:`canary_training`): what the tests pin, so a CPU that
+    computes other bytes fails naming the model."""
     h = hashlib.sha256()
-    _one_thread(_train_canary, method, h, model_settings(method, overrides), state_dim)
+    settings, protocol = model_settings(method, overrides), canary_training(training)
+    _one_thread(_train_canary, method, h, settings, state_dim, protocol)
     return h.hexdigest()[:16]
-
-
-#: The sub-sample a system's canary takes of its 8 training trajectories where the cell takes one.
-_CANARY_SUB_SAMPLE = 6
-
-
-def _split_settings(normalise_on: str, sub_sample: bool) -> dict[str, Any]:
-    """The keywords of :func:`datasets.prepare` a system's canary passes for a cell's split
-    (none for the default split, whose bytes it always hashed)."""
-    out: dict[str, Any] = {}
-    if normalise_on != "train":
-        out["normalise_on"] = normalise_on
-    if sub_sample:
-        out["n_train"] = _CANARY_SUB_SAMPLE
-    return out
 
 
 def _system_canary(system: str, split: Mapping[str, Any]) -> str:
     from datasets import prepare, simulate
 
-    ds = simulate(system, n_trajectories=10, seed=0, noise_std=0.01, workers=1)
-    p = prepare(ds, seed=0, **split)
+    simulated, _ = data_keywords()
+    made = {"noise_std": CANARY_NOISE, **{k: v for k, v in split.items() if k in simulated}}
+    n = canary_trajectories(split.get("fractions"))
+    ds = simulate(system, n_trajectories=n, seed=0, workers=1, **made)
+    p = prepare(ds, seed=0, **{k: v for k, v in split.items() if k not in simulated})
     h = hashlib.sha256(f"{_SYSTEM_FORMAT}; {_versions()}; {system}".encode())
     if split:
         h.update(f"; split {settings_text(split)}".encode())
@@ -329,38 +341,44 @@ def write_record(path: Path, record: Mapping[str, object]) -> None:
         print(f"nllab: numerics fingerprint not cached ({e})", file=sys.stderr)
 
 
-def _name(base: str, settings: Mapping[str, Any]) -> str:
-    """A cache file's name part for ``base`` with ``settings``."""
+def _name(base: str, settings: Mapping[str, Any], mark: str = "+") -> str:
+    """A cache file's name part for ``base`` with ``settings`` (after ``mark``)."""
     if not settings:
         return base
-    return base + "+" + hashlib.sha256(settings_text(settings).encode()).hexdigest()[:12]
+    return base + mark + hashlib.sha256(settings_text(settings).encode()).hexdigest()[:12]
 
 
 def model_fingerprint(
-    method: str, overrides: Mapping[str, Any] | None = None, state_dim: int = 2
+    method: str,
+    overrides: Mapping[str, Any] | None = None,
+    state_dim: int = 2,
+    training: Mapping[str, Any] | None = None,
 ) -> str:
     """The numerics fingerprint of model ``method`` built with ``overrides`` (a cell's
     ``model`` keywords; those at the model's default count as absent, :func:`model_settings`)
     for data of ``state_dim`` dimensions (the cell's system's: :func:`tasks.numerics.model_key`)
-    (16 hex digits; cached per source state, settings and dimension)."""
+    and trained as by ``training`` (the cell's :class:`~nltrain.TrainConfig`, or its fields:
+    :func:`canary_training`) (16 hex digits; cached per source state, settings, dimension and
+    protocol)."""
     if isinstance(state_dim, bool) or not isinstance(state_dim, int) or state_dim < 1:
         raise ValueError(f"state_dim must be a positive integer, got {state_dim!r}")
-    settings = model_settings(method, overrides)
+    settings, protocol = model_settings(method, overrides), canary_training(training)
+    what = "; ".join([f"{state_dim}-D", *(settings_text(d) for d in (settings, protocol) if d)])
     return _fingerprint(
         "model",
-        _name(f"{method}-{state_dim}d", settings),
+        _name(_name(f"{method}-{state_dim}d", settings), protocol, "+t"),
         source_key(method),
-        lambda: _model_canary(method, settings, state_dim),
-        f"{method} ({state_dim}-D{'; ' + settings_text(settings) if settings else ''})",
+        lambda: _model_canary(method, settings, state_dim, protocol),
+        f"{method} ({what})",
     )
 
 
-def system_fingerprint(system: str, normalise_on: str = "train", sub_sample: bool = False) -> str:
-    """The numerics fingerprint of data set ``system`` split as a cell splits it: z-scored on
-    ``normalise_on`` (:func:`datasets.prepare`), and with ``sub_sample`` a sub-sample of its
-    training trajectories taken (a cell's ``n_train``) (16 hex digits; cached per source state
-    and split)."""
-    split = _split_settings(normalise_on, sub_sample)
+def system_fingerprint(system: str, data: Mapping[str, Any] | None = None) -> str:
+    """The numerics fingerprint of data set ``system`` made as a cell makes it with ``data``
+    (the keywords the cell passes :func:`datasets.simulate` and :func:`datasets.prepare`, e.g.
+    ``{"normalise_on": "all"}``; those at their default count as absent:
+    :func:`canary_split`) (16 hex digits; cached per source state and split)."""
+    split = canary_split(data)
     return _fingerprint(
         "system", _name(system, split), source_key(), lambda: _system_canary(system, split)
     )

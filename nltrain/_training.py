@@ -108,13 +108,15 @@ def predict(
     split,
     *,
     device: torch.device | None = None,
-    dtype: str = "float64",
+    dtype: str | None = None,
     batch_size: int = 128,
 ) -> np.ndarray:
-    """Predict a split's query points (normalised scale), as numpy ``[n, T_q, D]``."""
+    """Predict a split's query points (normalised scale), as numpy ``[n, T_q, D]``, on
+    ``device`` in ``dtype`` (default: where the model's weights are, in their dtype)."""
     require_numerics()
-    device = device or next(model.parameters()).device
-    data = Tensors.of(split, device, DTYPES[dtype])
+    weights = next(model.parameters())
+    device = device or weights.device
+    data = Tensors.of(split, device, weights.dtype if dtype is None else DTYPES[dtype])
     return predict_tensors(model, data, batch_size).cpu().numpy()
 
 

@@ -51,10 +51,11 @@ if not hasattr(nlmodels, "numerics_environment"):  # a tree older than the name:
 set_up_numerics()
 from nltrain import _fingerprints as today, _fingerprints_before as before
 out = []
-for method, settings, dim, system, normalise_on, sub_sample in json.loads(sys.argv[1]):
+for method, settings, dim, training, system, data in json.loads(sys.argv[1]):
+    settings, training, data = json.loads(settings), json.loads(training), json.loads(data)
     old = (before.model_fingerprint(method, settings), before.system_fingerprint(system))
-    new = (today.model_fingerprint(method, settings, dim),
-           today.system_fingerprint(system, normalise_on, sub_sample))
+    new = (today.model_fingerprint(method, settings, dim, training),
+           today.system_fingerprint(system, data))
     out.append(["/".join(old), "/".join(new)])
 print(json.dumps(out))
 """
@@ -98,7 +99,7 @@ def at_commit(commit: str, before: bytes, asked: list[tuple]) -> dict[tuple, tup
                 (tree / path).write_bytes((ROOT / path).read_bytes())
             (tree / MODULE.replace(".py", "_before.py")).write_bytes(before)
             env = {**os.environ, "PYTHONPATH": str(tree), "NLLAB_HOME": str(Path(scratch) / "h")}
-            args = [[m, json.loads(s), *rest] for m, s, *rest in asked]
+            args = [list(a) for a in asked]
             child = subprocess.run(
                 [sys.executable, "-c", CHILD, json.dumps(args)],
                 capture_output=True, text=True, cwd=tree, env=env,

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from nltrain import (
     FINGERPRINT_FORMAT,
+    canary_split,
+    canary_training,
     model_fingerprint,
     model_settings,
     settings_text,
@@ -23,6 +25,7 @@ __all__ = [
     "CellNumerics",
     "cell_fingerprints",
     "cell_tags",
+    "data_settings",
     "model_fingerprint",
     "model_key",
     "stale",
@@ -33,34 +36,43 @@ __all__ = [
 ]
 
 
-def model_key(cell) -> tuple[str, str, int]:
+def model_key(cell) -> tuple[str, str, int, str]:
     """The model canary that fingerprints ``cell``'s model: the method, its settings
-    (canonical JSON) and the state dimension of the cell's system it is built for."""
+    (canonical JSON), the state dimension of the cell's system it is built for and how its
+    protocol changes the canary's (:func:`nltrain.canary_training`, canonical JSON)."""
     from tasks._declarations import system_info  # (declares a data file's system here)
 
     settings = settings_text(model_settings(cell.method, cell.model))
-    return cell.method, settings, int(system_info(cell.system, cell.data).state_dim)
+    dim = int(system_info(cell.system, cell.data).state_dim)
+    return cell.method, settings, dim, settings_text(canary_training(cell.training))
 
 
-def system_key(cell) -> tuple[str, str, bool]:
-    """The system canary that fingerprints ``cell``'s data set: the system, its normalisation
-    and whether the training trajectories are sub-sampled."""
-    return cell.system, cell.data.normalise_on, cell.data.n_train is not None
+def data_settings(cell) -> dict[str, object]:
+    """The keywords ``cell`` makes its data set with (its data configuration's fields but the
+    system's source, which its name stands for)."""
+    return cell.data.model_dump(exclude={"source"})
 
 
-def _model_of(key: tuple[str, str, int], cell) -> str:
-    return model_fingerprint(cell.method, cell.model, key[2])
+def system_key(cell) -> tuple[str, str]:
+    """The system canary that fingerprints ``cell``'s data set: the system and the keywords
+    its data are made with, as the canary takes them (:func:`nltrain.canary_split`,
+    canonical JSON)."""
+    return cell.system, settings_text(canary_split(data_settings(cell)))
 
 
-def _system_of(key: tuple[str, str, bool]) -> str:
-    system, normalise_on, sub_sample = key
-    return system_fingerprint(system, normalise_on, sub_sample)
+def _model_of(key: tuple[str, str, int, str], cell) -> str:
+    return model_fingerprint(cell.method, cell.model, key[2], cell.training)
+
+
+def _system_of(cell) -> str:
+    return system_fingerprint(cell.system, data_settings(cell))
 
 
 def cell_fingerprints(cell) -> tuple[str, str]:
     """Today's fingerprints of ``cell``'s model (as its settings build it for its system's
-    state dimension) and of its data set (split as the cell splits it)."""
-    return _model_of(model_key(cell), cell), _system_of(system_key(cell))
+    state dimension and its protocol trains it) and of its data set (made and split as the
+    cell's are)."""
+    return _model_of(model_key(cell), cell), _system_of(cell)
 
 
 @dataclass(frozen=True)
@@ -68,8 +80,8 @@ class CellNumerics:
     """Today's fingerprints of the models and data sets of some cells (keyed as
     :func:`cell_fingerprints` tells them apart)."""
 
-    models: Mapping[tuple[str, str, int], str]
-    systems: Mapping[tuple[str, str, bool], str]
+    models: Mapping[tuple[str, str, int, str], str]
+    systems: Mapping[tuple[str, str], str]
 
     def model(self, cell) -> str:
         """Today's fingerprint of ``cell``'s model."""
@@ -85,10 +97,10 @@ def warm(cells: Iterable) -> CellNumerics:
     cached, so worker processes then only read them)."""
     cells = list(cells)
     models = {model_key(c): c for c in cells}
-    systems = {system_key(c) for c in cells}
+    systems = {system_key(c): c for c in cells}
     return CellNumerics(
         {key: _model_of(key, c) for key, c in sorted(models.items())},
-        {key: _system_of(key) for key in sorted(systems)},
+        {key: _system_of(c) for key, c in sorted(systems.items())},
     )
 
 
@@ -155,7 +167,7 @@ def stale(
     if other_canaries:
         lines.append(
             f"{other_canaries} finished cell{'s' if other_canaries != 1 else ''} fingerprinted "
-            f"by earlier numerics canaries (before format {FINGERPRINT_FORMAT}, which run the "
-            "cell's state dimension, batch sizes and split) retrained; --reuse config reuses them"
+            f"by earlier numerics canaries (before format {FINGERPRINT_FORMAT}, which train and "
+            "make data as the cell does) retrained; --reuse config reuses them"
         )
     return out, lines

@@ -115,19 +115,21 @@ def _train_real(packs: list[list]) -> None:
             predict(model, p.test)
 
 
-def _run_canary(key: tuple[str, str, int]) -> None:
+def _run_canary(key: tuple[str, str, int, str]) -> None:
     import hashlib
 
     from nltrain import _fingerprints
 
-    method, settings, state_dim = key
-    _fingerprints._train_canary(method, hashlib.sha256(), json.loads(settings), state_dim)
+    method, settings, state_dim, protocol = key
+    _fingerprints._train_canary(
+        method, hashlib.sha256(), json.loads(settings), state_dim, json.loads(protocol)
+    )
 
 
 GROUPS = _model_groups()
 
 
-@pytest.mark.parametrize("key", sorted(GROUPS), ids=lambda k: f"{k[0]}{k[1]}-{k[2]}d")
+@pytest.mark.parametrize("key", sorted(GROUPS), ids=lambda k: f"{k[0]}{k[1]}{k[3]}-{k[2]}d")
 def test_a_models_canary_runs_every_python_line_its_paper_cells_run(key):
     packs = _packs(GROUPS[key])
     _train_real([packs[0][:1]])  # once untraced: the imports a first cell pays are not the cells'
@@ -152,18 +154,196 @@ def _data_cells() -> list:
 def test_a_systems_canary_runs_every_python_line_its_paper_cells_data_run(cell):
     """The data of a cell (simulated, then split as the cell splits it; the on-disk cache
     stores simulate's arrays bitwise) and its system's canary."""
+    _check_data(cell)
+
+
+def _check_data(cell) -> None:
     from datasets import simulate
-    from nltrain import _fingerprints
+    from nltrain import _fingerprints, canary_split
+    from tasks.numerics import data_settings
     from tasks.pipeline import prepare_cell
 
     d = cell.data
     with _lines_run(("datasets",)) as real:
         ds = simulate(cell.system, d.n_trajectories, d.n_points, cell.seed, d.noise_std)
         prepare_cell(cell, ds)
-    split = _fingerprints._split_settings(d.normalise_on, d.n_train is not None)
     with _lines_run(("datasets",)) as canary:
-        _fingerprints._system_canary(cell.system, split)
+        _fingerprints._system_canary(cell.system, canary_split(data_settings(cell)))
     assert not _missing(real, canary), "\n".join(_missing(real, canary))
+
+
+# -- cells nobody listed: every setting of a cell changed, one at a time ------------------------
+#: A variant's real cell trains on this many trajectories (the paper's sizes are the groups'
+#: tests' above; a variant changes one setting, not the sizes).
+_VARIANT_TRAJECTORIES = 60
+
+
+def _other_values(annotation, default, bounds: dict[str, float]) -> list:
+    """Values of a setting other than its ``default``, from its type alone: each other choice
+    of a ``Literal``, the other of a bool, ``None`` for an optional setting that has a value
+    and a value for one that has none (its lower bound, or 1000 past an open one), a number
+    doubled (1 for zero), a tuple reversed, a sequence one item longer."""
+    import types
+    import typing
+    from collections.abc import Sequence
+
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return [a for a in args if a != default]
+    if origin in (typing.Union, types.UnionType) and type(None) in args:
+        (inner,) = [a for a in args if a is not type(None)]
+        if default is not None:
+            return [None, *_other_values(inner, default, bounds)]
+        if inner in (int, float):
+            return [inner(bounds["ge"]) if "ge" in bounds else inner(bounds.get("gt", 0) + 1000)]
+        return []
+    if annotation is bool:
+        return [not default]
+    if annotation in (int, float):
+        return [annotation(default * 2) if default else annotation(1)]
+    if origin is tuple and default:
+        return [tuple(reversed(default))] if tuple(reversed(default)) != default else []
+    if origin in (Sequence, list) and default:
+        return [(*default, default[-1])]
+    return []
+
+
+def _field_variants(settings, skip: set[str]) -> list[tuple[str, object]]:
+    """(field, value) for every value other than its own of every field of pydantic
+    ``settings`` (but ``skip``'s), as :func:`_other_values` derives them from its type."""
+    import annotated_types
+
+    out = []
+    for name, info in type(settings).model_fields.items():
+        if name in skip:
+            continue
+        bounds = {}
+        for m in info.metadata:
+            if isinstance(m, annotated_types.Ge | annotated_types.Gt):
+                bounds["ge" if isinstance(m, annotated_types.Ge) else "gt"] = next(
+                    v for v in (getattr(m, "ge", None), getattr(m, "gt", None)) if v is not None
+                )
+        own = getattr(settings, name)
+        out += [(name, v) for v in _other_values(info.annotation, own, bounds)]
+    return out
+
+
+def _model_variants(method: str) -> list[tuple[str, object]]:
+    """(option, value) for every other value of every option of ``method`` that a config can
+    set, from its annotations (:func:`_other_values`) and the registries' names (solvers,
+    ILT algorithms)."""
+    from nlmodels.model_registry import model_option_types, model_signature, registry_choices
+
+    choices, own, out = registry_choices(), _variant_base(method).model, []
+    for name, default in model_signature(method).items():
+        value = own.get(name, default)
+        if name in choices:
+            out += [(name, v) for v in choices[name] if v != value]
+        else:
+            types = model_option_types(method)
+            out += [(name, v) for v in _other_values(types.get(name), value, {})]
+    return out
+
+
+def _variant_base(method: str):
+    """The paper cell of ``method`` on the spiral DDE, on fewer trajectories."""
+    (cell,) = [c for c in _paper_cells() if c.method == method and c.system == "spiral_dde"][:1]
+    data = cell.data.model_copy(update={"n_trajectories": _VARIANT_TRAJECTORIES})
+    return cell.model_copy(update={"data": data})
+
+
+def _vary(cell, part: str, name: str, value):
+    """``cell`` with setting ``name`` of its ``part`` (``training``, ``data``, ``model``) set
+    to ``value``, validated as a config is; None where the config refuses it."""
+    from pydantic import ValidationError
+
+    from tasks.config import CellConfig
+
+    raw = cell.model_dump()
+    raw[part] = {**raw[part], name: value}
+    try:
+        return CellConfig.model_validate(raw)
+    except ValidationError:
+        return None
+
+
+def _check_model(cell) -> None:
+    """Every Python line of ``nltrain``/``nlmodels`` that ``cell``'s one-epoch training and
+    forecast run, its model canary runs."""
+    from tasks.numerics import model_key
+
+    packs = _packs([cell])
+    _train_real(packs)  # untraced first: imports and once-per-process checks
+    with _lines_run(("nltrain", "nlmodels")) as canary:
+        _run_canary(model_key(cell))
+    with _lines_run(("nltrain", "nlmodels")) as real:
+        _train_real(packs)
+    assert not _missing(real, canary), "\n".join(_missing(real, canary))
+
+
+def _protocol_variants(method: str) -> list[tuple[str, object]]:
+    # epochs: the real cell trains one; every other field of the protocol, the batch included
+    return _field_variants(_variant_base(method).training, skip={"epochs"})
+
+
+def _training_variants() -> list[tuple[str, str, object]]:
+    return [(m, n, v) for m in ("neural_laplace", "node") for n, v in _protocol_variants(m)]
+
+
+@pytest.mark.parametrize(
+    "method,name,value", _training_variants(), ids=lambda x: str(x).replace(" ", "")
+)
+def test_a_models_canary_runs_every_line_of_a_cell_trained_otherwise(method, name, value):
+    """A cell whose protocol differs from the paper's in one setting (each other value of
+    each of :class:`~nltrain.TrainConfig`'s fields, derived from its type): its canary trains
+    as it does, and runs every line it runs."""
+    cell = _vary(_variant_base(method), "training", name, value)
+    assert cell is not None, f"training.{name} = {value!r} was refused"
+    _check_model(cell)
+
+
+def _data_variants() -> list[tuple[str, str, object]]:
+    # the source is the system itself; trajectories, the canary's own size, are the groups'
+    fields = _field_variants(_variant_base("node").data, skip={"source", "n_trajectories"})
+    systems = sorted({c.system for c in _paper_cells()})
+    return [(s, n, v) for s in systems for n, v in fields]
+
+
+@pytest.mark.parametrize(
+    "system,name,value", _data_variants(), ids=lambda x: str(x).replace(" ", "")
+)
+def test_a_systems_canary_runs_every_line_of_data_made_otherwise(system, name, value):
+    """A cell whose data differ from the paper's in one setting (each other value of each of
+    the data configuration's fields, derived from its type): its system canary makes its data
+    as it does, and runs every line it runs."""
+    (base,) = [c for c in _paper_cells() if c.method == "node" and c.system == system]
+    cell = _vary(_vary(base, "data", "n_trajectories", _VARIANT_TRAJECTORIES), "data", name, value)
+    if cell is None:
+        pytest.skip(f"data.{name} = {value!r} is refused for {system}")
+    _check_data(cell)
+
+
+def _all_model_variants() -> list[tuple[str, str, object]]:
+    methods = sorted({c.method for c in _paper_cells()})
+    return [("model", m, n, v) for m in methods for n, v in _model_variants(m)] + [
+        ("training", m, n, v) for m in methods for n, v in _protocol_variants(m)
+    ]
+
+
+@pytest.mark.slow  # a few minutes: every model's every option and protocol setting
+@pytest.mark.parametrize(
+    "part,method,name,value", _all_model_variants(), ids=lambda x: str(x).replace(" ", "")
+)
+def test_every_models_canary_runs_every_line_of_its_cells_built_otherwise(
+    part, method, name, value
+):
+    """Every model with each other value of each of its options (its annotations and the
+    solvers' and ILTs' registries) and of each protocol setting: the canary of the cell runs
+    every line the cell runs."""
+    cell = _vary(_variant_base(method), part, name, value)
+    if cell is None:
+        pytest.skip(f"{part}.{name} = {value!r} is refused for {method}")
+    _check_model(cell)
 
 
 #: The child that runs, in a process of its own, either every canary or every real cell of

@@ -758,4 +758,5 @@ def test_a_cells_numerics_are_those_of_its_model_as_the_profile_sets_it(tmp_path
     assert flow_fp != model_fingerprint("nf_resnet", None, 1)
     assert plain.data.normalise_on == "all"
     split_fp = cell_numerics(plain).split("/")[1]
-    assert split_fp == system_fingerprint("integro_de", "all") != system_fingerprint("integro_de")
+    all_ = {"normalise_on": "all"}
+    assert split_fp == system_fingerprint("integro_de", all_) != system_fingerprint("integro_de")

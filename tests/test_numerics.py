@@ -123,7 +123,10 @@ def test_numerics_decide_reuse_and_compare_names_the_change(
     # integro_de is 1-D: the model's fingerprint is its 1-D canary's
     one_d = numerics.model_fingerprint(first.results[0].method, None, 1)
     assert run[RunTags.NUMERICS_MODEL] == one_d != numerics.model_fingerprint(TOY)
-    assert run[RunTags.NUMERICS_SYSTEM] == numerics.system_fingerprint("integro_de")
+    # its data are made on 30 points: the system canary's are too
+    on_30 = numerics.system_fingerprint("integro_de", {"n_points": 30})
+    assert run[RunTags.NUMERICS_SYSTEM] == on_30
+    assert run[RunTags.NUMERICS_SYSTEM] != numerics.system_fingerprint("integro_de")
     before = numerics.model_fingerprint(TOY)
 
     # a refactor: the source (and so the cache key) changes, the numbers do not: all reused
@@ -265,8 +268,8 @@ def test_switching_numerics_back_and_forth_retrains_nothing_already_in_the_store
     rt = CellRuntime.for_store(tracker.store, parent_run_id=None, profile="smoke")
     portable = cell_numerics.model_fingerprint
 
-    def native(method: str, overrides=None, state_dim: int = 2) -> str:
-        return "native" + portable(method, overrides, state_dim)[6:]
+    def native(method: str, overrides=None, state_dim: int = 2, training=None) -> str:
+        return "native" + portable(method, overrides, state_dim, training)[6:]
 
     trained: dict[str, str] = {}
     retrained = []
@@ -378,3 +381,54 @@ def test_a_home_shared_by_two_kernel_targets_gives_each_its_own_fingerprint(tmp_
     shared = str(tmp_path / "shared")
     fingerprint(shared, "")  # this CPU's build fills the home first
     assert fingerprint(shared, "haswell") == fingerprint(str(tmp_path / "fresh"), "haswell")
+
+
+def test_a_cells_protocol_and_data_reach_their_canaries_whole():
+    """Every setting of a cell's protocol and data is one its canaries take (no list of the
+    ones that matter to keep up): a field of either configuration that the canaries do not
+    know fails here, the sizes alone are the canaries' own, and a name that is no setting is
+    refused by name."""
+    from nltrain import TrainConfig, canary_split, canary_training
+    from tasks.config import DataConfig
+    from tasks.ledger_scope import ledger_cell_configs
+    from tasks.numerics import data_settings
+
+    assert canary_training(TrainConfig().model_dump()) == {"patience": 2}  # a stop, never reached
+    for cell, _ in ledger_cell_configs(seeds=[0]):  # the ledger's fingerprints stay as they were
+        assert canary_training(cell.training) == {}
+        assert canary_split(data_settings(cell)) == {"normalise_on": "all"}
+    # the sizes are the canary's own; the rest is the cell's
+    assert canary_training({"epochs": 7, "batch_size": 3, "patience": None}) == {}
+    assert canary_training({"dtype": "float32", "grad_clip": None, "lr": 3e-4}) == {
+        "dtype": "float32", "grad_clip": None, "lr": 3e-4,
+    }  # fmt: skip
+    fields = DataConfig.model_fields.keys() - {"source"}  # the source is the system's name
+    every = {name: getattr(DataConfig(), name) for name in fields}
+    assert canary_split(every) == {}  # each known, each at its default
+    split = canary_split({"n_trajectories": 500, "n_train": 24, "noise_std": 0.1})
+    assert split == {"n_train": 6, "noise_std": 0.1} == canary_split(split)
+    assert canary_split({"fractions": [0.8, 0.1, 0.1]}) == {}  # a list spells the tuple
+    with pytest.raises(ValueError, match=r"unknown training setting.*learning_rate"):
+        canary_training({"learning_rate": 1e-3})
+    with pytest.raises(ValueError, match=r"unknown data setting.*trajectories"):
+        canary_split({"trajectories": 10})
+
+
+def test_a_protocol_that_takes_other_code_has_its_own_fingerprint(tmp_path, monkeypatch):
+    """A cell trained in float32, or without clipping, runs code a float64 clipped cell does
+    not: its model fingerprint is that code's. A stop the canary never reaches, or another
+    size, is the same fingerprint; so is a data set only larger; noise is not."""
+    monkeypatch.setattr(numerics, "_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(numerics, "_MEMO", {})
+
+    def model(**training) -> str:
+        return numerics.model_fingerprint("node", None, 1, training)
+
+    plain = model()
+    assert model(dtype="float32") != plain != model(grad_clip=None)
+    assert model(patience=5, max_train_seconds=60.0, epochs=9, batch_size=3) == plain
+    assert not model(dtype="float32").startswith("failed-")
+    system = numerics.system_fingerprint
+    assert system("integro_de", {"n_trajectories": 500}) == system("integro_de")
+    assert system("integro_de", {"noise_std": 0.2}) != system("integro_de")
+    assert system("integro_de", {"n_train": 24}) == system("integro_de", {"n_train": 90})
