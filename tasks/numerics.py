@@ -23,9 +23,11 @@ from nltrain import (
 
 __all__ = [
     "CellNumerics",
+    "agrees",
     "cell_fingerprints",
     "cell_tags",
     "data_settings",
+    "earlier_fingerprints",
     "model_fingerprint",
     "model_key",
     "stale",
@@ -104,6 +106,34 @@ def warm(cells: Iterable) -> CellNumerics:
     )
 
 
+def earlier_fingerprints(cell, fmt: str) -> tuple[str, str] | None:
+    """What the canaries of an earlier ``fmt`` (a run's ``numerics.format``) compute for
+    ``cell`` with today's code, where today's module still runs them (None where it does not).
+    Format 2.1's are today's canaries with the canary's own protocol and, of the cell's data
+    keywords, its normalisation and sub-sample alone: a run they fingerprinted whose
+    fingerprints they still compute is what they would reuse today."""
+    if fmt != "2.1":
+        return None
+    kept = {k: v for k, v in data_settings(cell).items() if k in ("normalise_on", "n_train")}
+    dim = model_key(cell)[2]
+    return model_fingerprint(cell.method, cell.model, dim), system_fingerprint(cell.system, kept)
+
+
+def agrees(cell, tags: Mapping[str, str], today: CellNumerics) -> bool:
+    """Whether the run of ``cell`` tagged ``tags`` was computed by today's numerics: its
+    fingerprints are today's, or the earlier canaries that made them compute them still
+    (:func:`earlier_fingerprints`)."""
+    from tasks.tracking.tags import RunTags
+
+    stored = tags.get(RunTags.NUMERICS_MODEL), tags.get(RunTags.NUMERICS_SYSTEM)
+    if None in stored:
+        return False
+    if stored == (today.model(cell), today.system(cell)):
+        return True
+    fmt = tags.get(RunTags.NUMERICS_FORMAT, "1")
+    return fmt != FINGERPRINT_FORMAT and earlier_fingerprints(cell, fmt) == stored
+
+
 def cell_tags(cell) -> dict[str, str]:
     """The ``numerics.model``, ``numerics.system`` and ``numerics.format`` tags of a cell's
     run."""
@@ -140,10 +170,10 @@ def stale(
             out.add(h)
             unrecorded += 1
             continue
+        if agrees(c, tags, today):
+            continue
         commit = (tags.get(RunTags.GIT_COMMIT) or "")[:7] or "unknown"
         model_changed, system_changed = model != today.model(c), system != today.system(c)
-        if not (model_changed or system_changed):
-            continue
         out.add(h)
         if tags.get(RunTags.NUMERICS_FORMAT, "1") != FINGERPRINT_FORMAT:
             other_canaries += 1

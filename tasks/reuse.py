@@ -23,16 +23,12 @@ if TYPE_CHECKING:
 __all__ = ["stored_result", "stored_results"]
 
 
-def _same_numerics(cell: CellConfig, record: RunRecord, today: numerics.CellNumerics) -> bool:
-    return record.numerics == (today.model(cell), today.system(cell))
-
-
 def _candidates(
     cell: CellConfig, runs: Sequence[RunRecord], reuse: Reuse, today: numerics.CellNumerics
 ) -> list[RunRecord]:
     """The finished runs of ``cell`` (newest first) that ``reuse`` accepts."""
     if reuse == "numerics":
-        return [r for r in runs if _same_numerics(cell, r, today)]
+        return [r for r in runs if numerics.agrees(cell, r.tags, today)]
     return list(runs)
 
 

@@ -254,6 +254,39 @@ def test_runs_fingerprinted_by_earlier_canaries_are_retrained_without_blaming_a_
     assert "node changed since commit" in capsys.readouterr().err
 
 
+def test_runs_fingerprinted_by_the_canaries_before_format_3_are_reused_where_those_still_agree(
+    mlflow_store,
+):
+    """Format 2.1's canaries trained by their own protocol and took of the data only the
+    normalisation and a sub-sample; a cell trained otherwise (another step size, noisy data)
+    has other fingerprints today. A run they fingerprinted is reused where they still compute
+    what it recorded (as they would have reused it), and retrained, said as such, where not."""
+    from tasks.cell import CellRuntime, run_cell
+    from tasks.numerics import earlier_fingerprints, stale, warm
+
+    config = _config(methods=["node"], seeds=[0])
+    raw = config.model_dump()
+    raw["training"]["lr"], raw["data"]["noise_std"] = 3e-3, 0.05
+    (cell,) = RunConfig.model_validate(raw).cells()
+    tracker = connect()
+    rt = CellRuntime.for_store(tracker.store, parent_run_id=None, profile="smoke")
+    result = run_cell(cell, rt)
+    earlier = earlier_fingerprints(cell, "2.1")
+    assert earlier is not None and earlier != cell_fingerprints(cell)
+    assert earlier_fingerprints(cell, "1") is None
+    client = tracker.store.client
+    for tag, value in zip((RunTags.NUMERICS_MODEL, RunTags.NUMERICS_SYSTEM), earlier, strict=True):
+        client.set_tag(result.run_id, tag, value)
+    client.set_tag(result.run_id, RunTags.NUMERICS_FORMAT, "2.1")
+    assert stored_results(tracker.queries, [cell])[1] == []  # reused
+    client.set_tag(result.run_id, RunTags.NUMERICS_MODEL, "0123456789abcdef")
+    assert stored_results(tracker.queries, [cell])[1] == [cell]
+    (record,) = tracker.queries.finished_cell_runs([cell.config_hash()])[cell.config_hash()]
+    retrained, lines = stale([cell], {cell.config_hash(): record}, warm([cell]))
+    assert retrained == {cell.config_hash()}
+    assert lines[0].startswith("1 finished cell fingerprinted by earlier numerics canaries")
+
+
 def test_switching_numerics_back_and_forth_retrains_nothing_already_in_the_store(
     mlflow_store, monkeypatch
 ):
