@@ -112,22 +112,26 @@ def data_keywords() -> tuple[dict[str, Any], dict[str, Any]]:
     )
 
 
-def canary_trajectories(fractions: Any) -> int:
-    """The system canary's trajectories: 10, or the fewest more that the cell's ``fractions``
-    split with two or more training trajectories (:func:`datasets.split_sizes`)."""
+def _training_count(n: int, fractions: Any) -> int:
+    """The training trajectories of ``n`` split at ``fractions`` (0 where none can be)."""
     from datasets import split_sizes
 
-    if fractions is None:
-        return _CANARY_TRAJECTORIES
+    try:
+        return split_sizes(n, tuple(fractions))[0]
+    except (TypeError, ValueError):
+        return 0
+
+
+def canary_trajectories(fractions: Any) -> int:
+    """The system canary's trajectories: 10, or the fewest more, up to a paper-sized data set,
+    that the cell's ``fractions`` split with two or more training trajectories (past that the
+    canary's split fails, and says so, as the cell's would)."""
     n = _CANARY_TRAJECTORIES
-    while n < 100_000:
-        try:
-            if split_sizes(n, tuple(fractions))[0] >= 2:
-                return n
-        except ValueError:
-            pass
+    while fractions is not None and n <= 1000:
+        if _training_count(n, fractions) >= 2:
+            return n
         n *= 2
-    raise ValueError(f"fractions {fractions!r} leave the canary's training split empty")
+    return _CANARY_TRAJECTORIES
 
 
 def canary_split(data: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -158,9 +162,7 @@ def canary_split(data: Mapping[str, Any] | None) -> dict[str, Any]:
         if name != "n_trajectories" and not _same(value, keywords[name])
     }
     if "n_train" in out:
-        from datasets import split_sizes
-
         fractions = out.get("fractions", keywords["fractions"])
         n = canary_trajectories(out.get("fractions"))
-        out["n_train"] = max(1, split_sizes(n, tuple(fractions))[0] * 3 // 4)
+        out["n_train"] = max(1, _training_count(n, fractions) * 3 // 4)
     return out

@@ -465,3 +465,5 @@ def test_a_protocol_that_takes_other_code_has_its_own_fingerprint(tmp_path, monk
     assert system("integro_de", {"n_trajectories": 500}) == system("integro_de")
     assert system("integro_de", {"noise_std": 0.2}) != system("integro_de")
     assert system("integro_de", {"n_train": 24}) == system("integro_de", {"n_train": 90})
+    # a split the canary's data cannot take, as a cell's could not: said, not raised
+    assert system("integro_de", {"fractions": (0.001, 0.4995, 0.4995)}).startswith("failed-")
