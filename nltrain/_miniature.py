@@ -61,12 +61,17 @@ def canary_training(training: Mapping[str, Any] | None) -> dict[str, Any]:
     stops (patience, a time budget: the canary has one where the cell has one, never reached).
 
     Raises:
+        TypeError: neither a :class:`~nltrain.TrainConfig` nor a mapping.
         ValueError: a name that is not a field of :class:`~nltrain.TrainConfig`.
     """
     from nltrain._config import TrainConfig
 
     if training is None:
         return {}
+    if not isinstance(training, TrainConfig | Mapping):
+        raise TypeError(
+            f"training must be a TrainConfig or a mapping of its fields, got {training!r}"
+        )
     fields = training.model_dump() if isinstance(training, TrainConfig) else dict(training)
     unknown = sorted(set(fields) - set(TrainConfig.model_fields))
     if unknown:
@@ -144,10 +149,16 @@ def canary_split(data: Mapping[str, Any] | None) -> dict[str, Any]:
     where the cell takes ``n_train``.
 
     Raises:
+        TypeError: not a mapping (e.g. a normalisation alone: ``{"normalise_on": "all"}``).
         ValueError: a name that is no keyword of those functions.
     """
     if not data:
         return {}
+    if not isinstance(data, Mapping):
+        raise TypeError(
+            "data must be a mapping of datasets.simulate/prepare keywords, e.g. "
+            f"{{'normalise_on': 'all'}}, got {data!r}"
+        )
     simulated, prepared = data_keywords()
     keywords = {**simulated, **prepared}
     unknown = sorted(set(data) - set(keywords))

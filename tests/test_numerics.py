@@ -445,6 +445,10 @@ def test_a_cells_protocol_and_data_reach_their_canaries_whole():
         canary_training({"learning_rate": 1e-3})
     with pytest.raises(ValueError, match=r"unknown data setting.*trajectories"):
         canary_split({"trajectories": 10})
+    with pytest.raises(TypeError, match=r"mapping of datasets\.simulate/prepare keywords"):
+        canary_split("all")  # a normalisation alone, as the argument once was
+    with pytest.raises(TypeError, match="TrainConfig or a mapping"):
+        canary_training(3e-4)
 
 
 def test_a_protocol_that_takes_other_code_has_its_own_fingerprint(tmp_path, monkeypatch):
