@@ -75,10 +75,15 @@ def forecast_text(forecast: Forecast) -> str:
     if unknown == n:
         total = "not known: the ledger has no record of these methods on the CPU"
     else:
-        rest = f" (and {unknown} groups without an estimate)" if unknown else ""
+        rest = (
+            f" (and {unknown} group{'s' if unknown > 1 else ''} without an estimate)"
+            if unknown
+            else ""
+        )
         total = f"about {_span(forecast.known_seconds)}{rest}, by the ledger's records"
     lines = [
-        f"Time left: {forecast.cells} missing cells in {n} groups, as `ledger run` trains them "
+        f"Time left: {forecast.cells} missing cell{'s' if forecast.cells > 1 else ''} in {n} "
+        f"group{'s' if n > 1 else ''}, as `ledger run` trains them "
         f"here one group after another ({forecast.hardware}, {forecast.workers} at once): {total}"
     ]
     for other, ratio in sorted(forecast.ratios.items()):
