@@ -8,6 +8,7 @@ own, and the stops are set where the canary's two epochs never reach them.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -100,9 +101,11 @@ _CANARY_TRAJECTORIES, CANARY_NOISE = 10, 0.01
 _OWN_DATA = frozenset({"system", "seed", "workers", "ds"})
 
 
+@functools.cache
 def data_keywords() -> tuple[dict[str, Any], dict[str, Any]]:
     """The keywords of :func:`datasets.simulate` and of :func:`datasets.prepare` a cell
-    passes, each with its default."""
+    passes, each with its default (read once per process, as every cell's data key asks:
+    the result is shared, do not modify it)."""
     import inspect
 
     from datasets import prepare, simulate
