@@ -26,7 +26,7 @@ _WHERE = {
         "_declared": "DataFileError declare_file declare_simulator file_digest "
         "simulator_fingerprint",
         "_plot": "plot_trajectories",
-        "_prepare": "NORMALISE_ON Normaliser Prepared SplitData prepare split_sizes",
+        "_prepare": "NORMALISE_ON Normaliser Prepared SplitData check_split prepare split_sizes",
         "_simulate": "DATA_VERSION Dataset check_memory simulate",
         "_stiff": "solve_vdp",
         "_systems": "PROPERTIES SYSTEMS SystemInfo",

@@ -172,6 +172,53 @@ def split_sizes(n: int, fr: tuple[float, float, float]) -> tuple[int, int, int]:
     return n_tr, n_val, n_test
 
 
+def check_split(
+    n_trajectories: int,
+    n_points: int,
+    fractions: Sequence[float] = (0.8, 0.1, 0.1),
+    n_observed: int | None = None,
+    n_train: int | None = None,
+) -> tuple[int, int, int]:
+    """The train (after the ``n_train`` sub-sample), validation and test sizes that
+    :func:`prepare` would split ``n_trajectories`` of ``n_points`` points into, checked as it
+    checks them, without the data: a config is refused before anything is simulated.
+
+    Raises:
+        ValueError: bad fractions, ``n_observed`` or ``n_train``, named as :func:`prepare`
+            names them.
+    """
+    _observed(n_observed, n_points)
+    n_tr, n_val, n_test = split_sizes(n_trajectories, _fractions(fractions))
+    return (n_tr if n_train is None else _sub_sample(n_train, n_tr)), n_val, n_test
+
+
+def _observed(n_observed: int | None, n_points: int) -> int:
+    """The observed window's length: ``n_observed``, checked, or the first half."""
+    half = n_points // 2
+    if n_observed is None:
+        return half
+    if (
+        isinstance(n_observed, bool)
+        or not isinstance(n_observed, numbers.Integral)
+        or not (1 <= n_observed <= half)
+    ):
+        raise ValueError(
+            f"n_observed must be an integer in [1, {half}] (T = {n_points}), got {n_observed!r}"
+        )
+    return int(n_observed)
+
+
+def _sub_sample(n_train: int, available: int) -> int:
+    """``n_train``, checked against the ``available`` training trajectories."""
+    if (
+        isinstance(n_train, bool)
+        or not isinstance(n_train, numbers.Integral)
+        or not (1 <= n_train <= available)
+    ):
+        raise ValueError(f"n_train must be an integer in [1, {available}], got {n_train!r}")
+    return int(n_train)
+
+
 def prepare(
     ds: Dataset,
     *,
@@ -209,31 +256,14 @@ def prepare(
     seed = check_int("seed", seed, 0)
     fr = _fractions(fractions)
     n_all, n_pts = ds.n_trajectories, ds.n_points
-    half = n_pts // 2
-    if n_observed is None:
-        n_observed = half
-    if (
-        isinstance(n_observed, bool)
-        or not isinstance(n_observed, numbers.Integral)
-        or not (1 <= n_observed <= half)
-    ):
-        raise ValueError(
-            f"n_observed must be an integer in [1, {half}] (T = {n_pts}), got {n_observed!r}"
-        )
-    n_observed = int(n_observed)
+    half, n_observed = n_pts // 2, _observed(n_observed, n_pts)
     sizes = split_sizes(n_all, fr)
 
     split_seq, sub_seq = np.random.SeedSequence(seed).spawn(2)
     perm = np.random.default_rng(split_seq).permutation(n_all)
     tr, va, te = np.split(perm, np.cumsum(sizes)[:2])
     if n_train is not None:
-        if (
-            isinstance(n_train, bool)
-            or not isinstance(n_train, numbers.Integral)
-            or not (1 <= n_train <= tr.size)
-        ):
-            raise ValueError(f"n_train must be an integer in [1, {tr.size}], got {n_train!r}")
-        n_train = int(n_train)
+        n_train = _sub_sample(n_train, tr.size)
         tr = tr[np.random.default_rng(sub_seq).permutation(tr.size)[:n_train]]
     tr, va, te = np.sort(tr), np.sort(va), np.sort(te)
 

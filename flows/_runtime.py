@@ -227,13 +227,14 @@ def flow_settings() -> Iterator[None]:
 
 
 def make_task_runner(config: RunConfig) -> TaskRunner:
-    """A task runner with at most ``config.execution.max_workers`` cells at once."""
+    """A task runner with at most ``config.execution.max_workers`` cells at once (a local Dask
+    cluster: no more workers than the config has cells)."""
     if config.execution.task_runner == "dask":
         from flows._dask import dask_task_runner
         from tasks.tracking import TrackingSettings
 
         return dask_task_runner(
-            config.execution.max_workers,
+            min(config.execution.max_workers, len(config.cells())),
             config.execution.dask_address,
             TrackingSettings.resolve(config.tracking),
         )

@@ -65,7 +65,7 @@ def run_tune(spec: TuneSpec) -> TuneResult:
         from tasks.tracking import TrackingSettings
 
         tracking = TrackingSettings.resolve(spec.run_config().tracking)
-        runner = dask_task_runner(spec.n_jobs, spec.dask_address, tracking)
+        runner = dask_task_runner(min(spec.n_jobs, spec.n_trials), spec.dask_address, tracking)
     with flow_settings():
         f = tune_flow.with_options(task_runner=runner) if runner is not None else tune_flow
         return f(spec)

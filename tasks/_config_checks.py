@@ -120,6 +120,28 @@ def _describe_type(hint: Any) -> str:
     return str(hint)
 
 
+def _some_part_holds(hint: Any, value: Any) -> bool:
+    """Whether a member of the union ``hint`` that a config value can be (a string, a number)
+    holds ``value``; its other members are Python objects (a module)."""
+    for part in get_args(hint):
+        adapter = _strict_adapter(part)
+        if adapter is None:
+            continue
+        try:
+            adapter.validate_python(value)
+        except ValidationError:
+            continue
+        return True
+    return False
+
+
+def _type_name(hint: Any) -> str:
+    return " | ".join(
+        getattr(a, "__qualname__", str(a)) if a is not type(None) else "None"
+        for a in (get_args(hint) or (hint,))
+    )
+
+
 def option_problems(method: str, overrides: Mapping[str, Any]) -> list[str]:
     """What is wrong with each model option of ``overrides`` (empty when all are valid)."""
     from nlmodels import model_registry as models
@@ -146,6 +168,11 @@ def option_problems(method: str, overrides: Mapping[str, Any]) -> list[str]:
             continue
         adapter = _strict_adapter(hints[name]) if name in hints else None
         if adapter is None:
+            if name in hints and value is not None and not _some_part_holds(hints[name], value):
+                problems.append(
+                    f"{where} takes a Python object ({_type_name(hints[name])}), which a config "
+                    f"cannot give; got {show(value)}"
+                )
             continue
         try:
             adapter.validate_python(value)

@@ -29,6 +29,9 @@ Device = Literal["auto", "cpu", "cuda"]
 DEVICES: tuple[str, ...] = get_args(Device)
 #: The longest MLflow experiment name (MLflow refuses longer ones).
 MAX_EXPERIMENT_NAME = 500
+#: The most torch CPU threads a worker asks for (torch takes a C int; more threads than any
+#: machine's cores only contend).
+MAX_TORCH_THREADS = 1024
 
 
 class TrackingConfig(Frozen):
@@ -80,7 +83,10 @@ class ExecutionConfig(Frozen):
     device: Device = "auto"
     max_workers: int = Field(2, ge=1, description="cells trained at the same time")
     torch_threads: int | None = Field(
-        1, ge=1, description="torch CPU threads per worker; None: the cores shared by the workers"
+        1,
+        ge=1,
+        le=MAX_TORCH_THREADS,
+        description="torch CPU threads per worker; None: the cores shared by the workers",
     )
     task_runner: Literal["thread", "dask"] = "thread"
     isolation: Literal["process", "thread"] = Field(

@@ -359,14 +359,20 @@ class RunConfig(Frozen):
         return self
 
     def split_sizes(self, system: str) -> tuple[int, int, int]:
-        """Trajectories in ``system``'s train, validation and test splits (``ValueError`` when
-        the training split would be empty)."""
-        from datasets import SYSTEMS, split_sizes
+        """Trajectories in ``system``'s train (after the ``n_train`` sub-sample), validation
+        and test splits, checked as :func:`datasets.prepare` checks them (``ValueError`` naming
+        an empty training split, an ``n_train`` over it or an ``n_observed`` over half the
+        points)."""
+        from datasets import SYSTEMS, check_split
 
-        data = self.data_for(system)
-        n = data.n_trajectories or SYSTEMS[system].default_trajectories
-        n_train, n_val, n_test = split_sizes(n, data.fractions)
-        return min(n_train, data.n_train or n_train), n_val, n_test
+        data, info = self.data_for(system), SYSTEMS[system]
+        return check_split(
+            data.n_trajectories or info.default_trajectories,
+            data.n_points or info.default_points,
+            data.fractions,
+            data.n_observed,
+            data.n_train,
+        )
 
     def small_split(self, system: str) -> str | None:
         """Why the models of ``system`` are never registered: a split of fewer than

@@ -1,5 +1,6 @@
 """How much memory a cell's model needs to train, estimated before any weight is allocated, and
-the check that refuses a model that cannot fit.
+the checks that refuse a model before anything starts: one that cannot fit, one whose constructor
+refuses its settings.
 
 The model is built on PyTorch's ``meta`` device (shapes only, no storage), so a model of 10^16
 parameters costs nothing to measure. Training holds each parameter four times: the weights,
@@ -12,7 +13,14 @@ from collections.abc import Iterable
 
 from tasks.errors import SettingError
 
-__all__ = ["TRAINING_COPIES", "ModelTooLarge", "check_models_fit", "free_bytes", "training_bytes"]
+__all__ = [
+    "TRAINING_COPIES",
+    "ModelRefused",
+    "ModelTooLarge",
+    "check_models_fit",
+    "free_bytes",
+    "training_bytes",
+]
 
 #: Copies of each parameter that training holds: weights, gradients, Adam's m and v.
 TRAINING_COPIES = 4
@@ -20,7 +28,12 @@ TRAINING_COPIES = 4
 
 def training_bytes(method: str, state_dim: int, overrides: dict, dtype: str) -> int | None:
     """Bytes of ``method``'s parameters during training, or ``None`` when the model cannot be
-    built without allocating (its constructor reads a value from a tensor)."""
+    built without allocating (its constructor reads a value from a tensor).
+
+    Raises:
+        ValueError, TypeError: the constructor refuses ``overrides`` (its own message), as it
+            would when the cell builds it.
+    """
     import torch
 
     from nlmodels import build_model
@@ -28,7 +41,9 @@ def training_bytes(method: str, state_dim: int, overrides: dict, dtype: str) -> 
     try:
         with torch.device("meta"):
             model = build_model(method, state_dim, **overrides)
-    except Exception:
+    except (ValueError, TypeError):
+        raise
+    except Exception:  # a value read from a meta tensor: not measurable this way
         return None
     size = torch.finfo(torch.float64 if dtype == "float64" else torch.float32).bits // 8
     return sum(p.numel() for p in model.parameters()) * size * TRAINING_COPIES
@@ -52,9 +67,16 @@ class ModelTooLarge(SettingError, ValueError):
     """A model whose training cannot fit in its device's free memory (a setting to change)."""
 
 
+class ModelRefused(SettingError, ValueError):
+    """Model settings that the model's own constructor refuses (a value out of its range, two
+    options that exclude each other), found before anything starts rather than in each cell."""
+
+
 def check_models_fit(cells: Iterable, device: str) -> None:
-    """Raise :class:`ModelTooLarge` ("this model needs N GB; M GB free") for the first cell whose
-    model cannot fit in the free memory of ``device``; each distinct model is measured once.
+    """Raise :class:`ModelRefused` for the first cell whose model's constructor refuses its
+    settings, :class:`ModelTooLarge` ("this model needs N GB; M GB free") for the first whose
+    model cannot fit in the free memory of ``device``; each distinct model is built (on the
+    ``meta`` device) once.
     :func:`flows.benchmark.run_benchmark` checks its cells so before anything starts."""
     from datasets import SYSTEMS
 
@@ -65,7 +87,10 @@ def check_models_fit(cells: Iterable, device: str) -> None:
         if key in seen:
             continue
         seen.add(key)
-        need = training_bytes(cell.method, key[1], dict(cell.model), cell.training.dtype)
+        try:
+            need = training_bytes(cell.method, key[1], dict(cell.model), cell.training.dtype)
+        except (ValueError, TypeError) as e:
+            raise ModelRefused(f"{cell.method} on {cell.system}: {e}") from None
         if need is None:
             continue
         free = free_bytes(device) if free is None else free

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -205,3 +206,94 @@ def test_the_memory_estimate_counts_the_real_models_parameters(method):
     real = sum(p.numel() for p in build_model(method, 3).parameters())  # allocated for real
     assert training_bytes(method, 3, {}, "float64") == real * 8 * TRAINING_COPIES
     assert training_bytes(method, 3, {}, "float32") == real * 4 * TRAINING_COPIES
+
+
+def _every_setting() -> list[tuple[str, str]]:
+    """Each setting of a run's data, training and execution, read from the types themselves
+    (a setting added later is in it)."""
+    from nltrain import TrainConfig
+    from tasks._run_settings import ExecutionConfig
+    from tasks.config import DataConfig
+
+    return [
+        (section, name)
+        for section, kind in (("data", DataConfig), ("training", TrainConfig))
+        for name in kind.model_fields
+        if name != "source"  # a declared system's file, tested with the data files
+    ] + [("execution", name) for name in ExecutionConfig.model_fields]
+
+
+#: Values no setting was written for: below, at and far past any bound, not finite, of
+#: another type.
+_ABSURD = (-1, 0, 10**12, math.nan, math.inf, -1.5, "bogus", [1], True)
+
+
+@pytest.mark.parametrize(("section", "name"), _every_setting())
+def test_any_value_of_any_setting_is_refused_by_name_or_works(section, name, tmp_path):
+    """A value is refused when the config is read, naming its setting, or what the cell does
+    with it works: its data simulate and split, its threads are set. Never a config that
+    passes and then fails in the cell."""
+    import torch
+
+    from tasks._workers import worker_threads
+    from tasks.pipeline import prepare_cell, simulate_data
+
+    for value in _ABSURD:
+        layer = {name: value} if section == "execution" else {section: {name: value}}
+        try:
+            config = resolve_config("smoke", None, {"systems": ["integro_de"], **layer})
+        except ConfigError as e:
+            # the setting is named (a count n_x perhaps by its noun: "× 10¹² points")
+            assert name in str(e) or f" {name.removeprefix('n_')}" in str(e), (value, str(e))
+            continue
+        for cell in config.cells()[:1]:
+            prepare_cell(cell, simulate_data(cell.system, cell.data, cell.seed, tmp_path))
+        before = torch.get_num_threads()
+        ex = config.execution
+        try:
+            torch.set_num_threads(worker_threads(ex.torch_threads, ex.max_workers))
+        finally:
+            torch.set_num_threads(before)
+
+
+def _every_model_option() -> list[tuple[str, str]]:
+    """Each option of each built-in model, read from its constructor's annotations."""
+    from nlmodels.model_registry import model_option_types
+    from tasks.config import BUILTIN_METHODS
+
+    return [(m, name) for m in BUILTIN_METHODS for name in model_option_types(m)]
+
+
+@pytest.mark.parametrize(("method", "name"), _every_model_option())
+def test_any_value_of_any_model_option_is_refused_before_the_run_or_builds(
+    method, name, monkeypatch
+):
+    """A model option's value is refused when the config is read or when the benchmark checks
+    its models (both before anything starts, each naming the option), or the model builds: a
+    constructor's refusal is never first met in a cell."""
+    import torch
+
+    import tasks.model_memory as memory
+    from nlmodels import build_model
+    from tasks.errors import SettingError
+
+    monkeypatch.setattr(memory, "free_bytes", lambda device: 2**28)  # build only small ones
+    for value in _ABSURD:
+        overrides = {"systems": ["integro_de"], "methods": [method], "models": {method: {}}}
+        overrides["models"][method][name] = value
+        try:
+            cell = resolve_config("smoke", None, overrides).cells()[0]
+            memory.check_models_fit([cell], "cpu")
+        except ConfigError as e:
+            assert name in str(e), (value, str(e))
+            continue
+        except memory.ModelTooLarge:
+            continue
+        except SettingError as e:
+            assert name in str(e) and method in str(e), (value, str(e))
+            continue
+        model = build_model(method, 1, **cell.model).double()
+        t = torch.linspace(0.0, 1.0, 8, dtype=torch.float64)
+        with torch.no_grad():
+            out = model(t[:4], torch.zeros(2, 4, 1, dtype=torch.float64), t[4:])
+        assert out.shape == (2, 4, 1), (value, out.shape)
