@@ -18,6 +18,7 @@ import os
 
 import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
 
+from tasks.config import dask_address_problem
 from tasks.errors import SettingError, Unreachable
 from tasks.tracking import TrackingSettings
 
@@ -51,9 +52,8 @@ def check_scheduler(address: str, timeout: float = CONNECT_SECONDS) -> None:
 
     error = connect_error(address, timeout)
     if isinstance(error, ValueError):
-        raise DaskSetupError(
-            f"--dask-address must be a scheduler address like tcp://HOST:8786, got {address!r}"
-        )
+        problem = dask_address_problem(address) or f"{address!r}: {error}"
+        raise DaskSetupError(f"--dask-address {problem}")
     if error is not None:
         raise DaskUnreachable(
             f"no Dask scheduler answers at {address} ({error.strerror or error}, waited "
@@ -98,10 +98,8 @@ def dask_task_runner(
     except ImportError as e:  # pragma: no cover - prefect-dask is a dependency
         raise DaskSetupError("--task-runner dask needs prefect-dask installed") from e
     if address:
-        if not address.startswith(("tcp://", "tls://", "inproc://", "ucx://")):
-            raise DaskSetupError(
-                f"--dask-address must be a scheduler address like tcp://HOST:8786, got {address!r}"
-            )
+        if (problem := dask_address_problem(address)) is not None:
+            raise DaskSetupError(f"--dask-address {problem}")
         if tracking is not None:
             check_cluster_tracking(address, tracking)
         check_scheduler(address)

@@ -150,7 +150,8 @@ def status_text(status: LedgerStatus, path: Path) -> str:
         ),
         f"Seeds recorded at today's config, of those selected; {VERDICT_RULE}.",
     )
-    lines = [f"{path}: {status.records} records"]
+    held = f"{status.records} records" if path.exists() else "no such file yet (0 records)"
+    lines = [f"{path}: {held}"]
     lines += [c for c in (_counts(status, False), _counts(status, True)) if c]
     lines += ["", render_table(grid, "terminal", width=160), ""]
     todo = [s for s in status.states if s.state != "recorded"]

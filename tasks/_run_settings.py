@@ -34,6 +34,20 @@ MAX_EXPERIMENT_NAME = 500
 MAX_TORCH_THREADS = 1024
 
 
+#: Dask's schemes of a scheduler address; tcp and tls ones name a host and a port.
+DASK_SCHEMES: tuple[str, ...] = ("tcp", "tls", "inproc", "ucx")
+
+
+def dask_address_problem(address: str) -> str | None:
+    """Why ``address`` is not a Dask scheduler address (``None`` when it is one)."""
+    scheme, sep, rest = address.partition("://")
+    host, _, port = rest.rpartition(":")
+    if sep and scheme in DASK_SCHEMES:
+        if scheme not in ("tcp", "tls") or (host and port.isdigit() and 0 < int(port) < 65536):
+            return None
+    return f"must be a scheduler address like tcp://HOST:8786, got {address!r}"
+
+
 class TrackingConfig(Frozen):
     """Where runs go. ``tracking_uri=None``: ``MLFLOW_TRACKING_URI``, else the embedded store."""
 
@@ -104,6 +118,13 @@ class ExecutionConfig(Frozen):
         "numerics fingerprints equal today's (numerics), any of the same config hash (config), "
         "none (never)",
     )
+
+    @field_validator("dask_address")
+    @classmethod
+    def _scheduler_address(cls, address: str | None) -> str | None:
+        if address and (problem := dask_address_problem(address)) is not None:
+            raise ValueError(problem)
+        return address
 
     @model_validator(mode="before")
     @classmethod

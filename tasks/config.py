@@ -67,6 +67,7 @@ from tasks._run_settings import (
     Frozen,
     Reuse,
     TrackingConfig,
+    dask_address_problem,
 )
 from tasks.user_modules import find_user_modules
 
@@ -101,6 +102,7 @@ __all__ = [
     "RunConfig",
     "TrackingConfig",
     "TrainConfig",
+    "dask_address_problem",
     "declare_systems",
     "known_methods",
     "known_systems",

@@ -282,6 +282,11 @@ def test_budget_help_says_what_each_command_does_without_it(capsys):
         ("tune --method laplace --system sine --trials 2", "unknown method 'laplace'"),
         ("study noise --methods nod", "unknown method 'nod'"),
         ("serve --config missing.toml --check", "schedules file 'missing.toml' does not exist"),
+        ("ledger run --ledger /dev/null/l.jsonl", "is below '/dev/null', a file; --ledger names"),
+        ("ledger record --ledger .", "--ledger '.' is a folder; --ledger names the ledger file"),
+        ("benchmark --record /dev/null/r.json", "is below '/dev/null', a file; --record names"),
+        ("report --out /dev/null", "--out '/dev/null' is a file; --out names the folder"),
+        ("benchmark --storage sqlite:///x.db", "--storage names where --tuned reads"),
     ],
 )
 def test_usage_errors_answer_before_the_heavy_stack_loads(argv, message, tmp_path):
@@ -331,3 +336,27 @@ def test_registry_uri_check_reads_the_embedded_store(tmp_path, monkeypatch):
             check_registry_uri(uri)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
     check_registry_uri("models:/nl-y@champion")  # a server store answers later, through MLflow
+
+
+def _list_options() -> list[tuple[str, str]]:
+    """Each option of each subcommand that takes a list (read from the parser itself)."""
+    import argparse
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return [
+        (command, action.option_strings[-1])
+        for command, parser in sub.choices.items()
+        for action in parser._actions
+        if action.option_strings and action.nargs in ("+", "*")
+    ]
+
+
+@pytest.mark.parametrize(("command", "option"), _list_options())
+def test_every_list_option_refuses_a_value_that_names_nothing(command, option, capsys):
+    """``--systems ''`` (an empty shell variable) or ``--seeds ,`` would select nothing, and a
+    command would then say "nothing to do" or show an empty table: a usage error instead."""
+    for value in ("", ",", ",,"):
+        with pytest.raises(SystemExit) as e:
+            main([command, option, value])
+        assert e.value.code == 2
+        assert f"argument {option}: expected a name or names" in capsys.readouterr().err

@@ -52,6 +52,29 @@ def test_local_cluster_uses_threads_and_addresses_are_checked():
         dask_task_runner(2, "10.0.0.5")
 
 
+@pytest.mark.parametrize(
+    "address",
+    ["10.0.0.5", "bogus", "tcp://h", "tcp://h:0", "tcp://h:99999", "tcp://:8786", "http://h:80"],
+)
+def test_a_scheduler_address_that_is_not_one_is_refused_in_the_config(address):
+    """Refused when the config is read, before any cell (also when every cell is reused)."""
+    from tasks.config import ConfigError, resolve_config
+
+    with pytest.raises(ConfigError, match=r"dask_address: must be a scheduler address"):
+        resolve_config("smoke", None, {"dask_address": address})
+    with pytest.raises(DaskSetupError, match=r"^--dask-address must be a scheduler address"):
+        dask_task_runner(2, address)
+
+
+@pytest.mark.parametrize("address", ["tcp://10.0.0.5:8786", "tls://[::1]:1", "inproc://x/1"])
+def test_scheduler_addresses_of_each_scheme_are_taken(address):
+    from tasks.config import resolve_config
+
+    assert (
+        resolve_config("smoke", None, {"dask_address": address}).execution.dask_address == address
+    )
+
+
 def test_remote_cluster_needs_a_reachable_tracking_store():
     embedded = TrackingSettings("sqlite:////tmp/x/mlflow.db", "/tmp/x/artifacts", "nllab")
     server = TrackingSettings("http://mlflow.internal:5000", None, "nllab")

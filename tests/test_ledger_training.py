@@ -126,6 +126,7 @@ def test_the_command_prints_them_after_the_status(tmp_path, mlflow_store, capsys
     args += ["--methods", "node", "--ledger", str(tmp_path / "ledger.jsonl")]
     assert main([*args, "--training"]) == 0
     out = capsys.readouterr().out
+    assert f"{tmp_path / 'ledger.jsonl'}: no such file yet (0 records)" in out  # a typo shows
     assert "Training now: 1 of the selected cells" in out
     assert "integro_de/node/seed3  epoch 6/10  4.0 s/epoch lately  about 16 s to go" in out
     assert main(args) == 0

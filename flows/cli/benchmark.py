@@ -25,6 +25,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--register",
         nargs="+",
+        type=cli.names,
         metavar="METHOD",
         help="register the best model per system of these methods, each as @champion when it "
         "beats the last: all, none, or method names (default: neural_laplace)",
@@ -57,12 +58,10 @@ def precheck(args: argparse.Namespace) -> None:
         cli.check_names(register=register)
     elif register and len(register) > 1:
         raise cli.UsageError(f"--register takes all, none or method names, got {register}")
+    if args.storage is not None and not args.tuned:
+        raise cli.UsageError("--storage names where --tuned reads the studies; add --tuned")
     if args.record is not None:
-        from pathlib import Path
-
-        folder = Path(args.record).resolve().parent
-        if Path(args.record).is_dir() or (folder.exists() and not folder.is_dir()):
-            raise cli.UsageError(f"--record {args.record}: not a file path")
+        cli.check_writable("--record", args.record, "the file the finished run is written to")
 
 
 def run(args: argparse.Namespace) -> int:

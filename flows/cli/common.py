@@ -61,6 +61,43 @@ class Parser(argparse.ArgumentParser):
         return super().format_help()
 
 
+def names(text: str) -> str:
+    """An argparse type: a name, or names separated by commas (an empty one names nothing)."""
+    if not any(text.split(",")):
+        raise argparse.ArgumentTypeError(
+            f"expected a name or names separated by commas, got {text!r}"
+        )
+    return text
+
+
+def check_writable(option: str, value: str, what: str, *, folder: bool = False) -> None:
+    """``value`` names a file (``folder``: a folder) that can be written or made with the
+    folders above it, checked before the work whose result goes there: a
+    :class:`UsageError` naming ``option`` if it, or a folder above it, is of the wrong kind,
+    or if the nearest folder that exists is not writable. ``what`` says what the option names."""
+    path = Path(value)
+    kind = "folder" if folder else "file"
+    if path.exists():
+        if path.is_dir() != folder:
+            other = "a file" if folder else "a folder"
+            raise UsageError(f"{option} {value!r} is {other}; {option} names {what}")
+        if not os.access(path, os.W_OK | (os.X_OK if folder else 0)):
+            raise UsageError(f"{option} {value!r} is not writable; name another {kind}")
+        return
+    for above in path.absolute().parents:
+        if not above.exists():
+            continue
+        if not above.is_dir():
+            raise UsageError(
+                f"{option} {value!r} is below {str(above)!r}, a file; {option} names {what}"
+            )
+        if not os.access(above, os.W_OK | os.X_OK):
+            raise UsageError(
+                f"{option} {value!r}: {str(above)!r} is not writable; name another {kind}"
+            )
+        return
+
+
 def split_names(values: Sequence[str] | None) -> list[str] | None:
     """``--systems a,b c`` → ``[a, b, c]``."""
     if values is None:
@@ -216,10 +253,14 @@ def add_selection(
 
     p.add_argument("--profile", choices=PROFILES, help=profile_help)
     p.add_argument("--config", metavar="FILE", help="TOML, JSON or YAML config file")
-    p.add_argument("--systems", nargs="+", metavar="NAME", help="systems (default: main table)")
+    p.add_argument(
+        "--systems", nargs="+", type=names, metavar="NAME", help="systems (default: main table)"
+    )
     if methods:
-        p.add_argument("--methods", nargs="+", metavar="NAME", help="models (default: all six)")
-    p.add_argument("--seeds", nargs="+", metavar="N", help="seeds, e.g. 0 1 2 or 0,1,2")
+        p.add_argument(
+            "--methods", nargs="+", type=names, metavar="NAME", help="models (default: all six)"
+        )
+    p.add_argument("--seeds", nargs="+", type=names, metavar="N", help="seeds, e.g. 0 1 2 or 0,1,2")
     if device:
         p.add_argument("--device", choices=DEVICES, help="default: auto")
 

@@ -120,9 +120,19 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _add_selection(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--systems", nargs="+", metavar="NAME", help="systems (default: main table)")
-    p.add_argument("--methods", nargs="+", metavar="NAME", help="models (default: all six)")
-    p.add_argument("--seeds", nargs="+", metavar="N", help="seeds (default: the profile's, 0-4)")
+    p.add_argument(
+        "--systems", nargs="+", type=cli.names, metavar="NAME", help="systems (default: main table)"
+    )
+    p.add_argument(
+        "--methods", nargs="+", type=cli.names, metavar="NAME", help="models (default: all six)"
+    )
+    p.add_argument(
+        "--seeds",
+        nargs="+",
+        type=cli.names,
+        metavar="N",
+        help="seeds (default: the profile's, 0-4)",
+    )
     p.add_argument(
         "--ablation",
         action=argparse.BooleanOptionalAction,
@@ -206,6 +216,8 @@ def _precheck(args: argparse.Namespace) -> None:
             raise cli.UsageError(f"{'/'.join(option.option_strings)} applies to {only} only")
     if args.readme and not Path(args.readme).is_file():
         raise cli.UsageError(f"--readme {args.readme}: no such file")
+    if args.ledger is not None and args.action in ("run", "record"):  # before hours of training
+        cli.check_writable("--ledger", args.ledger, "the ledger file (one JSON line per cell)")
 
 
 def _selection(args: argparse.Namespace) -> dict:

@@ -52,23 +52,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def check_out_folder(out: str | None) -> None:
-    """``--out`` must name a folder (existing or not): a
+    """``--out`` must name a folder (existing or not) that can be written or made: a
     :class:`~flows.cli.common.UsageError` if it, or a folder above it, is a file."""
-    if not out:
-        return
-    path = Path(out)
-    for p in (path, *path.parents):
-        if p.exists() and not p.is_dir():
-            what = "is a file" if p == path else f"is below {str(p)!r}, a file"
-            raise cli.UsageError(
-                f"--out {out!r} {what}; --out names the folder the report goes into"
-            )
-        if p.exists():  # the nearest folder that exists: the report is written (or made) in it
-            if not os.access(p, os.W_OK | os.X_OK):
-                raise cli.UsageError(
-                    f"--out {out!r}: {str(p)!r} is not writable; name another folder"
-                )
-            break
+    if out:
+        cli.check_writable("--out", out, "the folder the report goes into", folder=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -77,9 +77,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.describe = _describe  # built only when help is shown
     p.add_argument("name", metavar="NAME", help="a study (listed above; `nllab study --help`)")
     p.add_argument("--profile", choices=PROFILES, default="quick", help="default: quick")
-    p.add_argument("--systems", nargs="+", metavar="NAME", help="default: the study's systems")
-    p.add_argument("--methods", nargs="+", metavar="NAME", help="default: the study's models")
-    p.add_argument("--seeds", nargs="+", metavar="N", help="seeds, e.g. 0 1 2 or 0,1,2")
+    p.add_argument(
+        "--systems", nargs="+", type=cli.names, metavar="NAME", help="default: the study's systems"
+    )
+    p.add_argument(
+        "--methods", nargs="+", type=cli.names, metavar="NAME", help="default: the study's models"
+    )
+    p.add_argument(
+        "--seeds", nargs="+", type=cli.names, metavar="N", help="seeds, e.g. 0 1 2 or 0,1,2"
+    )
     p.add_argument("--device", choices=DEVICES, help="default: auto")
     cli.add_training_options(
         p, budget_default="quick profile: 20, with 30 epochs and patience 10; paper: none"

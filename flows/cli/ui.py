@@ -93,15 +93,29 @@ def ui_environment() -> dict[str, str]:
 
 
 def port_in_use(host: str, port: int) -> str | None:
-    """Why ``host:port`` cannot be bound (``None`` when it is free)."""
+    """Why ``host:port`` cannot be served on (``None`` when it can), with what to change: the
+    port when something listens there or it needs privileges, the host when it is not an
+    address of this machine."""
+    import errno
+
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         # as servers do: connections in TIME_WAIT do not block, a listening socket does
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
+        except socket.gaierror as e:  # a name that does not resolve
+            return f"{e.strerror or e}; choose another with --host (default 127.0.0.1)"
         except OSError as e:
-            return e.strerror or str(e)
+            reason = e.strerror or str(e)
+            if e.errno == errno.EADDRINUSE:
+                return (
+                    f"{reason} (another program, perhaps another MLflow UI, is there); "
+                    "choose another with --port"
+                )
+            if e.errno == errno.EACCES:
+                return f"{reason}; choose a port above 1023 with --port"
+            return f"{reason}; --host names an address of this machine (default 127.0.0.1)"
     return None
 
 
@@ -143,8 +157,7 @@ def run(args: argparse.Namespace) -> int:
     busy = port_in_use(args.host, args.port)
     if busy:
         print(
-            f"nllab ui: error: cannot serve on {args.host}:{args.port}: {busy} (another program, "
-            "perhaps another MLflow UI, is there); choose another with --port",
+            f"nllab ui: error: cannot serve on {args.host}:{args.port}: {busy}",
             file=sys.stderr,
         )
         return EXIT_USAGE
