@@ -212,8 +212,7 @@ def _every_setting() -> list[tuple[str, str]]:
     """Each setting of a run's data, training and execution, read from the types themselves
     (a setting added later is in it)."""
     from nltrain import TrainConfig
-    from tasks._run_settings import ExecutionConfig
-    from tasks.config import DataConfig
+    from tasks.config import DataConfig, ExecutionConfig
 
     return [
         (section, name)

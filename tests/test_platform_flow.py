@@ -177,11 +177,19 @@ def test_interrupted_cell_is_redone(first):
     assert t.queries.get_run_data(stale).status == "RUNNING"  # nothing is rewritten
 
 
-def test_failed_cell_is_recorded_and_others_finish(first):
-    # Valid settings that the model rejects only together, when it is built mid-run (values
-    # it would refuse alone are refused when the config is read).
+def test_failed_cell_is_recorded_and_others_finish(first, monkeypatch):
+    # Settings that the model rejects only together: refused before anything starts ...
+    import flows.benchmark
+    from tasks.model_memory import ModelRefused
+
     lowpass = {"stereographic": False, "max_frequency": 2.0}
     cfg = _config(systems=["integro_de"], seeds=[0], models={"neural_laplace": lowpass})
+    n_runs = len(connect().store.client.search_runs([connect().experiment_id]))
+    with pytest.raises(ModelRefused, match="neural_laplace on integro_de: max_frequency"):
+        run_benchmark(cfg)
+    assert len(connect().store.client.search_runs([connect().experiment_id])) == n_runs
+    # ... and, that check skipped, a cell that fails mid-run (as a failure only training finds)
+    monkeypatch.setattr(flows.benchmark, "check_models_fit", lambda cells, device: None)
     summary = run_benchmark(cfg)
     by_method = {r.method: r for r in summary.results}
     assert not summary.ok
