@@ -216,8 +216,9 @@ def _precheck(args: argparse.Namespace) -> None:
             raise cli.UsageError(f"{'/'.join(option.option_strings)} applies to {only} only")
     if args.readme and not Path(args.readme).is_file():
         raise cli.UsageError(f"--readme {args.readme}: no such file")
-    if args.ledger is not None and args.action in ("run", "record"):  # before hours of training
-        cli.check_writable("--ledger", args.ledger, "the ledger file (one JSON line per cell)")
+    if args.action in ("run", "record"):  # the default's too: before hours of training
+        what = "the ledger file (one JSON line per cell)"
+        cli.check_writable("--ledger", str(_ledger_path(args)), what)
 
 
 def _selection(args: argparse.Namespace) -> dict:
