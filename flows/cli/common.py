@@ -7,6 +7,7 @@ usage errors never import torch, mlflow or prefect.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -285,9 +286,12 @@ def _budget(text: str) -> float | str:
     if text.strip().lower() == "none":
         return "none"
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"a number of seconds or 'none', got {text!r}") from None
+        seconds = math.nan
+    if not (0 < seconds < math.inf):  # said here, not as the setting it sets (max_train_seconds)
+        raise argparse.ArgumentTypeError(f"a number of seconds above 0 or 'none', got {text!r}")
+    return seconds
 
 
 def training_overrides(args: argparse.Namespace) -> dict:
