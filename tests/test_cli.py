@@ -287,6 +287,7 @@ def test_budget_help_says_what_each_command_does_without_it(capsys):
         ("benchmark --record /dev/null/r.json", "is below '/dev/null', a file; --record names"),
         ("report --out /dev/null", "--out '/dev/null' is a file; --out names the folder"),
         ("benchmark --storage sqlite:///x.db", "--storage names where --tuned reads"),
+        ("compare --against 0123abcd", "--against needs --run"),
     ],
 )
 def test_usage_errors_answer_before_the_heavy_stack_loads(argv, message, tmp_path):

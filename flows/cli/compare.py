@@ -56,12 +56,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--format", choices=("terminal", "markdown"), default="terminal", help="output format"
     )
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, precheck=precheck)
     return p
 
 
-def run(args: argparse.Namespace) -> int:
+def precheck(args: argparse.Namespace) -> None:
+    """Options that need each other, before any store is read."""
+    if args.against and not args.run:
+        raise cli.UsageError("--against needs --run (the benchmark to compare with it)")
 
+
+def run(args: argparse.Namespace) -> int:
     from tasks.tracking.locations import has_finished_run, tracking_uri
 
     if not args.run and has_finished_run("benchmark") is False:  # answered without MLflow
@@ -71,8 +76,6 @@ def run(args: argparse.Namespace) -> int:
     from tasks.tables import Table, render_table
     from tasks.tracking import connect
 
-    if args.against and not args.run:
-        raise cli.UsageError("--against needs --run (the benchmark to compare with it)")
     queries = connect().queries
     try:
         text, comparison = comparison_section(queries, args.run, args.against, args.rtol)
