@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from tasks.config import Profile
+from tasks.config import Profile, RunConfig, validation_problems
 
 __all__ = [
     "DEFAULT_SCHEDULES",
@@ -81,6 +81,18 @@ class _Entry(BaseModel):
         return Cron(self.cron, timezone=self.timezone)
 
 
+def _check_changed_models(config: RunConfig) -> None:
+    """Build (on the ``meta`` device) the models of an entry that changes model options from
+    its profile's, so that a constructor's refusal is met now; the profiles' own models are
+    the shipped ones (each is built in the tests), so an entry that changes none loads no
+    torch (even listing the cells would)."""
+    from tasks.config import resolve_config
+    from tasks.model_memory import check_models_build
+
+    if config.models != resolve_config(config.profile).models or config.cell_overrides:
+        check_models_build(config.cells())
+
+
 class BenchmarkEntry(_Entry):
     flow: Literal["benchmark"]
     profile: Profile = "smoke"
@@ -89,7 +101,8 @@ class BenchmarkEntry(_Entry):
     def parameters(self) -> dict[str, Any]:
         from tasks.config import resolve_config
 
-        resolve_config(self.profile, overrides=self.config)  # validate now, not at 2 a.m.
+        # validate now, not at 2 a.m.: the config, and each model it changes
+        _check_changed_models(resolve_config(self.profile, overrides=self.config))
         return {"profile": self.profile, "config": self.config}
 
 
@@ -111,12 +124,18 @@ class TuneEntry(_Entry):
         own = {k: v for k, v in data.items() if k in _Entry.model_fields or k == "flow"}
         rest = {_SPEC_NAMES.get(k, k): v for k, v in data.items() if k not in own}
         rest = {"profile": "quick", "overrides": {"progress": False}, **rest}
-        return {**own, "spec": TuneSpec.model_validate(rest)}
+        try:
+            spec = TuneSpec.model_validate(rest)
+        except ValidationError as e:  # named as the file names them (trials, study_name)
+            file_names = {field: key for key, field in _SPEC_NAMES.items()}
+            raise ValueError("; ".join(validation_problems(e, names=file_names))) from None
+        return {**own, "spec": spec}
 
     def parameters(self) -> dict[str, Any]:
         from tasks.search_spaces import search_space
 
-        self.spec.run_config()  # unknown method or system: an error now
+        # unknown method or system, a model its constructor refuses: an error now
+        _check_changed_models(self.spec.run_config())
         search_space(self.spec.method)
         return {"study": self.spec.model_dump(mode="json")}
 
@@ -148,9 +167,7 @@ class _EntryAdapter(BaseModel):
 
 
 def _describe(err: ValidationError) -> str:
-    from tasks.config import validation_problems
-
-    return "; ".join(validation_problems(err, drop=("entry", *_FLOWS)))
+    return "; ".join(validation_problems(err, skip=2))  # ("entry", the flow): the wrapper's
 
 
 def load_schedules(path: str | Path | None = None) -> list[BenchmarkEntry | TuneEntry | StudyEntry]:

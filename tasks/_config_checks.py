@@ -213,15 +213,22 @@ def check_names(kind: str, names: tuple[str, ...], valid: tuple[str, ...]) -> tu
 
 
 def validation_problems(
-    err: ValidationError, *, drop: tuple[str, ...] = (), show_input: bool = False
+    err: ValidationError,
+    *,
+    skip: int = 0,
+    names: Mapping[str, str] | None = None,
+    show_input: bool = False,
 ) -> list[str]:
     """Each problem of a pydantic ``err`` as ``key.path: what is wrong`` (``unknown setting``
     for a key no section has; each model option of a :class:`ModelOptionError` on its own):
-    the one way every command names a config problem. ``drop``: key parts left out of the
-    path (a wrapper's own); ``show_input``: append the value given."""
+    the one way every command names a config problem. ``skip``: leading key parts left out of
+    the path (a wrapper's own; a problem of the wrapped value as a whole then has no path);
+    ``names``: a field's name as the user wrote it, where it differs; ``show_input``: append
+    the value given."""
     lines = []
     for e in err.errors():
-        where = ".".join(str(x) for x in e["loc"] if x not in drop) or "config"
+        parts = [str(x) for x in e["loc"][skip:]]
+        where = ".".join((names or {}).get(x, x) for x in parts) or ("" if skip else "config")
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown setting"
@@ -229,7 +236,7 @@ def validation_problems(
             msg += f" (got {show(e['input'])})"
         cause = (e.get("ctx") or {}).get("error")
         problems = cause.problems if isinstance(cause, ModelOptionError) else [msg]
-        lines += [f"{where}: {problem}" for problem in problems]
+        lines += [f"{where}: {problem}" if where else problem for problem in problems]
     return lines
 
 

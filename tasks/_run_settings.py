@@ -48,6 +48,13 @@ def dask_address_problem(address: str) -> str | None:
     return f"must be a scheduler address like tcp://HOST:8786, got {address!r}"
 
 
+def checked_dask_address(address: str | None) -> str | None:
+    """``address``, or ``ValueError`` with :func:`dask_address_problem` (a field validator)."""
+    if address and (problem := dask_address_problem(address)) is not None:
+        raise ValueError(problem)
+    return address
+
+
 class TrackingConfig(Frozen):
     """Where runs go. ``tracking_uri=None``: ``MLFLOW_TRACKING_URI``, else the embedded store."""
 
@@ -122,22 +129,25 @@ class ExecutionConfig(Frozen):
     @field_validator("dask_address")
     @classmethod
     def _scheduler_address(cls, address: str | None) -> str | None:
-        if address and (problem := dask_address_problem(address)) is not None:
-            raise ValueError(problem)
-        return address
+        return checked_dask_address(address)
 
     @model_validator(mode="before")
     @classmethod
     def _address_implies_dask(cls, data: Any) -> Any:
-        """A scheduler address means the Dask runner; with ``thread`` it would be ignored."""
-        if isinstance(data, Mapping) and data.get("dask_address"):
-            if data.get("task_runner", "dask") != "dask":
-                raise ValueError(
-                    f'dask_address {data["dask_address"]!r} needs task_runner = "dask" '
-                    f"(got {data['task_runner']!r}); a scheduler address implies it"
-                )
-            data = {**data, "task_runner": "dask"}
-        return data
+        return address_implies_dask(data)
+
+
+def address_implies_dask(data: Any) -> Any:
+    """A scheduler address means the Dask runner; with ``thread`` it would be ignored (a
+    ``mode="before"`` validator of every model with ``dask_address`` and ``task_runner``)."""
+    if isinstance(data, Mapping) and data.get("dask_address"):
+        if data.get("task_runner", "dask") != "dask":
+            raise ValueError(
+                f'dask_address {data["dask_address"]!r} needs task_runner = "dask" '
+                f"(got {data['task_runner']!r}); a scheduler address implies it"
+            )
+        data = {**data, "task_runner": "dask"}
+    return data
 
 
 #: Settings of :class:`ExecutionConfig`, also accepted at the top level of a config file, a

@@ -1,15 +1,33 @@
-"""Whether an sqlite storage URL can keep what is written to it: one in memory loses it at exit,
-and one in a folder that does not exist would need a folder nobody named created.
+"""Whether a storage URL can keep what is written to it: an sqlite one in memory loses it at
+exit, one in a folder that does not exist would need a folder nobody named created; any other
+must be a URL SQLAlchemy can open with a driver that is installed.
 
-Only the standard library loads here, so a command can refuse such a URL before Optuna or
-SQLAlchemy load.
+:func:`sqlite_storage_problem` loads only the standard library, so a command can refuse such a
+URL before Optuna or SQLAlchemy load; :func:`storage_url_problem` loads SQLAlchemy (no
+connection is made).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["sqlite_file", "sqlite_storage_problem"]
+__all__ = [
+    "default_storage_url",
+    "redact",
+    "sqlite_file",
+    "sqlite_storage_problem",
+    "storage_url_problem",
+]
+
+#: What a storage URL looks like, said with every refusal.
+_EXAMPLES = "sqlite:////ABS/PATH/optuna.db or postgresql+psycopg2://USER:PASSWORD@HOST:5432/optuna"
+
+
+def default_storage_url() -> str:
+    """The Optuna storage of studies that name none: sqlite under the data home."""
+    from datasets import data_home
+
+    return f"sqlite:///{(data_home() / 'optuna' / 'optuna.db').resolve()}"
 
 
 def sqlite_file(url: str) -> Path | None:
@@ -41,5 +59,43 @@ def sqlite_storage_problem(url: str) -> str | None:
         return (
             f"the folder {str(path.parent)!r} of the Optuna storage {url!r} does not exist; "
             "create it first (nothing is created outside folders you made)"
+        )
+    return None
+
+
+def redact(url: str) -> str:
+    """The URL with any password hidden (for logs, tags and printed commands)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url
+
+
+def storage_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be opened as a storage that keeps its studies, found without
+    connecting (``None`` when it can be tried): :func:`sqlite_storage_problem`, a string
+    SQLAlchemy cannot parse, a database it has no dialect for, a driver not installed. A
+    scheduled or later run is refused now rather than when it opens the storage."""
+    if (problem := sqlite_storage_problem(url)) is not None:
+        return problem
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    shown = redact(url)
+    try:
+        make_url(url).get_dialect().import_dbapi()
+    except NoSuchModuleError:  # an ArgumentError too: first
+        scheme = url.partition(":")[0]
+        return (
+            f"the Optuna storage {shown!r}: SQLAlchemy has no database {scheme!r}; use {_EXAMPLES}"
+        )
+    except ArgumentError:
+        return f"the Optuna storage {shown!r} is not an SQLAlchemy URL; use one such as {_EXAMPLES}"
+    except ImportError as e:
+        return (
+            f"the Optuna storage {shown!r} needs the database driver {e.name!r}, which is not "
+            "installed here"
         )
     return None

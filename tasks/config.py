@@ -67,6 +67,8 @@ from tasks._run_settings import (
     Frozen,
     Reuse,
     TrackingConfig,
+    address_implies_dask,
+    checked_dask_address,
     dask_address_problem,
 )
 from tasks.user_modules import find_user_modules
@@ -102,6 +104,8 @@ __all__ = [
     "RunConfig",
     "TrackingConfig",
     "TrainConfig",
+    "address_implies_dask",
+    "checked_dask_address",
     "dask_address_problem",
     "declare_systems",
     "known_methods",

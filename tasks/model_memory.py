@@ -9,7 +9,7 @@ their gradients and Adam's two moment estimates (Kingma & Ba 2015).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from tasks.errors import SettingError
 
@@ -17,6 +17,7 @@ __all__ = [
     "TRAINING_COPIES",
     "ModelRefused",
     "ModelTooLarge",
+    "check_models_build",
     "check_models_fit",
     "free_bytes",
     "training_bytes",
@@ -72,16 +73,12 @@ class ModelRefused(SettingError, ValueError):
     options that exclude each other), found before anything starts rather than in each cell."""
 
 
-def check_models_fit(cells: Iterable, device: str) -> None:
-    """Raise :class:`ModelRefused` for the first cell whose model's constructor refuses its
-    settings, :class:`ModelTooLarge` ("this model needs N GB; M GB free") for the first whose
-    model cannot fit in the free memory of ``device``; each distinct model is built (on the
-    ``meta`` device) once.
-    :func:`flows.benchmark.run_benchmark` checks its cells so before anything starts."""
+def _model_sizes(cells: Iterable) -> Iterator[tuple[object, int | None]]:
+    """Each distinct model of ``cells`` (one cell naming it) and its training bytes, built on
+    the ``meta`` device once; :class:`ModelRefused` for the first its constructor refuses."""
     from datasets import SYSTEMS
 
     seen: set[tuple] = set()
-    free: int | None = None
     for cell in cells:
         key = (cell.method, SYSTEMS[cell.system].state_dim, repr(sorted(cell.model.items())))
         if key in seen:
@@ -91,6 +88,24 @@ def check_models_fit(cells: Iterable, device: str) -> None:
             need = training_bytes(cell.method, key[1], dict(cell.model), cell.training.dtype)
         except (ValueError, TypeError) as e:
             raise ModelRefused(f"{cell.method} on {cell.system}: {e}") from None
+        yield cell, need
+
+
+def check_models_build(cells: Iterable) -> None:
+    """Raise :class:`ModelRefused` for the first cell whose model's constructor refuses its
+    settings (whatever the device's memory: a schedule is checked so when it is loaded)."""
+    for _ in _model_sizes(cells):
+        pass
+
+
+def check_models_fit(cells: Iterable, device: str) -> None:
+    """Raise :class:`ModelRefused` for the first cell whose model's constructor refuses its
+    settings, :class:`ModelTooLarge` ("this model needs N GB; M GB free") for the first whose
+    model cannot fit in the free memory of ``device``; each distinct model is built (on the
+    ``meta`` device) once.
+    :func:`flows.benchmark.run_benchmark` checks its cells so before anything starts."""
+    free: int | None = None
+    for cell, need in _model_sizes(cells):
         if need is None:
             continue
         free = free_bytes(device) if free is None else free

@@ -296,3 +296,12 @@ def test_any_value_of_any_model_option_is_refused_before_the_run_or_builds(
         with torch.no_grad():
             out = model(t[:4], torch.zeros(2, 4, 1, dtype=torch.float64), t[4:])
         assert out.shape == (2, 4, 1), (value, out.shape)
+
+
+@pytest.mark.parametrize("profile", ["smoke", "quick", "paper"])
+def test_every_model_a_shipped_profile_trains_is_accepted_by_its_constructor(profile):
+    """What lets a schedule that changes no model option skip building its models."""
+    from tasks.config import SYSTEM_NAMES
+    from tasks.model_memory import check_models_build
+
+    check_models_build(resolve_config(profile, None, {"systems": list(SYSTEM_NAMES)}).cells())

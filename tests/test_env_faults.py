@@ -127,9 +127,9 @@ def test_dask_address_implies_dask_and_an_unreachable_scheduler_fails_in_seconds
     ("args", "code", "message"),
     [
         (["tune", "--method", "node", "--system", "integro_de", "--trials", "1",
-          "--storage", "notaurl"], 2, "cannot open the Optuna storage 'notaurl'"),
+          "--storage", "notaurl"], 2, "the Optuna storage 'notaurl' is not an SQLAlchemy URL"),
         (["benchmark", *SMOKE, "--tuned", "--storage", "notaurl"], 2,
-         "cannot open the Optuna storage 'notaurl'"),
+         "the Optuna storage 'notaurl' is not an SQLAlchemy URL"),
         (["benchmark", *SMOKE, "--seeds", "99999999999999999999"], 2,
          "--seeds takes non-negative integers up to 4294967295"),
     ],

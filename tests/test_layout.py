@@ -330,6 +330,7 @@ TEST_INTERNALS: dict[str, str] = {
     "datasets._datafile": "the memory a file may take and the CSV chunk size, set for the test",
     "flows._dask": "the Dask task runner's checks and errors, without a cluster",
     "flows._runtime": "the servers a flow starts, stopped on interrupt",
+    "flows._schedules": "each key of each kind of schedule entry, read from the entry types",
     "flows._study_catalog": "the study catalogue against the studies registered",
     "flows.studies._config": "the studies' quick training protocol",
     "nlmodels._cpu": "the CPU numerics mode's facts: the variable, the target, the CPU's flags",

@@ -69,6 +69,11 @@ GOOD = 'name = "b"\nflow = "benchmark"\ncron = "0 2 * * *"\n'
             '[[schedule]]\nname = "s"\nflow = "study"\ncron = "0 4 * * 6"\nstudy = "astrology"\n',
             r"entry 1 \('s'\): unknown study 'astrology'",
         ),
+        (
+            f"[[schedule]]\n{GOOD}config = {{ models = {{ neural_laplace = "
+            "{ stereographic = false, max_frequency = 2.0 } } }\n",
+            r"entry 1 \('b'\): neural_laplace on .*max_frequency",
+        ),
         ("", "no \\[\\[schedule\\]\\] entries"),
         ("[[schedule]\n", "not valid TOML"),
     ],
@@ -244,3 +249,69 @@ def test_ctrl_c_of_serve_start_server_pauses_stops_and_exits_130(tmp_path):
     assert "Traceback" not in err and "ConnectError" not in err
     assert "nllab serve: interrupted; paused" in err
     assert not healthy("http://127.0.0.1:4398/api")  # the server it started is stopped
+
+
+def _entry_fields() -> list[tuple[str, str]]:
+    """Each key of each kind of schedule entry, as the file names it (read from the types)."""
+    from flows._schedules import _SPEC_NAMES, BenchmarkEntry, StudyEntry, _Entry
+    from tasks.tuning import TuneSpec
+
+    in_file = {field: key for key, field in _SPEC_NAMES.items()}
+    return (
+        [("benchmark", f) for f in BenchmarkEntry.model_fields if f != "flow"]
+        + [("tune", f) for f in _Entry.model_fields]
+        + [("tune", in_file.get(f, f)) for f in TuneSpec.model_fields]
+        + [("study", f) for f in StudyEntry.model_fields if f != "flow"]
+    )
+
+
+_ENTRY = {
+    "benchmark": {"name": "b", "flow": "benchmark", "cron": "0 2 * * *", "profile": "smoke"},
+    "tune": {"name": "t", "flow": "tune", "cron": "0 3 * * 0", "method": "node",
+             "system": "integro_de", "trials": 2},
+    "study": {"name": "s", "flow": "study", "cron": "0 4 * * 6", "study": "stereographic"},
+}  # fmt: skip
+#: Values no schedule was written for; each goes into a TOML file as TOML writes it.
+_ABSURD = ("-1", "0", "1000000000000", "inf", "nan", "-1.5", '"bogus"', '""', '"/dev/null/x"',
+           '"sqlite:///:memory:"', "true", "[1]", "{ a = 1 }")  # fmt: skip
+
+
+@pytest.mark.parametrize(("kind", "key"), _entry_fields())
+def test_any_value_of_any_schedule_key_is_refused_when_loaded_or_runs(
+    kind, key, tmp_path, monkeypatch
+):
+    """A schedule is refused when the file is loaded, naming the key, or it becomes a
+    deployment whose first steps work (a tuning study opens its storage and its sampler):
+    never an entry that loads and then fails at its first run, at night."""
+    from tasks.tuning.storage import open_storage, open_study
+
+    monkeypatch.setenv("NLLAB_HOME", str(tmp_path / "home"))
+    for value in _ABSURD:
+        entry = {**_ENTRY[kind]}
+        entry.pop(key, None)
+        lines = [f"{k} = {v!r}".replace("'", '"') for k, v in entry.items()]
+        body = "[[schedule]]\n" + "\n".join([*lines, f"{key} = {value}"]) + "\n"
+        try:
+            (loaded,) = load_schedules(_write(tmp_path, body))
+        except ScheduleError as e:
+            said = str(e)
+            named = key in said or key.replace("_", " ") in said or "unknown setting" in said
+            assert named, (key, value, said)
+            continue
+        (deployment,) = build_deployments([loaded])
+        assert deployment.name == loaded.name
+        if kind == "tune":
+            spec = loaded.spec
+            storage = open_storage(
+                spec.storage,
+                heartbeat_seconds=spec.heartbeat_seconds,
+                grace_seconds=spec.grace_seconds,
+            )
+            assert open_study(spec, storage, epochs=10).study_name == spec.study_name
+            if spec.dask_address:
+                from flows._dask import DaskUnreachable, dask_task_runner
+
+                try:  # its form: the file's; whether a scheduler listens: the night's
+                    dask_task_runner(1, spec.dask_address)
+                except DaskUnreachable:
+                    pass

@@ -8,9 +8,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tasks.config import CellConfig, Device, Profile, RunConfig, resolve_config
+from tasks.config import (
+    MAX_SEED,
+    CellConfig,
+    Device,
+    Profile,
+    RunConfig,
+    address_implies_dask,
+    checked_dask_address,
+    resolve_config,
+)
 from tasks.errors import SettingError, Unreachable
 from tasks.search_spaces import Suggestion
 from tasks.stopping import Stopped, stop_signals
@@ -74,7 +83,7 @@ class TuneSpec(BaseModel):
     n_jobs: int = Field(1, ge=1, description="trials run at the same time")
     storage: str | None = Field(None, description="SQLAlchemy URL; None: sqlite under data_home()")
     name: str | None = Field(None, description="study name; None: METHOD-SYSTEM-PROFILE")
-    seed: int = Field(0, ge=0, description="TPE sampler seed")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="TPE sampler seed")
     pruner: Literal["median", "hyperband"] = "median"
     startup_trials: int = Field(5, ge=1, description="random trials before TPE models the space")
     start_from_paper: bool = Field(True, description="first trial: the paper's configuration")
@@ -87,6 +96,22 @@ class TuneSpec(BaseModel):
     device: Device = "cpu"
     task_runner: Literal["thread", "dask"] = "thread"
     dask_address: str | None = None
+
+    _address_implies_dask = model_validator(mode="before")(address_implies_dask)
+    _scheduler_address = field_validator("dask_address")(checked_dask_address)
+
+    @field_validator("storage")
+    @classmethod
+    def _openable_storage(cls, url: str | None) -> str | None:
+        """A storage that cannot be opened is refused with the spec (a schedule when it is
+        loaded, not at its first run); the default one is made when first opened."""
+        from tasks._storage_urls import default_storage_url, storage_url_problem
+
+        if not url or url == default_storage_url():
+            return url or None
+        if (problem := storage_url_problem(url)) is not None:
+            raise ValueError(problem)
+        return url
 
     @property
     def study_name(self) -> str:

@@ -18,8 +18,7 @@ import sqlalchemy.exc
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial
 
-from datasets import data_home
-from tasks._storage_urls import sqlite_storage_problem
+from tasks._storage_urls import default_storage_url, redact, storage_url_problem
 from tasks.tuning.spec import OBJECTIVE, StorageUnavailable, TuneSpec, TuningError
 
 __all__ = [
@@ -34,20 +33,6 @@ __all__ = [
 _SCHEMA_ATTEMPTS = 6  # opening a fresh server database: tries before giving up
 
 
-def default_storage_url() -> str:
-    return f"sqlite:///{(data_home() / 'optuna' / 'optuna.db').resolve()}"
-
-
-def redact(url: str) -> str:
-    """The URL with any password hidden (for logs, tags and printed commands)."""
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return url
-
-
 def open_storage(
     url: str | None = None, *, heartbeat_seconds: int = 30, grace_seconds: int | None = None
 ) -> RDBStorage:
@@ -59,11 +44,11 @@ def open_storage(
     losers retry, and then find the schema in place.
     """
     url = url or default_storage_url()
+    if url == default_storage_url():
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    elif (problem := storage_url_problem(url)) is not None:
+        raise TuningError(problem)
     if url.startswith("sqlite:"):
-        if url == default_storage_url():
-            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        elif (problem := sqlite_storage_problem(url)) is not None:
-            raise TuningError(problem)
         engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}}
     else:
         engine_kwargs = {"pool_pre_ping": True}
