@@ -69,22 +69,20 @@ def _span(seconds: float) -> str:
 def forecast_text(forecast: Forecast) -> str:
     """``ledger status --time-left``: the groups ``ledger run`` would train, in its order,
     each with its expected time here and what that rests on, and their sum."""
+    from tasks.tables import plural
+
     if not forecast.groups:
         return "Time left: none, every selected cell is recorded"
     unknown, n = len(forecast.unknown), len(forecast.groups)
     if unknown == n:
         total = "not known: the ledger has no record of these methods on the CPU"
     else:
-        rest = (
-            f" (and {unknown} group{'s' if unknown > 1 else ''} without an estimate)"
-            if unknown
-            else ""
-        )
+        rest = f" (and {plural(unknown, 'group')} without an estimate)" if unknown else ""
         total = f"about {_span(forecast.known_seconds)}{rest}, by the ledger's records"
     lines = [
-        f"Time left: {forecast.cells} missing cell{'s' if forecast.cells > 1 else ''} in {n} "
-        f"group{'s' if n > 1 else ''}, as `ledger run` trains them "
-        f"here one group after another ({forecast.hardware}, {forecast.workers} at once): {total}"
+        f"Time left: {plural(forecast.cells, 'missing cell')} in {plural(n, 'group')}, as "
+        f"`ledger run` trains them here one group after another ({forecast.hardware}, "
+        f"{forecast.workers} at once): {total}"
     ]
     for other, ratio in sorted(forecast.ratios.items()):
         lines.append(
@@ -105,8 +103,10 @@ def forecast_text(forecast: Forecast) -> str:
 
 def _group_label(group: LedgerGroup) -> str:
     what = f"{group.method} ({group.ablation})" if group.ablation else group.method
+    from tasks.tables import plural
+
     seeds = f"seed{'s' if len(group.seeds) > 1 else ''} {_seeds(group.seeds)}"
-    return f"{what} {seeds}, {group.size} cell{'s' if group.size > 1 else ''}"
+    return f"{what} {seeds}, {plural(group.size, 'cell')}"
 
 
 def training_text(progress: list[CellProgress], store: str, now: float | None = None) -> str:

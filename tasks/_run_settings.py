@@ -55,6 +55,19 @@ def checked_dask_address(address: str | None) -> str | None:
     return address
 
 
+def address_implies_dask(data: Any) -> Any:
+    """A scheduler address means the Dask runner; with ``thread`` it would be ignored (a
+    ``mode="before"`` validator of every model with ``dask_address`` and ``task_runner``)."""
+    if isinstance(data, Mapping) and data.get("dask_address"):
+        if data.get("task_runner", "dask") != "dask":
+            raise ValueError(
+                f'dask_address {data["dask_address"]!r} needs task_runner = "dask" '
+                f"(got {data['task_runner']!r}); a scheduler address implies it"
+            )
+        data = {**data, "task_runner": "dask"}
+    return data
+
+
 class TrackingConfig(Frozen):
     """Where runs go. ``tracking_uri=None``: ``MLFLOW_TRACKING_URI``, else the embedded store."""
 
@@ -126,28 +139,8 @@ class ExecutionConfig(Frozen):
         "none (never)",
     )
 
-    @field_validator("dask_address")
-    @classmethod
-    def _scheduler_address(cls, address: str | None) -> str | None:
-        return checked_dask_address(address)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _address_implies_dask(cls, data: Any) -> Any:
-        return address_implies_dask(data)
-
-
-def address_implies_dask(data: Any) -> Any:
-    """A scheduler address means the Dask runner; with ``thread`` it would be ignored (a
-    ``mode="before"`` validator of every model with ``dask_address`` and ``task_runner``)."""
-    if isinstance(data, Mapping) and data.get("dask_address"):
-        if data.get("task_runner", "dask") != "dask":
-            raise ValueError(
-                f'dask_address {data["dask_address"]!r} needs task_runner = "dask" '
-                f"(got {data['task_runner']!r}); a scheduler address implies it"
-            )
-        data = {**data, "task_runner": "dask"}
-    return data
+    _scheduler_address = field_validator("dask_address")(checked_dask_address)
+    _address_implies_dask = model_validator(mode="before")(address_implies_dask)
 
 
 #: Settings of :class:`ExecutionConfig`, also accepted at the top level of a config file, a
