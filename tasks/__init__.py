@@ -73,6 +73,7 @@ _LAZY = {
     "sqlite_problem": "tasks._sqlite_faults",
     "sqlite_storage_problem": "tasks._storage_urls",
     "usable_cores": "tasks._workers",
+    "unknown_names": "tasks._config_checks",
 }
 
 __all__ = [
@@ -131,6 +132,7 @@ __all__ = [
     "train",
     "train_loop",
     "train_packed",
+    "unknown_names",
     "usable_cores",
 ]
 

@@ -9,9 +9,10 @@ one line naming its model and option (``node setting 'hidden' must be ...``).
 
 from __future__ import annotations
 
+import difflib
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, get_args
 
 from pydantic import ConfigDict, ValidationError
@@ -24,6 +25,7 @@ __all__ = [
     "format_validation",
     "option_problems",
     "show",
+    "unknown_names",
     "validation_problems",
 ]
 
@@ -199,14 +201,33 @@ def check_model_overrides(method: str, overrides: Mapping[str, Any]) -> None:
         raise ModelOptionError(problems)
 
 
+def _nearest(name: str, valid: Sequence[str]) -> str | None:
+    """The valid name ``name`` most likely misspells (:func:`difflib.get_close_matches`), else
+    the one valid name that begins with it (``lotka`` for ``lotka_volterra_dde``), else ``None``."""
+    close = difflib.get_close_matches(name, valid, n=1)
+    if close:
+        return close[0]
+    starting = [v for v in valid if name and v.startswith(name)]
+    return starting[0] if len(starting) == 1 else None
+
+
+def unknown_names(kind: str, unknown: Sequence[str], valid: Sequence[str]) -> str:
+    """The one line that refuses ``unknown`` ``kind`` names: each with the valid name it most
+    likely misspells, then every valid one (``unknown method 'nod' (did you mean 'node'?);
+    valid: anode, ...``)."""
+    named = []
+    for name in unknown:
+        near = _nearest(name, valid)
+        named.append(repr(name) + (f" (did you mean {near!r}?)" if near is not None else ""))
+    return f"unknown {kind} {', '.join(named)}; valid: {', '.join(valid)}"
+
+
 def check_names(kind: str, names: tuple[str, ...], valid: tuple[str, ...]) -> tuple[str, ...]:
     if not names:
         raise ValueError(f"at least one {kind} is required; valid {kind}s: {', '.join(valid)}")
     unknown = [n for n in names if n not in valid]
     if unknown:
-        raise ValueError(
-            f"unknown {kind} {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}"
-        )
+        raise ValueError(unknown_names(kind, unknown, valid))
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate {kind} in {list(names)}")
     return names
@@ -241,6 +262,9 @@ def validation_problems(
 
 
 def format_validation(err: ValidationError) -> str:
-    """A config's :func:`validation_problems`, one per indented line."""
-    lines = [f"  {line}" for line in validation_problems(err)]
-    return "invalid configuration:\n" + "\n".join(lines)
+    """A config's :func:`validation_problems`: one line when there is one, else one per
+    indented line under a heading."""
+    problems = validation_problems(err)
+    if len(problems) == 1:
+        return f"invalid configuration: {problems[0]}"
+    return "invalid configuration:\n" + "\n".join(f"  {line}" for line in problems)

@@ -53,8 +53,8 @@ def test_console_entry_point_runs(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["benchmark", "--systems", "spiral"], "unknown system 'spiral'; valid: "),
-        (["benchmark", "--methods", "node,laplace"], "unknown method 'laplace'; valid: "),
+        (["benchmark", "--systems", "spiral"], "unknown system 'spiral' (did you mean"),
+        (["benchmark", "--methods", "node,laplace"], "unknown method 'laplace' (did you mean"),
         (["report", "--seeds", "one"], "--seeds takes non-negative integers"),
         (["simulate", "--seeds", "-1"], "seeds must be distinct non-negative integers"),
     ],
@@ -67,6 +67,21 @@ def test_bad_names_exit_2_with_choices(argv, message, capsys):
         assert "spiral_dde" in err and "integro_de" in err
     if "unknown method" in message:
         assert "neural_laplace" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "nearest"),
+    [
+        (["benchmark", "--methods", "nod"], "unknown method 'nod' (did you mean 'node'?); valid: "),
+        (["benchmark", "--systems", "integro"], "'integro' (did you mean 'integro_de'?); valid: "),
+        (["study", "noise", "--methods", "neural_laplase"], "(did you mean 'neural_laplace'?)"),
+        (["benchmark", "--methods", "zzz"], "unknown method 'zzz'; valid: anode, "),
+    ],
+)
+def test_a_misspelt_name_is_one_line_with_the_nearest_valid_name(argv, nearest, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert nearest in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_argparse_usage_errors_exit_2(capsys):
@@ -270,7 +285,10 @@ def test_budget_help_says_what_each_command_does_without_it(capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        ("benchmark --systems lotka", "unknown system 'lotka'; valid: "),
+        (
+            "benchmark --systems lotka",
+            "unknown system 'lotka' (did you mean 'lotka_volterra_dde'?)",
+        ),
         ("study stereografic", "unknown study 'stereografic'; valid studies: stereographic"),
         ("reproduce models:/nope@champion", "no registered model version at 'models:/nope@"),
         ("reproduce models:/nope", "names no version"),

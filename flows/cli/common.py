@@ -366,7 +366,7 @@ def resolve(args: argparse.Namespace, profile: str | None = None):
 def _invalid(where: str, message: str):
     from tasks.config import ConfigError
 
-    return ConfigError(f"invalid configuration:\n  {where}: {message}")
+    return ConfigError(f"invalid configuration: {where}: {message}")
 
 
 def _check(kind: str, where: str, names: Sequence[str] | None, valid: Sequence[str]) -> None:
@@ -388,9 +388,9 @@ def _check(kind: str, where: str, names: Sequence[str] | None, valid: Sequence[s
             raise _invalid(where, problem)
     unknown = [n for n in names if n not in valid]
     if unknown:
-        raise _invalid(
-            where, f"unknown {kind} {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}"
-        )
+        from tasks import unknown_names
+
+        raise _invalid(where, unknown_names(kind, unknown, valid))
 
 
 def check_names(
