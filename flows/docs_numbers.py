@@ -193,14 +193,20 @@ def ledger_seeds(root: Path) -> str:
     records = read_ledger(root / "results" / "paper" / "ledger.jsonl", scope)
     current = ledger_status(records, scope.select(ablations=None)).counted()
     seeds = sorted({r.seed for r in current})
-    by_pair: dict[tuple[str, str], dict[int, str]] = {}
+    # keyed by the ablation too: the ablation's cells are rows of their own, never Table 3's
+    by_row: dict[tuple[str, str, str], dict[int, str]] = {}
     for r in current:
         dominated = r.top_share is not None and r.top_share > TOP_SHARE_FLAG
         mark = f" ⚠ {r.top_share:.0%}" if dominated else ""
-        by_pair.setdefault((r.method, r.system), {})[r.seed] = number(r.test_rmse) + mark
+        by_row.setdefault((r.method, r.ablation, r.system), {})[r.seed] = (
+            number(r.test_rmse) + mark
+        )
     rows = tuple(
-        (TableCell(f"{m} / {s}"), *(TableCell(v.get(seed, "–")) for seed in seeds))
-        for (m, s), v in by_pair.items()
+        (
+            TableCell(f"{m} ({a}) / {s}" if a else f"{m} / {s}"),
+            *(TableCell(v.get(seed, "–")) for seed in seeds),
+        )
+        for (m, a, s), v in by_row.items()
     )
     caption = (
         "Test RMSE of each recorded seed; ⚠ and a share: the few worst test values carry that "

@@ -119,25 +119,33 @@ def ledger_groups(
     """``todo`` as benchmark runs, in the order that gives every column a figure first:
 
     1. for each Table 3 method with a system that has no recorded seed, its lowest missing seed;
-    2. the ablations (so they start only once every Table 3 column has at least one seed);
+    2. the cells whose records predate numerics fingerprints (they count for nothing until
+       retrained: a column the ledger had once comes back whole before new seeds), then the
+       ablations (so they start only once every Table 3 column has at least one seed);
     3. the remaining Table 3 seeds, seed by seed.
 
     Each group is one seed of one method on its missing systems; ``merge_seeds`` (a GPU, where
     bigger packs pay) joins the seeds of one method that miss the same systems, a method
     without any seed in phase 1 with all of them."""
     recorded = {(s.cell.method, s.cell.system) for s in states if s.state == "recorded"}
+    predates = {s.cell.key for s in states if s.state == "predates"}
     by_seed: dict[tuple[str, str, int], list[str]] = {}
+    again: set[tuple[str, str, int]] = set()  # groups of retrained predating records
     for c in todo:
         by_seed.setdefault((c.method, c.ablation, c.seed), []).append(c.system)
+        if c.key in predates:
+            again.add((c.method, c.ablation, c.seed))
     first: dict[str, int] = {}
     for (method, ablation, seed), systems in sorted(by_seed.items()):
         if not ablation and any((method, s) not in recorded for s in systems):
             first.setdefault(method, seed)
 
-    def phase(key: tuple[str, str, int]) -> int:
+    def phase(key: tuple[str, str, int]) -> float:
         method, ablation, seed = key
         if ablation:
             return 1
+        if key in again and first.get(method) != seed:
+            return 0.5
         if merge_seeds:  # its first seed comes with the others, in one pack
             return 0 if method in first else 2
         return 0 if first.get(method) == seed else 2
@@ -217,7 +225,22 @@ def ledger_states(ledger: Path, selection: dict[str, Any]) -> list[CellState]:
 
 def _scope(selection: dict[str, Any], say: Callable[[str], None] | None = None) -> LedgerScope:
     return ledger_scope(
-        selection.get("config_file"), selection.get("systems"), selection.get("methods"), say=say
+        selection.get("config_file"),
+        selection.get("systems"),
+        selection.get("methods"),
+        say=say,
+        profile=_profile(selection),
+    )
+
+
+def _profile(selection: dict[str, Any]) -> str:
+    """The selection's ledger profile (:data:`tasks.ledger_scope.LEDGER_PROFILES`)."""
+    return selection.get("profile") or "paper"
+
+
+def _tracking_config(selection: dict[str, Any], execution: dict[str, Any]) -> RunConfig:
+    return paper_config(
+        execution, config_file=selection.get("config_file"), profile=_profile(selection)
     )
 
 
@@ -233,7 +256,7 @@ def record_store(
     todo = to_train(states)
     if not todo:
         return []
-    queries = connect(paper_config(execution, config_file=selection.get("config_file")).tracking)
+    queries = connect(_tracking_config(selection, execution).tracking)
     return record_finished(queries.queries, todo, ledger, hardware_name)
 
 
@@ -252,7 +275,8 @@ def run_ledger(
     ``refresh_older``, those recorded by older numerics), appending each record as its pack
     finishes.
 
-    ``selection``: ``config_file`` (layered on the paper profile), ``systems``, ``methods``,
+    ``selection``: ``profile`` (``paper``, the default, or ``fair``), ``config_file`` (layered
+    on the profile), ``systems``, ``methods``,
     ``seeds`` (None: all) and ``ablations`` (False: Table 3 only, True: the ablations only,
     None: both; :meth:`tasks.ledger_scope.LedgerScope.select`). ``execution``: the benchmark's
     execution settings (max_workers, torch_threads, device...). ``max_seconds``: the time limit;
@@ -270,7 +294,7 @@ def run_ledger(
     out = LedgerRun(todo=len(todo))
     if not todo:
         return out
-    queries = connect(paper_config(execution, config_file=selection.get("config_file")).tracking)
+    queries = connect(_tracking_config(selection, execution).tracking)
     recorder = _Recorder(queries.queries, ledger, out, say)
     recorder.record(todo)  # cells a stopped run finished in this store meanwhile
     todo = [c for c in todo if c.key not in recorder.done]
@@ -460,10 +484,12 @@ def _train_group(
 def group_config(
     group: LedgerGroup, selection: dict[str, Any], execution: dict[str, Any]
 ) -> RunConfig:
-    """The benchmark config of ``group``: the paper profile on its systems, method and seeds."""
+    """The benchmark config of ``group``: the ledger's profile on its systems, method and
+    seeds."""
     return paper_config(
         execution,
         config_file=selection.get("config_file"),
+        profile=_profile(selection),
         systems=list(group.systems),
         methods=[group.method],
         seeds=list(group.seeds),

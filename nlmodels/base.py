@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -116,6 +116,9 @@ class ForecastModel(nn.Module):
 
     #: name in the model registry (set by :func:`nlmodels.model_registry.register_model`)
     registry_name: str = ""
+    #: which validation score picks the weights training keeps (and early stopping watches):
+    #: ``val_rmse``, or ``val_loss``, the model's own objective (a VAE's negative ELBO)
+    selection_metric: Literal["val_rmse", "val_loss"] = "val_rmse"
 
     def __init__(self) -> None:
         super().__init__()

@@ -1,5 +1,7 @@
 """The one training loop (paper protocol: mini-batches over trajectories, early stopping on
 validation RMSE, the best-validation weights restored at the end), over a declared step function.
+A step function whose models select on their own objective (``selection_metric = "val_loss"``:
+the reference code's Latent ODE keeps its best validation ELBO) is watched on that instead.
 
 :func:`train_loop` drives any :class:`StepFunction`: one cell's eager module and optimiser
 step (:func:`nltrain.train`) or the batched step of a pack
@@ -26,18 +28,22 @@ from nltrain._steps import Readout
 __all__ = [
     "EpochRecord",
     "LoopOptions",
+    "SelectionMetric",
     "StepFunction",
     "StopReason",
     "TrainResult",
     "TrainingDiverged",
     "TrainingInterrupted",
     "epoch_bar",
+    "selection_metric",
     "stop_reason",
     "train_loop",
 ]
 
 #: Why a cell stopped training: its epoch ceiling, early stopping, or the wall-clock budget.
 StopReason = Literal["epochs", "early_stopping", "time_budget"]
+#: The validation score that picks the weights kept (:attr:`EpochRecord` field names).
+SelectionMetric = Literal["val_rmse", "val_loss"]
 
 
 @dataclass(frozen=True)
@@ -125,9 +131,18 @@ def epoch_bar(config: TrainConfig, label: str, progress: bool, budget: float | N
     return tqdm(epochs, desc=label, disable=not progress, leave=True, unit="ep")
 
 
-def _best(history: Sequence[EpochRecord]) -> EpochRecord:
-    """The first epoch of the lowest validation RMSE (later ties do not replace it)."""
-    return min(history, key=lambda r: r.val_rmse)
+def _best(history: Sequence[EpochRecord], metric: SelectionMetric = "val_rmse") -> EpochRecord:
+    """The first epoch of the lowest validation ``metric`` (later ties do not replace it)."""
+    return min(history, key=lambda r: getattr(r, metric))
+
+
+def selection_metric(step: object) -> SelectionMetric:
+    """What ``step``'s cells are selected on: its ``selection_metric`` (the models'), else the
+    validation RMSE (a step function that does not say)."""
+    metric = getattr(step, "selection_metric", "val_rmse")
+    if metric not in ("val_rmse", "val_loss"):
+        raise ValueError(f"selection_metric must be 'val_rmse' or 'val_loss', got {metric!r}")
+    return metric
 
 
 def stop_reason(
@@ -136,16 +151,17 @@ def stop_reason(
     *,
     elapsed: float = 0.0,
     budget: float | None = None,
+    metric: SelectionMetric = "val_rmse",
 ) -> StopReason | None:
     """Whether a cell whose epochs so far are ``history`` stops now, and why (None: it trains
     on). In order: ``early_stopping`` (``config.patience`` epochs since its best validation
-    RMSE), ``time_budget`` (``elapsed`` seconds reached ``budget``, default
+    ``metric``), ``time_budget`` (``elapsed`` seconds reached ``budget``, default
     ``config.max_train_seconds``), ``epochs`` (its last epoch was ``config.epochs - 1``)."""
     if not history:
         return None
     epoch = history[-1].epoch
     budget = config.max_train_seconds if budget is None else budget
-    if config.patience is not None and epoch - _best(history).epoch >= config.patience:
+    if config.patience is not None and epoch - _best(history, metric).epoch >= config.patience:
         return "early_stopping"
     if budget is not None and elapsed >= budget:
         return "time_budget"
@@ -170,7 +186,7 @@ class _Cell:
     """One cell's state in the loop: its history, best weights and, once stopped, result."""
 
     history: list[EpochRecord] = field(default_factory=list)
-    best_rmse: float = math.inf
+    best_score: float = math.inf
     best_state: dict | None = None
     result: TrainResult | TrainingDiverged | None = None
 
@@ -183,6 +199,7 @@ def train_loop(
     :class:`TrainResult`, or the :class:`TrainingDiverged` that ended it (a non-finite loss,
     gradient norm or validation RMSE ends that cell only, at the end of its epoch)."""
     labels, n = options.labels, len(options.labels)
+    metric = selection_metric(step)
     cells = [_Cell() for _ in labels]
     budget = config.max_train_seconds if options.budget is None else options.budget
     t_start = time.perf_counter()
@@ -195,7 +212,7 @@ def train_loop(
         seconds = time.perf_counter() - t0
         keep = []
         for j, m in enumerate(step.members):
-            record = _settle(step, cells[m], j, out, epoch, seconds, labels[m])
+            record = _settle(step, cells[m], j, out, epoch, seconds, labels[m], metric)
             if record is None:
                 continue
             if n == 1:
@@ -203,12 +220,15 @@ def train_loop(
             if options.on_epoch is not None:
                 options.on_epoch(m, record)
             elapsed = time.perf_counter() - t_start
-            stopped = stop_reason(cells[m].history, config, elapsed=elapsed, budget=budget)
+            stopped = stop_reason(
+                cells[m].history, config, elapsed=elapsed, budget=budget, metric=metric
+            )
             if stopped is None:
                 keep.append(j)
                 continue
             step.finish(j, cells[m].best_state, out.nfe[j])  # type: ignore[arg-type]
-            cells[m].result = _result(cells[m], stopped, time.perf_counter() - t_start, n, step)
+            seconds_all = time.perf_counter() - t_start
+            cells[m].result = _result(cells[m], stopped, seconds_all, n, step, metric)
         if n > 1:
             bar.set_postfix(members=len(keep))
         if not keep:
@@ -220,9 +240,14 @@ def train_loop(
 
 
 def _result(
-    cell: _Cell, stopped: StopReason, seconds: float, n: int, step: StepFunction
+    cell: _Cell,
+    stopped: StopReason,
+    seconds: float,
+    n: int,
+    step: StepFunction,
+    metric: SelectionMetric,
 ) -> TrainResult:
-    best = _best(cell.history)
+    best = _best(cell.history, metric)
     return TrainResult(
         tuple(cell.history), best.epoch, best.val_rmse, stopped, seconds, n, step.graphs_used
     )
@@ -242,7 +267,14 @@ def _train_epoch(step: StepFunction, bs: int, epoch: int, options: LoopOptions) 
 
 
 def _settle(
-    step: StepFunction, cell: _Cell, j: int, out: Readout, epoch: int, seconds: float, label: str
+    step: StepFunction,
+    cell: _Cell,
+    j: int,
+    out: Readout,
+    epoch: int,
+    seconds: float,
+    label: str,
+    metric: SelectionMetric,
 ) -> EpochRecord | None:
     """Member ``j``'s epoch: its record (kept, and its weights if they are its best so far), or
     None after recording its divergence as its result."""
@@ -251,12 +283,15 @@ def _settle(
         cell.result = make(label, out.div_value[j], epoch, out.div_batch[j])
     elif not math.isfinite(val_rmse := out.val_rmse[j]):
         cell.result = TrainingDiverged(f"{label}: validation RMSE is {val_rmse} at epoch {epoch}")
+    elif metric == "val_loss" and not math.isfinite(val_loss := out.val_loss[j]):
+        cell.result = TrainingDiverged(f"{label}: validation loss is {val_loss} at epoch {epoch}")
     else:
         train_loss = out.totals[j] / step.n_train
         record = EpochRecord(epoch, train_loss, out.val_loss[j], val_rmse, seconds, out.nfe[j])
         cell.history.append(record)
-        if val_rmse < cell.best_rmse:
-            cell.best_rmse, cell.best_state = val_rmse, step.keep_best(j)
+        score = getattr(record, metric)
+        if score < cell.best_score:
+            cell.best_score, cell.best_state = score, step.keep_best(j)
         return record
     step.diverged(j)
     return None

@@ -142,6 +142,8 @@ class PackedCells:
     def __init__(self, models, train_splits, val_splits, config, device, seeds, labels, graphs):
         self.models, self.config, self.device = list(models), config, device
         self.labels, self.graphs_flag = list(labels), graphs
+        # members share their settings (nltrain._packing packs only equal layouts)
+        self.selection_metric = models[0].selection_metric
         # A model that packs itself (an adaptive solve: host reads) is not captured.
         self.use_graphs = (
             device.type == "cuda" and graphs is not False and not models[0].packs_itself()

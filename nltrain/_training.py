@@ -71,18 +71,31 @@ _RNG_LOCK = INIT_LOCK
 
 @contextmanager
 def seeded(seed: int) -> Iterator[None]:
-    """Seed torch, numpy and random while holding the process-wide RNG lock, with torch's
-    default dtype at its own default (float32: initial weights are drawn in it, and a process
-    that changed it would draw other weights from the same seed)."""
+    """Draw a model's initial weights from ``seed``: torch's generator seeded while holding the
+    process-wide RNG lock, with torch's default dtype at its own default (float32: initial
+    weights are drawn in it, and a process that changed it would draw other weights from the
+    same seed).
+
+    Python's ``random`` and numpy's legacy global generator are seeded for the block too (a
+    plugin's constructor may draw from them) and put back as they were on exit: other code in
+    the process reads them (Prefect draws its temporary server's port from ``random``), and a
+    command that left them seeded made every process draw the same numbers. Nothing of the
+    project draws from them. Torch's generator is left seeded, as ``torch.manual_seed`` leaves
+    it: only torch code reads it, and the project seeds it under the lock before each draw that
+    matters (a model's weights here; the canaries' training in
+    :mod:`nltrain._fingerprints`), so what it holds after a block changes no result."""
     with _RNG_LOCK:
         default = torch.get_default_dtype()
+        python_state, numpy_state = random.getstate(), np.random.get_state()  # noqa: NPY002
         torch.set_default_dtype(torch.float32)
         try:
             torch.manual_seed(seed)
-            np.random.seed(seed % 2**32)  # noqa: NPY002 - third-party code may draw from it
+            np.random.seed(seed % 2**32)  # noqa: NPY002 - restored below
             random.seed(seed)
             yield
         finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)  # noqa: NPY002
             torch.set_default_dtype(default)
 
 
@@ -132,6 +145,7 @@ class _EagerCell:
     def __init__(self, model, train_data, val_data, config: TrainConfig, seed: int, device):
         self.model, self.train_data, self.val_data = model, train_data, val_data
         self.config, self.n_train = config, len(train_data)
+        self.selection_metric = model.selection_metric
         self.members = [0]
         self.params = list(model.parameters())
         self.optimiser = torch.optim.Adam(self.params, lr=config.lr)

@@ -1,5 +1,9 @@
-"""The cells the results ledger holds: the paper profile's Table 3 and its ablation beside it,
-each with today's config hash and numerics fingerprints, cached on disk per code state.
+"""The cells the results ledger holds: Table 3 and its ablation beside it under one of the
+profiles that train the paper's budget (:data:`LEDGER_PROFILES`: ``paper``, the reference code's
+protocol, or ``fair``), each with today's config hash and numerics fingerprints, cached on disk
+per code state. Both profiles share one ledger file: a record names its cell by config hash, so a
+cell the two profiles configure alike (Neural Laplace, the Neural Flows) has one record serving
+both.
 
 A config hash needs the models' defaults (torch) and a numerics fingerprint runs a canary, so
 ``nllab ledger status``/``table`` would load torch on every call. Instead :func:`ledger_scope`
@@ -36,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ABLATIONS",
+    "LEDGER_PROFILES",
     "LedgerCell",
     "LedgerScope",
     "ledger_cell_configs",
@@ -50,6 +55,10 @@ ABLATIONS: dict[str, dict[str, dict[str, Any]]] = {
     "stereographic=False": {"neural_laplace": {"stereographic": False}},
 }
 
+#: The profiles whose cells the ledger keeps (:data:`tasks.config.PAPER_BUDGET_PROFILES`), the
+#: default first.
+LEDGER_PROFILES: tuple[str, ...] = ("paper", "fair")
+
 _ROOT = Path(__file__).resolve().parent.parent
 #: What the cached hashes and fingerprints depend on, besides the environment.
 _PACKAGES = ("nlmodels", "datasets", "tasks", "nltrain")
@@ -62,13 +71,19 @@ def paper_config(
     overrides: dict[str, Any] | None = None,
     *,
     config_file: str | Path | None = None,
+    profile: str = "paper",
     **more: Any,
 ) -> RunConfig:
-    """The paper profile (the ledger's protocol), with ``config_file`` layered on it and the
-    ``overrides`` (selection, execution; keyword arguments join them) on top."""
-    from tasks.config import resolve_config
+    """The ledger's ``profile`` (:data:`LEDGER_PROFILES`; default ``paper``), with
+    ``config_file`` layered on it and the ``overrides`` (selection, execution; keyword arguments
+    join them) on top."""
+    from tasks.config import ConfigError, resolve_config
 
-    return resolve_config("paper", config_file, {**(overrides or {}), **more})
+    if profile not in LEDGER_PROFILES:
+        raise ConfigError(
+            f"the ledger keeps the profiles {', '.join(LEDGER_PROFILES)}, not {profile!r}"
+        )
+    return resolve_config(profile, config_file, {**(overrides or {}), **more})
 
 
 @dataclass(frozen=True)
@@ -148,11 +163,12 @@ def ledger_cell_configs(
     systems: Sequence[str] | None = None,
     methods: Sequence[str] | None = None,
     seeds: Sequence[int] | None = None,
+    profile: str = "paper",
 ) -> list[tuple[CellConfig, str]]:
-    """The ledger's cells as configs: the paper profile's (``config_file`` layered on it; the
+    """The ledger's cells as configs: ``profile``'s (``config_file`` layered on it; the
     ``systems``, ``methods`` and ``seeds`` asked for, None: its own), then each ablation's,
     each with its ablation's key ("" for Table 3). Loads the models (torch)."""
-    selection: dict[str, Any] = {"systems": systems}
+    selection: dict[str, Any] = {"systems": systems, "profile": profile}
     if seeds is not None:
         selection["seeds"] = list(seeds)
     base = paper_config(config_file=config_file, methods=methods, **selection)
@@ -173,14 +189,15 @@ def scope_of(
     methods: Sequence[str] | None = None,
     *,
     numerics: Callable[[CellConfig], str | None] | None = None,
+    profile: str = "paper",
 ) -> LedgerScope:
-    """The scope computed now: the paper profile's cells (``config_file`` layered on it, the
+    """The scope computed now: ``profile``'s cells (``config_file`` layered on it, the
     ``systems``/``methods`` asked for, None: its own) and those of each ablation, with
     ``numerics(cell)`` (today's fingerprints) if given. Loads the models (torch)."""
     from tasks._names import SYSTEM_NAMES, plugin_systems
 
-    base = paper_config(config_file=config_file, systems=systems, methods=methods)
-    tagged = ledger_cell_configs(config_file, systems=systems, methods=methods)
+    base = paper_config(config_file=config_file, systems=systems, methods=methods, profile=profile)
+    tagged = ledger_cell_configs(config_file, systems=systems, methods=methods, profile=profile)
     cells = tuple(
         LedgerCell(
             c.system,
@@ -216,11 +233,13 @@ def ledger_scope(
     methods: Sequence[str] | None = None,
     *,
     say: Callable[[str], None] | None = None,
+    profile: str = "paper",
 ) -> LedgerScope:
-    """:func:`scope_of` with today's numerics, read from ``$NLLAB_HOME/ledger`` when computed
-    before at this code state (standard library only), else computed once and cached; ``say``
-    is told when it computes. Selections within the paper profile's own systems and methods
-    share its scope (one cache file; :meth:`LedgerScope.select` narrows it)."""
+    """:func:`scope_of` (of ``profile``) with today's numerics, read from
+    ``$NLLAB_HOME/ledger`` when computed before at this code state (standard library only),
+    else computed once and cached; ``say`` is told when it computes. Selections within the
+    profile's own systems and methods share its scope (one cache file;
+    :meth:`LedgerScope.select` narrows it)."""
     from tasks._names import MAIN_SYSTEMS, METHODS
 
     if (
@@ -233,6 +252,7 @@ def ledger_scope(
         None if config_file is None else str(config_file),
         None if systems is None else tuple(systems),
         None if methods is None else tuple(methods),
+        profile,
     )
     path = home_folder() / "ledger" / f"scope-{key[:24]}.json" if key else None
     if path is not None and (cached := _read(path)) is not None:
@@ -242,7 +262,7 @@ def ledger_scope(
             "ledger: computing today's config hashes and numerics fingerprints (once per code "
             "state; cached under $NLLAB_HOME/ledger)"
         )
-    scope = scope_of(config_file, systems, methods, numerics=cell_numerics)
+    scope = scope_of(config_file, systems, methods, numerics=cell_numerics, profile=profile)
     if path is not None:
         _write(path, scope)
     return scope
@@ -250,14 +270,19 @@ def ledger_scope(
 
 @functools.cache
 def _code_state(
-    config_file: str | None, systems: tuple[str, ...] | None, methods: tuple[str, ...] | None
+    config_file: str | None,
+    systems: tuple[str, ...] | None,
+    methods: tuple[str, ...] | None,
+    profile: str = "paper",
 ) -> str | None:
     """The cache key of a scope (None: not cacheable: a config file that declares systems).
 
     Once per process: loading the models sets the portable CPU mode's variables
     (:mod:`nlmodels._numerics`), which are part of the key, so a key taken after that would
     differ from the one the same process took before."""
-    h = hashlib.sha256(f"{_FORMAT}; {sys.version}; {systems}; {methods}".encode())
+    # the paper profile's key as it was before there were two (its cached scopes stay valid)
+    named = "" if profile == "paper" else f"; {profile}"
+    h = hashlib.sha256(f"{_FORMAT}; {sys.version}; {systems}; {methods}{named}".encode())
     if config_file is not None:
         text = Path(config_file).read_bytes()
         if b"define_systems" in text:

@@ -2,12 +2,14 @@
 table`` and ``ledger run`` share (the command line formats and prints; this module keeps data).
 
 **The counting rule.** A cell counts as *recorded* when the ledger holds a record under its
-config hash today (:class:`tasks.ledger_scope.LedgerCell`), whatever numerics made it: the
-record at today's numerics fingerprints if there is one, else the latest line. A counted record
-made by other numerics than today's is flagged ``older`` (listed by ``status``, retrained by
-``ledger run --refresh-older``), one that predates fingerprints is flagged ``predates``;
-records only under another config hash count for nothing (``other_config``, listed). Every
-view's mean ± std and verdict (:func:`tasks.verdict.verdict`) are over the counted records.
+config hash today (:class:`tasks.ledger_scope.LedgerCell`) that names the numerics that made it:
+the record at today's numerics fingerprints if there is one, else the latest line. A counted
+record made by other numerics than today's is flagged ``older`` (listed by ``status``, retrained
+by ``ledger run --refresh-older``). A record that predates fingerprints (no commit, hardware or
+numerics can be checked: it could not be retrained to the same bits) counts for nothing: its
+cell is ``predates``, listed, and trained again by ``ledger run``; records only under another
+config hash count for nothing either (``other_config``, listed). Every view's mean ± std (the
+sample std, ddof 1) and verdict (:func:`tasks.verdict.verdict`) are over the counted records.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Literal
 
 from tasks.ledger import LedgerRecord
 from tasks.ledger_scope import LedgerCell
-from tasks.reporting import PAPER_STEREOGRAPHIC, ResultsTable, results_table
+from tasks.reporting import PAPER_STEREOGRAPHIC, Published, ResultsTable, results_table
 from tasks.tables import Table, TableCell, number
 from tasks.verdict import VERDICT_RULE, Verdict, verdict
 
@@ -38,14 +40,15 @@ __all__ = [
     "ledger_table",
 ]
 
-State = Literal["recorded", "missing", "other_config"]
+State = Literal["recorded", "missing", "predates", "other_config"]
 Numerics = Literal["today", "older", "predates", ""]
 
 
 @dataclass(frozen=True)
 class CellState:
     """Where one cell stands in the ledger, with the record that counts for it (or, under
-    ``other_config``, the latest record under another config hash)."""
+    ``predates``, its latest record without fingerprints; under ``other_config``, the latest
+    record under another config hash)."""
 
     cell: LedgerCell
     state: State
@@ -53,12 +56,12 @@ class CellState:
 
     @property
     def numerics(self) -> Numerics:
-        """Of a recorded cell's record: made by today's numerics, by ``older`` (other) ones, or
-        ``predates`` fingerprints ("" when not recorded)."""
+        """Of a cell's record under today's config: made by today's numerics, by ``older``
+        (other) ones, or ``predates`` fingerprints (uncounted); "" when there is none."""
+        if self.state == "predates":
+            return "predates"
         if self.state != "recorded" or self.record is None:
             return ""
-        if self.record.numerics is None:
-            return "predates"
         today = self.cell.numerics
         return "today" if today is None or self.record.numerics == today else "older"
 
@@ -72,9 +75,12 @@ def cell_states(records: Iterable[LedgerRecord], cells: Sequence[LedgerCell]) ->
     for c in cells:
         mine = by_cell.get(c.key, [])
         current = [r for r in mine if r.config_hash == c.config_hash]
-        if current:
-            today = [r for r in current if c.numerics is not None and r.numerics == c.numerics]
-            states.append(CellState(c, "recorded", (today or current)[-1]))
+        counted = [r for r in current if r.numerics is not None]
+        if counted:
+            today = [r for r in counted if c.numerics is not None and r.numerics == c.numerics]
+            states.append(CellState(c, "recorded", (today or counted)[-1]))
+        elif current:
+            states.append(CellState(c, "predates", current[-1]))
         elif mine:
             states.append(CellState(c, "other_config", mine[-1]))
         else:
@@ -163,16 +169,17 @@ def _summary(records: Sequence[LedgerRecord]) -> tuple[float, float | None, int]
     values = [r.test_rmse for r in records]
     if not values:
         return math.nan, None, 0
-    return statistics.fmean(values), statistics.pstdev(values), len(values)
+    std = statistics.stdev(values) if len(values) > 1 else None
+    return statistics.fmean(values), std, len(values)
 
 
-def _ablation_cell(records: Sequence[LedgerRecord], paper: float | None) -> TableCell:
+def _ablation_cell(records: Sequence[LedgerRecord], paper: Published | None) -> TableCell:
     mean, std, n = _summary(records)
-    figure = number(paper) if paper is not None else "—"
+    figure = f"{number(paper.mean)} ± {number(paper.std)}" if paper is not None else "—"
     if not n:
         return TableCell("–", paper=figure)
     text = number(mean) if n == 1 else f"{number(mean)} ± {number(std)}"
-    judged = verdict(mean, std, n, paper) if paper is not None else ""
+    judged = verdict(mean, std, n, paper.mean, paper.std) if paper is not None else ""
     return TableCell(f"{text} (n={n})", paper=figure, verdict=judged)
 
 
@@ -198,9 +205,9 @@ def ablation_table(status: LedgerStatus) -> Table:
         (TableCell(system), off, on) for system, (off, on) in _ablation_cells(status).items()
     )
     caption = (
-        "Table 5 (Neural Laplace, stereographic map off/on): test RMSE, mean ± std over seeds; "
-        "'on' is Table 3's Neural Laplace column; the paper's figure in brackets (— where the "
-        f"paper has none); {VERDICT_RULE}."
+        "Table 5 (Neural Laplace, stereographic map off/on): test RMSE, mean ± std (sample "
+        "std, ddof 1) over seeds; 'on' is Table 3's Neural Laplace column; the paper's mean ± "
+        f"std (5 runs) in brackets (— where the paper has none); {VERDICT_RULE}."
     )
     return Table(("system", "map off (ablation)", "map on (Table 3)"), rows, caption)
 

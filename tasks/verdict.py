@@ -61,8 +61,8 @@ def verdict(
     paper_n: int = PAPER_SEEDS,
     higher_is_better: bool = False,
 ) -> Verdict:
-    """Ours (``mean`` and population ``std``, numpy's default, over ``n`` seeds) against the
-    paper's ``paper`` ± ``paper_std`` (taken as the sample std over ``paper_n`` seeds).
+    """Ours (``mean`` and sample ``std``, ddof 1, over ``n`` seeds) against the paper's
+    ``paper`` ± ``paper_std`` (taken as the sample std over ``paper_n`` seeds).
 
     * both spreads known: Welch's t-test, Welch–Satterthwaite degrees of freedom;
     * the paper's figure has no ± (a single figure): a one-sample t-test of our seeds against it
@@ -81,7 +81,7 @@ def verdict(
     """
     if not (_finite(mean) and _finite(paper)) or n < 1:
         return ""
-    ours = std**2 * n / (n - 1) if n >= 2 and _finite(std) else None
+    ours = std**2 if n >= 2 and _finite(std) else None
     theirs = paper_std**2 if paper_n >= 2 and _finite(paper_std) else None
     if ours is not None and theirs is not None:
         a, b = ours / n, theirs / paper_n

@@ -86,9 +86,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--ledger", metavar="FILE", help="the ledger file (default: results/paper/ledger.jsonl)"
     )
     p.add_argument(
+        "--profile",
+        choices=("paper", "fair"),
+        default="paper",
+        help="whose cells: 'paper' (default), the paper's protocol as its reference code runs "
+        "it; 'fair', the same budget with every baseline on Neural Laplace's terms (one ledger "
+        "file serves both: a cell both configure alike has one record)",
+    )
+    p.add_argument(
         "--config",
         metavar="FILE",
-        help="a config file layered on the paper profile (its cells are the ledger's)",
+        help="a config file layered on the profile (its cells are the ledger's)",
     )
     _add_selection(p)
     scoped: list[tuple[argparse.Action, tuple[str, ...]]] = []
@@ -223,6 +231,7 @@ def _precheck(args: argparse.Namespace) -> None:
 
 def _selection(args: argparse.Namespace) -> dict:
     return {
+        "profile": args.profile,
         "config_file": args.config,
         "systems": cli.split_names(args.systems),
         "methods": cli.split_names(args.methods),
@@ -281,6 +290,7 @@ def _scope(args: argparse.Namespace) -> LedgerScope:
         selection["systems"],
         selection["methods"],
         say=lambda line: print(line, file=sys.stderr, flush=True),
+        profile=selection["profile"],
     )
     outside = sorted(set(selection["seeds"] or ()) - set(scope.seeds))
     if outside:

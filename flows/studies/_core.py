@@ -176,8 +176,8 @@ class StudyContext:
         return self.run.seeds
 
     def pick(self, *, smoke: Any, quick: Any, paper: Any) -> Any:
-        """The value for this profile."""
-        return {"smoke": smoke, "quick": quick, "paper": paper}[self.profile]
+        """The value for this profile (``fair`` trains the paper's budget: ``paper``'s)."""
+        return {"smoke": smoke, "quick": quick, "paper": paper, "fair": paper}[self.profile]
 
     def systems(self, default: Sequence[str]) -> tuple[str, ...]:
         return self.config.systems or tuple(default)

@@ -48,7 +48,7 @@ def aggregate(records: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> pd.D
             {
                 **dict(zip(keys, k)),
                 "value": float(a.mean()) if a.size else math.nan,
-                "std": float(a.std()) if a.size else math.nan,
+                "std": float(a.std(ddof=1)) if a.size > 1 else math.nan,
                 "n": int(a.size),
             }
         )

@@ -11,7 +11,7 @@ SYSTEMS = tuple(PAPER_STEREOGRAPHIC)
 SPEC = StudySpec(
     name="stereographic",
     paper={
-        (system, state): v
+        (system, state): v.mean
         for system, row in PAPER_STEREOGRAPHIC.items()
         for state, v in zip(("off", "on"), row, strict=True)
     },

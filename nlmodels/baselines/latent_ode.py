@@ -26,6 +26,8 @@ __all__ = ["LatentODE"]
 
 Z0Time = Literal["first_observed", "first_query"]
 KLAverage = Literal["values", "latents"]
+Predict = Literal["mean", "sample"]
+Select = Literal["val_rmse", "val_loss"]
 
 
 @register_model("latent_ode")
@@ -44,7 +46,11 @@ class LatentODE(ForecastModel):
     time, as its ``DiffeqSolver`` starts the solve at ``time_steps_to_predict[0]`` (the latent
     path then skips the observed window); ``kl_average = "latents"`` weighs the KL term by its
     mean over latent dimensions, as its ``compute_all_losses`` does, instead of spreading the
-    summed KL over the predicted values.
+    summed KL over the predicted values; ``predict = "sample"`` predicts from one sample of
+    q(z₀ | x), as its ``get_reconstruction(..., n_traj_samples=1)`` does when it is scored, instead
+    of the posterior mean; ``select = "val_loss"`` keeps the weights of the best validation
+    negative ELBO, as its ``train_and_test`` keeps the best ``validation_step`` loss, instead of
+    the best validation RMSE (:attr:`selection_metric`).
 
     Default sizes give 18,069 parameters for D = 1 (paper, Table 7: 18,565).
 
@@ -71,15 +77,20 @@ class LatentODE(ForecastModel):
         adjoint: bool = False,
         z0_time: Z0Time = "first_observed",
         kl_average: KLAverage = "values",
+        predict: Predict = "mean",
+        select: Select = "val_rmse",
     ) -> None:
         super().__init__()
         for name, value, allowed in (
             ("z0_time", z0_time, Z0Time),
             ("kl_average", kl_average, KLAverage),
+            ("predict", predict, Predict),
+            ("select", select, Select),
         ):
             if value not in get_args(allowed):
                 raise ValueError(f"{name} must be one of {get_args(allowed)}, got {value!r}")
-        self.z0_time, self.kl_average = z0_time, kl_average
+        self.z0_time, self.kl_average, self.predict = z0_time, kl_average, predict
+        self.selection_metric = select
         if obs_std <= 0:
             raise ValueError(f"obs_std must be > 0, got {obs_std}")
         if encoder_steps < 1:
@@ -99,8 +110,10 @@ class LatentODE(ForecastModel):
         self.reseed(int(torch.randint(2**62, ()).item()))
 
     def reseed(self, seed: int) -> None:
-        """Restart the stream of the ELBO's standard-normal samples at ``seed``."""
-        self._sample_seed, self._sampler = int(seed), None
+        """Restart the streams of standard-normal samples at ``seed``: the ELBO's, and (seed
+        + 1) the sampled predictions' (``predict = "sample"``), so that predicting never moves
+        the training draws."""
+        self._sample_seed, self._sampler, self._predictor = int(seed), None, None
 
     def _standard_normal(self, like: torch.Tensor) -> torch.Tensor:
         if self._sampler is None or self._sampler.device != like.device:
@@ -108,6 +121,18 @@ class LatentODE(ForecastModel):
         return torch.randn(
             like.shape, generator=self._sampler, dtype=like.dtype, device=like.device
         )
+
+    def _prediction_z0(self, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+        """The z₀ a prediction decodes: the posterior mean, or one sample of it."""
+        if self.predict == "mean":
+            return mean
+        if self._predictor is None or self._predictor.device != std.device:
+            seed = (self._sample_seed + 1) % 2**63
+            self._predictor = torch.Generator(std.device).manual_seed(seed)
+        noise = torch.randn(
+            std.shape, generator=self._predictor, dtype=std.dtype, device=std.device
+        )
+        return mean + std * noise
 
     def _evolve_hidden(
         self, h: torch.Tensor, dt: torch.Tensor, field: Callable | None = None
@@ -177,8 +202,8 @@ class LatentODE(ForecastModel):
         self, obs_t: torch.Tensor, obs_x: torch.Tensor, query_t: torch.Tensor
     ) -> torch.Tensor:
         ot, qt = check_inputs(obs_t, obs_x, query_t, self.state_dim)
-        mean, _ = self.encode(ot, obs_x)
-        return self.decode(self._z0_time(ot, qt), mean, qt)
+        mean, std = self.encode(ot, obs_x)
+        return self.decode(self._z0_time(ot, qt), self._prediction_z0(mean, std), qt)
 
     def _z0_time(self, obs_t: torch.Tensor, query_t: torch.Tensor) -> torch.Tensor:
         return obs_t[:, 0] if self.z0_time == "first_observed" else query_t[:, 0]
@@ -258,9 +283,18 @@ class LatentODE(ForecastModel):
         obs_x: torch.Tensor,
         query_t: torch.Tensor,
     ) -> torch.Tensor:
-        """Each member's :meth:`forward` ``[M, B, T_q, D]`` (the posterior mean decoded)."""
-        mean, _ = self._packed_encode(state, obs_t, obs_x)
-        return self._packed_decode(members, state, run, obs_t, obs_x, query_t, mean)
+        """Each member's :meth:`forward` ``[M, B, T_q, D]`` (the posterior mean decoded, or
+        each member's sample from its own prediction stream)."""
+        mean, std = self._packed_encode(state, obs_t, obs_x)
+        z0 = mean
+        if self.predict == "sample":
+            z0 = torch.stack(
+                [
+                    m._prediction_z0(mu, s)
+                    for m, mu, s in zip(members, mean.unbind(0), std.unbind(0), strict=True)
+                ]
+            )
+        return self._packed_decode(members, state, run, obs_t, obs_x, query_t, z0)
 
     def _packed_encode(self, state, obs_t, obs_x) -> tuple[torch.Tensor, torch.Tensor]:
         if obs_t.dim() != 1:
