@@ -47,6 +47,7 @@ __all__ = [
     "ablation_cells",
     "ablation_table",
     "deleted_run_warning",
+    "model_code_problem",
     "reproduce",
     "reproduce_flow",
     "resolve_model",
@@ -96,12 +97,47 @@ def resolve_model(tracking: Tracking, uri: str) -> ModelRef:
     problem = tracking.registry.run_problem(run_id, allow_deleted=True)
     if problem is not None:
         what = f"version {version} of {name!r}" if version else f"logged model {name!r}"
+        method = _recorded_method(tracking, run_id)
+        code = None if method is None else model_code_problem(method)
+        if code is not None:  # the weights are there; the class that reads them is not
+            raise LookupError(f"{uri} points at {what} (run {run_id}), but {code}")
         raise LookupError(
             f"{uri} points at {what} (run {run_id}), but {problem}; run "
             f"`nllab benchmark` again to train and register a new champion"
         )
     deleted = tracking.queries.get_run_data(run_id).deleted
     return ModelRef(uri, name, version, run_id, deleted)
+
+
+def _recorded_method(tracking: Tracking, run_id: str) -> str | None:
+    """The method tag of run ``run_id``, or ``None`` when the run cannot be read (purged)."""
+    try:
+        return tracking.queries.get_run_data(run_id).tags.get(RunTags.METHOD) or None
+    except Exception:
+        return None
+
+
+def model_code_problem(method: str) -> str | None:
+    """Why the class of model ``method`` cannot be imported in this process, with how to make
+    it importable (its module on Python's path, or its package installed), or ``None``."""
+    from nlmodels import MODELS
+    from nlmodels.model_registry import find_model
+
+    fix = "then run this again (no retraining needed: the weights are stored)"
+    try:
+        find_user_modules({"methods": [method]})  # a module:Class beside the user
+        find_model(method)  # a plugin, or the module:Class spelling
+    except ValueError as e:
+        return (
+            f"its model class cannot be imported here: {e}; put its module on Python's path "
+            f"(PYTHONPATH=<the folder holding it>) or pip install its package, {fix}"
+        )
+    if method not in MODELS:
+        return (
+            f"no installed package provides its model {method!r} (an nllab.models plugin): "
+            f"pip install the package that registers it, {fix}"
+        )
+    return None
 
 
 def deleted_run_warning(ref: ModelRef) -> str | None:

@@ -275,6 +275,44 @@ def test_an_alias_whose_run_is_gone_is_replaced_and_reproduce_says_so(
     assert resolve_model(t, uri).run_id == third
 
 
+def test_reproduce_of_a_model_whose_class_is_not_importable_says_how_to_put_it_on_the_path(
+    mlflow_store, tmp_path, monkeypatch, capsys
+):
+    """The weights are stored; only the user's module is missing from the path: the one line
+    names PYTHONPATH / pip install, and does not send the user to retrain."""
+    import sys
+
+    from flows.cli import main
+    from nlmodels import MODELS
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "h58_own_model.py").write_text(
+        "from nlmodels import MODELS\n\nclass Mine(MODELS['node']):\n    pass\n"
+    )
+    method = "h58_own_model:Mine"
+    monkeypatch.syspath_prepend(str(code))
+    with seeded(0):
+        model = build_model(method, 1)
+    t = connect()
+    tags = {"nllab.kind": "cell", "config_hash": "d4" * 32, "method": method}
+    with t.runs.run("cell", tags) as run_id:
+        save_model(model, ModelSpec(method=method, state_dim=1, test_rmse=0.5), tmp_path / "m")
+        t.runs.log_artifact(run_id, tmp_path / "m", "model")
+        t.runs.log_metrics(run_id, {"test_rmse": 0.5})
+    assert t.registry.promote_if_better("own-model", run_id, 0.5).promoted
+    # another session: the module is not on the path, nor in the folder the user stands in
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(code)])
+    monkeypatch.delitem(sys.modules, "h58_own_model")
+    monkeypatch.delitem(MODELS, method)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["reproduce", "models:/own-model@champion"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "PYTHONPATH" in err and "pip install" in err, err
+    assert "h58_own_model" in err and "nllab benchmark" not in err, err
+
+
 # -- bookkeeping out of sight --------------------------------------------------------------------
 def test_claims_are_not_runs_of_the_users_experiment(mlflow_store):
     t = connect()
