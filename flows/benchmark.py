@@ -37,6 +37,7 @@ __all__ = [
     "benchmark_flow",
     "champions",
     "experiment_hash",
+    "native_kernels_note",
     "registry_name",
     "run_benchmark",
 ]
@@ -119,6 +120,18 @@ def _parent_tags(config: RunConfig, cells: list[CellConfig]) -> dict[str, str]:
     }
 
 
+def native_kernels_note(cells: Sequence[CellConfig], device: str, native: bool) -> str | None:
+    """Which path float64 Neural Laplace cells on the CPU take (the native C kernels or their
+    torch twins), or ``None`` when the run has no such cell (a user's model alone, float32,
+    every cell on CUDA)."""
+    if device == "cuda" or not any(
+        c.method == "neural_laplace" and c.training.dtype == "float64" for c in cells
+    ):
+        return None
+    path = "the native C kernels" if native else "the pure-torch path"
+    return f"float64 Neural Laplace on the CPU runs {path}"
+
+
 @flow(name="nllab-benchmark", log_prints=True)
 def benchmark_flow(
     config: RunConfig,
@@ -138,10 +151,9 @@ def benchmark_flow(
     tracking = connect(config.tracking)
     cells = config.cells()
     # Also builds the kernels once here, before any worker process needs them.
-    logger.info(
-        "float64 Neural Laplace on the CPU runs %s",
-        "the native C kernels" if native_cpu_kernels() else "the pure-torch path",
-    )
+    native = native_cpu_kernels()
+    if kernels_note := native_kernels_note(cells, config.execution.device, native):
+        logger.info(kernels_note)
     with parent_run(
         tracking.runs,
         f"benchmark-{config.profile}",

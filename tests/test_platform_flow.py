@@ -249,3 +249,18 @@ def test_packing_does_not_change_any_result(first):
     packed = {r.key: r.test_rmse for r in first.results}
     for r in summary.results:
         assert abs(r.test_rmse - packed[r.key]) <= 1e-8, r.key
+
+
+def test_the_native_kernels_line_is_said_only_of_a_run_with_float64_neural_laplace_on_the_cpu():
+    from flows.benchmark import native_kernels_note
+
+    with_nl = _config().cells()
+    user_only = _config(methods=["node"]).cells()
+    assert native_kernels_note(with_nl, "cpu", True) == (
+        "float64 Neural Laplace on the CPU runs the native C kernels"
+    )
+    assert "pure-torch path" in str(native_kernels_note(with_nl, "auto", False))
+    assert native_kernels_note(user_only, "cpu", True) is None  # no Neural Laplace cell
+    assert native_kernels_note(with_nl, "cuda", True) is None  # every cell on the GPU
+    float32 = _config(training={"dtype": "float32"}).cells()
+    assert native_kernels_note(float32, "cpu", True) is None
