@@ -20,7 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["Finding", "Status", "check_installation", "diagnose", "failed", "project_packages"]
+__all__ = [
+    "Finding",
+    "Status",
+    "check_installation",
+    "diagnose",
+    "failed",
+    "problem_lines",
+    "project_packages",
+]
 
 Status = Literal["ok", "info", "warn", "fail"]
 
@@ -34,10 +42,34 @@ class Finding:
     label: str
     value: str
     status: Status = "info"
+    #: what explains this failure, when it explains others too (said once, with its checks)
+    cause: str = ""
 
 
 def failed(findings: list[Finding]) -> bool:
     return any(f.status == "fail" for f in findings)
+
+
+def problem_lines(findings: list[Finding]) -> list[str]:
+    """One line per problem: a failure with a :attr:`Finding.cause` grouped with every other
+    failure it explains (``cause: label, label (N checks)``), in first-seen order; any other
+    failure as ``label: value``."""
+    lines: list[str] = []
+    by_cause: dict[str, list[str]] = {}
+    for f in findings:
+        if f.status != "fail":
+            continue
+        if not f.cause:
+            lines.append(f"{f.label}: {f.value}")
+        elif f.cause not in by_cause:
+            by_cause[f.cause] = [f.label]
+            lines.append(f.cause)  # its checks are filled in below
+        else:
+            by_cause[f.cause].append(f.label)
+    for cause, labels in by_cause.items():
+        checks = f" ({len(labels)} checks)" if len(labels) > 1 else ""
+        lines[lines.index(cause)] = f"{cause}: {', '.join(labels)}{checks}"
+    return lines
 
 
 def diagnose(*, fresh: bool = False) -> list[Finding]:
@@ -64,9 +96,7 @@ def _numerics(setup) -> Iterator[Finding]:
     flags = set(cpu_features().split())
     wanted = ("avx2", "fma", "avx512f")
     yield Finding(section, "CPU", f"{_cpu_name()} ({', '.join(f for f in wanted if f in flags)})")
-    status: Status = "ok" if setup.mode == setup.asked else "fail"
-    reason = f" — {setup.reason}" if setup.reason else ""
-    yield Finding(section, "mode", f"{setup.mode} (asked: {setup.asked}){reason}", status)
+    yield _mode(section, setup)
     yield Finding(section, "torch kernels", setup.capability, "info")
     kernels = (
         "the platform's own (nlmodels.accel.portable)"
@@ -74,10 +104,24 @@ def _numerics(setup) -> Iterator[Finding]:
         else "torch's (MKL: bytes differ between CPU vendors)"
     )
     yield Finding(section, "products and functions", kernels, "info")
-    pinned = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
-    yield Finding(section, "pinned", ", ".join(f"{k}={os.environ.get(k, '')}" for k in pinned))
+    names = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
+    pinned = [f"{k}={os.environ[k]}" for k in names if os.environ.get(k)]
+    yield Finding(section, "pinned", ", ".join(pinned) or "nothing")
     if setup.replaced:
         yield Finding(section, "replaced", ", ".join(setup.replaced), "warn")
+
+
+def _mode(section: str, setup) -> Finding:
+    """The mode in effect: as pinned (portable), as asked but not the pinned one (native: a
+    warning, since the bytes checked below will differ), or not as asked (a failure)."""
+    reason = f" — {setup.reason}" if setup.reason else ""
+    value = f"{setup.mode} (asked: {setup.asked}){reason}"
+    if setup.mode != setup.asked:
+        return Finding(section, "mode", value, "fail")
+    if setup.mode != "portable":
+        note = " — bit for bit on this machine only: the pins below are the portable mode's"
+        return Finding(section, "mode", value + note, "warn")
+    return Finding(section, "mode", value, "ok")
 
 
 def _cpu_name() -> str:
@@ -261,8 +305,9 @@ def _pinned(setup, fresh: bool) -> Iterator[Finding]:
             if m is None:
                 yield Finding(section, f"{kind} of {name}", "as pinned", "ok")
             else:
-                value = f"differs ({m.got}, pinned {m.pinned}): {_cause(kind, setup)}"
-                yield Finding(section, f"{kind} of {name}", value, "fail")
+                value = f"differs ({m.got}, pinned {m.pinned})"
+                cause = _cause(kind, setup)
+                yield Finding(section, f"{kind} of {name}", value, "fail", cause)
     how = "computed now" if computed else "this machine's earlier check of today's code"
     yield Finding(section, "checked", f"{how}; pinned with {PINNED_WITH}")
     yield Finding(section, "runs tagged", f"numerics.pinned = {check.verdict}")
@@ -280,7 +325,7 @@ def _cause(kind: str, setup) -> str:
         )
     if setup.mode != "portable":
         return (
-            f"the {setup.mode} CPU numerics: torch's {setup.capability} kernels and MKL "
-            "(the pins are the portable mode's)"
+            f"the {setup.mode} CPU numerics (torch's {setup.capability} kernels and MKL) compute "
+            "other bytes than the portable mode's pins (NLLAB_CPU_NUMERICS=portable checks them)"
         )
     return f"torch {torch.__version__} or glibc {platform.libc_ver()[1]} computes other bytes"

@@ -53,12 +53,58 @@ def test_doctor_names_what_differs_exits_1_and_tags_the_next_runs(home, monkeypa
     assert main(["doctor", "--fresh"]) == 1
     captured = capsys.readouterr()
     assert "✗ training of node" in captured.out
-    assert "nllab doctor: 1 problem:" in captured.err
-    assert "training of node:" in captured.err
+    assert "nllab doctor: 1 failed check, 1 problem:" in captured.err
+    assert "computes other bytes: training of node\n" in captured.err
     # kept in the home: read back without computing, as a cell's run tags read it
     monkeypatch.setattr(nltrain._pinned, "pinned_mismatches", lambda: pytest.fail("recomputed"))
     assert last_pinned_check().verdict == "differs: training of node"
     assert main(["doctor"]) == 1  # warm: the kept check, no recomputation
+
+
+def test_another_numerics_mode_says_its_cause_once_with_the_checks_it_explains(
+    home, monkeypatch, capsys
+):
+    """In the native mode every training digest differs for one reason: said once on stderr
+    with the checks it explains; the mode is not marked as pinned, and nothing unset is listed
+    as pinned."""
+    import nlmodels
+    from nlmodels import NumericsSetup
+
+    native = NumericsSetup(asked="native", mode="native", capability="AVX512", kernels="torch")
+    monkeypatch.setattr(nlmodels, "require_numerics", lambda: native)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    names = ("node", "anode", "latent_ode")
+    _fake_check(
+        monkeypatch,
+        [Mismatch("training", n, "0" * 16, nltrain.PINNED["training"][n]) for n in names],
+    )
+    assert main(["doctor", "--fresh"]) == 1
+    captured = capsys.readouterr()
+    assert "! mode" in captured.out and "✓ mode" not in captured.out
+    assert "ONEDNN_MAX_CPU_ISA=" not in captured.out
+    err = captured.err.strip().splitlines()
+    assert err[0] == "nllab doctor: 3 failed checks, 1 problem:", err
+    assert len(err) == 2 and err[1].count("the native CPU numerics") == 1, err
+    assert err[1].endswith(
+        ": training of anode, training of latent_ode, training of node (3 checks)"
+    )
+
+
+def test_problems_of_one_cause_are_one_line_and_the_others_one_each():
+    from tasks.doctor import Finding, problem_lines
+
+    found = [
+        Finding("s", "a", "differs (1, pinned 2)", "fail", "torch 9 computes other bytes"),
+        Finding("s", "home", "not writable", "fail"),
+        Finding("s", "ok", "fine", "ok", "never said"),
+        Finding("s", "b", "differs (3, pinned 4)", "fail", "torch 9 computes other bytes"),
+        Finding("s", "c", "differs (5, pinned 6)", "fail", "numpy 3 computes other bytes"),
+    ]
+    assert problem_lines(found) == [
+        "torch 9 computes other bytes: a, b (2 checks)",
+        "home: not writable",
+        "numpy 3 computes other bytes: c",
+    ]
 
 
 def test_a_dependency_missing_from_the_environment_is_named_with_its_modules(tmp_path, monkeypatch):
@@ -109,5 +155,6 @@ def test_doctor_in_the_native_mode_with_default_kernels_names_them(tmp_path):
         timeout=600,
     )
     assert out.returncode == 1, out.stderr
-    assert "the native CPU numerics: torch's DEFAULT kernels and MKL" in out.stderr
+    assert out.stderr.count("the native CPU numerics (torch's DEFAULT kernels and MKL)") == 1
     assert "data of" not in out.stderr  # the data sets are as pinned in either mode
+    assert "✓ mode" not in out.stdout and "ONEDNN_MAX_CPU_ISA=\n" not in out.stdout

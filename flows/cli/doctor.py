@@ -31,7 +31,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tasks.doctor import diagnose, failed
+    from tasks.doctor import diagnose, failed, problem_lines
 
     findings = diagnose(fresh=args.fresh)
     section = None
@@ -41,12 +41,15 @@ def run(args: argparse.Namespace) -> int:
             section = f.section
             print(f"\n{section}")
         print(f"  {_MARK[f.status]} {f.label:<{width}}  {f.value}")
-    bad = [f for f in findings if f.status == "fail"]
+    problems = problem_lines(findings)
     print()
-    if bad:
-        print(f"nllab doctor: {len(bad)} problem{'s' if len(bad) != 1 else ''}:", file=sys.stderr)
-        for f in bad:
-            print(f"  {f.label}: {f.value.split('): ', 1)[-1]}", file=sys.stderr)
+    if problems:
+        failures = sum(f.status == "fail" for f in findings)
+        head = f"{failures} failed check{'s' if failures != 1 else ''}"
+        causes = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
+        print(f"nllab doctor: {head}, {causes}:", file=sys.stderr)
+        for line in problems:
+            print(f"  {line}", file=sys.stderr)
     else:
         print("nllab doctor: all as pinned")
     return 1 if failed(findings) else 0
