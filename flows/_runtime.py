@@ -14,6 +14,7 @@ import atexit
 import gc
 import logging
 import os
+import random
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -108,6 +109,34 @@ def server_log() -> Path:
     return folder / "prefect-server.log"
 
 
+#: The temporary server's port generator (seeded from the OS: see ``find_available_port``).
+_PORTS = random.Random()
+#: Ports tried in turn when another process's server answers on the one picked.
+_START_ATTEMPTS = 5
+
+
+def serves(pid: int, port: int | None) -> bool:
+    """Whether process ``pid`` holds the socket listening on 127.0.0.1:``port`` (from Linux's
+    ``/proc``; True where the socket table cannot be read: nothing to check against)."""
+    want = f"0100007F:{port or 0:04X}"
+    try:
+        table = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    except OSError:
+        return True
+    listening = {f"socket:[{f[9]}]" for f in table if f[1] == want and f[3] == "0A"}
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False  # the process is gone
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in listening:
+                return True
+        except OSError:
+            continue  # closed meanwhile
+    return False
+
+
 class _GuardedServer(SubprocessASGIServer):
     """Prefect's temporary server, in its own session and stopped when its parent is gone."""
 
@@ -135,21 +164,47 @@ class _GuardedServer(SubprocessASGIServer):
             start_new_session=True,
         )  # fmt: skip
 
+    def find_available_port(self) -> int:
+        # A generator of its own: Prefect draws from Python's global one, which any code of the
+        # process may have seeded, and two processes seeded alike would pick the same ports.
+        for _ in range(10):
+            port = _PORTS.choice(self._port_range)
+            if self.is_port_available(port):
+                return port
+        raise RuntimeError("Unable to find an available port after multiple attempts")
+
     def start(self, timeout: int | None = None) -> None:
+        from flows.faults import EnvironmentFault
+
+        # Servers of processes started together on one Prefect home would migrate its database
+        # at the same time: one starts (and migrates) at a time.
+        with exclusive(Path(PREFECT_HOME.value()).expanduser() / ".nllab-server-start.lock"):
+            for _ in range(_START_ATTEMPTS):
+                self._start_once(timeout)
+                if self.server_process is None or serves(self.server_process.pid, self.port):
+                    return
+                # Another process's server answered on the port this one was to bind: never
+                # use it (its flow runs would land in another home); start again elsewhere.
+                self.server_process.terminate()
+                self.server_process, self.running, self.port = None, False, None
+        raise EnvironmentFault(
+            f"Prefect's temporary server: {_START_ATTEMPTS} ports in a row answered with "
+            "another process's server; run again, or start one server for both "
+            "(`prefect server start`) and set PREFECT_API_URL"
+        )
+
+    def _start_once(self, timeout: int | None) -> None:
         from flows.faults import EnvironmentFault
         from flows.prefect_server import start_timeout_message, startup_timeout
 
         seconds = timeout or max(1, round(startup_timeout()))
-        # Servers of processes started together on one Prefect home would migrate its database
-        # at the same time: one starts (and migrates) at a time.
-        with exclusive(Path(PREFECT_HOME.value()).expanduser() / ".nllab-server-start.lock"):
-            try:
-                super().start(seconds)
-            except RuntimeError as e:
-                if "Timed out while attempting to connect" not in str(e):
-                    raise
-                what = "Prefect's temporary server"
-                raise EnvironmentFault(start_timeout_message(what, seconds)) from None
+        try:
+            super().start(seconds)
+        except RuntimeError as e:
+            if "Timed out while attempting to connect" not in str(e):
+                raise
+            what = "Prefect's temporary server"
+            raise EnvironmentFault(start_timeout_message(what, seconds)) from None
 
     def stop(self) -> None:
         # Ask it to stop, without waiting: it shuts down (gracefully, in its own session) while
