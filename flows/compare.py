@@ -32,6 +32,7 @@ __all__ = [
     "CELLS_ARTIFACT",
     "NoComparison",
     "UnknownRun",
+    "benchmark_of",
     "benchmark_runs",
     "cells_hash",
     "cells_record",
@@ -75,6 +76,18 @@ def benchmark_runs(queries: Queries) -> list[StoredRun]:
         for r in queries.finished_runs("benchmark")
         if r.cells_with_results is None or r.cells_with_results > 0
     ]
+
+
+def benchmark_of(queries: Queries, profile: str, config_hashes: Iterable[str]) -> StoredRun | None:
+    """The latest finished benchmark with results of ``profile`` whose cells are these
+    (``config_hashes``), else the latest of ``profile`` (a selection of its cells), else
+    ``None``: the benchmark a report of these cells speaks of, whatever ran since in other
+    profiles."""
+    cells = _Cells(queries)
+    wanted = cells_hash(config_hashes)
+    of_profile = [r for r in benchmark_runs(queries) if r.profile == profile]
+    same = next((r for r in of_profile if cells.identity(r) == wanted), None)
+    return same or next(iter(of_profile), None)
 
 
 def _started(ms: int) -> str:

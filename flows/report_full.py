@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from flows._report_folder import MANIFEST, OwnedFolder, UnownedFiles
-from flows.compare import benchmark_runs
+from flows.compare import benchmark_of, benchmark_runs
 from tasks.config import RunConfig
 from tasks.reporting import PAPER_BUDGET, ResultsTable, results_table
 from tasks.results import CellResult
@@ -98,11 +98,13 @@ def stored_cell_results(
     """Every cell of ``config``: its finished run (with the top-share metrics) or ``missing``.
 
     A cell whose run is a child of ``parent_run_id`` (by default the latest finished benchmark
-    with results) was trained by that benchmark (status ``finished``, shown as "trained"); any
-    other finished run was reused from an earlier one (``reused``)."""
-    if parent_run_id is None:
-        parent_run_id = next((r.run_id for r in benchmark_runs(queries)), None)
+    with results of the same profile and cells, :func:`flows.compare.benchmark_of`, whatever
+    ran since in other profiles) was trained by that benchmark (status ``finished``, shown as
+    "trained"); any other finished run was reused from an earlier one (``reused``)."""
     cells = config.cells()
+    if parent_run_id is None:
+        run = benchmark_of(queries, config.profile, (c.config_hash() for c in cells))
+        parent_run_id = run.run_id if run is not None else None
     done = queries.finished_cells(c.config_hash() for c in cells)
     out = []
     for c in cells:
@@ -242,14 +244,17 @@ def collect_sections(
 
 def _benchmark_section(queries: Queries, results, profile: str | None, link) -> ReportSection:
     title, ref = "Main table", "Table 3 (Table:MainMSE)"
-    found = benchmark_config(queries)
-    run_id = found[1] if found else None
     if results is None:
+        found = benchmark_config(queries)
         if found is None:
             return ReportSection("benchmark", title, ref, None, "–", {}, {})
         results, profile = stored_cell_results(queries, found[0]), found[0].profile
+        run_id: str | None = found[1]
     elif profile is None:
         raise ValueError("the profile the results were trained in is needed to judge them")
+    else:  # the benchmark of these cells, not the latest of any profile
+        run = benchmark_of(queries, profile, (r.config_hash for r in results if r.config_hash))
+        run_id = run.run_id if run is not None else None
     table = results_table(results, profile=profile)
     # A cell links to the run of its first finished seed.
     links = {}

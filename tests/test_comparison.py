@@ -118,22 +118,32 @@ def test_compare_says_which_benchmark_has_nothing_before_it(mlflow_store, capsys
     assert f"as {only} (profile smoke, " in out and " UTC, 1 of 1 cells with results)" in out
 
 
+def _records_of(config) -> list[dict]:
+    """The ``cells.json`` records of every cell of ``config``, each finished at 0.3."""
+    return [
+        {**c, "config_hash": cell.config_hash(), "method": cell.method, "seed": cell.seed}
+        for c, cell in zip(_cells([0.3] * len(config.cells())), config.cells(), strict=True)
+    ]
+
+
+def _cell_runs(tracker, config, parent: str) -> None:
+    """A finished cell run of each cell of ``config`` under benchmark run ``parent``."""
+    for cell in config.cells():
+        tags = {RunTags.KIND: "cell", RunTags.CONFIG_HASH: cell.config_hash()}
+        with tracker.runs.run("cell", tags, parent) as run_id:
+            tracker.runs.log_metrics(run_id, {"test_rmse": 0.3})
+
+
 def test_report_defaults_to_the_latest_benchmark_with_results(mlflow_store, tmp_path, capsys):
     from flows.report_full import benchmark_config
     from tasks.config import resolve_config
 
     tracker = connect()
     config = resolve_config("smoke", None, {"systems": ["integro_de"], "methods": ["node"]})
-    cells = [
-        {**c, "config_hash": cell.config_hash(), "method": cell.method, "seed": cell.seed}
-        for c, cell in zip(_cells([0.3] * len(config.cells())), config.cells(), strict=True)
-    ]
+    cells = _records_of(config)
     done = _benchmark(tracker, "smoke", cells, experiment="e")
     tracker.runs.log_text(done, config.model_dump_json(), "run_config.json")
-    for cell in config.cells():
-        tags = {RunTags.KIND: "cell", RunTags.CONFIG_HASH: cell.config_hash()}
-        with tracker.runs.run("cell", tags, done) as run_id:
-            tracker.runs.log_metrics(run_id, {"test_rmse": 0.3})
+    _cell_runs(tracker, config, done)
     failed = [{**c, "status": "failed", "test_rmse": None} for c in cells]
     all_failed = _benchmark(tracker, "smoke", failed, experiment="e")
     tracker.runs.log_text(all_failed, config.model_dump_json(), "run_config.json")
@@ -143,3 +153,30 @@ def test_report_defaults_to_the_latest_benchmark_with_results(mlflow_store, tmp_
     out = capsys.readouterr().out
     assert f"reporting the latest benchmark with results:\n  {done} (profile smoke, " in out
     assert f"{len(cells)} of {len(cells)} cells have finished runs" in out
+
+
+def test_report_speaks_of_the_benchmark_of_its_cells_not_a_later_one_of_another_profile(
+    mlflow_store, tmp_path, capsys
+):
+    """A quick benchmark trained its cells (a second, all-reused invocation made no new parent);
+    a smoke benchmark ran since. The report of the quick cells says the quick benchmark trained
+    them, and compares it with the quick benchmark before it, not with the smoke one."""
+    from tasks.config import resolve_config
+
+    tracker = connect()
+    config = resolve_config("quick", None, {"systems": ["integro_de"], "methods": ["node"]})
+    cells = _records_of(config)
+    earlier = _benchmark(tracker, "quick", cells, experiment="e")
+    trained = _benchmark(tracker, "quick", cells, experiment="e")
+    _cell_runs(tracker, config, trained)
+    smoke = _benchmark(tracker, "smoke", _cells([0.1], tag="s"), experiment="e-smoke")
+
+    argv = ["report", "--profile", "quick", "--systems", "integro_de", "--methods", "node"]
+    assert main([*argv, "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    n = len(cells)
+    assert (
+        f"{n} of {n} cells have finished runs: {n} trained by benchmark {trained}, 0 reused" in out
+    )
+    since = out[out.index("## Since the previous benchmark") :]
+    assert f"benchmark {trained} " in since and f"({earlier}, " in since and smoke not in since

@@ -88,9 +88,10 @@ def test_runs_table_says_trained_for_the_benchmarks_own_cells(mlflow_store, tmp_
     config = resolve_config("smoke", None, selection)
     node, anode = config.cells()
     t = connect()
-    earlier = t.runs.create_run("benchmark-smoke", {"nllab.kind": "benchmark"})
+    tags = {"nllab.kind": "benchmark", "profile": "smoke"}
+    earlier = t.runs.create_run("benchmark-smoke", tags)
     t.runs.end_run(earlier, "FINISHED")
-    latest = t.runs.create_run("benchmark-smoke", {"nllab.kind": "benchmark"})
+    latest = t.runs.create_run("benchmark-smoke", tags)
     for cell, parent in ((node, latest), (anode, earlier)):
         run = t.runs.create_run(
             cell.key, {"nllab.kind": "cell", "config_hash": cell.config_hash()}, parent

@@ -13,7 +13,7 @@ from flows.cli import common as cli
 
 if TYPE_CHECKING:
     from tasks.config import RunConfig
-    from tasks.tracking import Queries
+    from tasks.tracking import Queries, StoredRun
 
 __all__ = ["add_parser", "run"]
 
@@ -81,6 +81,7 @@ def _report(args: argparse.Namespace, config: RunConfig | None) -> int:
     takes the latest finished benchmark's with results (with ``--systems``, … applied to its
     profile).
     """
+    from flows.compare import benchmark_of
     from flows.report_full import stored_cell_results
     from tasks.reporting import results_table
     from tasks.tracking import connect
@@ -90,7 +91,9 @@ def _report(args: argparse.Namespace, config: RunConfig | None) -> int:
         if (chosen := _latest_config(args, queries)) is None:
             return cli.EXIT_FAILED
         config, queries = chosen
-    results = stored_cell_results(queries, config)
+    # the benchmark of these cells: which of them it trained, and what it is compared with
+    run = benchmark_of(queries, config.profile, (c.config_hash() for c in config.cells()))
+    results = stored_cell_results(queries, config, run.run_id if run is not None else None)
     found = sum(r.ok for r in results)
     if not found:
         print(
@@ -102,8 +105,8 @@ def _report(args: argparse.Namespace, config: RunConfig | None) -> int:
     table = results_table(results, profile=config.profile)
     print(table.to_terminal(color=sys.stdout.isatty()))
     paths = _write_report(args, queries, config.profile, results)
-    print(f"{found} of {len(results)} cells have finished runs")
-    print(f"\n## Since the previous benchmark (`nllab compare`)\n\n{_comparison(queries)}")
+    print(f"{found} of {len(results)} cells have finished runs{_trained(results, run)}")
+    print(f"\n## Since the previous benchmark (`nllab compare`)\n\n{_comparison(queries, run)}")
     print(f"written: {', '.join(str(p) for p in paths.results)}")
     print(f"full report of the latest benchmark and study runs: {paths.html} ({paths.markdown})")
     return 0
@@ -161,11 +164,23 @@ def _write_report(args: argparse.Namespace, queries: Queries, profile: str, resu
         ) from None
 
 
-def _comparison(queries: Queries) -> str:
-    """The latest benchmark beside the earlier one of its cells (changed cells only)."""
+def _trained(results, run: StoredRun | None) -> str:
+    """``: N trained by benchmark RUN, M reused from earlier runs`` (what that benchmark did)."""
+    trained = sum(r.status == "finished" for r in results)
+    reused = sum(r.status == "reused" for r in results)
+    if run is None:
+        return ": every one from an earlier run (no finished benchmark of these cells)"
+    return f": {trained} trained by benchmark {run.run_id}, {reused} reused from earlier runs"
+
+
+def _comparison(queries: Queries, run: StoredRun | None) -> str:
+    """Benchmark ``run`` (the one of the reported cells) beside the earlier one of its profile
+    and cells (changed cells only)."""
     from flows.compare import comparison_rows, comparison_section, comparison_summary
 
-    text, comparison = comparison_section(queries)
+    if run is None:
+        return "nothing to compare: no finished benchmark of these cells"
+    text, comparison = comparison_section(queries, run.run_id)
     if comparison is None:
         return text
     changed = [r for r in comparison_rows(comparison) if r["verdict"] != "unchanged"]
