@@ -38,11 +38,12 @@ def _counts(status: LedgerStatus, ablation: bool) -> str | None:
         return None
     n = Counter(s.state for s in states)
     older = sum(s.numerics == "older" for s in states)
-    predates = sum(s.numerics == "predates" for s in states)
     what = "the stereographic ablation (Table 5)" if ablation else "Table 3"
+    predates = n["predates"]
     return (
         f"{what}: {n['recorded']} of {len(states)} selected cells recorded ({older} by older "
-        f"numerics, {predates} predate numerics fingerprints), {n['missing']} missing, "
+        f"numerics), {n['missing']} missing, {predates} whose record{'s' if predates != 1 else ''}"
+        " predate numerics fingerprints (not counted: `ledger run` trains them again), "
         f"{n['other_config']} recorded under another config only"
     )
 
@@ -164,12 +165,22 @@ def status_text(status: LedgerStatus, path: Path) -> str:
             f"{label}: {len(states)} recorded by older numerics (commit {', '.join(commits)}): "
             f"{_cells_phrase(states, systems)}; `ledger run --refresh-older` retrains them"
         )
-    for s in status.states:
-        if s.state == "other_config" and s.record is not None:
-            lines.append(
-                f"{s.cell.label}: recorded under another config only (config "
-                f"{s.record.config_hash[:12]}, commit {(s.record.commit or 'unknown')[:12]})"
-            )
+    predating = [s for s in status.states if s.state == "predates"]
+    for label, states in _by_label(predating).items():
+        lines.append(
+            f"{label}: {len(states)} recorded before numerics fingerprints (not counted): "
+            f"{_cells_phrase(states, systems)}; `ledger run` trains them again"
+        )
+    other = [s for s in status.states if s.state == "other_config" and s.record is not None]
+    for label, states in _by_label(other).items():
+        configs = sorted({s.record.config_hash[:12] for s in states if s.record})
+        shown = ", ".join(configs[:3]) + (
+            f" and {len(configs) - 3} more" if len(configs) > 3 else ""
+        )
+        lines.append(
+            f"{label}: {len(states)} recorded under another config only (config {shown}): "
+            f"{_cells_phrase(states, systems)}"
+        )
     return "\n".join(lines)
 
 

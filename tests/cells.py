@@ -57,7 +57,7 @@ def ledger_record(system="integro_de", method="neural_laplace", seed=0, **kw) ->
         seed=seed,
         config_hash="h" * 64,
         commit="abc",
-        numerics=None,
+        numerics="today",
         test_rmse=0.01,
         best_val_rmse=0.01,
         rmse_without_top=0.01,

@@ -149,7 +149,7 @@ def test_results_table_statistics():
     t = results_table(_results(), profile="paper")
     f = t.frame.set_index(["method", "system"])
     assert f.loc[("node", "integro_de"), "mean"] == pytest.approx(0.15)
-    assert f.loc[("node", "integro_de"), "std"] == pytest.approx(np.std([0.1, 0.2]))
+    assert f.loc[("node", "integro_de"), "std"] == pytest.approx(np.std([0.1, 0.2], ddof=1))
     assert f.loc[("neural_laplace", "spiral_dde"), "n_seeds"] == 1
     assert f.loc[("neural_laplace", "spiral_dde"), "n_failed"] == 1
     assert np.isnan(f.loc[("node", "spiral_dde"), "mean"])

@@ -118,7 +118,7 @@ def test_report_in_a_real_browser(report):
             if not values:
                 assert text.startswith("failed"), text
                 continue
-            expected = f"{np.mean(values):.4g} ± {np.std(values):.4g}"
+            expected = f"{np.mean(values):.4g} ± {np.std(values, ddof=1):.4g}"
             assert text.startswith(expected), (row[0], system, text)
             assert "paper " in text  # the paper's figure beside ours
     flagged = facts.rows[METHODS.index("anode")][1]

@@ -38,7 +38,7 @@ def test_terminal_table_fits_and_keeps_every_cell(width):
     for s in SYSTEMS:
         for m in METHODS:
             v = [r.test_rmse for r in results if (r.system, r.method) == (s, m)]
-            assert f"{np.mean(v):.4g} ± {np.std(v):.4g}" in text
+            assert f"{np.mean(v):.4g} ± {np.std(v, ddof=1):.4g}" in text
 
 
 def test_every_format_shows_the_same_cells_and_marks_the_best():

@@ -10,6 +10,11 @@ import pytest
 from tasks.verdict import VERDICT_RULE, t_test_p_value, verdict
 
 
+def sample_std(population_std: float, n: int) -> float:
+    """The sample std (ddof 1, what :func:`verdict` takes) of ``n`` values of that spread."""
+    return population_std * math.sqrt(n / (n - 1))
+
+
 @pytest.mark.parametrize("df", [0.7, 1.0, 2.0, 3.4, 4.0, 8.0, 30.0, 500.0])
 @pytest.mark.parametrize("t", [0.0, 0.3, 1.0, 2.0, 2.776, 4.5, 12.0])
 def test_p_value_is_students_t(t, df):
@@ -23,19 +28,19 @@ def test_welch_on_the_ledgers_own_cells():
     # 0.2833 ± 0.0032: our sample std 0.2505·√(3/2) = 0.3068, t = 0.1586 / 0.1771 = 0.90 with
     # 2.0 degrees of freedom, p = 0.46: no difference found, but 0.16 apart, far beyond the
     # paper's ± 0.0032: unclear, not a match
-    assert verdict(0.4419, 0.2505, 3, 0.2833, 0.0032) == "unclear"
+    assert verdict(0.4419, sample_std(0.2505, 3), 3, 0.2833, 0.0032) == "unclear"
     # Neural Laplace, Mackey–Glass: 0.02869 ± 0.02202 (5) against 0.0282 ± 0.0246: a match
-    assert verdict(0.02869, 0.02202, 5, 0.0282, 0.0246) == "match"
+    assert verdict(0.02869, sample_std(0.02202, 5), 5, 0.0282, 0.0246) == "match"
     # node, spiral: 0.03148 ± 0.001413 (3 seeds) against 0.0389 ± 0.0029: t = −4.5, p < 0.01
-    assert verdict(0.03148, 0.001413, 3, 0.0389, 0.0029) == "better"
+    assert verdict(0.03148, sample_std(0.001413, 3), 3, 0.0389, 0.0029) == "better"
     # the same means, the spreads swapped onto the other side: worse is symmetric
-    assert verdict(0.0389 + 0.0074, 0.001413, 3, 0.0389, 0.0029) == "worse"
+    assert verdict(0.0389 + 0.0074, sample_std(0.001413, 3), 3, 0.0389, 0.0029) == "worse"
 
 
 def test_welch_by_hand_at_the_threshold():
-    # Two samples of 5 with equal sample std 1 (population std √(4/5)): se = √(2/5),
-    # df = 8; the 5 % two-sided critical t is 2.306; the paper's ± is 1.
-    std, se = math.sqrt(4 / 5), math.sqrt(2 / 5)
+    # Two samples of 5 with equal sample std 1: se = √(2/5), df = 8; the 5 % two-sided
+    # critical t is 2.306; the paper's ± is 1.
+    std, se = 1.0, math.sqrt(2 / 5)
     assert verdict(0.9, std, 5, 0.0, 1.0) == "match"  # t = 1.42, within ± 1
     assert verdict(2.30 * se, std, 5, 0.0, 1.0) == "unclear"  # 1.455 away: beyond ± 1
     assert verdict(-2.32 * se, std, 5, 0.0, 1.0) == "better"
@@ -54,7 +59,7 @@ def test_seeds_against_a_figure_without_spread():
     # sample std 0.01, se 0.01/√3): against 0.0650, t = 0.87, within 10 %: a match; against
     # 0.0614, t = 1.50, 14 % off: unclear; against 0.03, t = 6.9: worse (the paper's std
     # unknown or NaN alike).
-    std = math.sqrt(2 / 3) * 0.01
+    std = 0.01
     assert verdict(0.07, std, 3, 0.0650) == "match"
     assert verdict(0.07, std, 3, 0.0614) == "unclear"
     assert verdict(0.07, std, 3, 0.03, float("nan")) == "worse"
