@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sqlite3
+import sys
 import time
+import tomllib
 from collections.abc import Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass
@@ -208,14 +211,56 @@ def artifacts_from_server(api: str, prefix: str) -> list[StoredArtifact]:
     ]
 
 
+#: The settings that move where artifacts are read: a server, or another database.
+_WHERE_SETTINGS = (
+    "PREFECT_API_URL",
+    "PREFECT_API_DATABASE_CONNECTION_URL",
+    "PREFECT_SERVER_DATABASE_CONNECTION_URL",
+)
+
+
+def _default_database() -> Path | None:
+    """``PREFECT_HOME/prefect.db`` when nothing can point Prefect elsewhere, found without
+    importing Prefect (its settings take seconds to load): Prefect not loaded yet (settings
+    changed in this process), none of :data:`_WHERE_SETTINGS` in the environment or the active
+    profile, and no settings file in the working directory. ``None``: ask Prefect."""
+    if "prefect" in sys.modules or any(os.environ.get(k) for k in _WHERE_SETTINGS):
+        return None
+    home = Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
+    profiles = Path(os.environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml")
+    try:
+        found = tomllib.loads(profiles.read_text()) if profiles.is_file() else {}
+    except (OSError, ValueError):
+        return None
+    active = os.environ.get("PREFECT_PROFILE") or found.get("active") or "ephemeral"
+    profile = (found.get("profiles") or {}).get(active) or {}
+    if not isinstance(profile, dict) or any(k in profile for k in _WHERE_SETTINGS):
+        return None
+    here = Path.cwd()
+    if (here / "prefect.toml").exists() or "PREFECT_" in _text(here / ".env"):
+        return None
+    if "[tool.prefect" in _text(here / "pyproject.toml"):
+        return None
+    return home / "prefect.db"
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace") if path.is_file() else ""
+    except OSError:
+        return ""
+
+
 def read_artifacts(prefix: str = "nllab-") -> tuple[list[StoredArtifact], str]:
     """The artifacts whose key starts with ``prefix``, newest first, and where they were read
     (the server at ``PREFECT_API_URL``, else the local database; none there yet: empty)."""
-    from prefect.settings import PREFECT_API_URL
+    path = _default_database()
+    if path is None:
+        from prefect.settings import PREFECT_API_URL
 
-    if api := PREFECT_API_URL.value():
-        return artifacts_from_server(api, prefix), f"the Prefect server at {api}"
-    path = prefect_database()
+        if api := PREFECT_API_URL.value():
+            return artifacts_from_server(api, prefix), f"the Prefect server at {api}"
+        path = prefect_database()
     if path is None:
         raise ArtifactsUnreadable(
             "the Prefect database is not a sqlite file: set PREFECT_API_URL to its server"

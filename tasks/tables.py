@@ -7,12 +7,14 @@ from __future__ import annotations
 import html
 import textwrap
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import pandas as pd
 
 from tasks.verdict import Verdict
+
+if TYPE_CHECKING:  # pandas loads only where a frame is given (nllab artifacts has none)
+    import pandas as pd
 
 __all__ = [
     "VERDICT_COLOURS",
@@ -83,11 +85,13 @@ class TableCell:
 
 @dataclass(frozen=True)
 class Table:
-    """Rows of :class:`TableCell` under a header; the first column labels the rows."""
+    """Rows of :class:`TableCell` under a header; the first ``keys`` columns label the rows
+    (a terminal table too wide for one block repeats them in each)."""
 
     header: tuple[str, ...]
     rows: tuple[tuple[TableCell, ...], ...]
     caption: str = ""
+    keys: int = 1
 
     @classmethod
     def from_frame(cls, frame: pd.DataFrame, caption: str = "") -> Table:
@@ -174,18 +178,21 @@ def _cell_lines(c: TableCell) -> list[str]:
 
 
 def _terminal(t: Table, width: int, color: bool) -> str:
-    """Columns split into blocks (the row labels repeated) so no line exceeds ``width``."""
+    """Columns split into blocks (the row labels, the first ``t.keys`` columns, repeated) so no
+    line exceeds ``width``."""
     cells = [[_cell_lines(c) for c in row] for row in t.rows]
     ncol = len(t.header)
+    keys = list(range(max(1, min(t.keys, ncol))))
     widths = [
         max([len(t.header[j])] + [len(line) for row in cells for line in row[j]])
         for j in range(ncol)
     ]
-    label_w = min(widths[0], width // 3)
-    widths = [min(w, width - label_w - 2) for w in widths]
+    widths[0] = min(widths[0], width // 3)
+    label_w = sum(widths[j] + 2 for j in keys) - 2
+    widths = [w if j in keys else min(w, width - label_w - 2) for j, w in enumerate(widths)]
     blocks: list[list[int]] = [[]]
     used = label_w
-    for j in range(1, ncol):
+    for j in range(len(keys), ncol):
         if blocks[-1] and used + 2 + widths[j] > width:
             blocks.append([])
             used = label_w
@@ -197,18 +204,15 @@ def _terminal(t: Table, width: int, color: bool) -> str:
 
     out: list[str] = []
     for cols in blocks:
-        idx = [0, *cols]
-        head = "  ".join(
-            fit(t.header[j], widths[j] if j else label_w).ljust(widths[j] if j else label_w)
-            for j in idx
-        )
-        out += [head.rstrip(), "  ".join("─" * (widths[j] if j else label_w) for j in idx)]
+        idx = [*keys, *cols]
+        head = "  ".join(fit(t.header[j], widths[j]).ljust(widths[j]) for j in idx)
+        out += [head.rstrip(), "  ".join("─" * widths[j] for j in idx)]
         for r, row in enumerate(t.rows):
             height = max(len(cells[r][j]) for j in idx)
             for k in range(height):
                 parts = []
                 for j in idx:
-                    w = widths[j] if j else label_w
+                    w = widths[j]
                     lines = cells[r][j]
                     text = fit(lines[k], w).ljust(w) if k < len(lines) else " " * w
                     if color and row[j].verdict and k == 0:
@@ -219,7 +223,7 @@ def _terminal(t: Table, width: int, color: bool) -> str:
     for row in t.rows:  # flags as footnotes: "⚠ row / column: why"
         for j, c in enumerate(row):
             if c.flag:
-                note = f"⚠ {row[0].text} / {t.header[j]}: {c.flag}"
+                note = f"⚠ {' / '.join(row[k].text for k in keys)} / {t.header[j]}: {c.flag}"
                 out += textwrap.wrap(note, width, subsequent_indent="  ")
     if t.caption:
         out += textwrap.wrap(t.caption, width)

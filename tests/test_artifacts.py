@@ -85,3 +85,60 @@ def test_a_busy_database_is_read_again_then_said_in_one_line(
         assert main(["artifacts", "--key", KEY]) == 0
     out = capsys.readouterr().out
     assert "0.1235" in out and f"read from {copy}" in out
+
+
+def _artifacts_database(path, rows) -> None:
+    """A Prefect database holding one benchmark results table (the columns that are read)."""
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE artifact (key, type, created, description, data)")
+        db.execute(
+            "INSERT INTO artifact VALUES (?, 'table', '2026-11-28 10:00:00', 'results', ?)",
+            ("nllab-benchmark-quick-results", json.dumps(json.dumps(rows))),
+        )
+        db.commit()
+
+
+def test_artifacts_are_read_keyed_by_system_and_method_without_loading_prefect(tmp_path):
+    """The default database is found without Prefect's settings (seconds to load); a table too
+    wide for the terminal repeats the system and the method in each block; a profile that
+    points Prefect at another database is still obeyed."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    wide = {f"column_{i}": "0.1234" for i in range(12)}
+    _artifacts_database(
+        tmp_path / "prefect" / "prefect.db",
+        [{"method": m, "system": s, **wide} for m in ("node", "anode") for s in ("sine", "square")],
+    )
+    env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "NLLAB_HOME": str(tmp_path)}
+    cmd = [sys.executable, "-X", "importtime", "-m", "flows.cli", "artifacts"]
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if "|" in line}
+    assert loaded and not loaded & {"prefect", "pandas"}
+    blocks = [b for b in r.stdout.split("\n\n") if "column_" in b]
+    assert len(blocks) > 1
+    for block in blocks:
+        assert block.splitlines()[-6].split()[:2] == ["method", "system"], block
+        assert [line.split()[:2] for line in block.splitlines()[-4:]] == [
+            ["node", "sine"],
+            ["node", "square"],
+            ["anode", "sine"],
+            ["anode", "square"],
+        ]
+
+    elsewhere = tmp_path / "elsewhere.db"
+    _artifacts_database(elsewhere, [{"method": "node", "system": "sine", "mean": "0.5"}])
+    (tmp_path / "prefect" / "profiles.toml").write_text(
+        'active = "mine"\n[profiles.mine]\n'
+        f'PREFECT_API_DATABASE_CONNECTION_URL = "sqlite+aiosqlite:///{elsewhere}"\n'
+    )
+    r = subprocess.run(
+        cmd[:1] + cmd[3:], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0 and f"read from {elsewhere}" in r.stdout, r.stdout + r.stderr

@@ -41,6 +41,29 @@ def test_terminal_table_fits_and_keeps_every_cell(width):
             assert f"{np.mean(v):.4g} ± {np.std(v, ddof=1):.4g}" in text
 
 
+def test_a_table_keyed_by_two_columns_repeats_both_in_each_block_of_a_split_table():
+    header = ("method", "system", *(f"column {i}" for i in range(8)))
+    rows = tuple(
+        tuple(TableCell(x) for x in (m, s, *(f"{i}.123456" for i in range(8))))
+        for m in ("node", "anode")
+        for s in ("spiral_dde", "integro_de")
+    )
+    text = render_table(Table(header, rows, keys=2), "terminal", width=60)
+    blocks = [b for b in text.split("\n\n") if b.strip()]
+    assert len(blocks) > 1 and max(len(line) for line in text.splitlines()) <= 60
+    for block in blocks:
+        head, _, *body = block.splitlines()
+        assert head.split()[:2] == ["method", "system"], block
+        assert [line.split()[:2] for line in body] == [
+            ["node", "spiral_dde"],
+            ["node", "integro_de"],
+            ["anode", "spiral_dde"],
+            ["anode", "integro_de"],
+        ]
+    one_key = render_table(Table(header, rows), "terminal", width=60)  # the default: one
+    assert "system" not in one_key.split("\n\n")[1]
+
+
 def test_every_format_shows_the_same_cells_and_marks_the_best():
     _, table = _table()
     main = table.main_table({("node", "spiral_dde"): "http://ui/#/runs/x"})

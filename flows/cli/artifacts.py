@@ -12,6 +12,9 @@ __all__ = ["add_parser", "run"]
 
 #: The artifacts a benchmark publishes, by key suffix, in the order they are shown.
 _BENCHMARK_SUFFIXES = ("-results", "-comparison-table", "-comparison")
+#: Columns that name a row (a cell's system and method): leading a table, they are repeated in
+#: each block of a table too wide for the terminal.
+_ROW_KEYS = ("system", "method", "cell", "seed")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -45,7 +48,9 @@ def _show(artifact) -> str:
     if artifact.type == "table" and isinstance(data, list) and data:
         header = tuple(str(k) for k in data[0])
         rows = tuple(tuple(TableCell.of(r.get(k, "")) for k in header) for r in data)
-        return f"{head}\n{render_table(Table(header, rows), 'terminal')}"
+        keys = next((i for i, k in enumerate(header) if k not in _ROW_KEYS), len(header))
+        table = Table(header, rows, keys=max(keys, 1))
+        return f"{head}\n{render_table(table, 'terminal')}"
     return f"{head}\n{data}"
 
 
