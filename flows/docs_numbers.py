@@ -216,6 +216,28 @@ def ledger_seeds(root: Path) -> str:
     return render_table(Table(header, rows, caption), "markdown")
 
 
+def _floors(root: Path) -> dict[str, str]:
+    """System → its seed-0 copy floor, from the record ``benchmarks/copy_floor.py`` writes."""
+    from tasks.measurements import read_measurement
+
+    path = root / "results" / "measurements" / "copy_floor.json"
+    if not path.is_file():
+        return {}
+    return {row[0]: row[1] for row in read_measurement(path).rows}
+
+
+def protocols(root: Path) -> str:
+    """Table 3 by the reference protocol and by the fair one, the best per system under each."""
+    from flows.ledger_text import protocols_markdown
+
+    return protocols_markdown(root / "results" / "paper" / "ledger.jsonl", _floors(root))
+
+
+def protocols_answer(root: Path) -> str:
+    """The fidelity page's answer alone (its first paragraph), for the README."""
+    return protocols(root).split("\n\n", 1)[0]
+
+
 BLOCKS: dict[str, Block] = {
     b.name: b
     for b in (
@@ -225,6 +247,8 @@ BLOCKS: dict[str, Block] = {
         Block("quick-epochs", quick_epochs),
         Block("ledger", ledger_table, LEDGER_BEGIN, LEDGER_END),
         Block("ledger-seeds", ledger_seeds),
+        Block("protocols", protocols),
+        Block("protocols-answer", protocols_answer),
     )
 }
 

@@ -19,6 +19,7 @@ __all__ = [
     "OLDER",
     "forecast_text",
     "ledger_markdown",
+    "protocols_markdown",
     "readme_ledger",
     "status_text",
     "tables",
@@ -261,3 +262,108 @@ def readme_ledger(path: Path) -> str:
     scope = ledger_scope(None, None, None)
     cells = scope.select(ablations=None)
     return ledger_markdown(ledger_status(read_ledger(path, scope), cells))
+
+
+# -- the two protocols side by side (the fidelity page) ------------------------------------------
+#: The ledger's profiles as the fidelity page names them.
+PROTOCOLS = {"paper": "the reference protocol", "fair": "the fair protocol"}
+_BASELINES = ("node", "anode", "latent_ode")
+
+
+def protocols_markdown(path: Path, floors: dict[str, str] | None = None) -> str:
+    """The finding of the fidelity page, from the ledger ``path``: one paragraph with the answer
+    (is Neural Laplace best per system, under the reference protocol and under the fair one; do
+    the reference protocol's baselines come into the paper's bands), the best method per system
+    under each with the paired test between the two best, the copy floor beside it (``floors``:
+    system → its seed-0 floor), then Table 3 under each protocol."""
+    from tasks.ledger import read_ledger
+    from tasks.ledger_scope import ledger_scope
+    from tasks.ledger_views import best_per_system, ledger_status, ledger_table
+    from tasks.reporting import PAPER_MAIN_TABLE
+    from tasks.tables import render_table
+
+    statuses = {}
+    for profile in PROTOCOLS:
+        scope = ledger_scope(None, None, None, profile=profile)
+        statuses[profile] = ledger_status(read_ledger(path, scope), scope.select(ablations=False))
+    best = {p: {b.system: b for b in best_per_system(s)} for p, s in statuses.items()}
+    paper_best = {}
+    for (method, system), figure in PAPER_MAIN_TABLE.items():
+        if system not in paper_best or figure.mean < paper_best[system][1]:
+            paper_best[system] = (method, figure.mean)
+    lines = [_answer(statuses, best, paper_best), ""]
+    head = ["system", "paper: best"]
+    head += [f"{name} (`--profile {p}`): best, runner-up" for p, name in PROTOCOLS.items()]
+    head.append("copy floor (seed 0)")
+    lines += [f"| {' | '.join(head)} |", "|" + "---|" * len(head)]
+    for system, (method, figure) in paper_best.items():
+        cells = [system, f"{method} {figure:.4g}"]
+        cells += [_best_cell(best[p].get(system)) for p in PROTOCOLS]
+        cells.append((floors or {}).get(system, "–"))
+        lines.append(f"| {' | '.join(cells)} |")
+    lines += [
+        "",
+        "Best and runner-up by mean test RMSE over the recorded seeds (n); p: the paired t-test "
+        "between them over the seeds both recorded (a seed's cells share their data set), "
+        "two-sided; a best marked ✱ is ahead at the 5 % level. The copy floor: the lowest test "
+        "RMSE the reference's NODE/ANODE can reach, their first prediction being the last "
+        "observation (`benchmarks/copy_floor.py`).",
+    ]
+    for profile, name in PROTOCOLS.items():
+        status = statuses[profile]
+        counted = status.counted(ablation=False)
+        lines += ["", f"### Table 3 by {name} (`--profile {profile}`)", ""]
+        lines.append(render_table(ledger_table(status)[1], "markdown"))
+        lines += ["", f"{len(counted)} of the {len(status.states)} cells recorded."]
+    return "\n".join(lines)
+
+
+def _best_cell(b) -> str:
+    if b is None:
+        return "–"
+    mark = " ✱" if b.significant else ""
+    text = f"{b.best} {b.best_mean:.4g} (n={b.best_n}){mark}"
+    if b.runner_up is None:
+        return text
+    p = f"p = {b.p_value:.2g}" if b.p_value is not None else "no test"
+    return f"{text}; {b.runner_up} {b.runner_up_mean:.4g} ({p}, {b.paired_seeds} paired)"
+
+
+def _answer(statuses, best, paper_best) -> str:
+    """The finding in a few sentences, every figure counted from the records."""
+    from tasks.tables import VERDICT_MARKS
+
+    nl_paper = sum(m == "neural_laplace" for m, _ in paper_best.values())
+    parts = [f"The paper: Neural Laplace best on {nl_paper} of {len(paper_best)} systems."]
+    for profile, name in PROTOCOLS.items():
+        status, mine = statuses[profile], best[profile].values()
+        complete = [b for b in mine if b.complete]
+        counted = len(status.counted(ablation=False))
+        nl = [b for b in complete if b.best == "neural_laplace"]
+        sig = sum(b.significant for b in nl)
+        others = sorted({b.best for b in complete if b.best != "neural_laplace"})
+        if complete:
+            result = (
+                f"Neural Laplace is best on {len(nl)} of the {len(complete)} systems whose every "
+                f"cell is recorded (ahead at the 5 % level on {sig})"
+                + (f", {', '.join(others)} on the others" if others else "")
+            )
+        else:
+            result = "no system has every method's seeds recorded yet"
+        verdicts = _baseline_verdicts(status)
+        marks = ", ".join(
+            f"{VERDICT_MARKS[v]} {n}" for v, n in Counter(verdicts).most_common() if v
+        )
+        band = f"; the baselines' cells against the paper: {marks}" if marks else ""
+        parts.append(
+            f"By {name} ({counted} of {len(status.states)} cells recorded): {result}{band}."
+        )
+    return " ".join(parts)
+
+
+def _baseline_verdicts(status: LedgerStatus) -> list[str]:
+    """The verdicts of the NODE, ANODE and Latent ODE cells of Table 3 with records."""
+    from tasks.ledger_views import ledger_table
+
+    results, _ = ledger_table(status)
+    return [v for (m, _s), v in results.verdicts().items() if m in _BASELINES and v]

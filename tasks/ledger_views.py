@@ -25,15 +25,17 @@ from tasks.ledger import LedgerRecord
 from tasks.ledger_scope import LedgerCell
 from tasks.reporting import PAPER_STEREOGRAPHIC, Published, ResultsTable, results_table
 from tasks.tables import Table, TableCell, number
-from tasks.verdict import VERDICT_RULE, Verdict, verdict
+from tasks.verdict import ALPHA, VERDICT_RULE, Verdict, t_test_p_value, verdict
 
 __all__ = [
     "PACE_EPOCHS",
+    "BestOfSystem",
     "CellProgress",
     "CellState",
     "LedgerStatus",
     "StatusGroup",
     "ablation_table",
+    "best_per_system",
     "cell_progress",
     "cell_states",
     "ledger_status",
@@ -223,6 +225,77 @@ def _verdicts(status: LedgerStatus) -> dict[tuple[str, str, str], Verdict]:
         if s.cell.ablation:
             out[(s.cell.method, s.cell.ablation, s.cell.system)] = off[s.cell.system].verdict
     return out
+
+
+# -- the best method per system ----------------------------------------------------------------
+@dataclass(frozen=True)
+class BestOfSystem:
+    """The two methods of lowest mean test RMSE on one system (Table 3's counted records), and
+    the paired t-test between them over the seeds both recorded (a seed's cells share their data
+    set: the same system, seed and data config). ``complete``: every selected method of the
+    system has all its selected seeds recorded."""
+
+    system: str
+    best: str
+    best_mean: float
+    best_n: int
+    runner_up: str | None
+    runner_up_mean: float | None
+    paired_seeds: int
+    p_value: float | None
+    complete: bool
+
+    @property
+    def significant(self) -> bool:
+        """Whether the test finds the best ahead of the runner-up at the 5 % level."""
+        return self.p_value is not None and self.p_value < ALPHA
+
+
+def best_per_system(status: LedgerStatus) -> list[BestOfSystem]:
+    """Per system of the selection's Table 3 (in its order), the best method and the runner-up
+    by mean test RMSE over the counted records, with their paired t-test (two-sided,
+    ``k − 1`` degrees of freedom over the ``k`` shared seeds; None under two seeds or without
+    a spread of differences). Systems with no counted record are left out."""
+    table3 = [s for s in status.states if not s.cell.ablation]
+    out = []
+    for system in dict.fromkeys(s.cell.system for s in table3):
+        mine = [s for s in table3 if s.cell.system == system]
+        by_method: dict[str, dict[int, float]] = {}
+        for s in mine:
+            if s.state == "recorded" and s.record is not None:
+                by_method.setdefault(s.cell.method, {})[s.cell.seed] = s.record.test_rmse
+        if not by_method:
+            continue
+        ranked = sorted(by_method, key=lambda m: statistics.fmean(by_method[m].values()))
+        best, second = ranked[0], (ranked[1] if len(ranked) > 1 else None)
+        shared = sorted(set(by_method[best]) & set(by_method[second])) if second else []
+        out.append(
+            BestOfSystem(
+                system,
+                best,
+                statistics.fmean(by_method[best].values()),
+                len(by_method[best]),
+                second,
+                statistics.fmean(by_method[second].values()) if second else None,
+                len(shared),
+                _paired_p([by_method[best][k] - by_method[second][k] for k in shared])
+                if second
+                else None,
+                all(s.state == "recorded" for s in mine),
+            )
+        )
+    return out
+
+
+def _paired_p(differences: Sequence[float]) -> float | None:
+    """Two-sided p-value of the paired t-test of ``differences`` against 0."""
+    k = len(differences)
+    if k < 2:
+        return None
+    sd = statistics.stdev(differences)
+    if sd == 0:
+        return None
+    return t_test_p_value(abs(statistics.fmean(differences)) / (sd / math.sqrt(k)), k - 1)
 
 
 # -- cells training now -------------------------------------------------------------------------
