@@ -198,9 +198,7 @@ def ledger_seeds(root: Path) -> str:
     for r in current:
         dominated = r.top_share is not None and r.top_share > TOP_SHARE_FLAG
         mark = f" ⚠ {r.top_share:.0%}" if dominated else ""
-        by_row.setdefault((r.method, r.ablation, r.system), {})[r.seed] = (
-            number(r.test_rmse) + mark
-        )
+        by_row.setdefault((r.method, r.ablation, r.system), {})[r.seed] = number(r.test_rmse) + mark
     rows = tuple(
         (
             TableCell(f"{m} ({a}) / {s}" if a else f"{m} / {s}"),
