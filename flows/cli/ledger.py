@@ -70,10 +70,11 @@ def _scoped_group(p: argparse.ArgumentParser, title: str, scoped: list) -> _Scop
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "ledger",
-        help="the paper profile's results ledger: status, run the missing cells, Table 3",
-        description="The results ledger of the paper profile (one JSON line per finished "
+        help="the results ledger at the paper's budget: status, run the missing cells, Table 3",
+        description="The results ledger at the paper's budget (one JSON line per finished "
         "full-budget cell, kept in the repository): Table 3's cells and the stereographic "
-        "ablation's (Table 5). 'status': which of its cells are recorded; 'run': train the "
+        "ablation's (Table 5), under the paper profile (the reference code's protocol) or the "
+        "fair one (--profile fair). 'status': which of its cells are recorded; 'run': train the "
         "missing ones (tracked in MLflow, low CPU priority), recording each as it finishes; "
         "'record': record the cells this machine's tracking store finished (a plain `nllab "
         "benchmark --profile paper`, a killed run), training nothing; 'table': Table 3 and "
@@ -124,6 +125,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--readme", metavar="FILE", help="rewrite the generated block of this README"
     )
     p.set_defaults(handler=run, precheck=_precheck, reads_only=_reads_only, scoped=scoped)
+    p.set_defaults(computes=True)  # --device checked, the CPU numerics said (flows.cli.main)
     return p
 
 
