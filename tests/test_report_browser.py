@@ -139,3 +139,80 @@ def test_the_browser_check_catches_a_broken_page(report, tmp_path):
     assert not all(ok for _, ok in facts.images)
     assert any("boom" in c for c in facts.console)
     assert len(facts.rows[-1]) == len(SYSTEMS)  # one cell short of 1 + len(SYSTEMS)
+
+
+# -- the documentation site ------------------------------------------------------------------
+#: Pages a reader opens first, and the ones with the widest tables and code blocks.
+SITE_PAGES = ("index.html", "results/quick.html", "architecture.html", "guide/gpu.html")
+
+
+@pytest.fixture(scope="module")
+def docs_site(tmp_path_factory) -> Path:
+    """The documentation site as ``make docs`` builds it (--strict), into a scratch folder."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("material", reason="the docs extra is not installed (make docs does)")
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path_factory.mktemp("site")
+    argv = [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(out)]
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    r = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+#: What a page reports of itself: requests leaving the site are refused and listed.
+_PAGE_FACTS = """() => {
+  const lines = el => {
+    const s = getComputedStyle(el);
+    const inner = el.clientHeight - parseFloat(s.paddingTop) - parseFloat(s.paddingBottom);
+    return Math.round(inner / parseFloat(s.lineHeight));
+  };
+  const table = document.querySelector(".md-typeset table");
+  return {
+    pageScrolls: document.documentElement.scrollWidth > window.innerWidth,
+    cellLines: table ? Array.from(table.querySelectorAll("tbody td")).map(lines) : [],
+    clippedCode: Array.from(document.querySelectorAll("pre > code"))
+      .filter(c => c.scrollWidth > c.clientWidth + 1).length,
+  };
+}"""
+
+
+def test_the_docs_site_asks_nothing_outside_itself_and_reads_at_1280_pixels(docs_site):
+    """Every page opened as files asks for nothing but the site's own files (no web fonts, no
+    script from a CDN), logs no error, never scrolls sideways as a whole; a table's figures stay
+    on one line (a wide table scrolls inside itself); code blocks fit the text's width."""
+    site = docs_site.resolve().as_uri()
+    outside: list[str] = []
+    console: list[str] = []
+
+    def route(r) -> None:
+        if r.request.url.startswith((site, "data:", "blob:", "about:")):
+            r.continue_()
+        else:
+            outside.append(r.request.url)
+            r.abort()
+
+    facts = {}
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            context = browser.new_context(viewport={"width": 1280, "height": 900})
+            context.route("**/*", route)
+            page = context.new_page()
+            page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+            for name in SITE_PAGES:
+                page.goto((docs_site / name).as_uri(), wait_until="networkidle")
+                facts[name] = page.evaluate(_PAGE_FACTS)
+            page.fill("input.md-search__input", "reproduce")  # search, from files
+            page.wait_for_selector(".md-search-result__item", timeout=15_000)
+        finally:
+            browser.close()
+    assert outside == [] and console == [], (outside, console)
+    assert not any(f["pageScrolls"] for f in facts.values()), facts
+    quick = facts["results/quick.html"]["cellLines"]
+    assert len(quick) == 6 * 7 and set(quick) == {1}, quick  # 0.1368 (paper 0.0389 ± 0.0029)
+    assert facts["architecture.html"]["clippedCode"] == 0
