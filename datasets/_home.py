@@ -1,4 +1,5 @@
-"""The platform's home folder (``$NLLAB_HOME``), checked writable before any work starts.
+"""The platform's home folder (``$NLLAB_HOME``), checked writable before any work starts, and
+the installation's cache, which every home of an installation shares.
 
 Standard library only: every command checks its home before numpy loads.
 """
@@ -6,10 +7,18 @@ Standard library only: every command checks its home before numpy loads.
 from __future__ import annotations
 
 import os
+import stat
+import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["CacheError", "data_home", "require_writable_home"]
+__all__ = [
+    "CacheError",
+    "cache_folders",
+    "data_home",
+    "installation_cache",
+    "require_writable_home",
+]
 
 
 class CacheError(OSError):
@@ -20,6 +29,35 @@ def data_home() -> Path:
     """The platform's data folder: ``$NLLAB_HOME`` if set, else ``~/.nllab`` (never the cwd)."""
     env = os.environ.get("NLLAB_HOME")
     return Path(env).expanduser() if env else Path.home() / ".nllab"
+
+
+def installation_cache(name: str) -> Path | None:
+    """The folder ``name`` of this installation's cache, beside the Python environment the
+    platform runs in (``<sys.prefix>/var/cache/nllab/<name>``; ``$NLLAB_INSTALL_CACHE/<name>``
+    where set), created if missing: for what depends only on the code, the machine and the
+    environment, each entry keyed by them, so that a new home finds what another home of the
+    installation computed. None where it cannot be created, or is not this user's own or can be
+    written by others (an entry planted there would be believed): the caller keeps its entries
+    in the home instead. Whether it can be written is for the caller's write to find."""
+    configured = os.environ.get("NLLAB_INSTALL_CACHE")
+    base = Path(configured).expanduser() if configured else Path(sys.prefix) / "var/cache/nllab"
+    folder = base / name
+    try:
+        folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+        info = folder.stat()
+    except OSError:
+        return None
+    if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return None
+    return folder
+
+
+def cache_folders(name: str) -> list[Path]:
+    """Where a cache of what depends only on the code, the machine and the environment keeps
+    its entries, in the order they are read and written: the installation's folder ``name``
+    (:func:`installation_cache`) where it can be used, then the home's."""
+    shared = installation_cache(name)
+    return [*([shared] if shared is not None else []), data_home() / name]
 
 
 def require_writable_home() -> Path:

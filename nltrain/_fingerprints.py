@@ -36,13 +36,17 @@ of ``nltrain``, ``nlmodels`` and ``datasets`` that a paper-profile cell runs, an
 the native kernels (under gcov), the canary runs too.
 
 Both include the torch and numpy versions. Computing one takes a fraction of a second to a
-few seconds, so each is computed once per *source state* and cached under
-``data_home()/numerics``, keyed by a hash of every file that can move a number
-(:mod:`nltrain._sources`: the packages ``nltrain``, ``nlmodels`` and ``datasets`` whole, and a
-plugin model's whole package), and by the CPU, its C library and every environment variable
-that can move bytes (:func:`nlmodels.numerics_environment`: a home shared by two CPUs, or two
-targets of the native kernels, holds a fingerprint for each): a start with unchanged sources
-reads a small file; an edit recomputes the canary, whose bytes then decide.
+few seconds, so each is computed once per *source state*, keyed by a hash of every file that
+can move a number (:mod:`nltrain._sources`: the packages ``nltrain``, ``nlmodels`` and
+``datasets`` whole, and a plugin model's whole package), and by the CPU, its C library and
+every environment variable that can move bytes (:func:`nlmodels.numerics_environment`: a cache
+shared by two CPUs, or two targets of the native kernels, holds a fingerprint for each): a
+start with unchanged sources reads a small file; an edit recomputes the canary, whose bytes
+then decide. Since nothing in that key is the home's, the file is kept beside the installation
+(:func:`datasets.installation_cache`, ``<sys.prefix>/var/cache/nllab/numerics``), where every
+home of the installation finds it, and in the home (``data_home()/numerics``) only where the
+installation's folder cannot be used or written; a fingerprint is read from the first of the
+two that holds a record of its whole key.
 
 A system split as by default (train-set normalisation, every training trajectory) hashes what
 it hashed before splits were covered. Not covered: CUDA arithmetic (the canary runs on the
@@ -81,12 +85,13 @@ from nltrain._sources import covered_sources
 
 __all__ = [
     "FINGERPRINT_FORMAT",
+    "keep_record",
     "model_fingerprint",
     "model_settings",
+    "read_record",
     "source_key",
     "system_fingerprint",
     "training_digest",
-    "write_record",
 ]
 
 #: Hashed first by the models' and the systems' canaries: bumped when what every one of them
@@ -102,6 +107,14 @@ FINGERPRINT_FORMAT = "3"
 _MEMO: dict[tuple[str, str, str], str] = {}
 _MEMO_LOCK = threading.Lock()
 _TOLD: set[str] = set()
+#: :func:`source_key`'s last key per method, with what it hashed besides the files and the
+#: stamps of the files it read (where each lies, its inode, size, modified and changed times):
+#: files whose stamps are unchanged are not read again. Kept only when every file was last
+#: changed over :data:`_SETTLED_NS` before (git's "racily clean" rule): an edit after that
+#: always gives a newer changed time, whatever the file system's timestamp resolution.
+_Stamp = tuple[str, int, int, int, int, int]
+_KEYS: dict[str | None, tuple[str, tuple[tuple[str, _Stamp], ...], str]] = {}
+_SETTLED_NS = 1_000_000_000
 
 
 def _versions() -> str:
@@ -112,18 +125,35 @@ def source_key(method: str | None = None) -> str:
     """A hash of every file that can move a cell's numbers (:func:`covered_sources`: the
     numeric floors' packages whole, and ``method``'s plugin package), the versions, the native
     kernels' mode and the CPU numerics mode in effect: the cache key of every fingerprint
-    (re-read each call: a few milliseconds)."""
+    (walked each call, a file read again when its stamp changed: a millisecond or two)."""
     h = hashlib.sha256(f"{FINGERPRINT_FORMAT}; {_versions()}".encode())
     h.update(os.environ.get("NLLAB_NATIVE", "auto").encode())
     h.update(_cpu_mark().encode())
     # the CPU and the environment too: a home shared by two CPUs, or another target of the
     # native kernels, computes its own canaries (their bytes then decide)
     h.update(numerics_environment().encode())
-    for name, path in sorted(covered_sources(method).items()):
+    files = sorted(covered_sources(method).items())
+    head, stamps = h.hexdigest(), tuple((name, _stamp(path)) for name, path in files)
+    with _MEMO_LOCK:
+        known = _KEYS.get(method)
+    if known is not None and known[:2] == (head, stamps):
+        return known[2]
+    for name, path in files:
         data = path.read_bytes()
         h.update(f"{name}\0{len(data)}\0".encode())
         h.update(data)
-    return h.hexdigest()
+    key = h.hexdigest()
+    settled = time.time_ns() - _SETTLED_NS
+    if all(stamp[-1] < settled for _, stamp in stamps):
+        with _MEMO_LOCK:
+            _KEYS[method] = (head, stamps, key)
+    return key
+
+
+def _stamp(path: Path) -> _Stamp:
+    """Where ``path`` lies and its device, inode, size, modified and changed times (last)."""
+    info = path.stat()
+    return str(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
 
 
 # -- the canaries -------------------------------------------------------------------------------
@@ -270,27 +300,58 @@ def _system_canary(system: str, split: Mapping[str, Any]) -> str:
 
 
 # -- the cache ----------------------------------------------------------------------------------
-def _cache_dir() -> Path:
-    from datasets import data_home
+def _cache_dirs() -> list[Path]:
+    """Where fingerprints (and this machine's pinned check) are kept, in the order they are
+    read and written: the installation's cache (:func:`datasets.installation_cache`, which
+    every home of the installation shares), where it can be used, then the home's."""
+    from datasets import cache_folders
 
-    return data_home() / "numerics"
+    return cache_folders("numerics")
+
+
+def read_record(name: str) -> dict[str, Any] | None:
+    """The record kept as ``name`` (a JSON object) in the first of the cache folders that
+    holds one, else None."""
+    for folder in _cache_dirs():
+        try:
+            record = json.loads((folder / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict):
+            return record
+    return None
+
+
+def keep_record(name: str, record: Mapping[str, object]) -> None:
+    """Keep ``record`` as ``name`` in the first cache folder that takes it (the installation's,
+    else the home's), atomically: two processes racing write the same bytes. Where none does,
+    the next start only computes it again."""
+    error: OSError | None = None
+    for folder in _cache_dirs():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=folder, delete=False) as f:
+                json.dump(record, f)
+            os.replace(f.name, folder / name)
+            return
+        except OSError as e:
+            error = e
+    print(f"nllab: numerics fingerprint not cached ({error})", file=sys.stderr)
 
 
 def _fingerprint(
     kind: str, name: str, key: str, canary: Callable[[], str], what: str | None = None
 ) -> str:
     """The fingerprint of ``kind`` ``name`` (``what`` it is, in messages; default ``name``) at
-    source state ``key``: memoised, else read from the cache, else ``canary()`` run (one torch
-    thread) and cached."""
+    source state ``key``: memoised, else read from the cache (a record of that whole key), else
+    ``canary()`` run (one torch thread) and cached."""
     memo = (kind, name, key)
     with _MEMO_LOCK:
         if memo in _MEMO:
             return _MEMO[memo]
-    path = _cache_dir() / f"{kind}-{name}-{key[:24]}.json"
-    try:
-        fp = json.loads(path.read_text())["fingerprint"]
-    except (OSError, ValueError, KeyError, TypeError):
-        fp = None
+    file = f"{kind}-{name}-{key[:24]}.json"
+    record = read_record(file) or {}
+    fp = record.get("fingerprint") if record.get("key") == key else None
     if not isinstance(fp, str):
         t0 = time.perf_counter()
         try:
@@ -304,7 +365,7 @@ def _fingerprint(
                 f"{e}); its cells are not reused by numerics",
             )
             return "failed-" + hashlib.sha256(f"{type(e).__name__}: {e}".encode()).hexdigest()[:9]
-        write_record(path, {"fingerprint": fp, "seconds": time.perf_counter() - t0, "key": key})
+        keep_record(file, {"fingerprint": fp, "seconds": time.perf_counter() - t0, "key": key})
     with _MEMO_LOCK:
         _MEMO[memo] = fp
     return fp
@@ -327,18 +388,6 @@ def _one_thread(fn, *args):
         return fn(*args)
     finally:
         torch.set_num_threads(threads)
-
-
-def write_record(path: Path, record: Mapping[str, object]) -> None:
-    """Atomically (two processes racing write the same bytes); a read-only home only costs
-    the next start the canary again."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as f:
-            json.dump(record, f)
-        os.replace(f.name, path)
-    except OSError as e:
-        print(f"nllab: numerics fingerprint not cached ({e})", file=sys.stderr)
 
 
 def _name(base: str, settings: Mapping[str, Any], mark: str = "+") -> str:

@@ -22,7 +22,6 @@ of 37).
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 
 __all__ = [
@@ -184,27 +183,29 @@ def _check_key() -> str:
     return h.hexdigest()[:24]
 
 
-def _check_path(key: str):
-    from datasets import data_home
-
-    return data_home() / "numerics" / f"pinned-{key}.json"
+def _check_record(key: str) -> str:
+    return f"pinned-{key}.json"
 
 
 def last_pinned_check() -> PinnedCheck | None:
     """The check this machine made for today's code, numerics and CPU (``nllab doctor``), read
-    from the home; None when none was made. Computes nothing."""
+    from the numerics cache (the installation's, else the home's: :mod:`nltrain._fingerprints`);
+    None when none was made. Computes nothing."""
+    from nltrain._fingerprints import read_record
+
     key = _check_key()
+    record = read_record(_check_record(key))
     try:
-        record = json.loads(_check_path(key).read_text())
         return PinnedCheck(key, tuple(Mismatch(**m) for m in record["mismatches"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):  # none kept (None), or not a check's record
         return None
 
 
 def check_pinned(*, fresh: bool = False) -> tuple[PinnedCheck, bool]:
     """This machine's :class:`PinnedCheck` and whether it was computed now (else read from the
-    home, where a computed one is kept for :func:`last_pinned_check`); ``fresh`` recomputes."""
-    from nltrain._fingerprints import write_record
+    numerics cache, where a computed one is kept for :func:`last_pinned_check`); ``fresh``
+    recomputes."""
+    from nltrain._fingerprints import keep_record
 
     check = None if fresh else last_pinned_check()
     if check is not None:
@@ -212,5 +213,5 @@ def check_pinned(*, fresh: bool = False) -> tuple[PinnedCheck, bool]:
     key = _check_key()
     check = PinnedCheck(key, tuple(pinned_mismatches()))
     record = {"mismatches": [m.__dict__ for m in check.mismatches], "pinned_with": PINNED_WITH}
-    write_record(_check_path(key), record)
+    keep_record(_check_record(key), record)
     return check, True

@@ -15,6 +15,7 @@ imported them from, so a copy first on ``sys.path`` is the code that is hashed.
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 
 __all__ = ["NUMERIC_PACKAGES", "covered_sources", "plugin_package"]
@@ -35,15 +36,19 @@ def _package_files(name: str) -> dict[str, Path]:
         path = Path(getattr(module, "__file__", None) or "")
         return {path.name: path} if path.is_file() else {}
     out = {}
-    for folder in map(Path, folders):
-        for path in folder.rglob("*"):
-            inside = path.relative_to(folder)
-            if (
-                path.is_file()
-                and path.suffix not in _NOT_SOURCE
-                and "__pycache__" not in inside.parts
-            ):
-                out[f"{name}/{inside.as_posix()}"] = path
+    for folder in folders:  # os.walk: a few times faster than Path.rglob, at every source key
+        for root, dirs, files in os.walk(folder):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            inside = os.path.relpath(root, folder).replace(os.sep, "/")
+            prefix = name if inside == "." else f"{name}/{inside}"
+            for file in files:
+                path = os.path.join(root, file)
+                if (
+                    os.path.splitext(file)[1] not in _NOT_SOURCE
+                    and file != "__pycache__"
+                    and os.path.isfile(path)
+                ):
+                    out[f"{prefix}/{file}"] = Path(path)
     return out
 
 

@@ -15,6 +15,9 @@ import pytest
 _SESSION_HOME = Path(tempfile.mkdtemp(prefix="nllab-test-home-"))
 os.environ["NLLAB_HOME"] = str(_SESSION_HOME)
 os.environ["PREFECT_HOME"] = str(_SESSION_HOME / "prefect")
+# the installation's numerics cache too: a fingerprint computed under a test's patched code
+# must not outlive the session (child processes that set a home of their own inherit it)
+os.environ["NLLAB_INSTALL_CACHE"] = str(_SESSION_HOME / "installation")
 for _var in ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT", "NLLAB_EXPERIMENT", "PREFECT_API_URL"):
     os.environ.pop(_var, None)
 os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"

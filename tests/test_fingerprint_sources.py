@@ -116,6 +116,7 @@ def _child_env(shadow: Path | None, home: Path | None = None) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(shadow or ROOT)}
     if home is not None:
         env["NLLAB_HOME"] = str(home)
+        env["NLLAB_INSTALL_CACHE"] = str(home / "installation")
         for var in (
             "MLFLOW_TRACKING_URI",
             "NLLAB_ARTIFACT_ROOT",

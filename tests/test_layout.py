@@ -346,6 +346,7 @@ TEST_INTERNALS: dict[str, str] = {
     "nltrain._loop": "the training loop's clock, replaced to test time budgets",
     "nltrain._member_products": "per-member products against the batched ones, bit for bit",
     "nltrain._packed_cells": "a pack of one, built directly",
+    "nltrain._pinned": "the check of the pinned bytes, replaced to test where it is kept",
     "nltrain._packer": "the batched step, built directly",
     "nltrain._steps": "a split's tensors and the epoch readout, built directly",
     "tasks._declarations": "the declared systems, restored after a test declares systems",

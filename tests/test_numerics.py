@@ -366,7 +366,7 @@ def test_a_model_that_fails_as_it_runs_gets_a_fingerprint_that_matches_nothing(
     from nlmodels.baselines.ode import NODE
 
     monkeypatch.setattr(numerics, "_TOLD", set())  # told once per process: an earlier test may have
-    monkeypatch.setattr(numerics, "_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(numerics, "_cache_dirs", lambda: [tmp_path])
     monkeypatch.setattr(numerics, "_MEMO", {})
 
     def broken(self, *a, **k):
@@ -377,7 +377,7 @@ def test_a_model_that_fails_as_it_runs_gets_a_fingerprint_that_matches_nothing(
     assert failed.startswith("failed-") and not list(tmp_path.iterdir())  # nothing cached
     assert "the numerics canary of model node (2-D) failed" in capsys.readouterr().err
     monkeypatch.undo()
-    monkeypatch.setattr(numerics, "_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(numerics, "_cache_dirs", lambda: [tmp_path])
     monkeypatch.setattr(numerics, "_MEMO", {})
     assert not numerics.model_fingerprint("node").startswith("failed-")
 
@@ -403,6 +403,7 @@ def test_a_home_shared_by_two_kernel_targets_gives_each_its_own_fingerprint(tmp_
 
     def fingerprint(home: str, march: str) -> str:
         env = {**os.environ, "NLLAB_HOME": home, "NLLAB_CPU_NUMERICS": "native"}
+        env["NLLAB_INSTALL_CACHE"] = f"{home}/installation"  # each home its own installation
         env.update(NLLAB_NATIVE_MARCH=march, PYTHONPATH=str(ROOT))
         done = subprocess.run(
             [sys.executable, "-c", _FINGERPRINT_CHILD],
@@ -455,7 +456,7 @@ def test_a_protocol_that_takes_other_code_has_its_own_fingerprint(tmp_path, monk
     """A cell trained in float32, or without clipping, runs code a float64 clipped cell does
     not: its model fingerprint is that code's. A stop the canary never reaches, or another
     size, is the same fingerprint; so is a data set only larger; noise is not."""
-    monkeypatch.setattr(numerics, "_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(numerics, "_cache_dirs", lambda: [tmp_path])
     monkeypatch.setattr(numerics, "_MEMO", {})
 
     def model(**training) -> str:
