@@ -227,3 +227,27 @@ def test_ledger_retrains_a_predating_column_after_the_first_seeds_and_before_the
     ablation = [("neural_laplace", "stereographic=False", (s,)) for s in range(5)]
     node = [("node", "", (s,)) for s in range(1, 5)]
     assert order == [("node", "", (0,)), ("neural_laplace", "", (0,)), *nl, *ablation, *node]
+
+
+def test_ledger_status_counts_a_record_under_the_profile_whose_cell_it_is(tmp_path, capsys):
+    from cells import ledger_record
+
+    from flows.cli import main
+    from tasks.ledger import append_records
+    from tasks.ledger_scope import paper_config
+
+    (fair,) = paper_config(
+        profile="fair", systems=["integro_de"], methods=["node"], seeds=[0]
+    ).cells()
+    path = tmp_path / "ledger.jsonl"
+    append_records(path, [ledger_record("integro_de", "node", 0, config_hash=fair.config_hash())])
+    args = ["ledger", "status", "--ledger", str(path), "--methods", "node", "--seeds", "0"]
+    assert main([*args, "--systems", "integro_de", "--profile", "fair", "--no-ablation"]) == 0
+    assert "Table 3: 1 of 1 selected cells recorded" in capsys.readouterr().out
+    assert main([*args, "--systems", "integro_de", "--no-ablation"]) == 0  # the paper profile
+    out = capsys.readouterr().out
+    assert "Table 3: 0 of 1 selected cells recorded" in out
+    assert "node: 1 recorded under another config only" in out
+    with pytest.raises(SystemExit) as refused:  # not a ledger profile: argparse's usage error
+        main([*args, "--profile", "quick"])
+    assert refused.value.code == 2
