@@ -7,21 +7,27 @@
 #   make gpu-check   for a short GPU window (< 8 min on one H100): pytest -m gpu, the throughput
 #                    table, NL beside torchlaplace, a 20-epoch paper slice and the projection of
 #                    the paper profile, in gpu-check/summary.md (CPU parts only without CUDA)
-# GPU users: install your CUDA build of torch into $(VENV) first (see README), or set TORCH_SPEC.
+# GPU users: name your CUDA build of torch with TORCH_SPEC (docs/guide/gpu.md), e.g.
+#   make setup TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 
 PYTHON ?= python3
 VENV ?= .venv
+# The torch installed into $(VENV), as pip's arguments (a requirement, then any pip options).
+# By default a torch already in $(VENV) is kept; named on the command line (or in the
+# environment), TORCH_SPEC is installed even over one (a CPU torch replaced by a CUDA build).
 TORCH_SPEC ?= torch==2.13.0
+TORCH_ASKED := $(filter command line environment,$(origin TORCH_SPEC))
+TORCH_ARGS := $(foreach word,$(TORCH_SPEC),'$(word)')
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup benchmark test test-slow test-cluster docs lint bench clean-venv wheelhouse gpu-check
+.PHONY: setup benchmark test test-slow test-cluster docs lint bench clean-venv wheelhouse gpu-check torch-asked
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(if $(TORCH_ASKED),torch-asked)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(if $(TORCH_ASKED),,$(PY) -c "import torch" 2>/dev/null || )$(PY) -m pip install --quiet $(TORCH_ARGS)
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
