@@ -14,9 +14,10 @@ them).
   elementary function (exp, tanh, sin ...) through the platform's own kernels
   (:mod:`nlmodels.accel.portable`: MKL, which torch calls for them, cannot be pinned on non-Intel
   CPUs).
-  The data sets never call BLAS (:mod:`datasets`). On other CPUs, or without a C compiler for the
-  native kernels, the mode is unavailable and the process runs as in ``native`` (the ``numerics``
-  tag and ``nllab doctor`` say which, and why).
+  The data sets never call BLAS (:mod:`datasets`). On other CPUs, or without the native
+  kernels (no C compiler, no writable cache, a failed self-test), the mode is unavailable and
+  the process runs as in ``native``: :func:`numerics_downgrade` is the line that says so, which
+  commands print first and cell runs are tagged with; ``nllab doctor`` fails.
 * ``native``: each CPU's fastest code (the user's ``ATEN_CPU_CAPABILITY`` and ``MKL_CBWR`` are
   kept; MKL strict mode when unset; kernels for ``-march=native``): the same bytes on one
   machine, not across CPUs.
@@ -70,6 +71,7 @@ __all__ = [
     "cpu_mode",
     "cpu_mode_in_effect",
     "mkl_position_independent",
+    "numerics_downgrade",
     "numerics_in_effect",
     "numerics_note",
     "numerics_tag",
@@ -101,6 +103,7 @@ class NumericsSetup:
             platform's kernels, :mod:`nlmodels.accel.portable`) or ``torch`` (MKL through torch).
         replaced: the user's environment values the mode replaced (``NAME=value``).
         reason: why the mode in effect is not the one asked for (empty when it is).
+        fix: what gives the mode asked for (with ``reason``).
     """
 
     asked: str
@@ -109,6 +112,7 @@ class NumericsSetup:
     kernels: str
     replaced: tuple[str, ...] = ()
     reason: str = ""
+    fix: str = ""
 
     @property
     def label(self) -> str:
@@ -181,7 +185,8 @@ def _take_effect(asked: str, replaced: tuple[str, ...]) -> NumericsSetup:
         return NumericsSetup(asked, "native", capability, "torch", replaced)
     if not portable_cpu():
         reason = "this CPU lacks AVX2 or FMA"
-        return NumericsSetup(asked, "native", capability, "torch", replaced, reason)
+        fix = f"none on this CPU ({MODE_VARIABLE}=native says so)"
+        return NumericsSetup(asked, "native", capability, "torch", replaced, reason, fix)
     if capability.lower() != PORTABLE_ENV["ATEN_CPU_CAPABILITY"]:
         raise NumericsError(
             f"torch already computes with its {capability} kernels in this process (it ran before "
@@ -189,9 +194,39 @@ def _take_effect(asked: str, replaced: tuple[str, ...]) -> NumericsSetup:
             f"torch computation, or set {MODE_VARIABLE}=native"
         )
     if not portable_kernels.install():
-        reason = f"no native kernels for the portable mode ({native.build_failure()})"
-        return NumericsSetup(asked, "native", capability, "torch", replaced, reason)
+        failure = native.build_failure() or "?"
+        reason = f"no native kernels for the portable mode ({failure})"
+        return NumericsSetup(asked, "native", capability, "torch", replaced, reason, _fix(failure))
     return NumericsSetup(asked, "portable", capability, "portable", replaced)
+
+
+def _fix(failure: str) -> str:
+    """What makes the native kernels build, load and pass their self-test, by ``failure``."""
+    if "no C compiler" in failure:
+        return "install a C compiler (gcc or clang; CC names another one) and run again"
+    if "self-test" in failure:
+        return (
+            "`nllab doctor` names the failing check; "
+            f"{MODE_VARIABLE}=native accepts this CPU's own bytes"
+        )
+    return (
+        "point NLLAB_NATIVE_CACHE to a folder only you can write (chmod 700) with room for "
+        "the kernels, and run again"
+    )
+
+
+def numerics_downgrade() -> str:
+    """One line when the numerics in effect are not the ones asked for (empty when they are,
+    or before they take effect): which, why, what it means for the bytes and how to get the
+    mode asked for. Entry points print it, the library never does."""
+    setup = _setup
+    if setup is None or setup.mode == setup.asked:
+        return ""
+    return (
+        f"the CPU numerics are {setup.label}, not the {setup.asked} ones asked for: "
+        f"{setup.reason}. This run's bytes are this CPU's own: they will not match the pinned "
+        f"ones nor a {setup.asked} run's on any machine. Fix: {setup.fix}"
+    )
 
 
 def numerics_note() -> str:

@@ -117,7 +117,8 @@ def _mode(section: str, setup) -> Finding:
     reason = f" — {setup.reason}" if setup.reason else ""
     value = f"{setup.mode} (asked: {setup.asked}){reason}"
     if setup.mode != setup.asked:
-        return Finding(section, "mode", value, "fail")
+        fix = f"; fix: {setup.fix}" if setup.fix else ""
+        return Finding(section, "mode", value + fix, "fail")
     if setup.mode != "portable":
         note = " — bit for bit on this machine only: the pins below are the portable mode's"
         return Finding(section, "mode", value + note, "warn")

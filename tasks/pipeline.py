@@ -28,6 +28,7 @@ from nlmodels import (
     build_model,
     cpu_mode_in_effect,
     native_cpu_kernels,
+    numerics_downgrade,
     numerics_tag,
 )
 from nltrain import (
@@ -300,10 +301,13 @@ def evaluate_cell(
 
 
 def _training_tags(cell: CellConfig, result: TrainResult, device: torch.device) -> dict:
-    """How a cell trained: why it stopped, where, packed with how many, which kernels, and
-    whether this machine computes the pinned bytes (when ``nllab doctor`` checked it)."""
+    """How a cell trained: why it stopped, where, packed with how many, which kernels, whether
+    this machine computes the pinned bytes (when ``nllab doctor`` checked it), and why the CPU
+    numerics are not the ones asked for (when they are not)."""
     check = last_pinned_check() if device.type == "cpu" else None
     pinned = {} if check is None else {RunTags.NUMERICS_PINNED: check.verdict}
+    if device.type == "cpu" and (downgrade := numerics_downgrade()):
+        pinned[RunTags.NUMERICS_DOWNGRADE] = downgrade[:5000]
     return {
         **pinned,
         "stopped": result.stopped,

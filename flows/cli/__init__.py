@@ -42,6 +42,7 @@ from flows.cli.common import (
     Parser,
     UsageError,
     add_runner_options,
+    check_device,
     parse_seeds,
     split_names,
 )
@@ -128,11 +129,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Ctrl-C and SIGTERM: one path (running cells end KILLED), 130 or 143.
         with stop_signals(abandon=lambda code: _abandon(args.command, code)):
+            if getattr(args, "computes", False):
+                check_device(args)  # --device cuda without CUDA: before anything loads
             if (check := getattr(args, "precheck", None)) is not None:
                 check(args)  # names, files, registry URIs: before torch, MLflow or Prefect load
             reads_only = getattr(args, "reads_only", None)
             if reads_only is None or not reads_only(args):  # (a command that only reads files)
                 home = _check_home()
+                if getattr(args, "computes", False):
+                    _say_numerics(args.command)
             with contained():  # user code (a simulator, a plugin) leaving by sys.exit
                 return args.handler(args)
     except (ConfigError, UsageError, CommandFailed, UserCodeExit) as e:
@@ -160,6 +165,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"nllab {args.command}: error: {e}", file=sys.stderr)
             return EXIT_USAGE
         raise
+
+
+def _say_numerics(command: str) -> None:
+    """The CPU numerics of a command that computes, set up now: when they are not the ones
+    asked for (no C compiler, no writable kernel cache, a failed self-test), one line says so
+    before any work, with what it means for the bytes and the fix."""
+    import nlmodels
+
+    nlmodels.require_numerics()
+    if line := nlmodels.numerics_downgrade():
+        print(f"nllab {command}: warning: {line}", file=sys.stderr)
 
 
 def _interrupted(command: str) -> str:

@@ -43,7 +43,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="write the finished run to FILE (results/quick/PROFILE.json: the record the "
         "README's and the docs' figures are generated from)",
     )
-    p.set_defaults(handler=run, precheck=precheck)
+    p.set_defaults(handler=run, precheck=precheck, computes=True)
     return p
 
 

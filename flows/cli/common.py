@@ -22,12 +22,14 @@ __all__ = [
     "UsageError",
     "add_runner_options",
     "add_selection",
+    "check_device",
     "check_environment",
     "check_names",
     "check_registry_uri",
     "check_storage",
     "check_store_paths",
     "check_tracking_server",
+    "cuda_missing",
     "parse_seeds",
     "port",
     "positive_int",
@@ -347,14 +349,43 @@ def resolve(args: argparse.Namespace, profile: str | None = None):
                 f"({getattr(error, 'strerror', None) or error}): start it "
                 "(`dask scheduler --port PORT`) or correct --dask-address"
             )
-    if config.execution.device == "cuda":
-        from nltrain import select_device
-
-        try:
-            select_device("cuda")
-        except RuntimeError as e:
-            raise UsageError(str(e)) from None
+    if config.execution.device == "cuda" and (reason := cuda_missing()) is not None:
+        raise UsageError(reason)
     return config
+
+
+def check_device(args: argparse.Namespace) -> None:
+    """``--device cuda`` where there is no CUDA: :class:`UsageError` at once (exit 2), before
+    Prefect or the data load, and before torch when its build has no CUDA at all."""
+    if getattr(args, "device", None) == "cuda" and (reason := cuda_missing()) is not None:
+        raise UsageError(reason)
+
+
+def cuda_missing() -> str | None:
+    """Why torch cannot compute on CUDA here (None: it can): read from the files of a CPU
+    build of torch without importing it, else asked of torch itself."""
+    from importlib.metadata import PackageNotFoundError, version
+    from importlib.util import find_spec
+
+    spec = find_spec("torch")
+    folders = [Path(f) / "lib" for f in (spec.submodule_search_locations or ())] if spec else []
+    gpu = ("libtorch_cuda*.so", "libtorch_hip*.so")  # what CUDA and ROCm builds load
+    if folders and not any(next(f.glob(g), None) for f in folders for g in gpu):
+        try:
+            build = f"torch {version('torch')}"
+        except PackageNotFoundError:
+            build = "this torch"
+        return (
+            f"device 'cuda' was requested but CUDA is not available ({build} is a CPU build); "
+            "use --device cpu or --device auto, or install a CUDA build of torch"
+        )
+    from nltrain import select_device
+
+    try:
+        select_device("cuda")
+    except RuntimeError as e:
+        return str(e)
+    return None
 
 
 # -- checks before the heavy stack ------------------------------------------------------------

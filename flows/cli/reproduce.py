@@ -33,7 +33,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--fresh-data", action="store_true", help="re-simulate instead of reading the data cache"
     )
-    p.set_defaults(handler=run, precheck=precheck)
+    p.set_defaults(handler=run, precheck=precheck, computes=True)
     return p
 
 

@@ -25,7 +25,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument("--port", type=port, default=4200, help="port for --start-server")
     p.add_argument("--check", action="store_true", help="validate and list, do not serve")
-    p.set_defaults(handler=run, precheck=precheck)
+    p.set_defaults(handler=run, precheck=precheck, computes=True)
     return p
 
 

@@ -92,7 +92,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument("--max-workers", type=int, metavar="N", help="cells trained at once")
     cli.add_runner_options(p)
-    p.set_defaults(handler=run, precheck=precheck)
+    p.set_defaults(handler=run, precheck=precheck, computes=True)
     return p
 
 

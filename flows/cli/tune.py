@@ -49,7 +49,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     cli.add_training_options(p, budget_default="none")
     p.add_argument("--device", choices=DEVICES, default="cpu")
     cli.add_runner_options(p)  # thread unless --task-runner dask or --dask-address
-    p.set_defaults(handler=run, precheck=precheck)
+    p.set_defaults(handler=run, precheck=precheck, computes=True)
     return p
 
 

@@ -42,6 +42,9 @@ class RunTags:
     CPU_NUMERICS = "numerics.cpu"  # portable or native CPU arithmetic (nlmodels._numerics)
     #: This machine's bytes against the pinned ones (``nllab doctor``; absent: never checked).
     NUMERICS_PINNED = "numerics.pinned"
+    #: Why the CPU numerics are not the mode asked for, what that means for the bytes and the
+    #: fix (``nlmodels.numerics_downgrade``; absent: the mode asked for ran).
+    NUMERICS_DOWNGRADE = "numerics.downgrade"
     #: A hash of a benchmark's experiment (its config without execution settings).
     EXPERIMENT_HASH = "nllab.experiment_hash"
     #: A hash of a benchmark's cells (their config hashes, which never change with the code).

@@ -5,7 +5,8 @@ loads a library that this user built and that nobody else could have replaced:
 
 * the cache directory (``$NLLAB_NATIVE_CACHE``, else ``$XDG_CACHE_HOME/nllab/native`` or
   ``~/.cache/nllab/native``) must be owned by this user and writable by nobody else; one that is
-  not is refused with a warning, and the next safe choice is used: the default directory, else a
+  not, or that this process cannot write (a read-only cache), is refused with a warning, and the
+  next choice is used: the default directory, the home's (``$NLLAB_HOME/native``), else a
   private temporary one;
 * each build records the library's SHA-256 and its self-test result in a sidecar file
   (``<library>.json``, written atomically); a library is loaded only when its bytes match the
@@ -81,8 +82,16 @@ def unsafe_reason(path: Path) -> str | None:
     return None
 
 
+def _home_dir() -> Path:
+    """``native`` in the platform's home (``$NLLAB_HOME``, else ``~/.nllab``, as
+    ``datasets.data_home``): the cache of a process whose cache folders cannot be written."""
+    home = os.environ.get("NLLAB_HOME")
+    return (Path(home).expanduser() if home else Path.home() / ".nllab") / "native"
+
+
 def _usable_dir(path: Path) -> str | None:
-    """Create ``path`` (private) if missing; None when it is safe to build and load in."""
+    """Create ``path`` (private) if missing; None when it is safe to build and load in, and
+    this process can write there."""
     if not path.exists():
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,15 +102,22 @@ def _usable_dir(path: Path) -> str | None:
             return f"cannot be created ({error.strerror})"
     if not path.is_dir():
         return "not a directory"
-    return unsafe_reason(path)
+    if (reason := unsafe_reason(path)) is not None:
+        return f"{reason}: another user could plant a library there"
+    try:
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as error:
+        return f"not writable ({error.strerror or error})"
+    return None
 
 
 def cache_dir() -> Path:
-    """The first safe cache directory: the configured one, the default one, or a private one."""
+    """The first safe and writable cache directory: the configured one, the default one, the
+    home's, or a private temporary one (built afresh by each process)."""
     global _private_dir
     configured = os.environ.get("NLLAB_NATIVE_CACHE")
     candidates = [Path(configured).expanduser()] if configured else []
-    candidates.append(_default_dir())
+    candidates += [_default_dir(), _home_dir()]
     refused = []
     for candidate in dict.fromkeys(candidates):
         reason = _usable_dir(candidate)
@@ -118,7 +134,7 @@ def cache_dir() -> Path:
         warnings.warn(
             "nlmodels: not using the native kernel cache "
             + "; ".join(refused)
-            + f" (another user could plant a library there); building in {chosen} instead. "
+            + f"; building in {chosen} instead. "
             "Point NLLAB_NATIVE_CACHE to a directory only you can write (chmod 700).",
             RuntimeWarning,
             stacklevel=4,
