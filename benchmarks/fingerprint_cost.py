@@ -83,7 +83,8 @@ def measure(repeats: int) -> tuple[list[tuple[str, ...]], int, float, float]:
         settings = ", ".join(f"{k}={v}" for k, v in json.loads(key[1]).items()) or "defaults"
         rows.append((key[0], settings, str(key[2]), f"{a:.2f}", f"{b:.2f}", f"{b / a:.2f}"))
     with tempfile.TemporaryDirectory() as home:
-        os.environ["NLLAB_HOME"] = home  # an empty cache: every canary runs
+        os.environ["NLLAB_HOME"] = home  # empty caches: every canary runs
+        os.environ["NLLAB_INSTALL_CACHE"] = home  # (the installation's too)
         from nltrain import _fingerprints as fp
 
         fp._MEMO.clear()
