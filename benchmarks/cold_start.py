@@ -75,11 +75,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3, help="rounds (medians are printed)")
     ap.add_argument("--command", default="ledger status", help="the nllab command to start")
     args = ap.parse_args(argv)
-    if args.repeats < 1:
-        ap.error("--repeats must be at least 1")
     command = shlex.split(args.command)
     if not command:
         ap.error("--command must name an nllab command")
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1")
     load_before = os.getloadavg()
     figures = measure(command, args.repeats)
     median = {

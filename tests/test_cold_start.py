@@ -3,6 +3,7 @@ installation cache, in a second new home beside it, and in that home again."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def cold_start(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT))  # benchmarks/ is a folder of scripts, not installed
-    import benchmarks.cold_start
-
-    return benchmarks.cold_start
+    return importlib.import_module("benchmarks.cold_start")
 
 
 def test_each_start_is_a_process_of_its_own_timed_in_wall_and_cpu_seconds(cold_start, capsys):
