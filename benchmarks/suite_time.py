@@ -80,24 +80,44 @@ def main() -> int:
     found = counts(last)
     tests = ", ".join(f"{n} {word}" for word, n in found.items()) or f"exit code {code}"
     shown = " ".join(["python", *command[1:]])
-    columns = ("command (make test)", "wall time", "tests", "load before", "load after")
-    row = (f"`{shown}`", _minutes(seconds), tests, before, after)
-    for name, value in zip(columns, row, strict=True):
+    from tasks.tracking import git_commit
+
+    row = (f"`{shown}`", _minutes(seconds), tests, before, after, git_commit()[:10])
+    for name, value in zip(COLUMNS, row, strict=True):
         print(f"{name}: {value}")
     if args.record:
         from tasks.measurements import record_measurement
 
-        note = f"Load: 1, 5 and 15 min averages. {args.note}".strip()
+        note = f"Load: 1, 5 and 15 min averages; the newest run first. {args.note}".strip()
         path = record_measurement(
             "suite_time",
             "the default test suite's wall time",
             "PYTHONPATH=. python benchmarks/suite_time.py --record",
-            columns,
-            [row],
+            COLUMNS,
+            with_history(row, RECORD),
             note,
         )
         print(f"recorded {path}")
     return code
+
+
+#: The record's columns: one row per timed run, the newest first.
+COLUMNS = ("command (make test)", "wall time", "tests", "load before", "load after", "commit")
+RECORD = ROOT / "results" / "measurements" / "suite_time.json"
+#: How many timed runs the record keeps: the range of wall times a reader may see.
+KEEP = 5
+
+
+def with_history(row: tuple[str, ...], record: Path) -> list[tuple[str, ...]]:
+    """``row`` before the newest runs ``record`` already holds (at most :data:`KEEP` in all); a
+    row of an older record without the commit column gets the record's commit."""
+    if not record.is_file():
+        return [row]
+    from tasks.measurements import read_measurement
+
+    old = read_measurement(record)
+    earlier = [tuple(r) + ((old.commit,) if len(r) < len(COLUMNS) else ()) for r in old.rows]
+    return [row, *earlier][:KEEP]
 
 
 if __name__ == "__main__":

@@ -90,6 +90,9 @@ class QuickRun:
     machine: str
     date: str  # the day it was recorded (UTC), for the reader; no result depends on it
     cells: tuple[QuickCell, ...]
+    #: the machine's 1, 5 and 15-minute load averages as the run ended (the 15-minute one spans
+    #: most of a quick run): how busy the machine was; None in records made before it was kept
+    load: str | None = None
 
     def to_json(self) -> str:
         """The file's text: the run's fields, then one line per cell (diffs stay readable)."""
@@ -229,6 +232,7 @@ def record_benchmark(
         machine=machine_name(),
         date=datetime.datetime.now(datetime.UTC).date().isoformat(),
         cells=quick_cells(cells, found),
+        load=", ".join(f"{x:.1f}" for x in os.getloadavg()),
     )
     write_quick_run(path, run)
     return run

@@ -5,6 +5,7 @@ what ``python -m flows.docs_numbers`` makes from the committed records."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -210,8 +211,36 @@ def test_quick_record_round_trip_and_the_generated_table(tmp_path):
     assert read_quick_run(tmp_path / "results" / "quick" / "quick.json") == quick
     text = rendered(page.read_text(), tmp_path)
     assert "smoke" not in text and "| node | 0.25 (paper 0.073 ± 0.0016) |" in text
-    assert "took 10 min (600 s) from command to prompt on a CPU (2 cells trained" in text
+    assert "took 10 min (600 s) from command to prompt on a CPU, its load not recorded (2" in text
     assert "2 cells trained at commit `0123456789`" in text
+    loaded = dataclasses.replace(quick, load="3.1, 4.0, 4.2")
+    write_quick_run(tmp_path / "results" / "quick" / "quick.json", loaded)
+    assert "on a CPU, at load 3.1, 4.0, 4.2 (2 cells" in rendered(page.read_text(), tmp_path)
+
+
+def test_the_suite_time_is_the_latest_timed_runs_tests_with_the_range_of_its_runs(tmp_path):
+    from tasks.measurements import record_measurement
+
+    page = tmp_path / "page.md"
+    page.write_text(
+        "<!-- generated: suite-time (python -m flows.docs_numbers) -->\n"
+        "<!-- end of generated: suite-time -->\n"
+    )
+    folder = tmp_path / "results" / "measurements"
+    head = ("command (make test)", "wall time", "tests", "load before", "load after")
+    old = ("`pytest -q`", "6 min 1 s (361 s)", "1047 passed", "3.6, 3.8, 4.5", "2.0, 2.7, 3.8")
+    record_measurement("suite_time", "t", "suite_time.py --record", head, [old], "", folder)
+    text = rendered(page.read_text(), tmp_path)
+    assert "took 6 min (361 s) in its one timed run, on " in text
+    assert "at load 2.0 to 4.5 (" in text and ": 1047 passed." in text
+    new = ("`pytest -q`", "20 min 19 s (1219 s)", "1428 passed", "4.1, 6.0, 8.2", "7.9, 6.2, 5.5")
+    rows = [(*new, "abcdef0123"), (*old, "6f40ae5d20")]
+    record_measurement(
+        "suite_time", "t", "suite_time.py --record", (*head, "commit"), rows, "", folder
+    )
+    text = rendered(page.read_text(), tmp_path)
+    assert "took 6 min (361 s) to 20 min (1219 s) over its last 2 timed runs" in text
+    assert "at load 2.0 to 8.2 (" in text and "commit `abcdef0123`: 1428 passed." in text
 
 
 def test_a_bad_record_is_named_in_one_line(tmp_path):

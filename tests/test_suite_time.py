@@ -38,3 +38,18 @@ def test_counts_are_pytests_last_line(suite_time):
     }  # fmt: skip
     assert suite_time.counts("==== 12 passed in 3.10s ====\n") == {"passed": 12}
     assert suite_time.counts("Interrupted: 1 error during collection") == {}
+
+
+def test_a_record_keeps_the_newest_timed_runs_first(suite_time, tmp_path):
+    from tasks.measurements import read_measurement, record_measurement
+
+    record = tmp_path / "suite_time.json"
+    assert suite_time.with_history(("new",) * 6, record) == [("new",) * 6]  # no record yet
+    old = ("`pytest`", "6 min 1 s (361 s)", "1047 passed", "3.6", "2.0")  # before the commit column
+    record_measurement("suite_time", "t", "c", suite_time.COLUMNS[:5], [old], "", tmp_path)
+    commit = read_measurement(record).commit
+    assert suite_time.with_history(("new",) * 6, record) == [("new",) * 6, (*old, commit)]
+    many = [(str(i),) * 6 for i in range(suite_time.KEEP)]
+    record_measurement("suite_time", "t", "c", suite_time.COLUMNS, many, "", tmp_path)
+    kept = suite_time.with_history(("new",) * 6, record)
+    assert kept == [("new",) * 6, *many[: suite_time.KEEP - 1]]
