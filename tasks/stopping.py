@@ -31,7 +31,9 @@ __all__ = [
     "abandonable",
     "contained",
     "from_signal",
+    "hold_stop",
     "raiser",
+    "release_stop",
     "stop_signals",
     "user_exit",
 ]
@@ -97,8 +99,45 @@ class _Abandon:
 _ABANDON = _Abandon()
 
 
+class _Held:
+    """A stop signal received while the main thread holds stop signals back: raised when the
+    hold ends (:func:`release_stop`)."""
+
+    def __init__(self) -> None:
+        self.holding = False
+        self.pending: Stopped | None = None
+
+
+_HELD = _Held()
+
+
 def _raise_stopped(signum: int, _frame: FrameType | None) -> None:
-    raise _ABANDON.signalled(signum)
+    stopped = _ABANDON.signalled(signum)  # the watchdog runs (and a second signal ends) as ever
+    if _HELD.holding:
+        _HELD.pending = _HELD.pending or stopped
+        return
+    raise stopped
+
+
+def hold_stop() -> bool:
+    """In the main thread, hold stop signals back until :func:`release_stop`: a step that
+    must not be cut in two (a record created and then marked as this process's) cannot be
+    split by Ctrl-C or SIGTERM. Whether it holds (not in another thread, nor when already
+    held). The watchdog of :func:`stop_signals` still abandons work that never releases."""
+    if threading.current_thread() is not threading.main_thread() or _HELD.holding:
+        return False
+    _HELD.holding, _HELD.pending = True, None
+    return True
+
+
+def release_stop() -> None:
+    """End the main thread's hold (:func:`hold_stop`; nothing in another thread or without a
+    hold): a stop signal received meanwhile is raised here, as :class:`Stopped`."""
+    if threading.current_thread() is not threading.main_thread() or not _HELD.holding:
+        return
+    pending, _HELD.holding, _HELD.pending = _HELD.pending, False, None
+    if pending is not None:
+        raise pending
 
 
 @contextmanager

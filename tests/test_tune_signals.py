@@ -112,3 +112,97 @@ def test_a_trial_of_a_dead_process_of_this_host_is_failed_at_once(tmp_path, mlfl
     # its configuration is queued again
     waiting = [t for t in session.study.trials if t.state == TrialState.WAITING]
     assert any(t.params == orphan.params for t in waiting)
+
+
+def test_a_trial_with_no_owner_and_no_heartbeat_is_failed_past_its_grace_and_requeued(
+    tmp_path, mlflow_store
+):
+    """A trial its process left as it started (no owner recorded, no heartbeat sent) would keep
+    its place for ever: once it started longer ago than the grace period, it is failed and its
+    queued configuration queued again. One that sent a heartbeat is left to Optuna's check."""
+    spec = _spec(tmp_path, heartbeat_seconds=1, grace_seconds=2)
+    session = open_session(spec)  # the paper point is queued
+    (queued,) = session.study.trials
+    fixed = queued.system_attrs["fixed_params"]
+    plain = open_storage(spec.storage)  # Optuna's own path, as an older process took trials
+    study_id = session.study._study_id
+    assert plain.set_trial_state_values(queued._trial_id, TrialState.RUNNING)
+    beating = plain.create_new_trial(study_id)
+    plain.record_heartbeat(beating)
+    assert session.fail_dead_trials() == []  # within the grace period: it may be starting
+    time.sleep(2.5)
+    plain.record_heartbeat(beating)  # alive
+    assert session.fail_dead_trials() == [queued.number]
+    states = {t.number: t.state for t in session.study.trials}
+    assert states[queued.number] == TrialState.FAIL
+    assert [t.state for t in session.study.trials if t._trial_id == beating] == [TrialState.RUNNING]
+    (again,) = [t for t in session.study.trials if t.state == TrialState.WAITING]
+    assert again.system_attrs["fixed_params"] == fixed and again.user_attrs["origin"] == "paper"
+
+
+# Stops the command at the moment a trial starts: a stop signal to itself right after the
+# patched step (the trial created, or its heartbeat thread started) as the N-th trial starts.
+_STOPPED_AS_A_TRIAL_STARTS = """
+import os, signal, sys
+import torch
+from optuna.storages import RDBStorage
+from optuna.storages._heartbeat import HeartbeatThread
+torch.set_num_threads(1)
+step, nth, signame, *command = sys.argv[1:]
+owner, name = (RDBStorage, "_create_new_trial") if step == "created" else (HeartbeatThread, "start")
+original, calls = getattr(owner, name), []
+
+def stopping(*args, **kwargs):
+    value = original(*args, **kwargs)
+    calls.append(1)
+    if len(calls) == int(nth):
+        os.kill(os.getpid(), getattr(signal, signame))
+    return value
+
+setattr(owner, name, stopping)
+from flows.cli import main
+sys.exit(main(command))
+"""
+
+
+@pytest.mark.parametrize(
+    ("step", "nth", "signame", "code"),
+    [("created", 2, "SIGINT", 130), ("heartbeat", 2, "SIGTERM", 143)],
+    ids=["ctrl-c-as-a-trial-is-created", "sigterm-as-its-heartbeat-starts"],
+)
+def test_a_tune_stopped_as_a_trial_starts_ends_it_failed_and_resumes_to_the_end(
+    tmp_path, mlflow_store, prefect_api, step, nth, signame, code
+):
+    """The second trial (the first is the queued paper point) is cut as it starts: the command
+    exits at once with the signal's code, that trial FAIL, the parent run KILLED; run again,
+    the study runs to its count (it waited for ever for a trial left RUNNING, or the process
+    never exited, its heartbeat thread beating on)."""
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    command = [
+        *("tune", "--method", "neural_laplace", "--system", "integro_de", "--trials", "3"),
+        *("--profile", "smoke", "--storage", storage, "--epochs", "2"),
+    ]
+    script = tmp_path / "stopped.py"
+    script.write_text(_STOPPED_AS_A_TRIAL_STARTS)
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    run = [sys.executable, str(script), step, str(nth), signame, *command]
+    stopped = subprocess.run(run, env=env, capture_output=True, text=True, timeout=120)
+    assert stopped.returncode == code, stopped.stderr
+    assert "abandoned" not in stopped.stderr and "Traceback" not in stopped.stderr
+    study = optuna.load_study(study_name="neural_laplace-integro_de-smoke", storage=storage)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.FAIL]
+    parent_id = study.user_attrs["mlflow_parent_run_id"]
+    assert connect().queries.get_run_data(parent_id).status == "KILLED"
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "flows.cli", *command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    trials = optuna.load_study(study_name=study.study_name, storage=storage).trials
+    assert sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials) == 3
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    assert connect().queries.get_run_data(parent_id).status == "FINISHED"

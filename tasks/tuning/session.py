@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+from collections.abc import Iterable
+from datetime import datetime, timedelta
 
 import optuna
 import torch
@@ -15,9 +17,16 @@ from optuna.trial import FrozenTrial, TrialState
 from nltrain import select_device
 from tasks.cell import CellRuntime, simulate_data
 from tasks.search_spaces import paper_params, search_space
-from tasks.tracking import connect, owner_gone
+from tasks.stopping import release_stop
+from tasks.tracking import claim_owner, connect, owner_gone
 from tasks.tuning.spec import OWNER_ATTR, TuneSpec, TuningError
-from tasks.tuning.storage import default_storage_url, open_storage, open_study
+from tasks.tuning.storage import (
+    default_storage_url,
+    grace_seconds,
+    has_heartbeat,
+    open_storage,
+    open_study,
+)
 from tasks.tuning.trials import QuietSurplus, StudyFull, run_trial
 
 __all__ = ["TuneSession"]
@@ -89,6 +98,9 @@ class TuneSession:
         quiet = QuietSurplus()
 
         def within_total(trial: optuna.Trial) -> float:
+            # The trial has started (OwnedStudy.ask held stop signals until here): a held
+            # Ctrl-C or SIGTERM is raised now, and Optuna ends the trial FAIL.
+            release_stop()
             # Other processes may share the study: the storage numbers trials uniquely, so the
             # trials counted before this one decide whether it is one too many.
             before = self.study.get_trials(deepcopy=False, states=counted)
@@ -105,6 +117,7 @@ class TuneSession:
 
         optuna_log = logging.getLogger("optuna.study._optimize")
         optuna_log.addFilter(quiet)
+        self.study.hold_starts = True
         try:
             self.study.optimize(
                 within_total,
@@ -115,28 +128,58 @@ class TuneSession:
                 callbacks=[stop_when_full],
                 gc_after_trial=False,
             )
+        except KeyboardInterrupt:
+            self.fail_own_trials()  # one Optuna left RUNNING (stopped as it recorded the end)
+            raise
         finally:
+            self.study.hold_starts = False
             optuna_log.removeFilter(quiet)
+            release_stop()  # a hold the objective did not end (an error between the two)
 
     def fail_dead_trials(self) -> list[int]:
         """Fail (and re-enqueue) the RUNNING trials whose process is gone: at once for a process
-        of this host that has ended, by heartbeat (no beat for the grace period) for any other.
+        of this host that has ended, by heartbeat (no beat for the grace period) for any other,
+        and, for a trial that names no process and never sent a heartbeat (its process stopped
+        as the trial started), once it started longer ago than the grace period.
         Returns the numbers of the trials failed here."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(self.study)
+        started_before = datetime.now() - timedelta(seconds=grace_seconds(self.storage))
+
+        def dead(t: FrozenTrial) -> bool:
+            if owner := t.user_attrs.get(OWNER_ATTR):
+                return owner_gone(owner)
+            old = t.datetime_start is not None and t.datetime_start < started_before
+            return old and not has_heartbeat(self.storage, t._trial_id)
+
+        running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        return self._fail_and_requeue(t for t in running if dead(t))
+
+    def fail_own_trials(self) -> list[int]:
+        """Fail (and re-enqueue) the RUNNING trials of this process (after it was stopped, while
+        none of its trials runs any more); their numbers."""
+        here = claim_owner().rsplit("/", 1)[0]
+        return self._fail_and_requeue(
+            t
+            for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if str(t.user_attrs.get(OWNER_ATTR, "")).rsplit("/", 1)[0] == here
+        )
+
+    def _fail_and_requeue(self, trials: Iterable[FrozenTrial]) -> list[int]:
+        """Fail each of ``trials`` and queue its configuration again (the parameters it drew,
+        else those it was queued with), so that the study still runs its count."""
         failed = []
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            owner = t.user_attrs.get(OWNER_ATTR)
-            if owner and owner_gone(owner):
-                try:
-                    self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-                except RuntimeError:
-                    continue  # finished (or failed by another process) meanwhile
-                failed.append(t.number)
-                self.study.enqueue_trial(
-                    t.params, user_attrs={"origin": str(t.user_attrs.get("origin", "sampler"))}
-                )
+        for t in list(trials):
+            try:
+                self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            except RuntimeError:
+                continue  # finished (or failed by another process) meanwhile
+            failed.append(t.number)
+            self.study.enqueue_trial(
+                t.params or t.system_attrs.get("fixed_params", {}),
+                user_attrs={"origin": str(t.user_attrs.get("origin", "sampler"))},
+            )
         return failed
 
     def run_to_total(self) -> None:

@@ -14,17 +14,23 @@ from typing import Any
 
 import numpy as np
 import optuna
+import sqlalchemy
 import sqlalchemy.exc
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial
 
 from tasks._storage_urls import default_storage_url, redact, storage_url_problem
-from tasks.tuning.spec import OBJECTIVE, StorageUnavailable, TuneSpec, TuningError
+from tasks.stopping import hold_stop, release_stop
+from tasks.tracking import claim_owner
+from tasks.tuning.spec import OBJECTIVE, OWNER_ATTR, StorageUnavailable, TuneSpec, TuningError
 
 __all__ = [
+    "OwnedStudy",
     "TrialSeededTPE",
     "dashboard_command",
     "default_storage_url",
+    "grace_seconds",
+    "has_heartbeat",
     "open_storage",
     "open_study",
     "redact",
@@ -82,6 +88,22 @@ def open_storage(
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
+def grace_seconds(storage: RDBStorage) -> float:
+    """How long a trial of ``storage`` may go without a heartbeat before it counts as dead:
+    its grace period, else twice the heartbeat interval (as Optuna's ``fail_stale_trials``)."""
+    if storage.grace_period is not None:
+        return float(storage.grace_period)
+    return 2.0 * (storage.heartbeat_interval or 0)
+
+
+def has_heartbeat(storage: RDBStorage, trial_id: int) -> bool:
+    """Whether trial ``trial_id`` ever recorded a heartbeat (Optuna's ``trial_heartbeats``
+    table; ``fail_stale_trials`` judges only the trials that did)."""
+    query = sqlalchemy.text("SELECT 1 FROM trial_heartbeats WHERE trial_id = :trial")
+    with storage.engine.connect() as connection:
+        return connection.execute(query, {"trial": trial_id}).first() is not None
+
+
 def _lost_schema_race(error: Exception) -> bool:
     """Whether ``error`` is another process creating the same tables or rows at the same time."""
     if not isinstance(error, sqlalchemy.exc.DBAPIError):
@@ -123,17 +145,50 @@ class TrialSeededTPE(optuna.samplers.TPESampler):
         super().before_trial(study, trial)
 
 
-def open_study(spec: TuneSpec, storage: RDBStorage, epochs: int) -> optuna.Study:
-    """The study of ``spec`` in ``storage`` (created if absent): minimising :data:`OBJECTIVE`,
-    sampled by :class:`TrialSeededTPE`, pruned by the spec's pruner over ``epochs``."""
-    study = optuna.create_study(
+class OwnedStudy(optuna.Study):
+    """A study whose every trial names the process that runs it (the trial attribute
+    :data:`OWNER_ATTR`, from :func:`tasks.tracking.claim_owner`) from the moment it is created
+    or taken from the queue, so that a later session can tell a trial of a process that has
+    ended.
+
+    While :attr:`hold_starts` is set, a trial's start is one step for Ctrl-C and SIGTERM: the
+    signal is held (:func:`tasks.stopping.hold_stop`) from :meth:`ask` until the objective
+    calls :func:`tasks.stopping.release_stop` as it begins, inside Optuna's own handling, which
+    ends the trial FAIL and stops its heartbeat thread. Cut anywhere before that (in ``ask``,
+    or as the heartbeat thread starts, `optuna/study/_optimize.py` ``_run_trial``), the trial
+    would stay RUNNING with no owner or heartbeat, or its non-daemon heartbeat thread would beat
+    on and keep the process from exiting.
+    """
+
+    hold_starts = False
+
+    def ask(self, fixed_distributions: dict | None = None) -> optuna.Trial:
+        held = self.hold_starts and hold_stop()
+        try:
+            trial = super().ask(fixed_distributions)
+            trial.set_user_attr(OWNER_ATTR, claim_owner())
+        except BaseException:
+            if held:
+                release_stop()
+            raise
+        return trial
+
+
+def open_study(spec: TuneSpec, storage: RDBStorage, epochs: int) -> OwnedStudy:
+    """The study of ``spec`` in ``storage`` (created if absent) as an :class:`OwnedStudy`:
+    minimising :data:`OBJECTIVE`, sampled by :class:`TrialSeededTPE`, pruned by the spec's
+    pruner over ``epochs``."""
+    sampler = TrialSeededTPE(seed=spec.seed, n_startup_trials=spec.startup_trials)
+    pruner = _pruner(spec, epochs)
+    optuna.create_study(
         storage=storage,
         study_name=spec.study_name,
         direction="minimize",
-        sampler=TrialSeededTPE(seed=spec.seed, n_startup_trials=spec.startup_trials),
-        pruner=_pruner(spec, epochs),
+        sampler=sampler,
+        pruner=pruner,
         load_if_exists=True,
     )
+    study = OwnedStudy(spec.study_name, storage, sampler=sampler, pruner=pruner)
     if study.metric_names != [OBJECTIVE]:
         # The objective's name in optuna-dashboard and the study's metadata.
         with warnings.catch_warnings():

@@ -12,8 +12,8 @@ from tasks.cell import CellRuntime, fit_cells
 from tasks.config import CellConfig, TrainConfig
 from tasks.search_spaces import suggest
 from tasks.stopping import contained
-from tasks.tracking import Metrics, RunLog, RunTags, claim_owner
-from tasks.tuning.spec import OWNER_ATTR, TuneSpec
+from tasks.tracking import Metrics, RunLog, RunTags
+from tasks.tuning.spec import TuneSpec
 
 __all__ = ["QuietSurplus", "StudyFull", "run_trial"]
 
@@ -60,7 +60,6 @@ def run_trial(
         }
     )
     trial.set_user_attr("overrides", s.as_json())
-    trial.set_user_attr(OWNER_ATTR, claim_owner())
     tags = {
         RunTags.KIND: "trial",
         RunTags.METHOD: spec.method,
