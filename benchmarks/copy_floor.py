@@ -67,4 +67,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from nlmodels import set_up_numerics
+
+    set_up_numerics()  # before torch computes: the CPU numerics the data paths require
     main()

@@ -224,13 +224,8 @@ def ledger_states(ledger: Path, selection: dict[str, Any]) -> list[CellState]:
 
 
 def _scope(selection: dict[str, Any], say: Callable[[str], None] | None = None) -> LedgerScope:
-    return ledger_scope(
-        selection.get("config_file"),
-        selection.get("systems"),
-        selection.get("methods"),
-        say=say,
-        profile=_profile(selection),
-    )
+    where = (selection.get("config_file"), selection.get("systems"), selection.get("methods"))
+    return ledger_scope(*where, say=say, profile=_profile(selection))
 
 
 def _profile(selection: dict[str, Any]) -> str:
@@ -238,10 +233,8 @@ def _profile(selection: dict[str, Any]) -> str:
     return selection.get("profile") or "paper"
 
 
-def _tracking_config(selection: dict[str, Any], execution: dict[str, Any]) -> RunConfig:
-    return paper_config(
-        execution, config_file=selection.get("config_file"), profile=_profile(selection)
-    )
+def _profile_file(selection: dict[str, Any]) -> dict[str, Any]:
+    return {"config_file": selection.get("config_file"), "profile": _profile(selection)}
 
 
 def record_store(
@@ -256,7 +249,7 @@ def record_store(
     todo = to_train(states)
     if not todo:
         return []
-    queries = connect(_tracking_config(selection, execution).tracking)
+    queries = connect(paper_config(execution, **_profile_file(selection)).tracking)
     return record_finished(queries.queries, todo, ledger, hardware_name)
 
 
@@ -276,15 +269,14 @@ def run_ledger(
     finishes.
 
     ``selection``: ``profile`` (``paper``, the default, or ``fair``), ``config_file`` (layered
-    on the profile), ``systems``, ``methods``,
-    ``seeds`` (None: all) and ``ablations`` (False: Table 3 only, True: the ablations only,
-    None: both; :meth:`tasks.ledger_scope.LedgerScope.select`). ``execution``: the benchmark's
-    execution settings (max_workers, torch_threads, device...). ``max_seconds``: the time limit;
-    when it is reached the running cells stop (KILLED, not recorded) and no group starts after
-    it; a group expected to take longer than the time left (from the ledger's records of its
-    method on this kind of device) is not started. ``stop``: the caller's own stop event (a
-    signal handler's): setting it stops the run as the time limit does (the engine's one stop
-    path, :attr:`tasks.cell.CellRuntime.stop`). ``report_seconds``: how often to say where the
+    on it), ``systems``, ``methods``, ``seeds`` (None: all) and ``ablations`` (False: Table 3
+    only, True: the ablations only, None: both; :meth:`tasks.ledger_scope.LedgerScope.select`).
+    ``execution``: the benchmark's execution settings (max_workers, torch_threads, device...).
+    ``max_seconds``: the time limit; when it is reached the running cells stop (KILLED, not
+    recorded) and no group starts after it; a group expected to take longer than the time left
+    (from the ledger's records of its method on this kind of device) is not started. ``stop``:
+    the caller's own stop event (a signal handler's): setting it stops the run as the time limit
+    does (:attr:`tasks.cell.CellRuntime.stop`). ``report_seconds``: how often to say where the
     running cells stand (None: never). The CPU priority is the caller's (``--nice``)."""
     from tasks.tracking import connect
 
@@ -294,7 +286,7 @@ def run_ledger(
     out = LedgerRun(todo=len(todo))
     if not todo:
         return out
-    queries = connect(_tracking_config(selection, execution).tracking)
+    queries = connect(paper_config(execution, **_profile_file(selection)).tracking)
     recorder = _Recorder(queries.queries, ledger, out, say)
     recorder.record(todo)  # cells a stopped run finished in this store meanwhile
     todo = [c for c in todo if c.key not in recorder.done]
@@ -488,8 +480,7 @@ def group_config(
     seeds."""
     return paper_config(
         execution,
-        config_file=selection.get("config_file"),
-        profile=_profile(selection),
+        **_profile_file(selection),
         systems=list(group.systems),
         methods=[group.method],
         seeds=list(group.seeds),

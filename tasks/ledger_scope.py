@@ -7,7 +7,9 @@ both.
 
 A config hash needs the models' defaults (torch) and a numerics fingerprint runs a canary, so
 ``nllab ledger status``/``table`` would load torch on every call. Instead :func:`ledger_scope`
-computes them once per *code state* and keeps them under ``$NLLAB_HOME/ledger``; a later call
+computes them once per *code state* and keeps them beside the installation
+(:func:`datasets.cache_folders`: ``<sys.prefix>/var/cache/nllab/ledger``, else
+``$NLLAB_HOME/ledger``), where every home of the installation finds them; a later call
 with the same code state reads one small JSON file (standard library only). The code state is a
 hash of everything the hashes and fingerprints depend on: the sources of ``nlmodels``,
 ``datasets``, ``tasks`` (and ``nltrain`` where present), the torch and numpy builds, the CPU,
@@ -31,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from datasets import cache_folders
 from nlmodels import numerics_environment
-from tasks._env import home_folder
 from tasks.ledger import LedgerRecord, cell_numerics
 
 if TYPE_CHECKING:
@@ -254,17 +256,19 @@ def ledger_scope(
         None if methods is None else tuple(methods),
         profile,
     )
-    path = home_folder() / "ledger" / f"scope-{key[:24]}.json" if key else None
-    if path is not None and (cached := _read(path)) is not None:
-        return cached
+    name = f"scope-{key[:24]}.json" if key else ""
+    # nothing in the key is the home's: the installation's folder, then the home's
+    folders = cache_folders("ledger") if name else []
+    for folder in folders:
+        if (cached := _read(folder / name)) is not None:
+            return cached
     if say is not None:
         say(
             "ledger: computing today's config hashes and numerics fingerprints (once per code "
-            "state; cached under $NLLAB_HOME/ledger)"
+            "state; cached beside the installation)"
         )
     scope = scope_of(config_file, systems, methods, numerics=cell_numerics, profile=profile)
-    if path is not None:
-        _write(path, scope)
+    any(_write(folder / name, scope) for folder in folders)  # the first that takes it
     return scope
 
 
@@ -339,8 +343,9 @@ def _read(path: Path) -> LedgerScope | None:
         return None
 
 
-def _write(path: Path, scope: LedgerScope) -> None:
-    """Atomically; a home that cannot be written only costs the next call the computation."""
+def _write(path: Path, scope: LedgerScope) -> bool:
+    """Atomically; whether it was written (a folder that cannot be written only costs the next
+    call the computation)."""
     data = {
         "cells": [
             [c.system, c.method, c.seed, c.config_hash, c.numerics, c.ablation] for c in scope.cells
@@ -355,4 +360,5 @@ def _write(path: Path, scope: LedgerScope) -> None:
             json.dump(data, f)
         os.replace(f.name, path)
     except OSError:
-        pass
+        return False
+    return True

@@ -166,12 +166,12 @@ def test_markdown_and_latex_mark_the_best():
     md = t.to_markdown()
     nl_row = next(line for line in md.splitlines() if line.startswith("| neural_laplace"))
     node_row = next(line for line in md.splitlines() if line.startswith("| node"))
-    assert "**0.06 ± 0.01**" in nl_row  # best on integro_de (4 significant digits)
+    assert "**0.06 ± 0.01414**" in nl_row  # best on integro_de (the sample std, 4 digits)
     assert "**0.3**" in nl_row  # only result on spiral_dde: one seed, no ± shown
     assert "failed" in node_row and "**" not in node_row
     assert "(paper 0.0014 ± 0.0005)" in nl_row
     tex = t.to_latex()
-    assert r"\textbf{0.06 $\pm$ 0.01}" in tex
+    assert r"\textbf{0.06 $\pm$ 0.01414}" in tex
     assert r"neural\_laplace" in tex and tex.count(r"\\") == 3
     assert r"\begin{tabular}{lcc}" in tex
 

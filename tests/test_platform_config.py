@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tasks.config import (
+    BUILTIN_METHODS,
     MAIN_SYSTEMS,
     METHODS,
     PROFILES,
@@ -45,7 +46,13 @@ def test_profiles_set_their_sizes():
     # the paper profile runs the Latent ODE and the Neural Flows as the reference code does; the
     # others, and the other profiles, as published
     reference = {"z0_time": "first_query", "kl_average": "latents"}
-    assert dict(paper.models["latent_ode"]) == reference
+    sampled = {"predict": "sample", "select": "val_loss"}  # the reference's scoring
+    assert dict(paper.models["latent_ode"]) == {**reference, **sampled}
+    fair = resolve_config("fair")  # the paper's budget, the baselines on Neural Laplace's terms
+    assert dict(fair.models["latent_ode"]) == reference and "node" not in fair.models
+    assert (fair.seeds, fair.training, fair.data) == (paper.seeds, paper.training, paper.data)
+    for ode in ("node", "anode"):
+        assert dict(paper.models[ode]) == {"start": "first_query", "adjoint": True}
     for flow in ("nf_coupling", "nf_resnet"):
         assert dict(paper.models[flow]) == {"time_net": "linear"}
     assert not {"latent_ode", "nf_coupling", "nf_resnet"} & {*quick.models, *smoke.models}
@@ -247,8 +254,10 @@ def test_name_lists_known_without_numpy_match_the_registries():
     from nlmodels import MODELS
 
     assert set(SYSTEM_NAMES) == set(SYSTEMS) and list(SYSTEM_NAMES) == sorted(SYSTEM_NAMES)
-    # the built-in registry (plugins installed beside the platform register theirs on use)
-    assert set(METHODS) == {n for n, c in MODELS.items() if c.__module__.startswith("nlmodels.")}
+    # the built-in registry (plugins installed beside the platform register theirs on use);
+    # the main table's rows are some of them (models.toml's main_table)
+    builtin = {n for n, c in MODELS.items() if c.__module__.startswith("nlmodels.")}
+    assert set(BUILTIN_METHODS) == builtin and set(METHODS) <= builtin
 
 
 @pytest.mark.parametrize(
