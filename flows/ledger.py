@@ -494,5 +494,6 @@ def _same_cells(configs: Sequence[CellConfig], by_hash: dict[str, LedgerCell]) -
     if missing:
         raise RuntimeError(
             f"the ledger's cached cells do not match today's config for {', '.join(missing)}; "
-            "delete $NLLAB_HOME/ledger and run again"
+            "delete the ledger folders of datasets.cache_folders (beside the installation, and "
+            "$NLLAB_HOME/ledger) and run again"
         )

@@ -237,10 +237,10 @@ def ledger_scope(
     say: Callable[[str], None] | None = None,
     profile: str = "paper",
 ) -> LedgerScope:
-    """:func:`scope_of` (of ``profile``) with today's numerics, read from
-    ``$NLLAB_HOME/ledger`` when computed before at this code state (standard library only),
-    else computed once and cached; ``say`` is told when it computes. Selections within the
-    profile's own systems and methods share its scope (one cache file;
+    """:func:`scope_of` (of ``profile``) with today's numerics, read from the installation's
+    cache (else ``$NLLAB_HOME/ledger``) when computed before at this code state (standard
+    library only), else computed once and cached; ``say`` is told when it computes. Selections
+    within the profile's own systems and methods share its scope (one cache file;
     :meth:`LedgerScope.select` narrows it)."""
     from tasks._names import MAIN_SYSTEMS, METHODS
 
