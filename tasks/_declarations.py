@@ -186,7 +186,7 @@ def resolve_sources(
             )
         else:
             assert d.simulator is not None
-            datasets.declare_simulator(name, d.simulator, d.options, n_observed=observed)
+            _declare_simulator(name, d.simulator, d.options, observed)
             source = SystemSource(
                 kind="simulator",
                 digest=datasets.simulator_fingerprint(d.simulator, d.options),
@@ -197,6 +197,22 @@ def resolve_sources(
             _DECLARED[name] = source
         out[name] = source
     return out
+
+
+def _declare_simulator(
+    name: str, simulator: str, options: Mapping[str, Any], observed: int | None
+) -> None:
+    """``datasets.declare_simulator``; a simulator that leaves by ``sys.exit`` as it is tried
+    is user code failing (exit code 1, as when it simulates), not a setting to change."""
+    import datasets
+    from tasks.stopping import UserCodeExit
+
+    try:
+        datasets.declare_simulator(name, simulator, options, n_observed=observed)
+    except ValueError as e:
+        if isinstance(e.__cause__, SystemExit):
+            raise UserCodeExit(str(e)) from e
+        raise
 
 
 class _Definitions(_Strict):

@@ -147,18 +147,31 @@ def cell_tags(cell) -> dict[str, str]:
     }
 
 
+#: Why stored cells were retrained where no model or system is to blame (after their count).
+_UNRECORDED = (
+    "stored without numerics fingerprints (before they were recorded) retrained; "
+    "--reuse config reuses them"
+)
+_OTHER_CANARIES = (
+    f"fingerprinted by earlier numerics canaries (before format {FINGERPRINT_FORMAT}, which "
+    "train and make data as the cell does) retrained; --reuse config reuses them"
+)
+
+
 def stale(
     cells: Iterable, records: Mapping[str, object], today: CellNumerics
 ) -> tuple[set[str], list[str]]:
     """Which stored runs (``records``: config hash → :class:`tasks.tracking.RunRecord`) were
     computed by other numerics than today's: their config hashes, and one line per changed
-    model or system (and one for runs stored before fingerprints were recorded, one for runs
-    fingerprinted by other canaries: neither says which model changed)."""
+    model or system (and one per other CPU numerics mode the runs were trained in, one for runs
+    stored before fingerprints were recorded, one for runs fingerprinted by other canaries:
+    none of these says which model changed)."""
+    from nlmodels import cpu_mode_in_effect
     from tasks.tracking.tags import RunTags
 
     out: set[str] = set()
     changed: dict[tuple[str, str], list[str]] = {}
-    unrecorded = other_canaries = 0
+    others: dict[str, int] = {}  # why (no model or system to blame) -> cells
     for c in cells:
         h = c.config_hash()
         record = records.get(h)
@@ -166,38 +179,32 @@ def stale(
             continue
         tags = record.tags
         model, system = tags.get(RunTags.NUMERICS_MODEL), tags.get(RunTags.NUMERICS_SYSTEM)
-        if model is None or system is None:
-            out.add(h)
-            unrecorded += 1
+        if model is not None and system is not None and agrees(c, tags, today):
             continue
-        if agrees(c, tags, today):
-            continue
-        commit = (tags.get(RunTags.GIT_COMMIT) or "")[:7] or "unknown"
-        model_changed, system_changed = model != today.model(c), system != today.system(c)
         out.add(h)
-        if tags.get(RunTags.NUMERICS_FORMAT, "1") != FINGERPRINT_FORMAT:
-            other_canaries += 1
+        mode = tags.get(RunTags.CPU_NUMERICS) or cpu_mode_in_effect()
+        if model is None or system is None:
+            why = _UNRECORDED
+        elif tags.get(RunTags.NUMERICS_FORMAT, "1") != FINGERPRINT_FORMAT:
+            why = _OTHER_CANARIES
+        elif mode != cpu_mode_in_effect():  # the CPU numerics changed, not the code
+            why = (
+                f"trained in other CPU numerics ({mode}; now {cpu_mode_in_effect()}) "
+                "retrained: the numerics changed, not the code"
+            )
+        else:
+            commit = (tags.get(RunTags.GIT_COMMIT) or "")[:7] or "unknown"
+            if model != today.model(c):
+                changed.setdefault((c.method, "model"), []).append(commit)
+            if system != today.system(c):
+                changed.setdefault((c.system, "data set"), []).append(commit)
             continue
-        if model_changed:
-            changed.setdefault((c.method, "model"), []).append(commit)
-        if system_changed:
-            changed.setdefault((c.system, "data set"), []).append(commit)
+        others[why] = others.get(why, 0) + 1
     lines = [
         f"{'' if kind == 'model' else 'the data set '}{name} changed since commit "
         f"{max(set(commits), key=commits.count)}: {len(commits)} "
         f"cell{'s' if len(commits) != 1 else ''} retrained"
         for (name, kind), commits in sorted(changed.items())
     ]
-    if unrecorded:
-        lines.append(
-            f"{unrecorded} finished cell{'s' if unrecorded != 1 else ''} stored without "
-            "numerics fingerprints (before they were recorded) retrained; --reuse config "
-            "reuses them"
-        )
-    if other_canaries:
-        lines.append(
-            f"{other_canaries} finished cell{'s' if other_canaries != 1 else ''} fingerprinted "
-            f"by earlier numerics canaries (before format {FINGERPRINT_FORMAT}, which train and "
-            "make data as the cell does) retrained; --reuse config reuses them"
-        )
+    lines += [f"{n} finished cell{'s' if n != 1 else ''} {why}" for why, n in others.items()]
     return out, lines
