@@ -19,7 +19,8 @@ from typing import Any
 _WHERE = {
     name: module
     for module, names in {
-        "_home": "CacheError cache_folders data_home installation_cache require_writable_home",
+        "_home": "CacheError cache_folders create_home data_home installation_cache "
+        "require_writable_home",
         "_cache": "load_or_simulate",
         "_cmi": "conditional_mutual_information gaussian_cmi gaussian_mi mutual_information",
         "_dde": "solve_constant_history_dde",

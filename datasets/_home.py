@@ -15,6 +15,7 @@ from pathlib import Path
 __all__ = [
     "CacheError",
     "cache_folders",
+    "create_home",
     "data_home",
     "installation_cache",
     "require_writable_home",
@@ -60,12 +61,28 @@ def cache_folders(name: str) -> list[Path]:
     return [*([shared] if shared is not None else []), data_home() / name]
 
 
+def create_home() -> Path:
+    """``data_home()``, created if missing private to this user (mode 700): the stores, the
+    artifacts, the data and the logs in it are readable by nobody else, whatever modes the
+    libraries give their own files (SQLite and MLflow follow the process's umask: 644). A home
+    that exists keeps its mode (``nllab doctor`` says when others can read it). OSError when
+    it cannot be created."""
+    home = data_home()
+    if not home.is_dir():
+        home.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            home.mkdir(mode=0o700)
+        except FileExistsError:
+            pass  # made meanwhile by another process (privately too)
+    return home
+
+
 def require_writable_home() -> Path:
-    """``data_home()``, created if needed; raises :class:`CacheError` naming the folder and what
-    to do when it cannot be written (checked before any work starts)."""
+    """:func:`create_home`; raises :class:`CacheError` naming the folder and what to do when it
+    cannot be written (checked before any work starts)."""
     home = data_home()
     try:
-        home.mkdir(parents=True, exist_ok=True)
+        create_home()
         tempfile.TemporaryFile(dir=home).close()
     except OSError as err:
         raise CacheError(

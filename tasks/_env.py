@@ -71,8 +71,12 @@ def configure_environment() -> None:
             if value and key not in os.environ:
                 os.environ[key] = value
     os.environ.setdefault("PREFECT_HOME", str(home_folder() / "prefect"))
-    # Prefect creates only the last folder level; a fresh NLLAB_HOME needs its parents too.
+    # Prefect creates only the last folder level; a fresh NLLAB_HOME needs its parents too,
+    # and is made private first (its stores and logs are nobody else's).
     try:
+        from datasets import create_home
+
+        create_home()
         Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
     except OSError:
         pass  # Prefect itself then reports the unusable folder

@@ -13,6 +13,7 @@ import os
 import pkgutil
 import platform
 import sqlite3
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import closing
@@ -257,6 +258,9 @@ def _stores() -> Iterator[Finding]:
     section = "stores"
     home = data_home()
     yield Finding(section, "home", f"{home}: {_writable(home)}", _status(_writable(home)))
+    if home.is_dir() and (mode := stat.S_IMODE(home.stat().st_mode)) & 0o077:
+        value = f"others can read its stores and logs (mode {mode:o}): chmod 700 {home}"
+        yield Finding(section, "home's mode", value, "warn")
     uri = tracking_uri()
     path = store_path(uri)
     if path is None:

@@ -141,11 +141,9 @@ def test_a_cells_run_tags_say_so(monkeypatch):
 
 
 def test_doctor_fails_naming_the_cause_and_the_fix(tmp_path, monkeypatch, capsys):
-    import nltrain
-
     monkeypatch.setenv("NLLAB_HOME", str(tmp_path))
     monkeypatch.setattr(nlmodels, "require_numerics", lambda: _LOST)
-    monkeypatch.setattr(nltrain._pinned, "pinned_mismatches", lambda: [])
+    monkeypatch.setattr("nltrain._pinned.pinned_mismatches", lambda: [])
     assert main(["doctor", "--fresh"]) == 1
     out = capsys.readouterr().out
     (mode,) = [line for line in out.splitlines() if " mode " in line]
