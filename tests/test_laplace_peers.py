@@ -165,3 +165,15 @@ def test_inputs_the_models_cannot_use_are_refused_by_name():
         build_model("lno", 1)(t[:1], x[:, :1], t[5:])
     with pytest.raises(ValueError, match="modes must be"):
         build_model("lno", 1, modes=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_cuda_gives_the_cpus_forecast_in_float64(name):
+    torch.manual_seed(0)
+    model = build_model(name, 2, **TINY[name]).double()
+    t = torch.linspace(0.1, 2.0, 12, dtype=torch.float64)
+    x = torch.randn(3, 6, 2, dtype=torch.float64)
+    expected = model(t[:6], x, t[6:])
+    got = model.cuda()(t[:6].cuda(), x.cuda(), t[6:].cuda())
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-9, atol=1e-10)
