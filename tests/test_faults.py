@@ -330,6 +330,18 @@ def test_claims_are_not_runs_of_the_users_experiment(mlflow_store):
     assert holder is not None and holder.startswith("pid ")
 
 
+def test_the_bookkeeping_experiment_says_what_it_is_in_the_mlflow_ui(mlflow_store):
+    """Its description (MLflow's ``mlflow.note.content``) names the experiment it serves and
+    what to do with it, also on one an older version made without a word."""
+    t = connect()
+    name = f"nllab-bookkeeping-{t.experiment_id}"
+    old = t.store.client.create_experiment(name)  # as an older version left it: no description
+    assert t.claims.claim_cell("e6" * 32, "owner-a")
+    note = t.store.client.get_experiment(old).tags["mlflow.note.content"]
+    assert f"for experiment {t.store.settings.experiment!r}" in note
+    assert "No results here" in note and "Leave it be" in note
+
+
 def test_cell_scratch_folders_of_ended_processes_are_removed_and_live_ones_kept(tmp_path):
     """What ``kill -9`` leaves in /tmp (a cell's figures and model, before they were logged)
     goes at the next start; a live process's folder, and an unknown folder, stay."""

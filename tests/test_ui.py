@@ -179,6 +179,13 @@ def test_ui_opens_the_model_training_view_with_the_results_in_view(mlflow_store)
     view = json.loads(tags[f"mlflow.sharedViewState.{UI_VIEW_KEY}"])
     assert "metrics.`test_rmse`" in view["selectedColumns"]
     assert view["columnOrder"] == view["selectedColumns"]
+    # the chart view opens on test RMSE by system and method, in a section of its own
+    (section,) = view["compareRunSections"]
+    parallel, bar = view["compareRunCharts"]
+    assert parallel["type"] == "PARALLEL" and parallel["selectedMetrics"] == ["test_rmse"]
+    assert parallel["selectedParams"] == ["system", "method"]
+    assert bar["type"] == "BAR" and bar["metricKey"] == "test_rmse"
+    assert parallel["metricSectionId"] == bar["metricSectionId"] == section["uuid"]
     url = runs_view_url("http://127.0.0.1:5000", tracker.experiment_id, UI_VIEW_KEY)
     assert url.endswith(f"runs?viewStateShareKey={UI_VIEW_KEY}&workflowType=machine_learning")
     cmd, _ = ui_command("127.0.0.1", 5000)

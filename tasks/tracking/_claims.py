@@ -99,15 +99,21 @@ class CellClaims:
         self._claims_run_id: str | None = None
 
     def _bookkeeping_experiment(self) -> str:
+        """The bookkeeping experiment's id, made if absent; its description (the MLflow UI's,
+        the ``mlflow.note.content`` tag) says what it is, also on one an older version made."""
         name = f"{_BOOKKEEPING_PREFIX}{self._store.experiment_id}"
+        note = (
+            f"nllab's own bookkeeping for experiment {self._store.settings.experiment!r} (id "
+            f"{self._store.experiment_id}): which process trains which cell (cell claims and "
+            "their heartbeats), so that two processes never train one cell. No results here: "
+            f"they are in {self._store.settings.experiment!r}. Leave it be; deleting it while "
+            "nllab runs lets a cell be trained twice (docs/guide/tracking.md)."
+        )
         exp = self._client.get_experiment_by_name(name)
         if exp is not None:
+            if exp.tags.get(RunTags.NOTE) != note:
+                self._client.set_experiment_tag(exp.experiment_id, RunTags.NOTE, note)
             return exp.experiment_id
-        note = (
-            f"nllab bookkeeping of experiment {self._store.settings.experiment!r} (id "
-            f"{self._store.experiment_id}): cell claims and heartbeats. No results here; it is "
-            "kept out of the experiment's run list on purpose. Do not delete it while nllab runs."
-        )
         try:
             return self._client.create_experiment(
                 name,

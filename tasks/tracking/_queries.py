@@ -69,6 +69,47 @@ def _finished_of_kind(kind: str) -> str:
     return f"tags.`{RunTags.KIND}` = '{kind}' and attributes.status = 'FINISHED'"
 
 
+def _results_charts() -> dict[str, list[dict[str, object]]]:
+    """The chart view's first section (the run page's *Chart* tab, MLflow's ``compareRunCharts``
+    and ``compareRunSections`` of a shared view): test RMSE by system and method, as parallel
+    coordinates over the ``system`` and ``method`` params and as one bar per run. Without it the
+    UI draws its own pick: the first params in alphabetical order (``model.*``) against the
+    first metric logged (an outlier count of the data)."""
+    section = "nllab-results-section"
+    card = {"metricSectionId": section, "deleted": False, "isGenerated": False}
+    charts: list[dict[str, object]] = [
+        {
+            **card,
+            "uuid": "nllab-rmse-by-system-and-method",
+            "type": "PARALLEL",
+            "displayName": "test RMSE by system and method",
+            "runsCountToCompare": 100,
+            "selectedParams": ["system", "method"],  # every cell's params (its config's fields)
+            "selectedMetrics": [Metrics.TEST_RMSE],
+            "showAllRuns": True,
+        },
+        {
+            **card,
+            "uuid": "nllab-rmse-per-run",
+            "type": "BAR",
+            "displayName": Metrics.TEST_RMSE,
+            "runsCountToCompare": 100,
+            "metricKey": Metrics.TEST_RMSE,
+        },
+    ]
+    sections: list[dict[str, object]] = [
+        {
+            "uuid": section,
+            "name": "test RMSE by system and method",
+            "display": True,
+            "isReordered": False,
+            "deleted": False,
+            "isGenerated": False,
+        }
+    ]
+    return {"compareRunCharts": charts, "compareRunSections": sections}
+
+
 class Queries:
     """Reading the experiment: finished cells, runs, their models and artifacts, the UI view."""
 
@@ -264,9 +305,10 @@ class Queries:
         Two experiment tags, which the UI reads: ``mlflow.experimentKind`` (a model-training
         experiment, not a GenAI one) and a shared view state (what the UI's *Share* button
         saves) whose run table shows ``test_rmse``, the best validation RMSE, epochs and
-        training time beside the system and method. Which sidebar a page opened without
-        ``workflowType`` shows and the plain page's columns are the browser's own choices
-        (MLflow keeps them in its local storage); charts are left to the user."""
+        training time beside the system and method, and whose chart view opens on
+        :func:`_results_charts`. Which sidebar a page opened without ``workflowType`` shows and
+        the plain page's columns are the browser's own choices (MLflow keeps them in its local
+        storage)."""
         columns = [
             "attributes.`Models`",
             "attributes.`Dataset`",
@@ -283,7 +325,7 @@ class Queries:
                 )
             ),
         ]
-        view = {"selectedColumns": columns, "columnOrder": columns}
+        view = {"selectedColumns": columns, "columnOrder": columns, **_results_charts()}
         exp = self._store.experiment_id
         self._client.set_experiment_tag(exp, ExperimentTags.KIND, ExperimentTags.MODEL_TRAINING)
         self._client.set_experiment_tag(
