@@ -153,6 +153,67 @@ def test_a_members_products_do_not_depend_on_its_pack():
         assert torch.equal(packed[i], torch.tanh(x[i] @ w[i].T))
 
 
+def _product_by(which: int, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+    """``a [B, m, k] @ b [B, k, n]`` by ``nl_matmul_isa``'s code ``which`` (through the
+    operands' own strides); None where this CPU cannot run that code."""
+    from nlmodels.accel import native
+
+    batch, m, k = a.shape
+    n = b.shape[2]
+    out = torch.empty(batch, m, n, dtype=torch.float64)
+    status = native.library().nl_matmul_isa(
+        which, batch, m, n, k, a.data_ptr(), *a.stride(), b.data_ptr(), *b.stride(),
+        out.data_ptr(),
+    )  # fmt: skip
+    assert status in (0, 2), status
+    return None if status else out
+
+
+def _strided_operand(g: torch.Generator, batch: int, rows: int, cols: int, layout: int):
+    """[batch, rows, cols] float64 as laid out by ``layout``: 0 contiguous, 1 each matrix
+    transposed, 2 every other column of a wider matrix, 3 one matrix broadcast over the batch."""
+    if layout == 1:
+        return torch.randn(batch, cols, rows, generator=g, dtype=torch.float64).transpose(1, 2)
+    if layout == 2:
+        return torch.randn(batch, rows, 2 * cols, generator=g, dtype=torch.float64)[:, :, ::2]
+    if layout == 3:
+        return torch.randn(1, rows, cols, generator=g, dtype=torch.float64).expand(batch, -1, -1)
+    return torch.randn(batch, rows, cols, generator=g, dtype=torch.float64)
+
+
+def test_the_tiled_products_are_the_plain_loop_bit_for_bit():
+    """The register tiles (256- and 512-bit, the latter where the CPU has AVX-512F) and their
+    cache blocks give every element the plain loop's bits (the loop is the definition, checked
+    against exact rationals first): shapes drawn across the tiles' edges (6 x 8, 12 x 16), the
+    blocks of inner indices (256) and rows (96), narrow products, every operand layout."""
+    g = torch.Generator().manual_seed(55)
+    a = torch.randn(1, 7, 300, generator=g, dtype=torch.float64)
+    b = torch.randn(1, 300, 3, generator=g, dtype=torch.float64)
+    plain = _product_by(0, a, b)
+    assert plain is not None
+    assert np.array_equal(plain[0].numpy(), _reference_product(a[0].numpy(), b[0].numpy()))
+    codes_run = set()
+
+    def draw(low: int, high: int) -> int:
+        return int(torch.randint(low, high + 1, (), generator=g))
+
+    for case in range(60):
+        m, k, n = draw(1, 40), draw(1, 70), draw(1, 40)
+        if case % 6 == 0:  # across the blocks: rows past 96, inner indices past 256
+            m, k = draw(90, 200), draw(250, 520)
+        batch = draw(1, 3)
+        a = _strided_operand(g, batch, m, k, draw(0, 3)) * 4.0
+        b = _strided_operand(g, batch, k, n, draw(0, 3))
+        plain = _product_by(0, a, b)
+        for which in (1, 2):
+            tiled = _product_by(which, a, b)
+            if tiled is not None:
+                codes_run.add(which)
+                assert torch.equal(tiled, plain), (which, batch, m, k, n, a.stride(), b.stride())
+        assert torch.equal(torch.bmm(a, b), plain), (batch, m, k, n)
+    assert 1 in codes_run  # every x86-64-v3 CPU runs the 256-bit tiles
+
+
 FUNCTIONS = {
     "exp": mpmath.exp,
     "expm1": mpmath.expm1,

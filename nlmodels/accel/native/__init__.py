@@ -149,6 +149,16 @@ def _sphere_backward_shapes(a: SimpleNamespace) -> dict[str, Shape]:
 
 
 _GRU_SIZES = "n_time:i64 batch:i64 n_inputs:i64 units:i64 n_layers:i64"
+_MATMUL = (
+    "batch:i64 m:i64 n:i64 k:i64 a:ptr a_batch:i64 a_row:i64 a_col:i64 b:ptr b_batch:i64 "
+    "b_row:i64 b_col:i64 c:tensor"
+)
+
+
+def _matmul_shapes(s: SimpleNamespace) -> dict[str, Shape]:
+    return {"c": (s.batch, s.m, s.n)}
+
+
 _KERNELS = {
     "nl_gru_forward": _Kernel(
         _p(
@@ -194,14 +204,10 @@ _KERNELS = {
     ),
     # raw operands: called only by nlmodels.accel.portable, which passes each tensor's own
     # strides and a fresh contiguous output (see there); `call` is not its path
-    "nl_matmul": _Kernel(
-        _p(
-            "batch:i64 m:i64 n:i64 k:i64 a:ptr a_batch:i64 a_row:i64 a_col:i64 b:ptr "
-            "b_batch:i64 b_row:i64 b_col:i64 c:tensor"
-        ),
-        lambda s: {"c": (s.batch, s.m, s.n)},
-        returns_status=True,
-    ),
+    "nl_matmul": _Kernel(_p(_MATMUL), _matmul_shapes, returns_status=True),
+    # nl_matmul by a chosen code (0 the plain loop, 1 the 256-bit tiles, 2 the 512-bit tiles;
+    # status 2 where this CPU cannot run it): the tests hold every code to the plain loop
+    "nl_matmul_isa": _Kernel(_p(f"which:int {_MATMUL}"), _matmul_shapes, returns_status=True),
     "nl_unary": _Kernel(_p("op:int kind:int n:i64 x:ptr y:ptr"), lambda s: {}, returns_status=True),
     "nl_vector_math": _Kernel(
         _p("op:int n:i64 x:tensor y:tensor"), lambda a: {"x": (a.n,), "y": (a.n,)}

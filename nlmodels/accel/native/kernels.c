@@ -658,126 +658,83 @@ void nl_vector_math(int op, i64 n, const double *x, double *y) {
  * [batch][m][n]. Every element starts from its first product (rounded) and adds the others in
  * increasing l, each by one fused multiply-add (one rounding):
  *     acc = a[i][0] * b[0][j];  acc = fma(a[i][l], b[l][j], acc) for l = 1 .. k-1.
- * Vector lanes and register blocks hold different elements, never parts of one sum, so the bits
- * do not depend on the blocking, the vector width, the packing of operands or the CPU (every
- * x86-64-v3 CPU has FMA, exactly rounded). Narrow products (n < 8 <= m) are computed as
- * c^T = b^T a^T, which is the same arithmetic per element. */
+ * Vector lanes and register tiles hold different elements, never parts of one sum, and a sum
+ * interrupted between blocks of l is stored and reloaded exactly, so the bits do not depend on
+ * the tiling, the blocking, the vector width, the packing of operands or the CPU (every x86-64-v3
+ * CPU has FMA, exactly rounded): the 512-bit tiles, taken where the CPU has AVX-512F, give the
+ * 256-bit tiles' bits (the tests compare the two and the plain loop, mm_reference).
+ *
+ * The blocking is Goto and van de Geijn's ("Anatomy of High-Performance Matrix Multiplication",
+ * ACM TOMS 34(3), 2008): a block of MM_KC inner indices of b packed in panels of NR columns (one
+ * panel stays in L1 while it meets every row panel), of a in panels of MR rows (MM_MC rows stay
+ * in L2), and an MR x NR register tile of accumulators per pair of panels. Narrow products
+ * (n < NR / 2, m > n) are computed as c^T = b^T a^T, the same arithmetic per element. */
 #include <math.h>
 
-/* R rows of a (element (r, l) at a[r * ars + l * acs]) times 4 * V columns of b, whose rows are
- * contiguous with stride ldb; into c (row stride ldc). */
-#define MM_BLOCK(R, V)                                                                           \
-    static void mm_block_##R##x##V(i64 k, const double *a, i64 ars, i64 acs, const double *b,    \
-                                   i64 ldb, double *c, i64 ldc)                                  \
+#define MM_KC 256
+#define MM_MC 96 /* a multiple of every MR */
+#define MM_NC 4096
+
+/* An MR x NR tile: c (row stride ldc) = (first ? a0 b0 : c) then + a_l b_l for the kc inner
+ * indices of a packed row panel ap [kc][MR] and column panel bp [kc][NR]. */
+typedef void (*mm_tile_fn)(i64 kc, const double *restrict ap, const double *restrict bp,
+                           double *restrict c, i64 ldc, int first);
+
+/* R rows x V vectors of W lanes: the accumulators stay in registers (the loops over r and v
+ * have constant bounds and unroll). */
+#define MM_TILE(NAME, ATTR, VEC, W, R, V, SET1, LOADU, STOREU, MUL, FMADD)                       \
+    ATTR static void NAME(i64 kc, const double *restrict ap, const double *restrict bp,         \
+                          double *restrict c, i64 ldc, int first)                                \
     {                                                                                            \
-        __m256d acc[R][V];                                                                       \
-        for (int r = 0; r < R; ++r) {                                                            \
-            const __m256d ar = _mm256_set1_pd(a[r * ars]);                                       \
-            for (int v = 0; v < V; ++v) acc[r][v] = _mm256_mul_pd(ar, _mm256_loadu_pd(b + 4 * v)); \
-        }                                                                                        \
-        for (i64 l = 1; l < k; ++l) {                                                            \
-            const double *bl = b + l * ldb;                                                      \
-            __m256d bv[V];                                                                       \
-            for (int v = 0; v < V; ++v) bv[v] = _mm256_loadu_pd(bl + 4 * v);                     \
+        VEC acc[R][V];                                                                           \
+        i64 l = 0;                                                                               \
+        if (first) {                                                                             \
+            VEC bv[V];                                                                           \
+            for (int v = 0; v < V; ++v) bv[v] = LOADU(bp + W * v);                               \
             for (int r = 0; r < R; ++r) {                                                        \
-                const __m256d ar = _mm256_set1_pd(a[r * ars + l * acs]);                         \
-                for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_pd(ar, bv[v], acc[r][v]);   \
+                const VEC ar = SET1(ap[r]);                                                      \
+                for (int v = 0; v < V; ++v) acc[r][v] = MUL(ar, bv[v]);                          \
+            }                                                                                    \
+            l = 1;                                                                               \
+        } else {                                                                                 \
+            for (int r = 0; r < R; ++r)                                                          \
+                for (int v = 0; v < V; ++v) acc[r][v] = LOADU(c + r * ldc + W * v);              \
+        }                                                                                        \
+        for (; l < kc; ++l) {                                                                    \
+            const double *al = ap + l * R, *bl = bp + l * (W * V);                               \
+            VEC bv[V];                                                                           \
+            for (int v = 0; v < V; ++v) bv[v] = LOADU(bl + W * v);                               \
+            for (int r = 0; r < R; ++r) {                                                        \
+                const VEC ar = SET1(al[r]);                                                      \
+                for (int v = 0; v < V; ++v) acc[r][v] = FMADD(ar, bv[v], acc[r][v]);             \
             }                                                                                    \
         }                                                                                        \
         for (int r = 0; r < R; ++r)                                                              \
-            for (int v = 0; v < V; ++v) _mm256_storeu_pd(c + r * ldc + 4 * v, acc[r][v]);        \
+            for (int v = 0; v < V; ++v) STOREU(c + r * ldc + W * v, acc[r][v]);                  \
     }
-MM_BLOCK(4, 2)
-MM_BLOCK(3, 2)
-MM_BLOCK(2, 2)
-MM_BLOCK(1, 2)
-MM_BLOCK(4, 1)
-MM_BLOCK(3, 1)
-MM_BLOCK(2, 1)
-MM_BLOCK(1, 1)
 
-typedef void (*mm_block_fn)(i64, const double *, i64, i64, const double *, i64, double *, i64);
-static const mm_block_fn MM_BLOCKS[2][5] = {
-    {NULL, mm_block_1x1, mm_block_2x1, mm_block_3x1, mm_block_4x1},
-    {NULL, mm_block_1x2, mm_block_2x2, mm_block_3x2, mm_block_4x2},
-};
+/* 6 x 8: 12 accumulators of the 16 ymm registers */
+MM_TILE(mm_tile_avx2, , __m256d, 4, 6, 2, _mm256_set1_pd, _mm256_loadu_pd, _mm256_storeu_pd,
+        _mm256_mul_pd, _mm256_fmadd_pd)
+/* 12 x 16: 24 accumulators of the 32 zmm registers (AVX-512F, taken where the CPU has it) */
+MM_TILE(mm_tile_avx512, __attribute__((target("avx512f"))), __m512d, 8, 12, 2, _mm512_set1_pd,
+        _mm512_loadu_pd, _mm512_storeu_pd, _mm512_mul_pd, _mm512_fmadd_pd)
 
-/* R rows of a times the last 4 * (V - 1) + w columns of b, 0 < w < 4 (as MM_BLOCK): the last
- * vector's lanes past w are neither read nor written (masked loads and stores), so each
- * element's sum is the block's */
-#define MM_TAIL(R, V)                                                                            \
-    static void mm_tail_##R##x##V(i64 k, const double *a, i64 ars, i64 acs, const double *b,     \
-                                  i64 ldb, double *c, i64 ldc, i64 w)                            \
-    {                                                                                            \
-        const __m256i mask =                                                                     \
-            _mm256_cmpgt_epi64(_mm256_set1_epi64x(w), _mm256_setr_epi64x(0, 1, 2, 3));           \
-        const int last = V - 1;                                                                  \
-        __m256d acc[R][V], bv[V];                                                                \
-        for (int v = 0; v < last; ++v) bv[v] = _mm256_loadu_pd(b + 4 * v);                      \
-        bv[last] = _mm256_maskload_pd(b + 4 * last, mask);                                       \
-        for (int r = 0; r < R; ++r) {                                                            \
-            const __m256d ar = _mm256_set1_pd(a[r * ars]);                                       \
-            for (int v = 0; v < V; ++v) acc[r][v] = _mm256_mul_pd(ar, bv[v]);                    \
-        }                                                                                        \
-        for (i64 l = 1; l < k; ++l) {                                                            \
-            const double *bl = b + l * ldb;                                                      \
-            for (int v = 0; v < last; ++v) bv[v] = _mm256_loadu_pd(bl + 4 * v);                 \
-            bv[last] = _mm256_maskload_pd(bl + 4 * last, mask);                                  \
-            for (int r = 0; r < R; ++r) {                                                        \
-                const __m256d ar = _mm256_set1_pd(a[r * ars + l * acs]);                         \
-                for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_pd(ar, bv[v], acc[r][v]);   \
-            }                                                                                    \
-        }                                                                                        \
-        for (int r = 0; r < R; ++r) {                                                            \
-            for (int v = 0; v < last; ++v) _mm256_storeu_pd(c + r * ldc + 4 * v, acc[r][v]);     \
-            _mm256_maskstore_pd(c + r * ldc + 4 * last, mask, acc[r][last]);                     \
-        }                                                                                        \
-    }
-MM_TAIL(4, 2)
-MM_TAIL(3, 2)
-MM_TAIL(2, 2)
-MM_TAIL(1, 2)
-MM_TAIL(4, 1)
-MM_TAIL(3, 1)
-MM_TAIL(2, 1)
-MM_TAIL(1, 1)
+typedef struct {
+    int mr, nr;
+    mm_tile_fn tile;
+} mm_isa;
 
-typedef void (*mm_tail_fn)(i64, const double *, i64, i64, const double *, i64, double *, i64, i64);
-static const mm_tail_fn MM_TAILS[2][5] = {
-    {NULL, mm_tail_1x1, mm_tail_2x1, mm_tail_3x1, mm_tail_4x1},
-    {NULL, mm_tail_1x2, mm_tail_2x2, mm_tail_3x2, mm_tail_4x2},
-};
+enum { MM_REFERENCE = 0, MM_AVX2 = 1, MM_AVX512 = 2 };
+static const mm_isa MM_ISAS[3] = {{0, 0, NULL}, {6, 8, mm_tile_avx2}, {12, 16, mm_tile_avx512}};
 
-/* the last n - j < 8 columns of R rows: a masked block of one or two vectors, or a full one */
-static inline void mm_last_columns(int rows, i64 k, const double *a, i64 ars, i64 acs,
-                                   const double *b, i64 ldb, double *c, i64 ldc, i64 rest)
+static int mm_supported(int isa)
 {
-    if (rest == 4)
-        MM_BLOCKS[0][rows](k, a, ars, acs, b, ldb, c, ldc);
-    else if (rest > 0)
-        MM_TAILS[rest > 4][rows](k, a, ars, acs, b, ldb, c, ldc, rest > 4 ? rest - 4 : rest);
-}
-
-/* c [m][n] (row stride n) = a (strides ars, acs) times b (contiguous rows, stride ldb) */
-static void mm_core(i64 m, i64 n, i64 k, const double *a, i64 ars, i64 acs, const double *b,
-                    i64 ldb, double *c)
-{
-    const i64 full = m - m % 4;
-    for (i64 i = 0; i < full; i += 4) { /* the bulk: direct calls the compiler can inline */
-        const double *ai = a + i * ars;
-        double *ci = c + i * n;
-        i64 j = 0;
-        for (; j + 8 <= n; j += 8) mm_block_4x2(k, ai, ars, acs, b + j, ldb, ci + j, n);
-        mm_last_columns(4, k, ai, ars, acs, b + j, ldb, ci + j, n, n - j);
+    if (isa == MM_AVX512) {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx512f"); /* libgcc also checks the OS saves zmm state */
     }
-    if (full < m) {
-        const int rows = (int)(m - full);
-        const double *ai = a + full * ars;
-        double *ci = c + full * n;
-        i64 j = 0;
-        for (; j + 8 <= n; j += 8) MM_BLOCKS[1][rows](k, ai, ars, acs, b + j, ldb, ci + j, n);
-        mm_last_columns(rows, k, ai, ars, acs, b + j, ldb, ci + j, n, n - j);
-    }
+    return isa == MM_REFERENCE || isa == MM_AVX2;
 }
 
 /* dst [rows][cols] contiguous from src element (r, q) at src[r * rs + q * cs]; a transposed
@@ -797,6 +754,30 @@ static void mm_pack(i64 rows, i64 cols, const double *src, i64 rs, i64 cs, doubl
     }
 }
 
+/* Panels of w lines of a strided block: dst[p][l][t] = src[(p w + t) * ts + l * ls] for
+ * l < depth, t < w, p < ceil(lines / w), zero past the last line. b's column panels
+ * (lines = columns, ts = its column stride) and a's row panels (lines = rows) alike. */
+static void mm_panels(i64 lines, i64 depth, const double *src, i64 ts, i64 ls, int w,
+                      double *dst)
+{
+    for (i64 p0 = 0; p0 < lines; p0 += w, dst += depth * w) {
+        const i64 full = lines - p0 < w ? lines - p0 : w;
+        const double *s = src + p0 * ts;
+        if (ts == 1 || ls != 1) { /* lines adjacent in memory, or neither: l outer */
+            for (i64 l = 0; l < depth; ++l) {
+                i64 t = 0;
+                for (; t < full; ++t) dst[l * w + t] = s[t * ts + l * ls];
+                for (; t < w; ++t) dst[l * w + t] = 0.0;
+            }
+        } else { /* each line contiguous along l: t outer */
+            for (i64 t = 0; t < full; ++t)
+                for (i64 l = 0; l < depth; ++l) dst[l * w + t] = s[t * ts + l];
+            for (i64 t = full; t < w; ++t)
+                for (i64 l = 0; l < depth; ++l) dst[l * w + t] = 0.0;
+        }
+    }
+}
+
 /* one growing scratch buffer per thread: a fresh allocation per product would cost more than
  * small products themselves (large ones are mmap'ed and page-faulted in every time) */
 static __thread double *mm_scratch;
@@ -813,11 +794,81 @@ static double *mm_scratch_of(i64 need)
     return mm_scratch;
 }
 
-int nl_matmul(i64 batch, i64 m, i64 n, i64 k, const double *a, i64 abs_, i64 ars, i64 acs,
-              const double *b, i64 bbs, i64 brs, i64 bcs, double *c)
+static i64 mm_round_up(i64 x, i64 w) { return (x + w - 1) / w * w; }
+
+/* doubles of scratch the blocked product of (m, n, k) needs (its packed panels) */
+static i64 mm_blocked_need(const mm_isa *isa, i64 m, i64 n, i64 k)
 {
-    const int narrow = n < 8 && m >= 8;
-    const i64 need = narrow ? k * m + n * m : (bcs == 1 ? 0 : k * n);
+    const i64 nc = n < MM_NC ? n : MM_NC, kc = k < MM_KC ? k : MM_KC;
+    const i64 mc = m < MM_MC ? m : MM_MC;
+    return kc * (mm_round_up(nc, isa->nr) + mm_round_up(mc, isa->mr));
+}
+
+/* c [m][n] (row stride ldc) = a (strides ars, acs) times b (strides brs, bcs), k >= 1 */
+static void mm_blocked(const mm_isa *isa, i64 m, i64 n, i64 k, const double *a, i64 ars,
+                       i64 acs, const double *b, i64 brs, i64 bcs, double *c, i64 ldc,
+                       double *scratch)
+{
+    const int mr = isa->mr, nr = isa->nr;
+    double edge[12 * 16]; /* a tile that overhangs c: computed here, its part in c copied */
+    for (i64 jc = 0; jc < n; jc += MM_NC) {
+        const i64 nc = n - jc < MM_NC ? n - jc : MM_NC;
+        const i64 kmax = k < MM_KC ? k : MM_KC; /* as mm_blocked_need */
+        double *bpack = scratch, *apack = scratch + kmax * mm_round_up(nc, nr);
+        for (i64 pc = 0; pc < k; pc += MM_KC) {
+            const i64 kc = k - pc < MM_KC ? k - pc : MM_KC;
+            const int first = pc == 0;
+            mm_panels(nc, kc, b + pc * brs + jc * bcs, bcs, brs, nr, bpack);
+            for (i64 ic = 0; ic < m; ic += MM_MC) {
+                const i64 mc = m - ic < MM_MC ? m - ic : MM_MC;
+                mm_panels(mc, kc, a + ic * ars + pc * acs, ars, acs, mr, apack);
+                for (i64 jr = 0; jr < nc; jr += nr) {
+                    const double *bp = bpack + jr * kc;
+                    const i64 cols = nc - jr < nr ? nc - jr : nr;
+                    for (i64 ir = 0; ir < mc; ir += mr) {
+                        const double *ap = apack + ir * kc;
+                        const i64 rows = mc - ir < mr ? mc - ir : mr;
+                        double *ct = c + (ic + ir) * ldc + jc + jr;
+                        if (rows == mr && cols == nr) {
+                            isa->tile(kc, ap, bp, ct, ldc, first);
+                            continue;
+                        }
+                        if (!first)
+                            for (i64 r = 0; r < rows; ++r)
+                                memcpy(edge + r * nr, ct + r * ldc, (size_t)cols * sizeof(double));
+                        isa->tile(kc, ap, bp, edge, nr, first);
+                        for (i64 r = 0; r < rows; ++r)
+                            memcpy(ct + r * ldc, edge + r * nr, (size_t)cols * sizeof(double));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* the definition itself, one element after another (the tests' reference for the tiles) */
+static void mm_reference(i64 m, i64 n, i64 k, const double *a, i64 ars, i64 acs,
+                         const double *b, i64 brs, i64 bcs, double *c)
+{
+    for (i64 i = 0; i < m; ++i)
+        for (i64 j = 0; j < n; ++j) {
+            double acc = a[i * ars] * b[j * bcs];
+            for (i64 l = 1; l < k; ++l) acc = fma(a[i * ars + l * acs], b[l * brs + j * bcs], acc);
+            c[i * n + j] = acc;
+        }
+}
+
+/* nl_matmul by a chosen code: 0 the plain loop, 1 the 256-bit tiles, 2 the 512-bit tiles;
+ * returns 1 when out of memory, 2 when this CPU cannot run that code */
+int nl_matmul_isa(int which, i64 batch, i64 m, i64 n, i64 k, const double *a, i64 abs_, i64 ars,
+                  i64 acs, const double *b, i64 bbs, i64 brs, i64 bcs, double *c)
+{
+    if (which < 0 || which > MM_AVX512 || !mm_supported(which)) return 2;
+    const mm_isa *isa = &MM_ISAS[which];
+    const int narrow = which != MM_REFERENCE && 2 * n < isa->nr && m > n;
+    i64 need = 0;
+    if (which != MM_REFERENCE && k > 0)
+        need = narrow ? mm_blocked_need(isa, n, m, k) + m * n : mm_blocked_need(isa, m, n, k);
     double *scratch = need ? mm_scratch_of(need) : NULL;
     if (need && scratch == NULL) return 1;
     for (i64 p = 0; p < batch; ++p) {
@@ -825,19 +876,26 @@ int nl_matmul(i64 batch, i64 m, i64 n, i64 k, const double *a, i64 abs_, i64 ars
         double *cp = c + p * m * n;
         if (k == 0) {
             memset(cp, 0, (size_t)(m * n) * sizeof(double));
-        } else if (narrow) { /* c^T [n][m] = b^T [n][k] a^T [k][m] */
-            double *at = scratch, *ct = scratch + k * m;
-            mm_pack(k, m, ap, acs, ars, at);
-            mm_core(n, m, k, bp, bcs, brs, at, m, ct);
+        } else if (which == MM_REFERENCE) {
+            mm_reference(m, n, k, ap, ars, acs, bp, brs, bcs, cp);
+        } else if (narrow) { /* c^T [n][m] = b^T a^T: each element b_l a_l = a_l b_l */
+            double *ct = scratch + (need - m * n);
+            mm_blocked(isa, n, m, k, bp, bcs, brs, ap, acs, ars, ct, m, scratch);
             mm_pack(m, n, ct, 1, m, cp);
-        } else if (bcs == 1) {
-            mm_core(m, n, k, ap, ars, acs, bp, brs, cp);
         } else {
-            mm_pack(k, n, bp, brs, bcs, scratch);
-            mm_core(m, n, k, ap, ars, acs, scratch, n, cp);
+            mm_blocked(isa, m, n, k, ap, ars, acs, bp, brs, bcs, cp, n, scratch);
         }
     }
     return 0;
+}
+
+/* c = a b by the fastest tiles this CPU runs (the bits are every code's: see above) */
+int nl_matmul(i64 batch, i64 m, i64 n, i64 k, const double *a, i64 abs_, i64 ars, i64 acs,
+              const double *b, i64 bbs, i64 brs, i64 bcs, double *c)
+{
+    static int best = -1;
+    if (best < 0) best = mm_supported(MM_AVX512) ? MM_AVX512 : MM_AVX2;
+    return nl_matmul_isa(best, batch, m, n, k, a, abs_, ars, acs, b, bbs, brs, bcs, c);
 }
 
 /* ---- Elementary functions of the portable CPU numerics mode (nlmodels/accel/portable.py) ----
