@@ -74,10 +74,12 @@ def configure_environment() -> None:
     # Prefect creates only the last folder level; a fresh NLLAB_HOME needs its parents too,
     # and is made private first (its stores and logs are nobody else's).
     try:
-        from datasets import create_home
+        prefect = Path(os.environ["PREFECT_HOME"]).expanduser()
+        if home_folder() in prefect.resolve().parents:
+            from datasets import create_home
 
-        create_home()
-        Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
+            create_home()
+        prefect.mkdir(parents=True, exist_ok=True)
     except OSError:
         pass  # Prefect itself then reports the unusable folder
     # The temporary server's start timeout, when not set, grows with the machine's load
