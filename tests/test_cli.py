@@ -47,7 +47,7 @@ def test_console_entry_point_runs(tmp_path):
         timeout=120,
     )
     assert r.returncode == 0, r.stderr
-    assert "--profile {smoke,quick,paper}" in r.stdout
+    assert "--profile {smoke,quick,paper,fair}" in r.stdout
 
 
 @pytest.mark.parametrize(
