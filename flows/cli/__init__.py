@@ -110,8 +110,29 @@ def _check_home():
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``nllab`` console script; returns the exit code."""
+    """Entry point of the ``nllab`` console script; returns the exit code. As the program
+    itself (``argv`` None: the console script, ``python -m flows.cli``) the process ends with
+    the command's work (:func:`flows._leftovers.end_with_work`): processes user code started
+    are stopped, threads it left do not keep the process alive, a stop signal during the exit
+    gives ``128 + signal``."""
     args = build_parser().parse_args(argv)  # exits 2 on usage errors, 0 on --help
+    if argv is not None:
+        return _command(args)
+    from flows._leftovers import adopt_orphans, end_with_work
+
+    adopt_orphans()
+    try:
+        code = _command(args)
+    except Exception:
+        import traceback
+
+        traceback.print_exc()  # as the interpreter would, before the process ends below
+        code = EXIT_FAILED
+    return end_with_work(args.command, code)
+
+
+def _command(args: argparse.Namespace) -> int:
+    """Run the command ``args`` names; its exit code."""
     configure_environment()  # offline switches and tracking defaults, before the stack loads
     import nlmodels  # its names load on first use: the numerics below import nothing heavy
 
@@ -189,8 +210,11 @@ def _abandon(command: str, code: int) -> None:
     stopped nor joined)."""
     import os
 
+    from flows._leftovers import end_children
+
     line = f"{_interrupted(command)} (work still running was abandoned)"
     try:
+        end_children()  # what user code started ends with the command
         print(f"\nnllab {command}: {line}", file=sys.stderr, flush=True)
         sys.stdout.flush()
     finally:
