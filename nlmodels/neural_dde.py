@@ -66,17 +66,38 @@ def _hermite(piece: torch.Tensor, u: torch.Tensor, h: torch.Tensor) -> torch.Ten
     )
 
 
-def _lookup(knots: torch.Tensor, pieces: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """The path at times ``s [B, k]``: ``pieces [B, J, 4, D]`` are its Hermite pieces between
-    ``knots[:, :J + 1]``; a time outside them is moved to the nearest end. ``[B, k, D]``."""
-    n = pieces.shape[1]
-    s = torch.minimum(torch.maximum(s, knots[:, :1]), knots[:, n : n + 1])
-    j = (knots[:, None, 1:n] <= s.unsqueeze(-1)).sum(-1)  # [B, k]: the piece holding s
+def _locate(
+    knots: torch.Tensor, s: torch.Tensor, last: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where the times ``s [B, M, k]`` fall: the piece ``j`` between ``knots[:, j]`` and
+    ``knots[:, j + 1]`` (at most ``last [M]``, the last piece known when ``s`` is read; a time
+    before the first knot is moved to it), the fraction ``u`` of that piece and its length
+    ``h``, each ``[B, M, k]``."""
+    shape = s.shape
+    s = torch.maximum(s, knots[:, :1, None]).reshape(shape[0], -1)
+    j = torch.searchsorted(knots[:, 1:-1].contiguous(), s.detach(), right=True)
+    j = torch.minimum(j.view(shape), last[:, None]).reshape(shape[0], -1)
     left, right = knots.gather(1, j), knots.gather(1, j + 1)
     h = right - left
     u = (s - left) / torch.where(h > 0, h, torch.ones_like(h))
-    index = j[..., None, None].expand(-1, -1, *pieces.shape[2:])
-    return _hermite(pieces.gather(1, index), u, h)
+    return j.view(shape), u.view(shape), h.view(shape)
+
+
+def _read(
+    done: torch.Tensor,
+    x: torch.Tensor,
+    slope: torch.Tensor,
+    where: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> torch.Tensor:
+    """The path at located times (``j, u, h [B, m]``, see :func:`_locate`), ``[B, m, D]``: on
+    the finished pieces ``done [B, J, 4, D]``, or, on piece J, the step being taken, along the
+    slope at its start (state ``x``, ``slope`` ``[B, D]``)."""
+    j, u, h = where
+    n = done.shape[1]
+    index = j.clamp(max=n - 1)[..., None, None].expand(-1, -1, *done.shape[2:])
+    on_done = _hermite(done.gather(1, index), u, h)
+    ahead = x.unsqueeze(1) + (u * h).unsqueeze(-1) * slope.unsqueeze(1)
+    return torch.where((j == n).unsqueeze(-1), ahead, on_done)
 
 
 def _step_grid(t0: torch.Tensor, query_t: torch.Tensor, substeps: int) -> torch.Tensor:
@@ -99,10 +120,6 @@ def _history(hist_t: torch.Tensor, hist_x: torch.Tensor) -> tuple[torch.Tensor, 
     slope = (xs[:, 1:] - xs[:, :-1]) / (knots[:, 1:] - knots[:, :-1]).unsqueeze(-1)
     pieces = torch.stack([xs[:, :-1], xs[:, 1:], slope, slope], dim=2)
     return knots, pieces
-
-
-def _piece(xl, xr, dl, dr) -> torch.Tensor:
-    return torch.stack([xl, xr, dl, dr], dim=1).unsqueeze(1)  # [B, 1, 4, D]
 
 
 def dde_solve(
@@ -135,33 +152,32 @@ def dde_solve(
     are its time minus the delays, so the result is differentiable in the delays.
     """
     knots, pieces = _history(hist_t, hist_x)
+    first, k = pieces.shape[1], delays.shape[1]  # the first solved piece, the delays
     nodes = _step_grid(hist_t[:, -1], query_t, substeps)
     knots = torch.cat([knots, nodes[:, 1:]], dim=1)
-
-    def delayed(t: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
-        return _lookup(knots, done, t.unsqueeze(1) - delays)
+    # every delayed time read, located at once: the start's, then each step's at its middle
+    # (RK4's middle stages) and at its end (the last stage and the slope at the new node)
+    last = first - 1 + torch.arange(nodes.shape[1], device=nodes.device)  # known when read
+    start = _locate(knots, nodes[:, :1, None] - delays[:, None], last[:1])
+    mid_end = torch.cat([(nodes[:, :-1, None] + nodes[:, 1:, None]) / 2, nodes[:, 1:, None]], 2)
+    steps = _locate(knots, mid_end.repeat_interleave(k, 2) - delays.repeat(1, 2)[:, None], last[1:])
 
     x = hist_x[:, -1]
-    slope = field(nodes[:, 0], x, delayed(nodes[:, 0], pieces))
+    slope = field(nodes[:, 0], x, _read(pieces, x, x, tuple(a[:, 0] for a in start)))
     out = []
     for n in range(nodes.shape[1] - 1):
         t, t1 = nodes[:, n], nodes[:, n + 1]
         h = (t1 - t).unsqueeze(-1)
-        ahead = torch.cat([pieces, _piece(x, x + h * slope, slope, slope)], dim=1)
+        late, at_end = _read(pieces, x, slope, tuple(a[:, n] for a in steps)).split(k, dim=1)
         if scheme == "rk4":
-            mid = t + h[:, 0] / 2
-            late = delayed(mid, ahead)
-            k2 = field(mid, x + h / 2 * slope, late)
-            k3 = field(mid, x + h / 2 * k2, late)
-            k4 = field(t1, x + h * k3, delayed(t1, ahead))
+            k2 = field(t + h[:, 0] / 2, x + h / 2 * slope, late)
+            k3 = field(t + h[:, 0] / 2, x + h / 2 * k2, late)
+            k4 = field(t1, x + h * k3, at_end)
             x1 = x + h / 6 * (slope + 2 * k2 + 2 * k3 + k4)
-            end = k4
         else:
             x1 = x + h * slope
-            end = slope
-        # the slope at the new node reads the step's own piece when a delay is shorter than h
-        slope1 = field(t1, x1, delayed(t1, torch.cat([pieces, _piece(x, x1, slope, end)], 1)))
-        pieces = torch.cat([pieces, _piece(x, x1, slope, slope1)], dim=1)
+        slope1 = field(t1, x1, at_end)
+        pieces = torch.cat([pieces, torch.stack([x, x1, slope, slope1], dim=1)[:, None]], dim=1)
         x, slope = x1, slope1
         if (n + 1) % substeps == 0:
             out.append(x)
