@@ -489,3 +489,72 @@ def test_a_build_that_times_out_is_retried_with_a_longer_limit():
     with pytest.raises(subprocess.TimeoutExpired):
         _store._patiently(slow, (0.1, 0.2))
     assert _store.BUILD_TIMEOUTS[1] > _store.BUILD_TIMEOUTS[0]
+
+
+def _lane_wise_cases(g: torch.Generator) -> dict[str, tuple[list, tuple[int, ...]]]:
+    """Each lane-wise kernel's C arguments (sizes off the vectors' widths, so the masked tails
+    run) and which of them it writes."""
+
+    def r(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, dtype=torch.float64) * scale
+
+    def z(*shape: int) -> torch.Tensor:
+        return torch.zeros(*shape, dtype=torch.float64)
+
+    n_time, batch, n_in, units, layers = 13, 21, 3, 11, 2
+    w_ih = r(3 * units * (n_in + (layers - 1) * units), scale=0.5)
+    gru = [n_time, batch, n_in, units, layers, r(n_in, n_time, batch), w_ih]
+    gru += [r(layers, 3 * units, units, scale=0.5), r(layers, 3 * units), r(layers, 3 * units)]
+    gru += [
+        z(layers, units, n_time + 1, batch),
+        z(layers, 4 * units, n_time, batch),
+    ]
+    n, dims, q = 3, 2, 5
+    sphere = [n, n_time, dims, q, 0, r(2 * dims * q, n * n_time, scale=2.0), r(2 * dims * q)]
+    sphere += [r(q, n_time).abs(), r(q, n_time, scale=3.0), 1.3]
+    sphere += [0.1, z(n, n_time, dims), z(n_time)]
+    return {
+        "nl_gru_forward": (gru, (10, 11)),
+        "nl_first_hidden": (
+            [
+                n,
+                n_time,
+                units,
+                1,
+                r(n, n_time, units, scale=3.0),
+                r(n, units),
+                z(n * n_time, units),
+            ],
+            (6,),
+        ),
+        "nl_bias_tanh": ([n * n_time, units, r(n * n_time, units, scale=3.0), r(units)], (2,)),
+        "nl_sphere_out_forward": (sphere, (5, 11)),
+    }
+
+
+def _run_lane_wise(library, name: str, width: str, args: list) -> list:
+    """Kernel ``name`` of one vector width (``w4``, ``w8``, or "" the entry point) on a copy of
+    ``args`` (tensors by their data, with the entry point's C signature); the copy."""
+    function = getattr(library, f"{name}_{width}" if width else name)
+    function.argtypes = getattr(library, name).argtypes
+    copied = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    function(*(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in copied))
+    return copied
+
+
+@needs_native
+@pytest.mark.skipif(not _cpu_has("avx512f"), reason="the 512-bit code needs AVX-512F")
+def test_the_portable_builds_512_bit_lane_wise_kernels_give_its_256_bit_bits():
+    """The portable build compiles its lane-wise kernels for 256- and 512-bit vectors and runs
+    the latter where the CPU has them: the same operations lane by lane, so every output bit
+    is the 256-bit code's (the 256-bit code is what every other x86-64-v3 CPU runs)."""
+    library = _native.library()
+    if library is None or not hasattr(library, "nl_bias_tanh_w8"):
+        pytest.skip("this build has one vector width (not the portable build)")
+    g = torch.Generator().manual_seed(8)
+    for name, (args, written) in _lane_wise_cases(g).items():
+        runs = {width: _run_lane_wise(library, name, width, args) for width in ("w4", "w8", "")}
+        for i in written:
+            assert torch.isfinite(runs["w4"][i]).all(), (name, i)
+            assert torch.equal(runs["w8"][i], runs["w4"][i]), (name, i)
+            assert torch.equal(runs[""][i], runs["w4"][i]), (name, i)

@@ -8,12 +8,14 @@
  * Layout of the GRU kernels: "feature-major": a sequence of B-vectors is stored [F][T][B], so
  * every elementwise loop and every small matrix product runs over B contiguous doubles.
  */
+#ifndef NL_WIDE_PASS
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef int64_t i64;
+#endif
 
 /* Vectors of 8 doubles with AVX-512, 4 with AVX2 + FMA; the transcendentals are the inline
  * polynomials below. Any other target stops the build here, and the Python side keeps its
@@ -31,12 +33,16 @@ typedef __m512d vd;
 #define V_MIN(a, b) _mm512_min_pd((a), (b))
 #define V_FMA(a, b, c) _mm512_fmadd_pd((a), (b), (c))
 #define V_MAX(a, b) _mm512_max_pd((a), (b))
+#if defined(NL_WIDE_PASS) /* the portable build's 512-bit pass: its 256-bit pass's division */
+#define V_RECIP(d) (_mm512_set1_pd(1.0) / (d))
+#else
 /* 1/d: 14-bit estimate, two Newton steps (error 2^-56), far cheaper than vdivpd */
 static inline vd V_RECIP(vd d) {
     vd y = _mm512_rcp14_pd(d);
     y = y * (_mm512_set1_pd(2.0) - d * y);
     return y * (_mm512_set1_pd(2.0) - d * y);
 }
+#endif
 #elif defined(__AVX2__) && defined(__FMA__)
 typedef __m256d vd;
 #define VW 4
@@ -59,6 +65,19 @@ static inline double V_SUM(__m256d v) {
 #endif
 
 typedef long long vl __attribute__((vector_size(sizeof(vd))));
+
+/* The portable build (256-bit vectors, no FMA contraction) compiles its lane-wise kernels (each
+ * element computed on its own, no sum across lanes: the GRU's forward pass, the decoder's forward
+ * layers) a second time for 512-bit vectors, taken where the CPU has AVX-512F: the same
+ * operations lane by lane, so the same bits (the tests compare the two), in half the
+ * instructions. The passes name them *_w4 and *_w8; the end of this file dispatches. */
+#if !defined(NL_WIDE_PASS) && !defined(__AVX512F__)
+#define NL_HAS_WIDE 1
+#define nl_gru_forward nl_gru_forward_w4
+#define nl_first_hidden nl_first_hidden_w4
+#define nl_bias_tanh nl_bias_tanh_w4
+#define nl_sphere_out_forward nl_sphere_out_forward_w4
+#endif
 
 /* e^x - 1 for |x| <= 708 (clamped beyond): x = k ln2 + r with |r| <= ln2/2 (Cody-Waite split
  * of ln2), q = e^r - 1 by its Taylor polynomial to degree 12 (truncation < 2e-16 relative,
@@ -225,6 +244,7 @@ static void gemm_rows(i64 m, i64 k, i64 n, const double *restrict w, i64 ldw,
         }
 }
 
+#ifndef NL_WIDE_PASS /* the 256-bit pass only (see the end of this file) */
 /* acc[j][k][:] += sum over column vectors c of a[j][c] * b[k][c] (j < m, k < nk, n columns),
  * lane-wise: acc keeps VW partial sums per (j, k), reduced once at the end (reduce_lanes). This is
  * a weight gradient's product dW += dA B^T taken one time step at a time, while dA is hot in
@@ -306,13 +326,17 @@ static void reduce_lanes(i64 n, const double *restrict acc, double *restrict out
     }
 }
 
+#endif /* NL_WIDE_PASS */
+
 /* Scratch of n doubles (at least one, so an empty batch is not mistaken for a failure). */
 static double *alloc_doubles(i64 n) { return malloc(sizeof(double) * (size_t)(n > 0 ? n : 1)); }
 
+#ifndef NL_WIDE_PASS /* the 256-bit pass only (see the end of this file) */
 static void transpose(i64 m, i64 k, const double *restrict a, double *restrict at) {
     for (i64 i = 0; i < m; i++)
         for (i64 j = 0; j < k; j++) at[j * m + i] = a[i * k + j];
 }
+#endif /* NL_WIDE_PASS */
 
 static inline i64 layer_inputs(i64 layer, i64 n_inputs, i64 units) {
     return layer ? units : n_inputs;
@@ -387,6 +411,7 @@ int nl_gru_forward(i64 n_time, i64 batch, i64 n_inputs, i64 units, i64 n_layers,
     return 0;
 }
 
+#ifndef NL_WIDE_PASS /* the 256-bit pass only (see the end of this file) */
 /* Backward of one GRU cell on lanes [i, i+m), from g = dL/dh' (plus the layer above's share):
  * the pre-activation gradients dr, dz, dn (= the input side's) and dn r (the hidden n's), and
  * z g, the direct part of dL/dh. */
@@ -493,6 +518,8 @@ int nl_gru_backward(i64 n_time, i64 batch, i64 n_inputs, i64 units, i64 n_layers
     return 0;
 }
 
+#endif /* NL_WIDE_PASS */
+
 /* ---- Neural Laplace's decoder g (see nlmodels/accel/decoder.py) ---- */
 
 /* First hidden layer: h1[b][t][:] = tanh(per_time[(b,) t][:] + per_traj[b][:]). */
@@ -509,6 +536,7 @@ void nl_first_hidden(i64 n, i64 n_time, i64 units, int per_row, const double *pe
         }
 }
 
+#ifndef NL_WIDE_PASS /* the 256-bit pass only (see the end of this file) */
 /* Backward of nl_first_hidden, in place on g [n][T][H] (dL/dh1 -> dL/d(pre-activation)):
  * g_traj[b] = sum_t g[b][t]; g_time[t] += sum_b g[b][t] (shared grid) or g_time[b][t] = g[b][t]. */
 void nl_first_hidden_backward(i64 n, i64 n_time, i64 units, int per_row, double *g,
@@ -536,6 +564,8 @@ void nl_first_hidden_backward(i64 n, i64 n_time, i64 units, int per_row, double 
     }
 }
 
+#endif /* NL_WIDE_PASS */
+
 /* h[r][:] = tanh(h[r][:] + bias), in place. */
 void nl_bias_tanh(i64 rows, i64 units, double *h, const double *bias) {
     for (i64 r = 0; r < rows; r++) {
@@ -546,6 +576,7 @@ void nl_bias_tanh(i64 rows, i64 units, double *h, const double *bias) {
     }
 }
 
+#ifndef NL_WIDE_PASS /* the 256-bit pass only (see the end of this file) */
 /* g *= 1 - h^2 (tanh's derivative from its output) over [rows][units]; g_bias += column sums. */
 void nl_tanh_backward(i64 rows, i64 units, double *g, const double *h, double *g_bias) {
     const vd one = V_SET1(1.0);
@@ -562,6 +593,8 @@ void nl_tanh_backward(i64 rows, i64 units, double *g, const double *h, double *g
 #undef LANES
     }
 }
+
+#endif /* NL_WIDE_PASS */
 
 /* The output map for a linear ILT, fused (forward), on the output layer laid out transposed:
  * out_t [2*D*Q][rows] holds column c = (k, d, q) of the output layer (k = 0: theta, 1: phi) for
@@ -610,6 +643,7 @@ void nl_sphere_out_forward(i64 n, i64 n_time, i64 dims, i64 n_query, int per_row
     }
 }
 
+#ifndef NL_WIDE_PASS /* the 256-bit pass only (see the end of this file) */
 /* Backward entry: g_t[c][row] = d_out_t[c][row] * grad_x[row][d(c)] for c = (k, d, q); g_bias[c]
  * += sum over rows. gx_t is scratch of D*rows doubles. */
 void nl_sphere_out_backward(i64 rows, i64 dims, i64 n_query, const double *d_out_t,
@@ -1035,3 +1069,116 @@ int nl_unary(int op, int kind, i64 n, const void *x, void *y)
     }
     return 0;
 }
+
+/* ---- The lane-wise kernels for 512-bit vectors in the portable build (see the top) ---------
+ * This file again, its lane-wise kernels only (NL_WIDE_PASS), for AVX-512F, every name of theirs
+ * suffixed _w8; then each kernel's entry point runs the 512-bit code where the CPU has it. */
+#if defined(NL_HAS_WIDE)
+#undef VW
+#undef V_SET1
+#undef V_LOAD
+#undef V_STORE
+#undef V_MASK
+#undef V_LOAD_N
+#undef V_STORE_N
+#undef V_MIN
+#undef V_FMA
+#undef V_MAX
+#undef V_RECIP
+#undef LD
+#undef ST
+#undef FOR_VECTORS
+#undef COL_BLOCK
+#undef GEMM_BLOCK
+#undef nl_gru_forward
+#undef nl_first_hidden
+#undef nl_bias_tanh
+#undef nl_sphere_out_forward
+#define vd vd_w8
+#define vl vl_w8
+#define v_expm1_parts v_expm1_parts_w8
+#define v_exp v_exp_w8
+#define v_sigmoid v_sigmoid_w8
+#define v_tanh_fast v_tanh_fast_w8
+#define v_sincos_reduced v_sincos_reduced_w8
+#define v_sincos v_sincos_w8
+#define v_tan_quarter_plus v_tan_quarter_plus_w8
+#define gemm_block_4 gemm_block_4_w8
+#define gemm_block_2 gemm_block_2_w8
+#define gemm_block_1 gemm_block_1_w8
+#define gemm_rows gemm_rows_w8
+#define alloc_doubles alloc_doubles_w8
+#define layer_inputs layer_inputs_w8
+#define w_ih_offset w_ih_offset_w8
+#define gru_cell_forward gru_cell_forward_w8
+#define sphere_out_lanes sphere_out_lanes_w8
+#define nl_gru_forward nl_gru_forward_w8
+#define nl_first_hidden nl_first_hidden_w8
+#define nl_bias_tanh nl_bias_tanh_w8
+#define nl_sphere_out_forward nl_sphere_out_forward_w8
+#define NL_WIDE_PASS
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,prefer-vector-width=512")
+#include __FILE__
+#pragma GCC pop_options
+#undef NL_WIDE_PASS
+#undef vd
+#undef vl
+#undef v_expm1_parts
+#undef v_exp
+#undef v_sigmoid
+#undef v_tanh_fast
+#undef v_sincos_reduced
+#undef v_sincos
+#undef v_tan_quarter_plus
+#undef gemm_block_4
+#undef gemm_block_2
+#undef gemm_block_1
+#undef gemm_rows
+#undef alloc_doubles
+#undef layer_inputs
+#undef w_ih_offset
+#undef gru_cell_forward
+#undef sphere_out_lanes
+#undef nl_gru_forward
+#undef nl_first_hidden
+#undef nl_bias_tanh
+#undef nl_sphere_out_forward
+
+static int nl_wide(void)
+{
+    static int wide = -1;
+    if (wide < 0) wide = mm_supported(MM_AVX512);
+    return wide;
+}
+
+int nl_gru_forward(i64 n_time, i64 batch, i64 n_inputs, i64 units, i64 n_layers,
+                   const double *x, const double *w_ih, const double *w_hh, const double *b_ih,
+                   const double *b_hh, double *states, double *gates)
+{
+    return (nl_wide() ? nl_gru_forward_w8 : nl_gru_forward_w4)(
+        n_time, batch, n_inputs, units, n_layers, x, w_ih, w_hh, b_ih, b_hh, states, gates);
+}
+
+void nl_first_hidden(i64 n, i64 n_time, i64 units, int per_row, const double *per_time,
+                     const double *per_traj, double *h1)
+{
+    (nl_wide() ? nl_first_hidden_w8 : nl_first_hidden_w4)(n, n_time, units, per_row, per_time,
+                                                          per_traj, h1);
+}
+
+void nl_bias_tanh(i64 rows, i64 units, double *h, const double *bias)
+{
+    (nl_wide() ? nl_bias_tanh_w8 : nl_bias_tanh_w4)(rows, units, h, bias);
+}
+
+void nl_sphere_out_forward(i64 n, i64 n_time, i64 dims, i64 n_query, int per_row, double *out_t,
+                           const double *bias, const double *w_abs, const double *w_arg,
+                           double phi_scale, double phi_centre, double *x, double *acc)
+{
+    (nl_wide() ? nl_sphere_out_forward_w8 : nl_sphere_out_forward_w4)(
+        n, n_time, dims, n_query, per_row, out_t, bias, w_abs, w_arg, phi_scale, phi_centre, x,
+        acc);
+}
+#endif
+#endif /* NL_WIDE_PASS */
