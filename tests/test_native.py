@@ -513,8 +513,13 @@ def _lane_wise_cases(g: torch.Generator) -> dict[str, tuple[list, tuple[int, ...
     sphere = [n, n_time, dims, q, 0, r(2 * dims * q, n * n_time, scale=2.0), r(2 * dims * q)]
     sphere += [r(q, n_time).abs(), r(q, n_time, scale=3.0), 1.3]
     sphere += [0.1, z(n, n_time, dims), z(n_time)]
+    gru_back = [*gru[:7], gru[7], r(layers, units, n_time + 1, batch)]
+    gru_back += [r(layers, 4 * units, n_time, batch).sigmoid(), r(units, batch), z(w_ih.numel())]
+    gru_back += [z(layers, 3 * units, units), z(layers, 3 * units), z(layers, 3 * units)]
+    gru_back += [z(n_in, n_time, batch)]
     return {
         "nl_gru_forward": (gru, (10, 11)),
+        "nl_gru_backward": (gru_back, (11, 12, 13, 14, 15)),
         "nl_first_hidden": (
             [
                 n,
@@ -546,8 +551,9 @@ def _run_lane_wise(library, name: str, width: str, args: list) -> list:
 @pytest.mark.skipif(not _cpu_has("avx512f"), reason="the 512-bit code needs AVX-512F")
 def test_the_portable_builds_512_bit_lane_wise_kernels_give_its_256_bit_bits():
     """The portable build compiles its lane-wise kernels for 256- and 512-bit vectors and runs
-    the latter where the CPU has them: the same operations lane by lane, so every output bit
-    is the 256-bit code's (the 256-bit code is what every other x86-64-v3 CPU runs)."""
+    the latter where the CPU has them: the same operations lane by lane (the GRU backward's sums
+    along rows in 4 lanes in both), so every output bit is the 256-bit code's (the code every
+    other x86-64-v3 CPU runs)."""
     library = _native.library()
     if library is None or not hasattr(library, "nl_bias_tanh_w8"):
         pytest.skip("this build has one vector width (not the portable build)")

@@ -70,13 +70,40 @@ typedef long long vl __attribute__((vector_size(sizeof(vd))));
  * element computed on its own, no sum across lanes: the GRU's forward pass, the decoder's forward
  * layers) a second time for 512-bit vectors, taken where the CPU has AVX-512F: the same
  * operations lane by lane, so the same bits (the tests compare the two), in half the
- * instructions. The passes name them *_w4 and *_w8; the end of this file dispatches. */
+ * instructions (the GRU's backward pass too, its sums along rows kept in 4 lanes). The passes
+ * name them *_w4 and *_w8; the end of this file dispatches. */
 #if !defined(NL_WIDE_PASS) && !defined(__AVX512F__)
 #define NL_HAS_WIDE 1
 #define nl_gru_forward nl_gru_forward_w4
 #define nl_first_hidden nl_first_hidden_w4
 #define nl_bias_tanh nl_bias_tanh_w4
 #define nl_sphere_out_forward nl_sphere_out_forward_w4
+#define nl_gru_backward nl_gru_backward_w4
+#endif
+
+/* Sums along a row (the GRU's weight gradients) keep partial sums in vector lanes, whose number
+ * decides their bits: the 512-bit pass keeps the 256-bit pass's 4 lanes for them. */
+#define NL_CAT_(a, b) a##b
+#define NL_CAT(a, b) NL_CAT_(a, b)
+#if defined(NL_WIDE_PASS)
+typedef __m256d sd;
+#define SW 4
+#define S_SET1(a) _mm256_set1_pd(a)
+#define S_LOAD(p) _mm256_loadu_pd(p)
+#define S_STORE(p, v) _mm256_storeu_pd((p), (v))
+#define S_LOAD_N(p, m)                                                                           \
+    _mm256_maskload_pd((p), _mm256_cmpgt_epi64(_mm256_set1_epi64x(m), _mm256_setr_epi64x(0, 1, 2, 3)))
+#define S_FMA(a, b, c) _mm256_fmadd_pd((a), (b), (c))
+#define NL_SUFFIX _w8
+#else
+typedef vd sd;
+#define SW VW
+#define S_SET1 V_SET1
+#define S_LOAD V_LOAD
+#define S_STORE V_STORE
+#define S_LOAD_N V_LOAD_N
+#define S_FMA V_FMA
+#define NL_SUFFIX
 #endif
 
 /* e^x - 1 for |x| <= 708 (clamped beyond): x = k ln2 + r with |r| <= ln2/2 (Cody-Waite split
@@ -244,39 +271,39 @@ static void gemm_rows(i64 m, i64 k, i64 n, const double *restrict w, i64 ldw,
         }
 }
 
-#ifndef NL_WIDE_PASS /* the 256-bit pass only (see the end of this file) */
 /* acc[j][k][:] += sum over column vectors c of a[j][c] * b[k][c] (j < m, k < nk, n columns),
- * lane-wise: acc keeps VW partial sums per (j, k), reduced once at the end (reduce_lanes). This is
+ * lane-wise: acc keeps SW partial sums per (j, k), reduced once at the end (reduce_lanes). This is
  * a weight gradient's product dW += dA B^T taken one time step at a time, while dA is hot in
  * cache. Register-blocked R x S (up to 4 x 4): R*S accumulating vectors, R+S loads per R*S FMAs;
  * every block shape is its own function so its accumulators stay in registers. */
+#define DOT_NAME(R, S) NL_CAT(dot_block_##R##_##S, NL_SUFFIX)
 #define DOT_BLOCK(R, S)                                                                        \
-    static void dot_block_##R##_##S(i64 n, const double *restrict a, i64 lda,                  \
+    static void DOT_NAME(R, S)(i64 n, const double *restrict a, i64 lda,                  \
                                     const double *restrict b, i64 ldb, double *restrict acc,  \
                                     i64 acc_stride) {                                          \
-        vd s[R][S];                                                                            \
+        sd s[R][S];                                                                            \
         for (int jj = 0; jj < R; jj++)                                                         \
-            for (int kk = 0; kk < S; kk++) s[jj][kk] = V_SET1(0.0);                            \
+            for (int kk = 0; kk < S; kk++) s[jj][kk] = S_SET1(0.0);                            \
         i64 c = 0;                                                                             \
-        for (; c + VW <= n; c += VW) {                                                         \
-            vd av[R], bv[S];                                                                   \
-            for (int jj = 0; jj < R; jj++) av[jj] = V_LOAD(a + jj * lda + c);                  \
-            for (int kk = 0; kk < S; kk++) bv[kk] = V_LOAD(b + kk * ldb + c);                  \
+        for (; c + SW <= n; c += SW) {                                                         \
+            sd av[R], bv[S];                                                                   \
+            for (int jj = 0; jj < R; jj++) av[jj] = S_LOAD(a + jj * lda + c);                  \
+            for (int kk = 0; kk < S; kk++) bv[kk] = S_LOAD(b + kk * ldb + c);                  \
             for (int jj = 0; jj < R; jj++)                                                     \
-                for (int kk = 0; kk < S; kk++) s[jj][kk] = V_FMA(av[jj], bv[kk], s[jj][kk]);   \
+                for (int kk = 0; kk < S; kk++) s[jj][kk] = S_FMA(av[jj], bv[kk], s[jj][kk]);   \
         }                                                                                      \
         if (c < n) { /* the last, partial vector: masked loads read zeros past the end */     \
             const int w = (int)(n - c);                                                        \
-            vd av[R], bv[S];                                                                   \
-            for (int jj = 0; jj < R; jj++) av[jj] = V_LOAD_N(a + jj * lda + c, w);             \
-            for (int kk = 0; kk < S; kk++) bv[kk] = V_LOAD_N(b + kk * ldb + c, w);             \
+            sd av[R], bv[S];                                                                   \
+            for (int jj = 0; jj < R; jj++) av[jj] = S_LOAD_N(a + jj * lda + c, w);             \
+            for (int kk = 0; kk < S; kk++) bv[kk] = S_LOAD_N(b + kk * ldb + c, w);             \
             for (int jj = 0; jj < R; jj++)                                                     \
-                for (int kk = 0; kk < S; kk++) s[jj][kk] = V_FMA(av[jj], bv[kk], s[jj][kk]);   \
+                for (int kk = 0; kk < S; kk++) s[jj][kk] = S_FMA(av[jj], bv[kk], s[jj][kk]);   \
         }                                                                                      \
         for (int jj = 0; jj < R; jj++)                                                         \
             for (int kk = 0; kk < S; kk++) {                                                   \
-                double *dst = acc + jj * acc_stride + kk * VW;                                 \
-                V_STORE(dst, V_LOAD(dst) + s[jj][kk]);                                         \
+                double *dst = acc + jj * acc_stride + kk * SW;                                 \
+                S_STORE(dst, S_LOAD(dst) + s[jj][kk]);                                         \
             }                                                                                  \
     }
 #define DOT_BLOCKS(R) DOT_BLOCK(R, 1) DOT_BLOCK(R, 2) DOT_BLOCK(R, 3) DOT_BLOCK(R, 4)
@@ -286,10 +313,10 @@ DOT_BLOCKS(3)
 DOT_BLOCKS(4)
 typedef void (*dot_block_fn)(i64, const double *, i64, const double *, i64, double *, i64);
 static const dot_block_fn DOT_BLOCK_TABLE[4][4] = {
-    {dot_block_1_1, dot_block_1_2, dot_block_1_3, dot_block_1_4},
-    {dot_block_2_1, dot_block_2_2, dot_block_2_3, dot_block_2_4},
-    {dot_block_3_1, dot_block_3_2, dot_block_3_3, dot_block_3_4},
-    {dot_block_4_1, dot_block_4_2, dot_block_4_3, dot_block_4_4},
+    {DOT_NAME(1, 1), DOT_NAME(1, 2), DOT_NAME(1, 3), DOT_NAME(1, 4)},
+    {DOT_NAME(2, 1), DOT_NAME(2, 2), DOT_NAME(2, 3), DOT_NAME(2, 4)},
+    {DOT_NAME(3, 1), DOT_NAME(3, 2), DOT_NAME(3, 3), DOT_NAME(3, 4)},
+    {DOT_NAME(4, 1), DOT_NAME(4, 2), DOT_NAME(4, 3), DOT_NAME(4, 4)},
 };
 
 static void dot_accumulate(i64 m, i64 nk, i64 n, const double *restrict a, i64 lda,
@@ -299,7 +326,7 @@ static void dot_accumulate(i64 m, i64 nk, i64 n, const double *restrict a, i64 l
         for (i64 k0 = 0; k0 < nk; k0 += 4) {
             const i64 cols = nk - k0 < 4 ? nk - k0 : 4;
             DOT_BLOCK_TABLE[rows - 1][cols - 1](n, a + j0 * lda, lda, b + k0 * ldb, ldb,
-                                                acc + (j0 * nk + k0) * VW, nk * VW);
+                                                acc + (j0 * nk + k0) * SW, nk * SW);
         }
     }
 }
@@ -308,35 +335,32 @@ static void dot_accumulate(i64 m, i64 nk, i64 n, const double *restrict a, i64 l
 static void row_sums_accumulate(i64 m, i64 n, const double *restrict a, i64 lda,
                                 double *restrict acc) {
     for (i64 j = 0; j < m; j++) {
-        vd s = V_SET1(0.0);
-        for (i64 c = 0; c < n; c += VW) {
-            const int w = n - c < VW ? (int)(n - c) : VW;
-            s = s + LD(a + j * lda + c, w);
+        sd s = S_SET1(0.0);
+        for (i64 c = 0; c < n; c += SW) {
+            const int w = n - c < SW ? (int)(n - c) : SW;
+            s = s + (w == SW ? S_LOAD(a + j * lda + c) : S_LOAD_N(a + j * lda + c, w));
         }
-        V_STORE(acc + j * VW, V_LOAD(acc + j * VW) + s);
+        S_STORE(acc + j * SW, S_LOAD(acc + j * SW) + s);
     }
 }
 
-/* out[i] = sum of the VW lanes of acc[i][:], i < n. */
+/* out[i] = sum of the SW lanes of acc[i][:], i < n. */
 static void reduce_lanes(i64 n, const double *restrict acc, double *restrict out) {
     for (i64 i = 0; i < n; i++) {
         double s = 0.0;
-        for (int lane = 0; lane < VW; lane++) s += acc[i * VW + lane];
+        for (int lane = 0; lane < SW; lane++) s += acc[i * SW + lane];
         out[i] = s;
     }
 }
 
-#endif /* NL_WIDE_PASS */
 
 /* Scratch of n doubles (at least one, so an empty batch is not mistaken for a failure). */
 static double *alloc_doubles(i64 n) { return malloc(sizeof(double) * (size_t)(n > 0 ? n : 1)); }
 
-#ifndef NL_WIDE_PASS /* the 256-bit pass only (see the end of this file) */
 static void transpose(i64 m, i64 k, const double *restrict a, double *restrict at) {
     for (i64 i = 0; i < m; i++)
         for (i64 j = 0; j < k; j++) at[j * m + i] = a[i * k + j];
 }
-#endif /* NL_WIDE_PASS */
 
 static inline i64 layer_inputs(i64 layer, i64 n_inputs, i64 units) {
     return layer ? units : n_inputs;
@@ -411,7 +435,6 @@ int nl_gru_forward(i64 n_time, i64 batch, i64 n_inputs, i64 units, i64 n_layers,
     return 0;
 }
 
-#ifndef NL_WIDE_PASS /* the 256-bit pass only (see the end of this file) */
 /* Backward of one GRU cell on lanes [i, i+m), from g = dL/dh' (plus the layer above's share):
  * the pre-activation gradients dr, dz, dn (= the input side's) and dn r (the hidden n's), and
  * z g, the direct part of dL/dh. */
@@ -449,7 +472,7 @@ int nl_gru_backward(i64 n_time, i64 batch, i64 n_inputs, i64 units, i64 n_layers
                     double *g_b_ih, double *g_b_hh, double *d_x) {
     const i64 h = units, g3 = 3 * units, tb = n_time * batch, sb = (n_time + 1) * batch;
     const i64 k_max = n_inputs > units ? n_inputs : units;
-    const i64 n_acc = (g3 * k_max + g3 * h + 4 * h) * VW;
+    const i64 n_acc = (g3 * k_max + g3 * h + 4 * h) * SW;
     const i64 scratch = 2 * h * batch + 2 * h * tb + 2 * g3 * k_max + 4 * h * batch + n_acc;
     double *mem = alloc_doubles(scratch);
     if (!mem) return -1;
@@ -458,8 +481,8 @@ int nl_gru_backward(i64 n_time, i64 batch, i64 n_inputs, i64 units, i64 n_layers
     double *to_below = from_above + h * tb;
     double *wt_hh = to_below + h * tb, *wt_ih = wt_hh + g3 * k_max; /* [H][3H], [K][3H] */
     double *ds = wt_ih + g3 * k_max; /* [4H][B]: dr, dz, dn, dn r of the current step */
-    double *acc_ih = ds + 4 * h * batch, *acc_hh = acc_ih + g3 * k_max * VW;
-    double *acc_b = acc_hh + g3 * h * VW; /* [4H][VW]: sums of dr, dz, dn, dn r */
+    double *acc_ih = ds + 4 * h * batch, *acc_hh = acc_ih + g3 * k_max * SW;
+    double *acc_b = acc_hh + g3 * h * SW; /* [4H][SW]: sums of dr, dz, dn, dn r */
     double *d_r = ds, *d_n = ds + 2 * h * batch, *d_nr = ds + 3 * h * batch;
     for (i64 l = n_layers - 1; l >= 0; l--) {
         const i64 k = layer_inputs(l, n_inputs, units);
@@ -499,7 +522,7 @@ int nl_gru_backward(i64 n_time, i64 batch, i64 n_inputs, i64 units, i64 n_layers
             /* dW_ih += [dr; dz; dn] input_t^T;  dW_hh += [dr; dz] h_{t-1}^T, [dn r] h_{t-1}^T */
             dot_accumulate(g3, k, batch, d_r, batch, src + at, src_stride, acc_ih);
             dot_accumulate(2 * h, h, batch, d_r, batch, st + at, sb, acc_hh);
-            dot_accumulate(h, h, batch, d_nr, batch, st + at, sb, acc_hh + 2 * h * h * VW);
+            dot_accumulate(h, h, batch, d_nr, batch, st + at, sb, acc_hh + 2 * h * h * SW);
             row_sums_accumulate(4 * h, batch, ds, batch, acc_b);
             double *swap = dh;
             dh = dh_prev;
@@ -509,7 +532,7 @@ int nl_gru_backward(i64 n_time, i64 batch, i64 n_inputs, i64 units, i64 n_layers
         reduce_lanes(g3 * h, acc_hh, g_w_hh + l * g3 * h);
         reduce_lanes(g3, acc_b, g_b_ih + l * g3);              /* dr, dz, dn */
         reduce_lanes(2 * h, acc_b, g_b_hh + l * g3);           /* dr, dz */
-        reduce_lanes(h, acc_b + 3 * h * VW, g_b_hh + l * g3 + 2 * h); /* dn r */
+        reduce_lanes(h, acc_b + 3 * h * SW, g_b_hh + l * g3 + 2 * h); /* dn r */
         double *swap = from_above;
         from_above = to_below;
         to_below = swap;
@@ -517,8 +540,6 @@ int nl_gru_backward(i64 n_time, i64 batch, i64 n_inputs, i64 units, i64 n_layers
     free(mem);
     return 0;
 }
-
-#endif /* NL_WIDE_PASS */
 
 /* ---- Neural Laplace's decoder g (see nlmodels/accel/decoder.py) ---- */
 
@@ -1090,10 +1111,18 @@ int nl_unary(int op, int kind, i64 n, const void *x, void *y)
 #undef FOR_VECTORS
 #undef COL_BLOCK
 #undef GEMM_BLOCK
+#undef SW
+#undef S_SET1
+#undef S_LOAD
+#undef S_STORE
+#undef S_LOAD_N
+#undef S_FMA
+#undef NL_SUFFIX
 #undef nl_gru_forward
 #undef nl_first_hidden
 #undef nl_bias_tanh
 #undef nl_sphere_out_forward
+#undef nl_gru_backward
 #define vd vd_w8
 #define vl vl_w8
 #define v_expm1_parts v_expm1_parts_w8
@@ -1116,6 +1145,15 @@ int nl_unary(int op, int kind, i64 n, const void *x, void *y)
 #define nl_first_hidden nl_first_hidden_w8
 #define nl_bias_tanh nl_bias_tanh_w8
 #define nl_sphere_out_forward nl_sphere_out_forward_w8
+#define sd sd_w8
+#define dot_block_fn dot_block_fn_w8
+#define DOT_BLOCK_TABLE DOT_BLOCK_TABLE_w8
+#define dot_accumulate dot_accumulate_w8
+#define row_sums_accumulate row_sums_accumulate_w8
+#define reduce_lanes reduce_lanes_w8
+#define transpose transpose_w8
+#define gru_cell_backward gru_cell_backward_w8
+#define nl_gru_backward nl_gru_backward_w8
 #define NL_WIDE_PASS
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,prefer-vector-width=512")
@@ -1144,6 +1182,15 @@ int nl_unary(int op, int kind, i64 n, const void *x, void *y)
 #undef nl_first_hidden
 #undef nl_bias_tanh
 #undef nl_sphere_out_forward
+#undef sd
+#undef dot_block_fn
+#undef DOT_BLOCK_TABLE
+#undef dot_accumulate
+#undef row_sums_accumulate
+#undef reduce_lanes
+#undef transpose
+#undef gru_cell_backward
+#undef nl_gru_backward
 
 static int nl_wide(void)
 {
@@ -1158,6 +1205,16 @@ int nl_gru_forward(i64 n_time, i64 batch, i64 n_inputs, i64 units, i64 n_layers,
 {
     return (nl_wide() ? nl_gru_forward_w8 : nl_gru_forward_w4)(
         n_time, batch, n_inputs, units, n_layers, x, w_ih, w_hh, b_ih, b_hh, states, gates);
+}
+
+int nl_gru_backward(i64 n_time, i64 batch, i64 n_inputs, i64 units, i64 n_layers,
+                    const double *x, const double *w_ih, const double *w_hh, const double *states,
+                    const double *gates, const double *grad_top, double *g_w_ih, double *g_w_hh,
+                    double *g_b_ih, double *g_b_hh, double *d_x)
+{
+    return (nl_wide() ? nl_gru_backward_w8 : nl_gru_backward_w4)(
+        n_time, batch, n_inputs, units, n_layers, x, w_ih, w_hh, states, gates, grad_top, g_w_ih,
+        g_w_hh, g_b_ih, g_b_hh, d_x);
 }
 
 void nl_first_hidden(i64 n, i64 n_time, i64 units, int per_row, const double *per_time,
