@@ -61,7 +61,7 @@ def registry_name(system: str, method: str = REGISTERED_METHOD) -> str:
 
 @dataclass(frozen=True)
 class BenchmarkSummary:
-    parent_run_id: str
+    parent_run_id: str | None  # None only for a configuration without cells
     results: tuple[CellResult, ...]
     table: ResultsTable
     promotions: tuple[Promotion, ...]
@@ -83,20 +83,26 @@ def champions(results: list[CellResult], config: RunConfig) -> dict[tuple[str, s
     wanted = config.tracking.registered(config.methods)
     usable = {s for s in config.systems if config.small_split(s) is None}
     best: dict[tuple[str, str], CellResult] = {}
+    lowest: dict[tuple[str, str], float] = {}  # their test RMSE
     for r in results:
+        rmse = r.test_rmse  # (a result that is ok has one)
         if r.method in wanted and r.ok and r.run_id and r.diverged is None and r.system in usable:
             key = (r.method, r.system)
-            if key not in best or r.test_rmse < best[key].test_rmse:
-                best[key] = r
+            if rmse is not None and (key not in best or rmse < lowest[key]):
+                best[key], lowest[key] = r, rmse
     return best
 
 
 def _promote(registry: Registry, results: list[CellResult], config: RunConfig) -> list[Promotion]:
     """Register each of :func:`champions`, promoted to @champion only if it beats the last."""
-    return [
-        registry.promote_if_better(registry_name(s, m), r.run_id, r.test_rmse, method=m, system=s)
-        for (m, s), r in champions(results, config).items()
-    ]
+    promotions = []
+    for (m, s), r in champions(results, config).items():
+        assert r.run_id is not None and r.test_rmse is not None  # as champions picks them
+        name = registry_name(s, m)
+        promotions.append(
+            registry.promote_if_better(name, r.run_id, r.test_rmse, method=m, system=s)
+        )
+    return promotions
 
 
 def _parent_params(config: RunConfig, n_cells: int) -> dict[str, object]:
@@ -224,7 +230,9 @@ def run_benchmark(
     check_models_fit(config.cells(), config.execution.device)  # before MLflow and Prefect
     # Fail on an unusable tracking store before starting Prefect (and create sqlite once).
     tracking = connect(config.tracking)
-    reused, todo = stored_results(tracking.queries, config.cells(), config.execution.reuse)
+    reused, todo = stored_results(
+        tracking.queries, config.cells(), config.execution.reuse, device=config.execution.device
+    )
     if not todo and not always_record:
         promotions = _promote(tracking.registry, reused, config)
         first = reused[0].run_id if reused else None

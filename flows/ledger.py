@@ -180,15 +180,16 @@ def record_finished(
             r.metrics,
             r.tags,
             hardware=hardware(r.tags.get("device_used", "")),
-            numerics=numerics_of(
-                r.tags.get(RunTags.NUMERICS_MODEL), r.tags.get(RunTags.NUMERICS_SYSTEM)
-            ),
+            numerics=numerics_of(*(r.tags.get(k) for k in _NUMERICS_TAGS)),
         )
         for h, r in found.items()
         if r.test_rmse is not None
     ]
     return append_records(ledger, records)
 
+
+#: A run's tags that make its record's ``numerics`` (:func:`tasks.ledger.numerics_of`).
+_NUMERICS_TAGS = (RunTags.NUMERICS_MODEL, RunTags.NUMERICS_SYSTEM, RunTags.NUMERICS_DEVICE)
 
 #: How often ``ledger run`` says where its running cells stand (seconds; its ``--report-minutes``).
 REPORT_SECONDS = 600.0

@@ -28,7 +28,8 @@ __all__ = [
 
 OLDER = (
     "n=K; J older: J of the K records were made by other numerics than today's (`nllab ledger "
-    "status` lists them, `nllab ledger run --refresh-older` retrains them)"
+    "status` lists them, `nllab ledger run --refresh-older` retrains them); J on GPU: computed "
+    "on a GPU, whose numerics are its own (counted in the mean and the verdict all the same)"
 )
 
 
@@ -39,12 +40,15 @@ def _counts(status: LedgerStatus, ablation: bool) -> str | None:
         return None
     n = Counter(s.state for s in states)
     older = sum(s.numerics == "older" for s in states)
+    gpu = sum(s.numerics == "gpu" for s in states)
+    on_gpu = f", {gpu} computed on a GPU" if gpu else ""
     what = "the stereographic ablation (Table 5)" if ablation else "Table 3"
     predates = n["predates"]
     return (
         f"{what}: {n['recorded']} of {len(states)} selected cells recorded ({older} by older "
-        f"numerics), {n['missing']} missing, {predates} whose record{'s' if predates != 1 else ''}"
-        " predate numerics fingerprints (not counted: `ledger run` trains them again), "
+        f"numerics{on_gpu}), {n['missing']} missing, {predates} whose "
+        f"record{'s' if predates != 1 else ''} predate numerics fingerprints (not counted: "
+        "`ledger run` trains them again), "
         f"{n['other_config']} recorded under another config only"
     )
 

@@ -16,7 +16,8 @@ element-wise arithmetic (LSODA's bytes followed the kernels OpenBLAS picks per C
 training digest when products and elementary functions left MKL (the earlier pins held on AMD
 CPUs only: MKL runs other code on Intel ones); every training digest when the canary grew to
 the sizes that reach every branch of the native kernels (45 training trajectories in batches
-of 37).
+of 37). Added, not revised: the reference protocol's NODE, ANODE (first-query start, adjoint)
+and Latent ODE (sampled prediction, ELBO selection), pinned with the same builds.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ __all__ = [
     "pinned_model",
 ]
 
+#: The reference protocol's Latent ODE (sampled prediction, ELBO selection), as pinned.
+_SAMPLED_LATENT = (
+    "latent_ode (kl_average=latents, predict=sample, select=val_loss, z0_time=first_query)"
+)
 PINNED_WITH = "torch 2.13.0, numpy 2.4, glibc 2.36"
 PINNED = {
     "data": {
@@ -55,6 +60,12 @@ PINNED = {
         "nf_coupling": "33c6431747d66383",
         "nf_resnet": "b7a930ed366f8d55",
         "node": "aa4bec3d721d9bac",
+        "node (adjoint=True, start=first_query)": "d01f4f284d700e35",
+        "node (adjoint=True, start=first_query) 1-D": "2114cf384a91d8a0",
+        "anode (adjoint=True, start=first_query)": "a483d14be5e1beee",
+        "anode (adjoint=True, start=first_query) 1-D": "834db8b38333e7b7",
+        _SAMPLED_LATENT: "766005e16a75a463",
+        f"{_SAMPLED_LATENT} 1-D": "2c6e76025faad686",
         "latent_ode (kl_average=latents, z0_time=first_query)": "2328963e99c3d1e2",
         "neural_laplace (stereographic=False)": "60aa0c1aeb919149",
         "nf_coupling (time_net=linear)": "3ab88c6c9a266b32",
@@ -90,17 +101,29 @@ def pinned_label(method: str, settings: dict[str, object], state_dim: int = 2) -
 #: ``PINNED["training"]`` -> method, settings, state dimension): those the paper profile and
 #: the ledger's ablation build, for each of their systems' dimensions (the tests check that
 #: each of theirs is).
+_PINNED_BUILDS: tuple[tuple[str, dict[str, object]], ...] = (
+    ("anode", {}),
+    ("anode", {"adjoint": True, "start": "first_query"}),
+    ("latent_ode", {"kl_average": "latents", "z0_time": "first_query"}),
+    (
+        "latent_ode",
+        {
+            "kl_average": "latents",
+            "predict": "sample",
+            "select": "val_loss",
+            "z0_time": "first_query",
+        },
+    ),
+    ("neural_laplace", {}),
+    ("neural_laplace", {"stereographic": False}),
+    ("nf_coupling", {"time_net": "linear"}),
+    ("nf_resnet", {"time_net": "linear"}),
+    ("node", {}),
+    ("node", {"adjoint": True, "start": "first_query"}),
+)
 PINNED_SETTINGS: dict[str, tuple[str, dict[str, object], int]] = {
     pinned_label(method, settings, dim): (method, settings, dim)
-    for method, settings in (
-        ("anode", {}),
-        ("latent_ode", {"kl_average": "latents", "z0_time": "first_query"}),
-        ("neural_laplace", {}),
-        ("neural_laplace", {"stereographic": False}),
-        ("nf_coupling", {"time_net": "linear"}),
-        ("nf_resnet", {"time_net": "linear"}),
-        ("node", {}),
-    )
+    for method, settings in _PINNED_BUILDS
     for dim in (1, 2)
     if settings or dim != 2
 }
@@ -195,9 +218,11 @@ def last_pinned_check() -> PinnedCheck | None:
 
     key = _check_key()
     record = read_record(_check_record(key))
+    if record is None:  # none kept
+        return None
     try:
         return PinnedCheck(key, tuple(Mismatch(**m) for m in record["mismatches"]))
-    except (KeyError, TypeError):  # none kept (None), or not a check's record
+    except (KeyError, TypeError):  # not a check's record
         return None
 
 

@@ -52,6 +52,7 @@ from tasks.config import CellConfig, RunConfig
 from tasks.placement import (
     CpuProbesAhead,
     Measure,
+    ProbeOptions,
     cached_probe,
     gpu_pack_size,
     place_pack,
@@ -59,7 +60,7 @@ from tasks.placement import (
 )
 from tasks.prefect_tasks import PackFailed, pack_task, simulate_data_sets
 from tasks.progress import Display
-from tasks.results import CellResult
+from tasks.results import CellResult, by_config_hash
 from tasks.stopping import contained, stop_signals
 from tasks.tables import plural
 
@@ -173,8 +174,9 @@ def plan_packs(
             group[0], len(group), lanes=lanes, cache_dir=cache_dir, measure=measure,
             free_bytes=free_bytes,
         )  # fmt: skip
-        for p in split_evenly(group, most) if ahead is not None else ():
-            ahead.submit(p[0], len(p))
+        if ahead is not None:
+            for p in split_evenly(group, most):
+                ahead.submit(p[0], len(p))
         return most
 
     with ahead or nullcontext():
@@ -195,7 +197,7 @@ def _placed(
     then, given ``workers``, the plan that finishes first from there
     (:func:`tasks.balance.balance_devices`); a pack placed on the CPU whose model trains one
     by one there split into single cells."""
-    kw = {"cache_dir": cache_dir, "measure": measure}
+    kw: ProbeOptions = {"cache_dir": cache_dir, "measure": measure}
     where = [place_pack(p, "auto", cuda_available=True, **kw).type for p in packs]
     split = [len(p) > 1 and not _packable(p[0], "cpu") for p in packs]
     if workers is not None:
@@ -331,7 +333,7 @@ def run_cells(
     """
     unique = list({c.config_hash(): c for c in cells}.values())
     reused, todo = _reused(unique, runtime, reused)
-    by_hash: dict[str, CellResult] = {r.config_hash: r for r in reused}
+    by_hash = by_config_hash(reused)
     placed = _plan(unique, len(reused), todo, runtime)
     if todo:
         display = Display(runtime.progress, len(todo), len(reused))
@@ -341,7 +343,7 @@ def run_cells(
             runtime = replace(runtime, stop=threading.Event())
         with display, _stopping(runtime):
             no_data = simulate_data_sets(todo, runtime.stop)  # failed: each with its line
-            by_hash.update((r.config_hash, r) for r in no_data)
+            by_hash.update(by_config_hash(no_data))
             placed = [(p, d) for p, d in ((_left(p, by_hash), d) for p, d in placed) if p]
             display.training_started()
             if no_data:
@@ -349,7 +351,7 @@ def run_cells(
             with _training(runtime):
                 for fut, pack in _submitted(placed, runtime):
                     done = collect_results(fut, pack)
-                    by_hash.update((r.config_hash, r) for r in done)
+                    by_hash.update(by_config_hash(done))
                     display.pack_finished(done, by_hash.values())
                     _tell_finished(on_finished, done)
         for c in todo:
@@ -381,7 +383,7 @@ def _reused(
     """The stored results of ``unique`` (``reused``, if the command already asked) and the
     cells still to train."""
     if reused is None:
-        return stored_results(runtime.queries(), unique, runtime.reuse)
+        return stored_results(runtime.queries(), unique, runtime.reuse, device=runtime.device)
     wanted = {c.config_hash() for c in unique}
     mine = [r for r in reused if r.config_hash in wanted]
     known = {r.config_hash for r in mine}

@@ -38,6 +38,7 @@ __all__ = [
     "LedgerRecord",
     "append_records",
     "cell_numerics",
+    "computed_on_gpu",
     "cpuinfo_line",
     "hardware_name",
     "numerics_of",
@@ -242,10 +243,19 @@ def cpuinfo_line(*prefixes: str) -> str | None:
     return None
 
 
-def numerics_of(model: str | None, system: str | None) -> str | None:
+def numerics_of(model: str | None, system: str | None, device: str | None = None) -> str | None:
     """A record's ``numerics``: the fingerprints of its model and its data set
-    (``model/system``, :mod:`tasks.numerics`), ``None`` where the run carried none."""
-    return f"{model}/{system}" if model and system else None
+    (``model/system``, :mod:`tasks.numerics`), and where it computed unless on the CPU
+    (``@`` and its :func:`tasks.numerics.device_identity`: a GPU's result is its own);
+    ``None`` where the run carried no fingerprints."""
+    if not (model and system):
+        return None
+    return f"{model}/{system}" + (f"@{device}" if device and device != "cpu" else "")
+
+
+def computed_on_gpu(numerics: str | None) -> bool:
+    """Whether a record's ``numerics`` (:func:`numerics_of`) names a GPU."""
+    return numerics is not None and "@cuda" in numerics
 
 
 def cell_numerics(cell: CellConfig) -> str:

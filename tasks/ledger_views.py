@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from tasks.ledger import LedgerRecord
+from tasks.ledger import LedgerRecord, computed_on_gpu
 from tasks.ledger_scope import LedgerCell
 from tasks.reporting import PAPER_STEREOGRAPHIC, Published, ResultsTable, results_table
 from tasks.tables import Table, TableCell, number
@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 State = Literal["recorded", "missing", "predates", "other_config"]
-Numerics = Literal["today", "older", "predates", ""]
+Numerics = Literal["today", "older", "gpu", "predates", ""]
 
 
 @dataclass(frozen=True)
@@ -59,11 +59,14 @@ class CellState:
     @property
     def numerics(self) -> Numerics:
         """Of a cell's record under today's config: made by today's numerics, by ``older``
-        (other) ones, or ``predates`` fingerprints (uncounted); "" when there is none."""
+        (other CPU) ones, on a ``gpu`` (its own numerics: counted, and said), or ``predates``
+        fingerprints (uncounted); "" when there is none."""
         if self.state == "predates":
             return "predates"
         if self.state != "recorded" or self.record is None:
             return ""
+        if computed_on_gpu(self.record.numerics):
+            return "gpu"
         today = self.cell.numerics
         return "today" if today is None or self.record.numerics == today else "older"
 
@@ -162,8 +165,11 @@ def ledger_table(status: LedgerStatus) -> tuple[ResultsTable, Table]:
     table3 = [s for s in status.states if not s.cell.ablation]
     expected = dict.fromkeys((s.cell.method, s.cell.system) for s in table3)
     results = results_table(status.counted(ablation=False), profile="paper", expected=expected)
-    older = Counter((s.cell.method, s.cell.system) for s in table3 if s.numerics == "older")
-    notes = {pair: f"{n} older" for pair, n in older.items()}
+    notes: dict[tuple[str, str], str] = {}
+    for flag, said in (("older", "older"), ("gpu", "on GPU")):
+        flagged = Counter((s.cell.method, s.cell.system) for s in table3 if s.numerics == flag)
+        for pair, n in flagged.items():
+            notes[pair] = f"{notes[pair]}; {n} {said}" if pair in notes else f"{n} {said}"
     return results, results.main_table(seeds=True, notes=notes)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from nltrain import (
     FINGERPRINT_FORMAT,
@@ -21,12 +22,18 @@ from nltrain import (
     training_digest,
 )
 
+if TYPE_CHECKING:
+    from tasks.tracking import RunRecord
+
 __all__ = [
+    "CPU",
     "CellNumerics",
+    "accepted_devices",
     "agrees",
     "cell_fingerprints",
     "cell_tags",
     "data_settings",
+    "device_identity",
     "earlier_fingerprints",
     "model_fingerprint",
     "model_key",
@@ -77,13 +84,44 @@ def cell_fingerprints(cell) -> tuple[str, str]:
     return _model_of(model_key(cell), cell), _system_of(cell)
 
 
+#: A run's :func:`device_identity` on the CPU (its numerics are the fingerprints' own).
+CPU = "cpu"
+
+
+def device_identity(device: str) -> str:
+    """Where a cell computed, as its numerics identity names it: ``cpu`` (the CPU numerics the
+    fingerprints check), or ``cuda: <GPU>; torch <version>; CUDA <version>`` for a CUDA device:
+    cuBLAS and cuDNN pick kernels by GPU and library version, and round otherwise than the CPU
+    kernels, so a result computed there is another computation's."""
+    if not str(device).startswith("cuda"):
+        return CPU
+    import torch
+
+    name = torch.cuda.get_device_name(torch.device(device)) if torch.cuda.is_available() else "?"
+    return f"cuda: {name}; torch {torch.__version__}; CUDA {torch.version.cuda}"
+
+
+def accepted_devices(device: str) -> frozenset[str]:
+    """The device identities whose runs a cell asked to train on ``device`` (``cpu``, ``cuda``,
+    ``auto``) may reuse: those of the devices it may train on here. A GPU's run is never a CPU
+    cell's result, nor the other way round."""
+    if device == "cpu":
+        return frozenset({CPU})
+    import torch
+
+    gpu = {device_identity("cuda")} if torch.cuda.is_available() else set()
+    return frozenset(gpu if device.startswith("cuda") else {CPU, *gpu})
+
+
 @dataclass(frozen=True)
 class CellNumerics:
     """Today's fingerprints of the models and data sets of some cells (keyed as
-    :func:`cell_fingerprints` tells them apart)."""
+    :func:`cell_fingerprints` tells them apart), and the devices whose runs count
+    (:func:`accepted_devices`)."""
 
     models: Mapping[tuple[str, str, int, str], str]
     systems: Mapping[tuple[str, str], str]
+    devices: frozenset[str] = frozenset({CPU})
 
     def model(self, cell) -> str:
         """Today's fingerprint of ``cell``'s model."""
@@ -94,15 +132,16 @@ class CellNumerics:
         return self.systems[system_key(cell)]
 
 
-def warm(cells: Iterable) -> CellNumerics:
+def warm(cells: Iterable, device: str = CPU) -> CellNumerics:
     """Today's fingerprints of the models and data sets of ``cells`` (computed now if not
-    cached, so worker processes then only read them)."""
+    cached, so worker processes then only read them), for cells asked to train on ``device``."""
     cells = list(cells)
     models = {model_key(c): c for c in cells}
     systems = {system_key(c): c for c in cells}
     return CellNumerics(
         {key: _model_of(key, c) for key, c in sorted(models.items())},
         {key: _system_of(c) for key, c in sorted(systems.items())},
+        accepted_devices(device),
     )
 
 
@@ -120,13 +159,13 @@ def earlier_fingerprints(cell, fmt: str) -> tuple[str, str] | None:
 
 
 def agrees(cell, tags: Mapping[str, str], today: CellNumerics) -> bool:
-    """Whether the run of ``cell`` tagged ``tags`` was computed by today's numerics: its
-    fingerprints are today's, or the earlier canaries that made them compute them still
-    (:func:`earlier_fingerprints`)."""
+    """Whether the run of ``cell`` tagged ``tags`` was computed by today's numerics: on a device
+    ``today`` accepts (:func:`accepted_devices`), with today's fingerprints or those the earlier
+    canaries that made them compute still (:func:`earlier_fingerprints`)."""
     from tasks.tracking.tags import RunTags
 
     stored = tags.get(RunTags.NUMERICS_MODEL), tags.get(RunTags.NUMERICS_SYSTEM)
-    if None in stored:
+    if None in stored or tags.get(RunTags.NUMERICS_DEVICE, CPU) not in today.devices:
         return False
     if stored == (today.model(cell), today.system(cell)):
         return True
@@ -159,7 +198,7 @@ _OTHER_CANARIES = (
 
 
 def stale(
-    cells: Iterable, records: Mapping[str, object], today: CellNumerics
+    cells: Iterable, records: Mapping[str, RunRecord], today: CellNumerics
 ) -> tuple[set[str], list[str]]:
     """Which stored runs (``records``: config hash → :class:`tasks.tracking.RunRecord`) were
     computed by other numerics than today's: their config hashes, and one line per changed
@@ -185,6 +224,8 @@ def stale(
         mode = tags.get(RunTags.CPU_NUMERICS) or cpu_mode_in_effect()
         if model is None or system is None:
             why = _UNRECORDED
+        elif (where := tags.get(RunTags.NUMERICS_DEVICE, CPU)) not in today.devices:
+            why = f"trained on another device ({where}) retrained here: its numerics are its own"
         elif tags.get(RunTags.NUMERICS_FORMAT, "1") != FINGERPRINT_FORMAT:
             why = _OTHER_CANARIES
         elif mode != cpu_mode_in_effect():  # the CPU numerics changed, not the code

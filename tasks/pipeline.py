@@ -44,6 +44,7 @@ from nltrain import (
 from tasks._declarations import ensure_declared
 from tasks.config import CellConfig, DataConfig
 from tasks.modelio import ModelSpec, model_params, resolved_model_args, save_model
+from tasks.numerics import device_identity
 from tasks.plots import plot_extrapolation, plot_loss_curves
 from tasks.scratch import cell_scratch
 from tasks.tracking import Metrics, RunTags
@@ -312,6 +313,7 @@ def _training_tags(cell: CellConfig, result: TrainResult, device: torch.device) 
         **pinned,
         "stopped": result.stopped,
         "device_used": str(device),
+        RunTags.NUMERICS_DEVICE: device_identity(str(device)),
         "packed_members": result.packed_members,
         "cuda_graphs": result.graphs,
         "numerics": numerics_tag(),

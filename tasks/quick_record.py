@@ -173,7 +173,11 @@ def quick_cell(cell: CellConfig, record: RunRecord) -> QuickCell:
         test_rmse=test,
         config_hash=cell.config_hash(),
         commit=tags.get(RunTags.GIT_COMMIT) or None,
-        numerics=numerics_of(tags.get(RunTags.NUMERICS_MODEL), tags.get(RunTags.NUMERICS_SYSTEM)),
+        numerics=numerics_of(
+            tags.get(RunTags.NUMERICS_MODEL),
+            tags.get(RunTags.NUMERICS_SYSTEM),
+            tags.get(RunTags.NUMERICS_DEVICE),
+        ),
         device=tags.get("device_used") or None,
         hardware=hardware_name(tags.get("device_used") or "cpu"),
         train_seconds=_finite(m, Metrics.TRAIN_SECONDS),

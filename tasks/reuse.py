@@ -38,6 +38,7 @@ def stored_results(
     reuse: Reuse = "numerics",
     *,
     tell: bool = True,
+    device: str = "cpu",
 ) -> tuple[list[CellResult], list[CellConfig]]:
     """Is this cell done? ``cells`` split into those with a finished run in the store (as
     ``reused`` results) and those to run, in input order.
@@ -46,12 +47,15 @@ def stored_results(
     is present and loads (:meth:`tasks.tracking.Queries.first_usable`) is reused; a cell whose
     accepted runs all have unusable models is run again and the user told why, once per run.
     ``reuse="numerics"``: a run is accepted only if its numerics fingerprints equal today's
-    (:mod:`tasks.numerics`; a run stored before fingerprints were recorded has none), and a
+    (:mod:`tasks.numerics`; a run stored before fingerprints were recorded has none) and it
+    computed on a device the cells may train on (``device``: ``cpu``, ``cuda`` or ``auto``;
+    :func:`tasks.numerics.accepted_devices`: a GPU's run is never a CPU cell's), and a
     cell with finished runs none of which is accepted is told in one line per changed model or
     system (``tell``); ``config``: any finished run of the config hash; ``never``: none.
     """
     cells = list(cells)
-    today = numerics.warm(cells)  # also cached for the worker processes that tag the runs
+    # also cached for the worker processes that tag the runs
+    today = numerics.warm(cells, device)
     if reuse == "never":
         return [], cells
     runs = queries.finished_cell_runs(c.config_hash() for c in cells)

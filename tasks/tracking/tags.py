@@ -45,6 +45,9 @@ class RunTags:
     #: Why the CPU numerics are not the mode asked for, what that means for the bytes and the
     #: fix (``nlmodels.numerics_downgrade``; absent: the mode asked for ran).
     NUMERICS_DOWNGRADE = "numerics.downgrade"
+    #: Where a cell computed (:func:`tasks.numerics.device_identity`: ``cpu``, or the GPU with
+    #: its torch and CUDA versions); absent: the CPU (runs made before the tag existed).
+    NUMERICS_DEVICE = "numerics.device"
     #: A hash of a benchmark's experiment (its config without execution settings).
     EXPERIMENT_HASH = "nllab.experiment_hash"
     #: A hash of a benchmark's cells (their config hashes, which never change with the code).
