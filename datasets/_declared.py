@@ -109,23 +109,23 @@ def check_trajectories(
     def fail(problem: str) -> ValueError:
         return DataFileError(f"{where}: {problem}")
 
-    ids = [quote(repr(i), 40) for i in np.asarray(ids).tolist()]  # as messages show them
+    shown = [quote(repr(i), 40) for i in np.asarray(ids).tolist()]  # as messages show them
 
     bad = ~np.isfinite(t)
     if bad.any():
         i, j = np.argwhere(bad)[0]
-        raise fail(f"non-finite time ({t[i, j]}) in trajectory {ids[i]} at index {j}")
+        raise fail(f"non-finite time ({t[i, j]}) in trajectory {shown[i]} at index {j}")
     bad = ~np.isfinite(x)
     if bad.any():
         i, j, d = np.argwhere(bad)[0]
         raise fail(
-            f"non-finite value ({x[i, j, d]}) in trajectory {ids[i]} at t = {t[i, j]:g} "
+            f"non-finite value ({x[i, j, d]}) in trajectory {shown[i]} at t = {t[i, j]:g} "
             f"(state dimension {d})"
         )
     if (big := _overflowing(x)) is not None:
         i, j, d = big
         raise fail(
-            f"value {x[i, j, d]:g} in trajectory {ids[i]} at t = {t[i, j]:g} (state dimension "
+            f"value {x[i, j, d]:g} in trajectory {shown[i]} at t = {t[i, j]:g} (state dimension "
             f"{d}) is too large to normalise: its mean and spread overflow float64 (keep "
             f"|x| below {_max_abs(x[..., d].size):.3g}, or rescale the data)"
         )
@@ -146,7 +146,7 @@ def check_trajectories(
         i, j = np.argwhere(step <= 0)[0]
         what = "duplicate time" if step[i, j] == 0 else "time not increasing:"
         raise fail(
-            f"{what} t = {t[i, j + 1]:g} after t = {t[i, j]:g} in trajectory {ids[i]}; "
+            f"{what} t = {t[i, j + 1]:g} after t = {t[i, j]:g} in trajectory {shown[i]}; "
             "times must be strictly increasing"
         )
     scale = max(1.0, float(np.abs(t[0]).max()))
@@ -155,7 +155,7 @@ def check_trajectories(
         i = int(np.argmax(differs))
         j = int(np.argmax(np.abs(t[i] - t[0]) > 1e-9 * scale))
         raise fail(
-            f"trajectory {ids[i]} has a different time grid from trajectory {ids[0]} "
+            f"trajectory {shown[i]} has a different time grid from trajectory {shown[0]} "
             f"(t = {t[i, j]:g} against {t[0, j]:g} at index {j}); one shared grid is needed"
         )
     return np.ascontiguousarray(t[0])

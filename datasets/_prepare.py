@@ -157,7 +157,7 @@ def _fractions(fractions) -> tuple[float, float, float]:
         )
     if abs(sum(fr) - 1.0) > 1e-9:
         raise ValueError(f"fractions must sum to 1, got {fractions!r} (sum {sum(fr)})")
-    return fr  # type: ignore[return-value]
+    return fr
 
 
 def split_sizes(n: int, fr: tuple[float, float, float]) -> tuple[int, int, int]:

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
 
@@ -281,7 +282,7 @@ def flow_settings() -> Iterator[None]:
         yield
 
 
-def make_task_runner(config: RunConfig) -> TaskRunner:
+def make_task_runner(config: RunConfig) -> TaskRunner[Any]:
     """A task runner with at most ``config.execution.max_workers`` cells at once (a local Dask
     cluster: no more workers than the config has cells)."""
     if config.execution.task_runner == "dask":

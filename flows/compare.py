@@ -134,7 +134,8 @@ class _Cells:
     """The cells of benchmark runs, each read from the store once."""
 
     def __init__(self, queries: Queries) -> None:
-        self.queries, self._read = queries, {}
+        self.queries = queries
+        self._read: dict[str, list[dict]] = {}
 
     def __call__(self, run_id: str) -> list[dict]:
         if run_id not in self._read:
@@ -280,8 +281,9 @@ def record_comparison(tracking: Tracking, run_id: str) -> Comparison | None:
     ``comparison.md`` saying so) when there is nothing to compare with."""
     from flows._artifacts import artifact_key, publish_markdown, publish_table
 
+    comparison: Comparison | None
     try:
-        comparison: Comparison | None = compare_benchmarks(tracking.queries, run_id)
+        comparison = compare_benchmarks(tracking.queries, run_id)
     except NoComparison as e:
         comparison, text, profile = None, f"# Nothing to compare\n\n{e}\n", None
     else:

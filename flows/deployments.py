@@ -14,7 +14,7 @@ from typing import Any
 
 import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
 
-from prefect import flow
+from prefect import Flow, flow
 
 from flows._schedules import (
     DEFAULT_SCHEDULES,
@@ -53,6 +53,7 @@ def scheduled_benchmark(profile: str = "smoke", config: dict[str, Any] | None = 
     run_config = resolve_config(profile, overrides={"progress": False, **(config or {})})
     # a new parent run every night, even when every cell is reused: each night is compared
     summary = run_benchmark(run_config, always_record=True)
+    assert summary.parent_run_id is not None  # always_record: the benchmark made its parent run
     comparison = record_comparison(connect(run_config.tracking), summary.parent_run_id)
     regressed = comparison.regressions if comparison is not None else 0
     return f"{len(summary.results)} cells, {summary.count('failed')} failed, {regressed} regressed"
@@ -80,7 +81,11 @@ def scheduled_study(study: str, profile: str = "quick", systems: list[str] | Non
 
 def build_deployments(entries: list[BenchmarkEntry | TuneEntry | StudyEntry]) -> list:
     """Prefect ``RunnerDeployment`` objects with the entries' cron schedules (nothing served)."""
-    flows = {"benchmark": scheduled_benchmark, "tune": scheduled_tune, "study": scheduled_study}
+    flows: dict[str, Flow[..., str]] = {
+        "benchmark": scheduled_benchmark,
+        "tune": scheduled_tune,
+        "study": scheduled_study,
+    }
     return [
         flows[e.flow].to_deployment(
             name=e.name,

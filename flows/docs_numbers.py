@@ -342,7 +342,7 @@ def rendered(text: str, root: Path = ROOT, cache: dict[str, str] | None = None) 
         if not pattern.search(text):
             raise ValueError(f"block {block.name!r}: its end marker {end!r} is missing")
         body = f"{begin}\n{cache[block.name]}\n{end}"
-        text = pattern.sub(lambda _m, body=body: body, text)
+        text = pattern.sub(body.replace("\\", "\\\\"), text)  # (a backslash as itself)
     return text
 
 

@@ -93,7 +93,7 @@ def connect_error(address: str, timeout: float) -> OSError | ValueError | None:
     return None
 
 
-def _chain(error: BaseException) -> list[BaseException]:
+def _chain(error: BaseException | None) -> list[BaseException]:
     """``error`` and the exceptions it was raised from or during, outermost first."""
     seen: list[BaseException] = []
     while error is not None and error not in seen and len(seen) < 32:

@@ -356,7 +356,7 @@ def reproduce_flow(
                 "abs_difference": v.difference,
             },
         )
-        if variants:
+        if ablation and variants:  # (variants only of an ablation)
             config = _run_config(v, max_workers, task_runner, dask_address, pack, reuse)
             results = _ablate(tracking, run_id, v, variants, config, {**link, "ablation": ablation})
             tracking.runs.log_text(run_id, ablation_table(ablation, results), "ablation.md")

@@ -232,7 +232,7 @@ def serve_deployments(entries: list, api: str) -> ServeOutcome:
             lease = ServeLease(api, [f"{d.flow_name}/{d.name}" for d in deployments])
             # A Ctrl-C or SIGTERM from here on (serving, or still starting to, even as the lines
             # that say so are printed: a terminal's Ctrl-C may follow them at once) pauses.
-            signum = signal.SIGINT
+            signum: int = signal.SIGINT
             try:
                 print(f"serving {len(entries)} deployments on {api} (Ctrl-C to stop)")
                 # Prefect's own hint, `prefect deployment run NAME`, needs this in the other

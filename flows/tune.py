@@ -44,6 +44,7 @@ def tune_flow(spec: TuneSpec) -> TuneResult:
         session.optimize(min(queued, session.remaining()), 1)
         shards = split_trials(session.remaining(), spec.n_jobs)
         logger.info("study %s: %s trials on Dask", spec.study_name, shards)
+        assert session.parent_run_id is not None  # run_tuning calls this in the parent run
         wait([trials_task.submit(spec, session.parent_run_id, n) for n in shards])
 
     result = run_tuning(spec) if spec.task_runner == "thread" else run_tuning(spec, on_dask)

@@ -107,9 +107,10 @@ def decoder_nfe(
     """Function evaluations to predict ``query_t``, the encoder's own evaluations excluded."""
     with torch.no_grad():
         encode_nfe = 0
-        if hasattr(model, "encode") and model.registry_name != "neural_laplace":
+        encode = getattr(model, "encode", None)
+        if encode is not None and model.registry_name != "neural_laplace":
             model.reset_nfe()
-            model.encode(obs_t, obs_x)
+            encode(obs_t, obs_x)
             encode_nfe = model.nfe
         model.reset_nfe()
         model(obs_t, obs_x, query_t)

@@ -113,8 +113,10 @@ def build_model(name: str, state_dim: int, **overrides: Any) -> ForecastModel:
         raise ValueError(f"unknown model {name!r}; valid models: {valid}")
     if int(state_dim) < 1:
         raise ValueError(f"state_dim must be >= 1, got {state_dim}")
+    # each registered class takes the state dimension and keywords of its own
+    model_class: Callable[..., ForecastModel] = MODELS[name]
     with INIT_LOCK:
-        return MODELS[name](int(state_dim), **overrides)
+        return model_class(int(state_dim), **overrides)
 
 
 def model_constructors(method: str) -> list[Callable[..., None]]:

@@ -87,7 +87,7 @@ def _read(
     done: torch.Tensor,
     x: torch.Tensor,
     slope: torch.Tensor,
-    where: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    where: tuple[torch.Tensor, ...],
 ) -> torch.Tensor:
     """The path at located times (``j, u, h [B, m]``, see :func:`_locate`), ``[B, m, D]``: on
     the finished pieces ``done [B, J, 4, D]``, or, on piece J, the step being taken, along the

@@ -4,6 +4,8 @@ pack's members (it has no batching rule for the fused RNN kernels); packed train
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import torch
 from torch import nn
 
@@ -14,6 +16,12 @@ class PlainGRUCell(nn.Module):
     """``nn.GRUCell`` in plain tensor ops, in the order of ATen's CPU ``gru_cell``
     (aten/src/ATen/native/RNN.cpp): ``vmap`` has no batching rule for ``gru_cell`` and would
     run it member by member."""
+
+    # registered in __init__: the cell's own parameters
+    weight_ih: nn.Parameter
+    weight_hh: nn.Parameter
+    bias_ih: nn.Parameter
+    bias_hh: nn.Parameter
 
     def __init__(self, cell: nn.GRUCell) -> None:
         super().__init__()
@@ -89,12 +97,12 @@ class PlainGRU(nn.Module):
         )
         # unbind: one backward node for all steps (indexing step k would materialise a
         # gradient of the whole tensor at every step)
-        step_terms = step_terms.unbind(1)
+        steps = step_terms.unbind(1)
         block = self._block()
         state = x.new_zeros(batch, n_layers * h)
         outs, finals = [], [state[:, :h]] * n_layers
         for k in range(n_steps):
-            gates = torch.addmm(step_terms[k], state, block).view(batch, 2, n_layers, 3, h)
+            gates = torch.addmm(steps[k], state, block).view(batch, 2, n_layers, 3, h)
             hidden, inputs = gates[:, 0], gates[:, 1]
             rz = torch.sigmoid(inputs[:, :, :2] + hidden[:, :, :2])
             new = torch.tanh(torch.addcmul(inputs[:, :, 2], rz[:, :, 0], hidden[:, :, 2]))
@@ -113,7 +121,7 @@ class PlainGRU(nn.Module):
         return (out if self.batch_first else out.transpose(0, 1)), torch.stack(finals)
 
 
-def is_plain_gru(module: nn.Module) -> bool:
+def is_plain_gru(module: nn.Module) -> TypeGuard[nn.GRU]:
     return (
         type(module) is nn.GRU
         and module.bias

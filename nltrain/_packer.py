@@ -6,8 +6,9 @@ per-member clipping and masked Adam, eager or captured into a CUDA graph (see
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import nn
@@ -47,8 +48,9 @@ def _unparametrize(module: nn.Module) -> None:
     Not ``parametrize.remove_parametrizations``: that deletes the tensor's property from the
     parametrised class, which the copy shares with the members' modules.
     """
-    ((tname, plist),) = module.parametrizations.items()
-    original = plist.original
+    # the ModuleDict that parametrize.register_parametrization adds
+    ((tname, plist),) = cast(nn.ModuleDict, module.parametrizations).items()
+    original = cast(nn.Parameter, plist.original)  # a model's parametrised tensor: a parameter
     module.__class__ = module.__class__.__bases__[0]
     del module._modules["parametrizations"]
     module.register_parameter(tname, original)
@@ -190,7 +192,7 @@ class Packer:
             **self._grids(data, members),
         )
 
-    def _grids(self, data: dict[int, tuple[Tensors, ...]], members: list[int]) -> dict:
+    def _grids(self, data: Mapping[int, tuple[Tensors, ...]], members: list[int]) -> dict:
         if self.obs_t is not None:
             return {}
         return {
@@ -329,7 +331,9 @@ class Packer:
         names = list(pack.params)
         with self.products.scope(("step", batch), len(pack.members)):
             losses = self.losses(pack, obs_x, target)
-            grads = torch.autograd.grad(losses.sum(), [pack.params[n] for n in names])
+            grads: Sequence[torch.Tensor] = torch.autograd.grad(
+                losses.sum(), [pack.params[n] for n in names]
+            )
         with torch.no_grad():
             active = pack.active.clone()
             norm = None

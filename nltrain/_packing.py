@@ -35,7 +35,7 @@ function, and :func:`packable`); this module chooses between a pack and one cell
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -45,7 +45,7 @@ from torch import nn
 from datasets import SplitData
 from nlmodels import ForecastModel, mkl_position_independent, require_numerics
 from nltrain._config import TrainConfig
-from nltrain._loop import LoopOptions, TrainingDiverged, TrainResult, train_loop
+from nltrain._loop import EpochRecord, LoopOptions, TrainingDiverged, TrainResult, train_loop
 from nltrain._packed_cells import (
     PackedCells,
     packable,
@@ -226,9 +226,12 @@ def _pack_per_time_grid(
     for i, s in enumerate(train_splits):
         key = (np.asarray(s.obs_t).tobytes(), np.asarray(s.query_t).tobytes())
         groups.setdefault(key, []).append(i)
-    results: list[TrainResult | TrainingDiverged | None] = [None] * len(models)
+    results: dict[int, TrainResult | TrainingDiverged] = {}
     on_epoch = options.on_epoch
     for idx in groups.values():
+        group_on_epoch: Callable[[int, EpochRecord], None] | None = (
+            None if on_epoch is None else (lambda k, r, idx=idx: on_epoch(idx[k], r))
+        )
         sub = train_packed(
             [models[i] for i in idx],
             [train_splits[i] for i in idx],
@@ -239,11 +242,11 @@ def _pack_per_time_grid(
             options=replace(
                 options,
                 labels=tuple(options.labels[i] for i in idx),
-                on_epoch=None if on_epoch is None else (lambda k, r, idx=idx: on_epoch(idx[k], r)),
+                on_epoch=group_on_epoch,
                 budget=_share(options.budget, len(idx), len(models)),
             ),
             graphs=graphs,
         )
         for i, r in zip(idx, sub, strict=True):
             results[i] = r
-    return results  # type: ignore[return-value]
+    return [results[i] for i in range(len(models))]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
@@ -26,6 +27,25 @@ def _widths(default: Any) -> bool:
     )
 
 
+def _categorical(name: str, values: list[Any], trial: optuna.Trial) -> Any:
+    return trial.suggest_categorical(name, values)
+
+
+def _log_int(name: str, lo: int, hi: int, trial: optuna.Trial) -> int:
+    return trial.suggest_int(name, lo, hi, log=True)
+
+
+def _log_float(name: str, lo: float, hi: float, trial: optuna.Trial) -> float:
+    return trial.suggest_float(name, lo, hi, log=True)
+
+
+def _layer_widths(name: str, w: int, trial: optuna.Trial) -> tuple[int, ...]:
+    """Layers of one width (a quarter to four times ``w``, log scale), 1 to 3 of them."""
+    return (trial.suggest_int(f"{name}_width", max(1, w // 4), w * 4, log=True),) * (
+        trial.suggest_int(f"{name}_depth", 1, 3)
+    )
+
+
 def _drawers(method: str) -> tuple[dict[str, Callable[[optuna.Trial], Any]], dict[str, Any]]:
     from nlmodels.model_registry import model_choices, model_option_types, model_signature
 
@@ -35,22 +55,16 @@ def _drawers(method: str) -> tuple[dict[str, Callable[[optuna.Trial], Any]], dic
     for name, default in model_signature(method).items():
         hint = hints.get(name)
         if name in choices:
-            values = list(choices[name])
-            draws[name] = lambda tr, n=name, v=values: tr.suggest_categorical(n, v)
+            draws[name] = partial(_categorical, name, list(choices[name]))
         elif isinstance(default, bool) or hint is bool:
-            draws[name] = lambda tr, n=name: tr.suggest_categorical(n, [False, True])
+            draws[name] = partial(_categorical, name, [False, True])
         elif isinstance(default, int) and default > 0 and hint in (int, None):
-            lo, hi = max(1, default // 4), default * 4
-            draws[name] = lambda tr, n=name, lo=lo, hi=hi: tr.suggest_int(n, lo, hi, log=True)
+            draws[name] = partial(_log_int, name, max(1, default // 4), default * 4)
         elif isinstance(default, float) and default > 0:
-            lo, hi = default / 10, default * 10
-            draws[name] = lambda tr, n=name, lo=lo, hi=hi: tr.suggest_float(n, lo, hi, log=True)
+            draws[name] = partial(_log_float, name, default / 10, default * 10)
         elif _widths(default) and typing.get_origin(hint) in (Sequence, tuple, list, None):
             w = max(default)
-            draws[name] = lambda tr, n=name, w=w: (
-                (tr.suggest_int(f"{n}_width", max(1, w // 4), w * 4, log=True),)
-                * tr.suggest_int(f"{n}_depth", 1, 3)
-            )
+            draws[name] = partial(_layer_widths, name, w)
             paper[f"{name}_width"], paper[f"{name}_depth"] = w, len(default)
             continue
         else:

@@ -259,12 +259,12 @@ class _Pool:
                     waits[w.conn] = ("reply", w)
             timeout = LINK_SECONDS if self._linked is not None else None
             for ready in wait(list(waits), timeout):
-                kind, w = waits[ready]
+                kind, sender = waits[ready]
                 if kind == "wake":
                     while self._wake_r.poll():
                         self._wake_r.recv_bytes()
-                elif kind == "reply":
-                    self._reply(w)
+                elif kind == "reply" and sender is not None:  # a reply always has its worker
+                    self._reply(sender)
             for w in workers:
                 if not w.process.is_alive():
                     self._reply(w)  # a reply sent just before it ended still counts

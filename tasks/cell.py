@@ -52,7 +52,7 @@ from tasks.pipeline import (
     simulate_data,
 )
 from tasks.placement import place_pack
-from tasks.results import CellResult
+from tasks.results import CellResult, by_config_hash
 from tasks.reuse import stored_result, stored_results
 from tasks.stopping import contained
 from tasks.tracking import Metrics, RunTags, TrackingSettings, attach, claim_owner, run_name
@@ -212,7 +212,7 @@ def fit_cells(
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     pack = _Pack(cells, rt, run_ids, on_epoch)
-    outcomes: list[FitOutcome | Exception | None] = [None] * len(cells)
+    outcomes: dict[int, FitOutcome | Exception] = {}
     for i, (cell, run_id) in enumerate(zip(cells, run_ids, strict=True)):
         try:  # 1. set up: data, split, initial weights
             pack.setups[i] = _set_up(cell, run_id, rt, pack.runs)
@@ -224,7 +224,7 @@ def fit_cells(
             outcomes[i] = pack.failed(i, res)
         else:  # 3. evaluated and logged
             outcomes[i] = pack.score(i, res, evaluate_test)
-    return outcomes  # type: ignore[return-value]
+    return [outcomes[i] for i in range(len(cells))]
 
 
 class _Pack:
@@ -348,7 +348,7 @@ def run_pack(cells: Sequence[CellConfig], rt: CellRuntime) -> list[CellResult]:
                 mine.append(c)
         if mine:
             lost: list[CellConfig] = []
-            results.update((r.config_hash, r) for r in _train_pack(mine, rt, owner, lost))
+            results.update(by_config_hash(_train_pack(mine, rt, owner, lost)))
             elsewhere += lost
     for c in elsewhere:
         results[c.config_hash()] = _await_cell(c, rt)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, SupportsFloat
 
 import numpy as np
 
@@ -120,7 +120,9 @@ def cell_rmse(cell: Mapping[str, object] | None) -> float | None:
     if cell is None or cell.get("status") not in ("finished", "reused"):
         return None
     v = cell.get(Metrics.TEST_RMSE)
-    return float(v) if v is not None and math.isfinite(float(v)) else None  # type: ignore[arg-type]
+    if not isinstance(v, str | SupportsFloat):  # none recorded
+        return None
+    return float(v) if math.isfinite(float(v)) else None
 
 
 def seed_spreads(cells: Sequence[Mapping[str, object]]) -> dict[tuple[str, str], float]:

@@ -245,8 +245,8 @@ def check_installation(packages: Iterable[str] | None = None) -> Iterator[Findin
             f" and {len(needers) - 3} more" if len(needers) > 3 else ""
         )
         yield Finding(section, name, f"not installed: needed by {shown}", "fail")
-    for name, error in sorted(broken.items()):
-        yield Finding(section, name, f"does not import: {error[:200]}", "fail")
+    for name, problem in sorted(broken.items()):
+        yield Finding(section, name, f"does not import: {problem[:200]}", "fail")
     if not missing and not broken:
         yield Finding(section, "modules", f"{imported} imported", "ok")
 

@@ -10,8 +10,12 @@ their gradients and Adam's two moment estimates (Kingma & Ba 2015).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from tasks.errors import SettingError
+
+if TYPE_CHECKING:
+    from tasks.config import CellConfig
 
 __all__ = [
     "TRAINING_COPIES",
@@ -73,7 +77,7 @@ class ModelRefused(SettingError, ValueError):
     options that exclude each other), found before anything starts rather than in each cell."""
 
 
-def _model_sizes(cells: Iterable) -> Iterator[tuple[object, int | None]]:
+def _model_sizes(cells: Iterable[CellConfig]) -> Iterator[tuple[CellConfig, int | None]]:
     """Each distinct model of ``cells`` (one cell naming it) and its training bytes, built on
     the ``meta`` device once; :class:`ModelRefused` for the first its constructor refuses."""
     from datasets import SYSTEMS

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -45,6 +46,7 @@ __all__ = [
     "PROBE_EPOCHS",
     "CpuProbesAhead",
     "Probe",
+    "ProbeOptions",
     "cached_probe",
     "cell_shapes",
     "choose_fastest",
@@ -78,6 +80,13 @@ class Probe:
 
 #: ``measure(cell, device, members)``: the step a pack of ``members`` cells like ``cell`` runs.
 Measure = Callable[[CellConfig, torch.device, int], Probe | float]
+
+
+class ProbeOptions(TypedDict):
+    """Where probes are cached and what measures them (:func:`cached_probe`'s keywords)."""
+
+    cache_dir: Path | None
+    measure: Measure | None
 
 
 def _gpu_name() -> str:
@@ -430,7 +439,7 @@ def gpu_pack_size(
     """
     if group_size <= 1:
         return max(group_size, 1)
-    kw = {"cache_dir": cache_dir, "measure": measure}
+    kw: ProbeOptions = {"cache_dir": cache_dir, "measure": measure}
     small = min(group_size, 4)
     per_member = int(cached_probe(cell, small, ("cuda",), **kw).get("cuda_bytes", 0))
     cap = MAX_PACK_MEMBERS

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from typing import Literal
 
 import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
 
@@ -21,7 +22,7 @@ from tasks._workers import WorkerDied, WorkerStopped, run_in_worker, worker_pool
 from tasks.cell import CellRuntime, run_pack, simulate_data
 from tasks.config import CellConfig, DataConfig
 from tasks.errors import Interrupted
-from tasks.results import CellResult, CellStatus
+from tasks.results import CellResult
 from tasks.stopping import abandonable
 from tasks.tables import plural
 from tasks.tracking import cell_variant
@@ -62,10 +63,12 @@ def simulate_data_sets(
     keys = {_data_key(c): (c.system, c.data, c.seed) for c in cells}
     futures = {k: simulate_task.submit(*args, stop) for k, args in keys.items()}
     wait(list(futures.values()))
-    why: dict[str, tuple[CellStatus, str]] = {}
+    why: dict[str, tuple[Literal["failed", "interrupted"], str | None]] = {}
     for k, fut in futures.items():
         if not (state := fut.state).is_completed():
-            status: CellStatus = "interrupted" if state.is_cancelled() else "failed"
+            status: Literal["failed", "interrupted"] = (
+                "interrupted" if state.is_cancelled() else "failed"
+            )
             why[k] = (status, state.message or state.name)
     return [CellResult.failed(c, *why[k]) for c in cells if (k := _data_key(c)) in why]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -17,13 +18,14 @@ from tasks._names import model_label
 from tasks.config import MAIN_SYSTEMS, METHODS, PAPER_BUDGET_PROFILES
 from tasks.results import CellResult
 from tasks.tables import Table, TableCell, number, render_table
-from tasks.verdict import VERDICT_RULE, verdict
+from tasks.verdict import VERDICT_RULE, Verdict, verdict
 
 __all__ = [
     "PAPER_BUDGET",
     "PAPER_MAIN_TABLE",
     "PAPER_STEREOGRAPHIC",
     "TOP_SHARE_FLAG",
+    "CellScore",
     "Published",
     "ResultsTable",
     "Table",
@@ -32,6 +34,28 @@ __all__ = [
     "render_table",
     "results_table",
 ]
+
+
+class CellScore(Protocol):
+    """What :func:`results_table` reads of a cell's outcome: a :class:`~tasks.results.
+    CellResult`, or a record of the ledger (``tasks.ledger.LedgerRecord``)."""
+
+    @property
+    def system(self) -> str: ...
+    @property
+    def method(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def test_rmse(self) -> float | None: ...
+    @property
+    def top_share(self) -> float | None: ...
+    @property
+    def rmse_without_top(self) -> float | None: ...
+    @property
+    def diverged(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -130,7 +154,7 @@ def _fmt(mean: float, std: float | None) -> str:
     return number(mean) if std is None else f"{number(mean)} ± {number(std)}"
 
 
-def _row_verdict(row: pd.Series) -> str:
+def _row_verdict(row: pd.Series) -> Verdict:
     """:func:`tasks.verdict.verdict` of one row of a :class:`ResultsTable`'s frame."""
     return verdict(
         row["mean"], row["std"], int(row["n_seeds"]), row["paper_mean"], row["paper_std"]
@@ -245,7 +269,7 @@ class ResultsTable:
         caption = _CAPTION if self.judged else _caption_other_budget(self.profile)
         return Table(("method", *self.systems), rows, caption)
 
-    def verdicts(self) -> dict[tuple[str, str], str]:
+    def verdicts(self) -> dict[tuple[str, str], Verdict]:
         """(method, system) → the verdict its cell shows ("" where not judged)."""
         return {
             (r["method"], r["system"]): _row_verdict(r) if self.judged else ""
@@ -358,7 +382,7 @@ def parent_summary(
 
 
 def results_table(
-    results: Iterable[CellResult],
+    results: Iterable[CellScore],
     *,
     profile: str,
     expected: Iterable[tuple[str, str]] = (),
@@ -367,7 +391,7 @@ def results_table(
     ``profile``: the profile they were trained in (the paper's figures judge the paper's);
     ``expected``: (method, system) pairs that get their row, "–", even with no result."""
     rows = []
-    by_key: dict[tuple[str, str], list[CellResult]] = {pair: [] for pair in expected}
+    by_key: dict[tuple[str, str], list[CellScore]] = {pair: [] for pair in expected}
     for r in results:
         by_key.setdefault((r.method, r.system), []).append(r)
     for (method, system), cells in by_key.items():

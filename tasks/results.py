@@ -8,7 +8,7 @@ in the store) and :meth:`CellResult.failed` (failed, interrupted or missing, wit
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from tasks.config import CellConfig
     from tasks.tracking import RunRecord
 
-__all__ = ["CellResult", "CellStatus"]
+__all__ = ["CellResult", "CellStatus", "by_config_hash"]
 
 CellStatus = Literal["finished", "reused", "failed", "interrupted", "missing"]
 
@@ -99,6 +99,16 @@ class CellResult:
             train_seconds=metrics.get(Metrics.TRAIN_SECONDS),
             diverged=_diverged(metrics, test_rmse),
         )
+
+
+def by_config_hash(results: Iterable[CellResult]) -> dict[str, CellResult]:
+    """``results`` by their cells' config hashes: results made from a cell (:meth:`CellResult.
+    fresh`, :meth:`~CellResult.reused`, :meth:`~CellResult.failed`), which always carry one."""
+    out: dict[str, CellResult] = {}
+    for r in results:
+        assert r.config_hash is not None, f"{r.key}: a result without its cell's config hash"
+        out[r.config_hash] = r
+    return out
 
 
 def _diverged(metrics: Mapping[str, float], test_rmse: float | None) -> str | None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from tasks.verdict import Verdict
+from tasks.verdict import Verdict, is_verdict
 
 if TYPE_CHECKING:  # pandas loads only where a frame is given (nllab artifacts has none)
     import pandas as pd
@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 
-def number(value: float | None) -> str:
+def number(value: float | np.floating | None) -> str:
     """The one number format of every table and summary line: 4 significant digits (0.1126,
     0.00085, 12.35), ``–`` for a missing or non-finite value."""
     if value is None or not np.isfinite(value):
@@ -99,8 +99,8 @@ class Table:
         cols = list(frame.columns)
         rows = []
         for _, r in frame.iterrows():
-            v = str(r["verdict"]) if "verdict" in cols else ""
-            v = v if v in VERDICT_MARKS else ""
+            shown = str(r["verdict"]) if "verdict" in cols else ""
+            v: Verdict = shown if is_verdict(shown) else ""
             cells = []
             for c in cols:
                 if c == "verdict":

@@ -21,7 +21,7 @@ Pharmacokinet. Biopharm. 15, 1987); the rest is marked ? rather than claimed.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, TypeGuard, get_args
 
 __all__ = [
     "ALPHA",
@@ -29,11 +29,18 @@ __all__ = [
     "RELATIVE_TOLERANCE",
     "VERDICT_RULE",
     "Verdict",
+    "is_verdict",
     "t_test_p_value",
     "verdict",
 ]
 
 Verdict = Literal["better", "match", "worse", "unclear", ""]
+
+
+def is_verdict(value: object) -> TypeGuard[Verdict]:
+    """Whether ``value`` is a :data:`Verdict` (``""``, none, included)."""
+    return value in get_args(Verdict)
+
 
 #: Seeds behind each of the paper's mean ± std figures (Table 3: five seeds).
 PAPER_SEEDS = 5
@@ -104,7 +111,7 @@ def verdict(
     return "match" if abs(diff) <= band else "unclear"
 
 
-def _finite(x: float | None) -> bool:
+def _finite(x: float | None) -> TypeGuard[float]:
     return x is not None and math.isfinite(x)
 
 

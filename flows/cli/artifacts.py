@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 from flows.cli import common as cli
+
+if TYPE_CHECKING:
+    from flows._artifacts import StoredArtifact
 
 __all__ = ["add_parser", "run"]
 
@@ -61,13 +65,13 @@ def _benchmark_prefix(key: str) -> str | None:
     return None
 
 
-def _latest_benchmark(found: list) -> list:
+def _latest_benchmark(found: list[StoredArtifact]) -> list[StoredArtifact]:
     """The latest artifact under each key of the newest benchmark's profile; a comparison's
     Markdown only where it is not the table beside it."""
     prefix = next((p for a in found if (p := _benchmark_prefix(a.key))), None)
     if prefix is None:
         return []
-    latest: dict[str, object] = {}
+    latest: dict[str, StoredArtifact] = {}
     for a in found:  # newest first
         latest.setdefault(a.key, a)
     shown = [latest[k] for s in _BENCHMARK_SUFFIXES if (k := prefix + s) in latest]
@@ -89,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     except ArtifactsUnreadable as e:
         raise EnvironmentFault(str(e)) from None
     if args.all:
-        latest: dict[str, object] = {}
+        latest: dict[str, StoredArtifact] = {}
         for a in found:
             latest.setdefault(a.key, a)
         for a in latest.values():
@@ -97,9 +101,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"{plural(len(latest), 'key')} in {where}")
         return 0
     if args.key:
-        chosen = [next((a for a in found if a.key == args.key), None)]
-        if chosen[0] is None:
+        picked = next((a for a in found if a.key == args.key), None)
+        if picked is None:
             raise cli.UsageError(f"no artifact under {args.key!r} in {where} (see --all)")
+        chosen = [picked]
     else:
         chosen = _latest_benchmark(found)
         if not chosen:

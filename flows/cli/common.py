@@ -11,12 +11,14 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
 __all__ = [
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
     "EXIT_TRACKING",
     "EXIT_USAGE",
+    "ArgumentAdder",
     "CommandFailed",
     "Parser",
     "UsageError",
@@ -111,7 +113,7 @@ def split_names(values: Sequence[str] | None) -> list[str] | None:
 def parse_seeds(values: Sequence[str] | None) -> list[int] | None:
     """``--seeds 0 1,2`` → ``[0, 1, 2]``; a non-integer is a :class:`UsageError`."""
     names = split_names(values)
-    if names is None:
+    if values is None or names is None:
         return None
     from tasks.config import MAX_SEED
 
@@ -217,7 +219,13 @@ def check_environment() -> None:
         )
 
 
-def add_runner_options(p: argparse.ArgumentParser, default: str | None = None) -> None:
+class ArgumentAdder(Protocol):
+    """What options are added to: a parser, an argument group, or a wrapper of one."""
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action: ...
+
+
+def add_runner_options(p: ArgumentAdder, default: str | None = None) -> None:
     """``--task-runner thread|dask``, ``--dask-address``, ``--pack/--no-pack`` and ``--reuse``,
     shared by every command that trains."""
     p.add_argument(

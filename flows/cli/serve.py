@@ -46,9 +46,9 @@ def run(args: argparse.Namespace) -> int:
         entries = load_schedules(args.config)
     except ScheduleError as e:
         raise UsageError(str(e)) from None
-    for e in entries:
-        state = " (paused)" if e.paused else ""
-        print(f"  {e.name:<44} {e.flow:<9} cron '{e.cron}' {e.timezone}{state}")
+    for entry in entries:
+        state = " (paused)" if entry.paused else ""
+        print(f"  {entry.name:<44} {entry.flow:<9} cron '{entry.cron}' {entry.timezone}{state}")
     if args.check:
         return 0
     server = None
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         if not api and args.start_server:
             server, api = prefect_server.start_server(args.port)
             print(f"started a Prefect server: {api} (UI http://127.0.0.1:{args.port})")
-        prefect_server.require_server(api)
+        api = prefect_server.require_server(api)
     except prefect_server.ServerMissing as e:
         raise UsageError(str(e)) from None
     if server is None:

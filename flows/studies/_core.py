@@ -34,7 +34,7 @@ from tasks.cell import CellRuntime, prepare_cell, simulate_data
 from tasks.config import CellConfig, DataConfig, Profile, RunConfig, TrainConfig
 from tasks.engine import run_cells
 from tasks.modelio import ModelSpec, load_model
-from tasks.results import CellResult
+from tasks.results import CellResult, by_config_hash
 from tasks.tracking import Metrics, Queries, RunTags, connect, parent_run
 
 __all__ = [
@@ -130,7 +130,7 @@ class Study:
     body: StudyBody
 
     @cached_property
-    def flow(self) -> Flow:
+    def flow(self) -> Flow[[StudyConfig], StudySummary]:
         """The study's flow: :func:`execute_study` of this spec and body."""
         spec, body = self.spec, self.body
 
@@ -243,8 +243,8 @@ class StudyContext:
     def run_cells(self, cells: Sequence[CellConfig]) -> list[CellResult]:
         """Train (or reuse, by config hash) ``cells`` as child runs; results in input order."""
         results = run_cells(cells, self.runtime)
-        for r in results:
-            self._results.setdefault(r.config_hash, r)
+        for h, r in by_config_hash(results).items():
+            self._results.setdefault(h, r)
         return results
 
     def prepared(self, cell: CellConfig) -> Prepared:

@@ -21,6 +21,7 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 
+from datasets import SplitData
 from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec
 from flows.studies._tables import add_paper, aggregate
 from nltrain import predict, rmse
@@ -51,7 +52,8 @@ def _body(ctx: StudyContext) -> StudyOutput:
         for seed in ctx.seeds
     ]
     results = ctx.run_cells([c for _, c in entries])
-    clean, noisy, tone, curves = [], [], [], {}
+    clean, noisy, tone = [], [], []
+    curves: dict[str, tuple[SplitData, np.ndarray]] = {}  # variant -> one test split and prediction
     for (lab, cell), r in zip(entries, results, strict=True):
         c_val = n_val = t_val = math.nan
         if r.ok:
@@ -94,7 +96,7 @@ def tone_amplitude(
     return float(np.mean(amplitudes))
 
 
-def _plot(curves: dict, path) -> None:
+def _plot(curves: dict[str, tuple[SplitData, np.ndarray]], path) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.4))
     if curves:
         test, _ = next(iter(curves.values()))

@@ -8,6 +8,7 @@ from flows.studies._plots import plot_bars
 from tasks.reporting import PAPER_STEREOGRAPHIC
 
 SYSTEMS = tuple(PAPER_STEREOGRAPHIC)
+FACTOR = Factor("model", "stereographic", (False, True), ("neural_laplace",))
 SPEC = StudySpec(
     name="stereographic",
     paper={
@@ -15,7 +16,7 @@ SPEC = StudySpec(
         for system, row in PAPER_STEREOGRAPHIC.items()
         for state, v in zip(("off", "on"), row, strict=True)
     },
-    factor=Factor("model", "stereographic", (False, True), ("neural_laplace",)),
+    factor=FACTOR,
 )
 KEYS = ("system", "stereographic")
 
@@ -25,7 +26,7 @@ def _body(ctx: StudyContext) -> StudyOutput:
     systems = ctx.systems(ctx.pick(smoke=SYSTEMS[2:3], quick=SYSTEMS, paper=SYSTEMS))
     # "on" is the model's default, which the config hash ignores: those cells are the
     # benchmark's own Neural Laplace cells, reused when the benchmark has run.
-    entries = ctx.factor_cells(systems, SPEC.factor.values, label=lambda on: "on" if on else "off")
+    entries = ctx.factor_cells(systems, FACTOR.values, label=lambda on: "on" if on else "off")
     table = rmse_table(ctx, entries, KEYS)
     plot_bars(table, "system", "stereographic", ctx.figure("stereographic"), title=SPEC.title)
     return StudyOutput({"stereographic": table})

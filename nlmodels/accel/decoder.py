@@ -48,7 +48,7 @@ class _FusedSphereDecoder(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx,
         per_time,
         per_traj,
@@ -80,7 +80,7 @@ class _FusedSphereDecoder(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_x):  # type: ignore[override]
+    def backward(ctx, grad_x):
         per_time, w2, w3 = ctx.saved_tensors
         grad_x = grad_x.contiguous()
         g_time = torch.zeros_like(per_time)

@@ -58,7 +58,7 @@ def _block_weights(weights, n_layers: int, units: int, n_inputs: int) -> torch.T
 
 class _WavefrontGRU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, n_layers: int, *weights):  # type: ignore[override]
+    def forward(ctx, x, n_layers: int, *weights):
         batch, n_time, n_inputs = x.shape
         units = weights[1].shape[1]
         big = n_layers * units
@@ -84,7 +84,7 @@ class _WavefrontGRU(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_out):  # type: ignore[override]
+    def backward(ctx, grad_out):
         x, m, rows, gates, new_n = ctx.saved_tensors
         n_layers, units, n_time = ctx.shape
         big = n_layers * units
@@ -151,7 +151,7 @@ class _NativeGRU(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, n_layers: int, *weights):  # type: ignore[override]
+    def forward(ctx, x, n_layers: int, *weights):
         batch, n_time, n_inputs = x.shape
         units = weights[1].shape[1]
         layers = range(n_layers)
@@ -175,7 +175,7 @@ class _NativeGRU(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_out):  # type: ignore[override]
+    def backward(ctx, grad_out):
         xs, w_ih, w_hh, states, gates = ctx.saved_tensors
         n_layers, units = states.shape[0], ctx.units
         n_inputs, n_time, batch = xs.shape

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -75,6 +75,13 @@ class ILTAlgorithm:
     #: False where x(t) is not a fixed linear combination of F(s) (de Hoog's Padé acceleration)
     is_linear: ClassVar[bool] = True
 
+    # Set in __post_init__ (the subclass's): the constants c_q of w_q(t) = τ(t) c_q, and the
+    # constants as tensors, per device (:meth:`_constant`).
+    _coef: np.ndarray = field(init=False, repr=False, compare=False)
+    _device_constants: dict[tuple[str, torch.device], torch.Tensor] = field(
+        init=False, repr=False, compare=False
+    )
+
     def __post_init__(self) -> None:
         if isinstance(self.terms, bool) or not isinstance(self.terms, int | np.integer):
             raise ValueError(f"terms must be an integer >= {MIN_TERMS}, got {self.terms!r}")
@@ -96,13 +103,13 @@ class ILTAlgorithm:
         raise NotImplementedError
 
     def _weights(self, t: torch.Tensor) -> torch.Tensor:
-        coef = self._constant("coef", self._coef, t)  # type: ignore[attr-defined]
+        coef = self._constant("coef", self._coef, t)
         return self._time_factor(t).unsqueeze(-1) * coef
 
     def _reconstruct(self, fs: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         # Re Σ_q τ c_q fs_q = τ Re(fs @ c): the weights' factored form, as one matrix-vector
         # product (cheaper than forming [..., T, Q] weights every call).
-        coef = self._constant("coef", self._coef, t)  # type: ignore[attr-defined]
+        coef = self._constant("coef", self._coef, t)
         return (fs @ coef).real * self._time_factor(t)
 
     # ----------------------------------------------------------------- public API
@@ -147,7 +154,7 @@ class ILTAlgorithm:
     # ----------------------------------------------------------------- helpers
     def _constant(self, key: str, value: np.ndarray, like: torch.Tensor) -> torch.Tensor:
         """``value`` as a complex128 tensor on ``like``'s device, cached per device."""
-        cache: dict = self._device_constants  # type: ignore[attr-defined]
+        cache = self._device_constants
         k = (key, like.device)
         if k not in cache:
             cache[k] = torch.as_tensor(np.asarray(value, dtype=np.complex128), device=like.device)

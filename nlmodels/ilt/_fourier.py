@@ -23,7 +23,7 @@ error bound, and reproduces the paper's Table 12 (RMSE 0.01715 on cos t), so it 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -49,6 +49,8 @@ class FourierSeries(ILTAlgorithm):
     alpha: float = 1.0e-3
     eps: float | None = None
     gamma_convention: str = "reference"
+
+    _node: np.ndarray = field(init=False, repr=False, compare=False)  # s_k t − α t, set below
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cache
 from importlib import resources
@@ -27,6 +27,8 @@ __all__ = ["CME", "Euler", "FixedTalbot", "Stehfest", "cme_parameters"]
 class _ScaledNodes(ILTAlgorithm):
     """Shared query/weights of the x(t) ≈ (1/t) Re Σ η_k F(β_k/t) family."""
 
+    _beta: np.ndarray = field(init=False, repr=False, compare=False)  # the nodes β_k
+
     def __post_init__(self) -> None:
         super().__post_init__()
         beta, eta = self._nodes()
@@ -38,10 +40,10 @@ class _ScaledNodes(ILTAlgorithm):
 
     @property
     def n_query(self) -> int:
-        return len(self._beta)  # type: ignore[attr-defined]
+        return len(self._beta)
 
     def _query(self, t: torch.Tensor) -> torch.Tensor:
-        beta = self._constant("beta", self._beta, t)  # type: ignore[attr-defined]
+        beta = self._constant("beta", self._beta, t)
         return beta * (1.0 / t).unsqueeze(-1)  # a real reciprocal: cheaper than complex division
 
     def _time_factor(self, t: torch.Tensor) -> torch.Tensor:
@@ -119,8 +121,8 @@ class Euler(_ScaledNodes):
         n = (self.terms - 1) // 2
         xi = [Fraction(1, 2)] + [Fraction(1)] * n + [Fraction(0)] * n
         xi[2 * n] = Fraction(1, 2**n)
-        for k in range(1, n):
-            xi[2 * n - k] = xi[2 * n - k + 1] + Fraction(math.comb(n, k), 2**n)
+        for j in range(1, n):
+            xi[2 * n - j] = xi[2 * n - j + 1] + Fraction(math.comb(n, j), 2**n)
         k = np.arange(2 * n + 1)
         beta = n * math.log(10.0) / 3.0 + 1j * math.pi * k
         eta = 10.0 ** (n / 3.0) * np.where(k % 2 == 0, 1.0, -1.0) * np.array([float(v) for v in xi])

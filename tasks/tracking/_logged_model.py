@@ -65,8 +65,14 @@ def _create_logged_model(store: Store, run_id: str, spec: dict[str, Any], artifa
     cell (``neural_laplace-integro_de-s0``; ``artifact_path`` for a run without those tags),
     so the experiment's Models tab lists it."""
     run = store.client.get_run(run_id)
-    cell = [run.data.tags.get(k) for k in (RunTags.METHOD, RunTags.SYSTEM, RunTags.SEED)]
-    name = logged_model_name(cell[0], cell[1], int(cell[2])) if all(cell) else artifact_path
+    method, system, seed = (
+        run.data.tags.get(k) for k in (RunTags.METHOD, RunTags.SYSTEM, RunTags.SEED)
+    )
+    name = (
+        logged_model_name(method, system, int(seed))
+        if method and system and seed
+        else artifact_path
+    )
     return store.client.create_logged_model(
         store.experiment_id,
         name=name,

@@ -143,8 +143,9 @@ class Registry:
                 model_id, {MLFLOW_MODEL_VERSIONS: json.dumps([*linked, entry])}
             )
 
-    def champion(self, name: str) -> tuple[str, str] | None:
-        """``(version, run_id)`` of the champion of ``name``, or ``None``."""
+    def champion(self, name: str) -> tuple[str, str | None] | None:
+        """``(version, run_id)`` of the champion of ``name`` (the run ``None`` for a version
+        registered without one), or ``None``."""
         try:
             mv = self._client.get_model_version_by_alias(name, CHAMPION)
         except MlflowException:

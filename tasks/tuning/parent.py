@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from tasks.search_spaces import Suggestion
 from tasks.tracking import Metrics, ParentRun, RunTags, claim_owner, parent_run
@@ -48,7 +48,7 @@ def study_parent_run(session: TuneSession) -> Iterator[ParentRun]:
 
     try:
         recorded = _reopen_recorded(session)
-        new = {
+        new: dict[str, dict[str, object]] = {
             "params": {
                 **session.cell.flat_params(),
                 "sampler": "TPE",
@@ -70,7 +70,8 @@ def study_parent_run(session: TuneSession) -> Iterator[ParentRun]:
             f"tune-{spec.study_name}",
             kind="tune",
             resume=recorded,
-            **({} if recorded else new),
+            params=None if recorded else new["params"],
+            tags=None if recorded else new["tags"],
         ) as parent:
             if recorded is None:
                 session.study.set_user_attr(PARENT_ATTR, parent.run_id)
@@ -93,6 +94,12 @@ def _reopen_recorded(session: TuneSession) -> str | None:
         return None  # another tracking store: start a parent there
 
 
+def _value(trial: FrozenTrial) -> float:
+    """A complete trial's objective value (a one-objective study's complete trial has one)."""
+    assert trial.value is not None, f"trial {trial.number} is complete but has no value"
+    return float(trial.value)
+
+
 def finish_study(session: TuneSession, parent: ParentRun) -> TuneResult:
     """Record the study's best trial (study attribute, ``best_config.json``, metrics and tags of
     the parent run); a :class:`TuningError` if no trial completed."""
@@ -105,7 +112,7 @@ def finish_study(session: TuneSession, parent: ParentRun) -> TuneResult:
             f"({len(done)} finished: all pruned or failed); see the trial runs under "
             f"MLflow parent run {run_id}"
         )
-    best = min(complete, key=lambda t: t.value)
+    best = min(complete, key=_value)
     first = min(complete, key=lambda t: t.number)
     overrides = best.user_attrs["overrides"]
     record = {
@@ -125,8 +132,8 @@ def finish_study(session: TuneSession, parent: ParentRun) -> TuneResult:
     runs.log_metrics(
         run_id,
         {
-            Metrics.BEST_VAL_RMSE: best.value,
-            Metrics.FIRST_VAL_RMSE: first.value,
+            Metrics.BEST_VAL_RMSE: _value(best),
+            Metrics.FIRST_VAL_RMSE: _value(first),
             Metrics.N_TRIALS: len(done),
         },
     )
@@ -144,9 +151,9 @@ def finish_study(session: TuneSession, parent: ParentRun) -> TuneResult:
         storage=redact(session.storage_url),
         parent_run_id=run_id,
         best_trial=best.number,
-        best_value=float(best.value),
+        best_value=_value(best),
         best=Suggestion.from_json(overrides),
-        first_value=float(first.value),
+        first_value=_value(first),
         n_complete=c[TrialState.COMPLETE],
         n_pruned=c[TrialState.PRUNED],
         n_failed=c[TrialState.FAIL],

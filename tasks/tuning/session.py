@@ -81,6 +81,7 @@ class TuneSession:
             self.study.enqueue_trial(paper_params(self.spec.method), user_attrs={"origin": "paper"})
 
     def objective(self, trial: optuna.Trial) -> float:
+        assert self.runtime is not None  # optimize, its one caller, refuses to run without it
         return run_trial(trial, self.spec, self.cell, self.tracking.runs, self.runtime)
 
     def optimize(self, n_trials: int, n_jobs: int) -> None:

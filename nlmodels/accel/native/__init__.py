@@ -77,7 +77,7 @@ class _Kernel:
 
 def _p(spec: str) -> tuple[tuple[str, str], ...]:
     """``"n:i64 x:tensor"`` → (("n", "i64"), ("x", "tensor"))."""
-    return tuple(tuple(item.split(":")) for item in spec.split())  # type: ignore[misc]
+    return tuple((name, kind) for name, kind in (item.split(":") for item in spec.split()))
 
 
 def _w_ih_size(a: SimpleNamespace) -> int:
