@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = [
@@ -110,14 +110,11 @@ def data_keywords() -> tuple[dict[str, Any], dict[str, Any]]:
 
     from datasets import prepare, simulate
 
-    return tuple(  # type: ignore[return-value]
-        {
-            name: p.default
-            for name, p in inspect.signature(fn).parameters.items()
-            if name not in _OWN_DATA
-        }
-        for fn in (simulate, prepare)
-    )
+    def keywords(fn: Callable[..., Any]) -> dict[str, Any]:
+        parameters = inspect.signature(fn).parameters.items()
+        return {name: p.default for name, p in parameters if name not in _OWN_DATA}
+
+    return keywords(simulate), keywords(prepare)
 
 
 def _training_count(n: int, fractions: Any) -> int:

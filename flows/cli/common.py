@@ -18,7 +18,6 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_TRACKING",
     "EXIT_USAGE",
-    "ArgumentAdder",
     "CommandFailed",
     "Parser",
     "UsageError",
@@ -219,13 +218,11 @@ def check_environment() -> None:
         )
 
 
-class ArgumentAdder(Protocol):
-    """What options are added to: a parser, an argument group, or a wrapper of one."""
-
+class _ArgumentAdder(Protocol):  # a parser, an argument group, or something that wraps one
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action: ...
 
 
-def add_runner_options(p: ArgumentAdder, default: str | None = None) -> None:
+def add_runner_options(p: _ArgumentAdder, default: str | None = None) -> None:
     """``--task-runner thread|dask``, ``--dask-address``, ``--pack/--no-pack`` and ``--reuse``,
     shared by every command that trains."""
     p.add_argument(
