@@ -780,7 +780,7 @@ typedef struct {
     mm_tile_fn tile;
 } mm_isa;
 
-enum { MM_REFERENCE = 0, MM_AVX2 = 1, MM_AVX512 = 2 };
+enum { MM_REFERENCE = 0, MM_AVX2 = 1, MM_AVX512 = 2, MM_DIRECT = 3 };
 static const mm_isa MM_ISAS[3] = {{0, 0, NULL}, {6, 8, mm_tile_avx2}, {12, 16, mm_tile_avx512}};
 
 static int mm_supported(int isa)
@@ -789,7 +789,7 @@ static int mm_supported(int isa)
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx512f"); /* libgcc also checks the OS saves zmm state */
     }
-    return isa == MM_REFERENCE || isa == MM_AVX2;
+    return isa == MM_REFERENCE || isa == MM_AVX2 || isa == MM_DIRECT;
 }
 
 /* dst [rows][cols] contiguous from src element (r, q) at src[r * rs + q * cs]; a transposed
@@ -808,6 +808,125 @@ static void mm_pack(i64 rows, i64 cols, const double *src, i64 rs, i64 cs, doubl
             for (i64 q = 0; q < cols; ++q) dst[r * cols + q] = src[r * rs + q * cs];
     }
 }
+
+/* Small products (MM_SMALL multiply-adds or fewer) skip the packing: R rows (R <= 4) of a by
+ * 8 columns of b straight from the operands (b's rows contiguous, else packed once). */
+/* R rows of a (element (r, l) at a[r * ars + l * acs]) times 4 * V columns of b, whose rows are
+ * contiguous with stride ldb; into c (row stride ldc). */
+#define MM_BLOCK(R, V)                                                                           \
+    static void mm_block_##R##x##V(i64 k, const double *a, i64 ars, i64 acs, const double *b,    \
+                                   i64 ldb, double *c, i64 ldc)                                  \
+    {                                                                                            \
+        __m256d acc[R][V];                                                                       \
+        for (int r = 0; r < R; ++r) {                                                            \
+            const __m256d ar = _mm256_set1_pd(a[r * ars]);                                       \
+            for (int v = 0; v < V; ++v) acc[r][v] = _mm256_mul_pd(ar, _mm256_loadu_pd(b + 4 * v)); \
+        }                                                                                        \
+        for (i64 l = 1; l < k; ++l) {                                                            \
+            const double *bl = b + l * ldb;                                                      \
+            __m256d bv[V];                                                                       \
+            for (int v = 0; v < V; ++v) bv[v] = _mm256_loadu_pd(bl + 4 * v);                     \
+            for (int r = 0; r < R; ++r) {                                                        \
+                const __m256d ar = _mm256_set1_pd(a[r * ars + l * acs]);                         \
+                for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_pd(ar, bv[v], acc[r][v]);   \
+            }                                                                                    \
+        }                                                                                        \
+        for (int r = 0; r < R; ++r)                                                              \
+            for (int v = 0; v < V; ++v) _mm256_storeu_pd(c + r * ldc + 4 * v, acc[r][v]);        \
+    }
+MM_BLOCK(4, 2)
+MM_BLOCK(3, 2)
+MM_BLOCK(2, 2)
+MM_BLOCK(1, 2)
+MM_BLOCK(4, 1)
+MM_BLOCK(3, 1)
+MM_BLOCK(2, 1)
+MM_BLOCK(1, 1)
+
+typedef void (*mm_block_fn)(i64, const double *, i64, i64, const double *, i64, double *, i64);
+static const mm_block_fn MM_BLOCKS[2][5] = {
+    {NULL, mm_block_1x1, mm_block_2x1, mm_block_3x1, mm_block_4x1},
+    {NULL, mm_block_1x2, mm_block_2x2, mm_block_3x2, mm_block_4x2},
+};
+
+/* R rows of a times the last 4 * (V - 1) + w columns of b, 0 < w < 4 (as MM_BLOCK): the last
+ * vector's lanes past w are neither read nor written (masked loads and stores), so each
+ * element's sum is the block's */
+#define MM_TAIL(R, V)                                                                            \
+    static void mm_tail_##R##x##V(i64 k, const double *a, i64 ars, i64 acs, const double *b,     \
+                                  i64 ldb, double *c, i64 ldc, i64 w)                            \
+    {                                                                                            \
+        const __m256i mask =                                                                     \
+            _mm256_cmpgt_epi64(_mm256_set1_epi64x(w), _mm256_setr_epi64x(0, 1, 2, 3));           \
+        const int last = V - 1;                                                                  \
+        __m256d acc[R][V], bv[V];                                                                \
+        for (int v = 0; v < last; ++v) bv[v] = _mm256_loadu_pd(b + 4 * v);                      \
+        bv[last] = _mm256_maskload_pd(b + 4 * last, mask);                                       \
+        for (int r = 0; r < R; ++r) {                                                            \
+            const __m256d ar = _mm256_set1_pd(a[r * ars]);                                       \
+            for (int v = 0; v < V; ++v) acc[r][v] = _mm256_mul_pd(ar, bv[v]);                    \
+        }                                                                                        \
+        for (i64 l = 1; l < k; ++l) {                                                            \
+            const double *bl = b + l * ldb;                                                      \
+            for (int v = 0; v < last; ++v) bv[v] = _mm256_loadu_pd(bl + 4 * v);                 \
+            bv[last] = _mm256_maskload_pd(bl + 4 * last, mask);                                  \
+            for (int r = 0; r < R; ++r) {                                                        \
+                const __m256d ar = _mm256_set1_pd(a[r * ars + l * acs]);                         \
+                for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_pd(ar, bv[v], acc[r][v]);   \
+            }                                                                                    \
+        }                                                                                        \
+        for (int r = 0; r < R; ++r) {                                                            \
+            for (int v = 0; v < last; ++v) _mm256_storeu_pd(c + r * ldc + 4 * v, acc[r][v]);     \
+            _mm256_maskstore_pd(c + r * ldc + 4 * last, mask, acc[r][last]);                     \
+        }                                                                                        \
+    }
+MM_TAIL(4, 2)
+MM_TAIL(3, 2)
+MM_TAIL(2, 2)
+MM_TAIL(1, 2)
+MM_TAIL(4, 1)
+MM_TAIL(3, 1)
+MM_TAIL(2, 1)
+MM_TAIL(1, 1)
+
+typedef void (*mm_tail_fn)(i64, const double *, i64, i64, const double *, i64, double *, i64, i64);
+static const mm_tail_fn MM_TAILS[2][5] = {
+    {NULL, mm_tail_1x1, mm_tail_2x1, mm_tail_3x1, mm_tail_4x1},
+    {NULL, mm_tail_1x2, mm_tail_2x2, mm_tail_3x2, mm_tail_4x2},
+};
+
+/* the last n - j < 8 columns of R rows: a masked block of one or two vectors, or a full one */
+static inline void mm_last_columns(int rows, i64 k, const double *a, i64 ars, i64 acs,
+                                   const double *b, i64 ldb, double *c, i64 ldc, i64 rest)
+{
+    if (rest == 4)
+        MM_BLOCKS[0][rows](k, a, ars, acs, b, ldb, c, ldc);
+    else if (rest > 0)
+        MM_TAILS[rest > 4][rows](k, a, ars, acs, b, ldb, c, ldc, rest > 4 ? rest - 4 : rest);
+}
+
+/* c [m][n] (row stride n) = a (strides ars, acs) times b (contiguous rows, stride ldb) */
+static void mm_core(i64 m, i64 n, i64 k, const double *a, i64 ars, i64 acs, const double *b,
+                    i64 ldb, double *c)
+{
+    const i64 full = m - m % 4;
+    for (i64 i = 0; i < full; i += 4) { /* the bulk: direct calls the compiler can inline */
+        const double *ai = a + i * ars;
+        double *ci = c + i * n;
+        i64 j = 0;
+        for (; j + 8 <= n; j += 8) mm_block_4x2(k, ai, ars, acs, b + j, ldb, ci + j, n);
+        mm_last_columns(4, k, ai, ars, acs, b + j, ldb, ci + j, n, n - j);
+    }
+    if (full < m) {
+        const int rows = (int)(m - full);
+        const double *ai = a + full * ars;
+        double *ci = c + full * n;
+        i64 j = 0;
+        for (; j + 8 <= n; j += 8) MM_BLOCKS[1][rows](k, ai, ars, acs, b + j, ldb, ci + j, n);
+        mm_last_columns(rows, k, ai, ars, acs, b + j, ldb, ci + j, n, n - j);
+    }
+}
+
 
 /* Panels of w lines of a strided block: dst[p][l][t] = src[(p w + t) * ts + l * ls] for
  * l < depth, t < w, p < ceil(lines / w), zero past the last line. b's column panels
@@ -901,6 +1020,33 @@ static void mm_blocked(const mm_isa *isa, i64 m, i64 n, i64 k, const double *a, 
     }
 }
 
+static int mm_direct(i64 batch, i64 m, i64 n, i64 k, const double *a, i64 abs_, i64 ars, i64 acs,
+                     const double *b, i64 bbs, i64 brs, i64 bcs, double *c)
+{
+    const int narrow = n < 8 && m >= 8;
+    const i64 need = narrow ? k * m + n * m : (bcs == 1 ? 0 : k * n);
+    double *scratch = need ? mm_scratch_of(need) : NULL;
+    if (need && scratch == NULL) return 1;
+    for (i64 p = 0; p < batch; ++p) {
+        const double *ap = a + p * abs_, *bp = b + p * bbs;
+        double *cp = c + p * m * n;
+        if (k == 0) {
+            memset(cp, 0, (size_t)(m * n) * sizeof(double));
+        } else if (narrow) { /* c^T [n][m] = b^T [n][k] a^T [k][m] */
+            double *at = scratch, *ct = scratch + k * m;
+            mm_pack(k, m, ap, acs, ars, at);
+            mm_core(n, m, k, bp, bcs, brs, at, m, ct);
+            mm_pack(m, n, ct, 1, m, cp);
+        } else if (bcs == 1) {
+            mm_core(m, n, k, ap, ars, acs, bp, brs, cp);
+        } else {
+            mm_pack(k, n, bp, brs, bcs, scratch);
+            mm_core(m, n, k, ap, ars, acs, scratch, n, cp);
+        }
+    }
+    return 0;
+}
+
 /* the definition itself, one element after another (the tests' reference for the tiles) */
 static void mm_reference(i64 m, i64 n, i64 k, const double *a, i64 ars, i64 acs,
                          const double *b, i64 brs, i64 bcs, double *c)
@@ -913,12 +1059,14 @@ static void mm_reference(i64 m, i64 n, i64 k, const double *a, i64 ars, i64 acs,
         }
 }
 
-/* nl_matmul by a chosen code: 0 the plain loop, 1 the 256-bit tiles, 2 the 512-bit tiles;
- * returns 1 when out of memory, 2 when this CPU cannot run that code */
+/* nl_matmul by a chosen code: 0 the plain loop, 1 the 256-bit tiles, 2 the 512-bit tiles, 3 the
+ * unpacked row blocks of small products; returns 1 when out of memory, 2 when this CPU cannot run
+ * that code */
 int nl_matmul_isa(int which, i64 batch, i64 m, i64 n, i64 k, const double *a, i64 abs_, i64 ars,
                   i64 acs, const double *b, i64 bbs, i64 brs, i64 bcs, double *c)
 {
-    if (which < 0 || which > MM_AVX512 || !mm_supported(which)) return 2;
+    if (which < 0 || which > MM_DIRECT || !mm_supported(which)) return 2;
+    if (which == MM_DIRECT) return mm_direct(batch, m, n, k, a, abs_, ars, acs, b, bbs, brs, bcs, c);
     const mm_isa *isa = &MM_ISAS[which];
     const int narrow = which != MM_REFERENCE && 2 * n < isa->nr && m > n;
     i64 need = 0;
@@ -944,13 +1092,16 @@ int nl_matmul_isa(int which, i64 batch, i64 m, i64 n, i64 k, const double *a, i6
     return 0;
 }
 
-/* c = a b by the fastest tiles this CPU runs (the bits are every code's: see above) */
+/* c = a b by the fastest code for its size on this CPU (the bits are every code's: see above):
+ * packing pays from about MM_SMALL multiply-adds per matrix (measured on 256- and 512-bit tiles) */
+#define MM_SMALL (1 << 18)
 int nl_matmul(i64 batch, i64 m, i64 n, i64 k, const double *a, i64 abs_, i64 ars, i64 acs,
               const double *b, i64 bbs, i64 brs, i64 bcs, double *c)
 {
     static int best = -1;
     if (best < 0) best = mm_supported(MM_AVX512) ? MM_AVX512 : MM_AVX2;
-    return nl_matmul_isa(best, batch, m, n, k, a, abs_, ars, acs, b, bbs, brs, bcs, c);
+    const int which = m * n * k <= MM_SMALL ? MM_DIRECT : best;
+    return nl_matmul_isa(which, batch, m, n, k, a, abs_, ars, acs, b, bbs, brs, bcs, c);
 }
 
 /* ---- Elementary functions of the portable CPU numerics mode (nlmodels/accel/portable.py) ----
