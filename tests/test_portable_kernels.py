@@ -113,6 +113,22 @@ def test_float32_and_complex_products():
     assert np.array_equal(got.real, real) and np.array_equal(got.imag, imag)
 
 
+def test_a_lazily_conjugated_operand_is_read_conjugated():
+    """Autograd's backward of a complex product multiplies by conjugate views (``x.conj()``
+    sets a bit and keeps the data): the product reads them as the values they stand for."""
+    g = torch.Generator().manual_seed(4)
+    a = torch.randn(3, 6, generator=g, dtype=torch.complex128)
+    b = torch.randn(6, 2, generator=g, dtype=torch.complex128)
+    for left, right in ((a.conj(), b), (a, b.conj()), (b.T.conj(), a.T.conj())):
+        plain = left.resolve_conj() @ right.resolve_conj()
+        assert torch.equal(left @ right, plain)
+    # and so a complex gradient: d/da of sum(a @ b) is conj-free ones @ b.T, as torch's own
+    w = a.clone().requires_grad_(True)
+    (w @ b).real.sum().backward()
+    want = torch.ones(3, 2, dtype=torch.complex128) @ b.resolve_conj().T.conj().resolve_conj()
+    assert torch.equal(w.grad, want)
+
+
 def _batched_cases(count: int = 40, seed: int = 5):
     """Random (members, m, k, n, transposed): matrix–vector shapes (m or n = 1) one time in
     three each, inner sizes across the kernel's blocks and tails, and the right operand a

@@ -84,7 +84,10 @@ def portable_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.dtype == torch.float32:
         return _float64(a.double(), b.double(), shape, sizes).float()
     if a.dtype.is_complex:
-        wide_a, wide_b = a.to(torch.complex128), b.to(torch.complex128)
+        # a lazily conjugated view (autograd's backward of every complex product) keeps its
+        # data unconjugated: its parts must be read resolved, as the plain product reads them
+        wide_a = a.resolve_conj().to(torch.complex128)
+        wide_b = b.resolve_conj().to(torch.complex128)
         ar, ai, br, bi = wide_a.real, wide_a.imag, wide_b.real, wide_b.imag
 
         def real(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
