@@ -1020,31 +1020,27 @@ static void mm_blocked(const mm_isa *isa, i64 m, i64 n, i64 k, const double *a, 
     }
 }
 
-static int mm_direct(i64 batch, i64 m, i64 n, i64 k, const double *a, i64 abs_, i64 ars, i64 acs,
-                     const double *b, i64 bbs, i64 brs, i64 bcs, double *c)
+/* doubles of scratch mm_direct needs */
+static i64 mm_direct_need(i64 m, i64 n, i64 k, i64 bcs)
 {
-    const int narrow = n < 8 && m >= 8;
-    const i64 need = narrow ? k * m + n * m : (bcs == 1 ? 0 : k * n);
-    double *scratch = need ? mm_scratch_of(need) : NULL;
-    if (need && scratch == NULL) return 1;
-    for (i64 p = 0; p < batch; ++p) {
-        const double *ap = a + p * abs_, *bp = b + p * bbs;
-        double *cp = c + p * m * n;
-        if (k == 0) {
-            memset(cp, 0, (size_t)(m * n) * sizeof(double));
-        } else if (narrow) { /* c^T [n][m] = b^T [n][k] a^T [k][m] */
-            double *at = scratch, *ct = scratch + k * m;
-            mm_pack(k, m, ap, acs, ars, at);
-            mm_core(n, m, k, bp, bcs, brs, at, m, ct);
-            mm_pack(m, n, ct, 1, m, cp);
-        } else if (bcs == 1) {
-            mm_core(m, n, k, ap, ars, acs, bp, brs, cp);
-        } else {
-            mm_pack(k, n, bp, brs, bcs, scratch);
-            mm_core(m, n, k, ap, ars, acs, scratch, n, cp);
-        }
+    return n < 8 && m >= 8 ? k * m + n * m : (bcs == 1 ? 0 : k * n);
+}
+
+/* c [m][n] = a b without packing a (b's rows packed unless contiguous), k >= 1 */
+static void mm_direct(i64 m, i64 n, i64 k, const double *ap, i64 ars, i64 acs, const double *bp,
+                      i64 brs, i64 bcs, double *cp, double *scratch)
+{
+    if (n < 8 && m >= 8) { /* narrow: c^T [n][m] = b^T [n][k] a^T [k][m] */
+        double *at = scratch, *ct = scratch + k * m;
+        mm_pack(k, m, ap, acs, ars, at);
+        mm_core(n, m, k, bp, bcs, brs, at, m, ct);
+        mm_pack(m, n, ct, 1, m, cp);
+    } else if (bcs == 1) {
+        mm_core(m, n, k, ap, ars, acs, bp, brs, cp);
+    } else {
+        mm_pack(k, n, bp, brs, bcs, scratch);
+        mm_core(m, n, k, ap, ars, acs, scratch, n, cp);
     }
-    return 0;
 }
 
 /* the definition itself, one element after another (the tests' reference for the tiles) */
@@ -1066,11 +1062,13 @@ int nl_matmul_isa(int which, i64 batch, i64 m, i64 n, i64 k, const double *a, i6
                   i64 acs, const double *b, i64 bbs, i64 brs, i64 bcs, double *c)
 {
     if (which < 0 || which > MM_DIRECT || !mm_supported(which)) return 2;
-    if (which == MM_DIRECT) return mm_direct(batch, m, n, k, a, abs_, ars, acs, b, bbs, brs, bcs, c);
-    const mm_isa *isa = &MM_ISAS[which];
-    const int narrow = which != MM_REFERENCE && 2 * n < isa->nr && m > n;
+    const int tiled = which == MM_AVX2 || which == MM_AVX512;
+    const mm_isa *isa = &MM_ISAS[tiled ? which : MM_REFERENCE];
+    const int narrow = tiled && 2 * n < isa->nr && m > n;
     i64 need = 0;
-    if (which != MM_REFERENCE && k > 0)
+    if (k > 0 && which == MM_DIRECT)
+        need = mm_direct_need(m, n, k, bcs);
+    else if (k > 0 && tiled)
         need = narrow ? mm_blocked_need(isa, n, m, k) + m * n : mm_blocked_need(isa, m, n, k);
     double *scratch = need ? mm_scratch_of(need) : NULL;
     if (need && scratch == NULL) return 1;
@@ -1081,6 +1079,8 @@ int nl_matmul_isa(int which, i64 batch, i64 m, i64 n, i64 k, const double *a, i6
             memset(cp, 0, (size_t)(m * n) * sizeof(double));
         } else if (which == MM_REFERENCE) {
             mm_reference(m, n, k, ap, ars, acs, bp, brs, bcs, cp);
+        } else if (which == MM_DIRECT) {
+            mm_direct(m, n, k, ap, ars, acs, bp, brs, bcs, cp, scratch);
         } else if (narrow) { /* c^T [n][m] = b^T a^T: each element b_l a_l = a_l b_l */
             double *ct = scratch + (need - m * n);
             mm_blocked(isa, n, m, k, bp, bcs, brs, ap, acs, ars, ct, m, scratch);
