@@ -1,6 +1,9 @@
 # Neural Laplace Lab: every set-up step is a dependency of the two user-facing targets.
 #   make benchmark   the main job: every system x every model, quick profile, embedded MLflow store
 #   make test        the default test suite (what CI runs through .ci/run)
+#   make test-fast   the unit tests for the edit loop (under a minute): no process, command
+#                    line, store or server started, no model trained or system simulated for long
+#   make lint        ruff (check and format --check); make typecheck: mypy over the packages
 #   make docs        the documentation site (mkdocs.yml, docs/) into site/, --strict
 #   make test-cluster  the scale-out as separate processes (PostgreSQL, MLflow, Prefect, Dask);
 #                    installs Debian's postgresql if absent (root or sudo) and the `cluster` extra
@@ -21,7 +24,7 @@ TORCH_ARGS := $(foreach word,$(TORCH_SPEC),'$(word)')
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup benchmark test test-slow test-cluster docs lint bench clean-venv wheelhouse gpu-check torch-asked
+.PHONY: setup benchmark test test-fast test-slow test-cluster docs lint typecheck bench clean-venv wheelhouse gpu-check torch-asked
 
 setup: $(STAMP)
 
@@ -38,6 +41,13 @@ benchmark: $(STAMP)
 # (trained cells, the studies' smoke runs) are made once; benchmarks/suite_time.py times this.
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile
+
+# The tests that start no process, drive no command line, use no store or server (the `process`
+# marker, set by tests/conftest.py from each test module's imports and each test's fixtures)
+# and train no model or simulate no system for long (`training`, `simulation`):
+# docs/development.md says what the tier holds.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not gpu and not cluster and not process and not training and not simulation"
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
@@ -69,6 +79,10 @@ gpu-check: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+# mypy over the five packages, as configured in pyproject.toml ([tool.mypy])
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
 
 # Wheels of every dependency except torch (CPython 3.12, manylinux x86-64) for air-gapped GPU
 # nodes: pip install --no-index --find-links wheelhouse neural-laplace-lab (over a CUDA torch).
