@@ -1,8 +1,11 @@
 """Shared test setup: an isolated data folder and MLflow store, offline, before anything imports
-mlflow or prefect; a session-wide Prefect test server for flow tests."""
+mlflow or prefect; a session-wide Prefect test server for flow tests; the ``process`` marker on
+the tests that start processes, drive the command line or use a store or a server."""
 
 from __future__ import annotations
 
+import ast
+import functools
 import os
 import shutil
 import tempfile
@@ -37,6 +40,72 @@ nlmodels.set_up_numerics()
 
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_SESSION_HOME, ignore_errors=True)
+
+
+#: A test module that imports one of these starts processes (``subprocess``,
+#: ``multiprocessing``, the engine's worker processes, the timed runs of ``benchmarks/``),
+#: drives the command line (``flows.cli``), runs Prefect flows (which start a temporary server)
+#: or a browser: each of its tests is marked ``process``.
+PROCESS_IMPORTS = (
+    "subprocess",
+    "multiprocessing",
+    "tasks._workers",
+    "benchmarks",
+    "flows.cli",
+    "prefect",
+    "playwright",
+)
+#: A test that uses one of these fixtures (an MLflow store, the Prefect server) is too.
+PROCESS_FIXTURES = frozenset(
+    {"mlflow_store", "module_mlflow_store", "point_mlflow_at", "prefect_server", "prefect_api"}
+)
+
+
+def _imports_by_name(node: ast.AST) -> bool:
+    """Whether ``node`` is a call ``import_module("a.name")`` (its name a string)."""
+    return (
+        isinstance(node, ast.Call)
+        and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+        and len(node.args) == 1
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    )
+
+
+@functools.cache
+def _imports(path: Path) -> frozenset[str]:
+    """The modules the file ``path`` imports (at its top or inside a function), with the
+    packages above them: ``from flows.cli import main`` gives flows, flows.cli, flows.cli.main."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            full = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            full = [f"{node.module}.{a.name}" for a in node.names]
+        elif _imports_by_name(node):  # importlib.import_module("benchmarks.cold_start")
+            full = [node.args[0].value]
+        else:
+            continue
+        for name in full:
+            parts = name.split(".")
+            names.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return frozenset(names)
+
+
+def starts_processes(item: pytest.Item) -> bool:
+    """Whether ``item`` is a test of the ``process`` tier: see :data:`PROCESS_IMPORTS` and
+    :data:`PROCESS_FIXTURES`."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    return bool(fixtures & PROCESS_FIXTURES) or bool(
+        _imports(Path(item.path)) & set(PROCESS_IMPORTS)
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by marker (-m)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if starts_processes(item):
+            item.add_marker(pytest.mark.process)
 
 
 def _point_mlflow_at(mp: pytest.MonkeyPatch, folder: Path) -> Path:

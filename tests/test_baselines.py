@@ -246,6 +246,7 @@ def _spectral_layers(model: nn.Module) -> list[nn.Linear]:
     ]
 
 
+@pytest.mark.training
 def test_resnet_flow_stays_contractive_after_training_steps():
     torch.manual_seed(6)
     model = build_model("nf_resnet", 2).double()
@@ -279,6 +280,7 @@ def test_resnet_flow_stays_contractive_after_training_steps():
 # ---------------------------------------------------------------- training
 
 
+@pytest.mark.training
 def test_latent_ode_elbo_is_finite_and_decreases():
     torch.manual_seed(7)
     model = LatentODE(2).double()
@@ -297,6 +299,7 @@ def test_latent_ode_elbo_is_finite_and_decreases():
     assert last < 0.2 * first
 
 
+@pytest.mark.training
 @pytest.mark.parametrize("name", NAMES)
 def test_each_model_fits_a_single_trajectory(name):
     torch.manual_seed(0)

@@ -199,6 +199,7 @@ def test_mackey_glass_equal_recent_history_diverges():
 
 
 # --- stiff Van der Pol ----------------------------------------------------------------------------
+@pytest.mark.simulation
 def test_stiff_van_der_pol_matches_radau():
     ds = simulate("stiff_van_der_pol", n_trajectories=2, n_points=40)
     np.testing.assert_allclose(ds.t, ds.t_physical / 200)

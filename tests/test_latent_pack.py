@@ -262,6 +262,7 @@ def test_latent_ode_packed_equals_unpacked(settings):
         assert len({r.history[0].nfe for _, r in unpacked}) > 1
 
 
+@pytest.mark.training
 def test_cross_system_latent_ode_cells_pack_once_per_time_grid():
     """Cells of other systems (other time grids) in one call: the Latent ODE's lanes share one
     grid, so it packs each grid's members together, and every member gets its unpacked run."""

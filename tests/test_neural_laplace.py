@@ -207,6 +207,7 @@ def test_bad_input_is_rejected_clearly():
         model(obs_t, obs_x, query_t - 10)
 
 
+@pytest.mark.training
 def test_overfits_a_single_trajectory_and_extrapolates_it():
     """One damped oscillation: the loss must fall to near zero (≪ the signal's variance)."""
     torch.manual_seed(0)

@@ -28,6 +28,8 @@ from tasks.config import TrainConfig, resolve_config
 # trajectories and epochs keep the default test quick (the slow variants below run the quick
 # profile itself).
 _QUICK = {"batch_size": 32, "lr": 0.003, "patience": None}
+
+pytestmark = pytest.mark.training  # every test trains models, packed and one by one
 MODELS = ("node", "anode", "nf_coupling", "nf_resnet", "latent_ode", "neural_laplace")
 # Never packed on the CPU by the engine (nltrain.prefers_one_by_one): their unpacked run
 # there is their eager step, which agrees with the pack's arithmetic to rounding only; they are

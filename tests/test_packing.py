@@ -139,6 +139,7 @@ def _assert_same(a, b, test: SplitData) -> None:
     assert ma.training == mb.training
 
 
+@pytest.mark.training
 @pytest.mark.parametrize("name", PACKABLE)
 def test_packed_equals_unpacked_with_early_stopping(name):
     seeds = [0, 1, 2]
