@@ -6,6 +6,7 @@ Standard library only: every command checks its home before numpy loads.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import sys
@@ -69,6 +70,9 @@ def create_home() -> Path:
     it cannot be created."""
     home = data_home()
     if not home.is_dir():
+        for folder in (home, *home.parents):  # a file where a folder must be: say that
+            if folder.exists() and not folder.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
         home.parent.mkdir(parents=True, exist_ok=True)
         try:
             home.mkdir(mode=0o700)

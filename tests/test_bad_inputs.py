@@ -113,7 +113,7 @@ def test_a_read_only_home_fails_fast_with_a_message(tmp_path, command):
     out = _cli(home, *command, "--profile", "smoke", "--systems", "integro_de", wrap=wrap)
     seconds = time.perf_counter() - t0
     home.chmod(0o755)
-    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.returncode == 3, out.stdout + out.stderr  # the environment
     assert "Traceback" not in out.stderr
     assert f"the data folder '{home}' is not writable" in out.stderr
     assert "set NLLAB_HOME to a writable folder" in out.stderr
@@ -121,10 +121,25 @@ def test_a_read_only_home_fails_fast_with_a_message(tmp_path, command):
     assert not any(home.iterdir())
 
 
+def test_doctor_reports_a_read_only_home_as_a_failed_check(tmp_path):
+    """doctor runs in a home it cannot write and says so among its findings: exit 1, as a
+    failed check, not the refusal (3) of a command that would write there."""
+    home = tmp_path / "home"
+    home.mkdir()
+    wrap = _read_only(home)
+    if wrap is None:
+        pytest.skip("cannot make a read-only folder here")
+    out = _cli(home, "doctor", wrap=wrap)
+    home.chmod(0o755)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
+    assert "not writable" in out.stdout
+
+
 def test_a_home_that_is_a_file_fails_with_a_message(tmp_path):
     (tmp_path / "file").write_text("")
     out = _cli(tmp_path / "file" / "home", "simulate", "--profile", "smoke")
-    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.returncode == 3, out.stdout + out.stderr  # the environment
     assert "Traceback" not in out.stderr and "is not writable (Not a directory)" in out.stderr
 
 

@@ -155,7 +155,9 @@ def _command(args: argparse.Namespace) -> int:
             if (check := getattr(args, "precheck", None)) is not None:
                 check(args)  # names, files, registry URIs: before torch, MLflow or Prefect load
             reads_only = getattr(args, "reads_only", None)
-            if reads_only is None or not reads_only(args):  # (a command that only reads files)
+            if (reads_only is None or not reads_only(args)) and not getattr(
+                args, "checks_home", False
+            ):  # (a command that only reads files; doctor, which reports the home itself)
                 home = _check_home()
                 if getattr(args, "computes", False):
                     _say_numerics(args.command)
@@ -173,7 +175,8 @@ def _command(args: argparse.Namespace) -> int:
 
         if isinstance(e, CacheError):
             print(f"nllab {args.command}: error: {e}", file=sys.stderr)
-            return EXIT_USAGE
+            # the home itself (not writable, not a folder): the environment; else a setting
+            return EXIT_TRACKING if home is None else EXIT_USAGE
         # A full disk, a server gone: one line naming it; the traceback goes to a log file.
         if (fault := describe_fault(e, home)) is not None:
             log = write_log(args.command, e, home)

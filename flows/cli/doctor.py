@@ -26,7 +26,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         action="store_true",
         help="recompute the pinned bytes (default: reuse this machine's check of today's code)",
     )
-    p.set_defaults(handler=run)
+    # a home it cannot write is one of its findings (exit 1), not a refusal to run
+    p.set_defaults(handler=run, checks_home=True)
     return p
 
 
