@@ -127,12 +127,14 @@ def expected_seconds(
     kind = "cuda" if device.startswith("cuda") else "cpu"
     ratio = speed_ratios(records, hardware, kind)  # (this processor's own records: not in it)
     mine = [r for r in _timed(records, kind) if r.method == method and r.ablation == ablation]
-    usable = [(r.system, r.train_seconds * ratio.get(r.hardware, 1.0)) for r in mine]
-    here = [(r.system, r.train_seconds) for r in mine if r.hardware == hardware]
-    cells = {s: _cell_seconds(s, here, usable) for pack in packs for s in pack}
-    if not packs or None in cells.values():
+    timed = [(r, r.train_seconds) for r in mine if r.train_seconds is not None]
+    usable = [(r.system, t * ratio.get(r.hardware or "", 1.0)) for r, t in timed]
+    here = [(r.system, t) for r, t in timed if r.hardware == hardware]
+    estimated = {s: _cell_seconds(s, here, usable) for pack in packs for s in pack}
+    cells = {s: t for s, t in estimated.items() if t is not None}
+    if not packs or len(cells) < len(estimated):
         return None
-    slowest = [max(cells[s] for s in pack) for pack in packs]  # type: ignore[type-var]
+    slowest = [max(cells[s] for s in pack) for pack in packs]
     return FIXED_SECONDS + max(busy_seconds((("cpu", s) for s in slowest), workers))
 
 

@@ -158,12 +158,12 @@ def ledger_groups(
     groups: dict[tuple, LedgerGroup] = {}
     for key in sorted(by_seed, key=order):
         method, ablation, seed = key
-        systems = tuple(by_seed[key])
-        join = (phase(key), method, ablation, systems) if merge_seeds else key
+        where = tuple(by_seed[key])
+        join = (phase(key), method, ablation, where) if merge_seeds else key
         if join in groups:
             groups[join] = replace(groups[join], seeds=(*groups[join].seeds, seed))
         else:
-            groups[join] = LedgerGroup(method, ablation, (seed,), systems)
+            groups[join] = LedgerGroup(method, ablation, (seed,), where)
     return list(groups.values())
 
 
@@ -324,17 +324,16 @@ def _what_fits(
     execution: dict[str, Any],
     out: LedgerRun,
     say: Callable[[str], None],
-) -> list[tuple[LedgerGroup, float | None]]:
+) -> Sequence[tuple[LedgerGroup, float | None]]:
     """The parts of ``group`` to train, in order, in the ``left`` seconds (None: no limit, all
     of it), each with the seconds it is expected to need (None: not known); empty (listed in
     ``out.skipped`` and said) when no part is expected to finish.
 
     The expectation comes from the ledger's records of the method on the CPU
-    (:func:`recorded_seconds`: the whole group or nothing); on a GPU or
-    without such records, from this machine's measurement of the packs the engine would train
-    (:func:`tasks.engine.estimate_packs`), and then the group is cut to the whole packs that fit
-    (:func:`~flows._ledger_budget.fitting_parts`), so that a short GPU window records some
-    cells rather than stopping every pack before its end."""
+    (:func:`recorded_seconds`: the whole group or nothing); on a GPU or without such records,
+    from this machine's measurement of the packs the engine would train (:func:`tasks.engine.
+    estimate_packs`), and then the group is cut to the whole packs that fit (:func:`~flows.
+    _ledger_budget.fitting_parts`): a short GPU window records some cells, not none."""
     if left is None:
         return [(group, None)]
     config = group_config(group, selection, execution)
@@ -466,11 +465,12 @@ def _train_group(
     _same_cells(config.cells(), by_hash)
 
     def finished(results: Sequence[CellResult]) -> None:
-        recorder.record([by_hash[r.config_hash] for r in results if r.ok])
+        recorder.record([by_hash[h] for r in results if r.ok and (h := r.config_hash)])
 
     summary = run_benchmark(config, stop=stop, on_finished=finished)
     # cells the store had finished at today's numerics (reused, not trained: no hook call)
-    recorder.record([by_hash[r.config_hash] for r in summary.results if r.status == "reused"])
+    reused = [h for r in summary.results if r.status == "reused" and (h := r.config_hash)]
+    recorder.record([by_hash[h] for h in reused])
     recorder.out.failed += [r.key for r in summary.results if r.status == "failed"]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from flows.ledger import LedgerGroup
@@ -142,7 +142,7 @@ def status_text(status: LedgerStatus, path: Path) -> str:
 
     groups = status.groups()
     systems = list(dict.fromkeys(g.system for g in groups))
-    rows = {}
+    rows: dict[str, dict[str, TableCell]] = {}
     for g in groups:
         label = f"{g.method} ({g.ablation})" if g.ablation else g.method
         older = f" ({g.older} older)" if g.older else ""
@@ -163,8 +163,7 @@ def status_text(status: LedgerStatus, path: Path) -> str:
     todo = [s for s in status.states if s.state != "recorded"]
     for label, states in _by_label(todo).items():
         lines.append(f"{label} needs {len(states)}: {_cells_phrase(states, systems)}")
-    older = status.flagged("older")
-    for label, states in _by_label(older).items():
+    for label, states in _by_label(status.flagged("older")).items():
         commits = sorted({(s.record.commit or "unknown")[:7] for s in states if s.record})
         lines.append(
             f"{label}: {len(states)} recorded by older numerics (commit {', '.join(commits)}): "
@@ -206,9 +205,9 @@ def _cells_phrase(states: list[CellState], systems: list[str]) -> str:
     for system, seeds in by_system.items():
         by_seeds.setdefault(tuple(sorted(seeds)), []).append(system)
     parts = []
-    for seeds, where in by_seeds.items():
+    for seed_set, where in by_seeds.items():
         of = f"all {len(where)} systems" if len(where) == len(systems) > 1 else ", ".join(where)
-        parts.append(f"seed{'s' if len(seeds) > 1 else ''} {_seeds(seeds)} of {of}")
+        parts.append(f"seed{'s' if len(seed_set) > 1 else ''} {_seeds(seed_set)} of {of}")
     return "; ".join(parts)
 
 
@@ -224,17 +223,17 @@ def _made_by(records: list[LedgerRecord]) -> str:
     return "; ".join(f"{n} on {what}" for what, n in sorted(made.items())) or "nothing yet"
 
 
-def tables(status: LedgerStatus, fmt: str) -> str:
+def tables(status: LedgerStatus, fmt: Literal["terminal", "markdown"]) -> str:
     from tasks.ledger_views import ablation_table, ledger_table
     from tasks.tables import render_table
 
-    width = {"width": 160} if fmt == "terminal" else {}
+    width = 160 if fmt == "terminal" else 100  # (Markdown has no width)
     parts = []
     table3 = [s for s in status.states if not s.cell.ablation]
     if table3:
         _, table = ledger_table(status)
         counted = status.counted(ablation=False)
-        parts.append(render_table(table, fmt, **width))
+        parts.append(render_table(table, fmt, width=width))
         parts.append(
             f"{len(counted)} of the {len(table3)} selected cells of Table 3 recorded. "
             f"Made by: {_made_by(counted)}. {OLDER}."
@@ -242,7 +241,7 @@ def tables(status: LedgerStatus, fmt: str) -> str:
     ablated = [s for s in status.states if s.cell.ablation]
     if ablated:
         counted = status.counted(ablation=True)
-        parts.append(render_table(ablation_table(status), fmt, **width))
+        parts.append(render_table(ablation_table(status), fmt, width=width))
         parts.append(
             f"{len(counted)} of the {len(ablated)} selected ablation cells recorded. "
             f"Made by: {_made_by(counted)}."
@@ -291,7 +290,7 @@ def protocols_markdown(path: Path, floors: dict[str, str] | None = None) -> str:
         scope = ledger_scope(None, None, None, profile=profile)
         statuses[profile] = ledger_status(read_ledger(path, scope), scope.select(ablations=False))
     best = {p: {b.system: b for b in best_per_system(s)} for p, s in statuses.items()}
-    paper_best = {}
+    paper_best: dict[str, tuple[str, float]] = {}
     for (method, system), figure in PAPER_MAIN_TABLE.items():
         if system not in paper_best or figure.mean < paper_best[system][1]:
             paper_best[system] = (method, figure.mean)
@@ -300,8 +299,8 @@ def protocols_markdown(path: Path, floors: dict[str, str] | None = None) -> str:
     head += [f"{name} (`--profile {p}`): best, runner-up" for p, name in PROTOCOLS.items()]
     head.append("copy floor (seed 0)")
     lines += [f"| {' | '.join(head)} |", "|" + "---|" * len(head)]
-    for system, (method, figure) in paper_best.items():
-        cells = [system, f"{method} {figure:.4g}"]
+    for system, (method, mean) in paper_best.items():
+        cells = [system, f"{method} {mean:.4g}"]
         cells += [_best_cell(best[p].get(system)) for p in PROTOCOLS]
         cells.append((floors or {}).get(system, "–"))
         lines.append(f"| {' | '.join(cells)} |")

@@ -140,9 +140,11 @@ def selection_metric(step: object) -> SelectionMetric:
     """What ``step``'s cells are selected on: its ``selection_metric`` (the models'), else the
     validation RMSE (a step function that does not say)."""
     metric = getattr(step, "selection_metric", "val_rmse")
-    if metric not in ("val_rmse", "val_loss"):
-        raise ValueError(f"selection_metric must be 'val_rmse' or 'val_loss', got {metric!r}")
-    return metric
+    if metric == "val_loss":
+        return "val_loss"
+    if metric == "val_rmse":
+        return "val_rmse"
+    raise ValueError(f"selection_metric must be 'val_rmse' or 'val_loss', got {metric!r}")
 
 
 def stop_reason(

@@ -197,8 +197,12 @@ def _ablation_cells(status: LedgerStatus) -> dict[str, tuple[TableCell, TableCel
     out = {}
     for system in dict.fromkeys(s.cell.system for s in status.states if s.cell.ablation):
         mine = [s for s in counted if s.cell.system == system]
-        off = [s.record for s in mine if s.cell.ablation]
-        on = [s.record for s in mine if not s.cell.ablation and s.cell.method == "neural_laplace"]
+        off = [s.record for s in mine if s.cell.ablation and s.record is not None]
+        on = [
+            s.record
+            for s in mine
+            if not s.cell.ablation and s.cell.method == "neural_laplace" and s.record is not None
+        ]
         paper_off, paper_on = PAPER_STEREOGRAPHIC.get(system, (None, None))
         out[system] = (_ablation_cell(off, paper_off), _ablation_cell(on, paper_on))
     return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Literal, get_args
+from typing import Literal, cast, get_args
 
 import torch
 from torch import nn
@@ -113,7 +113,9 @@ class LatentODE(ForecastModel):
         """Restart the streams of standard-normal samples at ``seed``: the ELBO's, and (seed
         + 1) the sampled predictions' (``predict = "sample"``), so that predicting never moves
         the training draws."""
-        self._sample_seed, self._sampler, self._predictor = int(seed), None, None
+        self._sample_seed = int(seed)
+        self._sampler: torch.Generator | None = None
+        self._predictor: torch.Generator | None = None
 
     def _standard_normal(self, like: torch.Tensor) -> torch.Tensor:
         if self._sampler is None or self._sampler.device != like.device:
@@ -268,8 +270,9 @@ class LatentODE(ForecastModel):
         member's sample drawn from its own stream (the draws its unpacked run makes), the latent
         ODE solved with one lane per member."""
         mean, std = self._packed_encode(state, obs_t, obs_x)
+        latents = cast("Sequence[LatentODE]", members)  # members of this model's pack
         noise = torch.stack(
-            [m._standard_normal(s) for m, s in zip(members, std.unbind(0), strict=True)]
+            [m._standard_normal(s) for m, s in zip(latents, std.unbind(0), strict=True)]
         )
         pred = self._packed_decode(members, state, run, obs_t, obs_x, query_t, mean + std * noise)
         return self._negative_elbo(mean, std, pred, target)
@@ -291,7 +294,12 @@ class LatentODE(ForecastModel):
             z0 = torch.stack(
                 [
                     m._prediction_z0(mu, s)
-                    for m, mu, s in zip(members, mean.unbind(0), std.unbind(0), strict=True)
+                    for m, mu, s in zip(
+                        cast("Sequence[LatentODE]", members),
+                        mean.unbind(0),
+                        std.unbind(0),
+                        strict=True,
+                    )
                 ]
             )
         return self._packed_decode(members, state, run, obs_t, obs_x, query_t, z0)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Sequence
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 import torch
 from torch import nn
@@ -87,6 +87,8 @@ def _check_time(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 class _CouplingLayer(nn.Module):
+    mask: torch.Tensor  # a buffer: which half of the state passes unchanged
+
     def __init__(
         self,
         dim: int,
@@ -159,7 +161,7 @@ class _Flow(nn.Module):
         """F(t, ·)⁻¹(y)."""
         t = _check_time(t, y)
         for layer in reversed(self.layers):
-            y = layer.inverse(t, y)
+            y = cast(_CouplingLayer | _ResNetLayer, layer).inverse(t, y)
         return y
 
 
