@@ -77,14 +77,16 @@ def print_finished(done: Sequence[CellResult], n: int, total: int, seconds: floa
 
 class Display:
     """What a run shows while its packs train: in a terminal, a bar of cells; redirected, one
-    line per finished cell (:func:`print_finished`) and a heartbeat in long silences."""
+    line per finished cell (:func:`print_finished`) and a heartbeat in long silences. Before
+    training starts (the data sets simulating: a simulator may take long, or hang) the
+    heartbeat speaks in a terminal too, where no bar shows yet."""
 
     def __init__(self, progress: bool, todo: int, reused: int) -> None:
         # Bars redraw in place: in a terminal only. Redirected, a line per finished cell instead.
         self.lines = progress and not (sys.stdout.isatty() and sys.stderr.isatty())
         self.bars, self.todo, self.reused = progress and not self.lines, todo, reused
         self.t0, self.finished, self.training = time.perf_counter(), 0, False
-        self.heartbeat = Heartbeat(self.lines, self.status)
+        self.heartbeat = Heartbeat(progress, self.status)
         self.bar: tqdm | None = None
 
     def status(self) -> str:
@@ -101,6 +103,8 @@ class Display:
 
     def training_started(self) -> None:
         self.heartbeat.printed()
+        if self.bars:  # the bar shows the run moving from now on
+            self.heartbeat.stop()
         self.t0, self.training = time.perf_counter(), True
         bars = {"desc": "cells", "unit": "cell", "position": 0, "leave": True}
         self.bar = tqdm(total=self.todo, disable=not self.bars, **bars)
