@@ -17,7 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 import tempfile
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -36,6 +38,7 @@ __all__ = [
     "benchmark_runs",
     "cells_hash",
     "cells_record",
+    "clock_went_back",
     "compare_benchmarks",
     "comparison_markdown",
     "comparison_rows",
@@ -68,14 +71,37 @@ def cells_hash(config_hashes: Iterable[str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+#: How far in the future a run may seem to have started before the clock is said to have gone
+#: back (clocks of one machine drift by seconds, not minutes).
+CLOCK_SLACK_SECONDS = 300.0
+
+
 def benchmark_runs(queries: Queries) -> list[StoredRun]:
     """The finished benchmark runs with at least one cell that finished or was reused, newest
-    first (a run from before those counts were tagged counts as having some)."""
+    first (a run from before those counts were tagged counts as having some). Newest by their
+    start times, MLflow's only order: where one started later than now, the clock went back
+    since, the order may not be the order they were made in (:func:`clock_went_back`)."""
     return [
         r
         for r in queries.finished_runs("benchmark")
         if r.cells_with_results is None or r.cells_with_results > 0
     ]
+
+
+def clock_went_back(runs: Sequence[StoredRun], now: float | None = None) -> str | None:
+    """One line when some of ``runs`` started later than ``now`` (seconds since the epoch,
+    default the clock's): the clock went back since, and an order by start times (MLflow's
+    only one) may not be the order the runs were made in. None when none did."""
+    now = time.time() if now is None else now
+    ahead = [r for r in runs if r.start_time / 1000 > now + CLOCK_SLACK_SECONDS]
+    if not ahead:
+        return None
+    return (
+        f"the clock went back: {plural(len(ahead), 'benchmark run')} started later than now "
+        f"({describe_run(ahead[-1])}; now {_started(int(now * 1000))}): runs are ordered by "
+        "their start times, so the latest or the earlier one may not be the one you think; "
+        "name them (nllab compare --run RUN --against RUN)"
+    )
 
 
 def benchmark_of(queries: Queries, profile: str, config_hashes: Iterable[str]) -> StoredRun | None:
@@ -162,6 +188,8 @@ def _pair(
     """Benchmark run ``run_id`` (default: the latest with results) and the one it is compared
     with (default: the newest with results before it of the same cells and profile)."""
     finished = {r.run_id: r for r in queries.finished_runs("benchmark")}
+    if (line := clock_went_back(list(finished.values()))) is not None:
+        print(f"nllab: {line}", file=sys.stderr)
     if run_id is None:
         with_results = benchmark_runs(queries)
         if not with_results:

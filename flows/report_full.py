@@ -18,6 +18,7 @@ import dataclasses
 import html
 import io
 import json
+import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from flows._report_folder import MANIFEST, OwnedFolder, UnownedFiles
-from flows.compare import benchmark_of, benchmark_runs
+from flows.compare import benchmark_of, benchmark_runs, clock_went_back
 from tasks.config import RunConfig
 from tasks.reporting import PAPER_BUDGET, ResultsTable, results_table
 from tasks.results import CellResult
@@ -81,8 +82,12 @@ def benchmark_config(queries: Queries) -> tuple[RunConfig, str] | None:
     """The configuration and run id of the latest finished benchmark with at least one finished
     or reused cell (:func:`flows.compare.benchmark_runs`; one whose every cell failed has
     nothing to report), or ``None``. A parent from an older version without its config is
-    passed over."""
-    for run in benchmark_runs(queries):
+    passed over. Where the clock went back since some runs, one line says so
+    (:func:`flows.compare.clock_went_back`): "latest" is then by start time."""
+    runs = benchmark_runs(queries)
+    if (line := clock_went_back(runs)) is not None:
+        print(f"nllab: {line}", file=sys.stderr)
+    for run in runs:
         with tempfile.TemporaryDirectory(prefix="nllab-report-") as tmp:
             try:
                 path = queries.download(run.run_id, "run_config.json", tmp)

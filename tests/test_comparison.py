@@ -180,3 +180,19 @@ def test_report_speaks_of_the_benchmark_of_its_cells_not_a_later_one_of_another_
     )
     since = out[out.index("## Since the previous benchmark") :]
     assert f"benchmark {trained} " in since and f"({earlier}, " in since and smoke not in since
+
+
+def test_a_clock_gone_back_is_said_where_runs_are_ordered_by_start_time():
+    """A run that started later than now: the clock went back since, and the latest or the
+    earlier benchmark by start time may not be the one made last or before."""
+    from flows.compare import clock_went_back
+    from tasks.tracking import StoredRun
+
+    now = 1_800_000_000.0
+    day = 86_400_000
+    earlier = StoredRun("a" * 32, "FINISHED", int(now * 1000) - day, {"profile": "quick"})
+    ahead = StoredRun("b" * 32, "FINISHED", int(now * 1000) + day, {"profile": "quick"})
+    assert clock_went_back([earlier], now) is None
+    line = clock_went_back([ahead, earlier], now)
+    assert line is not None and "the clock went back: 1 benchmark run started later" in line
+    assert "b" * 32 in line and "nllab compare --run RUN --against RUN" in line
