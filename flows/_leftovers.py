@@ -28,18 +28,19 @@ from types import FrameType
 __all__ = ["adopt_orphans", "end_children", "end_with_work", "lingering_threads"]
 
 _PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+#: The argument that marks a guarded temporary Prefect server process (``ps`` shows it;
+#: :mod:`flows._runtime` starts it): here, where the command's end is decided without Prefect.
+SERVER_MARK = "nllab-prefect-server"
 #: Seconds children get to end after SIGTERM before SIGKILL.
 TERM_SECONDS = 2.0
 
 
 def _own_marks() -> tuple[str, ...]:
     """Marks in the command lines of the descendants the command ends on its own path: the
-    guarded temporary Prefect server (``flows._runtime.SERVER_MARK``, where that module was
-    loaded; Prefect stops it at exit, after its last logs) and multiprocessing's resource
-    tracker (it cleans up the workers' semaphores as it ends)."""
-    runtime = sys.modules.get("flows._runtime")
-    server = (runtime.SERVER_MARK,) if runtime is not None else ()
-    return (*server, "multiprocessing.resource_tracker")
+    guarded temporary Prefect server (:data:`SERVER_MARK`; Prefect stops it at exit, after its
+    last logs) and multiprocessing's resource tracker (it cleans up the workers' semaphores as
+    it ends)."""
+    return (SERVER_MARK, "multiprocessing.resource_tracker")
 
 
 def adopt_orphans() -> None:

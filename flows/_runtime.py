@@ -35,6 +35,7 @@ from prefect.settings import (
 )
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
+from flows._leftovers import SERVER_MARK
 from tasks import exclusive
 from tasks.config import RunConfig
 
@@ -49,10 +50,6 @@ __all__ = [
 # The interpreter's last full garbage collection at exit walks the whole heap that Prefect, MLflow
 # and torch built (seconds on a busy machine, after Ctrl-C too); the OS frees it all anyway.
 atexit.register(gc.freeze)
-
-
-#: The argument that marks a guarded server process (``ps`` shows it).
-SERVER_MARK = "nllab-prefect-server"
 
 
 def guarded_servers(parent: int) -> list[int]:
