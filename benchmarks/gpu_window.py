@@ -39,16 +39,18 @@ def plan_window(
     free_bytes: int | None = None,
     device: str = "cuda",
     workers: int = 16,
+    profile: str = "paper",
 ) -> list[tuple[str, int, int, float]]:
     """(group, cells expected to be recorded, cells of the group, seconds used) for each group,
-    in order, on a machine with ``workers`` workers (``--device`` ``device``)."""
+    in order, on a machine with ``workers`` workers (``--device`` ``device``), of the ledger's
+    ``profile``."""
     rows = read_timings(throughput)
-    scope = ledger_scope()
+    scope = ledger_scope(profile=profile)
     states = cell_states(read_ledger(ledger, scope), scope.select())
     execution = {"device": device, "max_workers": workers}
     left, planned = minutes * 60, []
     for group in ledger_groups(to_train(states), states, merge_seeds=True):
-        config = group_config(group, {}, execution)
+        config = group_config(group, {"profile": profile}, execution)
         with tempfile.TemporaryDirectory(prefix="nllab-window-") as tmp:
             estimates = estimate_packs(
                 config,

@@ -36,7 +36,10 @@ from tasks.placement import Probe, probe_pack
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--systems", nargs="+", default=list(MAIN_SYSTEMS))
-    ap.add_argument("--methods", nargs="+", help="default: the paper profile's")
+    ap.add_argument("--methods", nargs="+", help="default: the profile's")
+    ap.add_argument(
+        "--profile", default="paper", choices=("paper", "fair"), help="whose cells (default: paper)"
+    )
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     ap.add_argument("--workers", type=int, default=16, help="the benchmark's max_workers")
     ap.add_argument("--threads", type=int, default=1, help="torch threads a worker probes with")
@@ -52,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     over: dict = {"systems": args.systems, "seeds": args.seeds}
     if args.methods:
         over["methods"] = args.methods
-    cells = resolve_config("paper", overrides=over).cells()
+    cells = resolve_config(args.profile, overrides=over).cells()
     timed: list[tuple[str, str, int, float]] = []
 
     def timed_probe(cell, device, members):

@@ -341,7 +341,8 @@ def test_gpu_check_smallest_writes_its_summary(tmp_path):
     # The projection plans the 180 cells on the CPU and gives a finite wall time for the two
     # timed models; the four others are named as left out.
     assert "180 cells × 1000 epochs, 2 workers, no GPU" in text
-    assert re.search(r"^\| node \| cpu \| 6 × 5 \| [\d.]+ \| extrapolated from ×2 \|", text, re.M)
+    # (the paper profile's NODE trains through the adjoint, as the reference code: one by one)
+    assert re.search(r"^\| node \| cpu \| 30 × 1 \| [\d.]+ \| measured \|", text, re.M)
     assert re.search(r"^\| neural_laplace \| cpu \| 30 × 1 \| [\d.]+ \| measured \|", text, re.M)
     hours = re.search(r"projected wall time ([\d.]+) h", text)
     assert hours and 0 < float(hours.group(1)) < 1e4
@@ -422,7 +423,7 @@ def test_the_projection_plans_with_the_engine_and_schedules_gpu_and_cpu_together
     assert 0.05 < s < 0.2 and how == "interpolated ×5–×30"
     assert lookup(rows, "node", "float64", "cpu", 5) == (0.5, "extrapolated from ×1")
     cells = resolve_config(
-        "paper", overrides={"systems": ["integro_de"], "methods": ["node", "neural_laplace"]}
+        "fair", overrides={"systems": ["integro_de"], "methods": ["node", "neural_laplace"]}
     ).cells()
     p = project(rows, cells=cells, epochs=10, workers=4, cuda=True, free_bytes=100 * gib)
     plan = sorted((c.method, c.device, c.members) for c in p.packs)
@@ -463,7 +464,8 @@ def test_a_gpu_window_is_planned_by_the_ledgers_rules_from_a_checks_timings(tmp_
     ledger = tmp_path / "ledger.jsonl"
     ledger.write_text("")
     free = 140 * 2**30
-    first = {m: plan_window(throughput, m, ledger, free)[0] for m in (1, 5, 9.5)}
+    # the fair profile's NODE packs (the paper profile's trains through the adjoint, one by one)
+    first = {m: plan_window(throughput, m, ledger, free, profile="fair")[0] for m in (1, 5, 9.5)}
     assert first[1][:3] == ("node seeds 0,1,2,3,4 on " + ", ".join(MAIN_SYSTEMS), 0, 30)
     assert first[5][1:3] == (15, 30) and first[9.5][1:3] == (30, 30)
     assert first[9.5][3] == pytest.approx(2 * first[5][3])
