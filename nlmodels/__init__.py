@@ -23,7 +23,7 @@ _WHERE = {
         "nlmodels._cpu": "cpu_features numerics_environment",
         "nlmodels._numerics": "NumericsError NumericsSetup cpu_mode_in_effect "
         "mkl_position_independent numerics_downgrade numerics_in_effect numerics_note numerics_tag "
-        "require_numerics set_up_numerics",
+        "on_numerics_effect require_numerics set_up_numerics",
         "nlmodels.accel.native": "native_cpu_kernels native_build",
         "nlmodels.accel.portable": "portable_cpu_kernels",
         "nlmodels.base": "ForecastModel",

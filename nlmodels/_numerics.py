@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nlmodels._cpu import (
@@ -75,6 +76,7 @@ __all__ = [
     "numerics_in_effect",
     "numerics_note",
     "numerics_tag",
+    "on_numerics_effect",
     "portable",
     "require_numerics",
     "set_up_numerics",
@@ -84,6 +86,7 @@ _CHECKED: list[bool] = []
 _lock = threading.Lock()
 _asked: tuple[str, tuple[str, ...]] | None = None  # the mode and what it replaced
 _setup: NumericsSetup | None = None
+_on_effect: Callable[[NumericsSetup], None] | None = None  # told once, when they take effect
 
 
 class NumericsError(RuntimeError):
@@ -171,7 +174,21 @@ def require_numerics() -> NumericsSetup:
         if _setup is None:
             assert _asked is not None
             _setup = _take_effect(*_asked)
+            if _on_effect is not None:
+                _on_effect(_setup)
         return _setup
+
+
+def on_numerics_effect(told: Callable[[NumericsSetup], None]) -> None:
+    """Have ``told(setup)`` called once, when this process's numerics take effect
+    (:func:`require_numerics`: the first computation that needs them), or now if they have: a
+    command says what they are when its work starts, not before its usage errors. Worker
+    processes do not inherit it."""
+    global _on_effect
+    with _lock:
+        setup, _on_effect = _setup, told
+    if setup is not None:
+        told(setup)
 
 
 def _take_effect(asked: str, replaced: tuple[str, ...]) -> NumericsSetup:

@@ -97,21 +97,38 @@ def test_the_default_mode_says_nothing():
 
 
 def test_a_command_says_it_in_its_first_line_before_any_work(tmp_path):
-    """Here the work is refused at once (a bad value in the config file): the line comes first."""
+    """A usage error is answered alone (no torch loads for it); a command that works says the
+    lost portable mode in its first line, before any work."""
     config = tmp_path / "bad.toml"
     config.write_text("[training]\nepochs = -3\n")
-    out = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "benchmark", "--config", str(config)],
-        env=_fresh(tmp_path, CC="/nonexistent"),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+
+    def nllab(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "flows.cli", "benchmark", *args],
+            env=_fresh(tmp_path, CC="/nonexistent"),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    out = nllab("--config", str(config))
     assert out.returncode == 2
-    first, second = out.stderr.strip().splitlines()
-    assert first.startswith("nllab benchmark: warning: the CPU numerics are native")
+    (only,) = out.stderr.strip().splitlines()
+    assert only.startswith("nllab benchmark: error: invalid configuration: training.epochs")
+    # a run that works: its first line, read as it comes (the run is then stopped)
+    argv = ["--profile", "smoke", "--systems", "integro_de", "--methods", "node"]
+    with subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "benchmark", *argv],
+        env=_fresh(tmp_path, CC="/nonexistent"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as run:
+        assert run.stderr is not None
+        first = run.stderr.readline().strip()
+        run.kill()
+    assert first.startswith("nllab benchmark: warning: the CPU numerics are native"), first
     _says_the_downgrade(first, "install a C compiler")
-    assert second.startswith("nllab benchmark: error: invalid configuration: training.epochs")
 
 
 _LOST = NumericsSetup(

@@ -192,14 +192,17 @@ def _command(args: argparse.Namespace) -> int:
 
 
 def _say_numerics(command: str) -> None:
-    """The CPU numerics of a command that computes, set up now: when they are not the ones
-    asked for (no C compiler, no writable kernel cache, a failed self-test), one line says so
-    before any work, with what it means for the bytes and the fix."""
+    """The CPU numerics of a command that computes: when they are not the ones asked for (no C
+    compiler, no writable kernel cache, a failed self-test), one line says so as they take
+    effect, before any work (after the usage errors, which load no torch), with what it means
+    for the bytes and the fix."""
     import nlmodels
 
-    nlmodels.require_numerics()
-    if line := nlmodels.numerics_downgrade():
-        print(f"nllab {command}: warning: {line}", file=sys.stderr)
+    def told(_setup) -> None:
+        if line := nlmodels.numerics_downgrade():
+            print(f"nllab {command}: warning: {line}", file=sys.stderr)
+
+    nlmodels.on_numerics_effect(told)
 
 
 def _interrupted(command: str) -> str:

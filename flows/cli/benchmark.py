@@ -67,6 +67,9 @@ def precheck(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()  # the figure printed is the user's wait, imports and Prefect included
     config = cli.resolve(args)  # bad values answer before MLflow and Prefect load
+    import nlmodels
+
+    nlmodels.require_numerics()  # now, before any work: a lost portable mode is said first
     from flows.benchmark import run_benchmark
     from tasks.tables import number
 
