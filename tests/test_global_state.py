@@ -24,9 +24,7 @@ from prefect.server.api.server import SubprocessASGIServer
 
 from flows import _runtime
 from flows._runtime import serves
-from nltrain import PINNED_SETTINGS, evaluate, seeded, train, training_digest
-from tasks.pipeline import build_cell_model, prepare_cell, simulate_data
-from tests.cells import tiny_cell
+from nltrain import PINNED_SETTINGS, seeded, training_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,13 +56,31 @@ def test_seeded_restores_the_globals_when_the_build_fails():
         raise ValueError("a constructor's refusal")
 
 
-def test_a_smoke_cell_trained_as_a_worker_does_leaves_the_globals_unchanged():
-    cell = tiny_cell()
-    with unchanged_globals():
-        prepared = prepare_cell(cell, simulate_data(cell.system, cell.data, cell.seed))
-        model, _ = build_cell_model(cell, int(prepared.train.obs_x.shape[-1]))
-        train(model, prepared.train, prepared.val, cell.training, seed=cell.seed)
-        evaluate(model, prepared.test, prepared.normaliser, batch_size=8)
+_ALONE = """
+import random, numpy as np, nlmodels
+nlmodels.set_up_numerics()
+from tests.test_global_state import unchanged_globals
+from tests.cells import tiny_cell
+from nltrain import evaluate, train
+from tasks.pipeline import build_cell_model, prepare_cell, simulate_data
+cell = tiny_cell()
+with unchanged_globals():
+    prepared = prepare_cell(cell, simulate_data(cell.system, cell.data, cell.seed))
+    model, _ = build_cell_model(cell, int(prepared.train.obs_x.shape[-1]))
+    train(model, prepared.train, prepared.val, cell.training, seed=cell.seed)
+    evaluate(model, prepared.test, prepared.normaliser, batch_size=8)
+print("unchanged")
+"""
+
+
+def test_a_smoke_cell_trained_as_a_worker_does_leaves_the_globals_unchanged(tmp_path):
+    """In a process of its own, as a worker trains (in this one, threads other tests left
+    behind, Prefect's or MLflow's, may draw from ``random`` meanwhile)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NLLAB_HOME": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", _ALONE], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "unchanged", out.stderr[-3000:]
 
 
 def test_the_numerics_canaries_leave_the_globals_unchanged():
