@@ -1,0 +1,133 @@
+"""How long each study of the paper takes at the paper's budget on this machine, before running it.
+
+Every study body runs as ``nllab study NAME --profile paper`` would, with one difference: its
+cells are planned, not trained (the body is handed "not trained" results), so this lists the
+cells each table needs without training one. Each cell is then projected from the ledger's own
+full-budget records on this processor (:mod:`tasks.ledger`): the median training seconds of its
+method on its system at the paper profile (else of its method on any system), scaled by its
+training trajectories and epochs against the paper profile's (N = 1000 × 80 %, 1000 epochs). A
+cell with the config hash of a Table 3 cell is already in the ledger and costs nothing. A
+measurement study (its body times or loads trained models rather than training cells) lists the
+cells it trains before it measures; what it measures beyond them is not projected.
+
+    PYTHONPATH=. python benchmarks/study_projection.py [--record] [--studies noise cmi ...]
+
+``--record`` writes ``results/measurements/study_projection.json`` (rendered by
+``python -m flows.docs_numbers`` where a page holds the block).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flows.studies import STUDIES, StudyContext, study_config
+from tasks.config import CellConfig
+from tasks.ledger import DEFAULT_LEDGER, hardware_name, read_ledger
+from tasks.ledger_scope import ledger_cell_configs
+from tasks.measurements import record_measurement
+from tasks.results import CellResult
+
+#: Training trajectories and epochs of a paper-profile cell (what the records' times are of).
+PAPER_TRAIN, PAPER_EPOCHS = 800, 1000
+
+
+@dataclass(frozen=True)
+class _Planning(StudyContext):
+    """A study's context whose cells are collected instead of trained."""
+
+    planned: list[CellConfig] = field(default_factory=list)
+
+    def run_cells(self, cells):  # (the one door a body trains through)
+        self.planned.extend(cells)
+        return [CellResult.failed(c, "failed", "planned, not trained") for c in cells]
+
+
+def planned_cells(name: str) -> tuple[list[CellConfig], str]:
+    """The cells study ``name`` trains at the paper profile, and how its body ended."""
+    study = STUDIES[name]
+    config = study_config(name, "paper")
+    with tempfile.TemporaryDirectory(prefix="nllab-plan-") as tmp:
+        ctx = _Planning(config, study.spec, None, "planned", None, Path(tmp))  # type: ignore[arg-type]
+        try:
+            study.body(ctx)
+            ended = "complete"
+        except Exception as e:  # a measurement on trained models: the cells before it count
+            ended = f"cells until it measures ({type(e).__name__})"
+    return list({c.config_hash(): c for c in ctx.planned}.values()), ended
+
+
+def cell_seconds(cell: CellConfig, times: dict[tuple[str, str], list[float]]) -> float | None:
+    """The projected training seconds of ``cell`` from the records' ``times``."""
+    mine = times.get((cell.method, cell.system)) or [
+        t for (m, _), ts in times.items() if m == cell.method for t in ts
+    ]
+    if not mine:
+        return None
+    n = cell.data.n_trajectories or 1000
+    train = cell.data.n_train or int(n * cell.data.fractions[0])
+    epochs = cell.training.epochs
+    return statistics.median(mine) * (train / PAPER_TRAIN) * (epochs / PAPER_EPOCHS)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--studies", nargs="+", default=list(STUDIES), metavar="NAME")
+    ap.add_argument("--record", action="store_true", help="write the measurement record")
+    args = ap.parse_args()
+    here = hardware_name("cpu")
+    # CPU records (the earliest name no device), this processor's first
+    records = [r for r in read_ledger(DEFAULT_LEDGER) if r.train_seconds and r.device != "cuda"]
+    ordered = [r for r in records if r.hardware == here] + [
+        r for r in records if r.hardware != here
+    ]
+    times: dict[tuple[str, str], list[float]] = {}
+    for r in ordered:
+        key = (r.method, r.system)
+        if key not in times or r.hardware == here:
+            times.setdefault(key, []).append(float(r.train_seconds or 0))
+    table3 = {c.config_hash() for c, _ in ledger_cell_configs()}
+    rows = []
+    for name in args.studies:
+        cells, ended = planned_cells(name)
+        new = [c for c in cells if c.config_hash() not in table3]
+        seconds = [cell_seconds(c, times) for c in new]
+        known = [s for s in seconds if s is not None]
+        hours = sum(known) / 3600
+        unknown = len(seconds) - len(known)
+        rows.append(
+            (
+                name,
+                str(len(cells)),
+                str(len(cells) - len(new)),
+                f"{hours:.1f}" + (f" (+{unknown} cells without a record)" if unknown else ""),
+                f"{hours / 2:.1f}",
+                ended,
+            )
+        )
+        print(" | ".join(rows[-1]), flush=True)
+    if args.record:
+        path = record_measurement(
+            "study_projection",
+            "CPU hours each study of the paper needs at its budget here, from the ledger's records",
+            "PYTHONPATH=. python benchmarks/study_projection.py --record",
+            ("study", "cells", "of them Table 3's", "CPU hours", "wall hours on 2 cores", "plan"),
+            rows,
+            note=f"Projected from the ledger's full-budget records on {here} (median training "
+            "seconds of the method on the system, scaled by training trajectories and epochs); "
+            "one cell a core.",
+        )
+        print(f"recorded {path}")
+
+
+if __name__ == "__main__":
+    from nlmodels import set_up_numerics
+
+    set_up_numerics()  # before torch computes: the CPU numerics the training paths require
+    main()
