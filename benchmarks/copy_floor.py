@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tasks.cell import prepare_cell, simulate_data
 from tasks.config import MAIN_SYSTEMS
-from tasks.ledger_scope import paper_config
-from tasks.measurements import record_measurement
+from tasks.ledger.scope import paper_config
+from tasks.reports.measurements import record_measurement
 
 
 def copy_floor(split) -> float:

@@ -17,9 +17,9 @@ answers "not Intel" and ``mkl_serv_cpuiszen`` "Zen", as on an AMD EPYC.
 differ from the mode's reference (no setting forced):
 
 * ``data:<system>``: ``simulate(system, n_trajectories=200, seed=0).x`` (the quick data);
-* ``split:<system>``: the system canary of :mod:`tasks.numerics` (a small simulation with
+* ``split:<system>``: the system canary of :mod:`tasks.machine.numerics` (a small simulation with
   noise and its train/validation/test split and normaliser);
-* ``model:<method>``: :func:`tasks.numerics.training_digest` (two epochs of float64
+* ``model:<method>``: :func:`tasks.machine.numerics.training_digest` (two epochs of float64
   training, eager and packed, one thread: losses, weights, a forecast); Neural Laplace's runs
   the native kernels when they build.
 
@@ -116,7 +116,7 @@ def _digests() -> dict[str, str]:
 
     from datasets import simulate
     from nlmodels import MODELS, numerics_tag
-    from nltrain import system_fingerprint, training_digest
+    from nltrain.numerics import system_fingerprint, training_digest
     from tasks import MAIN_SYSTEMS
 
     out = {"numerics": numerics_tag(), "capability": torch.backends.cpu.get_cpu_capability()}
@@ -199,7 +199,7 @@ def findings(modes: tuple[str, ...] = MODES, record: bool = False) -> None:
     for row in table:
         print(f"{row[0]:32} {' | '.join(row[1:])}")
     if record:
-        from tasks.measurements import record_measurement
+        from tasks.reports.measurements import record_measurement
 
         record_measurement(
             "cpu_numerics_findings",
@@ -209,7 +209,7 @@ def findings(modes: tuple[str, ...] = MODES, record: bool = False) -> None:
             ("setting forced", *(f"changed ({m} mode)" for m in modes)),
             table,
             "data: the quick data of a system; split: its canary split and normaliser; model: a "
-            "short training (nltrain.training_digest). Each setting in its own process.",
+            "short training (nltrain.numerics.training_digest). Each setting in its own process.",
         )
     print(f"\nreference digests ({' | '.join(modes)}):")
     for c in components:
@@ -235,7 +235,7 @@ def cost(repeats: int, epochs: int, record: bool = False) -> None:
         print(f"{method:16} {a:8.3f} {b:9.3f} {b / a:6.2f}")
         table.append((method, f"{a:.3f}", f"{b:.3f}", f"{b / a:.2f}"))
     if record:
-        from tasks.measurements import record_measurement
+        from tasks.reports.measurements import record_measurement
 
         record_measurement(
             "cpu_numerics_cost",
@@ -268,7 +268,7 @@ def main() -> None:
         if note := nlmodels.numerics_note():
             print(f"nllab: {note}", file=sys.stderr)
     if args.child_training:
-        from nltrain import training_digest
+        from nltrain.numerics import training_digest
 
         print(json.dumps({m: training_digest(m) for m in args.child_training}))
     elif args.child_digests:

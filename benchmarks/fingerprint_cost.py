@@ -1,8 +1,8 @@
 """What the numerics canaries cost: each model canary of the paper profile, at the sizes that reach
 every branch of the native kernels, against the earlier small canary, in the same run.
 
-A model's fingerprint (:mod:`nltrain._fingerprints`) is its canary training's bytes, computed
-once per source state, model settings and state dimension, so after an edit of ``nltrain``,
+A model's fingerprint (:mod:`nltrain.numerics._fingerprints`) is its canary training's bytes,
+computed once per source state, model settings and state dimension, so after an edit of ``nltrain``,
 ``nlmodels`` or ``datasets`` every command that trains pays for the canaries of the models it
 uses before its first cell. The canary grew from 8 training trajectories in batches of 4 (which
 left the kernels' 32-column blocks and some row blocks unrun) to 45 in batches of 37 and one
@@ -15,7 +15,7 @@ from the cache).
     PYTHONPATH=. nice -n 10 python benchmarks/fingerprint_cost.py [--repeats 3] [--record]
 
 ``--record`` writes ``results/measurements/fingerprint_cost.json``
-(:func:`tasks.measurements.record_measurement`), rendered in the measurements page.
+(:func:`tasks.reports.measurements.record_measurement`), rendered in the measurements page.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ SMALL = (8, 4, 4)
 @contextlib.contextmanager
 def sizes(train: int, val: int, batch: int) -> Iterator[None]:
     """The canary at other sizes (a benchmark's lever, not an option of the fingerprints)."""
-    from nltrain import _fingerprints as fp
+    from nltrain.numerics import _fingerprints as fp
 
     before = fp._CANARY_TRAIN, fp._CANARY_VAL, fp._CANARY_BATCH
     fp._CANARY_TRAIN, fp._CANARY_VAL, fp._CANARY_BATCH = train, val, batch
@@ -56,7 +56,7 @@ def sizes(train: int, val: int, batch: int) -> Iterator[None]:
 
 
 def _seconds(key: tuple[str, str, int, str]) -> float:
-    from nltrain import _fingerprints as fp
+    from nltrain.numerics import _fingerprints as fp
 
     method, settings, dim, protocol = key
     t0 = time.perf_counter()
@@ -67,8 +67,8 @@ def _seconds(key: tuple[str, str, int, str]) -> float:
 def measure(repeats: int) -> tuple[list[tuple[str, ...]], int, float, float]:
     """Rows per canary, the number of system canaries, and the cold and warm seconds of every
     fingerprint of the paper cells."""
-    from tasks import numerics
-    from tasks.ledger_scope import ledger_cell_configs
+    from tasks.ledger.scope import ledger_cell_configs
+    from tasks.machine import numerics
 
     cells = [cell for cell, _ in ledger_cell_configs(seeds=[0])]
     keys = sorted({numerics.model_key(c) for c in cells})
@@ -85,7 +85,7 @@ def measure(repeats: int) -> tuple[list[tuple[str, ...]], int, float, float]:
     with tempfile.TemporaryDirectory() as home:
         os.environ["NLLAB_HOME"] = home  # empty caches: every canary runs
         os.environ["NLLAB_INSTALL_CACHE"] = home  # (the installation's too)
-        from nltrain import _fingerprints as fp
+        from nltrain.numerics import _fingerprints as fp
 
         fp._MEMO.clear()
         t0 = time.perf_counter()
@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"| {' | '.join(row)} |")
     print(f"\n{note}")
     if args.record:
-        from tasks.measurements import record_measurement
+        from tasks.reports.measurements import record_measurement
 
         script = "PYTHONPATH=. python benchmarks/fingerprint_cost.py"
         command = f"{script} --repeats {args.repeats} --record"

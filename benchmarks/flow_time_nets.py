@@ -96,7 +96,7 @@ def main() -> None:
     )
     print(note)
     if args.record:
-        from tasks.measurements import record_measurement
+        from tasks.reports.measurements import record_measurement
 
         path = record_measurement(
             "flow_time_nets",

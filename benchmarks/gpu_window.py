@@ -28,8 +28,8 @@ from benchmarks.throughput import read_timings, table_measure
 from flows.ledger import fitting_parts, group_config, ledger_groups, to_train
 from tasks.engine import estimate_packs
 from tasks.ledger import DEFAULT_LEDGER, read_ledger
-from tasks.ledger_scope import ledger_scope
-from tasks.ledger_views import cell_states
+from tasks.ledger.scope import ledger_scope
+from tasks.ledger.views import cell_states
 
 
 def plan_window(

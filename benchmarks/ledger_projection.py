@@ -22,7 +22,7 @@ work takes longer), early stopping (the paper profile has none).
     PYTHONPATH=. nice -n 10 python benchmarks/ledger_projection.py --epochs 3 [--record]
 
 ``--record`` writes the table to ``results/measurements/ledger_projection.json``
-(:func:`tasks.measurements.record_measurement`), which the docs' generator renders on the
+(:func:`tasks.reports.measurements.record_measurement`), which the docs' generator renders on the
 ledger page (block ``measurement-ledger_projection``).
 """
 
@@ -44,7 +44,7 @@ import torch
 from nltrain import LoopOptions, TrainResult, prefers_one_by_one, train_packed
 from tasks.config import CellConfig
 from tasks.engine import make_packs
-from tasks.ledger_scope import paper_config
+from tasks.ledger.scope import paper_config
 from tasks.pipeline import build_cell_model, prepare_cell, simulate_data
 
 METHODS = ("node", "anode", "latent_ode", "nf_coupling", "nf_resnet", "neural_laplace")
@@ -167,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"| {' | '.join(row)} |")
     print(f"\n{note}\n(measured in {time.perf_counter() - t0:.0f} s)")
     if args.record:
-        from tasks.measurements import record_measurement
+        from tasks.reports.measurements import record_measurement
 
         path = record_measurement(
             "ledger_projection",

@@ -15,7 +15,7 @@ whether the trained weights (SHA-256 over every member's tensors) are identical.
     PYTHONPATH=. nice -n 10 python benchmarks/member_products.py --epochs 3 [--record]
 
 ``--record`` writes ``results/measurements/member_products.json``
-(:func:`tasks.measurements.record_measurement`), rendered on the engine's design page.
+(:func:`tasks.reports.measurements.record_measurement`), rendered on the engine's design page.
 Forcing the split on reaches into ``nltrain._member_products``: a benchmark's lever, not an
 option of the engine (there the kernels decide).
 """
@@ -38,7 +38,7 @@ from ledger_projection import median_epoch, train_pack
 
 from tasks.config import CellConfig
 from tasks.engine import make_packs
-from tasks.ledger_scope import paper_config
+from tasks.ledger.scope import paper_config
 from tasks.pipeline import simulate_data
 
 METHODS = ("nf_coupling", "nf_resnet", "anode", "node")
@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"| {' | '.join(row)} |")
     print(f"\n{note}\n(measured in {time.perf_counter() - t0:.0f} s)")
     if args.record:
-        from tasks.measurements import record_measurement
+        from tasks.reports.measurements import record_measurement
 
         command = (
             f"PYTHONPATH=. python benchmarks/member_products.py --epochs {args.epochs} "

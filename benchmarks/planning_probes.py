@@ -1,7 +1,7 @@
 """Where a benchmark's planning goes before its first cell trains: every probe
 :func:`tasks.engine.plan_packs` takes under ``--device auto`` on this machine, timed one by one,
 and the planning's wall time beside their sum (the CPU probes that run in other processes
-meanwhile, :class:`tasks.placement.CpuProbesAhead`, are not timed one by one: the wall time
+meanwhile, :class:`tasks.machine.placement.CpuProbesAhead`, are not timed one by one: the wall time
 shows what they add to the planning).
 
 On a fresh GPU machine the probes are not cached yet, so this is what a first ``nllab benchmark
@@ -26,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 import tasks.engine as engine
-import tasks.placement as placement
+import tasks.machine.placement as placement
 from nlmodels import set_up_numerics
 from tasks.config import MAIN_SYSTEMS, resolve_config
 from tasks.engine import plan_packs
-from tasks.placement import Probe, probe_pack
+from tasks.machine.placement import Probe, probe_pack
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@
 The six main models at the paper's configuration (800 smooth two-dimensional trajectories, 100
 observed + 100 predicted points, batch 128, float64, one thread; the training loop a cell runs,
 ``nltrain.epoch_seconds``, with its validation batch) are timed in one child process per CPU
-numerics mode (``NLLAB_CPU_NUMERICS=native`` and ``portable``, :mod:`nlmodels._numerics`), the
+numerics mode (``NLLAB_CPU_NUMERICS=native`` and ``portable``, :mod:`nlmodels.numerics`), the
 modes' children alternating, each repetition in a fresh pair, so that a change in a shared
 machine's load hits both. An epoch's time is process CPU time (on a loaded machine wall time
 measures the neighbours), one untimed epoch first. The script prints the medians and the ratio
@@ -197,7 +197,7 @@ def measure(args: argparse.Namespace) -> None:
         if mode in breakdowns:
             _print_breakdown(mode, breakdowns[mode])
     if args.record:
-        from tasks.measurements import record_measurement
+        from tasks.reports.measurements import record_measurement
 
         record_measurement(
             "portable_speed",

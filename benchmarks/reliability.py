@@ -54,7 +54,7 @@ from pathlib import Path
 from probe_common import ROOT, fresh_dir, one_clear_line, print_row, probe_env
 from reliability_third import THIRD_PASS
 
-from flows._runtime import guarded_servers
+from flows.runtime._prefect import guarded_servers
 
 CELLS = [
     "--profile", "smoke", "--systems", "integro_de", "piecewise_forcing_ode",
@@ -669,7 +669,7 @@ def tracking_lost(scratch: Path) -> None:
         env={**probe_env(home), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     try:
-        from flows.prefect_server import healthy as _healthy
+        from flows.runtime.prefect_server import healthy as _healthy
 
         t0 = time.monotonic()
         while not _healthy(url) and time.monotonic() - t0 < 240:
@@ -726,7 +726,7 @@ def serve_pair(scratch: Path) -> None:
                                str(port)], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     try:
-        from flows.prefect_server import healthy as _healthy
+        from flows.runtime.prefect_server import healthy as _healthy
 
         t0 = time.monotonic()
         while not _healthy(api) and time.monotonic() - t0 < 180:

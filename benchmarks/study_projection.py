@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flows.studies import STUDIES, StudyContext, study_config
 from tasks.config import CellConfig
 from tasks.ledger import DEFAULT_LEDGER, hardware_name, read_ledger
-from tasks.ledger_scope import ledger_cell_configs
-from tasks.measurements import record_measurement
+from tasks.ledger.scope import ledger_cell_configs
+from tasks.reports.measurements import record_measurement
 from tasks.results import CellResult
 
 #: Training trajectories and epochs of a paper-profile cell (what the records' times are of).

@@ -1,7 +1,8 @@
 """The default test suite's wall time: the command of ``make test`` (read from the Makefile, run
 with this interpreter), timed once from start to exit, with its test counts, the load average
 before and after, and the machine. ``--record`` writes ``results/measurements/suite_time.json``
-(:mod:`tasks.measurements`); ``python -m flows.docs_numbers`` renders it in docs/development.md.
+(:mod:`tasks.reports.measurements`); ``python -m flows.docs_numbers`` renders it in
+docs/development.md.
 
 The load says how busy the machine was: the figure is a wall time, so run it when the machine
 is as quiet as it gets (``uptime``), and say what else ran beside it with ``--note``.
@@ -86,7 +87,7 @@ def main() -> int:
     for name, value in zip(COLUMNS, row, strict=True):
         print(f"{name}: {value}")
     if args.record:
-        from tasks.measurements import record_measurement
+        from tasks.reports.measurements import record_measurement
 
         note = f"Load: 1, 5 and 15 min averages; the newest run first. {args.note}".strip()
         path = record_measurement(
@@ -113,7 +114,7 @@ def with_history(row: tuple[str, ...], record: Path) -> list[tuple[str, ...]]:
     row of an older record without the commit column gets the record's commit."""
     if not record.is_file():
         return [row]
-    from tasks.measurements import read_measurement
+    from tasks.reports.measurements import read_measurement
 
     old = read_measurement(record)
     earlier = [tuple(r) + ((old.commit,) if len(r) < len(COLUMNS) else ()) for r in old.rows]

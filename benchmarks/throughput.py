@@ -50,7 +50,7 @@ from nlmodels import build_model
 from nlmodels.diagnostics import trajectories
 from nltrain import packable, seeded, select_device, train, train_packed
 from tasks.config import METHODS, CellConfig, TrainConfig, resolve_config
-from tasks.placement import Probe
+from tasks.machine.placement import Probe
 
 PAPER_CELLS_PER_MODEL = 6 * 5  # systems × seeds
 N_TRAIN, N_VAL = 800, 100
@@ -256,7 +256,7 @@ def lookup(rows: Sequence[Timing], method: str, dtype: str, device: str, members
 
 
 def table_measure(rows: Sequence[Timing]):
-    """A ``tasks.placement`` measure that reads the timings instead of probing."""
+    """A ``tasks.machine.placement`` measure that reads the timings instead of probing."""
 
     def measure_(cell: CellConfig, device: torch.device, members: int) -> Probe:
         s, _ = lookup(rows, cell.method, cell.training.dtype, device.type, members)

@@ -22,7 +22,6 @@ _WHERE = {
         "_home": "CacheError cache_folders create_home data_home installation_cache "
         "require_writable_home",
         "_cache": "load_or_simulate",
-        "_cmi": "conditional_mutual_information gaussian_cmi gaussian_mi mutual_information",
         "_dde": "solve_constant_history_dde",
         "_declared": "DataFileError declare_file declare_simulator file_digest "
         "simulator_fingerprint",

@@ -19,18 +19,17 @@ import tasks.offline  # noqa: F401  (the platform's settings, before the librari
 
 from prefect import flow, get_run_logger
 
-from flows._artifacts import artifact_key, publish_table
-from flows._runtime import flow_settings, make_task_runner
-from flows.compare import CELLS_ARTIFACT, cells_hash, cells_record
+from flows.reports import CELLS_ARTIFACT, cells_hash, cells_record
+from flows.runtime import artifact_key, flow_settings, make_task_runner, publish_table
 from nlmodels import native_cpu_kernels
 from tasks.cell import CellRuntime
 from tasks.config import CellConfig, RunConfig
+from tasks.config.mlflow_names import registered_model_name
 from tasks.engine import run_cells, stored_results
-from tasks.model_memory import check_models_fit
-from tasks.reporting import ResultsTable, parent_summary, results_table
+from tasks.machine import check_models_fit
+from tasks.reports import ResultsTable, parent_summary, results_table
 from tasks.results import CellResult
 from tasks.tracking import Promotion, Registry, RunLog, RunTags, connect, parent_run
-from tasks.tracking.mlflow_names import registered_model_name
 
 __all__ = [
     "BenchmarkSummary",
@@ -55,7 +54,7 @@ def experiment_hash(config: RunConfig) -> str:
 
 def registry_name(system: str, method: str = REGISTERED_METHOD) -> str:
     """The registered model of ``method``'s champion on ``system`` (``neural-laplace-<system>``,
-    ``node-<system>``; any method through :mod:`tasks.tracking.mlflow_names`)."""
+    ``node-<system>``; any method through :mod:`tasks.config.mlflow_names`)."""
     return registered_model_name(method, system)
 
 
@@ -118,7 +117,7 @@ def _parent_params(config: RunConfig, n_cells: int) -> dict[str, object]:
 
 def _parent_tags(config: RunConfig, cells: list[CellConfig]) -> dict[str, str]:
     """What the benchmark's parent run is: its profile, experiment and cells (by which
-    :mod:`flows.compare` finds the earlier benchmark to compare it with)."""
+    :mod:`flows.reports.compare` finds the earlier benchmark to compare it with)."""
     return {
         RunTags.PROFILE: config.profile,
         RunTags.EXPERIMENT_HASH: experiment_hash(config),
@@ -147,7 +146,7 @@ def benchmark_flow(
 ) -> BenchmarkSummary:
     """Run (or reuse) every cell of ``config`` and log the results table to a parent run.
 
-    ``reused``: the cells :func:`tasks.reuse.stored_results` already found finished in this
+    ``reused``: the cells :func:`tasks.machine.reuse.stored_results` already found finished in this
     command (the store is not asked again for them). ``stop``
     (:attr:`tasks.cell.CellRuntime.stop`) and ``on_finished``: as :func:`tasks.engine.run_cells`
     takes them."""

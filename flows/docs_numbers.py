@@ -4,7 +4,7 @@ Numbers in ``README.md`` and ``docs/**/*.md`` come from committed records, never
 the results ledger of the paper profile (``results/paper/ledger.jsonl``), the recorded quick
 (or smoke) benchmark (``results/quick/PROFILE.json``, written by ``nllab benchmark --record``),
 the shipped profiles (``tasks/profiles/*.yaml``) and the benchmark scripts' measurements
-(``results/measurements/NAME.json``, :mod:`tasks.measurements`). Each generated block sits
+(``results/measurements/NAME.json``, :mod:`tasks.reports.measurements`). Each generated block sits
 between two marker lines::
 
     <!-- generated: NAME (python -m flows.docs_numbers) -->
@@ -63,7 +63,7 @@ class Block:
 
 # -- the records -------------------------------------------------------------------------------
 def _run(root: Path, profile: str):
-    from tasks.quick_record import read_quick_run
+    from tasks.ledger import read_quick_run
 
     path = root / "results" / "quick" / f"{profile}.json"
     return read_quick_run(path) if path.exists() else None
@@ -74,7 +74,7 @@ def _minutes(seconds: float) -> str:
 
 
 def _provenance(run, path: str) -> str:
-    from tasks.quick_record import commits
+    from tasks.ledger.quick_record import commits
 
     made = ", ".join(f"`{c[:10]}`" for c in commits(run.cells)) or "an unknown commit"
     return (
@@ -85,7 +85,7 @@ def _provenance(run, path: str) -> str:
 
 
 def _table(run) -> str:
-    from tasks.reporting import render_table, results_table
+    from tasks.reports import render_table, results_table
 
     table = results_table(run.cells, profile=run.profile)
     text = table.to_markdown().rstrip()
@@ -148,7 +148,7 @@ def _seconds(wall: str) -> float:
 def suite_time(root: Path) -> str:
     """``make test``'s wall time from its timed runs (``benchmarks/suite_time.py --record``):
     the latest run's tests and time, with the range of times and loads of every kept run."""
-    from tasks.measurements import read_measurement
+    from tasks.reports import read_measurement
 
     path = root / "results" / "measurements" / "suite_time.json"
     if not path.is_file():
@@ -174,7 +174,7 @@ def suite_time(root: Path) -> str:
 
 def quick_cells(root: Path) -> str:
     """Every cell of the recorded quick (else smoke) run: RMSE, epochs, seconds, device."""
-    from tasks.tables import Table, TableCell, number, render_table
+    from tasks.reports import Table, TableCell, number, render_table
 
     if (run := _latest(root)) is not None:
         header = ("cell", "test RMSE", "epochs", "train s", "device", "run")
@@ -211,18 +211,15 @@ def quick_epochs(root: Path) -> str:
 
 def ledger_table(root: Path) -> str:
     """The ledger's Table 3 and ablation, as ``nllab ledger table --readme`` writes them."""
-    from flows.ledger_text import readme_ledger
+    from flows.ledger import readme_ledger
 
     return readme_ledger(root / "results" / "paper" / "ledger.jsonl")
 
 
 def ledger_seeds(root: Path) -> str:
     """Each recorded seed of the ledger under today's config: method/system × seed."""
-    from tasks.ledger import read_ledger
-    from tasks.ledger_scope import ledger_scope
-    from tasks.ledger_views import ledger_status
-    from tasks.reporting import TOP_SHARE_FLAG
-    from tasks.tables import Table, TableCell, number, render_table
+    from tasks.ledger import ledger_scope, ledger_status, read_ledger
+    from tasks.reports import TOP_SHARE_FLAG, Table, TableCell, number, render_table
 
     scope = ledger_scope(None, None, None)
     records = read_ledger(root / "results" / "paper" / "ledger.jsonl", scope)
@@ -251,7 +248,7 @@ def ledger_seeds(root: Path) -> str:
 
 def _floors(root: Path) -> dict[str, str]:
     """System → its seed-0 copy floor, from the record ``benchmarks/copy_floor.py`` writes."""
-    from tasks.measurements import read_measurement
+    from tasks.reports import read_measurement
 
     path = root / "results" / "measurements" / "copy_floor.json"
     if not path.is_file():
@@ -261,7 +258,7 @@ def _floors(root: Path) -> dict[str, str]:
 
 def protocols(root: Path) -> str:
     """Table 3 by the reference protocol and by the fair one, the best per system under each."""
-    from flows.ledger_text import protocols_markdown
+    from flows.ledger import protocols_markdown
 
     return protocols_markdown(root / "results" / "paper" / "ledger.jsonl", _floors(root))
 
@@ -301,13 +298,17 @@ _INLINE = "inline-"
 
 def _measurement(name: str) -> Block:
     """Block ``measurement-NAME``: the record ``results/measurements/NAME.json``
-    (:mod:`tasks.measurements`), which a benchmark script writes, as a table;
+    (:mod:`tasks.reports.measurements`), which a benchmark script writes, as a table;
     ``measurement-inline-NAME``: the same record as one paragraph."""
     inline = name.startswith(_INLINE)
     record = name.removeprefix(_INLINE)
 
     def make(root: Path) -> str:
-        from tasks.measurements import measurement_inline, measurement_markdown, read_measurement
+        from tasks.reports import (
+            measurement_inline,
+            measurement_markdown,
+            read_measurement,
+        )
 
         path = root / "results" / "measurements" / f"{record}.json"
         if not path.exists():  # a page may name a measurement before it is first made

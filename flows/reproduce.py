@@ -26,17 +26,17 @@ import tasks.offline  # noqa: F401  (the platform's settings, before the librari
 
 from prefect import flow, get_run_logger
 
-from flows._runtime import flow_settings, make_task_runner
-from flows.studies._core import Factor
+from flows.runtime import flow_settings, make_task_runner
+from flows.studies import Factor
 from nltrain import evaluate
 from tasks.cell import CellRuntime, prepare_cell, simulate_data
 from tasks.config import CellConfig, Reuse, RunConfig, TrackingConfig
+from tasks.config.user_modules import find_user_modules
 from tasks.engine import run_cells
 from tasks.modelio import load_model
+from tasks.reports import Format, Table, TableCell, number, render_table
 from tasks.results import CellResult
-from tasks.tables import Format, Table, TableCell, number, render_table
 from tasks.tracking import Metrics, RunRecord, RunTags, Tracking, connect, parent_run
-from tasks.user_modules import find_user_modules
 
 __all__ = [
     "DataMismatch",

@@ -15,7 +15,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
 
-from flows._runtime import flow_settings
+from flows.runtime import flow_settings
 from tasks.tuning import TuneResult, TuneSession, TuneSpec, run_trials, run_tuning
 
 __all__ = ["run_tune", "split_trials", "tune_flow"]
@@ -62,7 +62,7 @@ def run_tune(spec: TuneSpec) -> TuneResult:
     """Call :func:`tune_flow` with the spec's task runner and the platform's flow settings."""
     runner = None
     if spec.task_runner == "dask":
-        from flows._dask import dask_task_runner
+        from flows.runtime import dask_task_runner
         from tasks.tracking import TrackingSettings
 
         tracking = TrackingSettings.resolve(spec.run_config().tracking)

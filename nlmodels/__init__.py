@@ -8,7 +8,7 @@ Pure torch: this package never imports prefect, mlflow or optuna. Importing it c
 in the process and loads nothing heavy (names load on first use, PEP 562: the registry, with
 every built-in model, on the first registry name); call :func:`set_up_numerics` first to get the
 CPU numerics the platform's runs use (the same bytes on every x86-64 CPU with AVX2 and FMA; see
-:mod:`nlmodels._numerics`).
+:mod:`nlmodels.numerics`).
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ from typing import Any
 _WHERE = {
     name: module
     for module, names in {
-        "nlmodels._cpu": "cpu_features numerics_environment",
-        "nlmodels._numerics": "NumericsError NumericsSetup cpu_mode_in_effect "
-        "mkl_position_independent numerics_downgrade numerics_in_effect numerics_note numerics_tag "
-        "on_numerics_effect require_numerics set_up_numerics",
-        "nlmodels.accel.native": "native_cpu_kernels native_build",
+        "nlmodels._cpu": "numerics_environment",
+        "nlmodels.numerics": "NumericsError NumericsSetup cpu_mode_in_effect numerics_downgrade "
+        "numerics_in_effect numerics_note numerics_tag on_numerics_effect require_numerics "
+        "set_up_numerics",
+        "nlmodels.accel.native": "native_cpu_kernels",
         "nlmodels.accel.portable": "portable_cpu_kernels",
         "nlmodels.base": "ForecastModel",
         "nlmodels.ilt": "ILT_ALGORITHMS ILTAlgorithm get_ilt",
-        "nlmodels.model_registry": "MODELS build_model load_builtin_models model_arguments "
-        "model_choices model_option_types model_signature non_default_overrides register_model",
+        "nlmodels.model_registry": "MODELS build_model model_signature non_default_overrides "
+        "register_model",
         "nlmodels.neural_laplace": "NeuralLaplace",
         "nlmodels.stereographic": "from_sphere to_sphere",
     }.items()

@@ -1,5 +1,5 @@
 """The CPU numerics mode asked for and whether this CPU can run the portable one (stdlib only:
-the native kernels' build reads it too; :mod:`nlmodels._numerics` sets the mode up)."""
+the native kernels' build reads it too; :mod:`nlmodels.numerics` sets the mode up)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ model ``N`` (its module registers ``N`` with ``@register_model``, or the entry p
 process that meets the name can build it again).
 
 A plugin is imported only when its name is used, never to list names (the command line reads
-them from the packages' metadata: :mod:`tasks.plugins`, which states the rule this module
+them from the packages' metadata: :mod:`tasks.config.plugins`, which states the rule this module
 applies when a name is used): a built-in name is never a plugin's, and a name two packages
 claim is neither's (a ``ValueError`` naming both); ``module:ClassName`` reaches either.
 """

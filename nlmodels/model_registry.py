@@ -53,7 +53,7 @@ MODELS: dict[str, type[ForecastModel]] = {}
 register_model = name_registrar(MODELS, "model", "registry_name")
 
 #: The built-in models' registration: one table per model (its module, label, whether it is a
-#: row of the main table, its quick-profile epochs), read without torch by ``tasks._names``.
+#: row of the main table, its quick-profile epochs), read without torch by ``tasks.config.names``.
 BUILTIN_CATALOG = Path(__file__).resolve().parent / "models.toml"
 
 
@@ -92,7 +92,7 @@ def find_model(name: str) -> None:
 
 def model_names() -> tuple[str, ...]:
     """The models registered in this process, sorted: the built-in ones and the plugins used
-    so far (the installed plugins' names are in their metadata: ``tasks.plugins``)."""
+    so far (the installed plugins' names are in their metadata: ``tasks.config.plugins``)."""
     return tuple(sorted(MODELS))
 
 

@@ -8,9 +8,9 @@
 
 The one training loop over a declared step function (:func:`train_loop`, :class:`StepFunction`,
 :func:`stop_reason`), one cell's eager step or a pack's batched one (:func:`train`,
-:func:`train_packed`), test scores (:func:`evaluate`) and the numerics fingerprints that say
-whether a stored cell's numbers are still today's (:func:`model_fingerprint`,
-:func:`system_fingerprint`, keyed by every file that can move a number: :func:`covered_sources`).
+:func:`train_packed`) and test scores (:func:`evaluate`). The numerics fingerprints that say
+whether a stored cell's numbers are still today's, and the pinned bytes of the portable CPU
+numerics, are the room :mod:`nltrain.numerics`.
 It imports torch, numpy, pydantic (its settings), ``nlmodels`` and ``datasets``, never Prefect,
 MLflow or Optuna: orchestration (cells, engine, tracking) is ``tasks``'.
 
@@ -29,17 +29,10 @@ _WHERE = {
     for module, names in {
         "_config": "MAX_BATCH MAX_EPOCHS Settings TrainConfig",
         "_errors": "Interrupted TrainingDiverged TrainingInterrupted",
-        "_evaluation": "DIVERGED_RMSE_FACTOR DOMINATED_SHARE Evaluation divergence evaluate "
-        "outlier_census rmse top_error_share",
-        "_fingerprints": "FINGERPRINT_FORMAT model_fingerprint model_settings source_key "
-        "system_fingerprint training_digest",
-        "_miniature": "canary_split canary_training settings_text",
-        "_loop": "EpochRecord LoopOptions StepFunction StopReason TrainResult epoch_bar "
-        "stop_reason train_loop",
-        "_packing": "PlainGRU PlainGRUCell packable prefers_one_by_one train_packed",
-        "_pinned": "PINNED PINNED_SETTINGS PINNED_WITH Mismatch PinnedCheck check_pinned "
-        "data_digest last_pinned_check pinned_label pinned_mismatches pinned_model",
-        "_sources": "NUMERIC_PACKAGES covered_sources",
+        "_evaluation": "Evaluation divergence evaluate outlier_census rmse",
+        "_loop": "EpochRecord LoopOptions StepFunction StopReason TrainResult stop_reason "
+        "train_loop",
+        "_packing": "packable prefers_one_by_one train_packed",
         "_steps": "DTYPES as_tensor",
         "_training": "epoch_seconds predict seeded select_device step_function train",
     }.items()

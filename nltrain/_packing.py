@@ -15,7 +15,7 @@ unpacked run's, bit for bit, whatever it was packed with and wherever it sits in
 single cell the engine would pack trains as a pack of one (:func:`nltrain.train`),
 members always get their own time grids, and a batched product gives each member its own
 product's bytes: by definition under the portable CPU kernels (the default), and under torch's
-(MKL in its strict reproducible mode, :mod:`nlmodels._numerics`) by computing a pack's
+(MKL in its strict reproducible mode, :mod:`nlmodels.numerics`) by computing a pack's
 matrix–vector products (1-D systems) member by member (:mod:`nltrain._member_products`).
 
 A member that stopped is frozen by ``torch.where`` masks (a diverged member's values may be NaN,
@@ -43,7 +43,8 @@ import torch
 from torch import nn
 
 from datasets import SplitData
-from nlmodels import ForecastModel, mkl_position_independent, require_numerics
+from nlmodels import ForecastModel, require_numerics
+from nlmodels.numerics import mkl_position_independent
 from nltrain._config import TrainConfig
 from nltrain._loop import EpochRecord, LoopOptions, TrainingDiverged, TrainResult, train_loop
 from nltrain._packed_cells import (

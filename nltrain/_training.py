@@ -83,7 +83,7 @@ def seeded(seed: int) -> Iterator[None]:
     project draws from them. Torch's generator is left seeded, as ``torch.manual_seed`` leaves
     it: only torch code reads it, and the project seeds it under the lock before each draw that
     matters (a model's weights here; the canaries' training in
-    :mod:`nltrain._fingerprints`), so what it holds after a block changes no result."""
+    :mod:`nltrain.numerics._fingerprints`), so what it holds after a block changes no result."""
     with _RNG_LOCK:
         default = torch.get_default_dtype()
         python_state, numpy_state = random.getstate(), np.random.get_state()  # noqa: NPY002

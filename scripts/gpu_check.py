@@ -303,7 +303,7 @@ def record(folder: Path, into: Path | None = None) -> list[Path]:
     ``results/measurements``)."""
     from functools import partial
 
-    from tasks.measurements import FOLDER, record_measurement
+    from tasks.reports.measurements import FOLDER, record_measurement
 
     record_measurement = partial(record_measurement, folder=into or FOLDER)
     facts = json.loads((folder / "check.json").read_text())

@@ -1,8 +1,8 @@
 """Carry the ledger's records over to today's numerics fingerprints, where their code proves it.
 
-A record's ``numerics`` are the fingerprints (:mod:`nltrain._fingerprints`) of its model and its
-data set as the fingerprint module of its day computed them. When that module changes what its
-canaries run (to cover the model's settings, the cell's state dimension and batch sizes, the
+A record's ``numerics`` are the fingerprints (:mod:`nltrain.numerics._fingerprints`) of its model
+and its data set as the fingerprint module of its day computed them. When that module changes what
+its canaries run (to cover the model's settings, the cell's state dimension and batch sizes, the
 cell's split), every record reads as made by older numerics, although most were made by code
 that computes today's bytes. This script shows that record by record: for each commit that made
 records, a git worktree of that commit (its own ``nlmodels``, ``nltrain`` and ``datasets``)
@@ -36,10 +36,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-MODULE = "nltrain/_fingerprints.py"
+MODULE = "nltrain/numerics/_fingerprints.py"
+#: Where the fingerprint module lived before :mod:`nltrain.numerics` held it (the commits the
+#: ledger's records name, and a ``--before`` of their day).
+EARLIER_MODULES = ("nltrain/_fingerprints.py",)
 #: Copied from this tree with today's fingerprint module: the CPU facts its cache is keyed by
-#: (standard library only, a superset of every earlier version's).
-HELPERS = ("nlmodels/_cpu.py",)
+#: (standard library only, a superset of every earlier version's) and the rest of its room.
+HELPERS = (
+    "nlmodels/_cpu.py",
+    *(p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "nltrain/numerics").glob("*.py"))),
+)
 #: What runs in the old commit's tree: for each cell asked, its fingerprints by the module of
 #: ``--before`` (copied in as ``_fingerprints_before``) and by today's (as ``_fingerprints``).
 CHILD = """
@@ -49,7 +55,8 @@ from nlmodels import _cpu, set_up_numerics
 if not hasattr(nlmodels, "numerics_environment"):  # a tree older than the name: this tree's
     nlmodels.numerics_environment = _cpu.numerics_environment
 set_up_numerics()
-from nltrain import _fingerprints as today, _fingerprints_before as before
+from nltrain import _fingerprints_before as before
+from nltrain.numerics import _fingerprints as today
 out = []
 for method, settings, dim, training, system, data in json.loads(sys.argv[1]):
     settings, training, data = json.loads(settings), json.loads(training), json.loads(data)
@@ -64,7 +71,7 @@ print(json.dumps(out))
 def cell_of(record):
     """Today's cell of ``record``, or None when the record is of another config (history, not
     counted)."""
-    from tasks.ledger_scope import ABLATIONS, paper_config
+    from tasks.ledger.scope import ABLATIONS, paper_config
 
     (cell,) = paper_config(
         methods=[record.method],
@@ -77,8 +84,8 @@ def cell_of(record):
 
 def asked_of(cell) -> tuple:
     """What the child computes for ``cell``: the keys of its model's and its data set's canaries
-    (:func:`tasks.numerics.model_key`, :func:`tasks.numerics.system_key`)."""
-    from tasks.numerics import model_key, system_key
+    (:func:`tasks.machine.numerics.model_key`, :func:`tasks.machine.numerics.system_key`)."""
+    from tasks.machine.numerics import model_key, system_key
 
     return (*model_key(cell), *system_key(cell))
 
@@ -93,11 +100,12 @@ def at_commit(commit: str, before: bytes, asked: list[tuple]) -> dict[tuple, tup
         if done.returncode:
             return f"no worktree of {commit[:10]}: {done.stderr.strip()}"
         try:
-            if not (tree / MODULE).is_file():
+            if not any((tree / m).is_file() for m in (MODULE, *EARLIER_MODULES)):
                 return f"{commit[:10]} has no {MODULE} (its fingerprints came from elsewhere)"
             for path in (MODULE, *HELPERS):
+                (tree / path).parent.mkdir(parents=True, exist_ok=True)
                 (tree / path).write_bytes((ROOT / path).read_bytes())
-            (tree / MODULE.replace(".py", "_before.py")).write_bytes(before)
+            (tree / "nltrain/_fingerprints_before.py").write_bytes(before)
             env = {**os.environ, "PYTHONPATH": str(tree), "NLLAB_HOME": str(Path(scratch) / "h")}
             args = [list(a) for a in asked]
             child = subprocess.run(
@@ -120,10 +128,13 @@ def carry_over(ledger: Path, before_rev: str, dry_run: bool) -> int:
     number rewritten."""
     from tasks.ledger import LedgerRecord, cell_numerics, read_ledger
 
-    shown = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{before_rev}:{MODULE}"], capture_output=True
-    )
-    if shown.returncode:
+    for module in (MODULE, *EARLIER_MODULES):
+        shown = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{before_rev}:{module}"], capture_output=True
+        )
+        if not shown.returncode:
+            break
+    else:
         raise SystemExit(f"no {MODULE} at {before_rev!r}: {shown.stderr.decode().strip()}")
     candidates: dict[str, list] = {}
     today: dict[str, tuple[tuple, str]] = {}  # record key -> (asked, today's numerics)

@@ -83,7 +83,7 @@ def configure_environment() -> None:
     except OSError:
         pass  # Prefect itself then reports the unusable folder
     # The temporary server's start timeout, when not set, grows with the machine's load
-    # (flows.prefect_server.startup_timeout).
+    # (flows.runtime.prefect_server.startup_timeout).
     # The ephemeral server's log chatter goes to the same terminal as the progress bars.
     os.environ.setdefault("PREFECT_LOGGING_SERVER_LEVEL", "WARNING")
     # One progress bar per artifact upload would drown the training progress bars.

@@ -34,11 +34,11 @@ from nltrain import (
     prefers_one_by_one,
     train_packed,
 )
-from tasks import numerics
-from tasks._declarations import system_info
 from tasks._notify import notify_once
-from tasks._workers import worker_stop_event, worker_threads
 from tasks.config import CellConfig, Reuse, RunConfig
+from tasks.config.declarations import system_info
+from tasks.machine import numerics, place_pack, stored_result, stored_results
+from tasks.machine.workers import worker_stop_event, worker_threads
 from tasks.pipeline import (
     CellSetup,
     build_cell_model,
@@ -51,9 +51,7 @@ from tasks.pipeline import (
     prepare_cell,
     simulate_data,
 )
-from tasks.placement import place_pack
 from tasks.results import CellResult, by_config_hash
-from tasks.reuse import stored_result, stored_results
 from tasks.stopping import contained
 from tasks.tracking import Metrics, RunTags, TrackingSettings, attach, claim_owner, run_name
 

@@ -4,13 +4,13 @@ The benchmark, every study, reproduction and the cells of a tuning trial go thro
 cells and a :class:`~tasks.cell.CellRuntime`, :func:`run_cells`
 
 1. reuses every cell that already has a FINISHED run with its config hash (never retrained;
-   :func:`tasks.reuse.stored_results`, the one answer to "is this cell done?");
+   :func:`tasks.machine.reuse.stored_results`, the one answer to "is this cell done?");
 2. simulates each needed data set once, before training starts;
 3. groups the rest into packs (cells whose tensors have the same shapes:
    :func:`tasks.cell.pack_key`), each trained as one batched model when ``runtime.pack`` is on;
    with CUDA present and ``--device auto``/``cuda``, big groups are split into packs sized by
    GPU memory and measured throughput, and under ``auto`` each pack is placed on the device
-   measured faster for it (:func:`plan_packs`, :mod:`tasks.placement`);
+   measured faster for it (:func:`plan_packs`, :mod:`tasks.machine.placement`);
 4. fans the packs out over the flow's task runner (threads, worker processes or Dask), one
    Prefect task per pack and one MLflow child run per cell; GPU packs go to at most
    :data:`GPU_LANES` lanes at once while the other workers train CPU packs
@@ -45,11 +45,10 @@ from prefect import get_run_logger
 from prefect.futures import PrefectFuture, as_completed
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from tasks._workers import worker_pool_active, worker_processes, worker_threads
-from tasks.balance import GPU_LANES, PackOption, balance_devices, busy_seconds
 from tasks.cell import CellRuntime, pack_key, stored_results
 from tasks.config import CellConfig, RunConfig
-from tasks.placement import (
+from tasks.machine.balance import GPU_LANES, PackOption, balance_devices, busy_seconds
+from tasks.machine.placement import (
     CpuProbesAhead,
     Measure,
     ProbeOptions,
@@ -58,11 +57,12 @@ from tasks.placement import (
     place_pack,
     split_evenly,
 )
+from tasks.machine.workers import worker_pool_active, worker_processes, worker_threads
 from tasks.prefect_tasks import PackFailed, pack_task, simulate_data_sets
 from tasks.progress import Display
+from tasks.reports import plural
 from tasks.results import CellResult, by_config_hash
 from tasks.stopping import contained, stop_signals
-from tasks.tables import plural
 
 __all__ = [
     "CPU_PACK_MEMBERS",
@@ -91,7 +91,7 @@ def _packable(cell: CellConfig, device: str = "cpu") -> bool:
     :func:`nltrain.prefers_one_by_one` there (Neural Laplace packs on CUDA only)."""
     from nlmodels import build_model
     from nltrain import packable, prefers_one_by_one
-    from tasks._declarations import system_info
+    from tasks.config.declarations import system_info
 
     dev = torch.device(device)
     try:
@@ -117,7 +117,7 @@ def make_packs(
 
     ``pack_size(group)``: the most cells one pack of that group may hold (default
     :data:`CPU_PACK_MEMBERS`); the group is then split into the fewest packs of near-equal size
-    (:func:`tasks.placement.split_evenly`).
+    (:func:`tasks.machine.placement.split_evenly`).
     """
     if not pack:
         return [[c] for c in cells]
@@ -150,13 +150,13 @@ def plan_packs(
 
     Without CUDA (or with ``device="cpu"``) this measures nothing: :func:`make_packs` as is,
     every pack on the CPU. With CUDA and ``device`` ``auto`` or ``cuda``, packable groups are
-    split by :func:`tasks.placement.gpu_pack_size` (``lanes`` packs share the GPU's memory);
-    under ``auto`` each pack then goes where :func:`tasks.placement.place_pack` measured it
+    split by :func:`tasks.machine.placement.gpu_pack_size` (``lanes`` packs share the GPU's memory);
+    under ``auto`` each pack then goes where :func:`tasks.machine.placement.place_pack` measured it
     faster (the CPU side measured as it would run there: one by one for a model that prefers
     it, :func:`nltrain.prefers_one_by_one`; such a pack placed on the CPU is then split
     into single cells, which spread over the workers; with the real probes, the CPU side of
     each pack is measured in other processes while the GPU is probed:
-    :class:`tasks.placement.CpuProbesAhead`); given ``workers``, the packs then move
+    :class:`tasks.machine.placement.CpuProbesAhead`); given ``workers``, the packs then move
     between the devices while that shortens the whole plan (:func:`_placed`: the GPU's packs
     add up, the CPU's spread over the workers). ``measure``/``cuda_available``/
     ``free_bytes`` replace the probes, CUDA's presence and the free GPU memory (tests,
@@ -193,10 +193,10 @@ def _placed(
     cache_dir: Path | None,
     measure: Measure | None,
 ) -> list[tuple[list[CellConfig], str]]:
-    """``packs`` under ``auto``: each on its faster device (:func:`tasks.placement.place_pack`),
-    then, given ``workers``, the plan that finishes first from there
-    (:func:`tasks.balance.balance_devices`); a pack placed on the CPU whose model trains one
-    by one there split into single cells."""
+    """``packs`` under ``auto``: each on its faster device
+    (:func:`tasks.machine.placement.place_pack`), then, given ``workers``, the plan that finishes
+    first from there (:func:`tasks.machine.balance.balance_devices`); a pack placed on the CPU
+    whose model trains one by one there split into single cells."""
     kw: ProbeOptions = {"cache_dir": cache_dir, "measure": measure}
     where = [place_pack(p, "auto", cuda_available=True, **kw).type for p in packs]
     split = [len(p) > 1 and not _packable(p[0], "cpu") for p in packs]
@@ -234,7 +234,7 @@ def estimate_packs(
     """``config``'s cells planned as :func:`run_cells` plans them under its execution settings
     (:func:`plan_packs`), each pack with its training seconds at its cells' epoch ceiling: the
     seconds per cell-epoch this machine measured for a pack of that size on that device
-    (:func:`tasks.placement.cached_probe`: the probes the engine's planning takes and caches
+    (:func:`tasks.machine.placement.cached_probe`: the probes the engine's planning takes and caches
     itself, with the workers' thread count) × members × epochs. Early stopping only shortens
     it. ``measure``/``cuda_available``/``free_bytes`` as :func:`plan_packs`."""
     ex = config.execution

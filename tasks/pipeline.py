@@ -37,15 +37,15 @@ from nltrain import (
     TrainResult,
     divergence,
     evaluate,
-    last_pinned_check,
     outlier_census,
     seeded,
 )
-from tasks._declarations import ensure_declared
+from nltrain.numerics import last_pinned_check
 from tasks.config import CellConfig, DataConfig
+from tasks.config.declarations import ensure_declared
+from tasks.machine import device_identity
 from tasks.modelio import ModelSpec, model_params, resolved_model_args, save_model
-from tasks.numerics import device_identity
-from tasks.plots import plot_extrapolation, plot_loss_curves
+from tasks.reports import plot_extrapolation, plot_loss_curves
 from tasks.scratch import cell_scratch
 from tasks.tracking import Metrics, RunTags
 

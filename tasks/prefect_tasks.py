@@ -18,13 +18,13 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
 from prefect.states import Cancelled, Failed, State
 
-from tasks._workers import WorkerDied, WorkerStopped, run_in_worker, worker_pool_active
 from tasks.cell import CellRuntime, run_pack, simulate_data
 from tasks.config import CellConfig, DataConfig
 from tasks.errors import Interrupted
+from tasks.machine.workers import WorkerDied, WorkerStopped, run_in_worker, worker_pool_active
+from tasks.reports import plural
 from tasks.results import CellResult
 from tasks.stopping import abandonable
-from tasks.tables import plural
 from tasks.tracking import cell_variant
 
 __all__ = ["PackFailed", "pack_task", "simulate_data_sets", "simulate_task"]

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 from tqdm.auto import tqdm
 
+from tasks.reports import number, plural
 from tasks.results import CellResult
-from tasks.tables import number, plural
 
 __all__ = ["HEARTBEAT_SECONDS", "Display", "Heartbeat", "clock", "print_finished"]
 

@@ -49,7 +49,7 @@ def pytest_sessionfinish(session, exitstatus):
 PROCESS_IMPORTS = (
     "subprocess",
     "multiprocessing",
-    "tasks._workers",
+    "tasks.machine.workers",
     "benchmarks",
     "flows.cli",
     "prefect",
@@ -191,7 +191,7 @@ def forget_declared_systems():
     """Systems a test declares leave the process's registry afterwards (other tests list the
     built-in ones)."""
     from datasets import _systems
-    from tasks import _declarations
+    from tasks.config import declarations as _declarations
 
     before = dict(_systems.SYSTEM_SPECS), dict(_systems._INFOS), dict(_declarations._DECLARED)
     yield

@@ -10,15 +10,15 @@ from contextlib import closing
 
 import pytest
 
-from flows import _artifacts
-from flows._artifacts import (
+from flows.cli import main
+from flows.runtime import _artifacts
+from flows.runtime._artifacts import (
     ArtifactsBusy,
     artifacts_from_database,
     prefect_database,
     publish_table,
     read_artifacts,
 )
-from flows.cli import main
 
 KEY = "nllab-benchmark-artifactstest-results"
 ROWS = [{"method": "node", "n_seeds": 2, "mean": 0.12345678901234568, "std": float("nan")}]

@@ -216,7 +216,7 @@ def test_report_out_in_a_place_that_cannot_be_written_is_one_line(tmp_path, out)
 @pytest.mark.parametrize("method", ["node", "anode", "neural_laplace", "nf_coupling"])
 def test_the_memory_estimate_counts_the_real_models_parameters(method):
     from nlmodels import build_model
-    from tasks.model_memory import TRAINING_COPIES, training_bytes
+    from tasks.machine.model_memory import TRAINING_COPIES, training_bytes
 
     real = sum(p.numel() for p in build_model(method, 3).parameters())  # allocated for real
     assert training_bytes(method, 3, {}, "float64") == real * 8 * TRAINING_COPIES
@@ -249,7 +249,7 @@ def test_any_value_of_any_setting_is_refused_by_name_or_works(section, name, tmp
     passes and then fails in the cell."""
     import torch
 
-    from tasks._workers import worker_threads
+    from tasks.machine.workers import worker_threads
     from tasks.pipeline import prepare_cell, simulate_data
 
     for value in _ABSURD:
@@ -287,7 +287,7 @@ def test_any_value_of_any_model_option_is_refused_before_the_run_or_builds(
     constructor's refusal is never first met in a cell."""
     import torch
 
-    import tasks.model_memory as memory
+    import tasks.machine.model_memory as memory
     from nlmodels import build_model
     from tasks.errors import SettingError
 
@@ -317,6 +317,6 @@ def test_any_value_of_any_model_option_is_refused_before_the_run_or_builds(
 def test_every_model_a_shipped_profile_trains_is_accepted_by_its_constructor(profile):
     """What lets a schedule that changes no model option skip building its models."""
     from tasks.config import SYSTEM_NAMES
-    from tasks.model_memory import check_models_build
+    from tasks.machine.model_memory import check_models_build
 
     check_models_build(resolve_config(profile, None, {"systems": list(SYSTEM_NAMES)}).cells())

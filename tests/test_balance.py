@@ -10,9 +10,9 @@ import pytest
 import torch
 from cells import tiny_cell
 
-from tasks.balance import MIN_GAIN, PackOption, balance_devices, busy_seconds
 from tasks.engine import plan_packs
-from tasks.placement import Probe
+from tasks.machine.balance import MIN_GAIN, PackOption, balance_devices, busy_seconds
+from tasks.machine.placement import Probe
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,7 +81,7 @@ def test_auto_planning_given_the_workers_places_the_plan_not_the_pack(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="--fake-cuda is for machines without CUDA")
 def test_the_planning_benchmark_times_both_ways_on_stand_in_gpu_probes(monkeypatch, capsys):
     import tasks.engine as engine
-    import tasks.placement as placement
+    import tasks.machine.placement as placement
 
     monkeypatch.syspath_prepend(str(ROOT))  # benchmarks/ is a folder of scripts
     monkeypatch.setattr(placement, "probe_pack", placement.probe_pack)  # restored afterwards

@@ -172,7 +172,7 @@ def test_benchmark_command_and_exit_codes(
     out = capsys.readouterr().out
     assert "1 cells: 1 finished, 0 reused, 0 failed" in out
     # --record: the finished cell from the store, and the command's counts
-    from tasks.quick_record import read_quick_run
+    from tasks.ledger.quick_record import read_quick_run
 
     run = read_quick_run(record)
     (cell,) = run.cells

@@ -28,7 +28,7 @@ _WORK = (
     ("flows.studies", "run_study"),
     ("flows.tune", "run_tune"),
     ("flows.reproduce", "reproduce"),
-    ("flows.serve_loop", "serve_deployments"),
+    ("flows.serve.serve_loop", "serve_deployments"),
     ("flows.ledger", "run_ledger"),
     ("flows.ledger", "record_store"),
     ("flows.cli.ui", "ui_command"),

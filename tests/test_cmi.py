@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from datasets import (
+from datasets.cmi import (
     conditional_mutual_information,
     gaussian_cmi,
     gaussian_mi,

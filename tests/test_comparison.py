@@ -12,8 +12,8 @@ import time
 import pytest
 
 from flows.cli import main
-from flows.compare import CELLS_ARTIFACT, cells_hash, compare_benchmarks
-from tasks.comparison import ROUNDING, judge
+from flows.reports.compare import CELLS_ARTIFACT, cells_hash, compare_benchmarks
+from tasks.reports.comparison import ROUNDING, judge
 from tasks.tracking import RunTags, connect
 
 
@@ -135,7 +135,7 @@ def _cell_runs(tracker, config, parent: str) -> None:
 
 
 def test_report_defaults_to_the_latest_benchmark_with_results(mlflow_store, tmp_path, capsys):
-    from flows.report_full import benchmark_config
+    from flows.reports.report_full import benchmark_config
     from tasks.config import resolve_config
 
     tracker = connect()
@@ -185,7 +185,7 @@ def test_report_speaks_of_the_benchmark_of_its_cells_not_a_later_one_of_another_
 def test_a_clock_gone_back_is_said_where_runs_are_ordered_by_start_time():
     """A run that started later than now: the clock went back since, and the latest or the
     earlier benchmark by start time may not be the one made last or before."""
-    from flows.compare import clock_went_back
+    from flows.reports.compare import clock_went_back
     from tasks.tracking import StoredRun
 
     now = 1_800_000_000.0

@@ -68,7 +68,7 @@ def test_declaring_is_a_step_before_validation_that_validation_only_reads(tmp_pa
     config = RunConfig.model_validate(raw, context={"declared": declared})
     assert config.cells()[0].data.source == declared["lab_step"]
     # a recorded config (a benchmark's run_config.json) read back in a process new to it
-    from tasks import _declarations
+    from tasks.config import declarations as _declarations
 
     _declarations._DECLARED.clear()
     assert RunConfig.from_json(config.model_dump_json()).cells() == config.cells()

@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 
 from datasets import simulate
-from nlmodels import _cpu, _numerics
+from nlmodels import _cpu
+from nlmodels import numerics as _numerics
 from nlmodels.accel import native as _native
 from nlmodels.accel.native import _store
-from nltrain import (
+from nltrain.numerics import (
     PINNED,
     PINNED_SETTINGS,
     model_settings,
@@ -38,7 +39,8 @@ from tasks import MAIN_SYSTEMS
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "cpu_numerics.py"
 
-#: The pins (nltrain.PINNED, also what ``nllab doctor`` checks): the quick data of each main
+#: The pins (nltrain.numerics.PINNED, also what ``nllab doctor`` checks): the quick data of each
+# main
 #: system and a short float64 training of each model in the portable mode.
 QUICK_DATA = PINNED["data"]
 TRAINING = PINNED["training"]
@@ -62,8 +64,8 @@ def test_pinned_names_cover_every_main_system_and_model():
 def test_every_model_the_paper_profile_and_its_ablations_build_is_pinned():
     """Not a list to keep: the models as the ledger's cells build them (the paper profile's
     settings and each ablation's), read from the profile."""
-    from tasks.ledger_scope import ledger_cell_configs
-    from tasks.numerics import model_key
+    from tasks.ledger.scope import ledger_cell_configs
+    from tasks.machine.numerics import model_key
 
     built = {
         pinned_label(c.method, model_settings(c.method, c.model), model_key(c)[2])

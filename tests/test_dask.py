@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flows import run_benchmark
-from flows._dask import DaskSetupError, check_cluster_tracking, dask_task_runner
+from flows.runtime._dask import DaskSetupError, check_cluster_tracking, dask_task_runner
 from tasks.config import resolve_config
 from tasks.tracking import TrackingSettings, connect
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 from cells import ledger_record
 
-from nltrain import FINGERPRINT_FORMAT
-from tasks import numerics
+from nltrain.numerics import FINGERPRINT_FORMAT
 from tasks.ledger import computed_on_gpu, numerics_of
-from tasks.ledger_scope import scope_of
-from tasks.ledger_views import cell_states, ledger_status, ledger_table
+from tasks.ledger.scope import scope_of
+from tasks.ledger.views import cell_states, ledger_status, ledger_table
+from tasks.machine import numerics
 from tasks.tracking import RunTags
 
 GPU = "cuda: NVIDIA H200; torch 2.13.0+cu130; CUDA 13.0"
@@ -102,6 +102,6 @@ def test_the_ledger_counts_a_gpu_record_and_says_it_is_one():
     status = ledger_status(records, cells)
     assert len(status.counted()) == 2  # counted in the mean and the verdict
     _, table = ledger_table(status)
-    from tasks.tables import render_table
+    from tasks.reports.tables import render_table
 
     assert "(n=2; 1 on GPU)" in render_table(table, "markdown")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from nltrain import DIVERGED_RMSE_FACTOR, EpochRecord, divergence
+from nltrain import EpochRecord, divergence
+from nltrain._evaluation import DIVERGED_RMSE_FACTOR
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,7 +92,7 @@ def test_a_failed_cell_is_one_line_and_its_error_stays_in_its_run(tmp_path, pref
 
 def test_the_table_flags_a_diverged_method_and_never_calls_it_best():
     from tasks.config import CellConfig
-    from tasks.reporting import results_table
+    from tasks.reports.reporting import results_table
     from tasks.results import CellResult
 
     def cell(method: str, rmse: float, diverged: float) -> CellResult:

@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 
 from flows.docs_numbers import doc_files, rendered, stale_blocks
-from tasks.quick_record import QuickCell, QuickRun, RecordError, read_quick_run, write_quick_run
+from tasks.ledger.quick_record import (
+    QuickCell,
+    QuickRun,
+    RecordError,
+    read_quick_run,
+    write_quick_run,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNABLE = {"bash", "sh", "shell", "console", "python", "py"}
@@ -219,7 +225,7 @@ def test_quick_record_round_trip_and_the_generated_table(tmp_path):
 
 
 def test_the_suite_time_is_the_latest_timed_runs_tests_with_the_range_of_its_runs(tmp_path):
-    from tasks.measurements import record_measurement
+    from tasks.reports.measurements import record_measurement
 
     page = tmp_path / "page.md"
     page.write_text(
@@ -252,7 +258,7 @@ def test_a_bad_record_is_named_in_one_line(tmp_path):
 
 def test_record_benchmark_writes_each_finished_cell_from_the_store(tmp_path):
     from tasks.config import resolve_config
-    from tasks.quick_record import record_benchmark
+    from tasks.ledger.quick_record import record_benchmark
     from tasks.tracking import RunRecord
 
     config = resolve_config(

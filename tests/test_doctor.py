@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import nltrain
+import nltrain.numerics
 from flows.cli import main
-from nltrain import Mismatch, last_pinned_check
+from nltrain.numerics import Mismatch, last_pinned_check
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = (
@@ -34,7 +34,7 @@ def home(tmp_path, monkeypatch):
 
 def _fake_check(monkeypatch, mismatches):
     # the digests themselves are held to the pins by test_cpu_numerics; here: what is reported
-    monkeypatch.setattr(nltrain._pinned, "pinned_mismatches", lambda: list(mismatches))
+    monkeypatch.setattr(nltrain.numerics._pinned, "pinned_mismatches", lambda: list(mismatches))
 
 
 def test_doctor_reports_every_section_and_exits_0_when_as_pinned(home, monkeypatch, capsys):
@@ -48,7 +48,7 @@ def test_doctor_reports_every_section_and_exits_0_when_as_pinned(home, monkeypat
 
 
 def test_doctor_names_what_differs_exits_1_and_tags_the_next_runs(home, monkeypatch, capsys):
-    differs = [Mismatch("training", "node", "0" * 16, nltrain.PINNED["training"]["node"])]
+    differs = [Mismatch("training", "node", "0" * 16, nltrain.numerics.PINNED["training"]["node"])]
     _fake_check(monkeypatch, differs)
     assert main(["doctor", "--fresh"]) == 1
     captured = capsys.readouterr()
@@ -56,7 +56,9 @@ def test_doctor_names_what_differs_exits_1_and_tags_the_next_runs(home, monkeypa
     assert "nllab doctor: 1 failed check, 1 problem:" in captured.err
     assert "computes other bytes: training of node\n" in captured.err
     # kept in the home: read back without computing, as a cell's run tags read it
-    monkeypatch.setattr(nltrain._pinned, "pinned_mismatches", lambda: pytest.fail("recomputed"))
+    monkeypatch.setattr(
+        nltrain.numerics._pinned, "pinned_mismatches", lambda: pytest.fail("recomputed")
+    )
     assert last_pinned_check().verdict == "differs: training of node"
     assert main(["doctor"]) == 1  # warm: the kept check, no recomputation
 
@@ -76,7 +78,7 @@ def test_another_numerics_mode_says_its_cause_once_with_the_checks_it_explains(
     names = ("node", "anode", "latent_ode")
     _fake_check(
         monkeypatch,
-        [Mismatch("training", n, "0" * 16, nltrain.PINNED["training"][n]) for n in names],
+        [Mismatch("training", n, "0" * 16, nltrain.numerics.PINNED["training"][n]) for n in names],
     )
     assert main(["doctor", "--fresh"]) == 1
     captured = capsys.readouterr()
@@ -91,7 +93,7 @@ def test_another_numerics_mode_says_its_cause_once_with_the_checks_it_explains(
 
 
 def test_problems_of_one_cause_are_one_line_and_the_others_one_each():
-    from tasks.doctor import Finding, problem_lines
+    from tasks.machine.doctor import Finding, problem_lines
 
     found = [
         Finding("s", "a", "differs (1, pinned 2)", "fail", "torch 9 computes other bytes"),
@@ -108,7 +110,7 @@ def test_problems_of_one_cause_are_one_line_and_the_others_one_each():
 
 
 def test_a_dependency_missing_from_the_environment_is_named_with_its_modules(tmp_path, monkeypatch):
-    from tasks.doctor import check_installation
+    from tasks.machine.doctor import check_installation
 
     package = tmp_path / "nllab_fake_pkg"
     (package / "inner").mkdir(parents=True)

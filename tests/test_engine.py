@@ -8,7 +8,7 @@ from cells import tiny_cell
 from tasks.cell import CellRuntime, pack_key, run_cell, run_pack
 from tasks.config import TrainConfig
 from tasks.engine import CPU_PACK_MEMBERS, make_packs
-from tasks.placement import choose_fastest, place_cell
+from tasks.machine.placement import choose_fastest, place_cell
 from tasks.tracking import connect
 
 _cell = tiny_cell

@@ -11,14 +11,14 @@ import time
 
 def _wait_for_stop(seconds: float) -> bool:
     """In a worker: whether its stop event is set within ``seconds``."""
-    from tasks._workers import worker_stop_event
+    from tasks.machine.workers import worker_stop_event
 
     event = worker_stop_event()
     return event is not None and event.wait(seconds)
 
 
 def test_a_callers_stop_event_reaches_a_running_call_in_a_worker_process():
-    from tasks._workers import LINK_SECONDS, run_in_worker, worker_processes
+    from tasks.machine.workers import LINK_SECONDS, run_in_worker, worker_processes
 
     stop = threading.Event()
     with worker_processes(1, stop):

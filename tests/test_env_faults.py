@@ -62,7 +62,7 @@ def test_the_log_of_a_full_disk_is_written_in_the_home_by_freeing_its_reserve(
     import errno
     import os
 
-    from flows import faults
+    from flows.runtime import faults
 
     faults.reserve_log_space(tmp_path)
     reserve = tmp_path / "logs" / ".reserve"
@@ -84,7 +84,7 @@ def test_the_log_of_a_full_disk_is_written_in_the_home_by_freeing_its_reserve(
 def test_an_os_level_disk_full_is_recognised_anywhere_in_the_chain(tmp_path):
     import errno
 
-    from flows.faults import describe_fault
+    from flows.runtime.faults import describe_fault
 
     try:
         try:
@@ -97,7 +97,7 @@ def test_an_os_level_disk_full_is_recognised_anywhere_in_the_chain(tmp_path):
 
 
 def test_too_little_free_space_refuses_to_start(tmp_path, monkeypatch, capfd):
-    import flows.faults as faults
+    import flows.runtime.faults as faults
 
     home = tmp_path / "home"
     monkeypatch.setenv("NLLAB_HOME", str(home))
@@ -174,7 +174,7 @@ def test_report_out_naming_a_file_is_one_line(tmp_path, monkeypatch, capfd):
 def test_a_lost_tracking_server_is_named_and_a_plain_error_is_not(monkeypatch, tmp_path):
     from mlflow.exceptions import MlflowException
 
-    from flows.faults import describe_fault, fault_in_text
+    from flows.runtime.faults import describe_fault, fault_in_text
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
     lost = MlflowException(

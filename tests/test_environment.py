@@ -31,7 +31,8 @@ print(json.dumps(seen))
 
 
 @pytest.mark.parametrize(
-    "first", ["tasks.tracking._store", "tasks.prefect_tasks", "flows.benchmark", "flows._runtime"]
+    "first",
+    ["tasks.tracking._store", "tasks.prefect_tasks", "flows.benchmark", "flows.runtime._prefect"],
 )
 def test_offline_switches_are_set_before_mlflow_and_prefect_load(first, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in _OFFLINE}

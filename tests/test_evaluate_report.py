@@ -11,10 +11,11 @@ import torch
 
 from datasets import load_or_simulate, prepare
 from nlmodels import ForecastModel
-from nltrain import EpochRecord, evaluate, outlier_census, top_error_share
+from nltrain import EpochRecord, evaluate, outlier_census
+from nltrain._evaluation import top_error_share
 from tasks.pipeline import score_metrics
-from tasks.plots import plot_extrapolation, plot_loss_curves
-from tasks.reporting import PAPER_MAIN_TABLE, parent_summary, results_table
+from tasks.reports.plots import plot_extrapolation, plot_loss_curves
+from tasks.reports.reporting import PAPER_MAIN_TABLE, parent_summary, results_table
 from tasks.results import CellResult
 
 
@@ -208,7 +209,7 @@ def test_paper_table_is_complete():
 
 
 def test_ranking_orders_ours_beside_the_paper():
-    from tasks.tables import render_table
+    from tasks.reports.tables import render_table
 
     # The paper on Lotka–Volterra: NL .0475 < Latent ODE .2182 < NODE .3102 < ANODE ...
     ours = {"neural_laplace": 0.05, "latent_ode": 0.40, "node": 0.30}  # NODE and Latent swapped

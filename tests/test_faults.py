@@ -184,7 +184,7 @@ def test_a_claimant_that_lost_its_claim_does_not_log_finished(
 
 # -- a worker's death fails its own cell ---------------------------------------------------------
 def test_a_dead_worker_fails_only_its_own_call():
-    from tasks._workers import WorkerDied, run_in_worker, worker_pids, worker_processes
+    from tasks.machine.workers import WorkerDied, run_in_worker, worker_pids, worker_processes
 
     with worker_processes(2), ThreadPoolExecutor(2) as ex:
         calls = [ex.submit(run_in_worker, time.sleep, 3) for _ in range(2)]
@@ -208,7 +208,7 @@ def test_a_dead_worker_fails_only_its_own_call():
 
 
 def test_kill_9_of_one_worker_fails_only_its_cell(mlflow_store):
-    from tasks._workers import worker_processes
+    from tasks.machine.workers import worker_processes
     from tasks.prefect_tasks import PackFailed, pack_task
 
     t = connect()

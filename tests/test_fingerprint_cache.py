@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import nlmodels._cpu
-import nltrain
+import nltrain.numerics
 from datasets import installation_cache
-from nltrain import _fingerprints as fingerprints
+from nltrain.numerics import _fingerprints as fingerprints
 
 
 def _no_canary(*args: object) -> str:
@@ -36,7 +36,9 @@ def homes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def _both() -> tuple[str, str]:
-    return nltrain.model_fingerprint("node", None, 1), nltrain.system_fingerprint("integro_de")
+    return nltrain.numerics.model_fingerprint("node", None, 1), nltrain.numerics.system_fingerprint(
+        "integro_de"
+    )
 
 
 def test_a_fresh_home_takes_the_installations_fingerprints_without_running_a_canary(
@@ -59,41 +61,41 @@ def test_another_machine_or_environment_does_not_take_them(change, homes, monkey
     """The canary is faked (its bytes are not the point): the key is."""
     homes("first")
     monkeypatch.setattr(fingerprints, "_model_canary", lambda *a: "0123456789abcdef")
-    assert nltrain.model_fingerprint("node", None, 1) == "0123456789abcdef"
+    assert nltrain.numerics.model_fingerprint("node", None, 1) == "0123456789abcdef"
     homes("second")
     if change == "machine":  # another CPU's flags
         monkeypatch.setattr(nlmodels._cpu, "cpu_features", lambda: "flags\t\t: fpu sse2")
     else:  # a variable that can move the bytes
         monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
     monkeypatch.setattr(fingerprints, "_model_canary", _no_canary)
-    assert nltrain.model_fingerprint("node", None, 1).startswith("failed-")
+    assert nltrain.numerics.model_fingerprint("node", None, 1).startswith("failed-")
 
 
 def test_a_record_of_another_whole_key_is_not_taken(homes, monkeypatch):
     """The file name holds a prefix of the key; the record holds it whole."""
     homes("first")
     monkeypatch.setattr(fingerprints, "_model_canary", lambda *a: "0123456789abcdef")
-    nltrain.model_fingerprint("node", None, 1)
+    nltrain.numerics.model_fingerprint("node", None, 1)
     (kept,) = installation_cache("numerics").iterdir()
     kept.write_text(kept.read_text().replace('"key": "', '"key": "0'))
     homes("second")
     monkeypatch.setattr(fingerprints, "_model_canary", _no_canary)
-    assert nltrain.model_fingerprint("node", None, 1).startswith("failed-")
+    assert nltrain.numerics.model_fingerprint("node", None, 1).startswith("failed-")
 
 
 def test_a_fresh_home_takes_the_machines_pinned_check(homes, monkeypatch):
     """``nllab doctor``'s check of this machine's bytes against the pins (what runs are
     tagged with), made once for the installation."""
-    from nltrain import _pinned
+    from nltrain.numerics import _pinned
 
     homes("first")
     monkeypatch.setattr(_pinned, "pinned_mismatches", lambda: [])
-    check, computed = nltrain.check_pinned()
+    check, computed = nltrain.numerics.check_pinned()
     assert computed and check.verdict == "as pinned"
     homes("second")
     monkeypatch.setattr(_pinned, "pinned_mismatches", _no_canary)
-    assert nltrain.last_pinned_check() == check
-    assert nltrain.check_pinned() == (check, False)
+    assert nltrain.numerics.last_pinned_check() == check
+    assert nltrain.numerics.check_pinned() == (check, False)
 
 
 @pytest.mark.parametrize("why", ["a file is in the way", "others can write it"])
@@ -111,7 +113,7 @@ def test_where_the_installations_folder_cannot_be_used_the_home_keeps_them(
     monkeypatch.setattr(fingerprints, "_MEMO", {})
     assert installation_cache("numerics") is None
     monkeypatch.setattr(fingerprints, "_model_canary", lambda *a: "0123456789abcdef")
-    nltrain.model_fingerprint("node", None, 1)
+    nltrain.numerics.model_fingerprint("node", None, 1)
     assert len(list((tmp_path / "home" / "numerics").iterdir())) == 1
 
 
@@ -123,11 +125,11 @@ def test_where_the_installations_folder_cannot_be_written_the_home_keeps_them(ho
     key = fingerprints.source_key("node")
     (folder / f"model-node-1d-{key[:24]}.json").mkdir()
     monkeypatch.setattr(fingerprints, "_model_canary", lambda *a: "0123456789abcdef")
-    assert nltrain.model_fingerprint("node", None, 1) == "0123456789abcdef"
+    assert nltrain.numerics.model_fingerprint("node", None, 1) == "0123456789abcdef"
     assert len(list((home / "numerics").iterdir())) == 1
     monkeypatch.setattr(fingerprints, "_MEMO", {})
     monkeypatch.setattr(fingerprints, "_model_canary", _no_canary)
-    assert nltrain.model_fingerprint("node", None, 1) == "0123456789abcdef"
+    assert nltrain.numerics.model_fingerprint("node", None, 1) == "0123456789abcdef"
 
 
 def test_a_source_key_reads_files_again_only_when_their_stamps_changed(tmp_path, monkeypatch):

@@ -1,7 +1,8 @@
 """The numerics canaries run every code path the paper profile's cells run, measured.
 
-A fingerprint (:mod:`nltrain._fingerprints`) can only notice an edit of code its canary runs.
-Which code a cell runs depends on the cell (its model's settings, its system's state dimension,
+A fingerprint (:mod:`nltrain.numerics._fingerprints`) can only notice an edit of code its canary
+runs. Which code a cell runs depends on the cell (its model's settings, its system's state
+dimension,
 its batch sizes, its split), so instead of trusting a list of those, these tests trace a real
 cell of every model the paper profile and the ledger's ablation build, on every system, and
 compare the lines it runs with the lines its canary runs:
@@ -36,14 +37,14 @@ KERNELS = ROOT / "nlmodels" / "accel" / "native" / "kernels.c"
 
 def _paper_cells() -> list:
     """Seed 0 of every cell of the ledger (the paper profile's and its ablations')."""
-    from tasks.ledger_scope import ledger_cell_configs
+    from tasks.ledger.scope import ledger_cell_configs
 
     return [cell for cell, _ in ledger_cell_configs(seeds=[0])]
 
 
 def _model_groups() -> dict[tuple[str, str, int], list]:
     """The paper cells by the canary that fingerprints them: (method, settings, state dim)."""
-    from tasks.numerics import model_key
+    from tasks.machine.numerics import model_key
 
     groups: dict[tuple[str, str, int], list] = {}
     for cell in _paper_cells():
@@ -118,7 +119,7 @@ def _train_real(packs: list[list]) -> None:
 def _run_canary(key: tuple[str, str, int, str]) -> None:
     import hashlib
 
-    from nltrain import _fingerprints
+    from nltrain.numerics import _fingerprints
 
     method, settings, state_dim, protocol = key
     _fingerprints._train_canary(
@@ -159,8 +160,8 @@ def test_a_systems_canary_runs_every_python_line_its_paper_cells_data_run(cell):
 
 def _check_data(cell) -> None:
     from datasets import simulate
-    from nltrain import _fingerprints, canary_split
-    from tasks.numerics import data_settings
+    from nltrain.numerics import _fingerprints, canary_split
+    from tasks.machine.numerics import data_settings
     from tasks.pipeline import prepare_cell
 
     d = cell.data
@@ -270,7 +271,7 @@ def _vary(cell, part: str, name: str, value):
 def _check_model(cell) -> None:
     """Every Python line of ``nltrain``/``nlmodels`` that ``cell``'s one-epoch training and
     forecast run, its model canary runs."""
-    from tasks.numerics import model_key
+    from tasks.machine.numerics import model_key
 
     packs = _packs([cell])
     _train_real(packs)  # untraced first: imports and once-per-process checks

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-import nltrain
+import nltrain.numerics
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Modules that cannot move a number: the command line's and the reports'.
 NOT_NUMERIC = sorted(
     [
         *(p.relative_to(ROOT).as_posix() for p in (ROOT / "flows" / "cli").glob("*.py")),
-        "flows/report_full.py",
-        "tasks/reporting.py",
+        "flows/reports/report_full.py",
+        "tasks/reports/reporting.py",
     ]
 )
 #: A plugin model in a package of its own; its arithmetic is in another module of the package.
@@ -57,20 +57,20 @@ import json, sys
 from pathlib import Path
 
 root = Path(sys.argv[1])
-import nltrain, toyplug  # noqa: E401  (toyplug registers toy_plug)
+import nltrain.numerics, toyplug  # noqa: E401  (toyplug registers toy_plug)
 
 assert Path(nltrain.__file__).is_relative_to(root), nltrain.__file__
 comment = {".c": b"\\n/* edited */\\n", ".h": b"\\n/* edited */\\n", ".json": b"\\n"}
-out = {"covered": sorted(nltrain.covered_sources()), "changed": {}, "plugin": {}}
+out = {"covered": sorted(nltrain.numerics.covered_sources()), "changed": {}, "plugin": {}}
 
 
 def edited(rel, method=None):
     path = root / rel
-    before = nltrain.source_key(method)
+    before = nltrain.numerics.source_key(method)
     original = path.read_bytes()
     path.write_bytes(original + comment.get(path.suffix, b"\\n# edited\\n"))
     try:
-        return nltrain.source_key(method) != before
+        return nltrain.numerics.source_key(method) != before
     finally:
         path.write_bytes(original)
 
@@ -78,7 +78,9 @@ def edited(rel, method=None):
 for rel in json.loads(sys.argv[2]):
     out["changed"][rel] = edited(rel)
 out["plugin"] = {
-    "covered": sorted(n for n in nltrain.covered_sources("toy_plug") if n.startswith("toyplug")),
+    "covered": sorted(
+        n for n in nltrain.numerics.covered_sources("toy_plug") if n.startswith("toyplug")
+    ),
     "its key": edited("toyplug/_maths.py", "toy_plug"),
     "the floors' key": edited("toyplug/_maths.py"),
 }
@@ -91,7 +93,7 @@ def _numeric_files() -> list[str]:
     later is here without touching this test)."""
     return sorted(
         p.relative_to(ROOT).as_posix()
-        for package in nltrain.NUMERIC_PACKAGES
+        for package in nltrain.numerics.NUMERIC_PACKAGES
         for p in (ROOT / package).rglob("*")
         if p.is_file() and p.suffix in (".py", ".c", ".h", ".json") and "__pycache__" not in p.parts
     )
@@ -128,10 +130,10 @@ def _child_env(shadow: Path | None, home: Path | None = None) -> dict[str, str]:
 
 
 def test_the_covered_files_are_the_numeric_packages_whole():
-    covered = nltrain.covered_sources()
+    covered = nltrain.numerics.covered_sources()
     paths = {p.resolve().relative_to(ROOT).as_posix() for p in covered.values()}
     assert set(_numeric_files()) <= paths
-    assert {p.split("/")[0] for p in paths} == set(nltrain.NUMERIC_PACKAGES)
+    assert {p.split("/")[0] for p in paths} == set(nltrain.numerics.NUMERIC_PACKAGES)
     # the name a file is hashed under does not depend on where the tree lies
     assert all(covered[name].as_posix().endswith(name) for name in covered)
 

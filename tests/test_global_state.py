@@ -22,9 +22,10 @@ import numpy as np
 import pytest
 from prefect.server.api.server import SubprocessASGIServer
 
-from flows import _runtime
-from flows._runtime import serves
-from nltrain import PINNED_SETTINGS, seeded, training_digest
+from flows.runtime import _prefect as _runtime
+from flows.runtime._prefect import serves
+from nltrain import seeded
+from nltrain.numerics import PINNED_SETTINGS, training_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -49,7 +49,7 @@ def test_the_packers_plain_gru_matches_nn_gru(layers, batch_first):
     fused RNN kernels): outputs, final states and gradients, and batched over members."""
     from torch.func import functional_call, vmap
 
-    from nltrain import PlainGRU
+    from nltrain._packed_gru import PlainGRU
 
     torch.manual_seed(1)
     gru = torch.nn.GRU(3, 5, layers, batch_first=batch_first).double()

@@ -41,7 +41,7 @@ def test_the_home_check_makes_it_private_and_leaves_an_existing_one_as_it_is(tmp
 
 
 def test_doctor_says_when_others_can_read_the_home(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr("nltrain._pinned.pinned_mismatches", lambda: [])
+    monkeypatch.setattr("nltrain.numerics._pinned.pinned_mismatches", lambda: [])
     monkeypatch.setenv("NLLAB_HOME", str(tmp_path))
     tmp_path.chmod(0o700)
     main(["doctor", "--fresh"])

@@ -1,6 +1,10 @@
-"""The shape of the code, read from its import statements (every one, function-level included):
-the floors ``nlmodels``/``datasets`` → ``nltrain`` → ``tasks`` → ``flows`` only import downwards,
-no module imports itself back through others, and no module outgrows a reader (500 lines)."""
+"""The shape of the code, read from its import statements (every one, function-level and
+``if TYPE_CHECKING:`` ones included): the floors ``nlmodels``/``datasets`` → ``nltrain`` →
+``tasks`` → ``flows`` only import downwards; within them, each room (a subpackage with one face,
+its ``__init__``) imports only the rooms :data:`ROOM_MAY_IMPORT` names, and those imports form
+no circle; no module imports itself back through others; ``tasks`` and ``flows`` keep at most
+15 modules at their top, each face names at most 30, and no module outgrows a reader (500
+lines)."""
 
 from __future__ import annotations
 
@@ -51,15 +55,16 @@ def _source_module(name: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join([*base, *([node.module] if node.module else [])])
 
 
-def _imported_names(name: str, path: Path) -> set[str]:
+def _imported_names(name: str, path: Path, type_checking: bool = True) -> set[str]:
     """Dotted names of everything ``name`` imports (a ``from pkg import sub`` counts as
-    ``pkg.sub`` when ``sub`` is a module), outside ``if TYPE_CHECKING:`` blocks."""
+    ``pkg.sub`` when ``sub`` is a module); ``type_checking`` False leaves out the imports of
+    ``if TYPE_CHECKING:`` blocks (they name types, loading nothing)."""
     is_package = path.name == "__init__.py"
     out: set[str] = set()
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if _is_type_checking(child):
+            if not type_checking and _is_type_checking(child):
                 continue
             if isinstance(child, ast.Import):
                 out.update(a.name for a in child.names)
@@ -81,7 +86,11 @@ def _own_module(dotted: str) -> str | None:
     return dotted or None
 
 
+#: What each module imports, ``if TYPE_CHECKING:`` blocks included: a circle of type-only
+#: imports is a circle of the design all the same.
 IMPORTS = {name: _imported_names(name, path) for name, path in MODULES.items()}
+#: What each module loads when it runs (``if TYPE_CHECKING:`` blocks left out).
+LOADS = {name: _imported_names(name, path, type_checking=False) for name, path in MODULES.items()}
 
 
 def _cycles() -> list[list[str]]:
@@ -143,6 +152,374 @@ def test_each_floor_imports_only_downwards(floor: str) -> None:
         or (floor in NUMERIC_FLOORS and top in ORCHESTRATION)
     }
     assert not wrong
+
+
+# -- rooms ------------------------------------------------------------------------------------
+#: The rooms of ``tasks`` and ``flows``: subpackages, each one concern behind one face (its
+#: ``__init__``, whose ``__all__`` names what the other rooms use). Every other module of those
+#: two packages is a room of its own, and each lower floor is one room.
+ROOMS = (
+    "tasks.config",
+    "tasks.ledger",
+    "tasks.machine",
+    "tasks.reports",
+    "tasks.tracking",
+    "tasks.tuning",
+    "flows.cli",
+    "flows.ledger",
+    "flows.reports",
+    "flows.runtime",
+    "flows.serve",
+    "flows.studies",
+)
+LOWER_FLOORS = ("nlmodels", "datasets", "nltrain")
+#: Which rooms each room may import (its own modules aside): every import across rooms, read
+#: from the code, is one of these, and each of these is one the code makes. Read downwards:
+#: a room is listed after every room it imports.
+ROOM_MAY_IMPORT: dict[str, set[str]] = {
+    "nlmodels": set(),
+    "datasets": set(),
+    "nltrain": {"datasets", "nlmodels"},
+    "tasks._env": {"datasets"},
+    "tasks.errors": {"nltrain"},
+    "tasks.modelio": {"datasets", "nlmodels", "nltrain"},
+    "tasks.offline": {"tasks._env"},
+    "tasks._notify": {"tasks.offline"},
+    "tasks.stopping": {"tasks.errors"},
+    "tasks.config": {"datasets", "nlmodels", "nltrain", "tasks.stopping"},
+    "tasks.tracking": {
+        "datasets",
+        "tasks.config",
+        "tasks.errors",
+        "tasks.modelio",
+        "tasks.offline",
+    },
+    "tasks": {"nlmodels", "tasks._env", "tasks.config", "tasks.modelio", "tasks.tracking"},
+    "tasks.results": {"tasks.config", "tasks.tracking"},
+    "tasks.machine": {
+        "datasets",
+        "nlmodels",
+        "nltrain",
+        "tasks._notify",
+        "tasks.config",
+        "tasks.errors",
+        "tasks.results",
+        "tasks.tracking",
+    },
+    "tasks.reports": {"nltrain", "tasks.config", "tasks.results", "tasks.tracking"},
+    "tasks.ledger": {
+        "datasets",
+        "nlmodels",
+        "tasks.config",
+        "tasks.machine",
+        "tasks.reports",
+        "tasks.tracking",
+    },
+    "tasks.progress": {"tasks.reports", "tasks.results"},
+    "tasks.scratch": {"tasks.tracking"},
+    "tasks.pipeline": {
+        "datasets",
+        "nlmodels",
+        "nltrain",
+        "tasks.config",
+        "tasks.machine",
+        "tasks.modelio",
+        "tasks.reports",
+        "tasks.scratch",
+        "tasks.tracking",
+    },
+    "tasks.cell": {
+        "nltrain",
+        "tasks._notify",
+        "tasks.config",
+        "tasks.machine",
+        "tasks.pipeline",
+        "tasks.results",
+        "tasks.stopping",
+        "tasks.tracking",
+    },
+    "tasks.prefect_tasks": {
+        "tasks.cell",
+        "tasks.config",
+        "tasks.errors",
+        "tasks.machine",
+        "tasks.offline",
+        "tasks.reports",
+        "tasks.results",
+        "tasks.stopping",
+        "tasks.tracking",
+    },
+    "tasks.engine": {
+        "nlmodels",
+        "nltrain",
+        "tasks.cell",
+        "tasks.config",
+        "tasks.machine",
+        "tasks.offline",
+        "tasks.prefect_tasks",
+        "tasks.progress",
+        "tasks.reports",
+        "tasks.results",
+        "tasks.stopping",
+    },
+    "tasks.tuning": {
+        "datasets",
+        "nlmodels",
+        "nltrain",
+        "tasks.cell",
+        "tasks.config",
+        "tasks.errors",
+        "tasks.offline",
+        "tasks.stopping",
+        "tasks.tracking",
+    },
+    "flows._study_catalog": set(),
+    "flows.runtime": {
+        "datasets",
+        "tasks.config",
+        "tasks.errors",
+        "tasks.machine",
+        "tasks.offline",
+        "tasks.prefect_tasks",
+        "tasks.reports",
+        "tasks.tracking",
+    },
+    "flows.studies": {
+        "datasets",
+        "flows._study_catalog",
+        "flows.runtime",
+        "nlmodels",
+        "nltrain",
+        "tasks.cell",
+        "tasks.config",
+        "tasks.engine",
+        "tasks.modelio",
+        "tasks.offline",
+        "tasks.reports",
+        "tasks.results",
+        "tasks.tracking",
+    },
+    "flows.reports": {
+        "flows.runtime",
+        "flows.studies",
+        "tasks.config",
+        "tasks.reports",
+        "tasks.results",
+        "tasks.tracking",
+    },
+    "flows.benchmark": {
+        "flows.reports",
+        "flows.runtime",
+        "nlmodels",
+        "tasks.cell",
+        "tasks.config",
+        "tasks.engine",
+        "tasks.machine",
+        "tasks.offline",
+        "tasks.reports",
+        "tasks.results",
+        "tasks.tracking",
+    },
+    "flows": {"flows.benchmark"},
+    "flows.ledger": {
+        "flows.benchmark",
+        "tasks.config",
+        "tasks.engine",
+        "tasks.ledger",
+        "tasks.machine",
+        "tasks.progress",
+        "tasks.reports",
+        "tasks.results",
+        "tasks.tracking",
+    },
+    "flows.docs_numbers": {"flows.ledger", "tasks.ledger", "tasks.reports"},
+    "flows.reproduce": {
+        "flows.runtime",
+        "flows.studies",
+        "nlmodels",
+        "nltrain",
+        "tasks.cell",
+        "tasks.config",
+        "tasks.engine",
+        "tasks.modelio",
+        "tasks.offline",
+        "tasks.reports",
+        "tasks.results",
+        "tasks.tracking",
+    },
+    "flows.tune": {"flows.runtime", "tasks.offline", "tasks.tracking", "tasks.tuning"},
+    "flows.serve": {
+        "flows.benchmark",
+        "flows.reports",
+        "flows.runtime",
+        "flows.studies",
+        "flows.tune",
+        "tasks.config",
+        "tasks.machine",
+        "tasks.offline",
+        "tasks.stopping",
+        "tasks.tracking",
+        "tasks.tuning",
+    },
+    "flows.cli": {
+        "datasets",
+        "flows._study_catalog",
+        "flows.benchmark",
+        "flows.ledger",
+        "flows.reports",
+        "flows.reproduce",
+        "flows.runtime",
+        "flows.serve",
+        "flows.studies",
+        "flows.tune",
+        "nlmodels",
+        "nltrain",
+        "tasks",
+        "tasks.cell",
+        "tasks.config",
+        "tasks.errors",
+        "tasks.ledger",
+        "tasks.machine",
+        "tasks.reports",
+        "tasks.scratch",
+        "tasks.stopping",
+        "tasks.tracking",
+        "tasks.tuning",
+    },
+}
+#: At most this many modules at the top of ``tasks`` and ``flows`` (``__init__`` included); the
+#: rest are in rooms.
+MAX_TOP_MODULES = 15
+#: At most this many names in a face (a package's ``__all__``): what a user or another room
+#: needs; a room's internals are imported from the module of the room that owns them.
+MAX_FACE = 30
+
+
+def _room(module: str) -> str:
+    if module.split(".")[0] in LOWER_FLOORS:
+        return module.split(".")[0]
+    return next((r for r in ROOMS if module == r or module.startswith(f"{r}.")), module)
+
+
+def _room_imports(imports: dict[str, set[str]]) -> dict[str, set[str]]:
+    """room -> the other rooms its modules import."""
+    out: dict[str, set[str]] = {}
+    for module, names in imports.items():
+        mine = out.setdefault(_room(module), set())
+        mine |= {r for n in names if (t := _own_module(n)) and (r := _room(t)) != _room(module)}
+    return out
+
+
+def _circle_in(table: dict[str, set[str]]) -> list[str]:
+    """A circle of ``table`` (room -> rooms), in order, or [] when it has none."""
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def walk(room: str) -> list[str]:
+        state[room] = 1
+        path.append(room)
+        for other in sorted(table.get(room, ())):
+            if state.get(other) == 1:
+                return [*path[path.index(other) :], other]
+            if other not in state and (found := walk(other)):
+                return found
+        state[room] = 2
+        path.pop()
+        return []
+
+    for room in sorted(table):
+        if room not in state and (found := walk(room)):
+            return found
+    return []
+
+
+def test_each_room_imports_only_the_rooms_the_table_names() -> None:
+    made = _room_imports(IMPORTS)
+    wrong = {
+        f"{module} imports {target}"
+        for module, names in IMPORTS.items()
+        for n in names
+        if (target := _own_module(n))
+        and _room(target) != _room(module)
+        and _room(target) not in ROOM_MAY_IMPORT.get(_room(module), set())
+    }
+    assert not wrong
+    assert set(made) == set(ROOM_MAY_IMPORT), "every room, and only rooms, in the table"
+    unused = {f"{r} -> {o}" for r, allowed in ROOM_MAY_IMPORT.items() for o in allowed - made[r]}
+    assert not unused, f"table entries no longer needed: {sorted(unused)}"
+
+
+def test_the_rooms_import_one_another_without_a_circle() -> None:
+    assert _circle_in(ROOM_MAY_IMPORT) == []
+    order = list(ROOM_MAY_IMPORT)
+    later = {
+        f"{r} -> {o}"
+        for r, allowed in ROOM_MAY_IMPORT.items()
+        for o in allowed
+        if order.index(o) > order.index(r)
+    }
+    assert not later, "a room is listed after the rooms it imports"
+
+
+def _top_modules(package: str) -> list[str]:
+    return sorted(p.name for p in (ROOT / package).glob("*.py"))
+
+
+@pytest.mark.parametrize("package", ["tasks", "flows"])
+def test_tasks_and_flows_keep_few_modules_at_their_top(package: str) -> None:
+    assert len(_top_modules(package)) <= MAX_TOP_MODULES, _top_modules(package)
+
+
+def _faces() -> dict[str, list[str]]:
+    """Each package's ``__all__`` (read by importing it: importing a package loads none of its
+    modules)."""
+    import importlib
+
+    packages = [n for n, p in MODULES.items() if p.name == "__init__.py"]
+    return {n: list(importlib.import_module(n).__all__) for n in packages}
+
+
+def test_every_face_names_few_names() -> None:
+    faces = _faces()
+    assert set(ROOMS) | set(PACKAGES) <= set(faces)
+    assert {n: len(names) for n, names in faces.items() if len(names) > MAX_FACE} == {}
+
+
+def test_the_room_checks_catch_what_they_forbid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report that imports the ledger (the ledger reads the reports), a circle of
+    ``if TYPE_CHECKING:`` imports, a table with a circle, a room's private module imported
+    from another room, and a 16th top module: each is caught."""
+    made_up = "tasks.reports.made_up"
+    monkeypatch.setitem(MODULES, made_up, ROOT / "tasks" / "reports" / "made_up.py")
+    monkeypatch.setitem(IMPORTS, made_up, {"tasks.ledger.read_ledger"})
+    with pytest.raises(AssertionError):
+        test_each_room_imports_only_the_rooms_the_table_names()
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tasks.ledger import x\n"
+    path = ROOT / "tasks" / "made_up.py"
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: source)
+    assert "tasks.ledger" in _imported_names("tasks.made_up", path)
+    assert "tasks.ledger" not in _imported_names("tasks.made_up", path, type_checking=False)
+    monkeypatch.undo()
+    monkeypatch.setitem(IMPORTS, "tasks.ledger", {*IMPORTS["tasks.ledger"], "tasks.cell"})
+    monkeypatch.setitem(IMPORTS, "tasks.cell", {*IMPORTS["tasks.cell"], "tasks.ledger"})
+    assert any({"tasks.cell", "tasks.ledger"} <= set(c) for c in _cycles())
+    assert _circle_in({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _circle_in({"a": {"b"}, "b": set()}) == []
+    tree = ast.parse("from flows.runtime._prefect import flow_settings")
+    assert _private_crossings("flows.benchmark", MODULES["flows.benchmark"], tree) == {
+        "flows.runtime._prefect"
+    }
+    assert _private_crossings("flows.runtime", MODULES["flows.runtime"], tree) == set()
+    monkeypatch.setattr(Path, "glob", lambda self, pattern: [Path(f"m{i}.py") for i in range(16)])
+    with pytest.raises(AssertionError):
+        test_tasks_and_flows_keep_few_modules_at_their_top("tasks")
+    monkeypatch.undo()
+    faces = _faces()
+    monkeypatch.setitem(
+        globals(), "_faces", lambda: {**faces, "tasks": [*"abcdefghijklmnopqrstuvwxyz", *"ABCDE"]}
+    )
+    with pytest.raises(AssertionError):
+        test_every_face_names_few_names()
 
 
 def test_no_module_outgrows_a_reader() -> None:
@@ -284,11 +661,29 @@ def _private_part(dotted: str) -> str | None:
     return None
 
 
+#: The floors whose subpackages are rooms: a private module there is its room's own business.
+#: Elsewhere a private module is its floor's.
+ROOM_FLOORS = ("tasks", "flows")
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(f"{package}.")
+
+
+def _owner(private: str) -> str:
+    """Who may import ``private`` (a dotted name up to its first private part): the package that
+    holds it in ``tasks`` and ``flows`` (a room, or the floor for its top modules), the floor
+    elsewhere."""
+    top = private.split(".")[0]
+    return private.rpartition(".")[0] if top in ROOM_FLOORS else top
+
+
 def _private_crossings(name: str, path: Path, tree: ast.Module) -> set[str]:
-    """The private modules and names of the other packages that module ``name`` imports (each
-    up to its first private part): another package's private module is that package's own
-    business, reached only through its face (its ``__init__``)."""
-    is_package, own = path.name == "__init__.py", name.split(".")[0]
+    """The private modules and names that module ``name`` imports from outside their owner
+    (:func:`_owner`; each up to its first private part): ``tasks.machine._probe_cache`` is the
+    machine room's own business and ``nltrain._loop`` the training floor's, reached from
+    elsewhere only through a face (an ``__init__``) or a public module."""
+    is_package = path.name == "__init__.py"
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -301,14 +696,14 @@ def _private_crossings(name: str, path: Path, tree: ast.Module) -> set[str]:
         for d in dotted:
             if (
                 d.split(".")[0] in PACKAGES
-                and d.split(".")[0] != own
                 and (part := _private_part(d))
+                and not _inside(name, _owner(part))
             ):
                 found.add(part)
     return found
 
 
-def test_no_package_imports_another_packages_private_module() -> None:
+def test_no_module_reaches_a_private_module_from_outside_its_package() -> None:
     wrong = {
         f"{name} imports {part}"
         for name, tree in TREES.items()
@@ -326,32 +721,31 @@ TEST_INTERNALS: dict[str, str] = {
     "datasets._declared": "the memory a data file may take (faked) and its parser, unreached",
     "datasets._simulate": "the memory a data set may take (faked) and the data version",
     "datasets._systems": "the system registry, restored after a test declares systems",
-    "flows._artifacts": "the Prefect artifact keys a study writes",
+    "flows.runtime._artifacts": "the Prefect artifact keys a study writes",
     "datasets._datafile": "the memory a file may take and the CSV chunk size, set for the test",
-    "flows._dask": "the Dask task runner's checks and errors, without a cluster",
-    "flows._runtime": "the servers a flow starts, stopped on interrupt",
-    "flows._schedules": "each key of each kind of schedule entry, read from the entry types",
+    "flows.runtime._dask": "the Dask task runner's checks and errors, without a cluster",
+    "flows.runtime._prefect": "the servers a flow starts, stopped on interrupt",
+    "flows.serve._schedules": "each key of each kind of schedule entry, read from the entry types",
     "flows._study_catalog": "the study catalogue against the studies registered",
     "flows.studies._config": "the studies' quick training protocol",
     "nlmodels._cpu": "the CPU numerics mode's facts: the variable, the target, the CPU's flags",
-    "nlmodels._numerics": "the CPU numerics mode's pinned environment and tags",
     "nlmodels.accel.gru._NativeGRU": "the native GRU kernel against torch's formula",
     "nlmodels.accel.gru._WavefrontGRU": "the wavefront GRU kernel against torch's formula",
     "nlmodels.accel.native._store": "where the native kernels are built and their cache key",
     "nlmodels.baselines._dopri": "the Dormand-Prince tableau and the batched solver's lanes",
     "nlmodels.baselines._mlp": "the stacked (batched) MLP against one member's",
     "nlmodels.baselines._solve": "the fixed-step Euler solve the packed step is compared with",
-    "nltrain._fingerprints": "the fingerprint cache (folder, memo) replaced per test, and "
+    "nltrain.numerics._fingerprints": "the fingerprint cache (folder, memo) replaced per test, and "
     "the canaries traced against the cells they stand for",
-    "nltrain._loop": "the training loop's clock, replaced to test time budgets",
+    "nltrain._evaluation": "the divergence factor and the top-error share, at their thresholds",
+    "nltrain._loop": "the training loop's clock, replaced to test time budgets, and its epoch bar",
     "nltrain._member_products": "per-member products against the batched ones, bit for bit",
     "nltrain._packed_cells": "a pack of one, built directly",
-    "nltrain._pinned": "the check of the pinned bytes, replaced to test where it is kept",
+    "nltrain.numerics._pinned": "the check of the pinned bytes, replaced to test where it is kept",
+    "nltrain._packed_gru": "the plain GRU the packs train, against torch's",
     "nltrain._packer": "the batched step, built directly",
     "nltrain._steps": "a split's tensors and the epoch readout, built directly",
-    "tasks._declarations": "the declared systems, restored after a test declares systems",
-    "tasks._workers": "worker processes killed and counted",
-    "tasks.placement._probe_key": "the placement probe's cache key",
+    "tasks.machine.placement._probe_key": "the placement probe's cache key",
 }
 
 
@@ -447,7 +841,7 @@ def _orchestration_without_settings() -> set[str]:
     would load before the platform's settings (telemetry off, the homes) unless something else
     happened to set them first."""
     out = set()
-    for name, imported in IMPORTS.items():
+    for name, imported in LOADS.items():
         if name == SETTINGS_DOOR or not {n.split(".")[0] for n in imported} & ORCHESTRATION:
             continue
         parts = name.split(".")
@@ -529,18 +923,22 @@ def test_the_shape_checks_catch_what_they_forbid() -> None:
             f"{name}: tasks.pipeline._hidden",
             f"{name}: tasks.pipeline._other",
         }
-        assert _private_crossings(name, MODULES[name], tree) == {"datasets._cache", "nltrain._loop"}
+        assert _private_crossings(name, MODULES[name], tree) == {
+            "datasets._cache",
+            "nltrain._loop",
+            "tasks.pipeline._hidden",
+        }
         assert _module_lookups(tree) == {"datasets._cache"}
         assert _mlflow_entity_reads({name: tree}) == {
             f"{name}: .data.tags",
             f"{name}: .info.run_id",
         }
-        IMPORTS[name] = {"prefect.flow"}  # Prefect without the platform's settings first
+        LOADS[name] = {"prefect.flow"}  # Prefect without the platform's settings first
         assert _orchestration_without_settings() == {name}
         TREES[name] = ast.parse("import tasks.offline\nimport prefect")
         assert _orchestration_without_settings() == set()
     finally:
-        IMPORTS.pop(name, None)
+        LOADS.pop(name, None)
         del MODULES[name], TREES[name]
     command = "flows.cli.made_up"
     MODULES[command] = ROOT / "flows" / "cli" / "made_up.py"

@@ -26,13 +26,14 @@ from flows.ledger import (
     LedgerGroup,
     expected_seconds,
     ledger_groups,
+    ledger_markdown,
     run_ledger,
+    status_text,
     to_train,
 )
-from flows.ledger_text import ledger_markdown, status_text
 from tasks.ledger import DEFAULT_LEDGER, LedgerError, LedgerRecord, append_records, read_ledger
-from tasks.ledger_scope import LedgerScope, ledger_scope, paper_config, scope_of
-from tasks.ledger_views import cell_states, ledger_status
+from tasks.ledger.scope import LedgerScope, ledger_scope, paper_config, scope_of
+from tasks.ledger.views import cell_states, ledger_status
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -353,7 +354,7 @@ def test_time_limit_stops_the_running_cell_and_keeps_the_finished_one(
     """``ledger run`` with a time limit, one fast cell and one that would train for ever: at the
     limit the slow cell stops at its next batch through the engine's stop path (its run KILLED,
     no record), the fast one stays recorded, and the run returns on time."""
-    import flows.ledger
+    import flows.ledger.plan
     import tasks.cell
     from tasks.tracking import connect
 
@@ -376,7 +377,7 @@ def test_time_limit_stops_the_running_cell_and_keeps_the_finished_one(
     slow = '[cell_overrides."spiral_dde/node".training]\nepochs = 100000\n'
     ledger, selection = _two_systems(tmp_path, [0], slow)
     # the records are said to expect a second of the group: both cells start
-    monkeypatch.setattr(flows.ledger, "expected_seconds", lambda *args: 1.0)
+    monkeypatch.setattr(flows.ledger.plan, "expected_seconds", lambda *args: 1.0)
     t0 = time.monotonic()
     said: list[str] = []
     out = run_ledger(
@@ -494,14 +495,14 @@ def test_without_records_a_time_limited_group_trains_the_packs_this_machine_meas
     (the probes, here a stand-in: integro_de's pack 100 s, spiral_dde's 10 000 s). With 10
     minutes left the spiral pack cannot finish, so only integro_de's cell is trained (and
     recorded), spiral_dde's is not started, and both are said."""
-    import tasks.placement
-    from tasks.placement import Probe
+    import tasks.machine.placement
+    from tasks.machine.placement import Probe
 
     def probe(cell, device, members=1):
         per_pack = 100.0 if cell.system == "integro_de" else 10_000.0
         return Probe(per_pack / members / cell.training.epochs)
 
-    monkeypatch.setattr(tasks.placement, "probe_pack", probe)
+    monkeypatch.setattr(tasks.machine.placement, "probe_pack", probe)
     monkeypatch.setenv("NLLAB_HOME", str(tmp_path / "home"))  # its own probe cache
     ledger, selection = _two_systems(tmp_path, [0])
     said: list[str] = []
@@ -524,16 +525,16 @@ def test_measured_packs_count_the_workers_this_machine_has_cores_for(
     """No record; each of the two packs measures 240 s. The config asks for two workers: on two
     cores the packs train side by side and the group fits the 10 minutes left; on one core
     they take turns (about 10.4 min with the margin), so only the first pack's cell trains."""
-    import tasks
-    import tasks.placement
-    from tasks.placement import Probe
+    import tasks.machine
+    import tasks.machine.placement
+    from tasks.machine.placement import Probe
 
     monkeypatch.setattr(
-        tasks.placement,
+        tasks.machine.placement,
         "probe_pack",
         lambda cell, device, members=1: Probe(240.0 / members / cell.training.epochs),
     )
-    monkeypatch.setattr(tasks, "usable_cores", lambda: cores)
+    monkeypatch.setattr(tasks.machine, "usable_cores", lambda: cores)
     monkeypatch.setenv("NLLAB_HOME", str(tmp_path / "home"))  # its own probe cache
     ledger, selection = _two_systems(tmp_path, [0])
     out = run_ledger(
@@ -556,11 +557,13 @@ def test_a_group_whose_every_pack_overruns_is_not_started(
 ):
     """No record, and this machine's measurement says each pack needs more than the time left
     (or its probe failed, as out of memory does): nothing is trained, and the run says why."""
-    import tasks.placement
-    from tasks.placement import Probe
+    import tasks.machine.placement
+    from tasks.machine.placement import Probe
 
     monkeypatch.setattr(
-        tasks.placement, "probe_pack", lambda cell, device, members=1: Probe(seconds / members)
+        tasks.machine.placement,
+        "probe_pack",
+        lambda cell, device, members=1: Probe(seconds / members),
     )
     monkeypatch.setenv("NLLAB_HOME", str(tmp_path / "home"))  # its own probe cache
     config = tmp_path / "tiny.toml"
@@ -581,13 +584,15 @@ def test_on_a_gpu_the_records_give_way_to_this_machines_measurement(
 ):
     """The ledger's records say a node cell takes a second, but on a GPU a record is one pack's
     time while packs in lanes add up: the measurement decides (here, too long to start)."""
-    import tasks.placement
-    from tasks.placement import Probe
+    import tasks.machine.placement
+    from tasks.machine.placement import Probe
 
-    tasks.placement.machine_fingerprint()  # this machine's, cached before CUDA is faked
+    tasks.machine.placement.machine_fingerprint()  # this machine's, cached before CUDA is faked
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(
-        tasks.placement, "probe_pack", lambda cell, device, members=1: Probe(1000.0 / members)
+        tasks.machine.placement,
+        "probe_pack",
+        lambda cell, device, members=1: Probe(1000.0 / members),
     )
     monkeypatch.setenv("NLLAB_HOME", str(tmp_path / "home"))  # its own probe cache
     ledger, selection = _two_systems(tmp_path, [0])
@@ -752,7 +757,7 @@ def test_a_cells_numerics_are_those_of_its_model_as_the_profile_sets_it(tmp_path
     records' model fingerprints are those of that code, not of the defaults', at the system's
     state dimension; and the data set's is that of the profile's split (normalised on every
     trajectory, as the reference code does), not of the default split's."""
-    from nltrain import model_fingerprint, system_fingerprint
+    from nltrain.numerics import model_fingerprint, system_fingerprint
     from tasks.ledger import cell_numerics
 
     monkeypatch.setenv("NLLAB_HOME", str(tmp_path))  # fingerprints computed afresh

@@ -8,9 +8,9 @@ from cells import ledger_record
 
 from flows.cli import main
 from flows.ledger import FIXED_SECONDS, expected_seconds, speed_ratios
-from tasks import usable_cores
 from tasks.ledger import append_records, hardware_name
-from tasks.ledger_scope import ledger_scope
+from tasks.ledger.scope import ledger_scope
+from tasks.machine import usable_cores
 
 RECORDS = [
     ledger_record("integro_de", "node", 0, train_seconds=500.0, hardware="EPYC"),

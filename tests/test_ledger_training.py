@@ -12,10 +12,9 @@ import pytest
 from mlflow.entities import Metric
 
 from flows.cli import main
-from flows.ledger import training_now
-from flows.ledger_text import training_text
-from tasks.ledger_scope import LedgerCell, ledger_scope
-from tasks.ledger_views import PACE_EPOCHS, cell_progress
+from flows.ledger import training_now, training_text
+from tasks.ledger.scope import LedgerCell, ledger_scope
+from tasks.ledger.views import PACE_EPOCHS, cell_progress
 from tasks.tracking import connect
 from tasks.tracking.processes import host_id, process_token
 from tasks.tracking.tags import Metrics, RunTags

@@ -3,7 +3,7 @@ that hold every cell of every row (what the docs' generator puts on the pages)."
 
 from __future__ import annotations
 
-from tasks.measurements import (
+from tasks.reports.measurements import (
     measurement_inline,
     measurement_markdown,
     read_measurement,

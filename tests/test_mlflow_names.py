@@ -15,7 +15,7 @@ from mlflow.utils.validation import (
 )
 
 from tasks.config import METHODS, SYSTEM_NAMES, ConfigError, resolve_config
-from tasks.tracking.mlflow_names import (
+from tasks.config.mlflow_names import (
     MAX_TOKEN,
     logged_model_name,
     name_problem,

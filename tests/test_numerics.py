@@ -19,10 +19,10 @@ import pytest
 from flows.benchmark import run_benchmark
 from flows.cli import main
 from nlmodels import MODELS
-from nltrain import _fingerprints as numerics
+from nltrain.numerics import _fingerprints as numerics
 from tasks.cell import stored_results
 from tasks.config import RunConfig
-from tasks.numerics import cell_fingerprints, model_key
+from tasks.machine.numerics import cell_fingerprints, model_key
 from tasks.tracking import RunTags, connect
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -262,7 +262,7 @@ def test_runs_fingerprinted_by_the_canaries_before_format_3_are_reused_where_tho
     has other fingerprints today. A run they fingerprinted is reused where they still compute
     what it recorded (as they would have reused it), and retrained, said as such, where not."""
     from tasks.cell import CellRuntime, run_cell
-    from tasks.numerics import earlier_fingerprints, stale, warm
+    from tasks.machine.numerics import earlier_fingerprints, stale, warm
 
     config = _config(methods=["node"], seeds=[0])
     raw = config.model_dump()
@@ -293,8 +293,8 @@ def test_switching_numerics_back_and_forth_retrains_nothing_already_in_the_store
     """As ``NLLAB_CPU_NUMERICS=native`` and back to the default on one home: each mode trains a
     cell once; afterwards every switch reuses the finished run of that mode's fingerprints, the
     older one included (the mode faked as another model fingerprint: no second canary)."""
-    from tasks import numerics as cell_numerics  # what a cell's tags and reuse read
     from tasks.cell import CellRuntime, run_cell
+    from tasks.machine import numerics as cell_numerics  # what a cell's tags and reuse read
 
     (cell,) = _config(methods=["node"], seeds=[0]).cells()
     tracker = connect()
@@ -324,7 +324,7 @@ def test_the_nightly_deployment_records_its_comparison_as_prefect_artifacts(
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from flows.deployments import build_deployments, load_schedules, scheduled_benchmark
+    from flows.serve.deployments import build_deployments, load_schedules, scheduled_benchmark
 
     (nightly,) = [d for d in build_deployments(load_schedules()) if d.name == "benchmark-nightly"]
     small = {
@@ -422,10 +422,11 @@ def test_a_cells_protocol_and_data_reach_their_canaries_whole():
     ones that matter to keep up): a field of either configuration that the canaries do not
     know fails here, the sizes alone are the canaries' own, and a name that is no setting is
     refused by name."""
-    from nltrain import TrainConfig, canary_split, canary_training
+    from nltrain import TrainConfig
+    from nltrain.numerics import canary_split, canary_training
     from tasks.config import DataConfig
-    from tasks.ledger_scope import ledger_cell_configs
-    from tasks.numerics import data_settings
+    from tasks.ledger.scope import ledger_cell_configs
+    from tasks.machine.numerics import data_settings
 
     assert canary_training(TrainConfig().model_dump()) == {"patience": 2}  # a stop, never reached
     for cell, _ in ledger_cell_configs(seeds=[0]):  # the ledger's fingerprints stay as they were

@@ -19,8 +19,7 @@ from cells import tiny_cell
 
 import nlmodels
 from flows.cli import main
-from nlmodels import NumericsSetup
-from nlmodels import _numerics as numerics
+from nlmodels import NumericsSetup, numerics
 from nlmodels.accel import native as _native
 from nlmodels.accel.native import _store
 from nltrain import EpochRecord, TrainResult
@@ -160,7 +159,7 @@ def test_a_cells_run_tags_say_so(monkeypatch):
 def test_doctor_fails_naming_the_cause_and_the_fix(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("NLLAB_HOME", str(tmp_path))
     monkeypatch.setattr(nlmodels, "require_numerics", lambda: _LOST)
-    monkeypatch.setattr("nltrain._pinned.pinned_mismatches", lambda: [])
+    monkeypatch.setattr("nltrain.numerics._pinned.pinned_mismatches", lambda: [])
     assert main(["doctor", "--fresh"]) == 1
     out = capsys.readouterr().out
     (mode,) = [line for line in out.splitlines() if " mode " in line]

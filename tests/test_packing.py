@@ -18,7 +18,6 @@ from nlmodels.base import host_bool, recorded_host_bools
 from nlmodels.baselines._solve import _euler
 from nltrain import (
     LoopOptions,
-    PlainGRUCell,
     TrainingDiverged,
     TrainingInterrupted,
     TrainResult,
@@ -28,6 +27,7 @@ from nltrain import (
     train,
     train_packed,
 )
+from nltrain._packed_gru import PlainGRUCell
 from tasks.config import TrainConfig
 
 # Small sizes keep every model fast; the architectures are the paper's.

@@ -19,7 +19,7 @@ import torch
 from cells import tiny_cell
 
 from tasks.engine import in_lanes, make_packs, plan_packs
-from tasks.placement import (
+from tasks.machine.placement import (
     CpuProbesAhead,
     Probe,
     cached_probe,
@@ -42,7 +42,7 @@ def test_the_cache_keeps_every_entry_under_concurrent_writers(tmp_path):
         """
         import sys, time, torch
         from tasks.config import CellConfig, TrainConfig
-        from tasks.placement import Probe, cached_probe
+        from tasks.machine.placement import Probe, cached_probe
         proc, start = int(sys.argv[1]), float(sys.argv[2])
         def measure(cell, device, members):
             time.sleep(0.05)
@@ -270,7 +270,7 @@ def test_cached_probe_measures_only_missing_devices(tmp_path):
     "text", ["[1, 2]", '{"k": [1]}', '{"k": 3}', '{"k": {"cpu": "fast"}}', '{"k": {"cpu": true}}']
 )
 def test_a_cache_of_another_shape_is_measured_again_and_rewritten(tmp_path, text):
-    from tasks.placement import _probe_key
+    from tasks.machine.placement import _probe_key
 
     (tmp_path / "placement.json").write_text(text.replace('"k"', f'"{_probe_key(_cell(0), 3)}"'))
     calls = []
@@ -348,7 +348,7 @@ def test_gpu_check_smallest_writes_its_summary(tmp_path):
     assert hours and 0 < float(hours.group(1)) < 1e4
     assert "left out of these totals: anode, latent_ode, nf_coupling, nf_resnet" in text
     # The folder becomes measurement records that say what the summary says.
-    from tasks.measurements import read_measurement
+    from tasks.reports.measurements import read_measurement
 
     gpu_check.record(tmp_path, into=tmp_path / "records")
     parts = read_measurement(tmp_path / "records" / "gpu_check.json")
@@ -512,7 +512,7 @@ def test_auto_planning_measures_the_cpu_side_of_every_pack_ahead(
     # only ever times the GPU, at a stand-in 100 s per cell-epoch: every pack still gets its
     # real, far cheaper CPU time, measured ahead (one thread each, on the cores the planning
     # leaves), and is placed there.
-    import tasks.placement as placement
+    import tasks.machine.placement as placement
 
     monkeypatch.setattr(placement, "probe_pack", _never_on_the_cpu())
     cells = [_cell(s) for s in range(3)] + [_cell(s, method="anode") for s in range(3)]
@@ -529,7 +529,7 @@ def test_auto_planning_measures_the_cpu_side_of_every_pack_ahead(
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_auto_planning_on_cuda_probes_the_cpu_side_in_other_processes(tmp_path, monkeypatch):
-    import tasks.placement as placement
+    import tasks.machine.placement as placement
 
     monkeypatch.setattr(placement, "probe_pack", _never_on_the_cpu(probe_pack))
     cells = [_cell(s) for s in range(4)] + [_cell(s, method="nf_coupling") for s in range(4)]
@@ -544,7 +544,7 @@ _PROBING_WHEN_STOPPED = textwrap.dedent(
     """
     import sys, time
     from tasks.config import resolve_config
-    from tasks.placement import CpuProbesAhead
+    from tasks.machine.placement import CpuProbesAhead
     cell = next(c for c in resolve_config("paper").cells() if c.method == "latent_ode")
     with CpuProbesAhead(sys.argv[1], processes=1) as ahead:
         ahead.submit(cell, 64)  # a pack that measures for many seconds

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from nlmodels.model_registry import model_arguments
 from tasks.config import (
     BUILTIN_METHODS,
     MAIN_SYSTEMS,
@@ -18,7 +19,6 @@ from tasks.config import (
     DataConfig,
     TrainConfig,
     load_config_file,
-    model_arguments,
     profile_file,
     resolve_config,
 )

@@ -180,7 +180,7 @@ def test_interrupted_cell_is_redone(first):
 def test_failed_cell_is_recorded_and_others_finish(first, monkeypatch):
     # Settings that the model rejects only together: refused before anything starts ...
     import flows.benchmark
-    from tasks.model_memory import ModelRefused
+    from tasks.machine.model_memory import ModelRefused
 
     lowpass = {"stereographic": False, "max_frequency": 2.0}
     cfg = _config(systems=["integro_de"], seeds=[0], models={"neural_laplace": lowpass})

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flows._runtime import guarded_servers
+from flows.runtime._prefect import guarded_servers
 
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = [

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.priority import lower_session_group
+from tasks.machine.priority import lower_session_group
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -95,7 +95,7 @@ def _autogroup_on() -> bool:
 @pytest.mark.skipif(not _autogroup_on(), reason="no Linux autogroup scheduling here")
 def test_on_this_kernel_a_run_in_its_own_session_lowers_its_group():
     probe = (
-        "import os; from tasks.priority import lower_priority; c = lower_priority(5); "
+        "import os; from tasks.machine.priority import lower_priority; c = lower_priority(5); "
         "g = lambda: (open('/proc/self/autogroup').read().split() or ['default'])[-1]; "
         "lowered = g(); "
         "c.restore(); print(c.group, c.group_nice, os.getpriority(os.PRIO_PROCESS, 0), "

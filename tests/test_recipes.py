@@ -1,9 +1,10 @@
-"""The four recipes of docs/architecture.md followed on made-up examples, in a scratch copy of
+"""The six recipes of docs/architecture.md followed on made-up examples, in a scratch copy of
 the source tree: a model (its module and one table of ``nlmodels/models.toml``: nothing else),
-a system, a study and a command, each touching only the files its recipe names; then one
-process checks that each shows up where the recipe says (``nllab models``, the main table and its
-ranking, the quick profile, ``nllab tune``'s check and search space, ``nllab systems``, ``nllab
-study --help``, ``nllab --help``)."""
+a system, a study, a ledger table, a numerics check and a command, each touching only the files
+its recipe names; then one process checks that each shows up where the recipe says (``nllab
+models``, the main table and its ranking, the quick profile, ``nllab tune``'s check and search
+space, ``nllab systems``, ``nllab study --help``, the ledger's tables, ``nllab doctor``, ``nllab
+--help``)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("nlmodels", "datasets", "tasks", "flows")
+PACKAGES = ("nlmodels", "datasets", "nltrain", "tasks", "flows")
 
 # -- recipe "add a model": nlmodels/toy_mean.py and one table of nlmodels/models.toml ---------
 TOY_MODEL = '''
@@ -47,7 +48,8 @@ main_table = true
 quick_epochs = 7
 """
 
-# -- recipe "add a system": a SystemSpec in datasets/_systems.py, its name in tasks/_names.py --
+# -- recipe "add a system": a SystemSpec in datasets/_systems.py, its name in tasks/config/names.py
+# --
 TOY_SYSTEM = """        SystemSpec(
             _info("toy_wave", 1, ("periodic",), "x = sin(t + x0)", ("phase",), _WAVE_GRID, _PHASES),
             _lin(0.1, 20.0),
@@ -77,6 +79,27 @@ TOY_STUDY_ENTRY = """            StudyEntry("toy-study", "A made-up study", "no 
     }
 )"""
 
+# -- recipe "add a ledger table": a view in tasks/ledger/views.py, its place in flows/ledger/text.py
+TOY_VIEW = '''
+
+def toy_seeds_table(status: LedgerStatus) -> Table:
+    """The recorded seeds of each method of Table 3 (a made-up view)."""
+    counted = status.counted(ablation=False)
+    methods = sorted({s.cell.method for s in status.states if not s.cell.ablation})
+    rows = tuple(
+        (TableCell(m), TableCell(str(sum(r.method == m for r in counted)))) for m in methods
+    )
+    return Table(("method", "seeds recorded"), rows, "Recorded seeds per method (made up).")
+'''
+
+# -- recipe "add a numerics check": a check in tasks/machine/doctor.py and its place in diagnose --
+TOY_CHECK = '''
+
+def _toy_check(setup) -> Iterator[Finding]:
+    """A made-up check: the numerics mode in effect, named."""
+    yield Finding("toy numerics", "mode seen", setup.mode, "ok")
+'''
+
 # -- recipe "add a command": flows/cli/hello.py and its place in flows/cli/__init__.py --------
 TOY_COMMAND = """
 import argparse
@@ -100,10 +123,10 @@ from flows.cli import main
 from flows.cli.common import check_names
 from nlmodels import build_model
 from tasks.config import METHODS, SYSTEM_NAMES, resolve_config
-from tasks.reporting import results_table
+from tasks.reports.reporting import results_table
 from tasks.results import CellResult
-from tasks.search_spaces import search_space
-from tasks.tables import render_table
+from tasks.tuning.search_spaces import search_space
+from tasks.reports.tables import render_table
 
 def cli(*argv):
     out, err = io.StringIO(), io.StringIO()
@@ -136,6 +159,14 @@ got["study_help"] = cli("study", "--help")
 got["study_own_help"] = cli("study", "toy-study", "--help")
 got["hello"] = cli("hello", "--name", "recipe")
 got["help"] = cli("--help")
+from flows.ledger import tables
+from tasks.ledger import LedgerCell, ledger_status
+cells = [LedgerCell(s, m, 0, f"{s}/{m}", None) for s in ("spiral_dde", "integro_de")
+         for m in ("node", "neural_laplace")]
+got["ledger_table"] = tables(ledger_status([], cells), "markdown")
+import nltrain.numerics._pinned as pinned
+pinned.pinned_mismatches = lambda: []  # the pins themselves: tests/test_cpu_numerics.py
+got["doctor"] = cli("doctor")
 from flows.studies import get_study
 got["study"] = get_study("toy-study").spec.title
 print(json.dumps(got))
@@ -160,12 +191,36 @@ def _follow_recipes(tree: Path) -> dict[str, list[str]]:
     edit("system", "datasets/_systems.py", "    ]\n}\n\n#: The built-in systems", TOY_SYSTEM)
     edit(
         "system",
-        "tasks/_names.py",
+        "tasks/config/names.py",
         '    "stiff_van_der_pol",\n)',
         '    "stiff_van_der_pol",\n    "toy_wave",\n)',
     )
     write("study", "flows/studies/toy_study.py", TOY_STUDY)
     edit("study", "flows/_study_catalog.py", "        )\n    }\n)", TOY_STUDY_ENTRY)
+    views = "tasks/ledger/views.py"
+    write("ledger table", views, (tree / views).read_text() + TOY_VIEW)
+    edit(
+        "ledger table",
+        "flows/ledger/text.py",
+        "    from tasks.ledger import ablation_table, ledger_table\n",
+        "    from tasks.ledger import ablation_table, ledger_table\n"
+        "    from tasks.ledger.views import toy_seeds_table\n",
+    )
+    edit(
+        "ledger table",
+        "flows/ledger/text.py",
+        '    return "\\n\\n".join(parts)\n\n\ndef ledger_markdown',
+        "    parts.append(render_table(toy_seeds_table(status), fmt, width=width))\n"
+        '    return "\\n\\n".join(parts)\n\n\ndef ledger_markdown',
+    )
+    doctor = "tasks/machine/doctor.py"
+    write("numerics check", doctor, (tree / doctor).read_text() + TOY_CHECK)
+    edit(
+        "numerics check",
+        doctor,
+        "        *_pinned(setup, fresh),\n    ]",
+        "        *_pinned(setup, fresh),\n        *_toy_check(setup),\n    ]",
+    )
     write("command", "flows/cli/hello.py", TOY_COMMAND)
     edit(
         "command",
@@ -221,7 +276,7 @@ def test_a_model_for_the_main_table_is_its_module_and_one_registration(recipes):
 
 def test_a_system_a_study_and_a_command_show_up_where_their_recipes_say(recipes):
     got, touched = recipes
-    assert touched["system"] == ["datasets/_systems.py", "tasks/_names.py"]
+    assert touched["system"] == ["datasets/_systems.py", "tasks/config/names.py"]
     assert "toy_wave" in got["systems"] and "toy_wave" in got["systems_cli"][1]
     assert touched["study"] == ["flows/studies/toy_study.py", "flows/_study_catalog.py"]
     assert got["study"] == "A made-up study"
@@ -233,3 +288,21 @@ def test_a_system_a_study_and_a_command_show_up_where_their_recipes_say(recipes)
     ]
     assert got["hello"] == [0, "hello, recipe\n"]
     assert "hello" in got["help"][1]
+
+
+def test_a_ledger_table_and_a_numerics_check_show_up_where_their_recipes_say(recipes):
+    got, touched = recipes
+    assert touched["ledger table"] == [
+        "tasks/ledger/views.py",
+        "flows/ledger/text.py",
+        "flows/ledger/text.py",
+    ]
+    out = got["ledger_table"]
+    assert "Recorded seeds per method (made up)." in out
+    assert "| node | 0 |" in out and "| neural_laplace | 0 |" in out
+    assert out.index("Recorded seeds per method") > out.index("of Table 3 recorded")
+    assert touched["numerics check"] == ["tasks/machine/doctor.py", "tasks/machine/doctor.py"]
+    code, out = got["doctor"]
+    assert code in (0, 1), out
+    section = out.split("\ntoy numerics\n", 1)[1]
+    assert section.lstrip().startswith("✓ mode seen") and "portable" in section.split("\n")[0]

@@ -207,8 +207,8 @@ def test_ledger_retrains_a_predating_column_after_the_first_seeds_and_before_the
     from cells import ledger_record
 
     from flows.ledger import ledger_groups, to_train
-    from tasks.ledger_scope import scope_of
-    from tasks.ledger_views import cell_states
+    from tasks.ledger.scope import scope_of
+    from tasks.ledger.views import cell_states
 
     scope = scope_of(methods=["neural_laplace", "node"], numerics=lambda cell: "today")
     systems = ["integro_de", "spiral_dde"]
@@ -234,7 +234,7 @@ def test_ledger_status_counts_a_record_under_the_profile_whose_cell_it_is(tmp_pa
 
     from flows.cli import main
     from tasks.ledger import append_records
-    from tasks.ledger_scope import paper_config
+    from tasks.ledger.scope import paper_config
 
     (fair,) = paper_config(
         profile="fair", systems=["integro_de"], methods=["node"], seeds=[0]

@@ -88,7 +88,7 @@ def report(tmp_path_factory):
         folder = tmp_path_factory.mktemp("browser")
         mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder / 'mlflow.db'}")
         mp.setenv("NLLAB_ARTIFACT_ROOT", str(folder / "artifacts"))
-        from flows.report_full import build_report
+        from flows.reports.report_full import build_report
         from tasks.tracking import connect
 
         results = _results()

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tasks.verdict import VERDICT_RULE
+from tasks.reports.verdict import VERDICT_RULE
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("prefect_server")
 def test_report_from_store(mlflow_store, tmp_path):
     import torch
 
-    from flows.report_full import build_report
+    from flows.reports.report_full import build_report
     from flows.studies import STUDIES, run_study, study_config
     from tasks.tracking import connect
 
@@ -53,7 +53,7 @@ def test_report_from_store(mlflow_store, tmp_path):
 
 
 def test_report_of_empty_store(mlflow_store, tmp_path):
-    from flows.report_full import build_report
+    from flows.reports.report_full import build_report
     from tasks.tracking import connect
 
     paths = build_report(connect().queries, tmp_path)
@@ -66,7 +66,7 @@ def test_report_of_empty_store(mlflow_store, tmp_path):
 
 def test_empty_tuning_section_suggests_a_command_that_parses(mlflow_store, tmp_path):
     from flows.cli import build_parser
-    from flows.report_full import TUNE_EXAMPLE, build_report
+    from flows.reports.report_full import TUNE_EXAMPLE, build_report
     from tasks.tracking import connect
 
     args = build_parser().parse_args(TUNE_EXAMPLE.split()[1:])
@@ -79,9 +79,9 @@ def test_empty_tuning_section_suggests_a_command_that_parses(mlflow_store, tmp_p
 def test_runs_table_says_trained_for_the_benchmarks_own_cells(mlflow_store, tmp_path):
     """A cell run that is a child of the latest finished benchmark was trained by it; a cell
     found from an earlier benchmark was reused. The HTML caption names no terminal."""
-    from flows.report_full import build_report, stored_cell_results
+    from flows.reports.report_full import build_report, stored_cell_results
     from tasks.config import resolve_config
-    from tasks.reporting import results_table
+    from tasks.reports.reporting import results_table
     from tasks.tracking import connect
 
     selection = {"systems": ["integro_de"], "methods": ["node", "anode"]}
@@ -111,8 +111,8 @@ def test_runs_table_says_trained_for_the_benchmarks_own_cells(mlflow_store, tmp_
 
 
 def test_report_judges_the_main_table_in_the_paper_profile_only(mlflow_store, tmp_path):
-    from flows.report_full import build_report
-    from tasks.reporting import PAPER_BUDGET
+    from flows.reports.report_full import build_report
+    from tasks.reports.reporting import PAPER_BUDGET
     from tasks.results import CellResult
     from tasks.tracking import connect
 

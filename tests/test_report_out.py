@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from flows.report_full import MANIFEST, UnownedFiles, build_report
+from flows.reports.report_full import MANIFEST, UnownedFiles, build_report
 from tasks.results import CellResult
 from tasks.tracking import connect
 
@@ -69,7 +69,7 @@ def test_report_removes_only_its_own_unchanged_stale_files(mlflow_store, tmp_pat
 
 def test_report_reads_the_latest_finished_parent_only(mlflow_store, tmp_path):
     """A newer benchmark parent that was killed (no results, no config) is skipped."""
-    from flows.report_full import benchmark_config
+    from flows.reports.report_full import benchmark_config
     from tasks.config import resolve_config
 
     tracker = connect()

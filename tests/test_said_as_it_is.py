@@ -8,8 +8,8 @@ import pytest
 from cells import tiny_cell
 
 from flows.cli import main
-from nltrain import FINGERPRINT_FORMAT
-from tasks.numerics import CellNumerics, model_key, stale, system_key
+from nltrain.numerics import FINGERPRINT_FORMAT
+from tasks.machine.numerics import CellNumerics, model_key, stale, system_key
 from tasks.tracking import RunRecord, RunTags
 
 SIMULATOR = """

@@ -11,8 +11,13 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from flows.deployments import DEFAULT_SCHEDULES, ScheduleError, build_deployments, load_schedules
-from flows.prefect_server import ServerMissing, require_server
+from flows.runtime.prefect_server import ServerMissing, require_server
+from flows.serve.deployments import (
+    DEFAULT_SCHEDULES,
+    ScheduleError,
+    build_deployments,
+    load_schedules,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +31,7 @@ def test_default_schedules_become_deployments_with_their_crons():
         assert schedule.schedule.cron == e["cron"]
         assert schedule.schedule.timezone == "UTC"
     nightly = deployments[0]
-    assert nightly.entrypoint.endswith("flows/deployments.py:scheduled_benchmark")
+    assert nightly.entrypoint.endswith("flows/serve/deployments.py:scheduled_benchmark")
     assert nightly.parameters == {"profile": "smoke", "config": {}}
     study = deployments[1].parameters["study"]
     assert study["method"] == "neural_laplace" and study["n_trials"] == raw[1]["trials"]
@@ -87,7 +92,7 @@ def test_no_server_explains_how_to_start_one(tmp_path, capsys, monkeypatch):
     with pytest.raises(ServerMissing, match="prefect server start"):
         require_server(None)
     assert require_server("http://127.0.0.1:4200/api") == "http://127.0.0.1:4200/api"
-    monkeypatch.setattr("flows.prefect_server.api_url", lambda: None)
+    monkeypatch.setattr("flows.runtime.prefect_server.api_url", lambda: None)
     assert main(["serve"]) == 2
     err = capsys.readouterr().err
     assert "PREFECT_API_URL" in err and "--start-server" in err
@@ -137,7 +142,7 @@ def test_serve_check_validates_every_entry_without_torch_mlflow_or_optuna(tmp_pa
 def test_instances_on_one_server_pause_only_what_no_other_serves(prefect_server, monkeypatch):
     from prefect.client.orchestration import get_client
 
-    import flows.serve_loop as serve
+    import flows.serve.serve_loop as serve
 
     deployments = build_deployments(load_schedules())[:2]
     ids = [d.apply() for d in deployments]
@@ -165,7 +170,7 @@ def test_a_serve_whose_server_stops_answering_is_told_to_stop(monkeypatch):
     import threading
     import time
 
-    import flows.serve_loop as serve
+    import flows.serve.serve_loop as serve
 
     up = threading.Event()
     up.set()
@@ -236,7 +241,7 @@ def test_ctrl_c_of_serve_start_server_pauses_stops_and_exits_130(tmp_path):
     import os
     import signal
 
-    from flows.prefect_server import healthy
+    from flows.runtime.prefect_server import healthy
 
     p = _nllab(tmp_path, "serve", "--start-server", "--port", "4398")
     for line in p.stdout:
@@ -253,7 +258,7 @@ def test_ctrl_c_of_serve_start_server_pauses_stops_and_exits_130(tmp_path):
 
 def _entry_fields() -> list[tuple[str, str]]:
     """Each key of each kind of schedule entry, as the file names it (read from the types)."""
-    from flows._schedules import _SPEC_NAMES, BenchmarkEntry, StudyEntry, _Entry
+    from flows.serve._schedules import _SPEC_NAMES, BenchmarkEntry, StudyEntry, _Entry
     from tasks.tuning import TuneSpec
 
     in_file = {field: key for key, field in _SPEC_NAMES.items()}
@@ -309,7 +314,7 @@ def test_any_value_of_any_schedule_key_is_refused_when_loaded_or_runs(
             )
             assert open_study(spec, storage, epochs=10).study_name == spec.study_name
             if spec.dask_address:
-                from flows._dask import DaskUnreachable, dask_task_runner
+                from flows.runtime._dask import DaskUnreachable, dask_task_runner
 
                 try:  # its form: the file's; whether a scheduler listens: the night's
                     dask_task_runner(1, spec.dask_address)

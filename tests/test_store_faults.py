@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks import MAX_SQLITE_PATH, sqlite_problem
+from tasks.tracking.sqlite_faults import MAX_SQLITE_PATH, sqlite_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -143,7 +143,7 @@ def test_a_missed_prefect_start_is_one_line_naming_the_timeout(tmp_path, monkeyp
 
 
 def test_the_prefect_start_timeout_grows_with_the_load(monkeypatch):
-    from flows import prefect_server as ps
+    from flows.runtime import prefect_server as ps
 
     monkeypatch.delenv(ps.TIMEOUT_VARIABLE, raising=False)
     monkeypatch.setattr(ps.os, "cpu_count", lambda: 2)

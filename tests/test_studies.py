@@ -221,7 +221,7 @@ def test_every_study_table_is_a_keyed_prefect_table_artifact(smoke):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from flows._artifacts import artifact_key
+    from flows.runtime._artifacts import artifact_key
 
     keys = {
         artifact_key("study", name, "smoke", table): rows

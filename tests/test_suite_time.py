@@ -41,7 +41,7 @@ def test_counts_are_pytests_last_line(suite_time):
 
 
 def test_a_record_keeps_the_newest_timed_runs_first(suite_time, tmp_path):
-    from tasks.measurements import read_measurement, record_measurement
+    from tasks.reports.measurements import read_measurement, record_measurement
 
     record = tmp_path / "suite_time.json"
     assert suite_time.with_history(("new",) * 6, record) == [("new",) * 6]  # no record yet

@@ -11,9 +11,9 @@ import pytest
 
 from tasks.config import METHODS, CellConfig
 from tasks.modelio import model_params, resolved_model_args
-from tasks.reporting import results_table
+from tasks.reports.reporting import results_table
+from tasks.reports.tables import Table, TableCell, render_table
 from tasks.results import CellResult
-from tasks.tables import Table, TableCell, render_table
 from tasks.tracking import run_name
 
 SYSTEMS = ("spiral_dde", "lotka_volterra_dde", "mackey_glass_dde", "integro_de")

@@ -211,7 +211,7 @@ def test_light_tracking_modules_load_without_mlflow():
 
 def test_platform_errors_share_their_family_by_type():
     """Errors are classified by type (``isinstance``), never by class name."""
-    from flows._dask import DaskSetupError, DaskUnreachable
+    from flows.runtime._dask import DaskSetupError, DaskUnreachable
     from tasks.errors import Interrupted, SettingError, Unreachable
     from tasks.tuning.spec import StorageUnavailable, TuningError
 

@@ -188,7 +188,7 @@ def test_training_on_cuda(data):
 
 
 def test_the_epoch_bar_names_a_time_budget_instead_of_an_eta():
-    from nltrain import epoch_bar
+    from nltrain._loop import epoch_bar
 
     plain = epoch_bar(_cfg(epochs=30), "cell", progress=True)
     budgeted = epoch_bar(_cfg(epochs=1000, max_train_seconds=25.0), "cell", progress=True)

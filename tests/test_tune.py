@@ -22,7 +22,6 @@ from optuna.trial import FixedTrial, TrialState
 from nlmodels import build_model
 from nltrain import TrainingDiverged
 from tasks.config import resolve_config
-from tasks.search_spaces import SEARCH_SPACES, Suggestion, paper_params, suggest
 from tasks.tracking import connect
 from tasks.tuning import (
     TuneSpec,
@@ -33,6 +32,7 @@ from tasks.tuning import (
     study_parent_run,
     tuned_overrides,
 )
+from tasks.tuning.search_spaces import SEARCH_SPACES, Suggestion, paper_params, suggest
 
 
 @pytest.fixture(autouse=True)

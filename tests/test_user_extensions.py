@@ -146,7 +146,7 @@ def test_a_plugin_model_without_a_space_gets_one_around_its_typed_defaults() -> 
 
     from nlmodels import ForecastModel
     from nlmodels.model_registry import MODELS
-    from tasks.search_spaces import paper_params, search_space
+    from tasks.tuning.search_spaces import paper_params, search_space
 
     class Toy(ForecastModel):
         def __init__(
@@ -261,9 +261,9 @@ def test_a_data_file_systems_cells_get_fingerprints_in_a_process_new_to_it(tmp_p
     """A worker process that has not declared the system yet (as a Dask worker's first cell):
     its cells' fingerprints are those of its state dimension, read from its file."""
     from datasets import _systems
-    from nltrain import model_fingerprint
-    from tasks import _declarations
-    from tasks.numerics import cell_fingerprints
+    from nltrain.numerics import model_fingerprint
+    from tasks.config import declarations as _declarations
+    from tasks.machine.numerics import cell_fingerprints
 
     rng = np.random.default_rng(2)
     t, x = np.linspace(0.0, 2.0, 10), rng.standard_normal((20, 10, 3))

@@ -1,5 +1,5 @@
-"""The one verdict against the paper (:func:`tasks.verdict.verdict`): its t distribution, each of
-its four cases on hand-computed figures, and the views that state its rule."""
+"""The one verdict against the paper (:func:`tasks.reports.verdict.verdict`): its t distribution,
+each of its four cases on hand-computed figures, and the views that state its rule."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from tasks.verdict import VERDICT_RULE, t_test_p_value, verdict
+from tasks.reports.verdict import VERDICT_RULE, t_test_p_value, verdict
 
 
 def sample_std(population_std: float, n: int) -> float:
@@ -77,7 +77,7 @@ def test_no_spread_anywhere_is_ten_percent_and_direction_follows_the_metric():
 
 def test_the_results_table_states_the_one_rule():
     # (the HTML report's legend: tests/test_report_full.py; the ledger's views: test_ledger.py)
-    from tasks.reporting import results_table
+    from tasks.reports.reporting import results_table
     from tasks.results import CellResult
 
     table = results_table([CellResult("integro_de", "node", 0, "finished", 0.07)], profile="paper")

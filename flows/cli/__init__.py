@@ -97,7 +97,7 @@ def _check_home():
     """The home and the environment a command that trains or tracks needs, checked at once."""
     from datasets import require_writable_home
     from flows.cli.common import check_environment, check_store_paths
-    from flows.faults import check_free_space, reserve_log_space
+    from flows.runtime import check_free_space, reserve_log_space
     from tasks.scratch import remove_stale_scratch
 
     check_environment()
@@ -112,13 +112,13 @@ def _check_home():
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``nllab`` console script; returns the exit code. As the program
     itself (``argv`` None: the console script, ``python -m flows.cli``) the process ends with
-    the command's work (:func:`flows._leftovers.end_with_work`): processes user code started
+    the command's work (:func:`flows.runtime._leftovers.end_with_work`): processes user code started
     are stopped, threads it left do not keep the process alive, a stop signal during the exit
     gives ``128 + signal``."""
     args = build_parser().parse_args(argv)  # exits 2 on usage errors, 0 on --help
     if argv is not None:
         return _command(args)
-    from flows._leftovers import adopt_orphans, end_with_work
+    from flows.runtime import adopt_orphans, end_with_work
 
     adopt_orphans()
     try:
@@ -171,7 +171,7 @@ def _command(args: argparse.Namespace) -> int:
         return getattr(e, "exit_code", EXIT_INTERRUPTED)  # 143 for SIGTERM
     except Exception as e:
         from datasets import CacheError
-        from flows.faults import describe_fault, write_log
+        from flows.runtime import describe_fault, write_log
 
         if isinstance(e, CacheError):
             print(f"nllab {args.command}: error: {e}", file=sys.stderr)
@@ -216,7 +216,7 @@ def _abandon(command: str, code: int) -> None:
     stopped nor joined)."""
     import os
 
-    from flows._leftovers import end_children
+    from flows.runtime import end_children
 
     line = f"{_interrupted(command)} (work still running was abandoned)"
     try:

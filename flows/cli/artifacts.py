@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from flows.cli import common as cli
 
 if TYPE_CHECKING:
-    from flows._artifacts import StoredArtifact
+    from flows.runtime import StoredArtifact
 
 __all__ = ["add_parser", "run"]
 
@@ -45,7 +45,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def _show(artifact) -> str:
     """An artifact as text: a table as the console table, Markdown as it is."""
-    from tasks.tables import Table, TableCell, render_table
+    from tasks.reports import Table, TableCell, render_table
 
     head = f"{artifact.key} ({artifact.type}, {artifact.created} UTC): {artifact.description}"
     data = artifact.data
@@ -84,9 +84,8 @@ def _latest_benchmark(found: list[StoredArtifact]) -> list[StoredArtifact]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flows._artifacts import ArtifactsUnreadable, read_artifacts
-    from flows.faults import EnvironmentFault
-    from tasks.tables import plural
+    from flows.runtime import ArtifactsUnreadable, EnvironmentFault, read_artifacts
+    from tasks.reports import plural
 
     try:
         found, where = read_artifacts("nllab-")

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
     nlmodels.require_numerics()  # now, before any work: a lost portable mode is said first
     from flows.benchmark import run_benchmark
-    from tasks.tables import number
+    from tasks.reports import number
 
     if args.tuned:
         from tasks.tuning import apply_tuned
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     print(summary.table.to_terminal())
     ranking = summary.table.ranking()
     if ranking.rows:
-        from tasks.reporting import render_table
+        from tasks.reports import render_table
 
         print(render_table(ranking, "terminal"))
     for r in summary.results:
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if args.record is not None:
         _record(args.record, config, summary, time.perf_counter() - t0)
     if not summary.ok:
-        from flows.faults import EnvironmentFault, fault_in_text
+        from flows.runtime import EnvironmentFault, fault_in_text
 
         # Cells failed by the machine (a full disk, a tracking server gone): exit 3, one line.
         faults = [f for r in summary.results if r.error and (f := fault_in_text(r.error))]
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _record(path: str, config, summary, wall_seconds: float) -> None:
     """``--record``: the finished cells and the command's seconds, into ``path``."""
-    from tasks.quick_record import record_benchmark
+    from tasks.ledger import record_benchmark
     from tasks.tracking import connect
 
     trained = summary.count("finished")
@@ -144,7 +144,7 @@ def _record(path: str, config, summary, wall_seconds: float) -> None:
 def tuned_line(applied, profile: str, storage: str | None) -> str:
     """What ``--tuned`` found: how many cells use a study's best configuration, and what the
     others keep (their profile's settings, not the paper's); with none found, where it looked."""
-    from tasks.tables import plural
+    from tasks.reports import plural
     from tasks.tuning import study_name
     from tasks.tuning.storage import default_storage_url, redact
 

@@ -163,7 +163,7 @@ def task_runner(args: argparse.Namespace) -> str | None:
 def check_storage(url: str | None) -> None:
     """An ``--storage`` URL that would lose the study or need a folder made: a
     :class:`UsageError` before Optuna loads."""
-    from tasks import sqlite_storage_problem
+    from tasks.tuning.storage_urls import sqlite_storage_problem
 
     if url and (problem := sqlite_storage_problem(url)) is not None:
         raise UsageError(problem)
@@ -172,8 +172,8 @@ def check_storage(url: str | None) -> None:
 def check_store_paths(home: Path) -> None:
     """Stores sqlite cannot open for their path's length (a deep ``NLLAB_HOME``): a
     :class:`UsageError` at once, not a "cannot open" minutes later."""
-    from tasks import path_too_long
     from tasks.tracking.locations import store_path, tracking_uri
+    from tasks.tracking.sqlite_faults import path_too_long
 
     paths = [Path(os.environ.get("PREFECT_HOME", home / "prefect")) / "prefect.db"]
     if (store := store_path(tracking_uri())) is not None:
@@ -185,11 +185,11 @@ def check_store_paths(home: Path) -> None:
 
 def check_tracking_server(timeout: float = 5.0) -> None:
     """A tracking server (``MLFLOW_TRACKING_URI`` http/https) that accepts no connection: an
-    :class:`~flows.faults.EnvironmentFault` (exit 3) in seconds, before Prefect or a study
+    :class:`~flows.runtime.faults.EnvironmentFault` (exit 3) in seconds, before Prefect or a study
     starts (MLflow's own retries take minutes)."""
     from urllib.parse import urlsplit
 
-    from flows.faults import EnvironmentFault, connect_error
+    from flows.runtime import EnvironmentFault, connect_error
 
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     if not uri.startswith(("http://", "https://")):
@@ -208,7 +208,7 @@ def check_environment() -> None:
     """Environment variables that would fail deep inside a run: a :class:`UsageError` now."""
     import os
 
-    from tasks.config import MAX_EXPERIMENT_NAME
+    from tasks.config.run_settings import MAX_EXPERIMENT_NAME
 
     name = os.environ.get("NLLAB_EXPERIMENT", "")
     if len(name) > MAX_EXPERIMENT_NAME:
@@ -344,7 +344,7 @@ def resolve(args: argparse.Namespace, profile: str | None = None):
     config = resolve_config(profile or args.profile, args.config, overrides(args))
     if address := config.execution.dask_address:
         # Seconds, before the stack loads: not Dask's retries, with tracebacks, a minute later.
-        from flows.faults import EnvironmentFault, connect_error
+        from flows.runtime import EnvironmentFault, connect_error
 
         if isinstance(error := connect_error(address, 5.0), ValueError):
             raise UsageError(f"--dask-address takes tcp://HOST:PORT, got {address!r}")
@@ -408,11 +408,11 @@ def _invalid(where: str, message: str):
 def _check(kind: str, where: str, names: Sequence[str] | None, valid: Sequence[str]) -> None:
     """Each of ``names`` is in ``valid`` (methods: or spelled module:Class, checked when the
     config is resolved), else a config error naming the valid ones; a plugin name two packages
-    claim (or a built-in's) says so (:mod:`tasks.plugins`)."""
+    claim (or a built-in's) says so (:mod:`tasks.config.plugins`)."""
     if names is None:
         return
     from tasks.config import METHODS, SYSTEM_NAMES
-    from tasks.plugins import MODEL_GROUP, SYSTEM_GROUP, plugin_table
+    from tasks.config.plugins import MODEL_GROUP, SYSTEM_GROUP, plugin_table
 
     if kind == "method":
         table = plugin_table(MODEL_GROUP, METHODS)
@@ -424,7 +424,7 @@ def _check(kind: str, where: str, names: Sequence[str] | None, valid: Sequence[s
             raise _invalid(where, problem)
     unknown = [n for n in names if n not in valid]
     if unknown:
-        from tasks import unknown_names
+        from tasks.config.checks import unknown_names
 
         raise _invalid(where, unknown_names(kind, unknown, valid))
 
@@ -439,9 +439,10 @@ def check_names(
     """Check system and method names, and the config file's (that it exists and parses, and
     the names and profile it holds), without importing numpy, torch, MLflow or Prefect.
     Raises :class:`~tasks.config.ConfigError` (exit code 2) naming the valid choices."""
-    from tasks import declared_names, plugin_systems
     from tasks.config import BUILTIN_METHODS, PROFILES, SYSTEM_NAMES, load_config_file
-    from tasks.plugins import MODEL_GROUP, plugin_table
+    from tasks.config.declarations import declared_names
+    from tasks.config.names import plugin_systems
+    from tasks.config.plugins import MODEL_GROUP, plugin_table
 
     plugin_models = plugin_table(MODEL_GROUP, BUILTIN_METHODS).usable
     valid_methods = tuple(sorted(BUILTIN_METHODS)) + tuple(sorted(plugin_models))

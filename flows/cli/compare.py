@@ -9,7 +9,8 @@ from flows.cli import common as cli
 
 __all__ = ["add_parser", "run"]
 
-#: The default of ``--rtol`` (:data:`tasks.comparison.RTOL`, not imported: ``--help`` stays light).
+#: The default of ``--rtol`` (:data:`tasks.reports.comparison.RTOL`, not imported: ``--help`` stays
+# light).
 _RTOL = 0.05
 
 
@@ -72,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.run and has_finished_run("benchmark") is False:  # answered without MLflow
         print(f"nothing to compare: no finished benchmark in {tracking_uri()}")
         return 0
-    from flows.compare import UnknownRun, comparison_rows, comparison_section, comparison_summary
-    from tasks.tables import Table, render_table
+    from flows.reports import UnknownRun, comparison_rows, comparison_section, comparison_summary
+    from tasks.reports import Table, render_table
     from tasks.tracking import connect
 
     queries = connect().queries

@@ -2,8 +2,8 @@
 ``flutter doctor``): the CPU numerics in effect and what they pin, each BLAS library loaded and
 its kernel choice, the native kernels' target and build, CUDA devices, the stores and their
 health, and this machine's bytes against the pinned ones, a difference named by the component
-that computes it (``tasks.doctor``). Exit 0 when all is as pinned, 1 otherwise; the verdict is
-kept in the home, and the next runs are tagged with it (``numerics.pinned``)."""
+that computes it (``tasks.machine.doctor``). Exit 0 when all is as pinned, 1 otherwise; the verdict
+is kept in the home, and the next runs are tagged with it (``numerics.pinned``)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tasks.doctor import diagnose, failed, problem_lines
+    from tasks.machine.doctor import diagnose, failed, problem_lines
 
     findings = diagnose(fresh=args.fresh)
     section = None

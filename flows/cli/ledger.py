@@ -4,8 +4,8 @@
 through the benchmark (tracked in MLflow, at low CPU priority) and records each as it
 finishes, ``table`` prints the paper's Table 3 and the stereographic ablation beside Table 5
 from the records (``--readme`` rewrites the README's generated block). The data come from
-:mod:`tasks.ledger_views` (one counting rule, one verdict); this module formats and prints.
-``status`` and ``table`` read the ledger and the cached cell list (:mod:`tasks.ledger_scope`)
+:mod:`tasks.ledger.views` (one counting rule, one verdict); this module formats and prints.
+``status`` and ``table`` read the ledger and the cached cell list (:mod:`tasks.ledger.scope`)
 without loading torch, MLflow or Prefect.
 """
 
@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING
 from flows.cli import common as cli
 
 if TYPE_CHECKING:
-    from tasks.ledger_scope import LedgerScope
-    from tasks.ledger_views import LedgerStatus
+    from tasks.ledger import LedgerScope, LedgerStatus
 
 __all__ = ["README_BEGIN", "README_END", "add_parser", "run"]
 
@@ -264,13 +263,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from flows.ledger_text import status_text, training_text
+    from flows.ledger import status_text, training_text
 
     status, path = _read(args)
     print(status_text(status, path))
     if args.time_left:
-        from flows.ledger_forecast import forecast
-        from flows.ledger_text import forecast_text
+        from flows.ledger import forecast, forecast_text
 
         print()
         print(forecast_text(forecast(path, selection=_selection(args))))
@@ -284,7 +282,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _scope(args: argparse.Namespace) -> LedgerScope:
-    from tasks.ledger_scope import ledger_scope
+    from tasks.ledger import ledger_scope
 
     selection = _selection(args)
     scope = ledger_scope(
@@ -305,8 +303,7 @@ def _scope(args: argparse.Namespace) -> LedgerScope:
 
 def _read(args: argparse.Namespace) -> tuple[LedgerStatus, Path]:
     """The status of the selected cells, and the ledger's path."""
-    from tasks.ledger import read_ledger
-    from tasks.ledger_views import ledger_status
+    from tasks.ledger import ledger_status, read_ledger
 
     path, scope, selection = _ledger_path(args), _scope(args), _selection(args)
     cells = scope.select(
@@ -316,7 +313,7 @@ def _read(args: argparse.Namespace) -> tuple[LedgerStatus, Path]:
 
 
 def _table(args: argparse.Namespace) -> int:
-    from flows.ledger_text import ledger_markdown, tables
+    from flows.ledger import ledger_markdown, tables
 
     status, path = _read(args)
     if args.readme:
@@ -372,7 +369,7 @@ def _execution(args: argparse.Namespace) -> dict:
 def _train(args: argparse.Namespace) -> int:
     if not args.nice:
         return _train_cells(args)
-    from tasks.priority import lower_priority
+    from tasks.machine import lower_priority
 
     # the command's choice: its workers inherit it; a terminal's session group gets its own
     # niceness back when the run ends

@@ -1,7 +1,7 @@
 """``nllab models``: the models a run can use: the built-in ones and those of installed plugins
 (entry points of ``nllab.models``), with their source, the paper's table where it has one and
 their epochs in the quick profile, read from the packages' metadata without importing torch or
-any plugin; a plugin left out by the naming rule (:mod:`tasks.plugins`) is named with its
+any plugin; a plugin left out by the naming rule (:mod:`tasks.config.plugins`) is named with its
 package. ``nllab models NAME ...`` also gives those models' options (constructor keywords and
 defaults), importing them; ``--names`` lists the names only."""
 
@@ -34,9 +34,9 @@ def _quick_epochs(name: str, profile: dict, cards, default: int) -> int:
 def _rows() -> tuple[list[tuple[str, str, str, str]], tuple[str, ...]]:
     """(name, source, paper, quick epochs) of every model a run can name, and the lines of the
     plugins left out."""
-    from tasks import DEFAULT_QUICK_EPOCHS, MODEL_CARDS
     from tasks.config import BUILTIN_METHODS, METHODS, QUICK_EPOCHS
-    from tasks.plugins import MODEL_GROUP, plugin_table
+    from tasks.config.names import DEFAULT_QUICK_EPOCHS, MODEL_CARDS
+    from tasks.config.plugins import MODEL_GROUP, plugin_table
 
     table = plugin_table(MODEL_GROUP, BUILTIN_METHODS)
     sources = {m: "built-in" for m in BUILTIN_METHODS} | {

@@ -81,9 +81,8 @@ def _report(args: argparse.Namespace, config: RunConfig | None) -> int:
     takes the latest finished benchmark's with results (with ``--systems``, … applied to its
     profile).
     """
-    from flows.compare import benchmark_of
-    from flows.report_full import stored_cell_results
-    from tasks.reporting import results_table
+    from flows.reports import benchmark_of, stored_cell_results
+    from tasks.reports import results_table
     from tasks.tracking import connect
 
     queries = connect(config.tracking if config else None).queries
@@ -116,8 +115,7 @@ def _latest_config(args: argparse.Namespace, queries: Queries) -> tuple[RunConfi
     """The configuration of the latest finished benchmark with at least one finished or reused
     cell (its profile with the arguments' selection applied, when one is given) and the queries
     of its store; ``None`` (said on stderr) when there is none to report."""
-    from flows.compare import describe_run
-    from flows.report_full import benchmark_config
+    from flows.reports import benchmark_config, describe_run
     from tasks.tracking import connect
 
     latest = benchmark_config(queries)
@@ -142,7 +140,7 @@ def _write_report(args: argparse.Namespace, queries: Queries, profile: str, resu
     that cannot take them is a :class:`~flows.cli.common.UsageError` (a full disk is said as
     such)."""
     from datasets import data_home
-    from flows.report_full import UnownedFiles, build_report
+    from flows.reports import UnownedFiles, build_report
 
     out = Path(args.out) if args.out else data_home() / "reports" / profile
     ui = getattr(args, "mlflow_ui", None) or os.environ.get("NLLAB_MLFLOW_UI")
@@ -176,7 +174,7 @@ def _trained(results, run: StoredRun | None) -> str:
 def _comparison(queries: Queries, run: StoredRun | None) -> str:
     """Benchmark ``run`` (the one of the reported cells) beside the earlier one of its profile
     and cells (changed cells only)."""
-    from flows.compare import comparison_rows, comparison_section, comparison_summary
+    from flows.reports import comparison_rows, comparison_section, comparison_summary
 
     if run is None:
         return "nothing to compare: no finished benchmark of these cells"

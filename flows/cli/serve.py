@@ -1,5 +1,6 @@
 """``nllab serve``: scheduled deployments (the flows and their schedules:
-:mod:`flows.deployments`; serving them beside other instances: :mod:`flows.serve_loop`)."""
+:mod:`flows.serve.deployments`; serving them beside other instances:
+:mod:`flows.serve.serve_loop`)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         description="Build Prefect deployments with cron schedules from a schedules file and "
         "serve them until Ctrl-C. Needs a Prefect server (PREFECT_API_URL) or --start-server.",
     )
-    p.add_argument("--config", metavar="FILE", help="schedules file (default flows/schedules.toml)")
+    p.add_argument(
+        "--config", metavar="FILE", help="schedules file (default flows/serve/schedules.toml)"
+    )
     p.add_argument(
         "--start-server", action="store_true", help="start a local Prefect server if none is set"
     )
@@ -39,8 +42,8 @@ def run(args: argparse.Namespace) -> int:
     """Handler of ``nllab serve``: 2 on a malformed schedule or no server, 3 when the server
     does not start, does not answer or stops answering, else serves until Ctrl-C (130) or
     SIGTERM (143)."""
-    from flows import prefect_server
-    from flows._schedules import ScheduleError, load_schedules
+    from flows.runtime import prefect_server
+    from flows.serve import ScheduleError, load_schedules
 
     try:
         entries = load_schedules(args.config)
@@ -62,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     if server is None:
         prefect_server.require_answer(api)  # a dead PREFECT_API_URL: one line, exit 3
-    from flows.serve_loop import serve_deployments
+    from flows.serve import serve_deployments
 
     try:
         outcome = serve_deployments(entries, api)

@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     0 every cell finished or reused, 1 some failed; tracking unavailable and Ctrl-C propagate
     (:func:`flows.cli.main` maps them to 3 and 130)."""
     from flows.studies import run_study
-    from tasks.tables import Table, plural, render_table
+    from tasks.reports import Table, plural, render_table
 
     try:
         config = _config(args)

@@ -23,9 +23,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tasks import declared_names
     from tasks.config import MAIN_SYSTEMS, SYSTEM_NAMES, load_config_file
-    from tasks.plugins import SYSTEM_GROUP, plugin_table
+    from tasks.config.declarations import declared_names
+    from tasks.config.plugins import SYSTEM_GROUP, plugin_table
 
     layer = load_config_file(args.config) if args.config else {}
     table = plugin_table(SYSTEM_GROUP, SYSTEM_NAMES)  # from the packages' metadata
@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     ]
     from pydantic import ValidationError
 
-    from tasks.config import declare_systems, format_validation
+    from tasks.config import declare_systems
+    from tasks.config.checks import format_validation
 
     try:
         sources = declare_systems(layer, names=declared)

@@ -102,9 +102,9 @@ def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from flows.tune import run_tune
-    from tasks.search_spaces import search_space
-    from tasks.tables import number
+    from tasks.reports import number
     from tasks.tuning import StorageUnavailable, TuningError, open_storage, sigterm_interrupts
+    from tasks.tuning.search_spaces import search_space
 
     # A tracking server that is down: exit 3 before Prefect starts or a study is created.
     cli.check_tracking_server()

@@ -21,13 +21,14 @@ from flows.studies._config import StudyConfig, study_config
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from flows.studies._core import Study, StudyContext, StudySpec, StudySummary
+    from flows.studies._core import Factor, Study, StudyContext, StudySpec, StudySummary
 
     #: Study name (as ``nllab study NAME``) -> study, in the catalog's (the paper's) order.
     STUDIES: Mapping[str, Study]
 
 __all__ = [
     "STUDIES",
+    "Factor",
     "Study",
     "StudyConfig",
     "StudyContext",
@@ -39,7 +40,7 @@ __all__ = [
     "study_config",
 ]
 
-_CORE = ("Study", "StudyContext", "StudySpec", "StudySummary")
+_CORE = ("Factor", "Study", "StudyContext", "StudySpec", "StudySummary")
 
 
 def _module(name: str) -> str:

@@ -25,9 +25,8 @@ import pandas as pd
 from prefect import Flow
 
 from datasets import Prepared
-from flows._artifacts import artifact_key, publish_table
-from flows._runtime import flow_settings, make_task_runner
 from flows._study_catalog import STUDY_CATALOG
+from flows.runtime import artifact_key, flow_settings, make_task_runner, publish_table
 from flows.studies._config import StudyConfig
 from flows.studies._tables import add_paper, aggregate, rmse_records, to_markdown
 from tasks.cell import CellRuntime, prepare_cell, simulate_data

@@ -3,7 +3,7 @@
 Every study table has the study's key columns followed by :data:`VALUE_COLUMNS`: the mean over
 seeds (``value``), its ``std`` and ``n``, the paper's figure (``paper``), the difference
 (``gap = value − paper``) and a ``verdict`` (``better``, ``match``, ``worse``: the one rule of
-:func:`tasks.verdict.verdict`; the paper's study figures have no ±).
+:func:`tasks.reports.verdict.verdict`; the paper's study figures have no ±).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tasks.reports import verdict
 from tasks.results import CellResult
-from tasks.verdict import verdict
 
 __all__ = [
     "VALUE_COLUMNS",
@@ -94,6 +94,6 @@ def rmse_records(
 
 def to_markdown(frame: pd.DataFrame) -> str:
     """A GitHub Markdown table, numbers with 4 significant digits, verdicts marked."""
-    from tasks.tables import Table, render_table
+    from tasks.reports import Table, render_table
 
     return render_table(Table.from_frame(frame), "markdown")

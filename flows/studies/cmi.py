@@ -2,7 +2,7 @@
 extrapolations given the initial condition (paper ``Table:CMI``; higher is better).
 
 Each finished cell's model (from its MLflow artifact) predicts its test split; the KSG-type
-estimator :func:`datasets.conditional_mutual_information` estimates I(x_true; x_pred | x0) with
+estimator :func:`datasets.cmi.conditional_mutual_information` estimates I(x_true; x_pred | x0) with
 whole extrapolated halves as samples, in bits (base 2, NPEET's default, the toolbox the paper
 used).
 """
@@ -15,7 +15,7 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from datasets import conditional_mutual_information
+from datasets.cmi import conditional_mutual_information
 from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec
 from flows.studies._plots import plot_bars
 from flows.studies._tables import add_paper, aggregate

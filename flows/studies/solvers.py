@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec, rmse_table
 from flows.studies._plots import plot_bars
-from tasks.reporting import PAPER_MAIN_TABLE
+from tasks.reports import PAPER_MAIN_TABLE
 
 SYSTEMS = ("lotka_volterra_dde", "piecewise_forcing_ode")
 SOLVERS = ("euler", "dopri5")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from flows.studies._core import Factor, Study, StudyContext, StudyOutput, StudySpec, rmse_table
 from flows.studies._plots import plot_bars
-from tasks.reporting import PAPER_STEREOGRAPHIC
+from tasks.reports import PAPER_STEREOGRAPHIC
 
 SYSTEMS = tuple(PAPER_STEREOGRAPHIC)
 FACTOR = Factor("model", "stereographic", (False, True), ("neural_laplace",))

@@ -14,8 +14,8 @@ from typing import Any
 
 import mlflow
 
+from tasks.config.mlflow_names import logged_model_name
 from tasks.tracking._store import Store
-from tasks.tracking.mlflow_names import logged_model_name
 from tasks.tracking.tags import RunTags
 
 __all__ = ["log_pyfunc_model"]

@@ -87,7 +87,7 @@ class Registry:
 
     def _create(self, name: str, method: str, system: str | None) -> None:
         """The registered model ``name`` (if new), tagged with its method and system as written
-        (its name is their MLflow token: :mod:`tasks.tracking.mlflow_names`)."""
+        (its name is their MLflow token: :mod:`tasks.config.mlflow_names`)."""
         where = f" on {system}" if system else " of this system"
         tags = {RunTags.METHOD: method, **({RunTags.SYSTEM: system} if system else {})}
         try:

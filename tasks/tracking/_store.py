@@ -22,10 +22,10 @@ from mlflow.entities import RunTag
 from mlflow.exceptions import MlflowException
 
 from datasets import data_home
-from tasks._sqlite_faults import sqlite_problem
 from tasks.config import TrackingConfig
 from tasks.errors import Unreachable
 from tasks.tracking.locations import embedded_tracking_uri, store_path
+from tasks.tracking.sqlite_faults import sqlite_problem
 from tasks.tracking.tags import ExperimentTags
 
 __all__ = [

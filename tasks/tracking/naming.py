@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from tasks.config import CellConfig, non_default_overrides
-from tasks.tracking.mlflow_names import name_token
+from tasks.config.mlflow_names import name_token
 
 __all__ = ["cell_variant", "run_name"]
 
@@ -14,7 +14,7 @@ def run_name(cell: CellConfig, variant: str | None = None) -> str:
     """The MLflow run name of a cell: method and variant first, so runs read apart in the UI's
     truncated name column: ``neural_laplace · lotka_volterra_dde · s0 · stereographic=False``.
     ``variant`` defaults to :func:`cell_variant`. Method and system appear as their MLflow
-    name tokens (:mod:`tasks.tracking.mlflow_names`: the built-in names unchanged)."""
+    name tokens (:mod:`tasks.config.mlflow_names`: the built-in names unchanged)."""
     variant = cell_variant(cell) if variant is None else variant
     parts = [name_token(cell.method), name_token(cell.system), f"s{cell.seed}"]
     if variant:

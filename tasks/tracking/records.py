@@ -109,7 +109,7 @@ class RunRecord:
     @property
     def numerics(self) -> tuple[str, str] | None:
         """The numerics fingerprints ``(model, system)`` of the code that trained the cell
-        (:mod:`tasks.numerics`), or ``None`` for a run stored before they were recorded."""
+        (:mod:`tasks.machine.numerics`), or ``None`` for a run stored before they were recorded."""
         return _numerics(self.tags)
 
     @property

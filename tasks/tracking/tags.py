@@ -34,18 +34,20 @@ class RunTags:
     SEED = "seed"
     CONFIG_HASH = "config_hash"
     DATASET_HASH = "dataset_hash"
-    #: Numerics fingerprints of the code that trained a cell (:mod:`tasks.numerics`).
+    #: Numerics fingerprints of the code that trained a cell (:mod:`tasks.machine.numerics`).
     NUMERICS_MODEL = "numerics.model"
     NUMERICS_SYSTEM = "numerics.system"
-    #: Which canaries made those fingerprints (``nltrain.FINGERPRINT_FORMAT``; absent: format 1).
+    #: Which canaries made those fingerprints (``nltrain.numerics.FINGERPRINT_FORMAT``; absent:
+    # format 1).
     NUMERICS_FORMAT = "numerics.format"
-    CPU_NUMERICS = "numerics.cpu"  # portable or native CPU arithmetic (nlmodels._numerics)
+    CPU_NUMERICS = "numerics.cpu"  # portable or native CPU arithmetic (nlmodels.numerics)
     #: This machine's bytes against the pinned ones (``nllab doctor``; absent: never checked).
     NUMERICS_PINNED = "numerics.pinned"
     #: Why the CPU numerics are not the mode asked for, what that means for the bytes and the
     #: fix (``nlmodels.numerics_downgrade``; absent: the mode asked for ran).
     NUMERICS_DOWNGRADE = "numerics.downgrade"
-    #: Where a cell computed (:func:`tasks.numerics.device_identity`: ``cpu``, or the GPU with
+    #: Where a cell computed (:func:`tasks.machine.numerics.device_identity`: ``cpu``, or the GPU
+    # with
     #: its torch and CUDA versions); absent: the CPU (runs made before the tag existed).
     NUMERICS_DEVICE = "numerics.device"
     #: A hash of a benchmark's experiment (its config without execution settings).

@@ -11,8 +11,8 @@ from contextlib import contextmanager
 
 from optuna.trial import FrozenTrial, TrialState
 
-from tasks.search_spaces import Suggestion
 from tasks.tracking import Metrics, ParentRun, RunTags, claim_owner, parent_run
+from tasks.tuning.search_spaces import Suggestion
 from tasks.tuning.session import TuneSession
 from tasks.tuning.spec import BEST_ATTR, PARENT_ATTR, TuneResult, TuningError
 from tasks.tuning.storage import dashboard_command, redact

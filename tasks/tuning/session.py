@@ -16,9 +16,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from nltrain import select_device
 from tasks.cell import CellRuntime, simulate_data
-from tasks.search_spaces import paper_params, search_space
 from tasks.stopping import release_stop
 from tasks.tracking import claim_owner, connect, owner_gone
+from tasks.tuning.search_spaces import paper_params, search_space
 from tasks.tuning.spec import OWNER_ATTR, TuneSpec, TuningError
 from tasks.tuning.storage import (
     default_storage_url,

@@ -16,13 +16,12 @@ from tasks.config import (
     Device,
     Profile,
     RunConfig,
-    address_implies_dask,
-    checked_dask_address,
     resolve_config,
 )
+from tasks.config.run_settings import address_implies_dask, checked_dask_address
 from tasks.errors import SettingError, Unreachable
-from tasks.search_spaces import Suggestion
 from tasks.stopping import Stopped, stop_signals
+from tasks.tuning.search_spaces import Suggestion
 
 __all__ = [
     "BEST_ATTR",
@@ -105,7 +104,7 @@ class TuneSpec(BaseModel):
     def _openable_storage(cls, url: str | None) -> str | None:
         """A storage that cannot be opened is refused with the spec (a schedule when it is
         loaded, not at its first run); the default one is made when first opened."""
-        from tasks._storage_urls import default_storage_url, storage_url_problem
+        from tasks.tuning.storage_urls import default_storage_url, storage_url_problem
 
         if not url or url == default_storage_url():
             return url or None

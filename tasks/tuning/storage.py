@@ -19,10 +19,10 @@ import sqlalchemy.exc
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial
 
-from tasks._storage_urls import default_storage_url, redact, storage_url_problem
 from tasks.stopping import hold_stop, release_stop
 from tasks.tracking import claim_owner
 from tasks.tuning.spec import OBJECTIVE, OWNER_ATTR, StorageUnavailable, TuneSpec, TuningError
+from tasks.tuning.storage_urls import default_storage_url, redact, storage_url_problem
 
 __all__ = [
     "OwnedStudy",

@@ -10,9 +10,9 @@ import optuna
 from nltrain import EpochRecord, TrainingDiverged
 from tasks.cell import CellRuntime, fit_cells
 from tasks.config import CellConfig, TrainConfig
-from tasks.search_spaces import suggest
 from tasks.stopping import contained
 from tasks.tracking import Metrics, RunLog, RunTags
+from tasks.tuning.search_spaces import suggest
 from tasks.tuning.spec import TuneSpec
 
 __all__ = ["QuietSurplus", "StudyFull", "run_trial"]

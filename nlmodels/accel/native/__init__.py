@@ -9,7 +9,7 @@ as a single vectorised loop (inline polynomial exp, sin and cos).
 
 The kernels are plain C99, no Python or torch headers, so one quick build serves, with
 the system C compiler (``$CC``, else ``cc``), at ``-O3``, for the target of the CPU numerics
-mode (:mod:`nlmodels._numerics`: ``-march=x86-64-v3 -ffp-contract=off`` portable, ``-march=native``
+mode (:mod:`nlmodels.numerics`: ``-march=x86-64-v3 -ffp-contract=off`` portable, ``-march=native``
 native). How the build is cached,
 verified (hash, owner and permissions) and first self-tested in a child process is in
 :mod:`nlmodels.accel.native._store`.

@@ -58,7 +58,7 @@ _private_lock = threading.Lock()
 
 
 def flags() -> tuple[str, ...]:
-    """Compiler flags of the CPU numerics mode (:mod:`nlmodels._numerics`): portable
+    """Compiler flags of the CPU numerics mode (:mod:`nlmodels.numerics`): portable
     ``-march=x86-64-v3 -ffp-contract=off``, native ``-march=native``;
     ``$NLLAB_NATIVE_MARCH`` overrides the target CPU, e.g. ``haswell`` for the AVX2 + FMA build
     on any newer CPU (the tests run both builds)."""

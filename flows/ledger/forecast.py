@@ -1,0 +1,84 @@
+"""How long the ledger's missing cells will take here (``nllab ledger status --time-left``).
+
+The groups ``nllab ledger run`` would train, in its order (:func:`flows.ledger.ledger_groups`),
+each with the time its time limit expects of it on this machine's CPU
+(:func:`flows.ledger.recorded_seconds`: the ledger's records of the method, this processor's
+where it has some, over the engine's CPU packs of the group on its workers, at most one per
+core), so that the time left comes from the records, not from a reckoning by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flows.ledger._budget import speed_ratios
+from flows.ledger.groups import LedgerGroup
+from flows.ledger.plan import (
+    cpu_workers,
+    group_config,
+    ledger_groups,
+    ledger_states,
+    recorded_seconds,
+    to_train,
+)
+from tasks.ledger import hardware_name, paper_config, read_ledger
+
+__all__ = ["Forecast", "GroupForecast", "forecast"]
+
+
+@dataclass(frozen=True)
+class GroupForecast:
+    """One group ``ledger run`` would train, and its expected seconds here (None: the ledger
+    has no record of its method on the CPU; ``run`` then measures its packs when it starts)."""
+
+    group: LedgerGroup
+    seconds: float | None
+    #: whether the estimate rests on records of this processor (else of other processors)
+    here: bool
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """The selected missing cells as ``ledger run`` would train them on this machine's CPU."""
+
+    groups: tuple[GroupForecast, ...]
+    hardware: str  # this processor's name
+    workers: int  # cells or packs at once
+    #: how long this processor takes of what each other one took, on the cells both recorded
+    #: (:func:`flows.ledger.speed_ratios`): their records count so
+    ratios: dict[str, float]
+
+    @property
+    def cells(self) -> int:
+        return sum(g.group.size for g in self.groups)
+
+    @property
+    def known_seconds(self) -> float:
+        """The groups' expected seconds, one group after another, of those with an estimate."""
+        return sum(g.seconds for g in self.groups if g.seconds is not None)
+
+    @property
+    def unknown(self) -> tuple[GroupForecast, ...]:
+        return tuple(g for g in self.groups if g.seconds is None)
+
+
+def forecast(
+    ledger: Path, *, selection: dict[str, Any], execution: dict[str, Any] | None = None
+) -> Forecast:
+    """The selected cells that have no record at today's config, as the groups ``ledger run``
+    trains them in (its order; ``selection`` and ``execution`` as
+    :func:`flows.ledger.run_ledger`'s), each with its expected seconds on this machine's CPU."""
+    execution = {**(execution or {}), "device": "cpu"}
+    states = ledger_states(ledger, selection)
+    records = read_ledger(ledger)
+    hardware = hardware_name("cpu")
+    ours = {(r.method, r.ablation) for r in records if r.hardware == hardware}
+    out: list[GroupForecast] = []
+    workers = cpu_workers(paper_config(execution, config_file=selection.get("config_file")))
+    for group in ledger_groups(to_train(states), states):
+        config = group_config(group, selection, execution)
+        seconds = recorded_seconds(group, config, records)
+        out.append(GroupForecast(group, seconds, (group.method, group.ablation) in ours))
+    return Forecast(tuple(out), hardware, workers, speed_ratios(records, hardware, "cpu"))

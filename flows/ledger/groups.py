@@ -1,0 +1,43 @@
+"""The unit ``nllab ledger run`` trains: the cells one benchmark trains, every system × seed of
+one method (and ablation). The type every module of :mod:`flows.ledger` shares, so that none
+of them imports another for it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+__all__ = ["LedgerGroup"]
+
+
+@dataclass(frozen=True)
+class LedgerGroup:
+    """Cells trained by one benchmark: every system × seed of one method (and ablation)."""
+
+    method: str
+    ablation: str
+    seeds: tuple[int, ...]
+    systems: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        what = f"{self.method} ({self.ablation})" if self.ablation else self.method
+        seeds = ",".join(map(str, self.seeds))
+        return (
+            f"{what} seed{'s' if len(self.seeds) > 1 else ''} {seeds} on {', '.join(self.systems)}"
+        )
+
+    @property
+    def size(self) -> int:
+        """Its cells: systems × seeds."""
+        return len(self.systems) * len(self.seeds)
+
+    def largest_part(self, cells: set[tuple[str, int]]) -> LedgerGroup | None:
+        """The largest ``systems × seeds`` of this group (its first seeds) whose cells are all
+        in ``cells`` ((system, seed) pairs): a benchmark's cells are such a product."""
+        best: LedgerGroup | None = None
+        for k in range(len(self.seeds), 0, -1):
+            seeds = self.seeds[:k]
+            systems = tuple(s for s in self.systems if all((s, seed) in cells for seed in seeds))
+            if systems and (best is None or len(systems) * k > best.size):
+                best = replace(self, systems=systems, seeds=seeds)
+        return best

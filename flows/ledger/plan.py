@@ -1,0 +1,190 @@
+"""What ``nllab ledger run`` has left to train and how it is grouped: the selected cells'
+states, the cells without a record at today's config, those cells as benchmark runs (one
+method and ablation over systems × seeds, :class:`LedgerGroup`), each group's benchmark config,
+and the seconds the ledger's own records expect it to take. Plain functions over the ledger's
+records and cells: :mod:`.run` trains the groups, :mod:`.forecast` says how long they would
+take."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from flows.ledger._budget import expected_seconds
+from flows.ledger.groups import LedgerGroup
+from tasks.config import METHODS
+from tasks.ledger import (
+    ABLATIONS,
+    CellState,
+    LedgerCell,
+    LedgerScope,
+    cell_states,
+    hardware_name,
+    ledger_scope,
+    paper_config,
+    read_ledger,
+)
+
+if TYPE_CHECKING:
+    from tasks.config import RunConfig
+    from tasks.ledger import LedgerRecord
+
+__all__ = [
+    "cpu_workers",
+    "group_config",
+    "ledger_groups",
+    "ledger_states",
+    "profile_of",
+    "recorded_seconds",
+    "selected_states",
+    "selection_profile",
+    "selection_scope",
+    "to_train",
+]
+
+
+def to_train(states: Sequence[CellState], *, refresh_older: bool = False) -> list[LedgerCell]:
+    """The cells ``ledger run`` trains: those with no record at today's config; with
+    ``refresh_older``, also those whose counted record older numerics made."""
+    return [
+        s.cell for s in states if s.state != "recorded" or (refresh_older and s.numerics == "older")
+    ]
+
+
+def ledger_groups(
+    todo: Sequence[LedgerCell], states: Sequence[CellState], *, merge_seeds: bool = False
+) -> list[LedgerGroup]:
+    """``todo`` as benchmark runs, in the order that gives every column a figure first:
+
+    1. for each Table 3 method with a system that has no recorded seed, its lowest missing seed;
+    2. the cells whose records predate numerics fingerprints (they count for nothing until
+       retrained: a column the ledger had once comes back whole before new seeds), then the
+       ablations (so they start only once every Table 3 column has at least one seed);
+    3. the remaining Table 3 seeds, seed by seed.
+
+    Each group is one seed of one method on its missing systems; ``merge_seeds`` (a GPU, where
+    bigger packs pay) joins the seeds of one method that miss the same systems, a method
+    without any seed in phase 1 with all of them."""
+    recorded = {(s.cell.method, s.cell.system) for s in states if s.state == "recorded"}
+    predates = {s.cell.key for s in states if s.state == "predates"}
+    by_seed: dict[tuple[str, str, int], list[str]] = {}
+    again: set[tuple[str, str, int]] = set()  # groups of retrained predating records
+    for c in todo:
+        by_seed.setdefault((c.method, c.ablation, c.seed), []).append(c.system)
+        if c.key in predates:
+            again.add((c.method, c.ablation, c.seed))
+    first: dict[str, int] = {}
+    for (method, ablation, seed), systems in sorted(by_seed.items()):
+        if not ablation and any((method, s) not in recorded for s in systems):
+            first.setdefault(method, seed)
+
+    def phase(key: tuple[str, str, int]) -> float:
+        method, ablation, seed = key
+        if ablation:
+            return 1
+        if key in again and first.get(method) != seed:
+            return 0.5
+        if merge_seeds:  # its first seed comes with the others, in one pack
+            return 0 if method in first else 2
+        return 0 if first.get(method) == seed else 2
+
+    def order(key: tuple[str, str, int]) -> tuple:
+        method, ablation, seed = key  # the paper's row order within a seed
+        row = METHODS.index(method) if method in METHODS else len(METHODS)
+        return (phase(key), seed, ablation, row, method)
+
+    groups: dict[tuple, LedgerGroup] = {}
+    for key in sorted(by_seed, key=order):
+        method, ablation, seed = key
+        where = tuple(by_seed[key])
+        join = (phase(key), method, ablation, where) if merge_seeds else key
+        if join in groups:
+            groups[join] = replace(groups[join], seeds=(*groups[join].seeds, seed))
+        else:
+            groups[join] = LedgerGroup(method, ablation, (seed,), where)
+    return list(groups.values())
+
+
+def selected_states(
+    ledger: Path, scope: LedgerScope, selection: dict[str, Any]
+) -> tuple[list[LedgerCell], list[CellState]]:
+    cells = scope.select(
+        selection.get("systems"),
+        selection.get("methods"),
+        selection.get("seeds"),
+        ablations=selection.get("ablations"),
+    )
+    return cells, cell_states(read_ledger(ledger, scope), cells)
+
+
+def ledger_states(ledger: Path, selection: dict[str, Any]) -> list[CellState]:
+    """The states of the selected cells in ``ledger`` (``selection`` as :func:`run_ledger`'s)."""
+    return selected_states(ledger, selection_scope(selection), selection)[1]
+
+
+def selection_scope(
+    selection: dict[str, Any], say: Callable[[str], None] | None = None
+) -> LedgerScope:
+    where = (selection.get("config_file"), selection.get("systems"), selection.get("methods"))
+    return ledger_scope(*where, say=say, profile=selection_profile(selection))
+
+
+def selection_profile(selection: dict[str, Any]) -> str:
+    """The selection's ledger profile (:data:`tasks.ledger.scope.LEDGER_PROFILES`)."""
+    return selection.get("profile") or "paper"
+
+
+def profile_of(selection: dict[str, Any]) -> dict[str, Any]:
+    return {"config_file": selection.get("config_file"), "profile": selection_profile(selection)}
+
+
+def group_config(
+    group: LedgerGroup, selection: dict[str, Any], execution: dict[str, Any]
+) -> RunConfig:
+    """The benchmark config of ``group``: the ledger's profile on its systems, method and
+    seeds."""
+    return paper_config(
+        execution,
+        **profile_of(selection),
+        systems=list(group.systems),
+        methods=[group.method],
+        seeds=list(group.seeds),
+        models=ABLATIONS.get(group.ablation),
+    )
+
+
+def recorded_seconds(
+    group: LedgerGroup, config: RunConfig, records: Sequence[LedgerRecord]
+) -> float | None:
+    """The seconds the benchmark ``config`` of ``group`` is expected to take on the CPU, from
+    the ledger's ``records`` (:func:`~flows._ledger_budget.expected_seconds`: the engine's CPU
+    packs of it, on its workers, at most one per core); None on a GPU, where the records do not
+    tell (packs in lanes add up, and a record is one pack's time), or without records of the
+    method."""
+    import torch  # (not at import: the ledger's quick commands do without it)
+
+    from tasks.engine import make_packs
+
+    ex = config.execution
+    if ex.device != "cpu" and torch.cuda.is_available():
+        return None
+    packs = [[c.system for c in p] for p in make_packs(config.cells(), ex.pack)]
+    return expected_seconds(
+        packs,
+        group.method,
+        group.ablation,
+        records,
+        "cpu",
+        hardware_name("cpu"),
+        cpu_workers(config),
+    )
+
+
+def cpu_workers(config: RunConfig) -> int:
+    """The packs ``config`` trains at once on the CPU: its workers, at most one per core (more
+    would finish no sooner)."""
+    from tasks.machine import usable_cores
+
+    return min(config.execution.max_workers, usable_cores())

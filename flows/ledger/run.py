@@ -1,0 +1,316 @@
+"""Fill the results ledger: train the ledger's missing cells through the benchmark.
+
+Cells go through :func:`flows.benchmark.run_benchmark`, so they are tracked in MLflow and reused
+from the store like any benchmark's. The engine's cell-finished hook
+(:func:`tasks.engine.run_cells`) appends each finished cell's record to the ledger as its pack
+ends (:func:`tasks.ledger.append_records`), so a run that is stopped or killed keeps every cell
+that finished; the next ``ledger run`` first records what the store finished meanwhile, then
+trains only what is still missing. A time limit stops through the engine's one stop path
+(:attr:`tasks.cell.CellRuntime.stop`): running cells end KILLED and are not recorded, finished
+ones stay, and no group starts after it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from flows.ledger._budget import (
+    deadline,
+    fitting_parts,
+    needed_seconds,
+)
+from flows.ledger._progress import ProgressReports, training_now
+from flows.ledger.groups import LedgerGroup
+from flows.ledger.plan import (
+    cpu_workers,
+    group_config,
+    ledger_groups,
+    profile_of,
+    recorded_seconds,
+    selected_states,
+    selection_scope,
+    to_train,
+)
+from tasks.ledger import (
+    LedgerCell,
+    LedgerRecord,
+    append_records,
+    hardware_name,
+    numerics_of,
+    paper_config,
+    read_ledger,
+    record_of_run,
+)
+from tasks.tracking.tags import RunTags
+
+if TYPE_CHECKING:
+    from tasks.config import CellConfig
+    from tasks.results import CellResult
+    from tasks.tracking import Queries
+
+__all__ = [
+    "REPORT_SECONDS",
+    "LedgerRun",
+    "record_finished",
+    "record_store",
+    "run_ledger",
+    "training_now",
+]
+
+
+def record_finished(
+    queries: Queries, cells: Sequence[LedgerCell], ledger: Path, hardware: Callable[[str], str]
+) -> list[LedgerRecord]:
+    """Append the records of ``cells`` that have a FINISHED run in the store; returns them."""
+    by_hash = {c.config_hash: c for c in cells}
+    found = queries.finished_cells(by_hash)
+    records = [
+        record_of_run(
+            by_hash[h],
+            r.run_id,
+            r.metrics,
+            r.tags,
+            hardware=hardware(r.tags.get("device_used", "")),
+            numerics=numerics_of(*(r.tags.get(k) for k in _NUMERICS_TAGS)),
+        )
+        for h, r in found.items()
+        if r.test_rmse is not None
+    ]
+    return append_records(ledger, records)
+
+
+#: A run's tags that make its record's ``numerics`` (:func:`tasks.ledger.numerics_of`).
+_NUMERICS_TAGS = (RunTags.NUMERICS_MODEL, RunTags.NUMERICS_SYSTEM, RunTags.NUMERICS_DEVICE)
+
+#: How often ``ledger run`` says where its running cells stand (seconds; its ``--report-minutes``).
+REPORT_SECONDS = 600.0
+
+
+@dataclass
+class LedgerRun:
+    """What one ``ledger run`` did."""
+
+    todo: int = 0
+    appended: list[LedgerRecord] = field(default_factory=list)
+    stopped: bool = False  # the time limit (or the caller's stop event) ended it
+    failed: list[str] = field(default_factory=list)
+    #: groups left out because their expected time exceeded what was left
+    skipped: list[str] = field(default_factory=list)
+
+
+def record_store(
+    ledger: Path, *, selection: dict[str, Any], execution: dict[str, Any]
+) -> list[LedgerRecord]:
+    """Record the selected cells that the tracking store holds FINISHED and the ledger lacks
+    at today's config (after a plain ``nllab benchmark --profile paper``, or a run that was
+    killed); trains nothing."""
+    from tasks.tracking import connect
+
+    _, states = selected_states(ledger, selection_scope(selection), selection)
+    todo = to_train(states)
+    if not todo:
+        return []
+    queries = connect(paper_config(execution, **profile_of(selection)).tracking)
+    return record_finished(queries.queries, todo, ledger, hardware_name)
+
+
+def run_ledger(
+    ledger: Path,
+    *,
+    selection: dict[str, Any],
+    execution: dict[str, Any],
+    max_seconds: float | None = None,
+    refresh_older: bool = False,
+    stop: threading.Event | None = None,
+    say: Callable[[str], None] = print,
+    report_seconds: float | None = REPORT_SECONDS,
+) -> LedgerRun:
+    """Train the selected ledger cells that have no record at today's config (and, with
+    ``refresh_older``, those recorded by older numerics), appending each record as its pack
+    finishes.
+
+    ``selection``: ``profile`` (``paper``, the default, or ``fair``), ``config_file`` (layered
+    on it), ``systems``, ``methods``, ``seeds`` (None: all) and ``ablations`` (False: Table 3
+    only, True: the ablations only, None: both; :meth:`tasks.ledger.scope.LedgerScope.select`).
+    ``execution``: the benchmark's execution settings (max_workers, torch_threads, device...).
+    ``max_seconds``: the time limit; when it is reached the running cells stop (KILLED, not
+    recorded) and no group starts after it; a group expected to take longer than the time left
+    (from the ledger's records of its method on this kind of device) is not started. ``stop``:
+    the caller's own stop event (a signal handler's): setting it stops the run as the time limit
+    does (:attr:`tasks.cell.CellRuntime.stop`). ``report_seconds``: how often to say where the
+    running cells stand (None: never). The CPU priority is the caller's (``--nice``)."""
+    from tasks.tracking import connect
+
+    scope = selection_scope(selection, say)
+    _, states = selected_states(ledger, scope, selection)
+    todo = to_train(states, refresh_older=refresh_older)
+    out = LedgerRun(todo=len(todo))
+    if not todo:
+        return out
+    queries = connect(paper_config(execution, **profile_of(selection)).tracking)
+    recorder = _Recorder(queries.queries, ledger, out, say)
+    recorder.record(todo)  # cells a stopped run finished in this store meanwhile
+    todo = [c for c in todo if c.key not in recorder.done]
+    device = str(execution.get("device") or "auto")
+    groups = ledger_groups(todo, states, merge_seeds=device.startswith("cuda"))
+    stop = threading.Event() if stop is None else stop
+    timed_out, t0 = threading.Event(), time.monotonic()
+
+    def left() -> float | None:
+        return None if max_seconds is None else max_seconds - (time.monotonic() - t0)
+
+    reports = ProgressReports(queries.queries, todo, say, report_seconds)
+    with deadline(max_seconds, stop, timed_out), reports:
+        for whole in groups:
+            if stop.is_set():
+                break
+            parts = _what_fits(whole, left(), ledger, selection, execution, out, say)
+            for group, needed in parts:
+                if not _may_start(group, needed, left(), stop, out, say):
+                    break
+                cells = [c for c in todo if _in(c, group)]
+                _train_group(group, cells, selection, execution, recorder, stop)
+    out.stopped = stop.is_set()
+    if timed_out.is_set():
+        say(f"ledger: time limit reached after {(time.monotonic() - t0) / 60:.1f} min")
+    return out
+
+
+def _what_fits(
+    group: LedgerGroup,
+    left: float | None,
+    ledger: Path,
+    selection: dict[str, Any],
+    execution: dict[str, Any],
+    out: LedgerRun,
+    say: Callable[[str], None],
+) -> Sequence[tuple[LedgerGroup, float | None]]:
+    """The parts of ``group`` to train, in order, in the ``left`` seconds (None: no limit, all
+    of it), each with the seconds it is expected to need (None: not known); empty (listed in
+    ``out.skipped`` and said) when no part is expected to finish.
+
+    The expectation comes from the ledger's records of the method on the CPU
+    (:func:`recorded_seconds`: the whole group or nothing); on a GPU or without such records,
+    from this machine's measurement of the packs the engine would train (:func:`tasks.engine.
+    estimate_packs`), and then the group is cut to the whole packs that fit (:func:`~flows.
+    _ledger_budget.fitting_parts`): a short GPU window records some cells, not none."""
+    if left is None:
+        return [(group, None)]
+    config = group_config(group, selection, execution)
+    expected = recorded_seconds(group, config, read_ledger(ledger))
+    if expected is not None:
+        if expected <= left:
+            return [(group, expected)]
+        _skip(group, f"about {expected / 60:.0f} min, {left / 60:.0f} min left", out, say)
+        return []
+    from tasks.engine import estimate_packs
+
+    estimates = estimate_packs(config)
+    workers = cpu_workers(config)
+    parts = fitting_parts(group, estimates, left, workers)
+    n_part, n_all = sum(p.size for p, _ in parts), group.size
+    if parts and n_part == n_all:
+        return parts
+    whole = needed_seconds(estimates, workers)  # only said when not all of the group fits
+    measured = (
+        f"about {whole / 60:.0f} min by this machine's measurement, {left / 60:.0f} min left"
+        if math.isfinite(whole)
+        else "this machine's probe could not train a pack of it (e.g. out of memory)"
+    )
+    if not parts:
+        _skip(group, measured, out, say)
+        return []
+    say(f"ledger: {n_part} of {n_all} cells of {group.label} fit ({measured})")
+    out.skipped.append(f"{n_all - n_part} of the {n_all} cells of {group.label}")
+    return parts
+
+
+def _may_start(
+    group: LedgerGroup,
+    needed: float | None,
+    left: float | None,
+    stop: threading.Event,
+    out: LedgerRun,
+    say: Callable[[str], None],
+) -> bool:
+    """Whether a part starts (said, with the minutes it is expected to take): not after a stop,
+    nor when an earlier part took so long that what is left is less than this one needs (then
+    said, and listed as skipped)."""
+    if stop.is_set():
+        return False
+    if needed is not None and left is not None and needed > left:
+        _skip(group, f"about {needed / 60:.0f} min, {left / 60:.0f} min left", out, say)
+        return False
+    expect = f" (about {needed / 60:.0f} min expected)" if needed is not None else ""
+    say(f"ledger: training {group.label}{expect}")
+    return True
+
+
+def _skip(group: LedgerGroup, why: str, out: LedgerRun, say: Callable[[str], None]) -> None:
+    out.skipped.append(group.label)
+    say(f"ledger: not starting {group.label}: {why}")
+
+
+def _in(cell: LedgerCell, group: LedgerGroup) -> bool:
+    return (
+        cell.method == group.method
+        and cell.ablation == group.ablation
+        and cell.seed in group.seeds
+        and cell.system in group.systems
+    )
+
+
+class _Recorder:
+    """Appends to the ledger what the store has finished of some cells (the engine's hook)."""
+
+    def __init__(self, queries: Queries, ledger: Path, out: LedgerRun, say: Callable) -> None:
+        self.queries, self.ledger, self.out, self.say = queries, ledger, out, say
+        self.done: set[tuple[str, str, str, int]] = set()
+
+    def record(self, cells: Sequence[LedgerCell]) -> None:
+        for r in record_finished(self.queries, cells, self.ledger, hardware_name):
+            self.out.appended.append(r)
+            self.done.add((r.system, r.method, r.ablation, r.seed))
+            self.say(f"ledger: recorded {r.cell_key}: test RMSE {r.test_rmse:.4g} (run {r.run_id})")
+
+
+def _train_group(
+    group: LedgerGroup,
+    cells: Sequence[LedgerCell],
+    selection: dict[str, Any],
+    execution: dict[str, Any],
+    recorder: _Recorder,
+    stop: threading.Event,
+) -> None:
+    """One benchmark of ``group``, each pack's finished cells recorded as it ends."""
+    from flows.benchmark import run_benchmark
+
+    config = group_config(group, selection, execution)
+    by_hash = {c.config_hash: c for c in cells}
+    _same_cells(config.cells(), by_hash)
+
+    def finished(results: Sequence[CellResult]) -> None:
+        recorder.record([by_hash[h] for r in results if r.ok and (h := r.config_hash)])
+
+    summary = run_benchmark(config, stop=stop, on_finished=finished)
+    # cells the store had finished at today's numerics (reused, not trained: no hook call)
+    reused = [h for r in summary.results if r.status == "reused" and (h := r.config_hash)]
+    recorder.record([by_hash[h] for h in reused])
+    recorder.out.failed += [r.key for r in summary.results if r.status == "failed"]
+
+
+def _same_cells(configs: Sequence[CellConfig], by_hash: dict[str, LedgerCell]) -> None:
+    """The benchmark's cells are the ledger's (else the cached scope is stale: a bug)."""
+    missing = [c.key for c in configs if c.config_hash() not in by_hash]
+    if missing:
+        raise RuntimeError(
+            f"the ledger's cached cells do not match today's config for {', '.join(missing)}; "
+            "delete the ledger folders of datasets.cache_folders (beside the installation, and "
+            "$NLLAB_HOME/ledger) and run again"
+        )

@@ -1,0 +1,392 @@
+"""The results ledger: one JSON line per finished full-budget cell, kept in the repository.
+
+A machine's MLflow store does not outlive the machine, and the paper profile's 180 cells (six
+methods × six systems × five seeds, Table 3 of the paper) take far longer than one working
+stretch on any one machine. The ledger is what accumulates instead: plain text, reviewed like
+code, appended to by ``nllab ledger run`` as each cell finishes, on whatever hardware is at hand.
+
+A record names its cell (``system``, ``method``, ``seed``, ``config_hash``, and its
+``ablation`` for the cells beside Table 3: :data:`tasks.ledger.scope.ABLATIONS`), the code it ran
+at (``commit``, and ``numerics``: the model's and the data set's numerics fingerprints,
+``None`` on records that predate them), its scores (``test_rmse``, ``best_val_rmse``,
+``rmse_without_top``, ``top_share``), how it trained (``epochs``, ``best_epoch``,
+``train_seconds``), where (``device``: ``cpu``/``cuda``, ``hardware``: the processor's or GPU's
+name) and the MLflow ``run_id`` on the machine that made it. Only the standard library loads
+here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tasks.tracking.tags import Metrics
+
+if TYPE_CHECKING:
+    from tasks.config import CellConfig
+
+__all__ = [
+    "ABLATIONS",
+    "DEFAULT_LEDGER",
+    "LedgerCell",
+    "LedgerError",
+    "LedgerRecord",
+    "LedgerScope",
+    "append_records",
+    "cell_numerics",
+    "computed_on_gpu",
+    "cpuinfo_line",
+    "hardware_name",
+    "numerics_of",
+    "read_ledger",
+    "record_of_run",
+]
+
+#: The repository's ledger of the paper profile (``results/paper/ledger.jsonl``).
+DEFAULT_LEDGER = Path(__file__).resolve().parents[2] / "results" / "paper" / "ledger.jsonl"
+
+
+#: The ablations the ledger keeps beside Table 3 (the paper's Table 5, top block): the record's
+#: ``ablation`` key -> the model overrides of its cells (their methods: the overrides' keys).
+ABLATIONS: dict[str, dict[str, dict[str, Any]]] = {
+    "stereographic=False": {"neural_laplace": {"stereographic": False}},
+}
+
+
+class LedgerError(ValueError):
+    """A malformed, duplicate or unplaceable ledger line (the message names the file and line
+    number)."""
+
+
+@dataclass(frozen=True)
+class LedgerRecord:
+    """One finished cell, as the ledger keeps it (the field names are the file's keys).
+
+    ``status``/``ok``/``top_share``/``rmse_without_top`` make a record usable wherever a
+    :class:`tasks.results.CellResult` is aggregated (:func:`tasks.reports.reporting.results_table`).
+    """
+
+    system: str
+    method: str
+    seed: int
+    config_hash: str
+    commit: str | None
+    numerics: str | None
+    test_rmse: float
+    best_val_rmse: float | None
+    rmse_without_top: float | None
+    top_share: float | None
+    epochs: int | None
+    best_epoch: int | None
+    train_seconds: float | None
+    device: str | None
+    hardware: str | None
+    run_id: str | None
+    note: str = ""
+    #: "" for a cell of Table 3, else its ablation (:data:`tasks.ledger.scope.ABLATIONS`)
+    ablation: str = ""
+
+    status = "finished"
+    ok = True
+    diverged = None  # (a diverged run is recorded as it scored; its note says so)
+
+    @property
+    def key(self) -> tuple[str, str, str, int, str, str | None]:
+        """What makes two records the same result: the cell, its config and its numerics."""
+        return (
+            self.system,
+            self.method,
+            self.ablation,
+            self.seed,
+            self.config_hash,
+            self.numerics,
+        )
+
+    @property
+    def cell_key(self) -> str:
+        cell = f"{self.system}/{self.method}/seed{self.seed}"
+        return f"{cell} ({self.ablation})" if self.ablation else cell
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        if not self.ablation:  # Table 3's lines as they always were
+            del data["ablation"]
+        return json.dumps(data, ensure_ascii=False)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> LedgerRecord:
+        """Validate one decoded line; raises ``ValueError`` naming the first bad field."""
+        if not isinstance(data, Mapping):
+            raise ValueError("a record is a JSON object")
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ValueError(f"unknown field(s) {', '.join(unknown)}")
+        missing = [n for n in names if n not in data and n not in ("note", "ablation")]
+        if missing:
+            raise ValueError(f"missing field(s) {', '.join(missing)}")
+        for name in ("system", "method", "config_hash"):
+            if not isinstance(data[name], str) or not data[name]:
+                raise ValueError(f"{name} must be a non-empty string")
+        for name in ("commit", "numerics", "device", "hardware", "run_id"):
+            if data[name] is not None and not isinstance(data[name], str):
+                raise ValueError(f"{name} must be a string or null")
+        for name in ("note", "ablation"):
+            if not isinstance(data.get(name, ""), str):
+                raise ValueError(f"{name} must be a string")
+        for name in ("seed", "epochs", "best_epoch"):
+            v = data[name]
+            if v is None and name != "seed":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
+        for name in ("test_rmse", "best_val_rmse", "rmse_without_top", "top_share"):
+            v = data[name]
+            if v is None and name != "test_rmse":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise ValueError(f"{name} must be a finite number, got {v!r}")
+            if v < 0 or (name == "top_share" and v > 1):  # a negative RMSE too
+                raise ValueError(f"{name} out of range: {v!r}")
+        v = data["train_seconds"]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v < 0):
+            raise ValueError(f"train_seconds must be a non-negative number, got {v!r}")
+        return cls(**{n: data[n] for n in names if n in data})
+
+
+def read_ledger(
+    path: str | Path = DEFAULT_LEDGER, scope: LedgerScope | None = None
+) -> list[LedgerRecord]:
+    """Every record of the ledger at ``path`` in file order (none if the file is absent).
+
+    Raises :class:`LedgerError` naming ``path:line`` for a line that is not a valid record, for
+    a duplicate (the same cell, config hash and numerics as an earlier line) and, given the
+    ledger's ``scope``, for a record it cannot place (an unknown system, method or ablation, a
+    seed outside the profile's)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    if path.is_dir():
+        raise LedgerError(f"{path}: is a directory, not a ledger file")
+    records: list[LedgerRecord] = []
+    first: dict[tuple, int] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = LedgerRecord.from_mapping(json.loads(line))
+        except (ValueError, TypeError) as e:  # JSONDecodeError is a ValueError
+            raise LedgerError(f"{path}:{number}: not a valid ledger record: {e}") from None
+        if scope is not None and (problem := scope.problem(record)) is not None:
+            raise LedgerError(f"{path}:{number}: {problem} ({record.cell_key})")
+        if record.key in first:
+            raise LedgerError(
+                f"{path}:{number}: duplicate of line {first[record.key]} "
+                f"({record.cell_key}, config {record.config_hash[:12]})"
+            )
+        first[record.key] = number
+        records.append(record)
+    return records
+
+
+def append_records(path: str | Path, records: Iterable[LedgerRecord]) -> list[LedgerRecord]:
+    """Append the ``records`` the ledger does not hold yet, each line flushed to disk before
+    the next (a killed process leaves whole lines); returns those appended.
+
+    Several processes may append at once: the file is locked and re-read under the lock."""
+    from tasks.machine import exclusive
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive(path):  # the ledger file itself: no lock file beside it in the repository
+        held = {r.key for r in read_ledger(path)}
+        new = []
+        for r in records:
+            if r.key not in held:
+                held.add(r.key)
+                new.append(r)
+        if new:
+            # A file whose last line lacks its newline (an editor) gets one first.
+            prefix = ""
+            if path.exists() and path.stat().st_size:
+                with path.open("rb") as f:
+                    f.seek(-1, os.SEEK_END)
+                    prefix = "" if f.read(1) == b"\n" else "\n"
+            with path.open("a", encoding="utf-8") as f:
+                f.write(prefix)
+                for r in new:
+                    f.write(r.to_json() + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+    return new
+
+
+def hardware_name(device: str) -> str:
+    """The model of the processor that trained on ``device`` (``cuda…``: the GPU's name)."""
+    if device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(torch.device(device))
+    line = cpuinfo_line("model name")
+    if line is not None:
+        return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpuinfo_line(*prefixes: str) -> str | None:
+    """The first line of ``/proc/cpuinfo`` that starts with one of ``prefixes`` (None if none,
+    or where the file is absent)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(prefixes):
+                return line
+    except OSError:
+        pass
+    return None
+
+
+def numerics_of(model: str | None, system: str | None, device: str | None = None) -> str | None:
+    """A record's ``numerics``: the fingerprints of its model and its data set
+    (``model/system``, :mod:`tasks.machine.numerics`), and where it computed unless on the CPU
+    (``@`` and its :func:`tasks.machine.numerics.device_identity`: a GPU's result is its own);
+    ``None`` where the run carried no fingerprints."""
+    if not (model and system):
+        return None
+    return f"{model}/{system}" + (f"@{device}" if device and device != "cpu" else "")
+
+
+def computed_on_gpu(numerics: str | None) -> bool:
+    """Whether a record's ``numerics`` (:func:`numerics_of`) names a GPU."""
+    return numerics is not None and "@cuda" in numerics
+
+
+def cell_numerics(cell: CellConfig) -> str:
+    """Today's ``numerics`` of ``cell`` (its fingerprints computed, or read from their cache)."""
+    from tasks.machine import cell_fingerprints
+
+    return numerics_of(*cell_fingerprints(cell)) or ""
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None or not math.isfinite(value) else int(value)
+
+
+def record_of_run(
+    cell: LedgerCell,
+    run_id: str,
+    metrics: Mapping[str, float],
+    tags: Mapping[str, str],
+    *,
+    hardware: str,
+    numerics: str | None = None,
+) -> LedgerRecord:
+    """The ledger record of ``cell``'s finished run (its final metrics and tags as the cell
+    path logs them: :func:`tasks.pipeline.cell_metrics`, :func:`tasks.pipeline.evaluate_cell`;
+    ``device_used``: ``cpu`` or ``cuda``, ``hardware``: that device's name)."""
+    from tasks.tracking.tags import RunTags
+
+    def metric(name: str) -> float | None:
+        v = metrics.get(name)
+        return None if v is None or not math.isfinite(v) else float(v)
+
+    test = metric(Metrics.TEST_RMSE)
+    if test is None:
+        raise ValueError(f"run {run_id} of {cell.label} has no finite test_rmse")
+    return LedgerRecord(
+        system=cell.system,
+        method=cell.method,
+        seed=cell.seed,
+        config_hash=cell.config_hash,
+        commit=tags.get(RunTags.GIT_COMMIT) or None,
+        numerics=numerics,
+        test_rmse=test,
+        best_val_rmse=metric(Metrics.BEST_VAL_RMSE),
+        rmse_without_top=metric(Metrics.TEST_RMSE_WITHOUT_TOP),
+        top_share=metric("test_top_share"),
+        epochs=_int(metrics.get(Metrics.EPOCHS_RUN)),
+        best_epoch=_int(metrics.get(Metrics.BEST_EPOCH)),
+        train_seconds=metric(Metrics.TRAIN_SECONDS),
+        device=tags.get("device_used") or None,
+        hardware=hardware,
+        run_id=run_id,
+        note="diverged: never registered" if metrics.get(Metrics.DIVERGED) else "",
+        ablation=cell.ablation,
+    )
+
+
+@dataclass(frozen=True)
+class LedgerCell:
+    """One cell of the ledger as today's code defines it."""
+
+    system: str
+    method: str
+    seed: int
+    config_hash: str
+    #: today's ``numerics`` (:func:`tasks.ledger.numerics_of`), None where not computed
+    numerics: str | None
+    #: "" for Table 3, else its key in :data:`ABLATIONS`
+    ablation: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, str, int]:
+        return (self.system, self.method, self.ablation, self.seed)
+
+    @property
+    def label(self) -> str:
+        cell = f"{self.system}/{self.method}/seed{self.seed}"
+        return f"{cell} ({self.ablation})" if self.ablation else cell
+
+
+@dataclass(frozen=True)
+class LedgerScope:
+    """The ledger's cells (Table 3, then the ablations) and what a record may name."""
+
+    cells: tuple[LedgerCell, ...]
+    #: the profile's seeds (a config file may set others)
+    seeds: tuple[int, ...]
+    systems: frozenset[str]
+    methods: frozenset[str]
+
+    def select(
+        self,
+        systems: Iterable[str] | None = None,
+        methods: Iterable[str] | None = None,
+        seeds: Iterable[int] | None = None,
+        *,
+        ablations: bool | None = False,
+    ) -> list[LedgerCell]:
+        """The cells of the selection (None: all); ``ablations`` False: Table 3 only, True:
+        the ablations only, None: both."""
+        want = [set(x) if x is not None else None for x in (systems, methods, seeds)]
+        return [
+            c
+            for c in self.cells
+            if all(w is None or v in w for w, v in zip(want, (c.system, c.method, c.seed)))
+            and (ablations is None or bool(c.ablation) == ablations)
+        ]
+
+    def problem(self, record: LedgerRecord) -> str | None:
+        """Why ``record`` cannot be placed in this ledger (None when it can)."""
+        if record.system not in self.systems:
+            return f"unknown system {record.system!r}"
+        if record.method not in self.methods:
+            return f"unknown method {record.method!r}"
+        if record.seed not in self.seeds:
+            return f"seed {record.seed} is not one of the profile's seeds {_seeds(self.seeds)}"
+        if record.ablation and record.ablation not in ABLATIONS:
+            return f"unknown ablation {record.ablation!r} (known: {', '.join(ABLATIONS)})"
+        return None
+
+
+def _seeds(seeds: Sequence[int]) -> str:
+    s = sorted(seeds)
+    if s == list(range(s[0], s[-1] + 1)) and len(s) > 2:
+        return f"{s[0]}-{s[-1]}"
+    return ", ".join(map(str, s))

@@ -1,0 +1,283 @@
+"""The cells the results ledger holds: Table 3 and its ablation beside it under one of the
+profiles that train the paper's budget (:data:`LEDGER_PROFILES`: ``paper``, the reference code's
+protocol, or ``fair``), each with today's config hash and numerics fingerprints, cached on disk
+per code state. Both profiles share one ledger file: a record names its cell by config hash, so a
+cell the two profiles configure alike (Neural Laplace, the Neural Flows) has one record serving
+both.
+
+A config hash needs the models' defaults (torch) and a numerics fingerprint runs a canary, so
+``nllab ledger status``/``table`` would load torch on every call. Instead :func:`ledger_scope`
+computes them once per *code state* and keeps them beside the installation
+(:func:`datasets.cache_folders`: ``<sys.prefix>/var/cache/nllab/ledger``, else
+``$NLLAB_HOME/ledger``), where every home of the installation finds them; a later call
+with the same code state reads one small JSON file (standard library only). The code state is a
+hash of everything the hashes and fingerprints depend on: the sources of ``nlmodels``,
+``datasets``, ``tasks`` (and ``nltrain`` where present), the torch and numpy builds, the CPU,
+its C library and the environment that can move bytes (:func:`nlmodels.numerics_environment`),
+installed plugins and the config file.
+A config file that declares systems (their data files are hashed into the config hash) is
+never cached.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from datasets import cache_folders
+from nlmodels import numerics_environment
+from tasks.ledger.records import ABLATIONS, LedgerCell, LedgerScope, cell_numerics
+
+if TYPE_CHECKING:
+    from tasks.config import CellConfig, RunConfig
+
+__all__ = [
+    "LEDGER_PROFILES",
+    "ledger_cell_configs",
+    "ledger_scope",
+    "paper_config",
+    "scope_of",
+]
+
+#: The profiles whose cells the ledger keeps (:data:`tasks.config.PAPER_BUDGET_PROFILES`), the
+#: default first.
+LEDGER_PROFILES: tuple[str, ...] = ("paper", "fair")
+
+_ROOT = Path(__file__).resolve().parents[2]
+#: What the cached hashes and fingerprints depend on, besides the environment.
+_PACKAGES = ("nlmodels", "datasets", "tasks", "nltrain")
+_SUFFIXES = (".py", ".c", ".h", ".yaml", ".toml")
+#: Bumped when the cached file's content changes.
+_FORMAT = 1
+
+
+def paper_config(
+    overrides: dict[str, Any] | None = None,
+    *,
+    config_file: str | Path | None = None,
+    profile: str = "paper",
+    **more: Any,
+) -> RunConfig:
+    """The ledger's ``profile`` (:data:`LEDGER_PROFILES`; default ``paper``), with
+    ``config_file`` layered on it and the ``overrides`` (selection, execution; keyword arguments
+    join them) on top."""
+    from tasks.config import ConfigError, resolve_config
+
+    if profile not in LEDGER_PROFILES:
+        raise ConfigError(
+            f"the ledger keeps the profiles {', '.join(LEDGER_PROFILES)}, not {profile!r}"
+        )
+    return resolve_config(profile, config_file, {**(overrides or {}), **more})
+
+
+def ledger_cell_configs(
+    config_file: str | Path | None = None,
+    *,
+    systems: Sequence[str] | None = None,
+    methods: Sequence[str] | None = None,
+    seeds: Sequence[int] | None = None,
+    profile: str = "paper",
+) -> list[tuple[CellConfig, str]]:
+    """The ledger's cells as configs: ``profile``'s (``config_file`` layered on it; the
+    ``systems``, ``methods`` and ``seeds`` asked for, None: its own), then each ablation's,
+    each with its ablation's key ("" for Table 3). Loads the models (torch)."""
+    selection: dict[str, Any] = {"systems": systems, "profile": profile}
+    if seeds is not None:
+        selection["seeds"] = list(seeds)
+    base = paper_config(config_file=config_file, methods=methods, **selection)
+    tagged = [(c, "") for c in base.cells()]
+    for key, overrides in ABLATIONS.items():
+        wanted = [m for m in overrides if methods is None or m in methods]
+        if wanted:
+            config = paper_config(
+                config_file=config_file, methods=wanted, models=overrides, **selection
+            )
+            tagged += [(c, key) for c in config.cells()]
+    return tagged
+
+
+def scope_of(
+    config_file: str | Path | None = None,
+    systems: Sequence[str] | None = None,
+    methods: Sequence[str] | None = None,
+    *,
+    numerics: Callable[[CellConfig], str | None] | None = None,
+    profile: str = "paper",
+) -> LedgerScope:
+    """The scope computed now: ``profile``'s cells (``config_file`` layered on it, the
+    ``systems``/``methods`` asked for, None: its own) and those of each ablation, with
+    ``numerics(cell)`` (today's fingerprints) if given. Loads the models (torch)."""
+    from tasks.config.names import SYSTEM_NAMES, plugin_systems
+
+    base = paper_config(config_file=config_file, systems=systems, methods=methods, profile=profile)
+    tagged = ledger_cell_configs(config_file, systems=systems, methods=methods, profile=profile)
+    cells = tuple(
+        LedgerCell(
+            c.system,
+            c.method,
+            c.seed,
+            c.config_hash(),
+            numerics(c) if numerics is not None else None,
+            key,
+        )
+        for c, key in tagged
+    )
+    known_systems = set(SYSTEM_NAMES) | plugin_systems() | set(base.define_systems)
+    return LedgerScope(
+        cells,
+        tuple(base.seeds),
+        frozenset(known_systems | set(base.systems)),
+        frozenset(_known_methods() | set(base.methods)),
+    )
+
+
+def _known_methods() -> set[str]:
+    """The built-in models and the plugins' (entry-point metadata: no plugin is imported)."""
+    from importlib.metadata import entry_points
+
+    from tasks.config.names import METHODS
+
+    return set(METHODS) | {ep.name for ep in entry_points(group="nllab.models")}
+
+
+def ledger_scope(
+    config_file: str | Path | None = None,
+    systems: Sequence[str] | None = None,
+    methods: Sequence[str] | None = None,
+    *,
+    say: Callable[[str], None] | None = None,
+    profile: str = "paper",
+) -> LedgerScope:
+    """:func:`scope_of` (of ``profile``) with today's numerics, read from the installation's
+    cache (else ``$NLLAB_HOME/ledger``) when computed before at this code state (standard
+    library only), else computed once and cached; ``say`` is told when it computes. Selections
+    within the profile's own systems and methods share its scope (one cache file;
+    :meth:`LedgerScope.select` narrows it)."""
+    from tasks.config.names import MAIN_SYSTEMS, METHODS
+
+    if (
+        config_file is None
+        and set(systems or ()) <= set(MAIN_SYSTEMS)
+        and set(methods or ()) <= set(METHODS)
+    ):
+        systems = methods = None
+    key = _code_state(
+        None if config_file is None else str(config_file),
+        None if systems is None else tuple(systems),
+        None if methods is None else tuple(methods),
+        profile,
+    )
+    name = f"scope-{key[:24]}.json" if key else ""
+    # nothing in the key is the home's: the installation's folder, then the home's
+    folders = cache_folders("ledger") if name else []
+    for folder in folders:
+        if (cached := _read(folder / name)) is not None:
+            return cached
+    if say is not None:
+        say(
+            "ledger: computing today's config hashes and numerics fingerprints (once per code "
+            "state; cached beside the installation)"
+        )
+    scope = scope_of(config_file, systems, methods, numerics=cell_numerics, profile=profile)
+    any(_write(folder / name, scope) for folder in folders)  # the first that takes it
+    return scope
+
+
+@functools.cache
+def _code_state(
+    config_file: str | None,
+    systems: tuple[str, ...] | None,
+    methods: tuple[str, ...] | None,
+    profile: str = "paper",
+) -> str | None:
+    """The cache key of a scope (None: not cacheable: a config file that declares systems).
+
+    Once per process: loading the models sets the portable CPU mode's variables
+    (:mod:`nlmodels.numerics`), which are part of the key, so a key taken after that would
+    differ from the one the same process took before."""
+    # the paper profile's key as it was before there were two (its cached scopes stay valid)
+    named = "" if profile == "paper" else f"; {profile}"
+    h = hashlib.sha256(f"{_FORMAT}; {sys.version}; {systems}; {methods}{named}".encode())
+    if config_file is not None:
+        text = Path(config_file).read_bytes()
+        if b"define_systems" in text:
+            return None
+        h.update(text)
+    for package in _PACKAGES:
+        _hash_tree(_ROOT / package, h)
+    for module in ("torch", "numpy"):  # their builds: version files, not imported
+        spec = importlib.util.find_spec(module)
+        if spec is not None and spec.origin is not None:
+            version = Path(spec.origin).parent / "version.py"
+            h.update(version.read_bytes() if version.is_file() else spec.origin.encode())
+    h.update(numerics_environment().encode())
+    _hash_plugins(h)
+    return h.hexdigest()
+
+
+def _hash_tree(folder: Path, h: Any) -> None:
+    if not folder.is_dir():
+        return
+    for p in sorted(folder.rglob("*")):
+        if p.suffix in _SUFFIXES and p.is_file():
+            h.update(str(p.relative_to(_ROOT)).encode())
+            h.update(p.read_bytes())
+
+
+def _hash_plugins(h: Any) -> None:
+    """Installed model and system plugins: names, targets and their top-level sources."""
+    from importlib.metadata import entry_points
+
+    for group in ("nllab.models", "nllab.systems"):
+        for ep in sorted(entry_points(group=group), key=lambda e: e.name):
+            h.update(f"{group}:{ep.name}={ep.value}".encode())
+            top = ep.value.split(":", 1)[0].split(".", 1)[0]
+            spec = importlib.util.find_spec(top)
+            if spec is not None and spec.origin is not None:
+                origin = Path(spec.origin)
+                if spec.submodule_search_locations:
+                    _hash_tree(origin.parent, h)
+                elif origin.is_file():
+                    h.update(origin.read_bytes())
+
+
+def _read(path: Path) -> LedgerScope | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return LedgerScope(
+            tuple(LedgerCell(*c) for c in data["cells"]),
+            tuple(data["seeds"]),
+            frozenset(data["systems"]),
+            frozenset(data["methods"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write(path: Path, scope: LedgerScope) -> bool:
+    """Atomically; whether it was written (a folder that cannot be written only costs the next
+    call the computation)."""
+    data = {
+        "cells": [
+            [c.system, c.method, c.seed, c.config_hash, c.numerics, c.ablation] for c in scope.cells
+        ],
+        "seeds": list(scope.seeds),
+        "systems": sorted(scope.systems),
+        "methods": sorted(scope.methods),
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as f:
+            json.dump(data, f)
+        os.replace(f.name, path)
+    except OSError:
+        return False
+    return True
