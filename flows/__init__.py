@@ -1,6 +1,11 @@
 """Prefect flows of Neural Laplace Lab and the ``nllab`` command line. Importing this package
 changes nothing in the process: the flow modules, which load Prefect, apply the platform's
-settings first (:mod:`tasks.offline`)."""
+settings first (:mod:`tasks.offline`).
+
+The benchmark, reproduction, tuning and the documentation's figures are at the top; the rest
+are rooms with one face each: :mod:`.cli` (the command line), :mod:`.studies`, :mod:`.ledger`,
+:mod:`.reports`, :mod:`.serve` and :mod:`.runtime` (Prefect's settings and servers, Dask,
+artifacts, the environment's faults)."""
 
 __all__ = ["BenchmarkSummary", "benchmark_flow", "registry_name", "run_benchmark"]
 

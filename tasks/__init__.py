@@ -1,6 +1,12 @@
 """Plain, typed experiment functions (simulate, train, evaluate, report, track) and their thin
 Prefect task wrappers. Importing this package changes nothing in the process: the modules that
 load MLflow, Prefect or Optuna apply the platform's settings first (:mod:`tasks.offline`).
+
+A cell's journey is at the top (:mod:`.cell`, :mod:`.engine`, :mod:`.pipeline`,
+:mod:`.prefect_tasks`, :mod:`.results`); each other concern is a room with one face:
+:mod:`.config`, :mod:`.tracking`, :mod:`.tuning`, :mod:`.machine` (numerics and how reuse
+decides, placement, workers, the doctor's checks), :mod:`.ledger` and :mod:`.reports`. This face
+names what a user needs; the rooms' internals are imported from the rooms.
 """
 
 from __future__ import annotations

@@ -485,6 +485,25 @@ def test_every_face_names_few_names() -> None:
     assert {n: len(names) for n, names in faces.items() if len(names) > MAX_FACE} == {}
 
 
+def _faces_naming_modules(faces: dict[str, list[str]]) -> set[str]:
+    """``package.name`` for each face name that is also a module of its package: once that
+    module loads, the import system binds the module to the name, and the face then hands out
+    the module where it promised the function."""
+    return {
+        f"{package}.{name}"
+        for package, names in faces.items()
+        for name in names
+        if f"{package}.{name}" in MODULES
+    }
+
+
+def test_no_face_names_a_module_of_its_package() -> None:
+    assert _faces_naming_modules(_faces()) == set()
+    assert _faces_naming_modules({"tasks.reports": ["verdict", "Table"]}) == {
+        "tasks.reports.verdict"
+    }
+
+
 def test_the_room_checks_catch_what_they_forbid(monkeypatch: pytest.MonkeyPatch) -> None:
     """A report that imports the ledger (the ledger reads the reports), a circle of
     ``if TYPE_CHECKING:`` imports, a table with a circle, a room's private module imported

@@ -268,7 +268,8 @@ def _status(args: argparse.Namespace) -> int:
     status, path = _read(args)
     print(status_text(status, path))
     if args.time_left:
-        from flows.ledger import forecast, forecast_text
+        from flows.ledger import forecast_text
+        from flows.ledger.forecast import forecast
 
         print()
         print(forecast_text(forecast(path, selection=_selection(args))))

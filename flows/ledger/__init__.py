@@ -25,7 +25,7 @@ if TYPE_CHECKING:
         speed_ratios,
     )
     from flows.ledger._progress import training_now
-    from flows.ledger.forecast import Forecast, forecast
+    from flows.ledger.forecast import Forecast
     from flows.ledger.groups import LedgerGroup
     from flows.ledger.plan import (
         cpu_workers,
@@ -59,7 +59,6 @@ _LAZY = {
     "group_config": "plan",
     "recorded_seconds": "plan",
     "cpu_workers": "plan",
-    "forecast": "forecast",
     "Forecast": "forecast",
     "status_text": "text",
     "training_text": "text",
@@ -85,7 +84,6 @@ __all__ = [
     "cpu_workers",
     "expected_seconds",
     "fitting_parts",
-    "forecast",
     "forecast_text",
     "group_config",
     "ledger_groups",

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tasks.reports import verdict
+from tasks.reports.verdict import verdict
 from tasks.results import CellResult
 
 __all__ = [

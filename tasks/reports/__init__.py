@@ -41,7 +41,7 @@ if TYPE_CHECKING:
         plural,
         render_table,
     )
-    from tasks.reports.verdict import VERDICT_RULE, Verdict, t_test_p_value, verdict
+    from tasks.reports.verdict import VERDICT_RULE, Verdict, t_test_p_value
 
 _LAZY = {
     "Table": "tables",
@@ -52,7 +52,6 @@ _LAZY = {
     "render_table": "tables",
     "VERDICT_MARKS": "tables",
     "VERDICT_RULE": "verdict",
-    "verdict": "verdict",
     "Verdict": "verdict",
     "t_test_p_value": "verdict",
     "PAPER_MAIN_TABLE": "reporting",
@@ -104,7 +103,6 @@ __all__ = [
     "render_table",
     "results_table",
     "t_test_p_value",
-    "verdict",
 ]
 
 
