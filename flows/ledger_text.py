@@ -1,5 +1,5 @@
 """The ledger as people read it: ``nllab ledger status``'s report and the tables of ``nllab ledger
-table`` (terminal or Markdown, the README's generated block), from :mod:`tasks.ledger_views`'
+table`` (terminal or Markdown, the ledger page's generated block), from :mod:`tasks.ledger_views`'
 data. The command and the docs' generator both print through here."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from tasks.ledger_views import CellProgress, CellState, LedgerStatus
 
 __all__ = [
-    "OLDER",
+    "count_legend",
     "forecast_text",
     "ledger_markdown",
     "protocols_markdown",
@@ -26,11 +26,23 @@ __all__ = [
     "training_text",
 ]
 
-OLDER = (
-    "n=K; J older: J of the K records were made by other numerics than today's (`nllab ledger "
-    "status` lists them, `nllab ledger run --refresh-older` retrains them); J on GPU: computed "
-    "on a GPU, whose numerics are its own (counted in the mean and the verdict all the same)"
-)
+
+def count_legend(older: int, gpu: int) -> str:
+    """What a cell's seed count says, in sentences: ``n=5`` always, and ``2 older`` or
+    ``1 on GPU`` beside it only when the table shows some (``older``, ``gpu``: how many)."""
+    parts = ["In each cell, n is the number of seeds its mean is over."]
+    if older:
+        parts.append(
+            "A count such as `n=5; 2 older` says that 2 of its 5 records were made by other "
+            "numerics than today's: `nllab ledger status` lists them and `nllab ledger run "
+            "--refresh-older` trains them again."
+        )
+    if gpu:
+        parts.append(
+            "A count such as `n=5; 1 on GPU` says that 1 of its 5 records was computed on a GPU, "
+            "whose numerics are its own; it counts in the mean and the verdict all the same."
+        )
+    return " ".join(parts)
 
 
 # -- status -------------------------------------------------------------------------------------
@@ -234,9 +246,11 @@ def tables(status: LedgerStatus, fmt: Literal["terminal", "markdown"]) -> str:
         _, table = ledger_table(status)
         counted = status.counted(ablation=False)
         parts.append(render_table(table, fmt, width=width))
+        older = sum(s.numerics == "older" for s in table3)
+        gpu = sum(s.numerics == "gpu" for s in table3)
         parts.append(
             f"{len(counted)} of the {len(table3)} selected cells of Table 3 recorded. "
-            f"Made by: {_made_by(counted)}. {OLDER}."
+            f"Made by: {_made_by(counted)}. {count_legend(older, gpu)}"
         )
     ablated = [s for s in status.states if s.cell.ablation]
     if ablated:
@@ -251,12 +265,12 @@ def tables(status: LedgerStatus, fmt: Literal["terminal", "markdown"]) -> str:
 
 def ledger_markdown(status: LedgerStatus) -> str:
     """Table 3 and the ablation from the counted records, as Markdown, with what made them
-    (the README's generated block)."""
+    (the ledger page's generated block)."""
     return tables(status, "markdown")
 
 
 def readme_ledger(path: Path) -> str:
-    """The README's block: every cell of the paper profile, Table 3 and the ablation, from the
+    """The ledger page's block: every cell of the paper profile, Table 3 and the ablation, from the
     ledger ``path`` (what ``nllab ledger table --readme`` writes)."""
     from tasks.ledger import read_ledger
     from tasks.ledger_scope import ledger_scope
@@ -333,11 +347,12 @@ def _best_cell(b) -> str:
 
 
 def _answer(statuses, best, paper_best) -> str:
-    """The finding in a few sentences, every figure counted from the records."""
+    """The finding as a short list, one line per protocol, every figure counted from the
+    records."""
     from tasks.tables import VERDICT_MARKS
 
     nl_paper = sum(m == "neural_laplace" for m, _ in paper_best.values())
-    parts = [f"The paper: Neural Laplace best on {nl_paper} of {len(paper_best)} systems."]
+    parts = [f"- The paper: Neural Laplace best on {nl_paper} of {len(paper_best)} systems."]
     for profile, name in PROTOCOLS.items():
         status, mine = statuses[profile], best[profile].values()
         complete = [b for b in mine if b.complete]
@@ -355,13 +370,25 @@ def _answer(statuses, best, paper_best) -> str:
             result = "no system has every method's seeds recorded yet"
         verdicts = _baseline_verdicts(status)
         marks = ", ".join(
-            f"{VERDICT_MARKS[v]} {n}" for v, n in Counter(verdicts).most_common() if v
+            f"{n} {_VERDICT_WORDS[v]} ({VERDICT_MARKS[v]})"
+            for v, n in Counter(verdicts).most_common()
+            if v
         )
         band = f"; the baselines' cells against the paper: {marks}" if marks else ""
         parts.append(
-            f"By {name} ({counted} of {len(status.states)} cells recorded): {result}{band}."
+            f"- By {name} (`--profile {profile}`, {counted} of {len(status.states)} cells "
+            f"recorded): {result}{band}."
         )
-    return " ".join(parts)
+    return "\n".join(parts)
+
+
+#: A verdict in words, beside its mark (:data:`tasks.tables.VERDICT_MARKS`).
+_VERDICT_WORDS = {
+    "better": "better",
+    "match": "within its band",
+    "worse": "worse",
+    "unclear": "unclear",
+}
 
 
 def _baseline_verdicts(status: LedgerStatus) -> list[str]:
