@@ -420,6 +420,12 @@ class Packer:
             for t, s in zip(state, snapshot):
                 t.copy_(s)
         graph = torch.cuda.CUDAGraph()  # a private memory pool: graphs share no scratch memory
+        for gen in self.base.graph_generators([self.models[m] for m in pack.members]):
+            # each replay draws the next numbers (an older torch cannot: eager steps instead)
+            register = getattr(graph, "register_generator_state", None)
+            if register is None:
+                raise RuntimeError("this torch cannot replay a generator of its own in a graph")
+            register(gen)
         with recorded_host_bools(tape, replay=True), torch.cuda.graph(graph):
             self.step(pack, idx, batch, adam)
         self.base.reset_nfe()

@@ -9,7 +9,7 @@ from typing import Literal, cast, get_args
 import torch
 from torch import nn
 
-from nlmodels.base import ForecastModel, MemberRun
+from nlmodels.base import ForecastModel, MemberRun, recording_host_bools
 from nlmodels.baselines._dopri import dopri5_lanes
 from nlmodels.baselines._encoders import ODERNNEncoder
 from nlmodels.baselines._mlp import mlp, stacked_linear, stacked_mlp
@@ -23,6 +23,10 @@ from nlmodels.baselines._solve import (
 from nlmodels.model_registry import register_model
 
 __all__ = ["LatentODE"]
+
+#: A captured latent solve runs CAPTURE_HEADROOM times the most iterations a solve of its pack
+#: needed so far, and at least CAPTURE_FLOOR (:meth:`LatentODE.capture_iterations`).
+CAPTURE_HEADROOM, CAPTURE_FLOOR = 2, 16
 
 Z0Time = Literal["first_observed", "first_query"]
 KLAverage = Literal["values", "latents"]
@@ -108,6 +112,11 @@ class LatentODE(ForecastModel):
         # once the weights are drawn: models trained side by side in one process never share
         # (or race for) draws, so a seed gives the same run with any neighbours.
         self.reseed(int(torch.randint(2**62, ()).item()))
+        self._peak_iterations = 0  # the most a budgeted solve (or a capture's warm-up) needed
+        self._flags: tuple[torch.Tensor, torch.Tensor] | None = None  # see _budget_flags
+        #: a fixed budget for every packed solve, also eager (the CPU twin of a captured one)
+        self.solve_iterations: int | None = None
+        self._captured_budget: int | None = None  # the smallest budget captured so far
 
     def reseed(self, seed: int) -> None:
         """Restart the streams of standard-normal samples at ``seed``: the ELBO's, and (seed
@@ -188,9 +197,19 @@ class LatentODE(ForecastModel):
         self, field: Callable[[torch.Tensor], torch.Tensor], z0, grid, masked: bool = False
     ):
         """dopri5 of the autonomous ``field`` from ``z0 [L, B, K]`` through the shared ``grid``
-        (``masked``: a pack's lanes, whose arithmetic must not depend on how many there are)."""
+        (``masked``: a pack's lanes, whose arithmetic must not depend on how many there are).
+
+        Captured into a CUDA graph, the solve runs a fixed budget of iterations
+        (:meth:`capture_iterations`), and a lane it leaves unfinished is noted for
+        :meth:`graph_overrun`; in a capture's eager warm-up the iterations needed are noted."""
         lanes = z0.shape[0]
-        return dopri5_lanes(
+        capturing = z0.is_cuda and torch.cuda.is_current_stream_capturing()
+        budget = self.capture_iterations() if capturing else None
+        if budget is not None:
+            self._captured_budget = min(budget, self._captured_budget or budget)
+        if masked and self.solve_iterations is not None:
+            budget = self.solve_iterations
+        sol = dopri5_lanes(
             lambda t, z: field(z),
             z0,
             grid[:1].expand(lanes),
@@ -198,7 +217,17 @@ class LatentODE(ForecastModel):
             rtol=self.rtol,
             atol=self.atol,
             masked=masked,
+            iterations=budget,
         )
+        if budget is not None:
+            overrun, needed = self._budget_flags(z0.device)
+            overrun.logical_or_(sol.unfinished.any())
+            needed.copy_(torch.maximum(needed, (sol.accepted + sol.rejected).max()))
+        elif masked and recording_host_bools():  # a capture's warm-up (host reads allowed)
+            warm = int((sol.accepted + sol.rejected).max())
+            self._peak_iterations = max(self._peak_iterations, warm)
+            self._budget_flags(z0.device)  # made before the capture, which writes into them
+        return sol
 
     def forward(
         self, obs_t: torch.Tensor, obs_x: torch.Tensor, query_t: torch.Tensor
@@ -327,3 +356,56 @@ class LatentODE(ForecastModel):
         for j, member in enumerate(members):
             member.count_nfe(sol.nfe[j])
         return stacked_linear(state, "decoder.")(sol.y.transpose(1, 2))
+
+    # ----- a solve captured into a CUDA graph: a fixed budget of iterations -------------------
+
+    def _budget_flags(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a budgeted solve left a lane unfinished, the most iterations one needed): device
+        scalars that budgeted solves update and :meth:`graph_overrun` reads once an epoch."""
+        if self._flags is None or self._flags[0].device != device:
+            self._flags = (
+                torch.zeros((), dtype=torch.bool, device=device),
+                torch.zeros((), dtype=torch.long, device=device),
+            )
+        return self._flags
+
+    def capture_iterations(self) -> int:
+        """The iterations a solve captured into a CUDA graph runs: :data:`CAPTURE_HEADROOM`
+        times the most any solve of this pack has needed so far (the capture's warm-up and the
+        replays before it), and at least :data:`CAPTURE_FLOOR`."""
+        return max(CAPTURE_FLOOR, CAPTURE_HEADROOM * self._peak_iterations)
+
+    def captures_packed(self) -> bool:
+        """A pack's step is captured with dopri5 on a fixed budget (:meth:`_solve_lanes`) or
+        with Euler (a fixed grid); not through the adjoint."""
+        return self.packs_itself()
+
+    def graph_generators(self, members: Sequence[ForecastModel]) -> list[torch.Generator]:
+        """Each member's stream of the ELBO's samples (drawn in the warm-up, so it exists)."""
+        gens = [cast("LatentODE", m)._sampler for m in members]
+        return [g for g in gens if g is not None and g.device.type == "cuda"]
+
+    def graph_overrun(self) -> str | None:
+        """Whether a budgeted solve needed more iterations than its budget (its outputs past
+        the budget are NaN, which its member's step would take for a divergence)."""
+        if self._flags is None:
+            return None
+        overrun, needed = self._flags
+        self._peak_iterations = max(self._peak_iterations, int(needed))
+        if not bool(overrun):
+            return None
+        overrun.zero_()
+        return (
+            f"a Latent ODE solve on a fixed budget of dopri5 iterations (captured into a CUDA "
+            f"graph) needed more than it ({self._peak_iterations} at least); train with "
+            f"graphs=False (eager steps) or on the CPU"
+        )
+
+    def graph_recapture(self) -> bool:
+        """Whether the replays have needed more than 3/4 of the captured budget: the next
+        capture (warm-up included) then chooses a budget from what they needed."""
+        budget = self._captured_budget
+        if budget is None or 4 * self._peak_iterations <= 3 * budget:
+            return False
+        self._captured_budget = None  # the graphs are captured again, with a new budget
+        return True
