@@ -287,6 +287,14 @@ def protocols_answer(root: Path) -> str:
     return protocols(root).split("\n\n", 1)[0]
 
 
+def laplace_peers(root: Path) -> str:
+    """The Laplace-domain peers beside Neural Laplace per system, from the ledger and the quick
+    record (:mod:`flows.peers_page`)."""
+    from flows.peers_page import laplace_peers as page
+
+    return page(root)
+
+
 _LEDGER = "`results/paper/ledger.jsonl`"
 _LEDGER_BY = "`nllab ledger run` / `record`"
 _QUICK = "`results/quick/PROFILE.json`"
@@ -346,6 +354,7 @@ BLOCKS: dict[str, Block] = {
             f"{_LEDGER_BY}, `benchmarks/copy_floor.py`",
         ),
         Block("protocols-answer", protocols_answer, _LEDGER, _LEDGER_BY),
+        Block("laplace-peers", laplace_peers, f"{_LEDGER}, {_QUICK}", f"{_LEDGER_BY}, {_QUICK_BY}"),
         Block(
             "generated-figures",
             generated_figures,

@@ -39,7 +39,14 @@ from tasks.ledger import (
     read_ledger,
     record_of_run,
 )
-from tasks.ledger_scope import ABLATIONS, LedgerCell, LedgerScope, ledger_scope, paper_config
+from tasks.ledger_scope import (
+    ABLATIONS,
+    PEERS,
+    LedgerCell,
+    LedgerScope,
+    ledger_scope,
+    paper_config,
+)
 from tasks.ledger_views import CellState, cell_states
 from tasks.tracking.tags import RunTags
 
@@ -122,7 +129,9 @@ def ledger_groups(
     2. the cells whose records predate numerics fingerprints (they count for nothing until
        retrained: a column the ledger had once comes back whole before new seeds), then the
        ablations (so they start only once every Table 3 column has at least one seed);
-    3. the remaining Table 3 seeds, seed by seed.
+    3. the remaining Table 3 seeds, seed by seed;
+    4. then the Laplace-domain peers (:data:`tasks.ledger_scope.PEERS`, not Table 3's): each
+       one's lowest missing seed, then their remaining seeds, seed by seed.
 
     Each group is one seed of one method on its missing systems; ``merge_seeds`` (a GPU, where
     bigger packs pay) joins the seeds of one method that miss the same systems, a method
@@ -142,6 +151,10 @@ def ledger_groups(
 
     def phase(key: tuple[str, str, int]) -> float:
         method, ablation, seed = key
+        if method in PEERS and not ablation:  # after all of Table 3 and the ablations
+            if merge_seeds:
+                return 3 if method in first else 4
+            return 3 if first.get(method) == seed else 4
         if ablation:
             return 1
         if key in again and first.get(method) != seed:
@@ -215,6 +228,7 @@ def _states(
         selection.get("methods"),
         selection.get("seeds"),
         ablations=selection.get("ablations"),
+        peers=selection.get("peers"),
     )
     return cells, cell_states(read_ledger(ledger, scope), cells)
 
@@ -270,8 +284,9 @@ def run_ledger(
     finishes.
 
     ``selection``: ``profile`` (``paper``, the default, or ``fair``), ``config_file`` (layered
-    on it), ``systems``, ``methods``, ``seeds`` (None: all) and ``ablations`` (False: Table 3
-    only, True: the ablations only, None: both; :meth:`tasks.ledger_scope.LedgerScope.select`).
+    on it), ``systems``, ``methods``, ``seeds`` (None: all), ``ablations`` (False: Table 3
+    only, True: the ablations only, None: both) and ``peers`` (False: none, True: the peers'
+    only, None, the default: theirs too; :meth:`tasks.ledger_scope.LedgerScope.select`).
     ``execution``: the benchmark's execution settings (max_workers, torch_threads, device...).
     ``max_seconds``: the time limit; when it is reached the running cells stop (KILLED, not
     recorded) and no group starts after it; a group expected to take longer than the time left

@@ -46,15 +46,27 @@ def count_legend(older: int, gpu: int) -> str:
 
 
 # -- status -------------------------------------------------------------------------------------
-def _counts(status: LedgerStatus, ablation: bool) -> str | None:
-    states = [s for s in status.states if bool(s.cell.ablation) == ablation]
+#: The parts of the ledger as ``status`` names them.
+_PARTS = {
+    "table3": "Table 3",
+    "ablation": "the stereographic ablation (Table 5)",
+    "peers": "the Laplace-domain peers (not Table 3's)",
+}
+
+
+def _part(state: CellState) -> str:
+    return "peers" if state.cell.peer else "ablation" if state.cell.ablation else "table3"
+
+
+def _counts(status: LedgerStatus, part: str) -> str | None:
+    states = [s for s in status.states if _part(s) == part]
     if not states:
         return None
     n = Counter(s.state for s in states)
     older = sum(s.numerics == "older" for s in states)
     gpu = sum(s.numerics == "gpu" for s in states)
     on_gpu = f", {gpu} computed on a GPU" if gpu else ""
-    what = "the stereographic ablation (Table 5)" if ablation else "Table 3"
+    what = _PARTS[part]
     predates = n["predates"]
     return (
         f"{what}: {n['recorded']} of {len(states)} selected cells recorded ({older} by older "
@@ -170,7 +182,7 @@ def status_text(status: LedgerStatus, path: Path) -> str:
     )
     held = f"{status.records} records" if path.exists() else "no such file yet (0 records)"
     lines = [f"{path}: {held}"]
-    lines += [c for c in (_counts(status, False), _counts(status, True)) if c]
+    lines += [c for c in map(lambda part: _counts(status, part), _PARTS) if c]
     lines += ["", render_table(grid, "terminal", width=160), ""]
     todo = [s for s in status.states if s.state != "recorded"]
     for label, states in _by_label(todo).items():
@@ -236,12 +248,15 @@ def _made_by(records: list[LedgerRecord]) -> str:
 
 
 def tables(status: LedgerStatus, fmt: Literal["terminal", "markdown"]) -> str:
-    from tasks.ledger_views import ablation_table, ledger_table
+    """Table 3, the ablation and the Laplace-domain peers, each where the selection has cells
+    of it."""
+    from tasks.ledger_peers import peers_count, peers_table
+    from tasks.ledger_views import ablation_table, ledger_table, table3_states
     from tasks.tables import render_table
 
     width = 160 if fmt == "terminal" else 100  # (Markdown has no width)
     parts = []
-    table3 = [s for s in status.states if not s.cell.ablation]
+    table3 = table3_states(status)
     if table3:
         _, table = ledger_table(status)
         counted = status.counted(ablation=False)
@@ -260,6 +275,10 @@ def tables(status: LedgerStatus, fmt: Literal["terminal", "markdown"]) -> str:
             f"{len(counted)} of the {len(ablated)} selected ablation cells recorded. "
             f"Made by: {_made_by(counted)}."
         )
+    if any(s.cell.peer for s in status.states):
+        counted = status.counted(peers=True)
+        parts.append(render_table(peers_table(status), fmt, width=width))
+        parts.append(f"{peers_count(status)} Made by: {_made_by(counted)}.")
     return "\n\n".join(parts)
 
 

@@ -1,9 +1,16 @@
-"""The cells the results ledger holds: Table 3 and its ablation beside it under one of the
+"""The cells the results ledger holds: Table 3, its ablation and the Laplace-domain peers
+(:data:`PEERS`) beside it under one of the
 profiles that train the paper's budget (:data:`LEDGER_PROFILES`: ``paper``, the reference code's
 protocol, or ``fair``), each with today's config hash and numerics fingerprints, cached on disk
 per code state. Both profiles share one ledger file: a record names its cell by config hash, so a
 cell the two profiles configure alike (Neural Laplace, the Neural Flows) has one record serving
 both.
+
+The peers (Laplace-Net, the Laplace Neural Operator, the neural DDE) are the main table's models
+that the paper does not run: they have no protocol of the reference code's, so ``paper`` and
+``fair`` configure each of their cells alike (one record serves both, as Neural Laplace's), at
+the paper's budget. They are not Table 3's: :meth:`LedgerScope.select` leaves them out unless
+asked for, and they come after Table 3 and the ablations in the scope's order.
 
 A config hash needs the models' defaults (torch) and a numerics fingerprint runs a canary, so
 ``nllab ledger status``/``table`` would load torch on every call. Instead :func:`ledger_scope`
@@ -35,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from datasets import cache_folders
 from nlmodels import numerics_environment
+from tasks._names import METHODS, PAPER_METHODS
 from tasks.ledger import LedgerRecord, cell_numerics
 
 if TYPE_CHECKING:
@@ -43,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ABLATIONS",
     "LEDGER_PROFILES",
+    "PEERS",
     "LedgerCell",
     "LedgerScope",
     "ledger_cell_configs",
@@ -56,6 +65,10 @@ __all__ = [
 ABLATIONS: dict[str, dict[str, dict[str, Any]]] = {
     "stereographic=False": {"neural_laplace": {"stereographic": False}},
 }
+
+#: The Laplace-domain peers the ledger keeps after Table 3 and the ablations: the main table's
+#: models that are not the paper's Table 3's (``nlmodels/models.toml``), in its row order.
+PEERS: tuple[str, ...] = tuple(m for m in METHODS if m not in PAPER_METHODS)
 
 #: The profiles whose cells the ledger keeps (:data:`tasks.config.PAPER_BUDGET_PROFILES`), the
 #: default first.
@@ -102,6 +115,11 @@ class LedgerCell:
     ablation: str = ""
 
     @property
+    def peer(self) -> bool:
+        """A cell of a Laplace-domain peer (:data:`PEERS`), not Table 3's."""
+        return not self.ablation and self.method in PEERS
+
+    @property
     def key(self) -> tuple[str, str, str, int]:
         return (self.system, self.method, self.ablation, self.seed)
 
@@ -113,7 +131,8 @@ class LedgerCell:
 
 @dataclass(frozen=True)
 class LedgerScope:
-    """The ledger's cells (Table 3, then the ablations) and what a record may name."""
+    """The ledger's cells (Table 3, then the ablations, then the peers) and what a record may
+    name."""
 
     cells: tuple[LedgerCell, ...]
     #: the profile's seeds (a config file may set others)
@@ -128,15 +147,23 @@ class LedgerScope:
         seeds: Iterable[int] | None = None,
         *,
         ablations: bool | None = False,
+        peers: bool | None = False,
     ) -> list[LedgerCell]:
         """The cells of the selection (None: all); ``ablations`` False: Table 3 only, True:
-        the ablations only, None: both."""
+        the ablations only, None: both; ``peers`` (:data:`PEERS`) False: none of theirs, True:
+        theirs only, None: theirs besides what ``ablations`` selects."""
         want = [set(x) if x is not None else None for x in (systems, methods, seeds)]
+
+        def part(c: LedgerCell) -> bool:
+            if c.peer:
+                return peers is not False
+            return peers is not True and (ablations is None or bool(c.ablation) == ablations)
+
         return [
             c
             for c in self.cells
             if all(w is None or v in w for w, v in zip(want, (c.system, c.method, c.seed)))
-            and (ablations is None or bool(c.ablation) == ablations)
+            and part(c)
         ]
 
     def problem(self, record: LedgerRecord) -> str | None:
@@ -169,12 +196,16 @@ def ledger_cell_configs(
 ) -> list[tuple[CellConfig, str]]:
     """The ledger's cells as configs: ``profile``'s (``config_file`` layered on it; the
     ``systems``, ``methods`` and ``seeds`` asked for, None: its own), then each ablation's,
-    each with its ablation's key ("" for Table 3). Loads the models (torch)."""
+    then the peers' (:data:`PEERS`), each with its ablation's key ("" for Table 3 and the
+    peers). Loads the models (torch)."""
     selection: dict[str, Any] = {"systems": systems, "profile": profile}
     if seeds is not None:
         selection["seeds"] = list(seeds)
-    base = paper_config(config_file=config_file, methods=methods, **selection)
-    tagged = [(c, "") for c in base.cells()]
+    table3 = None if methods is None else [m for m in methods if m not in PEERS]
+    tagged: list[tuple[CellConfig, str]] = []
+    if table3 != []:
+        base = paper_config(config_file=config_file, methods=table3, **selection)
+        tagged += [(c, "") for c in base.cells() if c.method not in PEERS]
     for key, overrides in ABLATIONS.items():
         wanted = [m for m in overrides if methods is None or m in methods]
         if wanted:
@@ -182,6 +213,10 @@ def ledger_cell_configs(
                 config_file=config_file, methods=wanted, models=overrides, **selection
             )
             tagged += [(c, key) for c in config.cells()]
+    peers = [m for m in PEERS if methods is None or m in methods]
+    if peers:
+        config = paper_config(config_file=config_file, methods=peers, **selection)
+        tagged += [(c, "") for c in config.cells()]
     return tagged
 
 

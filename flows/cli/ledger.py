@@ -2,8 +2,9 @@
 
 ``status`` says which of the ledger's cells are recorded, ``run`` trains the missing ones
 through the benchmark (tracked in MLflow, at low CPU priority) and records each as it
-finishes, ``table`` prints the paper's Table 3 and the stereographic ablation beside Table 5
-from the records (``--readme FILE`` rewrites the generated block of a page:
+finishes, ``table`` prints the paper's Table 3, the stereographic ablation beside Table 5 and
+the Laplace-domain peers beside Neural Laplace (:mod:`tasks.ledger_peers`) from the records
+(``--readme FILE`` rewrites the generated block of a page:
 ``docs/results/ledger.md``). The data come from
 :mod:`tasks.ledger_views` (one counting rule, one verdict); this module formats and prints.
 ``status`` and ``table`` read the ledger and the cached cell list (:mod:`tasks.ledger_scope`)
@@ -76,12 +77,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="the results ledger at the paper's budget: status, run the missing cells, Table 3",
         description="The results ledger at the paper's budget (one JSON line per finished "
         "full-budget cell, kept in the repository): Table 3's cells and the stereographic "
-        "ablation's (Table 5), under the paper profile (the reference code's protocol) or the "
-        "fair one (--profile fair). 'status': which of its cells are recorded; 'run': train the "
+        "ablation's (Table 5), then the Laplace-domain peers' (not Table 3's), under the "
+        "paper profile (the reference code's protocol) or the fair one (--profile fair). "
+        "'status': which of its cells are recorded; 'run': train the "
         "missing ones (tracked in MLflow, low CPU priority), recording each as it finishes; "
         "'record': record the cells this machine's tracking store finished (a plain `nllab "
-        "benchmark --profile paper`, a killed run), training nothing; 'table': Table 3 and "
-        "the ablation from the records.",
+        "benchmark --profile paper`, a killed run), training nothing; 'table': Table 3, "
+        "the ablation and the peers from the records.",
     )
     p.add_argument(
         "action", choices=("status", "run", "record", "table"), help="what to do (see above)"
@@ -137,7 +139,7 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
         "--systems", nargs="+", type=cli.names, metavar="NAME", help="systems (default: main table)"
     )
     p.add_argument(
-        "--methods", nargs="+", type=cli.names, metavar="NAME", help="models (default: all six)"
+        "--methods", nargs="+", type=cli.names, metavar="NAME", help="models (default: all nine)"
     )
     p.add_argument(
         "--seeds",
@@ -152,6 +154,15 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the stereographic ablation's cells only (--no-ablation: Table 3's only; default: "
         "both; `run` trains the ablation after every Table 3 column has a seed)",
+    )
+    p.add_argument(
+        "--peers",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the Laplace-domain peers' cells only (Laplace-Net, the Laplace Neural Operator, "
+        "the neural DDE: not Table 3's; one cell under both profiles; --no-peers: without "
+        "them; default: theirs too, unless --ablation/--no-ablation is given; `run` trains "
+        "them last, after Table 3 and the ablation)",
     )
 
 
@@ -242,7 +253,16 @@ def _selection(args: argparse.Namespace) -> dict:
         "methods": cli.split_names(args.methods),
         "seeds": cli.parse_seeds(args.seeds),
         "ablations": args.ablation,
+        "peers": _peers(args),
     }
+
+
+def _peers(args: argparse.Namespace) -> bool | None:
+    """--peers as given; unsaid, the peers come with everything else and not with a choice of
+    Table 3's or the ablation's cells (``--no-ablation`` is Table 3 alone, as it was)."""
+    if args.peers is not None:
+        return args.peers
+    return None if args.ablation is None else False
 
 
 def _ledger_path(args: argparse.Namespace) -> Path:
@@ -313,7 +333,11 @@ def _read(args: argparse.Namespace) -> tuple[LedgerStatus, Path]:
 
     path, scope, selection = _ledger_path(args), _scope(args), _selection(args)
     cells = scope.select(
-        selection["systems"], selection["methods"], selection["seeds"], ablations=args.ablation
+        selection["systems"],
+        selection["methods"],
+        selection["seeds"],
+        ablations=args.ablation,
+        peers=selection["peers"],
     )
     return ledger_status(read_ledger(path, scope), cells), path
 
