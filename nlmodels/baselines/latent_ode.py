@@ -62,6 +62,20 @@ class LatentODE(ForecastModel):
     :func:`~nlmodels.baselines._dopri.dopri5_lanes` (torchdiffeq's dopri5, step for step), with
     the whole batch as one lane; packed training (:meth:`packed_losses`) solves one lane per
     member, so each member takes the steps its unpacked run takes.
+
+    On CUDA a pack's training step is captured into a CUDA graph (:meth:`captures_packed`),
+    whose replay cannot ask the host whether the solve is done: there the solve runs a fixed
+    budget of masked iterations, each lane keeping its own step size and accept/reject
+    decision (diffrax's ``max_steps`` loop; Kidger, 2021, §5), rather than a plan of step sizes
+    fixed before capture, which would give up the error control. The budget is
+    :data:`CAPTURE_HEADROOM` times the most iterations a solve of the pack has needed (counted
+    in the capture's warm-up and on the device in every replay), captured again when the
+    replays near it, and a solve that outgrows it is an error (:meth:`graph_overrun`). The
+    paper profile's solves need 4-5 iterations in the first epoch and up to 11-13 after 30
+    (``benchmarks/latent_ode_steps.py``): they grow as the field learns, hence a budget that
+    follows them. Where it suffices the budgeted solve is bit for bit the unbudgeted one, so it
+    is no part of a cell's configuration. ``solve_iterations`` fixes the budget of every packed
+    solve, eager ones too: the CPU twin of a captured solve.
     """
 
     def __init__(
