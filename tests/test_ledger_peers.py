@@ -205,3 +205,23 @@ def test_a_smoke_benchmark_of_the_three_on_integro_de_finishes_every_cell(
         (m, "finished") for m in PEERS
     )
     assert all(math.isfinite(r.test_rmse) for r in summary.results)
+
+
+def test_the_command_shows_the_peers_apart_and_alone_when_asked(tmp_path, capsys):
+    from flows.cli import main
+    from tasks.ledger import append_records
+    from tasks.ledger_scope import ledger_scope
+
+    (cell,) = ledger_scope().select(["integro_de"], ["lno"], [0], peers=True)
+    path = tmp_path / "ledger.jsonl"
+    append_records(path, [_record("integro_de", "lno", 0, config_hash=cell.config_hash)])
+    assert main(["ledger", "table", "--ledger", str(path), "--peers"]) == 0
+    out = capsys.readouterr().out
+    assert "Laplace-domain peers: 1 of 90 cells recorded." in out and "Table 3" in out
+    assert "cells of Table 3 recorded" not in out  # the peers alone
+    assert main(["ledger", "status", "--ledger", str(path), "--no-ablation"]) == 0
+    out = capsys.readouterr().out
+    assert "Table 3: 0 of 180 selected cells recorded" in out and "peers" not in out
+    assert main(["ledger", "status", "--ledger", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "the Laplace-domain peers (not Table 3's): 1 of 90 selected cells recorded" in out
