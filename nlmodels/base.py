@@ -167,13 +167,14 @@ class ForecastModel(nn.Module):
         with the graph, so that each replay draws anew)."""
         return []
 
-    def graph_overrun(self) -> str | None:
-        """Read once per epoch of replayed steps: why a captured step could not compute what
-        its eager step computes (then an error), or None."""
+    def graph_epoch_end(self, members: Sequence[ForecastModel]) -> str | None:
+        """Called once an epoch of a pack's steps (replayed or not): hands ``members`` what a
+        replay counted for them on the device, and says why a captured step could not compute
+        what its eager step computes (then an error), or None."""
         return None
 
     def graph_recapture(self) -> bool:
-        """Asked after :meth:`graph_overrun`: whether the captured steps should be captured
+        """Asked after :meth:`graph_epoch_end`: whether the captured steps should be captured
         again before the next epoch (a size fixed at capture no longer has its headroom)."""
         return False
 

@@ -233,7 +233,7 @@ class PackedCells:
 
     def end_epoch(self) -> Readout:
         packer, pack = self.packer, self.pack
-        overrun = packer.base.graph_overrun()
+        overrun = packer.base.graph_epoch_end([self.models[m] for m in pack.members])
         if overrun is not None:
             raise RuntimeError(f"{self.label}: {overrun}")
         if packer.base.graph_recapture():

@@ -9,8 +9,11 @@ import torch
 from test_packing import _assert_same, _cfg, _data, _model, _packed
 from torchdiffeq import odeint
 
+from nlmodels.base import recorded_host_bools
 from nlmodels.baselines._dopri import dopri5_lanes
+from nlmodels.baselines.latent_ode import CAPTURE_FLOOR, CAPTURE_HEADROOM
 from nltrain import TrainResult, train, train_packed
+from nltrain._packed_cells import PackedCells
 
 SMALL = {"rec_units": 8, "rec_hidden": (8,), "head_hidden": (8,), "ode_hidden": (8, 8)}
 F64 = torch.float64
@@ -164,6 +167,40 @@ def test_a_budget_too_short_is_an_error_not_a_divergence():
         train_packed(models, [d[0] for d in datas], [d[1] for d in datas], cfg, seeds=seeds)
 
 
+def test_a_captures_warm_up_chooses_the_budget_and_each_epoch_end_reads_the_replays():
+    """The policy a capture follows, on the CPU twin: the warm-up (host reads recorded) counts
+    the iterations its solves need and counts no evaluation; an epoch's end hands the members
+    what the device counted, raises the peak from it, says when a solve outgrew its budget, and
+    asks for a new capture once the replays needed more than 3/4 of it."""
+    seeds, cfg = [0, 1], _cfg(epochs=1)
+    datas = [_data(s) for s in seeds]
+    models = [_model("latent_ode", s, **SMALL).double() for s in seeds]
+    cells = PackedCells(
+        models, [d[0] for d in datas], [d[1] for d in datas], cfg, torch.device("cpu"),
+        seeds, ["m0", "m1"], False,
+    )  # fmt: skip
+    base = cells.packer.base
+    cells.begin_epoch()
+    with recorded_host_bools([], replay=False):
+        cells.train_step(0, 0, 8)
+    assert [m.nfe for m in models] == [0, 0]  # the warm-up counts nothing
+    peak = base._peak_iterations
+    assert 0 < peak < 8 and base.capture_iterations() == CAPTURE_FLOOR
+    overrun, needed = base._flags
+    # What replays would leave on the device: evaluations per member, the most iterations.
+    base._lane_nfe += torch.tensor([20, 26])
+    needed.fill_(11)
+    base._captured_budget = CAPTURE_FLOOR
+    assert base.graph_epoch_end(models) is None
+    assert [m.nfe for m in models] == [20, 26] and not base._lane_nfe.any()
+    assert base._peak_iterations == 11 and not base.graph_recapture()  # 11 <= 3/4 of 16
+    needed.fill_(13)
+    overrun.fill_(True)
+    assert "needed more than it (13 at least)" in base.graph_epoch_end(models)
+    assert base.graph_recapture() and base._captured_budget is None
+    assert base.capture_iterations() == CAPTURE_HEADROOM * 13 and not overrun
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_latent_ode_is_captured_on_cuda_and_trains_as_its_eager_steps():
@@ -193,6 +230,7 @@ def test_the_latent_ode_is_captured_on_cuda_and_trains_as_its_eager_steps():
     assert all(r.graphs for _, r in runs[True]) and not any(r.graphs for _, r in runs[False])
     for (mg, rg), (me, re_) in zip(runs[True], runs[False], strict=True):
         for eg, ee in zip(rg.history, re_.history, strict=True):
+            assert eg.nfe == ee.nfe  # the replays' evaluations, counted on the device
             assert eg.train_loss == pytest.approx(ee.train_loss, rel=1e-6)
             assert eg.val_rmse == pytest.approx(ee.val_rmse, rel=1e-6)
         for (n, tg), (_, te) in zip(mg.state_dict().items(), me.state_dict().items()):

@@ -70,7 +70,7 @@ class LatentODE(ForecastModel):
     fixed before capture, which would give up the error control. The budget is
     :data:`CAPTURE_HEADROOM` times the most iterations a solve of the pack has needed (counted
     in the capture's warm-up and on the device in every replay), captured again when the
-    replays near it, and a solve that outgrows it is an error (:meth:`graph_overrun`). The
+    replays near it, and a solve that outgrows it is an error (:meth:`graph_epoch_end`). The
     paper profile's solves need 4-5 iterations in the first epoch and up to 11-13 after 30
     (``benchmarks/latent_ode_steps.py``): they grow as the field learns, hence a budget that
     follows them. Where it suffices the budgeted solve is bit for bit the unbudgeted one, so it
@@ -131,6 +131,7 @@ class LatentODE(ForecastModel):
         #: a fixed budget for every packed solve, also eager (the CPU twin of a captured one)
         self.solve_iterations: int | None = None
         self._captured_budget: int | None = None  # the smallest budget captured so far
+        self._lane_nfe: torch.Tensor | None = None  # [M]: what the replays evaluated
 
     def reseed(self, seed: int) -> None:
         """Restart the streams of standard-normal samples at ``seed``: the ELBO's, and (seed
@@ -215,7 +216,7 @@ class LatentODE(ForecastModel):
 
         Captured into a CUDA graph, the solve runs a fixed budget of iterations
         (:meth:`capture_iterations`), and a lane it leaves unfinished is noted for
-        :meth:`graph_overrun`; in a capture's eager warm-up the iterations needed are noted."""
+        :meth:`graph_epoch_end`; in a capture's eager warm-up the iterations needed are noted."""
         lanes = z0.shape[0]
         capturing = z0.is_cuda and torch.cuda.is_current_stream_capturing()
         budget = self.capture_iterations() if capturing else None
@@ -367,15 +368,26 @@ class LatentODE(ForecastModel):
             raise ValueError("packed Latent ODE training needs a time grid shared by the batch")
         field = stacked_mlp(self.latent_field, state, "latent_field.")
         sol = self._solve_lanes(field, z0, grid, masked=True)
-        for j, member in enumerate(members):
-            member.count_nfe(sol.nfe[j])
+        self._count_lanes(members, sol.nfe)
         return stacked_linear(state, "decoder.")(sol.y.transpose(1, 2))
+
+    def _count_lanes(self, members: Sequence[ForecastModel], nfe: torch.Tensor) -> None:
+        """Each member's evaluations, counted on the member; in a CUDA graph (whose replays run
+        no Python) added on the device to counts :meth:`graph_epoch_end` hands over; in a
+        capture's warm-up not at all, as a pack's warm-up steps count nothing."""
+        if not recording_host_bools():
+            for j, member in enumerate(members):
+                member.count_nfe(nfe[j])
+        elif nfe.is_cuda and torch.cuda.is_current_stream_capturing():
+            cast(torch.Tensor, self._lane_nfe).add_(nfe)
+        elif self._lane_nfe is None or self._lane_nfe.shape != nfe.shape:
+            self._lane_nfe = torch.zeros_like(nfe)  # before the capture, which adds to it
 
     # ----- a solve captured into a CUDA graph: a fixed budget of iterations -------------------
 
     def _budget_flags(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(a budgeted solve left a lane unfinished, the most iterations one needed): device
-        scalars that budgeted solves update and :meth:`graph_overrun` reads once an epoch."""
+        scalars that budgeted solves update and :meth:`graph_epoch_end` reads once an epoch."""
         if self._flags is None or self._flags[0].device != device:
             self._flags = (
                 torch.zeros((), dtype=torch.bool, device=device),
@@ -399,9 +411,14 @@ class LatentODE(ForecastModel):
         gens = [cast("LatentODE", m)._sampler for m in members]
         return [g for g in gens if g is not None and g.device.type == "cuda"]
 
-    def graph_overrun(self) -> str | None:
-        """Whether a budgeted solve needed more iterations than its budget (its outputs past
-        the budget are NaN, which its member's step would take for a divergence)."""
+    def graph_epoch_end(self, members: Sequence[ForecastModel]) -> str | None:
+        """The evaluations the replays counted, handed to ``members``; and whether a budgeted
+        solve needed more iterations than its budget (its outputs past the budget are NaN,
+        which its member's step would take for a divergence)."""
+        if self._lane_nfe is not None and self._lane_nfe.shape[0] == len(members):
+            for member, nfe in zip(members, self._lane_nfe.clone(), strict=True):
+                member.count_nfe(nfe)
+            self._lane_nfe.zero_()
         if self._flags is None:
             return None
         overrun, needed = self._flags
