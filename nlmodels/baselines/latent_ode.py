@@ -70,12 +70,13 @@ class LatentODE(ForecastModel):
     fixed before capture, which would give up the error control. The budget is
     :data:`CAPTURE_HEADROOM` times the most iterations a solve of the pack has needed (counted
     in the capture's warm-up and on the device in every replay), captured again when the
-    replays near it, and a solve that outgrows it is an error (:meth:`graph_epoch_end`). The
-    paper profile's solves need 4-5 iterations in the first epoch and up to 11-13 after 30
-    (``benchmarks/latent_ode_steps.py``): they grow as the field learns, hence a budget that
-    follows them. Where it suffices the budgeted solve is bit for bit the unbudgeted one, so it
-    is no part of a cell's configuration. ``solve_iterations`` fixes the budget of every packed
-    solve, eager ones too: the CPU twin of a captured solve.
+    replays need more than half of it, and a solve that outgrows it is an error
+    (:meth:`graph_epoch_end`). The paper profile's solves need 3-5 iterations in the first
+    epoch and 8-20 within 30 epochs (``benchmarks/latent_ode_steps.py``): they grow as the
+    field learns, hence a budget that follows them. Where it suffices the budgeted solve is
+    bit for bit the unbudgeted one, so it is no part of a cell's configuration.
+    ``solve_iterations`` fixes the budget of every packed solve, eager ones too: the CPU twin
+    of a captured solve.
     """
 
     def __init__(
@@ -141,11 +142,15 @@ class LatentODE(ForecastModel):
         self._sampler: torch.Generator | None = None
         self._predictor: torch.Generator | None = None
 
+    def _stream(self, device: torch.device) -> torch.Generator:
+        """The ELBO's stream on ``device`` (started at the seed where it is new there)."""
+        if self._sampler is None or self._sampler.device != device:
+            self._sampler = torch.Generator(device).manual_seed(self._sample_seed)
+        return self._sampler
+
     def _standard_normal(self, like: torch.Tensor) -> torch.Tensor:
-        if self._sampler is None or self._sampler.device != like.device:
-            self._sampler = torch.Generator(like.device).manual_seed(self._sample_seed)
         return torch.randn(
-            like.shape, generator=self._sampler, dtype=like.dtype, device=like.device
+            like.shape, generator=self._stream(like.device), dtype=like.dtype, device=like.device
         )
 
     def _prediction_z0(self, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -407,9 +412,8 @@ class LatentODE(ForecastModel):
         return self.packs_itself()
 
     def graph_generators(self, members: Sequence[ForecastModel]) -> list[torch.Generator]:
-        """Each member's stream of the ELBO's samples (drawn in the warm-up, so it exists)."""
-        gens = [cast("LatentODE", m)._sampler for m in members]
-        return [g for g in gens if g is not None and g.device.type == "cuda"]
+        """Each member's stream of the ELBO's samples on its device."""
+        return [cast("LatentODE", m)._stream(next(m.parameters()).device) for m in members]
 
     def graph_epoch_end(self, members: Sequence[ForecastModel]) -> str | None:
         """The evaluations the replays counted, handed to ``members``; and whether a budgeted
@@ -433,10 +437,12 @@ class LatentODE(ForecastModel):
         )
 
     def graph_recapture(self) -> bool:
-        """Whether the replays have needed more than 3/4 of the captured budget: the next
-        capture (warm-up included) then chooses a budget from what they needed."""
+        """Whether the replays have needed more than half the captured budget (more than the
+        peak it was chosen from): the next capture then chooses one from what they needed, so
+        that only a solve that more than doubles its needs within an epoch outgrows it. A
+        capture costs two eager steps; the needs grow by a few iterations over many epochs."""
         budget = self._captured_budget
-        if budget is None or 4 * self._peak_iterations <= 3 * budget:
+        if budget is None or CAPTURE_HEADROOM * self._peak_iterations <= budget:
             return False
         self._captured_budget = None  # the graphs are captured again, with a new budget
         return True
