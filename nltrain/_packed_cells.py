@@ -285,8 +285,8 @@ def pack_of_one(
     """One cell as a pack of one: the arithmetic of every pack it could join (the batched
     kernels under ``vmap``, the pack's clipping and Adam), so that a cell trained alone and
     the same cell trained in any pack give the same bytes (on CUDA its step is captured into a
-    CUDA graph, except for a model that packs itself). None where the model or its splits
-    cannot be packed (trained eagerly)."""
+    CUDA graph where the model :meth:`~nlmodels.base.ForecastModel.captures_packed`). None
+    where the model or its splits cannot be packed (trained eagerly)."""
     if not packable(model, device) or not packable_grids([train_split], [val_split]):
         return None
     return PackedCells([model], [train_split], [val_split], config, device, [seed], [label], None)
