@@ -13,10 +13,17 @@ the point):
 
 * ``fused kernels``: the native kernels of its encoder and decoder (:mod:`nlmodels.accel.native`);
 * ``products (C)`` and ``elementary functions (C)``: time inside the portable mode's C kernels
-  (``nl_matmul``, ``nl_unary``, :mod:`nlmodels.accel.portable`);
+  (``nl_matmul``, ``nl_unary``, :mod:`nlmodels.accel.portable`) called from Python;
 * ``portable operators, Python``: the rest of the replaced operators' time: Python dispatch,
   argument checks, ctypes, and the scaling and accumulation around the products;
-* ``everything else``: torch's own operators, autograd, the optimiser, the loop.
+* ``everything else``: torch's own operators, autograd, the optimiser, the loop, and the
+  operators registered from C++ (``dispatch.cpp``: no Python to instrument;
+  ``NLLAB_PORTABLE_DISPATCH=python`` times them through their Python definitions instead).
+
+Where the reference package is installed (``pip install '.[reference]'``: torchlaplace), its
+Neural Laplace is timed too, in children of its own alternating with ours, under torch's own
+kernels, the same data, batches and optimiser: the ``reference / portable`` column is how many
+times faster our default-mode epoch is.
 
 ``--against DIR`` also times the portable mode of another checkout (``git worktree add DIR
 REV``), interleaved with this tree's children: a change's effect measured in one run.
@@ -271,7 +278,7 @@ def measure(args: argparse.Namespace) -> None:
             "Training epoch in each CPU numerics mode, the paper's configuration",
             f"PYTHONPATH=. python benchmarks/portable_speed.py --repeats {args.repeats} "
             f"--epochs {args.epochs} --record",
-            head,
+            names,
             table,
             f"Median of {args.repeats}, the columns' children alternating; {TRAJECTORIES} "
             f"trajectories, batch {BATCH}, float64, one thread, process time"
