@@ -13,10 +13,17 @@ the point):
 
 * ``fused kernels``: the native kernels of its encoder and decoder (:mod:`nlmodels.accel.native`);
 * ``products (C)`` and ``elementary functions (C)``: time inside the portable mode's C kernels
-  (``nl_matmul``, ``nl_unary``, :mod:`nlmodels.accel.portable`);
+  (``nl_matmul``, ``nl_unary``, :mod:`nlmodels.accel.portable`) called from Python;
 * ``portable operators, Python``: the rest of the replaced operators' time: Python dispatch,
   argument checks, ctypes, and the scaling and accumulation around the products;
-* ``everything else``: torch's own operators, autograd, the optimiser, the loop.
+* ``everything else``: torch's own operators, autograd, the optimiser, the loop, and the
+  operators registered from C++ (``dispatch.cpp``: no Python to instrument;
+  ``NLLAB_PORTABLE_DISPATCH=python`` times them through their Python definitions instead).
+
+Where the reference package is installed (``pip install '.[reference]'``: torchlaplace), its
+Neural Laplace is timed too, in children of its own alternating with ours, under torch's own
+kernels, the same data, batches and optimiser: the ``reference / portable`` column is how many
+times faster our default-mode epoch is.
 
 ``--against DIR`` also times the portable mode of another checkout (``git worktree add DIR
 REV``), interleaved with this tree's children: a change's effect measured in one run.
@@ -129,6 +136,45 @@ def _child(models: list[str], epochs: int, breakdown: bool) -> dict[str, Any]:
     return out
 
 
+def _reference_child(epochs: int) -> dict[str, Any]:
+    """The reference package's Neural Laplace (``torchlaplace``'s experiments, the paper's
+    configuration; ``benchmarks/epoch_speed.py``) trained the same way: Adam, clipping at 1,
+    the same batches, one validation forward per epoch; under torch's own kernels (this child
+    runs the native mode: the reference's users run stock torch)."""
+    import torch
+    from epoch_speed import Trainer, reference_model
+
+    from nlmodels.diagnostics import trajectories
+
+    torch.set_num_threads(1)
+    t, x = trajectories(TRAJECTORIES)
+    torch.manual_seed(0)
+    model = reference_model()
+    if model is None:
+        raise SystemExit("the reference package torchlaplace is not importable")
+    model = model.double()
+    clock = time.process_time
+    trainer = Trainer(model, lambda ot, ox, qt: model(ox, ot, qt), t, x, BATCH, 1, clock)
+
+    def run(n: int) -> float:
+        start = time.process_time()
+        for _ in range(n):
+            trainer.epoch()
+            with torch.no_grad():  # the validation batch, as nltrain's epoch has
+                model(x[:BATCH, :100], t[:100], t[100:])
+        return (time.process_time() - start) / n
+
+    run(1)  # untimed, as our models' first epoch
+    return {"epoch": {"neural_laplace": run(epochs)}}
+
+
+def reference_available() -> bool:
+    """Whether the reference package (``pip install '.[reference]'``) can be imported."""
+    import importlib.util
+
+    return importlib.util.find_spec("torchlaplace") is not None
+
+
 # -- parent -------------------------------------------------------------------------------------
 def _run_child(root: Path, mode: str, args: list[str]) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(root), "NLLAB_CPU_NUMERICS": mode}
@@ -144,11 +190,16 @@ def _run_child(root: Path, mode: str, args: list[str]) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _columns(against: Path | None) -> list[tuple[str, Path, str]]:
-    """(label, tree, mode) of each timed column."""
+REFERENCE = "reference"
+
+
+def _columns(against: Path | None, reference: bool) -> list[tuple[str, Path, str]]:
+    """(label, tree, mode) of each timed column; the reference's runs under the native mode."""
     cols = [("native", _ROOT, "native"), ("portable", _ROOT, "portable")]
     if against is not None:
         cols.append(("portable, other tree", against, "portable"))
+    if reference:
+        cols.append((REFERENCE, _ROOT, "native"))
     return cols
 
 
@@ -166,14 +217,23 @@ def measure(args: argparse.Namespace) -> None:
     if unknown:
         raise SystemExit(f"unknown models {unknown}; valid: {', '.join(MAIN_MODELS)}")
     against = Path(args.against).resolve() if args.against else None
-    columns = _columns(against)
+    reference = "neural_laplace" in models and reference_available()
+    if "neural_laplace" in models and not reference:
+        print(
+            "reference package torchlaplace not installed (pip install '.[reference]'): Neural "
+            "Laplace is timed against it only where it is",
+            file=sys.stderr,
+        )
+    columns = _columns(against, reference)
     times: dict[str, dict[str, list[float]]] = {label: {} for label, _, _ in columns}
     breakdowns: dict[str, dict[str, float]] = {}
     for r in range(args.repeats):
         # alternate which column goes first, so that neither always meets the same load
         for label, tree, mode in columns if r % 2 == 0 else columns[::-1]:
             child = ["--child", ",".join(models), "--epochs", str(args.epochs)]
-            if r == args.repeats - 1 and tree == _ROOT:
+            if label == REFERENCE:
+                child[1] = REFERENCE
+            elif r == args.repeats - 1 and tree == _ROOT:
                 child.append("--breakdown")
             got = _run_child(tree, mode, child)
             for name, s in got["epoch"].items():
@@ -186,28 +246,48 @@ def measure(args: argparse.Namespace) -> None:
         f"untimed; {TRAJECTORIES} trajectories, batch {BATCH}, float64, one thread)"
     )
     head = f"{'model':16}" + "".join(f"{label:>22}" for label, _, _ in columns)
-    print(head + f"{'portable / native':>19}")
+    print(head + f"{'portable / native':>19}" + (f"{'reference / portable':>22}" * reference))
     table = []
     for name in models:
-        med = {label: statistics.median(times[label][name]) for label, _, _ in columns}
+        med = {
+            label: statistics.median(times[label][name])
+            for label, _, _ in columns
+            if name in times[label]
+        }
         ratio = med["portable"] / med["native"]
-        print(f"{name:16}" + "".join(f"{v:22.3f}" for v in med.values()) + f"{ratio:19.2f}")
-        table.append((name, f"{med['native']:.3f}", f"{med['portable']:.3f}", f"{ratio:.2f}"))
+        row = [name, f"{med['native']:.3f}", f"{med['portable']:.3f}", f"{ratio:.2f}"]
+        line = f"{name:16}" + "".join(f"{v:22.3f}" for v in med.values())
+        line += " " * 22 * (len(columns) - len(med)) + f"{ratio:19.2f}"
+        if reference:
+            ref = med.get(REFERENCE)
+            row += [f"{ref:.3f}", f"{ref / med['portable']:.2f}"] if ref else ["–", "–"]
+            line += f"{ref / med['portable']:22.2f}" if ref else ""
+        print(line)
+        table.append(tuple(row))
     for mode in MODES:
         if mode in breakdowns:
             _print_breakdown(mode, breakdowns[mode])
     if args.record:
         from tasks.reports.measurements import record_measurement
 
+        names: tuple[str, ...] = ("model", "native (s)", "portable (s)", "portable / native")
+        if reference:
+            names += ("reference (s)", "reference / portable")
         record_measurement(
             "portable_speed",
             "Training epoch in each CPU numerics mode, the paper's configuration",
             f"PYTHONPATH=. python benchmarks/portable_speed.py --repeats {args.repeats} "
             f"--epochs {args.epochs} --record",
-            ("model", "native (s)", "portable (s)", "portable / native"),
+            names,
             table,
-            f"Median of {args.repeats}, the modes' children alternating; {TRAJECTORIES} "
-            f"trajectories, batch {BATCH}, float64, one thread, process time.",
+            f"Median of {args.repeats}, the columns' children alternating; {TRAJECTORIES} "
+            f"trajectories, batch {BATCH}, float64, one thread, process time"
+            + (
+                "; reference: the reference package's Neural Laplace (torchlaplace 0.0.4, "
+                "its experiments' model at the paper's configuration) under torch's own kernels."
+                if reference
+                else "."
+            ),
         )
 
 
@@ -229,6 +309,9 @@ def main() -> None:
     import nlmodels
 
     nlmodels.set_up_numerics()  # as every entry point does, before torch computes
+    if args.child == REFERENCE:
+        print(json.dumps(_reference_child(args.epochs)))
+        return
     print(json.dumps(_child(args.child.split(","), args.epochs, args.breakdown)))
 
 

@@ -91,6 +91,8 @@ class Timing:
     seconds: dict[int, float] = field(default_factory=dict)  # the step the engine runs
     eager_packed: dict[int, float] = field(default_factory=dict)  # packs without graphs (CUDA)
     bytes_per_member: dict[int, int] = field(default_factory=dict)  # CUDA peak memory
+    #: pack sizes whose seconds are projected, not measured (benchmarks/latent_ode_steps.py)
+    projected: list[int] = field(default_factory=list)
 
 
 def read_timings(path: Path) -> list[Timing]:
@@ -243,16 +245,23 @@ def lookup(rows: Sequence[Timing], method: str, dtype: str, device: str, members
     seconds = {**row.eager_packed, **row.seconds}
     points = sorted(seconds)
     if members in seconds:
-        return seconds[members], "measured"
+        return seconds[members], _source("measured", row, members)
     below = [m for m in points if m < members]
     above = [m for m in points if m > members]
     if below and above:
         a, b = below[-1], above[0]
         w = (math.log(members) - math.log(a)) / (math.log(b) - math.log(a))
         s = math.exp((1 - w) * math.log(seconds[a]) + w * math.log(seconds[b]))
-        return s, f"interpolated ×{a}–×{b}"
+        return s, _source(f"interpolated ×{a}–×{b}", row, a, b)
     k = below[-1] if below else above[0]
-    return seconds[k], f"extrapolated from ×{k}"
+    return seconds[k], _source(f"extrapolated from ×{k}", row, k)
+
+
+def _source(how: str, row: Timing, *used: int) -> str:
+    """``how``, or the projection it rests on where a timing used was projected."""
+    if not set(used) & set(row.projected):
+        return how
+    return "projected" if how == "measured" else f"{how} (projected)"
 
 
 def table_measure(rows: Sequence[Timing]):

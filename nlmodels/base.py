@@ -157,6 +157,27 @@ class ForecastModel(nn.Module):
         model that packs itself share their time grids (``nltrain._packing`` packs them so)."""
         return False
 
+    def captures_packed(self) -> bool:
+        """Whether a pack's training step may be captured into a CUDA graph: it reads nothing
+        on the host while captured. A plain ``vmap`` may; a model that packs itself says so."""
+        return not self.packs_itself()
+
+    def graph_generators(self, members: Sequence[ForecastModel]) -> list[torch.Generator]:
+        """The CUDA generators a captured training step of ``members`` draws from (registered
+        with the graph, so that each replay draws anew)."""
+        return []
+
+    def graph_epoch_end(self, members: Sequence[ForecastModel]) -> str | None:
+        """Called once an epoch of a pack's steps (replayed or not): hands ``members`` what a
+        replay counted for them on the device, and says why a captured step could not compute
+        what its eager step computes (then an error), or None."""
+        return None
+
+    def graph_recapture(self) -> bool:
+        """Asked after :meth:`graph_epoch_end`: whether the captured steps should be captured
+        again before the next epoch (a size fixed at capture no longer has its headroom)."""
+        return False
+
     def packed_losses(
         self,
         members: Sequence[ForecastModel],

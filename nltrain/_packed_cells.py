@@ -144,9 +144,9 @@ class PackedCells:
         self.labels, self.graphs_flag = list(labels), graphs
         # members share their settings (nltrain._packing packs only equal layouts)
         self.selection_metric = models[0].selection_metric
-        # A model that packs itself (an adaptive solve: host reads) is not captured.
+        # A model that packs itself is captured where it says so (no host reads while captured).
         self.use_graphs = (
-            device.type == "cuda" and graphs is not False and not models[0].packs_itself()
+            device.type == "cuda" and graphs is not False and models[0].captures_packed()
         )
         self.graphs_used = False
         dtype = DTYPES[config.dtype]
@@ -233,6 +233,11 @@ class PackedCells:
 
     def end_epoch(self) -> Readout:
         packer, pack = self.packer, self.pack
+        overrun = packer.base.graph_epoch_end([self.models[m] for m in pack.members])
+        if overrun is not None:
+            raise RuntimeError(f"{self.label}: {overrun}")
+        if packer.base.graph_recapture():
+            packer.graphs.clear()
         nfe = packer.base.nfe
         nfes = [nfe + self.models[m].nfe for m in pack.members]
         packer.set_mode(pack, False)
@@ -280,8 +285,8 @@ def pack_of_one(
     """One cell as a pack of one: the arithmetic of every pack it could join (the batched
     kernels under ``vmap``, the pack's clipping and Adam), so that a cell trained alone and
     the same cell trained in any pack give the same bytes (on CUDA its step is captured into a
-    CUDA graph, except for a model that packs itself). None where the model or its splits
-    cannot be packed (trained eagerly)."""
+    CUDA graph where the model :meth:`~nlmodels.base.ForecastModel.captures_packed`). None
+    where the model or its splits cannot be packed (trained eagerly)."""
     if not packable(model, device) or not packable_grids([train_split], [val_split]):
         return None
     return PackedCells([model], [train_split], [val_split], config, device, [seed], [label], None)

@@ -405,6 +405,9 @@ class Packer:
         snapshot = [t.detach().clone() for t in state]
         nfe0 = self.base.nfe
         adam = (self.neg_step, self.bc2_sqrt)
+        # The members' own generators go back to where they were too, then advance by replays.
+        gens = self.base.graph_generators([self.models[m] for m in pack.members])
+        gen_states = [g.get_state() for g in gens]
         tape: list[bool] = []
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -419,7 +422,15 @@ class Packer:
         with torch.no_grad():  # the warm-up steps must not count
             for t, s in zip(state, snapshot):
                 t.copy_(s)
+        for gen, gen_state in zip(gens, gen_states):
+            gen.set_state(gen_state)
         graph = torch.cuda.CUDAGraph()  # a private memory pool: graphs share no scratch memory
+        for gen in gens:
+            # each replay draws the next numbers (an older torch cannot: eager steps instead)
+            register = getattr(graph, "register_generator_state", None)
+            if register is None:
+                raise RuntimeError("this torch cannot replay a generator of its own in a graph")
+            register(gen)
         with recorded_host_bools(tape, replay=True), torch.cuda.graph(graph):
             self.step(pack, idx, batch, adam)
         self.base.reset_nfe()

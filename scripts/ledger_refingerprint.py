@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 MODULE = "nltrain/numerics/_fingerprints.py"
 #: Where the fingerprint module lived before :mod:`nltrain.numerics` held it (the commits the
 #: ledger's records name, and a ``--before`` of their day).
-EARLIER_MODULES = ("nltrain/_fingerprints.py",)
+EARLIER_MODULES = ("nltrain/numerics/_fingerprints.py",)
 #: Copied from this tree with today's fingerprint module: the CPU facts its cache is keyed by
 #: (standard library only, a superset of every earlier version's) and the rest of its room.
 HELPERS = (

@@ -1,11 +1,14 @@
-"""Process environment for the platform, applied before mlflow or prefect is imported.
+"""Process environment for the platform, applied before MLflow, Prefect or Optuna is imported.
 
-:func:`configure_environment` is called explicitly where a process enters the platform: the
-``tasks`` and ``flows`` packages (which every worker, flow and command imports first) and the
-command line's ``main``; it is idempotent.
+:func:`configure_environment` (idempotent) runs in two places: on import of
+:mod:`tasks.offline`, which every module that imports one of those libraries imports first
+(``tests/test_layout.py`` holds that), and in the command line's ``main`` before anything loads.
+Importing the ``tasks`` or ``flows`` package alone changes nothing in the process.
 
-Nothing may reach the network at run time, so telemetry and analytics are forced off; the
-Prefect home and start-up timeout default to values that work on a small offline machine.
+Nothing may reach the network at run time, so telemetry and analytics are forced off. Settings
+of ``mlflow.env`` (the embedded tracking defaults) fill what the environment leaves unset;
+Prefect's home defaults to ``$NLLAB_HOME/prefect`` (the home made private first), and MLflow's
+and Prefect's logs keep to warnings, without the notices a user cannot act on.
 """
 
 from __future__ import annotations

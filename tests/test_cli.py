@@ -134,7 +134,7 @@ def test_report_on_empty_store_says_so_and_fails(mlflow_store, tmp_path, capsys)
     assert "no finished benchmark" in capsys.readouterr().err
     # a named profile with no finished cell
     assert main(["report", "--profile", "smoke", "--systems", "integro_de", "--out", str(out)]) == 1
-    assert "0 of 6 cells of profile 'smoke' have finished runs" in capsys.readouterr().err
+    assert "0 of 9 cells of profile 'smoke' have finished runs" in capsys.readouterr().err
     assert not out.exists()
 
 

@@ -151,10 +151,30 @@ def test_the_readmes_links_reach_files_of_the_repository():
     assert len(local) > 10 and [t for t in local if not (ROOT / t).exists()] == []
 
 
+def test_the_readme_is_a_guide_of_at_most_200_lines_none_over_400_characters():
+    """The README guides (what it is, the two commands, the quick table, one summary of the
+    full-budget results); tables and measurements live on the site's pages."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    too_long = [(n, len(line)) for n, line in enumerate(lines, 1) if len(line) > 400]
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines"
+    assert too_long == [], f"README.md lines over 400 characters (line, length): {too_long}"
+
+
 # -- generated figures --------------------------------------------------------------------------
 def test_every_generated_block_equals_what_the_records_make():
     stale = stale_blocks(doc_files(ROOT), ROOT)
     assert not stale, f"run `python -m flows.docs_numbers`: stale generated blocks {stale}"
+
+
+def test_the_list_of_generated_figures_names_every_block_and_every_record():
+    from flows.docs_numbers import BLOCKS, generated_figures
+
+    text = generated_figures(ROOT)
+    records = sorted(p.stem for p in (ROOT / "results" / "measurements").glob("*.json"))
+    assert len(records) > 10 and [r for r in records if f"| `{r}` |" not in text] == []
+    assert [name for name in BLOCKS if f"| `{name}` |" not in text] == []
+    page = (ROOT / "docs" / "development.md").read_text(encoding="utf-8")
+    assert "<!-- generated: generated-figures (" in page
 
 
 def test_the_ledger_block_has_the_markers_of_nllab_ledger_table():

@@ -274,6 +274,7 @@ ROOM_MAY_IMPORT: dict[str, set[str]] = {
         "tasks.tracking",
     },
     "flows._study_catalog": set(),
+    "flows.peers_page": {"tasks.config", "tasks.ledger", "tasks.reports"},
     "flows.runtime": {
         "datasets",
         "tasks.config",
@@ -332,7 +333,7 @@ ROOM_MAY_IMPORT: dict[str, set[str]] = {
         "tasks.results",
         "tasks.tracking",
     },
-    "flows.docs_numbers": {"flows.ledger", "tasks.ledger", "tasks.reports"},
+    "flows.docs_numbers": {"flows.ledger", "flows.peers_page", "tasks.ledger", "tasks.reports"},
     "flows.reproduce": {
         "flows.runtime",
         "flows.studies",

@@ -304,11 +304,11 @@ def test_table_readme_block_is_rewritten_and_refused_without_markers(tmp_path, c
     assert "has no generated block" in capsys.readouterr().err
 
 
-def test_readme_ledger_block_is_generated_from_the_committed_ledger():
+def test_the_ledger_pages_block_is_generated_from_the_committed_ledger():
     from flows.cli.ledger import README_BEGIN, README_END
 
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split(README_BEGIN, 1)[1].split(README_END, 1)[0].strip()
+    page = (ROOT / "docs" / "results" / "ledger.md").read_text()
+    block = page.split(README_BEGIN, 1)[1].split(README_END, 1)[0].strip()
     scope = ledger_scope()
     status = ledger_status(read_ledger(DEFAULT_LEDGER, scope), scope.select(ablations=None))
     assert block == ledger_markdown(status).strip()

@@ -341,3 +341,76 @@ def test_set_up_is_idempotent_and_says_what_runs():
     assert setup.kernels == "portable" and setup.mode == "portable"
     assert nlmodels.set_up_numerics() is setup
     assert "kernels=portable" in nlmodels.numerics_tag()
+
+
+def _each_form(a, b, c, bias):
+    """Every operator the C++ registration serves, in each form, on the given operands (and the
+    cases it hands to the Python definitions: other dtypes, NaN ignored by beta = 0)."""
+    out = torch.empty(0, dtype=a.dtype)
+    nan_self = torch.full((a.shape[0], b.shape[1]), math.nan, dtype=a.dtype)
+    in_place = bias.expand(a.shape[0], b.shape[1]).clone()
+    batch = torch.stack([a, a.flip(0)])
+    results = [
+        torch.mm(a, b),
+        torch.mm(a.T.contiguous().T, b[:, ::2]),
+        torch.mm(a, b, out=out).clone(),
+        torch.bmm(batch, torch.stack([b, b])),
+        torch.addmm(bias, a, b),
+        torch.addmm(bias, a, b, beta=0.5, alpha=3.0),
+        torch.addmm(nan_self, a, b, beta=0),
+        in_place.addmm_(a, b, beta=2, alpha=0.25),
+        torch.baddbmm(bias, batch, torch.stack([b, b]), alpha=-1.5),
+        torch.mm(a.float(), b.float()),
+        torch.mm(a.to(torch.complex128), b.to(torch.complex128)),
+    ]
+    for name in portable.ELEMENTARY:
+        x = c.abs() / (c.abs().max() + 1)  # inside every function's domain
+        y = x.clone()
+        results += [getattr(torch, name)(x), getattr(torch, name)(x.T), getattr(y, f"{name}_")()]
+        results.append(getattr(torch, name)(x.float()))
+    return results
+
+
+def test_the_cpp_registration_computes_the_python_definitions_bits():
+    """The operators registered from C++ (``dispatch.cpp``) give the bits of the Python
+    definitions they stand for, in every form, and hand other cases (dtypes, errors) on."""
+    if portable.dispatch() != "C++":
+        pytest.skip(f"the C++ registration is not in use here ({portable.dispatch()})")
+    g = torch.Generator().manual_seed(11)
+    a = torch.randn(13, 9, generator=g, dtype=torch.float64)
+    b = torch.randn(9, 10, generator=g, dtype=torch.float64)
+    c = torch.randn(10, 7, generator=g, dtype=torch.float64)
+    bias = torch.randn(10, generator=g, dtype=torch.float64)
+    in_cpp = _each_form(a, b, c, bias)
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        torch.mm(a, a)
+    try:
+        portable.uninstall()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv(portable.DISPATCH_VARIABLE, "python")
+            assert portable.install() and portable.dispatch() == "Python"
+            in_python = _each_form(a, b, c, bias)
+    finally:
+        portable.uninstall()
+        portable.install()
+    assert portable.dispatch() == "C++"
+    assert len(in_cpp) == len(in_python)
+    for i, (x, y) in enumerate(zip(in_cpp, in_python)):
+        assert x.dtype == y.dtype and x.shape == y.shape, i
+        assert torch.equal(_bits(x), _bits(y)), i  # NaN included
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    real = torch.view_as_real(t) if t.is_complex() else t
+    return real.contiguous().view(-1).view(torch.int64 if real.element_size() == 8 else torch.int32)
+
+
+def test_the_cpp_registration_is_used_where_a_cpp_compiler_is():
+    import os
+    import shutil
+
+    if os.environ.get(portable.DISPATCH_VARIABLE, "").lower() == "python":
+        pytest.skip(f"{portable.DISPATCH_VARIABLE}=python")
+    if shutil.which(os.environ.get("CXX") or "c++") is None:
+        pytest.skip("no C++ compiler")
+    assert portable.dispatch() == "C++"

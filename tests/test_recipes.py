@@ -202,9 +202,9 @@ def _follow_recipes(tree: Path) -> dict[str, list[str]]:
     edit(
         "ledger table",
         "flows/ledger/text.py",
-        "    from tasks.ledger import ablation_table, ledger_table\n",
-        "    from tasks.ledger import ablation_table, ledger_table\n"
-        "    from tasks.ledger.views import toy_seeds_table\n",
+        '    width = 160 if fmt == "terminal" else 100',
+        "    from tasks.ledger.views import toy_seeds_table\n\n"
+        '    width = 160 if fmt == "terminal" else 100',
     )
     edit(
         "ledger table",

@@ -34,7 +34,7 @@ def _quick_epochs(name: str, profile: dict, cards, default: int) -> int:
 def _rows() -> tuple[list[tuple[str, str, str, str]], tuple[str, ...]]:
     """(name, source, paper, quick epochs) of every model a run can name, and the lines of the
     plugins left out."""
-    from tasks.config import BUILTIN_METHODS, METHODS, QUICK_EPOCHS
+    from tasks.config import BUILTIN_METHODS, PAPER_METHODS, QUICK_EPOCHS
     from tasks.config.names import DEFAULT_QUICK_EPOCHS, MODEL_CARDS
     from tasks.config.plugins import MODEL_GROUP, plugin_table
 
@@ -46,7 +46,7 @@ def _rows() -> tuple[list[tuple[str, str, str, str]], tuple[str, ...]]:
         (
             name,
             source,
-            "Table 3" if name in METHODS else "—",
+            "Table 3" if name in PAPER_METHODS else "—",
             f"{_quick_epochs(name, QUICK_EPOCHS, MODEL_CARDS, DEFAULT_QUICK_EPOCHS)} epochs",
         )
         for name, source in sorted(sources.items())

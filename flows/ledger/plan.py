@@ -17,6 +17,7 @@ from flows.ledger.groups import LedgerGroup
 from tasks.config import METHODS
 from tasks.ledger import (
     ABLATIONS,
+    PEERS,
     CellState,
     LedgerCell,
     LedgerScope,
@@ -62,7 +63,9 @@ def ledger_groups(
     2. the cells whose records predate numerics fingerprints (they count for nothing until
        retrained: a column the ledger had once comes back whole before new seeds), then the
        ablations (so they start only once every Table 3 column has at least one seed);
-    3. the remaining Table 3 seeds, seed by seed.
+    3. the remaining Table 3 seeds, seed by seed;
+    4. then the Laplace-domain peers (:data:`tasks.ledger.scope.PEERS`, not Table 3's): each
+       one's lowest missing seed, then their remaining seeds, seed by seed.
 
     Each group is one seed of one method on its missing systems; ``merge_seeds`` (a GPU, where
     bigger packs pay) joins the seeds of one method that miss the same systems, a method
@@ -82,6 +85,10 @@ def ledger_groups(
 
     def phase(key: tuple[str, str, int]) -> float:
         method, ablation, seed = key
+        if method in PEERS and not ablation:  # after all of Table 3 and the ablations
+            if merge_seeds:
+                return 3 if method in first else 4
+            return 3 if first.get(method) == seed else 4
         if ablation:
             return 1
         if key in again and first.get(method) != seed:
@@ -115,6 +122,7 @@ def selected_states(
         selection.get("methods"),
         selection.get("seeds"),
         ablations=selection.get("ablations"),
+        peers=selection.get("peers"),
     )
     return cells, cell_states(read_ledger(ledger, scope), cells)
 
@@ -159,7 +167,7 @@ def recorded_seconds(
     group: LedgerGroup, config: RunConfig, records: Sequence[LedgerRecord]
 ) -> float | None:
     """The seconds the benchmark ``config`` of ``group`` is expected to take on the CPU, from
-    the ledger's ``records`` (:func:`~flows._ledger_budget.expected_seconds`: the engine's CPU
+    the ledger's ``records`` (:func:`~flows.ledger._budget.expected_seconds`: the engine's CPU
     packs of it, on its workers, at most one per core); None on a GPU, where the records do not
     tell (packs in lanes add up, and a record is one pack's time), or without records of the
     method."""

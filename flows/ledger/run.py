@@ -131,13 +131,13 @@ def run_ledger(
     say: Callable[[str], None] = print,
     report_seconds: float | None = REPORT_SECONDS,
 ) -> LedgerRun:
-    """Train the selected ledger cells that have no record at today's config (and, with
-    ``refresh_older``, those recorded by older numerics), appending each record as its pack
-    finishes.
+    """Train the selected ledger cells without a record at today's config (and, with
+    ``refresh_older``, those recorded by older numerics), appending each as its pack finishes.
 
     ``selection``: ``profile`` (``paper``, the default, or ``fair``), ``config_file`` (layered
-    on it), ``systems``, ``methods``, ``seeds`` (None: all) and ``ablations`` (False: Table 3
-    only, True: the ablations only, None: both; :meth:`tasks.ledger.scope.LedgerScope.select`).
+    on it), ``systems``, ``methods``, ``seeds`` (None: all), ``ablations`` (False: Table 3
+    only, True: the ablations only, None: both) and ``peers`` (False: none, True: the peers'
+    only, None, the default: theirs too; :meth:`tasks.ledger.LedgerScope.select`).
     ``execution``: the benchmark's execution settings (max_workers, torch_threads, device...).
     ``max_seconds``: the time limit; when it is reached the running cells stop (KILLED, not
     recorded) and no group starts after it; a group expected to take longer than the time left

@@ -1,5 +1,5 @@
 """The ledger as people read it: ``nllab ledger status``'s report and the tables of ``nllab ledger
-table`` (terminal or Markdown, the README's generated block), from :mod:`tasks.ledger.views`'
+table`` (terminal or Markdown, the ledger page's generated block), from :mod:`tasks.ledger.views`'
 data. The command and the docs' generator both print through here."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from tasks.ledger import CellProgress, CellState, LedgerRecord, LedgerStatus
 
 __all__ = [
-    "OLDER",
+    "count_legend",
     "forecast_text",
     "ledger_markdown",
     "protocols_markdown",
@@ -25,23 +25,47 @@ __all__ = [
     "training_text",
 ]
 
-OLDER = (
-    "n=K; J older: J of the K records were made by other numerics than today's (`nllab ledger "
-    "status` lists them, `nllab ledger run --refresh-older` retrains them); J on GPU: computed "
-    "on a GPU, whose numerics are its own (counted in the mean and the verdict all the same)"
-)
+
+def count_legend(older: int, gpu: int) -> str:
+    """What a cell's seed count says, in sentences: ``n=5`` always, and ``2 older`` or
+    ``1 on GPU`` beside it only when the table shows some (``older``, ``gpu``: how many)."""
+    parts = ["In each cell, n is the number of seeds its mean is over."]
+    if older:
+        parts.append(
+            "A count such as `n=5; 2 older` says that 2 of its 5 records were made by other "
+            "numerics than today's: `nllab ledger status` lists them and `nllab ledger run "
+            "--refresh-older` trains them again."
+        )
+    if gpu:
+        parts.append(
+            "A count such as `n=5; 1 on GPU` says that 1 of its 5 records was computed on a GPU, "
+            "whose numerics are its own; it counts in the mean and the verdict all the same."
+        )
+    return " ".join(parts)
 
 
 # -- status -------------------------------------------------------------------------------------
-def _counts(status: LedgerStatus, ablation: bool) -> str | None:
-    states = [s for s in status.states if bool(s.cell.ablation) == ablation]
+#: The parts of the ledger as ``status`` names them.
+_PARTS = {
+    "table3": "Table 3",
+    "ablation": "the stereographic ablation (Table 5)",
+    "peers": "the Laplace-domain peers (not Table 3's)",
+}
+
+
+def _part(state: CellState) -> str:
+    return "peers" if state.cell.peer else "ablation" if state.cell.ablation else "table3"
+
+
+def _counts(status: LedgerStatus, part: str) -> str | None:
+    states = [s for s in status.states if _part(s) == part]
     if not states:
         return None
     n = Counter(s.state for s in states)
     older = sum(s.numerics == "older" for s in states)
     gpu = sum(s.numerics == "gpu" for s in states)
     on_gpu = f", {gpu} computed on a GPU" if gpu else ""
-    what = "the stereographic ablation (Table 5)" if ablation else "Table 3"
+    what = _PARTS[part]
     predates = n["predates"]
     return (
         f"{what}: {n['recorded']} of {len(states)} selected cells recorded ({older} by older "
@@ -156,7 +180,7 @@ def status_text(status: LedgerStatus, path: Path) -> str:
     )
     held = f"{status.records} records" if path.exists() else "no such file yet (0 records)"
     lines = [f"{path}: {held}"]
-    lines += [c for c in (_counts(status, False), _counts(status, True)) if c]
+    lines += [c for c in map(lambda part: _counts(status, part), _PARTS) if c]
     lines += ["", render_table(grid, "terminal", width=160), ""]
     todo = [s for s in status.states if s.state != "recorded"]
     for label, states in _by_label(todo).items():
@@ -222,19 +246,24 @@ def _made_by(records: list[LedgerRecord]) -> str:
 
 
 def tables(status: LedgerStatus, fmt: Literal["terminal", "markdown"]) -> str:
-    from tasks.ledger import ablation_table, ledger_table
+    """Table 3, the ablation and the Laplace-domain peers, each where the selection has cells
+    of it."""
+    from tasks.ledger.peers import peers_count, peers_table
+    from tasks.ledger.views import ablation_table, ledger_table, table3_states
     from tasks.reports import render_table
 
     width = 160 if fmt == "terminal" else 100  # (Markdown has no width)
     parts = []
-    table3 = [s for s in status.states if not s.cell.ablation]
+    table3 = table3_states(status)
     if table3:
         _, table = ledger_table(status)
         counted = status.counted(ablation=False)
         parts.append(render_table(table, fmt, width=width))
+        older = sum(s.numerics == "older" for s in table3)
+        gpu = sum(s.numerics == "gpu" for s in table3)
         parts.append(
             f"{len(counted)} of the {len(table3)} selected cells of Table 3 recorded. "
-            f"Made by: {_made_by(counted)}. {OLDER}."
+            f"Made by: {_made_by(counted)}. {count_legend(older, gpu)}"
         )
     ablated = [s for s in status.states if s.cell.ablation]
     if ablated:
@@ -244,17 +273,21 @@ def tables(status: LedgerStatus, fmt: Literal["terminal", "markdown"]) -> str:
             f"{len(counted)} of the {len(ablated)} selected ablation cells recorded. "
             f"Made by: {_made_by(counted)}."
         )
+    if any(s.cell.peer for s in status.states):
+        counted = status.counted(peers=True)
+        parts.append(render_table(peers_table(status), fmt, width=width))
+        parts.append(f"{peers_count(status)} Made by: {_made_by(counted)}.")
     return "\n\n".join(parts)
 
 
 def ledger_markdown(status: LedgerStatus) -> str:
     """Table 3 and the ablation from the counted records, as Markdown, with what made them
-    (the README's generated block)."""
+    (the ledger page's generated block)."""
     return tables(status, "markdown")
 
 
 def readme_ledger(path: Path) -> str:
-    """The README's block: every cell of the paper profile, Table 3 and the ablation, from the
+    """The ledger page's block: every cell of the paper profile, Table 3 and the ablation, from the
     ledger ``path`` (what ``nllab ledger table --readme`` writes)."""
     from tasks.ledger import ledger_scope, ledger_status, read_ledger
 
@@ -326,11 +359,12 @@ def _best_cell(b) -> str:
 
 
 def _answer(statuses, best, paper_best) -> str:
-    """The finding in a few sentences, every figure counted from the records."""
+    """The finding as a short list, one line per protocol, every figure counted from the
+    records."""
     from tasks.reports import VERDICT_MARKS
 
     nl_paper = sum(m == "neural_laplace" for m, _ in paper_best.values())
-    parts = [f"The paper: Neural Laplace best on {nl_paper} of {len(paper_best)} systems."]
+    parts = [f"- The paper: Neural Laplace best on {nl_paper} of {len(paper_best)} systems."]
     for profile, name in PROTOCOLS.items():
         status, mine = statuses[profile], best[profile].values()
         complete = [b for b in mine if b.complete]
@@ -348,13 +382,25 @@ def _answer(statuses, best, paper_best) -> str:
             result = "no system has every method's seeds recorded yet"
         verdicts = _baseline_verdicts(status)
         marks = ", ".join(
-            f"{VERDICT_MARKS[v]} {n}" for v, n in Counter(verdicts).most_common() if v
+            f"{n} {_VERDICT_WORDS[v]} ({VERDICT_MARKS[v]})"
+            for v, n in Counter(verdicts).most_common()
+            if v
         )
         band = f"; the baselines' cells against the paper: {marks}" if marks else ""
         parts.append(
-            f"By {name} ({counted} of {len(status.states)} cells recorded): {result}{band}."
+            f"- By {name} (`--profile {profile}`, {counted} of {len(status.states)} cells "
+            f"recorded): {result}{band}."
         )
-    return " ".join(parts)
+    return "\n".join(parts)
+
+
+#: A verdict in words, beside its mark (:data:`tasks.reports.tables.VERDICT_MARKS`).
+_VERDICT_WORDS = {
+    "better": "better",
+    "match": "within its band",
+    "worse": "worse",
+    "unclear": "unclear",
+}
 
 
 def _baseline_verdicts(status: LedgerStatus) -> list[str]:

@@ -20,7 +20,7 @@ from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec
 from flows.studies._plots import plot_bars
 from flows.studies._tables import add_paper, aggregate
 from nltrain import predict
-from tasks.config import METHODS
+from tasks.config import PAPER_METHODS
 
 _PAPER = {"mackey_glass_dde": 1.6011, "lotka_volterra_dde": 3.7913, "stiff_van_der_pol": 3.3224}
 SYSTEMS = tuple(_PAPER)
@@ -51,7 +51,9 @@ def estimate_cmi(truth: np.ndarray, pred: np.ndarray, ic: np.ndarray, seed: int)
 def _body(ctx: StudyContext) -> StudyOutput:
     """Table:CMI: conditional mutual information of the extrapolations."""
     systems = ctx.systems(ctx.pick(smoke=SYSTEMS[1:2], quick=SYSTEMS, paper=SYSTEMS))
-    methods = ctx.methods(ctx.pick(smoke=("node", "neural_laplace"), quick=METHODS, paper=METHODS))
+    methods = ctx.methods(
+        ctx.pick(smoke=("node", "neural_laplace"), quick=PAPER_METHODS, paper=PAPER_METHODS)
+    )
     labels, cells = [], []
     for s in systems:
         for m in methods:

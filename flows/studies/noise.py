@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from flows.studies._core import Factor, Study, StudyContext, StudyOutput, StudySpec, rmse_table
 from flows.studies._plots import plot_bars
-from tasks.config import METHODS
+from tasks.config import PAPER_METHODS
 
 _PAPER = {"lotka_volterra_dde": 0.1328, "integro_de": 0.0996, "piecewise_forcing_ode": 0.1006}
 SYSTEMS = tuple(_PAPER)
@@ -21,7 +21,9 @@ KEYS = ("system", "noise_std", "method")
 def _body(ctx: StudyContext) -> StudyOutput:
     """Appendix D: test RMSE of every model under Gaussian noise."""
     systems = ctx.systems(ctx.pick(smoke=SYSTEMS[2:], quick=SYSTEMS, paper=SYSTEMS))
-    methods = ctx.methods(ctx.pick(smoke=("node", "neural_laplace"), quick=METHODS, paper=METHODS))
+    methods = ctx.methods(
+        ctx.pick(smoke=("node", "neural_laplace"), quick=PAPER_METHODS, paper=PAPER_METHODS)
+    )
     sigmas = ctx.pick(smoke=(0.1,), quick=SIGMAS, paper=SIGMAS)
     entries = ctx.factor_cells(systems, sigmas, methods)
     table = rmse_table(ctx, entries, KEYS)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec, rmse_table
 from flows.studies._plots import plot_lines
-from tasks.config import METHODS
+from tasks.config import PAPER_METHODS
 
 N_OBSERVED = (5, 10, 25, 50, 100)
 NOISE_STD = 0.01
@@ -19,7 +19,9 @@ KEYS = ("system", "n_observed", "method")
 def _body(ctx: StudyContext) -> StudyOutput:
     """Figure ObservationSizeScaling: test RMSE against the number of observed points."""
     systems = ctx.systems(("stiff_van_der_pol",))
-    methods = ctx.methods(ctx.pick(smoke=("node", "neural_laplace"), quick=METHODS, paper=METHODS))
+    methods = ctx.methods(
+        ctx.pick(smoke=("node", "neural_laplace"), quick=PAPER_METHODS, paper=PAPER_METHODS)
+    )
     sizes = ctx.pick(smoke=(10, 100), quick=(10, 50, 100), paper=N_OBSERVED)
     training = ctx.pick(smoke={}, quick={}, paper={"epochs": 200})
     entries = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datasets import SYSTEMS as DATA_SYSTEMS
 from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec, rmse_table
 from flows.studies._plots import plot_lines
-from tasks.config import METHODS
+from tasks.config import PAPER_METHODS
 
 SIZES = (1000, 500, 250, 125, 62, 30)
 _PAPER = (0.1371, 0.2581, 0.3486, 0.5716, 0.7715, 0.9220)
@@ -34,7 +34,9 @@ def n_train_for(n: int, n_trajectories: int, train_fraction: float) -> int:
 def _body(ctx: StudyContext) -> StudyOutput:
     """Table:datascaling: test RMSE against the number of trajectories."""
     systems = ctx.systems(("lotka_volterra_dde",))
-    methods = ctx.methods(ctx.pick(smoke=("node", "neural_laplace"), quick=METHODS, paper=METHODS))
+    methods = ctx.methods(
+        ctx.pick(smoke=("node", "neural_laplace"), quick=PAPER_METHODS, paper=PAPER_METHODS)
+    )
     sizes = ctx.pick(smoke=(1000, 125), quick=SIZES, paper=SIZES)
     training = ctx.pick(smoke={}, quick={}, paper={"epochs": 200})
     entries = []

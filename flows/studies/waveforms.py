@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec, rmse_table
 from flows.studies._plots import plot_bars
-from tasks.config import METHODS
+from tasks.config import PAPER_METHODS
 
 _PAPER = {"sine": 0.0063, "square": 0.1678, "sawtooth": 0.1600}
 SYSTEMS = tuple(_PAPER)
@@ -18,7 +18,9 @@ KEYS = ("system", "method")
 def _body(ctx: StudyContext) -> StudyOutput:
     """Table:toywaveforms: test RMSE on sine, square and sawtooth."""
     systems = ctx.systems(ctx.pick(smoke=SYSTEMS[:1], quick=SYSTEMS, paper=SYSTEMS))
-    methods = ctx.methods(ctx.pick(smoke=("node", "neural_laplace"), quick=METHODS, paper=METHODS))
+    methods = ctx.methods(
+        ctx.pick(smoke=("node", "neural_laplace"), quick=PAPER_METHODS, paper=PAPER_METHODS)
+    )
     entries = [
         ({"system": s, "method": m}, ctx.cell(s, m, seed))
         for s in systems

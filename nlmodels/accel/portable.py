@@ -29,6 +29,9 @@ untouched.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import subprocess
 import threading
 import warnings
 from collections.abc import Callable
@@ -37,7 +40,16 @@ import torch
 
 from nlmodels.accel import native
 
-__all__ = ["ELEMENTARY", "OPERATORS", "install", "installed", "portable_matmul", "uninstall"]
+__all__ = [
+    "DISPATCHED",
+    "ELEMENTARY",
+    "OPERATORS",
+    "dispatch",
+    "install",
+    "installed",
+    "portable_matmul",
+    "uninstall",
+]
 
 _lock = threading.Lock()
 _library: torch.library.Library | None = None
@@ -263,9 +275,98 @@ OPERATORS: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
+#: The operators that ``dispatch.cpp`` registers from C++ (their functional, ``.out`` and
+#: in-place forms): a call reaches the kernels without Python; what it does not compute itself it
+#: hands to the Python definition above through ``nlportable::<name>``.
+DISPATCHED = ("mm", "bmm", "addmm", "baddbmm", *ELEMENTARY)
+_FORMS = {f"{name}{form}" for name in DISPATCHED for form in ("", ".out", "_")}
+_fallbacks: torch.library.Library | None = None  # nlportable::<name>, defined once per process
+_dispatch: ctypes.CDLL | None = None  # the loaded dispatch.cpp while its operators are registered
+DISPATCH_VARIABLE = "NLLAB_PORTABLE_DISPATCH"
+
+
+def _define_fallbacks() -> None:
+    """``nlportable::<name>``: the Python definition of each operator ``dispatch.cpp`` registers,
+    for the cases it does not compute itself (kept for the process: C++ holds their handles)."""
+    global _fallbacks
+    if _fallbacks is not None:
+        return
+    library = torch.library.Library("nlportable", "DEF")
+    for name in DISPATCHED:
+        schema = str(getattr(torch.ops.aten, name).default._schema)
+        library.define(schema.removeprefix("aten::"))
+        library.impl(name, _FUNCTIONAL[name], "CPU")
+    _fallbacks = library
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and bool((a.view(torch.int64) == b.view(torch.int64)).all())
+
+
+def _dispatch_agrees() -> bool:
+    """Whether the registered C++ operators give the Python definitions' bits on a few
+    products (strided, batched, scaled) and functions."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(7, 5, 9, dtype=torch.float64, generator=gen)
+    b = torch.randn(7, 9, 11, dtype=torch.float64, generator=gen)
+    c = torch.randn(5, 11, dtype=torch.float64, generator=gen)
+    checks = [
+        (torch.mm(a[0], b[0]), _mm(a[0], b[0])),
+        (torch.mm(a[1].T.contiguous().T, b[2]), _mm(a[1].T.contiguous().T, b[2])),
+        (torch.bmm(a, b), _bmm(a, b)),
+        (torch.addmm(c, a[3], b[4], beta=0.5, alpha=2.0), _addmm(c, a[3], b[4], beta=0.5, alpha=2)),
+        (torch.baddbmm(c, a, b), _baddbmm(c, a, b)),
+        *((getattr(torch, f)(c.abs() / 9), _FUNCTIONAL[f](c.abs() / 9)) for f in ELEMENTARY),
+    ]
+    return all(_same_bits(x, y) for x, y in checks)
+
+
+def _install_dispatch(kernels: ctypes.CDLL) -> bool:
+    """Register ``dispatch.cpp``'s operators (built and cached as the kernels are); False, and
+    nothing registered, when it cannot be built or loaded, or gives other bits than the Python
+    definitions (``$NLLAB_PORTABLE_DISPATCH=python``: not tried)."""
+    global _dispatch
+    if os.environ.get(DISPATCH_VARIABLE, "").strip().lower() == "python":
+        return False
+    try:
+        shim, path, checked = native.dispatch_library()
+    except (OSError, ImportError, subprocess.SubprocessError) as error:
+        warnings.warn(
+            f"nlmodels: the portable operators' C++ registration is unavailable "
+            f"({' '.join(str(error).split())[:300]}); they dispatch through Python: the same "
+            f"bits, slower. {DISPATCH_VARIABLE}=python silences this.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+    _define_fallbacks()
+    address = ctypes.cast
+    status = shim.nlp_install(
+        address(kernels.nl_matmul, ctypes.c_void_p),
+        address(kernels.nl_unary, ctypes.c_void_p),
+        ",".join(ELEMENTARY).encode(),
+    )
+    if status != 0:
+        return False
+    if not checked:
+        if not _dispatch_agrees():
+            shim.nlp_uninstall()
+            warnings.warn(
+                f"nlmodels: the portable operators' C++ registration {path} computes other bits "
+                "than their Python definitions: not used.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return False
+        native.dispatch_passed(path)
+    _dispatch = shim
+    return True
+
+
 def install() -> bool:
     """Route this process's CPU matrix products and elementary functions through the portable
-    definitions (idempotent).
+    definitions (idempotent): the common operators registered from C++ where that builds
+    (:data:`DISPATCHED`), every other one by its Python definition.
     False, and nothing changed, when the native kernels are unavailable."""
     global _library, _kernel, _unary
     with _lock:
@@ -275,23 +376,36 @@ def install() -> bool:
         if kernels is None:
             return False
         _kernel, _unary = kernels.nl_matmul, kernels.nl_unary
+        in_cpp = _install_dispatch(kernels)
         library = torch.library.Library("aten", "IMPL")
         with warnings.catch_warnings():
             # torch warns once that a registered kernel is overridden: that is the point
             warnings.simplefilter("ignore", UserWarning)
             for name, fn in OPERATORS.items():
-                library.impl(name, fn, "CPU")
+                if not (in_cpp and name in _FORMS):
+                    library.impl(name, fn, "CPU")
         _library = library
         return True
 
 
+def dispatch() -> str:
+    """How the portable operators reach the kernels: ``C++``, ``Python``, or ``none`` (not
+    installed)."""
+    if _library is None:
+        return "none"
+    return "C++" if _dispatch is not None else "Python"
+
+
 def uninstall() -> None:
     """Give torch's own CPU kernels back (benchmarks compare the two in one process)."""
-    global _library
+    global _library, _dispatch
     with _lock:
         if _library is not None:
             _library._destroy()
             _library = None
+        if _dispatch is not None:
+            _dispatch.nlp_uninstall()
+            _dispatch = None
 
 
 def installed() -> bool:

@@ -22,6 +22,15 @@ No tensor value is read on the host except the end test ("are all lanes done?"),
 ``check_every`` iterations (default 4 on an accelerator). On the CPU, where a read costs nothing,
 the test runs every iteration, and a single lane also reads its accept decision: it then steps
 without masks, as torchdiffeq does, and gives the same numbers as the masked path.
+
+With a fixed budget (``iterations``) not even the end test is read: the solve runs exactly that
+many masked iterations, so that it can be captured into a CUDA graph (whose replay cannot ask
+the host how far to go), and reports the lanes the budget left unfinished (their outputs beyond
+the last reached are NaN). Lanes that finish early step by zero, as they do beside slower lanes,
+so a lane's values are those of the masked solve without a budget whenever the budget suffices.
+This is the fixed-length ``while_loop`` of diffrax (``max_steps``: a solve that needs more
+steps is an error) rather than a plan of step sizes chosen beforehand: each lane keeps its own
+error control, and only the number of iterations is decided before the solve.
 """
 
 from __future__ import annotations
@@ -113,6 +122,10 @@ class LaneSolution:
     rejected: torch.Tensor
     #: ``[L]``: lanes that failed (non-finite state or step size, or a step that underflowed)
     failed: torch.Tensor
+    #: ``[L]``: lanes a fixed budget of iterations left short of their last output time
+    unfinished: torch.Tensor
+    #: iterations run (the budget when one was given; with host end tests, as many as needed)
+    iterations: int
 
 
 def _rms(x: torch.Tensor) -> torch.Tensor:
@@ -191,6 +204,7 @@ def dopri5_lanes(
     atol: float,
     check_every: int | None = None,
     masked: bool = False,
+    iterations: int | None = None,
 ) -> LaneSolution:
     """Solve ``dy/dt = field(t, y)`` for every lane from ``y0 [L, *S]`` at ``t0 [L]``.
 
@@ -204,6 +218,9 @@ def dopri5_lanes(
     lane otherwise reads its decisions on the host and skips them). The values are the same,
     but the masks add edges to the autograd graph that change the order in which gradients are
     summed: with ``masked`` a lane's gradients are bitwise those it gets beside other lanes.
+    ``iterations``: run exactly this many step attempts (accepted or rejected) with no host read
+    at all (capturable), every lane masked; lanes not done by then are flagged ``unfinished``.
+    Where the budget suffices, values and gradients are bitwise those of ``masked`` without it.
     """
     if y0.dim() < 2 or t0.shape != y0.shape[:1] or t_out.dim() != 2:
         raise ValueError(
@@ -215,6 +232,8 @@ def dopri5_lanes(
     tdt = torch.promote_types(torch.float64, ydt)
     tab = _tableau(ydt, device)
     every = check_every or (1 if device.type == "cpu" else 4)
+    if iterations is not None and iterations < 1:
+        raise ValueError(f"iterations must be >= 1, got {iterations}")
 
     def call(t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return field(t.to(ydt), y)
@@ -234,7 +253,7 @@ def dopri5_lanes(
     attempts = torch.zeros(n_lanes, dtype=torch.long, device=device)
     accepted = torch.zeros_like(attempts)
     history: list[tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]] = []
-    on_host = n_lanes == 1 and every == 1 and not masked
+    on_host = n_lanes == 1 and every == 1 and not masked and iterations is None
     while True:
         n = len(history)
         # Outputs reached by the lane's accepted steps are read from its current interval.
@@ -242,7 +261,10 @@ def dopri5_lanes(
         assigned = torch.where(newly, n, assigned)
         history.append((coeffs, left, right))
         done = failed | (assigned[:, -1] >= 0)
-        if n % every == 0 and bool(done.all()):
+        if iterations is not None:
+            if n == iterations:
+                break
+        elif n % every == 0 and bool(done.all()):
             break
         with torch.no_grad():
             # torchdiffeq raises here; a non-finite state shows as a non-finite step size.
@@ -315,4 +337,6 @@ def dopri5_lanes(
         total = total + power * c
     reached = (assigned >= 0).view(lane_out)
     out = torch.where(reached, total, torch.full_like(total, float("nan")))
-    return LaneSolution(out, 2 + 6 * attempts, accepted, attempts - accepted, failed)
+    return LaneSolution(
+        out, 2 + 6 * attempts, accepted, attempts - accepted, failed, ~done, len(history) - 1
+    )

@@ -9,7 +9,7 @@ from typing import Literal, cast, get_args
 import torch
 from torch import nn
 
-from nlmodels.base import ForecastModel, MemberRun
+from nlmodels.base import ForecastModel, MemberRun, recording_host_bools
 from nlmodels.baselines._dopri import dopri5_lanes
 from nlmodels.baselines._encoders import ODERNNEncoder
 from nlmodels.baselines._mlp import mlp, stacked_linear, stacked_mlp
@@ -23,6 +23,10 @@ from nlmodels.baselines._solve import (
 from nlmodels.model_registry import register_model
 
 __all__ = ["LatentODE"]
+
+#: A captured latent solve runs CAPTURE_HEADROOM times the most iterations a solve of its pack
+#: needed so far, and at least CAPTURE_FLOOR (:meth:`LatentODE.capture_iterations`).
+CAPTURE_HEADROOM, CAPTURE_FLOOR = 2, 16
 
 Z0Time = Literal["first_observed", "first_query"]
 KLAverage = Literal["values", "latents"]
@@ -58,6 +62,21 @@ class LatentODE(ForecastModel):
     :func:`~nlmodels.baselines._dopri.dopri5_lanes` (torchdiffeq's dopri5, step for step), with
     the whole batch as one lane; packed training (:meth:`packed_losses`) solves one lane per
     member, so each member takes the steps its unpacked run takes.
+
+    On CUDA a pack's training step is captured into a CUDA graph (:meth:`captures_packed`),
+    whose replay cannot ask the host whether the solve is done: there the solve runs a fixed
+    budget of masked iterations, each lane keeping its own step size and accept/reject
+    decision (diffrax's ``max_steps`` loop; Kidger, 2021, §5), rather than a plan of step sizes
+    fixed before capture, which would give up the error control. The budget is
+    :data:`CAPTURE_HEADROOM` times the most iterations a solve of the pack has needed (counted
+    in the capture's warm-up and on the device in every replay), captured again when the
+    replays need more than half of it, and a solve that outgrows it is an error
+    (:meth:`graph_epoch_end`). The paper profile's solves need 3-5 iterations in the first
+    epoch and 8-20 within 30 epochs (``benchmarks/latent_ode_steps.py``): they grow as the
+    field learns, hence a budget that follows them. Where it suffices the budgeted solve is
+    bit for bit the unbudgeted one, so it is no part of a cell's configuration.
+    ``solve_iterations`` fixes the budget of every packed solve, eager ones too: the CPU twin
+    of a captured solve.
     """
 
     def __init__(
@@ -108,6 +127,12 @@ class LatentODE(ForecastModel):
         # once the weights are drawn: models trained side by side in one process never share
         # (or race for) draws, so a seed gives the same run with any neighbours.
         self.reseed(int(torch.randint(2**62, ()).item()))
+        self._peak_iterations = 0  # the most a budgeted solve (or a capture's warm-up) needed
+        self._flags: tuple[torch.Tensor, torch.Tensor] | None = None  # see _budget_flags
+        #: a fixed budget for every packed solve, also eager (the CPU twin of a captured one)
+        self.solve_iterations: int | None = None
+        self._captured_budget: int | None = None  # the smallest budget captured so far
+        self._lane_nfe: torch.Tensor | None = None  # [M]: what the replays evaluated
 
     def reseed(self, seed: int) -> None:
         """Restart the streams of standard-normal samples at ``seed``: the ELBO's, and (seed
@@ -117,11 +142,15 @@ class LatentODE(ForecastModel):
         self._sampler: torch.Generator | None = None
         self._predictor: torch.Generator | None = None
 
+    def _stream(self, device: torch.device) -> torch.Generator:
+        """The ELBO's stream on ``device`` (started at the seed where it is new there)."""
+        if self._sampler is None or self._sampler.device != device:
+            self._sampler = torch.Generator(device).manual_seed(self._sample_seed)
+        return self._sampler
+
     def _standard_normal(self, like: torch.Tensor) -> torch.Tensor:
-        if self._sampler is None or self._sampler.device != like.device:
-            self._sampler = torch.Generator(like.device).manual_seed(self._sample_seed)
         return torch.randn(
-            like.shape, generator=self._sampler, dtype=like.dtype, device=like.device
+            like.shape, generator=self._stream(like.device), dtype=like.dtype, device=like.device
         )
 
     def _prediction_z0(self, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -188,9 +217,19 @@ class LatentODE(ForecastModel):
         self, field: Callable[[torch.Tensor], torch.Tensor], z0, grid, masked: bool = False
     ):
         """dopri5 of the autonomous ``field`` from ``z0 [L, B, K]`` through the shared ``grid``
-        (``masked``: a pack's lanes, whose arithmetic must not depend on how many there are)."""
+        (``masked``: a pack's lanes, whose arithmetic must not depend on how many there are).
+
+        Captured into a CUDA graph, the solve runs a fixed budget of iterations
+        (:meth:`capture_iterations`), and a lane it leaves unfinished is noted for
+        :meth:`graph_epoch_end`; in a capture's eager warm-up the iterations needed are noted."""
         lanes = z0.shape[0]
-        return dopri5_lanes(
+        capturing = z0.is_cuda and torch.cuda.is_current_stream_capturing()
+        budget = self.capture_iterations() if capturing else None
+        if budget is not None:
+            self._captured_budget = min(budget, self._captured_budget or budget)
+        if masked and self.solve_iterations is not None:
+            budget = self.solve_iterations
+        sol = dopri5_lanes(
             lambda t, z: field(z),
             z0,
             grid[:1].expand(lanes),
@@ -198,7 +237,17 @@ class LatentODE(ForecastModel):
             rtol=self.rtol,
             atol=self.atol,
             masked=masked,
+            iterations=budget,
         )
+        if budget is not None:
+            overrun, needed = self._budget_flags(z0.device)
+            overrun.logical_or_(sol.unfinished.any())
+            needed.copy_(torch.maximum(needed, (sol.accepted + sol.rejected).max()))
+        elif masked and recording_host_bools():  # a capture's warm-up (host reads allowed)
+            warm = int((sol.accepted + sol.rejected).max())
+            self._peak_iterations = max(self._peak_iterations, warm)
+            self._budget_flags(z0.device)  # made before the capture, which writes into them
+        return sol
 
     def forward(
         self, obs_t: torch.Tensor, obs_x: torch.Tensor, query_t: torch.Tensor
@@ -324,6 +373,76 @@ class LatentODE(ForecastModel):
             raise ValueError("packed Latent ODE training needs a time grid shared by the batch")
         field = stacked_mlp(self.latent_field, state, "latent_field.")
         sol = self._solve_lanes(field, z0, grid, masked=True)
-        for j, member in enumerate(members):
-            member.count_nfe(sol.nfe[j])
+        self._count_lanes(members, sol.nfe)
         return stacked_linear(state, "decoder.")(sol.y.transpose(1, 2))
+
+    def _count_lanes(self, members: Sequence[ForecastModel], nfe: torch.Tensor) -> None:
+        """Each member's evaluations, counted on the member; in a CUDA graph (whose replays run
+        no Python) added on the device to counts :meth:`graph_epoch_end` hands over; in a
+        capture's warm-up not at all, as a pack's warm-up steps count nothing."""
+        if not recording_host_bools():
+            for j, member in enumerate(members):
+                member.count_nfe(nfe[j])
+        elif nfe.is_cuda and torch.cuda.is_current_stream_capturing():
+            cast(torch.Tensor, self._lane_nfe).add_(nfe)
+        elif self._lane_nfe is None or self._lane_nfe.shape != nfe.shape:
+            self._lane_nfe = torch.zeros_like(nfe)  # before the capture, which adds to it
+
+    # ----- a solve captured into a CUDA graph: a fixed budget of iterations -------------------
+
+    def _budget_flags(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a budgeted solve left a lane unfinished, the most iterations one needed): device
+        scalars that budgeted solves update and :meth:`graph_epoch_end` reads once an epoch."""
+        if self._flags is None or self._flags[0].device != device:
+            self._flags = (
+                torch.zeros((), dtype=torch.bool, device=device),
+                torch.zeros((), dtype=torch.long, device=device),
+            )
+        return self._flags
+
+    def capture_iterations(self) -> int:
+        """The iterations a solve captured into a CUDA graph runs: :data:`CAPTURE_HEADROOM`
+        times the most any solve of this pack has needed so far (the capture's warm-up and the
+        replays before it), and at least :data:`CAPTURE_FLOOR`."""
+        return max(CAPTURE_FLOOR, CAPTURE_HEADROOM * self._peak_iterations)
+
+    def captures_packed(self) -> bool:
+        """A pack's step is captured with dopri5 on a fixed budget (:meth:`_solve_lanes`) or
+        with Euler (a fixed grid); not through the adjoint."""
+        return self.packs_itself()
+
+    def graph_generators(self, members: Sequence[ForecastModel]) -> list[torch.Generator]:
+        """Each member's stream of the ELBO's samples on its device."""
+        return [cast("LatentODE", m)._stream(next(m.parameters()).device) for m in members]
+
+    def graph_epoch_end(self, members: Sequence[ForecastModel]) -> str | None:
+        """The evaluations the replays counted, handed to ``members``; and whether a budgeted
+        solve needed more iterations than its budget (its outputs past the budget are NaN,
+        which its member's step would take for a divergence)."""
+        if self._lane_nfe is not None and self._lane_nfe.shape[0] == len(members):
+            for member, nfe in zip(members, self._lane_nfe.clone(), strict=True):
+                member.count_nfe(nfe)
+            self._lane_nfe.zero_()
+        if self._flags is None:
+            return None
+        overrun, needed = self._flags
+        self._peak_iterations = max(self._peak_iterations, int(needed))
+        if not bool(overrun):
+            return None
+        overrun.zero_()
+        return (
+            f"a Latent ODE solve on a fixed budget of dopri5 iterations (captured into a CUDA "
+            f"graph) needed more than it ({self._peak_iterations} at least); train with "
+            f"graphs=False (eager steps) or on the CPU"
+        )
+
+    def graph_recapture(self) -> bool:
+        """Whether the replays have needed more than half the captured budget (more than the
+        peak it was chosen from): the next capture then chooses one from what they needed, so
+        that only a solve that more than doubles its needs within an epoch outgrows it. A
+        capture costs two eager steps; the needs grow by a few iterations over many epochs."""
+        budget = self._captured_budget
+        if budget is None or CAPTURE_HEADROOM * self._peak_iterations <= budget:
+            return False
+        self._captured_budget = None  # the graphs are captured again, with a new budget
+        return True

@@ -25,6 +25,7 @@ __all__ = [
     "MAIN_SYSTEMS",
     "METHODS",
     "MODEL_CARDS",
+    "PAPER_METHODS",
     "SYSTEM_NAMES",
     "ModelCard",
     "check_known",
@@ -46,6 +47,7 @@ class ModelCard:
     module: str  # imported by ``import nlmodels``; it registers the class under ``name``
     label: str  # its short name in rankings
     main_table: bool = False  # a row of the main table (and of a plain ``nllab benchmark``)
+    paper_table: bool = False  # a row of the paper's Table 3 (the ledger's Table 3, the studies)
     quick_epochs: int | None = None  # quick-profile epochs where quick.yaml does not list it
 
 
@@ -53,14 +55,23 @@ def read_model_cards(path: Path) -> dict[str, ModelCard]:
     """The model cards of a catalog file; ``ValueError`` naming the file, model and key."""
     cards = {}
     for name, entry in tomllib.loads(path.read_text(encoding="utf-8")).items():
-        unknown = sorted(set(entry) - {"module", "label", "main_table", "quick_epochs"})
+        unknown = sorted(
+            set(entry) - {"module", "label", "main_table", "paper_table", "quick_epochs"}
+        )
         epochs = entry.get("quick_epochs")
         if unknown or not isinstance(entry.get("module"), str):
             raise ValueError(f"{path}: [{name}]: a module, and no key {unknown or ''}")
         if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
             raise ValueError(f"{path}: [{name}] quick_epochs: a positive integer, got {epochs!r}")
         label = entry.get("label", name)
-        cards[name] = ModelCard(name, entry["module"], label, bool(entry.get("main_table")), epochs)
+        cards[name] = ModelCard(
+            name,
+            entry["module"],
+            label,
+            bool(entry.get("main_table")),
+            bool(entry.get("paper_table")),
+            epochs,
+        )
     return cards
 
 
@@ -87,6 +98,9 @@ MAIN_SYSTEMS: tuple[str, ...] = (
 )
 #: Methods of the main table, in its row order: the catalog's ``main_table`` models.
 METHODS: tuple[str, ...] = tuple(n for n, card in MODEL_CARDS.items() if card.main_table)
+#: Methods of the paper's Table 3 (Holt et al., 2022), in its row order: the catalog's
+#: ``paper_table`` models; the main table's others are models the paper does not run.
+PAPER_METHODS: tuple[str, ...] = tuple(n for n, c in MODEL_CARDS.items() if c.paper_table)
 #: Every system ``datasets.SYSTEMS`` simulates, known without importing numpy: the command line
 #: checks names before the numerical stack loads (a test keeps it equal to the registry).
 SYSTEM_NAMES: tuple[str, ...] = (

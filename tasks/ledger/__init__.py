@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from tasks.ledger.records import (
         ABLATIONS,
         DEFAULT_LEDGER,
+        PEERS,
         LedgerCell,
         LedgerError,
         LedgerRecord,
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "DEFAULT_LEDGER": "records",
+    "PEERS": "records",
     "LedgerError": "records",
     "LedgerRecord": "records",
     "append_records": "records",
@@ -91,6 +93,7 @@ __all__ = [
     "ABLATIONS",
     "DEFAULT_LEDGER",
     "LEDGER_PROFILES",
+    "PEERS",
     "CellProgress",
     "CellState",
     "LedgerCell",

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.config.names import METHODS, PAPER_METHODS
 from tasks.tracking.tags import Metrics
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ABLATIONS",
     "DEFAULT_LEDGER",
+    "PEERS",
     "LedgerCell",
     "LedgerError",
     "LedgerRecord",
@@ -57,6 +59,10 @@ DEFAULT_LEDGER = Path(__file__).resolve().parents[2] / "results" / "paper" / "le
 ABLATIONS: dict[str, dict[str, dict[str, Any]]] = {
     "stereographic=False": {"neural_laplace": {"stereographic": False}},
 }
+
+#: The Laplace-domain peers the ledger keeps after Table 3 and the ablations: the main table's
+#: models that are not the paper's Table 3's (``nlmodels/models.toml``), in its row order.
+PEERS: tuple[str, ...] = tuple(m for m in METHODS if m not in PAPER_METHODS)
 
 
 class LedgerError(ValueError):
@@ -335,6 +341,11 @@ class LedgerCell:
     ablation: str = ""
 
     @property
+    def peer(self) -> bool:
+        """A cell of a Laplace-domain peer (:data:`PEERS`), not Table 3's."""
+        return not self.ablation and self.method in PEERS
+
+    @property
     def key(self) -> tuple[str, str, str, int]:
         return (self.system, self.method, self.ablation, self.seed)
 
@@ -346,7 +357,8 @@ class LedgerCell:
 
 @dataclass(frozen=True)
 class LedgerScope:
-    """The ledger's cells (Table 3, then the ablations) and what a record may name."""
+    """The ledger's cells (Table 3, then the ablations, then the peers) and what a record may
+    name."""
 
     cells: tuple[LedgerCell, ...]
     #: the profile's seeds (a config file may set others)
@@ -361,15 +373,23 @@ class LedgerScope:
         seeds: Iterable[int] | None = None,
         *,
         ablations: bool | None = False,
+        peers: bool | None = False,
     ) -> list[LedgerCell]:
         """The cells of the selection (None: all); ``ablations`` False: Table 3 only, True:
-        the ablations only, None: both."""
+        the ablations only, None: both; ``peers`` (:data:`PEERS`) False: none of theirs, True:
+        theirs only, None: theirs besides what ``ablations`` selects."""
         want = [set(x) if x is not None else None for x in (systems, methods, seeds)]
+
+        def part(c: LedgerCell) -> bool:
+            if c.peer:
+                return peers is not False
+            return peers is not True and (ablations is None or bool(c.ablation) == ablations)
+
         return [
             c
             for c in self.cells
             if all(w is None or v in w for w, v in zip(want, (c.system, c.method, c.seed)))
-            and (ablations is None or bool(c.ablation) == ablations)
+            and part(c)
         ]
 
     def problem(self, record: LedgerRecord) -> str | None:

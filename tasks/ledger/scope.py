@@ -1,9 +1,16 @@
-"""The cells the results ledger holds: Table 3 and its ablation beside it under one of the
+"""The cells the results ledger holds: Table 3, its ablation and the Laplace-domain peers
+(:data:`PEERS`) beside it under one of the
 profiles that train the paper's budget (:data:`LEDGER_PROFILES`: ``paper``, the reference code's
 protocol, or ``fair``), each with today's config hash and numerics fingerprints, cached on disk
 per code state. Both profiles share one ledger file: a record names its cell by config hash, so a
 cell the two profiles configure alike (Neural Laplace, the Neural Flows) has one record serving
 both.
+
+The peers (Laplace-Net, the Laplace Neural Operator, the neural DDE) are the main table's models
+that the paper does not run: they have no protocol of the reference code's, so ``paper`` and
+``fair`` configure each of their cells alike (one record serves both, as Neural Laplace's), at
+the paper's budget. They are not Table 3's: :meth:`LedgerScope.select` leaves them out unless
+asked for, and they come after Table 3 and the ablations in the scope's order.
 
 A config hash needs the models' defaults (torch) and a numerics fingerprint runs a canary, so
 ``nllab ledger status``/``table`` would load torch on every call. Instead :func:`ledger_scope`
@@ -34,13 +41,15 @@ from typing import TYPE_CHECKING, Any
 
 from datasets import cache_folders
 from nlmodels import numerics_environment
-from tasks.ledger.records import ABLATIONS, LedgerCell, LedgerScope, cell_numerics
+from tasks.config.names import METHODS
+from tasks.ledger.records import ABLATIONS, PEERS, LedgerCell, LedgerScope, cell_numerics
 
 if TYPE_CHECKING:
     from tasks.config import CellConfig, RunConfig
 
 __all__ = [
     "LEDGER_PROFILES",
+    "PEERS",
     "ledger_cell_configs",
     "ledger_scope",
     "paper_config",
@@ -88,12 +97,16 @@ def ledger_cell_configs(
 ) -> list[tuple[CellConfig, str]]:
     """The ledger's cells as configs: ``profile``'s (``config_file`` layered on it; the
     ``systems``, ``methods`` and ``seeds`` asked for, None: its own), then each ablation's,
-    each with its ablation's key ("" for Table 3). Loads the models (torch)."""
+    then the peers' (:data:`PEERS`), each with its ablation's key ("" for Table 3 and the
+    peers). Loads the models (torch)."""
     selection: dict[str, Any] = {"systems": systems, "profile": profile}
     if seeds is not None:
         selection["seeds"] = list(seeds)
-    base = paper_config(config_file=config_file, methods=methods, **selection)
-    tagged = [(c, "") for c in base.cells()]
+    table3 = None if methods is None else [m for m in methods if m not in PEERS]
+    tagged: list[tuple[CellConfig, str]] = []
+    if table3 != []:
+        base = paper_config(config_file=config_file, methods=table3, **selection)
+        tagged += [(c, "") for c in base.cells() if c.method not in PEERS]
     for key, overrides in ABLATIONS.items():
         wanted = [m for m in overrides if methods is None or m in methods]
         if wanted:
@@ -101,6 +114,10 @@ def ledger_cell_configs(
                 config_file=config_file, methods=wanted, models=overrides, **selection
             )
             tagged += [(c, key) for c in config.cells()]
+    peers = [m for m in PEERS if methods is None or m in methods]
+    if peers:
+        config = paper_config(config_file=config_file, methods=peers, **selection)
+        tagged += [(c, "") for c in config.cells()]
     return tagged
 
 
@@ -143,8 +160,6 @@ def _known_methods() -> set[str]:
     """The built-in models and the plugins' (entry-point metadata: no plugin is imported)."""
     from importlib.metadata import entry_points
 
-    from tasks.config.names import METHODS
-
     return set(METHODS) | {ep.name for ep in entry_points(group="nllab.models")}
 
 
@@ -161,7 +176,7 @@ def ledger_scope(
     library only), else computed once and cached; ``say`` is told when it computes. Selections
     within the profile's own systems and methods share its scope (one cache file;
     :meth:`LedgerScope.select` narrows it)."""
-    from tasks.config.names import MAIN_SYSTEMS, METHODS
+    from tasks.config.names import MAIN_SYSTEMS
 
     if (
         config_file is None

@@ -48,6 +48,7 @@ __all__ = [
     "cell_states",
     "ledger_status",
     "ledger_table",
+    "table3_states",
 ]
 
 State = Literal["recorded", "missing", "predates", "other_config"]
@@ -127,15 +128,20 @@ class LedgerStatus:
         """The recorded cells whose record has ``numerics`` (``older``, ``predates``)."""
         return [s for s in self.states if s.numerics == numerics]
 
-    def counted(self, ablation: bool | None = None) -> list[LedgerRecord]:
-        """The records that count (one per recorded cell); ``ablation`` as in
-        :meth:`tasks.ledger.scope.LedgerScope.select`."""
+    def counted(self, ablation: bool | None = None, *, peers: bool = False) -> list[LedgerRecord]:
+        """The records that count (one per recorded cell); ``ablation`` False: Table 3's, True:
+        the ablations', None: every selected cell's; ``peers``: the Laplace-domain peers' only
+        (:data:`tasks.ledger.scope.PEERS`)."""
         return [
             s.record
             for s in self.states
             if s.state == "recorded"
             and s.record is not None
-            and (ablation is None or bool(s.cell.ablation) == ablation)
+            and (
+                s.cell.peer
+                if peers
+                else ablation is None or (bool(s.cell.ablation) == ablation and not s.cell.peer)
+            )
         ]
 
     def groups(self) -> list[StatusGroup]:
@@ -165,12 +171,17 @@ def ledger_status(records: Sequence[LedgerRecord], cells: Sequence[LedgerCell]) 
     return LedgerStatus(len(records), tuple(cell_states(records, cells)))
 
 
+def table3_states(status: LedgerStatus) -> list[CellState]:
+    """The selected cells of Table 3: neither an ablation's nor a Laplace-domain peer's."""
+    return [s for s in status.states if not s.cell.ablation and not s.cell.peer]
+
+
 def ledger_table(status: LedgerStatus) -> tuple[ResultsTable, Table]:
     """The paper's Table 3 from the counted records: the results table (mean ± std, verdict,
     dominated cells flagged: :func:`tasks.reports.reporting.results_table`) and its layout with the
     seed count per cell and how many of them older numerics made. Every (method, system) of
     the selection has its place, "–" where nothing is recorded yet."""
-    table3 = [s for s in status.states if not s.cell.ablation]
+    table3 = table3_states(status)
     expected = dict.fromkeys((s.cell.method, s.cell.system) for s in table3)
     results = results_table(status.counted(ablation=False), profile="paper", expected=expected)
     notes: dict[tuple[str, str], str] = {}
@@ -274,7 +285,7 @@ def best_per_system(status: LedgerStatus) -> list[BestOfSystem]:
     by mean test RMSE over the counted records, with their paired t-test (two-sided,
     ``k − 1`` degrees of freedom over the ``k`` shared seeds; None under two seeds or without
     a spread of differences). Systems with no counted record are left out."""
-    table3 = [s for s in status.states if not s.cell.ablation]
+    table3 = table3_states(status)
     out = []
     for system in dict.fromkeys(s.cell.system for s in table3):
         mine = [s for s in table3 if s.cell.system == system]

@@ -227,8 +227,10 @@ def _cache_path(cache_dir: Path | None) -> Path:
 
 def _probe_key(cell: CellConfig, members: int) -> str:
     # The measurement depends on the model, the shapes, the member count and the CPU threads
-    # (the engine probes with the workers' count), not on the seed or the data values.
+    # (the engine probes with the workers' count), not on the seed or the data values; and on
+    # the step the probe runs ("step": 2 since the Latent ODE's pack is captured on CUDA).
     payload = {
+        "step": 2,
         "threads": torch.get_num_threads(),
         "method": cell.method,
         "model": cell.model,

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tasks.reports.comparison import ROUNDING, RTOL, Comparison, compare_cells
     from tasks.reports.measurements import (
-        measurement_inline,
         measurement_markdown,
         read_measurement,
         record_measurement,
@@ -68,7 +67,6 @@ _LAZY = {
     "RTOL": "comparison",
     "plot_extrapolation": "plots",
     "plot_loss_curves": "plots",
-    "measurement_inline": "measurements",
     "measurement_markdown": "measurements",
     "read_measurement": "measurements",
     "record_measurement": "measurements",
@@ -91,7 +89,6 @@ __all__ = [
     "TableCell",
     "Verdict",
     "compare_cells",
-    "measurement_inline",
     "measurement_markdown",
     "number",
     "parent_summary",

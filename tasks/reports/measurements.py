@@ -15,7 +15,6 @@ from pathlib import Path
 __all__ = [
     "FOLDER",
     "Measurement",
-    "measurement_inline",
     "measurement_markdown",
     "read_measurement",
     "record_measurement",
@@ -107,17 +106,6 @@ def read_measurement(path: Path) -> Measurement:
     data["columns"] = tuple(data["columns"])
     data["rows"] = tuple(tuple(r) for r in data["rows"])
     return Measurement(**data)
-
-
-def measurement_inline(m: Measurement) -> str:
-    """The record as one paragraph (a page that has no room for its table): each row as its
-    first cell and the others by their column names, then its provenance."""
-    rows = "; ".join(
-        f"{row[0]}: "
-        + ", ".join(f"{column} {cell.rstrip('.')}" for column, cell in zip(m.columns[1:], row[1:]))
-        for row in m.rows
-    )
-    return f"*{m.title}* — {rows} (`{m.command}`, commit `{m.commit}`, {m.machine}.)"
 
 
 def measurement_markdown(m: Measurement) -> str:

@@ -35,6 +35,7 @@ import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -319,6 +320,32 @@ def library() -> ctypes.CDLL | None:
             except (OSError, AttributeError, subprocess.SubprocessError) as error:
                 _failure = " ".join(str(error).split())
     return _library
+
+
+_dispatch: tuple[ctypes.CDLL, Path, bool] | None = None
+
+
+def dispatch_library() -> tuple[ctypes.CDLL, Path, bool]:
+    """The portable operators' C++ registration library (``dispatch.cpp``, built and verified
+    as the kernels are, for the torch this process imports), its path and whether it passed its
+    check before (:func:`dispatch_passed`); OSError when it cannot be built or loaded."""
+    global _dispatch
+    with _lock:
+        if _dispatch is None:
+            library = _store.load_dispatch()
+            for name, restype, argtypes in (
+                ("nlp_install", ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p]),
+                ("nlp_uninstall", None, []),
+            ):
+                function = getattr(library[0], name)
+                function.restype, function.argtypes = restype, argtypes
+            _dispatch = library
+    return _dispatch
+
+
+def dispatch_passed(path: Path) -> None:
+    """Record that the registration library at ``path`` gave the Python definitions' bits."""
+    _store.mark_passed(path)
 
 
 def native_enabled() -> bool:

@@ -204,16 +204,20 @@ def verification_problem(library: Path) -> str | None:
 def build(library: Path) -> None:
     """Compile the kernels to ``library`` (atomically) and record its hash, self-test pending."""
     compiler = os.environ.get("CC") or "cc"
-    if shutil.which(compiler) is None:
-        raise OSError(f"no C compiler {compiler!r} on PATH")
+    _compile("C", [compiler, *flags(), str(SOURCE)], ["-lmvec", "-lm"], library)
+
+
+def _compile(language: str, command: list[str], libraries: list[str], library: Path) -> None:
+    """Run the ``language`` compiler ``command`` (its output and ``libraries`` appended) into
+    ``library`` atomically, and record the result's hash, self-test pending."""
+    if shutil.which(command[0]) is None:
+        raise OSError(f"no {language} compiler {command[0]!r} on PATH")
     fd, tmp = tempfile.mkstemp(prefix=f"{library.name}.", suffix=".tmp", dir=library.parent)
     os.close(fd)
     try:
-        result = _patiently(
-            [compiler, *flags(), str(SOURCE), "-o", tmp, "-lmvec", "-lm"], BUILD_TIMEOUTS
-        )
+        result = _patiently([*command, "-o", tmp, *libraries], BUILD_TIMEOUTS)
         if result.returncode != 0:
-            raise OSError(f"{compiler} failed: {result.stderr.strip()[-2000:]}")
+            raise OSError(f"{command[0]} failed: {result.stderr.strip()[-2000:]}")
         os.chmod(tmp, 0o700)
         sha256 = _sha256(Path(tmp))
         os.replace(tmp, library)  # atomic: a reader never sees half a file
@@ -316,3 +320,58 @@ def load_trusted() -> ctypes.CDLL:
             _write_record(library, _sha256(library), "failed")
             raise OSError(f"the native kernels' self-test failed: {failure}")
     return loaded
+
+
+# -- the operators' C++ registration (dispatch.cpp) ---------------------------------------------
+DISPATCH_SOURCE = Path(__file__).with_name("dispatch.cpp")
+
+
+def _torch_build() -> tuple[list[str], list[str], str]:
+    """Compiler flags, linker arguments and version of the torch this process imports (a C++
+    library registered with torch's dispatcher must match its headers and ABI)."""
+    import torch
+    from torch.utils.cpp_extension import include_paths
+
+    lib = str(Path(torch.__file__).parent / "lib")
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    flags = ["-O2", "-std=c++17", "-fPIC", "-shared", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+    flags += [f"-I{path}" for path in include_paths()]
+    return flags, [f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10", "-ltorch_cpu"], torch.__version__
+
+
+def dispatch_target(directory: Path) -> Path:
+    """Where this source's registration library for this torch lives in ``directory``."""
+    compile_flags, link, version = _torch_build()
+    digest = hashlib.sha256()
+    for part in (DISPATCH_SOURCE.read_bytes(), " ".join(compile_flags + link), version):
+        digest.update(part if isinstance(part, bytes) else part.encode())
+        digest.update(b"\0")
+    return directory / f"nldispatch-{digest.hexdigest()[:16]}.so"
+
+
+def mark_passed(library: Path) -> None:
+    """Record that ``library`` (verified) passed its check (done by its caller, in process)."""
+    _write_record(library, _sha256(library), _PASSED)
+
+
+def load_dispatch() -> tuple[ctypes.CDLL, Path, bool]:
+    """Build if needed, verify and load the registration library (``$CXX``, else ``c++``):
+    the library, its path and whether it has passed its check before (else the caller checks
+    the operators it registers and calls :func:`mark_passed`). OSError when it cannot be had.
+    It holds no maths of its own (it calls the kernel library), so no child self-test."""
+    library = dispatch_target(cache_dir())
+    with _locked(library):
+        problem = verification_problem(library)
+        if problem is not None:
+            if library.exists():
+                warnings.warn(
+                    f"nlmodels: not loading the cached operator registration {library}: "
+                    f"{problem}; rebuilding it.",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+            compile_flags, link, _ = _torch_build()
+            compiler = os.environ.get("CXX") or "c++"
+            _compile("C++", [compiler, *compile_flags, str(DISPATCH_SOURCE)], link, library)
+        loaded = ctypes.CDLL(str(library))
+        return loaded, library, _read_record(library).get("self_test") == _PASSED
