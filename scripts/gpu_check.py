@@ -5,10 +5,10 @@ with 16 cores), one part after another, each with its own time cap:
 
 1. ``pytest -m gpu`` (the CUDA-only tests);
 2. the throughput table of ``benchmarks/throughput.py``: eager, packed ×5, CUDA graphs ×5 and
-   ×30 for every model (the Latent ODE's captured on a fixed budget of solver iterations),
-   float64 (the paper's dtype: float32 is ``benchmarks/throughput.py --dtypes float32``, left
-   out so that the slice below has the time it needs), plus each model's eager epoch on one CPU
-   thread;
+   ×30 for every model of the paper's table (the Latent ODE's captured on a fixed budget of
+   solver iterations), float64 (the paper's dtype: float32 is ``benchmarks/throughput.py
+   --dtypes float32``, left out so that the slice below has the time it needs), plus each
+   model's eager epoch on one CPU thread;
 3. Neural Laplace beside the reference ``torchlaplace`` on the GPU (when it is importable);
 4. the slice's data simulated first, timed apart (``nllab simulate --profile paper``), then
    ``nllab benchmark --profile paper --device auto --epochs 20`` over the six systems with seed
@@ -64,7 +64,7 @@ from benchmarks.throughput import (  # noqa: E402
     table_markdown,
     table_rows,
 )
-from tasks.config import MAIN_SYSTEMS, resolve_config  # noqa: E402
+from tasks.config import MAIN_SYSTEMS, PAPER_METHODS, resolve_config  # noqa: E402
 
 #: Seconds each part may take at most on a CUDA machine (the budget may cut them shorter).
 CUDA_CAPS = {"pytest": 90, "throughput": 240, "reference": 40, "data": 120}
@@ -126,6 +126,7 @@ def part_throughput(cuda: bool, cap: float, out: Path, smallest: bool) -> tuple[
     cmd = [sys.executable, "benchmarks/throughput.py", "--json", str(json_path), "--epochs", "2"]
     if cuda:
         cmd += ["--device", "cuda", "--dtypes", "float64", "--members", "5"]
+        cmd += ["--models", *PAPER_METHODS]  # the models the projection and the slice train
         cmd += ["--big-members", "30"]
         note = "CUDA: eager, packed ×5 (eager steps), CUDA graphs ×5 and ×30; CPU eager, 1 thread."
     elif smallest:
@@ -134,6 +135,7 @@ def part_throughput(cuda: bool, cap: float, out: Path, smallest: bool) -> tuple[
         note = "CPU only, smallest: two models, 16 training trajectories (scaled to 800)."
     else:
         cmd += ["--device", "cpu", "--n-train", "128", "--members", "5"]
+        cmd += ["--models", *PAPER_METHODS]
         note = "CPU only (no CUDA): 128 training trajectories timed, scaled to 800."
     if smallest:  # in this process: seconds, no second interpreter to start
         from contextlib import redirect_stdout

@@ -225,3 +225,16 @@ def test_the_command_shows_the_peers_apart_and_alone_when_asked(tmp_path, capsys
     assert main(["ledger", "status", "--ledger", str(path)]) == 0
     out = capsys.readouterr().out
     assert "the Laplace-domain peers (not Table 3's): 1 of 90 selected cells recorded" in out
+
+
+def test_the_main_table_says_a_peer_is_not_in_the_paper():
+    from tasks.reports.reporting import results_table
+    from tasks.results import CellResult
+
+    rows = [
+        CellResult("integro_de", m, 0, "finished", test_rmse=v)
+        for m, v in (("node", 0.3), ("lno", 0.2))
+    ]
+    text = results_table(rows, profile="quick").to_markdown()
+    assert "| lno | **0.2** (not in the paper) |" in text
+    assert "| node | 0.3 (paper 0.073 ± 0.0016) |" in text

@@ -262,7 +262,7 @@ def test_a_model_for_the_main_table_is_its_module_and_one_registration(recipes):
     assert got["quick"] == [["toy_mean", 7]]  # its registration's quick epochs
     assert got["forward"] == [3, 4, 2]
     assert got["table_rows"][-1] == "toy_mean"
-    assert "| toy_mean | **0.1** (paper —) |" in got["table"]  # no paper figure
+    assert "| toy_mean | **0.1** (not in the paper) |" in got["table"]  # no paper figure
     # its search space is derived from its typed options (hidden: a quarter to four times 8)
     assert got["space"] == [{"hidden": 16}, {"lr": 0.01}]
     code, out = got["models"]

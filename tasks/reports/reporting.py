@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 
 from tasks.config import MAIN_SYSTEMS, METHODS, PAPER_BUDGET_PROFILES
-from tasks.config.names import model_label
-from tasks.reports.tables import Table, TableCell, number, render_table
+from tasks.config.names import MODEL_CARDS, model_label
+from tasks.reports.tables import NOT_IN_PAPER, Table, TableCell, number, render_table
 from tasks.reports.verdict import VERDICT_RULE, Verdict, verdict
 from tasks.results import CellResult
 
@@ -225,8 +225,10 @@ class ResultsTable:
             return TableCell("–")
         r = rows.iloc[0]
         paper = "" if np.isnan(r["paper_mean"]) else _fmt(r["paper_mean"], r["paper_std"])
-        if not paper:
-            paper = "—"  # a user's system or model, or one added to the project: no figure
+        if not paper:  # no figure: a model of the project's the paper does not run, else a
+            # user's system or model
+            card = MODEL_CARDS.get(method)
+            paper = NOT_IN_PAPER if card is not None and not card.paper_table else "—"
         if np.isnan(r["mean"]):
             return TableCell("failed" if r["n_failed"] else "–", paper=paper)
         flag = ""

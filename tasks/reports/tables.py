@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # pandas loads only where a frame is given (nllab artifacts h
     import pandas as pd
 
 __all__ = [
+    "NOT_IN_PAPER",
     "VERDICT_COLOURS",
     "VERDICT_MARKS",
     "Format",
@@ -124,6 +125,14 @@ def _esc_latex(s: str) -> str:
     return s.replace("±", r"$\pm$")
 
 
+#: The paper figure of a model of the project that the paper does not run (no "paper" before it).
+NOT_IN_PAPER = "not in the paper"
+
+
+def _paper_words(paper: str) -> str:
+    return paper if paper == NOT_IN_PAPER else f"paper {paper}"
+
+
 def _cell_markdown(c: TableCell) -> str:
     text = f"[{c.text}]({c.link})" if c.link else c.text
     if c.best:
@@ -131,7 +140,7 @@ def _cell_markdown(c: TableCell) -> str:
     if c.verdict and c.mark:
         text += f" {VERDICT_MARKS[c.verdict]}"
     if c.paper:
-        text += f" (paper {c.paper})"
+        text += f" ({_paper_words(c.paper)})"
     if c.flag:
         text += f" ⚠ {c.flag}"
     return text.replace("|", "\\|")
@@ -159,7 +168,7 @@ def _cell_html(c: TableCell) -> str:
     if c.verdict and c.mark:
         text += f' <span class="mark">{VERDICT_MARKS[c.verdict]}</span>'
     if c.paper:
-        text += f'<br><span class="paper">paper {html.escape(c.paper)}</span>'
+        text += f'<br><span class="paper">{html.escape(_paper_words(c.paper))}</span>'
     if c.flag:
         text += f'<br><span class="flag">⚠ {html.escape(c.flag)}</span>'
     style = f' style="background:{VERDICT_COLOURS[c.verdict]}"' if c.verdict else ""
