@@ -385,7 +385,7 @@ def test_a_model_that_fails_as_it_runs_gets_a_fingerprint_that_matches_nothing(
 _FINGERPRINT_CHILD = """
 import nlmodels
 nlmodels.set_up_numerics()
-from nltrain import model_fingerprint
+from nltrain.numerics import model_fingerprint
 print(model_fingerprint("neural_laplace"))
 """
 

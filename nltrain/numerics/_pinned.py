@@ -77,6 +77,12 @@ PINNED = {
         "nf_coupling (time_net=linear) 1-D": "139cb8eb163c9d7a",
         "nf_resnet (time_net=linear) 1-D": "ed2e9a0cdc834f93",
         "node 1-D": "9ad706faa5cfc52c",
+        "laplace_net": "822777c8c9bb2202",
+        "laplace_net 1-D": "3ad6a9e13df3c3d2",
+        "lno": "5d8a99e6474270d0",
+        "lno 1-D": "b2e6ea4f0440166d",
+        "neural_dde": "7978072a9f994e35",
+        "neural_dde 1-D": "9d0792451b7b3e17",
     },
     "training_twins": {
         "neural_laplace": "ab578be2cbc16035",
@@ -103,6 +109,9 @@ def pinned_label(method: str, settings: dict[str, object], state_dim: int = 2) -
 #: each of theirs is).
 _PINNED_BUILDS: tuple[tuple[str, dict[str, object]], ...] = (
     ("anode", {}),
+    ("laplace_net", {}),
+    ("lno", {}),
+    ("neural_dde", {}),
     ("anode", {"adjoint": True, "start": "first_query"}),
     ("latent_ode", {"kl_average": "latents", "z0_time": "first_query"}),
     (
