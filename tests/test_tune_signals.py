@@ -148,6 +148,8 @@ import torch
 from optuna.storages import RDBStorage
 from optuna.storages._heartbeat import HeartbeatThread
 torch.set_num_threads(1)
+# A user's terminal delivers Ctrl-C; a suite started as a background job inherits SIGINT ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 step, nth, signame, *command = sys.argv[1:]
 owner, name = (RDBStorage, "_create_new_trial") if step == "created" else (HeartbeatThread, "start")
 original, calls = getattr(owner, name), []
