@@ -136,6 +136,7 @@ def _exactly_equal(a, b) -> None:
         assert na == nb and torch.equal(ta, tb)
 
 
+@pytest.mark.training
 @pytest.mark.parametrize("settings", [{}, {"z0_time": "first_query", "kl_average": "latents"}])
 def test_the_latent_ode_on_a_budget_trains_as_without_it_packed_or_alone(settings):
     """Bit for bit: members packed under a fixed budget equal each trained alone under it (a
