@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import MappingProxyType
 
-__all__ = ["ABLATIONS", "STUDY_CATALOG", "StudyEntry"]
+__all__ = ["ABLATIONS", "STUDY_CATALOG", "StudyEntry", "study_entry"]
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,20 @@ class StudyEntry:
     paper_ref: str
     #: its factor can be re-run from a registered model (``nllab reproduce --ablation NAME``)
     ablation: bool = False
+    #: the seeds the paper averages this study over at its budget (the reference code's
+    #: ``--seed 0 --run_number_of_seeds n`` runs seeds 0..n-1); None: the profile's own five
+    paper_seeds: tuple[int, ...] | None = None
+
+    @property
+    def module(self) -> str:
+        """The module that defines the study: named after it (``latent-dim``:
+        ``flows.studies.latent_dim``)."""
+        return f"flows.studies.{self.name.replace('-', '_')}"
+
+    @property
+    def paper_label(self) -> str:
+        """The paper's table or figure, short: ``paper_ref`` up to its first bracket."""
+        return self.paper_ref.split(" (", 1)[0].split(";", 1)[0]
 
 
 #: Study name (as ``nllab study NAME``) -> entry, in the paper's order.
@@ -35,7 +49,8 @@ STUDY_CATALOG = MappingProxyType(
             StudyEntry(
                 "latent-dim",
                 "Latent size K of Neural Laplace",
-                "Table 5 (Table:ablate): latent dimension K on Lotka–Volterra",
+                "Table 5 (Table:ablate): latent dimension K on Lotka–Volterra, stiff Van der Pol, "
+                "piecewise forcing and the integro-DE",
                 ablation=True,
             ),
             StudyEntry(
@@ -43,11 +58,13 @@ STUDY_CATALOG = MappingProxyType(
                 "Noisy observations",
                 "Table:AdditionalNoiseResult (σ = 0.1, 3 seeds)",
                 ablation=True,
+                paper_seeds=(0, 1, 2),
             ),
             StudyEntry(
                 "sample-size",
                 "Sample size N",
                 "Table:datascaling (Lotka–Volterra, 200 epochs, 3 seeds)",
+                paper_seeds=(0, 1, 2),
             ),
             StudyEntry(
                 "observation-size",
@@ -57,8 +74,10 @@ STUDY_CATALOG = MappingProxyType(
             StudyEntry(
                 "ilt",
                 "ILT algorithms",
-                "Table 12 (ILTtimeres, RMSE of cos t) and figure ILTcompar (training loss)",
+                "Table 12 (ILTtimeres, RMSE of cos t) and figure ILTcompar (training loss, "
+                "FSI vs CME, 3 seeds)",
                 ablation=True,
+                paper_seeds=(0, 1, 2),
             ),
             StudyEntry(
                 "solvers",
@@ -97,3 +116,11 @@ STUDY_CATALOG = MappingProxyType(
 
 #: Studies whose factor ``nllab reproduce --ablation`` re-runs, in the paper's order.
 ABLATIONS: tuple[str, ...] = tuple(e.name for e in STUDY_CATALOG.values() if e.ablation)
+
+
+def study_entry(name: str) -> StudyEntry:
+    """The catalog's entry of study ``name``; an unknown name raises ``ValueError`` listing the
+    valid ones."""
+    if name not in STUDY_CATALOG:
+        raise ValueError(f"unknown study {name!r}; valid studies: {', '.join(STUDY_CATALOG)}")
+    return STUDY_CATALOG[name]

@@ -7,7 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from tasks.config import Profile, RunConfig, resolve_config
+from flows._study_catalog import STUDY_CATALOG
+from tasks.config import PAPER_BUDGET_PROFILES, Profile, RunConfig, resolve_config
 
 __all__ = ["QUICK_TRAINING", "StudyConfig", "study_config"]
 
@@ -45,7 +46,13 @@ def study_config(
     """Resolve a study's configuration (profile ← :data:`QUICK_TRAINING` ← ``overrides``).
 
     ``systems``/``methods`` are validated like the benchmark's (unknown names list the valid ones).
+    At the paper's budget (``paper``, ``fair``) a study the paper averages over fewer runs than
+    Table 3's five takes the paper's seeds (:attr:`~flows._study_catalog.StudyEntry.paper_seeds`,
+    e.g. 3 for ``Table:AdditionalNoiseResult``) unless ``seeds`` are given.
     """
+    entry = STUDY_CATALOG.get(study)
+    if not seeds and (profile or "quick") in PAPER_BUDGET_PROFILES and entry is not None:
+        seeds = entry.paper_seeds
     layer: dict[str, Any] = {"seeds": list(seeds) if seeds else None, "device": device}
     if (profile or "quick") == "quick":
         layer["training"] = dict(QUICK_TRAINING)

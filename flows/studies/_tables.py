@@ -19,14 +19,38 @@ from tasks.reports.verdict import verdict
 from tasks.results import CellResult
 
 __all__ = [
+    "PAPER_ROWS",
     "VALUE_COLUMNS",
     "add_paper",
     "aggregate",
+    "paper_rows",
     "rmse_records",
     "to_markdown",
 ]
 
 VALUE_COLUMNS: tuple[str, ...] = ("value", "std", "n", "paper", "gap", "verdict")
+
+#: The methods' rows in the paper's appendix tables (Tables 3, CMI, datascaling,
+#: AdditionalNoiseResult, toywaveforms), top to bottom: a study's published figures are
+#: transcribed in this order.
+PAPER_ROWS: tuple[str, ...] = (
+    "node",
+    "anode",
+    "latent_ode",
+    "nf_coupling",
+    "nf_resnet",
+    "neural_laplace",
+)
+
+
+def paper_rows(
+    columns: Mapping[tuple[str, ...], Sequence[float]],
+) -> dict[tuple[str, ...], float]:
+    """``{(*column, method): figure}`` from a paper table transcribed column by column, each
+    column's figures in :data:`PAPER_ROWS` order."""
+    return {
+        (*key, m): v for key, row in columns.items() for m, v in zip(PAPER_ROWS, row, strict=True)
+    }
 
 
 def aggregate(records: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> pd.DataFrame:

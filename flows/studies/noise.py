@@ -1,18 +1,32 @@
-"""``nllab study noise``: Gaussian observation noise σ ∈ {0.01, 0.1}, all models (paper
-``Table:AdditionalNoiseResult``, σ = 0.1; σ = 0.01 as in Appendix D)."""
+"""``nllab study noise``: Gaussian observation noise, all models (paper
+``Table:AdditionalNoiseResult``: σ = 0.1 on Lotka–Volterra, the integro-DE and piecewise forcing,
+3 seeds, 1000 epochs).
+
+The paper profile trains the table's σ = 0.1 only. Appendix D's text calls the same table's noise
+N(0, 0.01), the caption N(0, 0.1): a variance of 0.01 is a σ of 0.1, and Neural Laplace's
+integro and piecewise figures (.0996, .1006) sit on a 0.1 floor, so both mean σ = 0.1. The quick
+profile adds σ = 0.01 beside it.
+"""
 
 from __future__ import annotations
 
 from flows.studies._core import Factor, Study, StudyContext, StudyOutput, StudySpec, rmse_table
 from flows.studies._plots import plot_bars
+from flows.studies._tables import paper_rows
 from tasks.config import PAPER_METHODS
 
-_PAPER = {"lotka_volterra_dde": 0.1328, "integro_de": 0.0996, "piecewise_forcing_ode": 0.1006}
+#: Table:AdditionalNoiseResult, σ = 0.1: system -> test RMSE of the rows NODE … Neural Laplace
+_PAPER = {
+    "lotka_volterra_dde": (0.6043, 0.5952, 0.2426, 0.6994, 0.2464, 0.1328),
+    "integro_de": (0.1217, 0.1191, 0.1002, 0.0999, 0.0998, 0.0996),
+    "piecewise_forcing_ode": (0.2641, 0.1642, 0.1542, 0.1242, 0.1058, 0.1006),
+}
 SYSTEMS = tuple(_PAPER)
-SIGMAS = (0.01, 0.1)
+PAPER_SIGMA = 0.1
+SIGMAS = (0.01, PAPER_SIGMA)
 SPEC = StudySpec(
     name="noise",
-    paper={(system, "0.1", "neural_laplace"): v for system, v in _PAPER.items()},  # σ = 0.1
+    paper=paper_rows({(system, str(PAPER_SIGMA)): row for system, row in _PAPER.items()}),
     factor=Factor("data", "noise_std", SIGMAS),
 )
 KEYS = ("system", "noise_std", "method")
@@ -24,7 +38,7 @@ def _body(ctx: StudyContext) -> StudyOutput:
     methods = ctx.methods(
         ctx.pick(smoke=("node", "neural_laplace"), quick=PAPER_METHODS, paper=PAPER_METHODS)
     )
-    sigmas = ctx.pick(smoke=(0.1,), quick=SIGMAS, paper=SIGMAS)
+    sigmas = ctx.pick(smoke=(PAPER_SIGMA,), quick=SIGMAS, paper=(PAPER_SIGMA,))
     entries = ctx.factor_cells(systems, sigmas, methods)
     table = rmse_table(ctx, entries, KEYS)
     for sigma in sigmas:
