@@ -314,6 +314,10 @@ def generated_figures(root: Path) -> str:
         lines.append(f"| `{b.name}` | {b.shows} | {b.record} | {b.writer} | {held} |")
     lines += [
         "",
+        "Block `study-NAME`: study NAME's table at the paper's budget from "
+        f"{_LEDGER}, drawn by the study's own body (`flows.study_pages`), its figures beside "
+        "the page.",
+        "",
         "Block `measurement-NAME`: the record `results/measurements/NAME.json` as a table "
         "(`tasks.reports.measurements`), which the script named in it writes:",
         "",
@@ -386,14 +390,29 @@ def _measurement(name: str) -> Block:
     return Block(f"measurement-{name}", make)
 
 
+def _study(name: str) -> Block:
+    """Block ``study-NAME``: the study's table at the paper's budget from the results ledger,
+    drawn by the study's own body (:mod:`flows.study_pages`), with its figures beside the page."""
+
+    def make(root: Path) -> str:
+        from flows.study_pages import study_page
+
+        return study_page(root, name)
+
+    return Block(f"study-{name}", make)
+
+
 def _blocks_in(text: str) -> list[Block]:
     found = [BLOCKS["ledger"]] if LEDGER_BEGIN in text else []
     for name in _NAMED.findall(text):
         if name.startswith("measurement-"):
             found.append(_measurement(name.removeprefix("measurement-")))
             continue
+        if name.startswith("study-"):
+            found.append(_study(name.removeprefix("study-")))
+            continue
         if name not in BLOCKS:
-            known = ", ".join([*BLOCKS, "measurement-NAME"])
+            known = ", ".join([*BLOCKS, "measurement-NAME", "study-NAME"])
             raise ValueError(f"unknown generated block {name!r}; known: {known}")
         found.append(BLOCKS[name])
     return found
@@ -433,12 +452,31 @@ def stale_blocks(files: Iterable[Path], root: Path = ROOT) -> list[str]:
 
 
 def regenerate(files: Iterable[Path], root: Path = ROOT) -> list[Path]:
-    """Rewrite the generated blocks of ``files``; returns the files that changed."""
+    """Rewrite the generated blocks of ``files``, and the figures of their study blocks
+    (:func:`flows.study_pages.study_figures`); returns the files that changed."""
+    files = list(files)
     changed = []
     for path, _, fresh in _changes(files, root):
         path.write_text(fresh, encoding="utf-8")
         changed.append(path)
+    for path in files:
+        for block in _blocks_in(path.read_text(encoding="utf-8")):
+            if block.name.startswith("study-"):
+                changed += _write_figures(root, block.name.removeprefix("study-"))
     return changed
+
+
+def _write_figures(root: Path, study: str) -> list[Path]:
+    from flows.study_pages import study_figures
+
+    written = []
+    for relative, data in study_figures(root, study).items():
+        path = root / relative
+        if not path.is_file() or path.read_bytes() != data:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            written.append(path)
+    return written
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -65,6 +65,14 @@ class CellResult:
         return cls._of(cell, "reused", record.run_id, record.metrics, record.test_rmse)
 
     @classmethod
+    def recorded(
+        cls, cell: CellConfig, run_id: str | None, metrics: Mapping[str, float], test_rmse: float
+    ) -> CellResult:
+        """A cell's result kept outside the store (the results ledger's record of it: its run's
+        final ``metrics`` as the record holds them), as if reused."""
+        return cls._of(cell, "reused", run_id or "", metrics, test_rmse)
+
+    @classmethod
     def failed(
         cls,
         cell: CellConfig,

@@ -294,6 +294,7 @@ ROOM_MAY_IMPORT: dict[str, set[str]] = {
         "tasks.cell",
         "tasks.config",
         "tasks.engine",
+        "tasks.ledger",
         "tasks.modelio",
         "tasks.offline",
         "tasks.reports",
@@ -323,7 +324,9 @@ ROOM_MAY_IMPORT: dict[str, set[str]] = {
     },
     "flows": {"flows.benchmark"},
     "flows.ledger": {
+        "flows._study_catalog",
         "flows.benchmark",
+        "flows.studies",
         "tasks.config",
         "tasks.engine",
         "tasks.ledger",
@@ -333,7 +336,14 @@ ROOM_MAY_IMPORT: dict[str, set[str]] = {
         "tasks.results",
         "tasks.tracking",
     },
-    "flows.docs_numbers": {"flows.ledger", "flows.peers_page", "tasks.ledger", "tasks.reports"},
+    "flows.study_pages": {"flows.ledger", "flows.studies", "tasks.ledger", "tasks.reports"},
+    "flows.docs_numbers": {
+        "flows.ledger",
+        "flows.peers_page",
+        "flows.study_pages",
+        "tasks.ledger",
+        "tasks.reports",
+    },
     "flows.reproduce": {
         "flows.runtime",
         "flows.studies",

@@ -124,7 +124,7 @@ def scope() -> LedgerScope:
 
 
 def _at(scope: LedgerScope, system, method, seed, ablation="", **kw) -> LedgerRecord:
-    (cell,) = [c for c in scope.cells if c.key == (system, method, ablation, seed)]
+    (cell,) = [c for c in scope.cells if c.key == (system, method, "", ablation, seed)]
     return _record(system, method, seed, config_hash=cell.config_hash, ablation=ablation, **kw)
 
 
@@ -165,13 +165,13 @@ def test_status_and_table_count_the_same_records(scope):
     ]
     cells = scope.select(seeds=[0, 1, 2], ablations=None)
     states = {s.cell.key: s for s in cell_states(records, cells)}
-    predating = states["spiral_dde", "neural_laplace", "", 0]
+    predating = states["spiral_dde", "neural_laplace", "", "", 0]
     assert (predating.state, predating.numerics) == ("predates", "predates")
     assert predating.cell in to_train(list(states.values()))  # trained again
-    one = states["spiral_dde", "neural_laplace", "", 1]  # today's numerics win over older
+    one = states["spiral_dde", "neural_laplace", "", "", 1]  # today's numerics win over older
     assert one.numerics == "today" and one.record.test_rmse == 0.02
-    assert states["stiff_van_der_pol", "node", "", 0].numerics == "older"
-    assert states["integro_de", "node", "", 0].state == "other_config"
+    assert states["stiff_van_der_pol", "node", "", "", 0].numerics == "older"
+    assert states["integro_de", "node", "", "", 0].state == "other_config"
     status = ledger_status(records, cells)
     assert len(status.counted(ablation=False)) == 4 and len(status.counted(ablation=True)) == 1
     group = next(

@@ -89,7 +89,7 @@ def _scope(systems=("integro_de", "spiral_dde"), seeds=(0, 1, 2)) -> LedgerScope
 
 
 def _at(scope: LedgerScope, system, method, seed, **kw):
-    (cell,) = [c for c in scope.cells if c.key == (system, method, "", seed)]
+    (cell,) = [c for c in scope.cells if c.key == (system, method, "", "", seed)]
     return _record(system, method, seed, config_hash=cell.config_hash, **kw)
 
 

@@ -1,26 +1,36 @@
 """The unit ``nllab ledger run`` trains: the cells one benchmark trains, every system × seed of
-one method (and ablation). The type every module of :mod:`flows.ledger` shares, so that none
-of them imports another for it."""
+one method (and ablation, or a study's variant). The type every module of :mod:`flows.ledger`
+shares, so that none of them imports another for it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
+from tasks.ledger.records import row_label
 
 __all__ = ["LedgerGroup"]
 
 
 @dataclass(frozen=True)
 class LedgerGroup:
-    """Cells trained by one benchmark: every system × seed of one method (and ablation)."""
+    """Cells trained by one benchmark: every system × seed of one method (and ablation; in a
+    study, its variant: :attr:`tasks.ledger.LedgerCell.ablation`)."""
 
     method: str
     ablation: str
     seeds: tuple[int, ...]
     systems: tuple[str, ...]
+    #: "" for Table 3, its ablation and the peers, else the study the cells are of
+    study: str = ""
+
+    @property
+    def row(self) -> str:
+        """The method with its study and ablation (or variant) in brackets."""
+        return row_label(self.method, self.ablation, self.study)
 
     @property
     def label(self) -> str:
-        what = f"{self.method} ({self.ablation})" if self.ablation else self.method
+        what = self.row
         seeds = ",".join(map(str, self.seeds))
         return (
             f"{what} seed{'s' if len(self.seeds) > 1 else ''} {seeds} on {', '.join(self.systems)}"

@@ -27,6 +27,7 @@ from tasks.ledger import (
     paper_config,
     read_ledger,
 )
+from tasks.ledger.scope import variant_overrides
 
 if TYPE_CHECKING:
     from tasks.config import RunConfig
@@ -48,10 +49,26 @@ __all__ = [
 
 def to_train(states: Sequence[CellState], *, refresh_older: bool = False) -> list[LedgerCell]:
     """The cells ``ledger run`` trains: those with no record at today's config; with
-    ``refresh_older``, also those whose counted record older numerics made."""
-    return [
+    ``refresh_older``, also those whose counted record older numerics made. A study's cell that
+    measures nothing more and has the config hash of another cell to train is left to that one
+    (its record serves both)."""
+    todo = [
         s.cell for s in states if s.state != "recorded" or (refresh_older and s.numerics == "older")
     ]
+    elsewhere = {c.config_hash for c in todo if not c.study}
+    seen: set[str] = set()
+    out = []
+    for c in todo:
+        if c.study and not c.measure:
+            if c.config_hash in elsewhere or c.config_hash in seen:
+                continue
+            seen.add(c.config_hash)
+        out.append(c)
+    return out
+
+
+#: A group's key: (study, method, ablation or variant, seed).
+GroupKey = tuple[str, str, str, int]
 
 
 def ledger_groups(
@@ -63,55 +80,82 @@ def ledger_groups(
     2. the cells whose records predate numerics fingerprints (they count for nothing until
        retrained: a column the ledger had once comes back whole before new seeds), then the
        ablations (so they start only once every Table 3 column has at least one seed);
-    3. the remaining Table 3 seeds, seed by seed;
-    4. then the Laplace-domain peers (:data:`tasks.ledger.scope.PEERS`, not Table 3's): each
+    3. each study's first seed (the paper's other tables, in the order of
+       :data:`flows.studies.LEDGER_STUDIES`: every table gets its first complete seed early);
+    4. the remaining Table 3 seeds, seed by seed, then the studies' remaining seeds;
+    5. then the Laplace-domain peers (:data:`tasks.ledger.scope.PEERS`, not Table 3's): each
        one's lowest missing seed, then their remaining seeds, seed by seed.
 
-    Each group is one seed of one method on its missing systems; ``merge_seeds`` (a GPU, where
-    bigger packs pay) joins the seeds of one method that miss the same systems, a method
-    without any seed in phase 1 with all of them."""
-    recorded = {(s.cell.method, s.cell.system) for s in states if s.state == "recorded"}
-    predates = {s.cell.key for s in states if s.state == "predates"}
-    by_seed: dict[tuple[str, str, int], list[str]] = {}
-    again: set[tuple[str, str, int]] = set()  # groups of retrained predating records
+    Each group is one seed of one method (and variant) on its missing systems; ``merge_seeds``
+    (a GPU, where bigger packs pay) joins the seeds of one method that miss the same systems, a
+    method without any seed in phase 1 with all of them."""
+    by_seed: dict[GroupKey, list[str]] = {}
     for c in todo:
-        by_seed.setdefault((c.method, c.ablation, c.seed), []).append(c.system)
-        if c.key in predates:
-            again.add((c.method, c.ablation, c.seed))
-    first: dict[str, int] = {}
-    for (method, ablation, seed), systems in sorted(by_seed.items()):
-        if not ablation and any((method, s) not in recorded for s in systems):
-            first.setdefault(method, seed)
+        by_seed.setdefault((c.study, c.method, c.ablation, c.seed), []).append(c.system)
+    order = _GroupOrder(todo, states, by_seed, merge_seeds)
+    groups: dict[tuple, LedgerGroup] = {}
+    for key in sorted(by_seed, key=order.key):
+        study, method, ablation, seed = key
+        where = tuple(by_seed[key])
+        join = (order.phase(key), study, method, ablation, where) if merge_seeds else key
+        if join in groups:
+            groups[join] = replace(groups[join], seeds=(*groups[join].seeds, seed))
+        else:
+            groups[join] = LedgerGroup(method, ablation, (seed,), where, study)
+    return list(groups.values())
 
-    def phase(key: tuple[str, str, int]) -> float:
-        method, ablation, seed = key
-        if method in PEERS and not ablation:  # after all of Table 3 and the ablations
-            if merge_seeds:
+
+class _GroupOrder:
+    """The phases of :func:`ledger_groups` (its docstring), and the order within them."""
+
+    def __init__(
+        self,
+        todo: Sequence[LedgerCell],
+        states: Sequence[CellState],
+        by_seed: dict[GroupKey, list[str]],
+        merge_seeds: bool,
+    ) -> None:
+        from flows.studies import LEDGER_STUDIES
+
+        self.tables = LEDGER_STUDIES
+        self.merge_seeds = merge_seeds
+        recorded = {(s.cell.method, s.cell.system) for s in states if s.state == "recorded"}
+        predates = {s.cell.key for s in states if s.state == "predates"}
+        # groups of retrained predating records
+        self.again = {(c.study, c.method, c.ablation, c.seed) for c in todo if c.key in predates}
+        self.first: dict[str, int] = {}  # a Table 3 method's first seed with a system to fill
+        self.study_first: dict[str, int] = {}
+        for (study, method, ablation, seed), systems in sorted(by_seed.items()):
+            if study:
+                self.study_first.setdefault(study, seed)
+            elif not ablation and any((method, s) not in recorded for s in systems):
+                self.first.setdefault(method, seed)
+
+    def phase(self, key: GroupKey) -> float:
+        study, method, ablation, seed = key
+        first, merge = self.first, self.merge_seeds
+        if study:
+            return 1.5 if self.study_first[study] == seed or merge else 2.5
+        if method in PEERS and not ablation:  # after all of Table 3, its ablations and studies
+            if merge:
                 return 3 if method in first else 4
             return 3 if first.get(method) == seed else 4
         if ablation:
             return 1
-        if key in again and first.get(method) != seed:
+        if key in self.again and first.get(method) != seed:
             return 0.5
-        if merge_seeds:  # its first seed comes with the others, in one pack
+        if merge:  # its first seed comes with the others, in one pack
             return 0 if method in first else 2
         return 0 if first.get(method) == seed else 2
 
-    def order(key: tuple[str, str, int]) -> tuple:
-        method, ablation, seed = key  # the paper's row order within a seed
+    def key(self, key: GroupKey) -> tuple:
+        study, method, ablation, seed = key  # the paper's row order within a seed
+        table = self.tables.index(study) + 1 if study in self.tables else 0
         row = METHODS.index(method) if method in METHODS else len(METHODS)
-        return (phase(key), seed, ablation, row, method)
-
-    groups: dict[tuple, LedgerGroup] = {}
-    for key in sorted(by_seed, key=order):
-        method, ablation, seed = key
-        where = tuple(by_seed[key])
-        join = (phase(key), method, ablation, where) if merge_seeds else key
-        if join in groups:
-            groups[join] = replace(groups[join], seeds=(*groups[join].seeds, seed))
-        else:
-            groups[join] = LedgerGroup(method, ablation, (seed,), where)
-    return list(groups.values())
+        phase = self.phase(key)
+        if phase == 1.5:  # one table's first seed whole before the next table's
+            return (phase, table, seed, ablation, row, method)
+        return (phase, seed, table, ablation, row, method)
 
 
 def selected_states(
@@ -123,6 +167,7 @@ def selected_states(
         selection.get("seeds"),
         ablations=selection.get("ablations"),
         peers=selection.get("peers"),
+        studies=selection.get("studies", False),
     )
     return cells, cell_states(read_ledger(ledger, scope), cells)
 
@@ -136,7 +181,12 @@ def selection_scope(
     selection: dict[str, Any], say: Callable[[str], None] | None = None
 ) -> LedgerScope:
     where = (selection.get("config_file"), selection.get("systems"), selection.get("methods"))
-    return ledger_scope(*where, say=say, profile=selection_profile(selection))
+    studies = None
+    if selection.get("studies", False) is not False:
+        from flows.studies import study_cells
+
+        studies = study_cells()
+    return ledger_scope(*where, say=say, profile=selection_profile(selection), studies=studies)
 
 
 def selection_profile(selection: dict[str, Any]) -> str:
@@ -152,14 +202,20 @@ def group_config(
     group: LedgerGroup, selection: dict[str, Any], execution: dict[str, Any]
 ) -> RunConfig:
     """The benchmark config of ``group``: the ledger's profile on its systems, method and
-    seeds."""
+    seeds, with its ablation's model settings or its study variant's settings
+    (:func:`tasks.ledger.scope.variant_overrides`)."""
+    layers = (
+        variant_overrides(group.method, group.ablation)
+        if group.study
+        else {"models": ABLATIONS.get(group.ablation)}
+    )
     return paper_config(
         execution,
         **profile_of(selection),
         systems=list(group.systems),
         methods=[group.method],
         seeds=list(group.seeds),
-        models=ABLATIONS.get(group.ablation),
+        **layers,
     )
 
 

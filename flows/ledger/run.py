@@ -65,22 +65,33 @@ __all__ = [
 
 
 def record_finished(
-    queries: Queries, cells: Sequence[LedgerCell], ledger: Path, hardware: Callable[[str], str]
+    queries: Queries,
+    cells: Sequence[LedgerCell],
+    ledger: Path,
+    hardware: Callable[[str], str],
+    measure: Callable[[LedgerCell, str], dict[str, float]] | None = None,
 ) -> list[LedgerRecord]:
-    """Append the records of ``cells`` that have a FINISHED run in the store; returns them."""
-    by_hash = {c.config_hash: c for c in cells}
+    """Append the records of ``cells`` that have a FINISHED run in the store; returns them.
+    A cell of a study that measures its model (:attr:`tasks.ledger.LedgerCell.measure`) is
+    recorded with ``measure(cell, run_id)``, and only where it is given."""
+    by_hash: dict[str, list[LedgerCell]] = {}
+    for c in cells:
+        if not c.measure or measure is not None:
+            by_hash.setdefault(c.config_hash, []).append(c)
     found = queries.finished_cells(by_hash)
     records = [
         record_of_run(
-            by_hash[h],
+            c,
             r.run_id,
             r.metrics,
             r.tags,
             hardware=hardware(r.tags.get("device_used", "")),
             numerics=numerics_of(*(r.tags.get(k) for k in _NUMERICS_TAGS)),
+            measures=measure(c, r.run_id) if c.measure and measure is not None else None,
         )
         for h, r in found.items()
         if r.test_rmse is not None
+        for c in by_hash[h]
     ]
     return append_records(ledger, records)
 
@@ -117,7 +128,9 @@ def record_store(
     if not todo:
         return []
     queries = connect(paper_config(execution, **profile_of(selection)).tracking)
-    return record_finished(queries.queries, todo, ledger, hardware_name)
+    recorder = _Recorder(queries.queries, ledger, LedgerRun(), lambda _: None, selection)
+    recorder.record(todo)
+    return recorder.out.appended
 
 
 def run_ledger(
@@ -154,7 +167,7 @@ def run_ledger(
     if not todo:
         return out
     queries = connect(paper_config(execution, **profile_of(selection)).tracking)
-    recorder = _Recorder(queries.queries, ledger, out, say)
+    recorder = _Recorder(queries.queries, ledger, out, say, selection)
     recorder.record(todo)  # cells a stopped run finished in this store meanwhile
     todo = [c for c in todo if c.key not in recorder.done]
     device = str(execution.get("device") or "auto")
@@ -260,6 +273,7 @@ def _skip(group: LedgerGroup, why: str, out: LedgerRun, say: Callable[[str], Non
 def _in(cell: LedgerCell, group: LedgerGroup) -> bool:
     return (
         cell.method == group.method
+        and cell.study == group.study
         and cell.ablation == group.ablation
         and cell.seed in group.seeds
         and cell.system in group.systems
@@ -267,16 +281,32 @@ def _in(cell: LedgerCell, group: LedgerGroup) -> bool:
 
 
 class _Recorder:
-    """Appends to the ledger what the store has finished of some cells (the engine's hook)."""
+    """Appends to the ledger what the store has finished of some cells (the engine's hook),
+    with what their study measures of the trained model (:func:`flows.studies.measure_cell`)."""
 
-    def __init__(self, queries: Queries, ledger: Path, out: LedgerRun, say: Callable) -> None:
+    def __init__(
+        self,
+        queries: Queries,
+        ledger: Path,
+        out: LedgerRun,
+        say: Callable,
+        selection: dict[str, Any] | None = None,
+    ) -> None:
         self.queries, self.ledger, self.out, self.say = queries, ledger, out, say
-        self.done: set[tuple[str, str, str, int]] = set()
+        self.selection = selection or {}
+        self.done: set[tuple[str, str, str, str, int]] = set()
+
+    def measure(self, cell: LedgerCell, run_id: str) -> dict[str, float]:
+        from flows.studies import measure_cell
+
+        group = LedgerGroup(cell.method, cell.ablation, (cell.seed,), (cell.system,), cell.study)
+        (config,) = group_config(group, self.selection, {}).cells()
+        return measure_cell(cell.study, config, run_id, self.queries)
 
     def record(self, cells: Sequence[LedgerCell]) -> None:
-        for r in record_finished(self.queries, cells, self.ledger, hardware_name):
+        for r in record_finished(self.queries, cells, self.ledger, hardware_name, self.measure):
             self.out.appended.append(r)
-            self.done.add((r.system, r.method, r.ablation, r.seed))
+            self.done.add((r.system, r.method, r.study, r.ablation, r.seed))
             self.say(f"ledger: recorded {r.cell_key}: test RMSE {r.test_rmse:.4g} (run {r.run_id})")
 
 

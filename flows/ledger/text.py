@@ -21,6 +21,8 @@ __all__ = [
     "protocols_markdown",
     "readme_ledger",
     "status_text",
+    "study_lines",
+    "study_tables",
     "tables",
     "training_text",
 ]
@@ -54,7 +56,10 @@ _PARTS = {
 
 
 def _part(state: CellState) -> str:
-    return "peers" if state.cell.peer else "ablation" if state.cell.ablation else "table3"
+    cell = state.cell
+    if cell.study:
+        return "study"
+    return "peers" if cell.peer else "ablation" if cell.ablated else "table3"
 
 
 def _counts(status: LedgerStatus, part: str) -> str | None:
@@ -131,7 +136,7 @@ def forecast_text(forecast: Forecast) -> str:
 
 
 def _group_label(group: LedgerGroup) -> str:
-    what = f"{group.method} ({group.ablation})" if group.ablation else group.method
+    what = group.row
     from tasks.reports import plural
 
     seeds = f"seed{'s' if len(group.seeds) > 1 else ''} {_seeds(group.seeds)}"
@@ -181,23 +186,30 @@ def status_text(status: LedgerStatus, path: Path) -> str:
     held = f"{status.records} records" if path.exists() else "no such file yet (0 records)"
     lines = [f"{path}: {held}"]
     lines += [c for c in map(lambda part: _counts(status, part), _PARTS) if c]
-    lines += ["", render_table(grid, "terminal", width=160), ""]
-    todo = [s for s in status.states if s.state != "recorded"]
+    lines += study_lines(status)
+    if groups:
+        lines += ["", render_table(grid, "terminal", width=160), ""]
+    todo = [s for s in status.states if s.state != "recorded" and not s.cell.study]
     for label, states in _by_label(todo).items():
         lines.append(f"{label} needs {len(states)}: {_cells_phrase(states, systems)}")
-    for label, states in _by_label(status.flagged("older")).items():
+    older_states = [s for s in status.flagged("older") if not s.cell.study]  # (studies: a line)
+    for label, states in _by_label(older_states).items():
         commits = sorted({(s.record.commit or "unknown")[:7] for s in states if s.record})
         lines.append(
             f"{label}: {len(states)} recorded by older numerics (commit {', '.join(commits)}): "
             f"{_cells_phrase(states, systems)}; `ledger run --refresh-older` retrains them"
         )
-    predating = [s for s in status.states if s.state == "predates"]
+    predating = [s for s in status.states if s.state == "predates" and not s.cell.study]
     for label, states in _by_label(predating).items():
         lines.append(
             f"{label}: {len(states)} recorded before numerics fingerprints (not counted): "
             f"{_cells_phrase(states, systems)}; `ledger run` trains them again"
         )
-    other = [s for s in status.states if s.state == "other_config" and s.record is not None]
+    other = [
+        s
+        for s in status.states
+        if s.state == "other_config" and s.record is not None and not s.cell.study
+    ]
     for label, states in _by_label(other).items():
         configs = sorted({s.record.config_hash[:12] for s in states if s.record})
         shown = ", ".join(configs[:3]) + (
@@ -213,8 +225,7 @@ def status_text(status: LedgerStatus, path: Path) -> str:
 def _by_label(states: list[CellState]) -> dict[str, list[CellState]]:
     out: dict[str, list[CellState]] = {}
     for s in states:
-        label = f"{s.cell.method} ({s.cell.ablation})" if s.cell.ablation else s.cell.method
-        out.setdefault(label, []).append(s)
+        out.setdefault(s.cell.row, []).append(s)
     return out
 
 
@@ -237,6 +248,55 @@ def _seeds(seeds: tuple[int, ...]) -> str:
     if len(seeds) > 2 and seeds == tuple(range(seeds[0], seeds[-1] + 1)):
         return f"{seeds[0]}-{seeds[-1]}"
     return ",".join(map(str, seeds))
+
+
+def study_lines(status: LedgerStatus) -> list[str]:
+    """One line per study of the selection (the paper's other tables): ``<study> (<the paper's
+    table>): N of M selected cells recorded``, and how many of them are Table 3's own cells,
+    whose records serve both."""
+    from flows._study_catalog import STUDY_CATALOG
+
+    lines = []
+    for study in status.studies:
+        states = status.study_states(study)
+        n = Counter(s.state for s in states)
+        shared = sum(not s.cell.ablation and not s.cell.measure for s in states)
+        measured = {s.cell.measure for s in states if s.cell.measure}
+        parts = [f"{n['missing']} missing"]
+        if n["predates"]:
+            parts.append(f"{n['predates']} predating numerics fingerprints (not counted)")
+        if shared:
+            parts.append(f"{shared} are the profile's own cells (one record serves both)")
+        if measured:
+            parts.append(f"each record with its {', '.join(sorted(measured))}")
+        lines.append(
+            f"{study} ({STUDY_CATALOG[study].paper_label}): {n['recorded']} of {len(states)} "
+            f"selected cells recorded ({'; '.join(parts)})"
+        )
+    return lines
+
+
+def study_tables(
+    status: LedgerStatus, fmt: Literal["terminal", "markdown"], *, profile: str = "paper"
+) -> str:
+    """Each study of the selection's tables, drawn from its counted records by the study's own
+    body (:func:`flows.studies.recorded_output`), with its count of recorded cells."""
+    from flows.studies import recorded_output
+    from tasks.reports import Table, render_table
+
+    parts = []
+    for study in status.studies:
+        states = status.study_states(study)
+        counted = [s.record for s in states if s.state == "recorded" and s.record is not None]
+        drawn = recorded_output(study, counted, profile)
+        for name, frame in drawn.output.tables.items():
+            title = f"{study}: {name}" if name != study.replace("-", "_") else study
+            parts.append(f"{title}\n\n{render_table(Table.from_frame(frame), fmt).rstrip()}")
+        parts.append(
+            f"{len(counted)} of the {len(states)} selected cells of {study} recorded. "
+            f"Made by: {_made_by(counted)}."
+        )
+    return "\n\n".join(parts)
 
 
 # -- table --------------------------------------------------------------------------------------
@@ -265,7 +325,7 @@ def tables(status: LedgerStatus, fmt: Literal["terminal", "markdown"]) -> str:
             f"{len(counted)} of the {len(table3)} selected cells of Table 3 recorded. "
             f"Made by: {_made_by(counted)}. {count_legend(older, gpu)}"
         )
-    ablated = [s for s in status.states if s.cell.ablation]
+    ablated = [s for s in status.states if s.cell.ablated]
     if ablated:
         counted = status.counted(ablation=True)
         parts.append(render_table(ablation_table(status), fmt, width=width))

@@ -5,6 +5,9 @@
 
 :data:`STUDIES` maps the command-line names to :class:`~flows.studies._core.Study` objects (spec +
 flow); :func:`get_study` raises a ``ValueError`` listing the valid names for an unknown one.
+:data:`LEDGER_STUDIES` are the studies whose tables the results ledger keeps at the paper's
+budget (their cells planned, and their tables drawn from the records, by their own bodies:
+:mod:`flows.studies._ledger`).
 """
 
 from __future__ import annotations
@@ -15,20 +18,33 @@ from typing import TYPE_CHECKING
 
 import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
 
-from flows._study_catalog import STUDY_CATALOG
+from flows._study_catalog import STUDY_CATALOG, study_entry
 from flows.studies._config import StudyConfig, study_config
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from flows.studies._core import Factor, Study, StudyContext, StudySpec, StudySummary
+    from flows.studies._ledger import (
+        LEDGER_STUDIES,
+        MEASURES,
+        RecordedOutput,
+        ledger_study_cells,
+        measure_cell,
+        planned_cells,
+        recorded_output,
+        study_cells,
+    )
 
     #: Study name (as ``nllab study NAME``) -> study, in the catalog's (the paper's) order.
     STUDIES: Mapping[str, Study]
 
 __all__ = [
+    "LEDGER_STUDIES",
+    "MEASURES",
     "STUDIES",
     "Factor",
+    "RecordedOutput",
     "Study",
     "StudyConfig",
     "StudyContext",
@@ -36,25 +52,38 @@ __all__ = [
     "StudySummary",
     "check_study_name",
     "get_study",
+    "ledger_study_cells",
+    "measure_cell",
+    "planned_cells",
+    "recorded_output",
     "run_study",
+    "study_cells",
     "study_config",
 ]
 
 _CORE = ("Factor", "Study", "StudyContext", "StudySpec", "StudySummary")
-
-
-def _module(name: str) -> str:
-    """Each study lives in the module named after it (``latent-dim``: ``.latent_dim``)."""
-    return f"flows.studies.{name.replace('-', '_')}"
+#: The studies in the results ledger (:mod:`flows.studies._ledger`).
+_LEDGER = (
+    "LEDGER_STUDIES",
+    "MEASURES",
+    "RecordedOutput",
+    "ledger_study_cells",
+    "measure_cell",
+    "planned_cells",
+    "recorded_output",
+    "study_cells",
+)
 
 
 # The studies (Prefect flows, torch) load on first use (PEP 562): a schedules file or the
 # command line checks a study's name and configuration without loading them.
 def __getattr__(name: str):
     if name == "STUDIES":
-        value = MappingProxyType({n: import_module(_module(n)).STUDY for n in STUDY_CATALOG})
+        value = MappingProxyType({n: get_study(n) for n in STUDY_CATALOG})
     elif name in _CORE:
         value = getattr(import_module("flows.studies._core"), name)
+    elif name in _LEDGER:
+        value = getattr(import_module("flows.studies._ledger"), name)
     else:
         raise AttributeError(f"module 'flows.studies' has no attribute {name!r}")
     globals()[name] = value
@@ -63,14 +92,12 @@ def __getattr__(name: str):
 
 def check_study_name(name: str) -> None:
     """A ``ValueError`` listing the valid studies when ``name`` is none of them."""
-    if name not in STUDY_CATALOG:
-        raise ValueError(f"unknown study {name!r}; valid studies: {', '.join(STUDY_CATALOG)}")
+    study_entry(name)
 
 
 def get_study(name: str) -> Study:
     """The study called ``name``; an unknown name raises ``ValueError`` with the valid ones."""
-    check_study_name(name)
-    return import_module(_module(name)).STUDY
+    return import_module(study_entry(name).module).STUDY
 
 
 def run_study(config: StudyConfig) -> StudySummary:

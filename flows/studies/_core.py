@@ -13,6 +13,7 @@ never retrained) or run its measurement tasks, and (3) logs the tables (CSV + Ma
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -40,12 +41,14 @@ __all__ = [
     "Factor",
     "Study",
     "StudyContext",
+    "StudyMeasure",
     "StudyOutput",
     "StudySpec",
     "StudySummary",
     "execute_study",
     "rmse_table",
     "rmse_table_and_results",
+    "run_model",
 ]
 
 ARTIFACT_DIR = "study"
@@ -119,6 +122,9 @@ class StudySummary:
 
 #: A study's body: what it trains or measures, given its context.
 StudyBody = Callable[["StudyContext"], StudyOutput]
+#: What a study measures of one trained cell beyond its test RMSE: the cell, its MLflow run and
+#: the store's queries -> the value (recorded in the ledger under the study's measure's name).
+StudyMeasure = Callable[[CellConfig, str, Queries], float]
 
 
 @dataclass(frozen=True)
@@ -127,6 +133,8 @@ class Study:
 
     spec: StudySpec
     body: StudyBody
+    #: what it measures of each trained cell beyond the test RMSE (None: nothing)
+    measure: StudyMeasure | None = None
 
     @cached_property
     def flow(self) -> Flow[[StudyConfig], StudySummary]:
@@ -255,13 +263,25 @@ class StudyContext:
         """The trained model of a finished cell, from its run's ``model`` artifact (CPU)."""
         if not result.ok or result.run_id is None:
             raise ValueError(f"cell {result.key} has no trained model ({result.status})")
-        with tempfile.TemporaryDirectory(prefix="nllab-study-model-") as tmp:
-            path = self.queries.download(result.run_id, "model", tmp)
-            return load_model(path)
+        return run_model(self.queries, result.run_id)
+
+    def measured(self, result: CellResult, name: str, compute: Callable[[], float]) -> float:
+        """What the study measures of a cell's trained model besides its test RMSE (``name``,
+        as the results ledger records it): ``compute()`` for a finished cell, NaN for one that
+        did not finish. Drawn from the ledger, the record's value instead
+        (:func:`flows.studies.recorded_output`)."""
+        return compute() if result.ok else math.nan
 
     def metric_history(self, run_id: str, key: str) -> list[tuple[int, float]]:
         """``(step, value)`` of a logged metric."""
         return self.queries.metric_history(run_id, key)
+
+
+def run_model(queries: Queries, run_id: str) -> tuple[Any, ModelSpec]:
+    """The trained model of the finished run ``run_id``, from its ``model`` artifact (CPU)."""
+    with tempfile.TemporaryDirectory(prefix="nllab-study-model-") as tmp:
+        path = queries.download(run_id, "model", tmp)
+        return load_model(path)
 
 
 def rmse_table(

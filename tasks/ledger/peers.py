@@ -89,7 +89,8 @@ def peer_rows(status: LedgerStatus, peers: Sequence[str] = PEERS) -> list[PeerRo
     summaries = _summaries([*table3, *mine])
     baselines = [m for m in PAPER_METHODS if m != CONTEXT]
     rows = []
-    for system in dict.fromkeys(s.cell.system for s in status.states if not s.cell.ablation):
+    shown = [s for s in status.states if s.cell.table3 or s.cell.peer]
+    for system in dict.fromkeys(s.cell.system for s in shown):
         recorded = [summaries[(m, system)] for m in baselines if (m, system) in summaries]
         ours = [s for s in (*table3, *mine) if s.cell.system == system]
         rows.append(

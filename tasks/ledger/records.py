@@ -11,8 +11,11 @@ at (``commit``, and ``numerics``: the model's and the data set's numerics finger
 ``None`` on records that predate them), its scores (``test_rmse``, ``best_val_rmse``,
 ``rmse_without_top``, ``top_share``), how it trained (``epochs``, ``best_epoch``,
 ``train_seconds``), where (``device``: ``cpu``/``cuda``, ``hardware``: the processor's or GPU's
-name) and the MLflow ``run_id`` on the machine that made it. Only the standard library loads
-here.
+name) and the MLflow ``run_id`` on the machine that made it. A cell of one of the paper's other
+tables (a study, :func:`flows.studies.ledger_study_cells`) also names its ``study`` and its
+``ablation`` says how it differs from the profile's cell (``data.noise_std=0.1``); what a study
+measures beyond the test RMSE (the CMI of Table:CMI) is in ``measures``. Only the standard
+library loads here.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import math
 import os
 import platform
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +68,26 @@ ABLATIONS: dict[str, dict[str, dict[str, Any]]] = {
 PEERS: tuple[str, ...] = tuple(m for m in METHODS if m not in PAPER_METHODS)
 
 
+#: A record's fields that an older line may lack.
+_OPTIONAL = ("note", "ablation", "study", "measures")
+
+
+def cell_label(system: str, method: str, seed: int, ablation: str = "", study: str = "") -> str:
+    """``system/method/seedN``, with the study and the ablation (or variant) in brackets."""
+    return _bracketed(f"{system}/{method}/seed{seed}", study, ablation)
+
+
+def row_label(method: str, ablation: str = "", study: str = "") -> str:
+    """The method with the study and the ablation (or variant) in brackets:
+    ``node (noise; data.noise_std=0.1)``."""
+    return _bracketed(method, study, ablation)
+
+
+def _bracketed(text: str, *extra: str) -> str:
+    joined = "; ".join(x for x in extra if x)
+    return f"{text} ({joined})" if joined else text
+
+
 class LedgerError(ValueError):
     """A malformed, duplicate or unplaceable ledger line (the message names the file and line
     number)."""
@@ -95,19 +118,26 @@ class LedgerRecord:
     hardware: str | None
     run_id: str | None
     note: str = ""
-    #: "" for a cell of Table 3, else its ablation (:data:`tasks.ledger.scope.ABLATIONS`)
+    #: "" for a cell of Table 3, else its ablation (:data:`tasks.ledger.scope.ABLATIONS`) or,
+    #: in a study, its variant (:attr:`LedgerCell.ablation`)
     ablation: str = ""
+    #: "" for Table 3, its ablation and the peers, else the study (another table of the paper)
+    study: str = ""
+    #: what the study measured of the trained model besides its test RMSE (name -> value)
+    measures: Mapping[str, float] = field(default_factory=dict)
 
     status = "finished"
     ok = True
     diverged = None  # (a diverged run is recorded as it scored; its note says so)
 
     @property
-    def key(self) -> tuple[str, str, str, int, str, str | None]:
-        """What makes two records the same result: the cell, its config and its numerics."""
+    def key(self) -> tuple[str, str, str, str, int, str, str | None]:
+        """What makes two records the same result: the cell (and the table that asked for
+        it), its config and its numerics."""
         return (
             self.system,
             self.method,
+            self.study,
             self.ablation,
             self.seed,
             self.config_hash,
@@ -116,13 +146,13 @@ class LedgerRecord:
 
     @property
     def cell_key(self) -> str:
-        cell = f"{self.system}/{self.method}/seed{self.seed}"
-        return f"{cell} ({self.ablation})" if self.ablation else cell
+        return cell_label(self.system, self.method, self.seed, self.ablation, self.study)
 
     def to_json(self) -> str:
         data = asdict(self)
-        if not self.ablation:  # Table 3's lines as they always were
-            del data["ablation"]
+        for name in ("ablation", "study", "measures"):  # Table 3's lines as they always were
+            if not data[name]:
+                del data[name]
         return json.dumps(data, ensure_ascii=False)
 
     @classmethod
@@ -134,7 +164,7 @@ class LedgerRecord:
         unknown = sorted(set(data) - set(names))
         if unknown:
             raise ValueError(f"unknown field(s) {', '.join(unknown)}")
-        missing = [n for n in names if n not in data and n not in ("note", "ablation")]
+        missing = [n for n in names if n not in data and n not in _OPTIONAL]
         if missing:
             raise ValueError(f"missing field(s) {', '.join(missing)}")
         for name in ("system", "method", "config_hash"):
@@ -143,9 +173,18 @@ class LedgerRecord:
         for name in ("commit", "numerics", "device", "hardware", "run_id"):
             if data[name] is not None and not isinstance(data[name], str):
                 raise ValueError(f"{name} must be a string or null")
-        for name in ("note", "ablation"):
+        for name in ("note", "ablation", "study"):
             if not isinstance(data.get(name, ""), str):
                 raise ValueError(f"{name} must be a string")
+        measures = data.get("measures", {})
+        if not isinstance(measures, Mapping) or not all(
+            isinstance(k, str)
+            and not isinstance(v, bool)
+            and isinstance(v, int | float)
+            and math.isfinite(v)
+            for k, v in measures.items()
+        ):
+            raise ValueError(f"measures must map names to finite numbers, got {measures!r}")
         for name in ("seed", "epochs", "best_epoch"):
             v = data[name]
             if v is None and name != "seed":
@@ -292,10 +331,12 @@ def record_of_run(
     *,
     hardware: str,
     numerics: str | None = None,
+    measures: Mapping[str, float] | None = None,
 ) -> LedgerRecord:
     """The ledger record of ``cell``'s finished run (its final metrics and tags as the cell
     path logs them: :func:`tasks.pipeline.cell_metrics`, :func:`tasks.pipeline.evaluate_cell`;
-    ``device_used``: ``cpu`` or ``cuda``, ``hardware``: that device's name)."""
+    ``device_used``: ``cpu`` or ``cuda``, ``hardware``: that device's name; ``measures``: what
+    the cell's study measured of its model, :attr:`LedgerCell.measure`)."""
     from tasks.tracking.tags import RunTags
 
     def metric(name: str) -> float | None:
@@ -324,6 +365,8 @@ def record_of_run(
         run_id=run_id,
         note="diverged: never registered" if metrics.get(Metrics.DIVERGED) else "",
         ablation=cell.ablation,
+        study=cell.study,
+        measures=dict(measures or {}),
     )
 
 
@@ -337,34 +380,57 @@ class LedgerCell:
     config_hash: str
     #: today's ``numerics`` (:func:`tasks.ledger.numerics_of`), None where not computed
     numerics: str | None
-    #: "" for Table 3, else its key in :data:`ABLATIONS`
+    #: "" for Table 3, else its key in :data:`ABLATIONS`; in a study, how the cell differs from
+    #: the profile's cell of its system, method and seed (``data.noise_std=0.1``; "" when it is
+    #: that cell: the same config hash, so the same record counts)
     ablation: str = ""
+    #: "" for Table 3, its ablation and the peers, else the study whose table it is a cell of
+    study: str = ""
+    #: what a record of it must have measured besides the test RMSE ("" for nothing)
+    measure: str = ""
 
     @property
     def peer(self) -> bool:
         """A cell of a Laplace-domain peer (:data:`PEERS`), not Table 3's."""
-        return not self.ablation and self.method in PEERS
+        return not self.ablation and not self.study and self.method in PEERS
 
     @property
-    def key(self) -> tuple[str, str, str, int]:
-        return (self.system, self.method, self.ablation, self.seed)
+    def ablated(self) -> bool:
+        """A cell of an ablation beside Table 3 (:data:`ABLATIONS`), not a study's."""
+        return bool(self.ablation) and not self.study
+
+    @property
+    def table3(self) -> bool:
+        """A cell of Table 3: neither an ablation's, a study's nor a peer's."""
+        return not self.ablation and not self.study and not self.peer
+
+    @property
+    def row(self) -> str:
+        """The method with its study and ablation (or variant) (:func:`row_label`)."""
+        return row_label(self.method, self.ablation, self.study)
+
+    @property
+    def key(self) -> tuple[str, str, str, str, int]:
+        return (self.system, self.method, self.study, self.ablation, self.seed)
 
     @property
     def label(self) -> str:
-        cell = f"{self.system}/{self.method}/seed{self.seed}"
-        return f"{cell} ({self.ablation})" if self.ablation else cell
+        return cell_label(self.system, self.method, self.seed, self.ablation, self.study)
 
 
 @dataclass(frozen=True)
 class LedgerScope:
-    """The ledger's cells (Table 3, then the ablations, then the peers) and what a record may
-    name."""
+    """The ledger's cells (Table 3, then the ablations, the studies and the peers) and what a
+    record may name."""
 
     cells: tuple[LedgerCell, ...]
     #: the profile's seeds (a config file may set others)
     seeds: tuple[int, ...]
     systems: frozenset[str]
     methods: frozenset[str]
+    #: the studies whose cells it holds (a record of another study cannot be placed; empty: a
+    #: scope computed without the studies, which does not judge their records)
+    studies: frozenset[str] = frozenset()
 
     def select(
         self,
@@ -374,13 +440,21 @@ class LedgerScope:
         *,
         ablations: bool | None = False,
         peers: bool | None = False,
+        studies: bool | Iterable[str] = False,
     ) -> list[LedgerCell]:
         """The cells of the selection (None: all); ``ablations`` False: Table 3 only, True:
         the ablations only, None: both; ``peers`` (:data:`PEERS`) False: none of theirs, True:
-        theirs only, None: theirs besides what ``ablations`` selects."""
+        theirs only, None: theirs besides what ``ablations`` selects; ``studies`` (the paper's
+        other tables) False: none, True: every study's besides the rest, names: those studies'
+        cells only."""
         want = [set(x) if x is not None else None for x in (systems, methods, seeds)]
+        named = None if isinstance(studies, bool) else frozenset(studies)
 
         def part(c: LedgerCell) -> bool:
+            if c.study:
+                return studies is True or (named is not None and c.study in named)
+            if named is not None:
+                return False
             if c.peer:
                 return peers is not False
             return peers is not True and (ablations is None or bool(c.ablation) == ablations)
@@ -400,7 +474,11 @@ class LedgerScope:
             return f"unknown method {record.method!r}"
         if record.seed not in self.seeds:
             return f"seed {record.seed} is not one of the profile's seeds {_seeds(self.seeds)}"
-        if record.ablation and record.ablation not in ABLATIONS:
+        if record.study:  # (a scope computed without the studies leaves their records be)
+            if self.studies and record.study not in self.studies:
+                known = ", ".join(sorted(self.studies))
+                return f"unknown study {record.study!r} (known: {known})"
+        elif record.ablation and record.ablation not in ABLATIONS:
             return f"unknown ablation {record.ablation!r} (known: {', '.join(ABLATIONS)})"
         return None
 

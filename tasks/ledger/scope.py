@@ -36,6 +36,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,10 +51,13 @@ if TYPE_CHECKING:
 __all__ = [
     "LEDGER_PROFILES",
     "PEERS",
+    "StudyCells",
     "ledger_cell_configs",
     "ledger_scope",
     "paper_config",
     "scope_of",
+    "variant_of",
+    "variant_overrides",
 ]
 
 #: The profiles whose cells the ledger keeps (:data:`tasks.config.PAPER_BUDGET_PROFILES`), the
@@ -65,7 +69,19 @@ _ROOT = Path(__file__).resolve().parents[2]
 _PACKAGES = ("nlmodels", "datasets", "tasks", "nltrain")
 _SUFFIXES = (".py", ".c", ".h", ".yaml", ".toml")
 #: Bumped when the cached file's content changes.
-_FORMAT = 1
+_FORMAT = 2
+
+
+@dataclass(frozen=True)
+class StudyCells:
+    """The cells of the paper's other tables (its studies), as the floor that defines the
+    studies plans them (:func:`flows.studies.ledger_study_cells`): ``cells(profile)`` lists
+    ``(study, measure, cell)`` in the ledger's order (``measure``: what a record of the cell must
+    have measured, "" for the test RMSE alone); ``sources``: the files and folders they are
+    defined in, part of the cached scope's key."""
+
+    cells: Callable[[str], Sequence[tuple[str, str, CellConfig]]]
+    sources: tuple[Path, ...]
 
 
 def paper_config(
@@ -128,14 +144,21 @@ def scope_of(
     *,
     numerics: Callable[[CellConfig], str | None] | None = None,
     profile: str = "paper",
+    studies: StudyCells | None = None,
 ) -> LedgerScope:
     """The scope computed now: ``profile``'s cells (``config_file`` layered on it, the
-    ``systems``/``methods`` asked for, None: its own) and those of each ablation, with
-    ``numerics(cell)`` (today's fingerprints) if given. Loads the models (torch)."""
+    ``systems``/``methods`` asked for, None: its own), those of each ablation and the peers',
+    then, given ``studies`` and no config file, the studies' cells (each tagged with how it
+    differs from the profile's cell: :func:`variant_of`), with ``numerics(cell)`` (today's
+    fingerprints) if given. Loads the models (torch)."""
     from tasks.config.names import SYSTEM_NAMES, plugin_systems
 
     base = paper_config(config_file=config_file, systems=systems, methods=methods, profile=profile)
     tagged = ledger_cell_configs(config_file, systems=systems, methods=methods, profile=profile)
+    rows: list[tuple[CellConfig, str, str, str]] = [(c, key, "", "") for c, key in tagged]
+    if studies is not None and config_file is None:
+        bases = _ProfileCells(profile)
+        rows += [(c, variant_of(c, bases.of(c)), s, m) for s, m, c in studies.cells(profile)]
     cells = tuple(
         LedgerCell(
             c.system,
@@ -144,16 +167,74 @@ def scope_of(
             c.config_hash(),
             numerics(c) if numerics is not None else None,
             key,
+            study,
+            measure,
         )
-        for c, key in tagged
+        for c, key, study, measure in rows
     )
     known_systems = set(SYSTEM_NAMES) | plugin_systems() | set(base.define_systems)
     return LedgerScope(
         cells,
         tuple(base.seeds),
-        frozenset(known_systems | set(base.systems)),
+        frozenset(known_systems | set(base.systems) | {c.system for c in cells}),
         frozenset(_known_methods() | set(base.methods)),
+        frozenset(c.study for c in cells if c.study),
     )
+
+
+class _ProfileCells:
+    """The profile's own cell of a system, method and seed (what a study's cell is compared
+    with), built once per system and method."""
+
+    def __init__(self, profile: str) -> None:
+        self.profile = profile
+        self._built: dict[tuple[str, str], dict[int, CellConfig]] = {}
+
+    def of(self, cell: CellConfig) -> CellConfig | None:
+        key = (cell.system, cell.method)
+        if key not in self._built:
+            config = paper_config(
+                profile=self.profile, systems=[cell.system], methods=[cell.method]
+            )
+            self._built[key] = {c.seed: c for c in config.cells()}
+        return self._built[key].get(cell.seed)
+
+
+def variant_of(cell: CellConfig, base: CellConfig | None) -> str:
+    """How ``cell`` differs from ``base`` (the profile's cell of its system, method and seed):
+    ``section.key=value`` (JSON values) for each setting of its data, training and model that
+    differs, sorted, ``; ``-joined; "" when it is that cell (the same config hash).
+    :func:`variant_overrides` reads it back."""
+    if base is None or cell.config_hash() == base.config_hash():
+        return ""
+    from tasks.config import non_default_overrides
+
+    mine, theirs = cell.model_dump(mode="json"), base.model_dump(mode="json")
+    for dump, c in ((mine, cell), (theirs, base)):
+        dump["model"] = non_default_overrides(c.method, dump["model"])
+    parts = []
+    for section in ("data", "training", "model"):
+        a, b = mine[section], theirs[section]
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                parts.append(f"{section}.{key}={json.dumps(a.get(key), sort_keys=True)}")
+    return "; ".join(parts)
+
+
+def variant_overrides(method: str, variant: str) -> dict[str, Any]:
+    """A variant (:func:`variant_of`) as config layers: ``{"data": {...}, "training": {...},
+    "models": {method: {...}}}`` (sections it does not name left out)."""
+    layers: dict[str, dict[str, Any]] = {}
+    for part in filter(None, variant.split("; ")):
+        name, _, value = part.partition("=")
+        section, _, key = name.partition(".")
+        if section not in ("data", "training", "model") or not key or not value:
+            raise ValueError(f"not a ledger variant: {variant!r}")
+        layers.setdefault(section, {})[key] = json.loads(value)
+    out: dict[str, Any] = {k: v for k, v in layers.items() if k != "model"}
+    if "model" in layers:
+        out["models"] = {method: layers["model"]}
+    return out
 
 
 def _known_methods() -> set[str]:
@@ -170,8 +251,10 @@ def ledger_scope(
     *,
     say: Callable[[str], None] | None = None,
     profile: str = "paper",
+    studies: StudyCells | None = None,
 ) -> LedgerScope:
-    """:func:`scope_of` (of ``profile``) with today's numerics, read from the installation's
+    """:func:`scope_of` (of ``profile``, with the ``studies``' cells if given) with today's
+    numerics, read from the installation's
     cache (else ``$NLLAB_HOME/ledger``) when computed before at this code state (standard
     library only), else computed once and cached; ``say`` is told when it computes. Selections
     within the profile's own systems and methods share its scope (one cache file;
@@ -189,6 +272,7 @@ def ledger_scope(
         None if systems is None else tuple(systems),
         None if methods is None else tuple(methods),
         profile,
+        None if studies is None else tuple(map(str, studies.sources)),
     )
     name = f"scope-{key[:24]}.json" if key else ""
     # nothing in the key is the home's: the installation's folder, then the home's
@@ -201,7 +285,9 @@ def ledger_scope(
             "ledger: computing today's config hashes and numerics fingerprints (once per code "
             "state; cached beside the installation)"
         )
-    scope = scope_of(config_file, systems, methods, numerics=cell_numerics, profile=profile)
+    scope = scope_of(
+        config_file, systems, methods, numerics=cell_numerics, profile=profile, studies=studies
+    )
     any(_write(folder / name, scope) for folder in folders)  # the first that takes it
     return scope
 
@@ -212,6 +298,7 @@ def _code_state(
     systems: tuple[str, ...] | None,
     methods: tuple[str, ...] | None,
     profile: str = "paper",
+    study_sources: tuple[str, ...] | None = None,
 ) -> str | None:
     """The cache key of a scope (None: not cacheable: a config file that declares systems).
 
@@ -228,6 +315,14 @@ def _code_state(
         h.update(text)
     for package in _PACKAGES:
         _hash_tree(_ROOT / package, h)
+    for source in study_sources or ():
+        h.update(b"studies")
+        path = Path(source)
+        if path.is_dir():
+            _hash_tree(path, h)
+        elif path.is_file():
+            h.update(str(path.relative_to(_ROOT)).encode())
+            h.update(path.read_bytes())
     for module in ("torch", "numpy"):  # their builds: version files, not imported
         spec = importlib.util.find_spec(module)
         if spec is not None and spec.origin is not None:
@@ -272,6 +367,7 @@ def _read(path: Path) -> LedgerScope | None:
             tuple(data["seeds"]),
             frozenset(data["systems"]),
             frozenset(data["methods"]),
+            frozenset(data["studies"]),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -282,11 +378,22 @@ def _write(path: Path, scope: LedgerScope) -> bool:
     call the computation)."""
     data = {
         "cells": [
-            [c.system, c.method, c.seed, c.config_hash, c.numerics, c.ablation] for c in scope.cells
+            [
+                c.system,
+                c.method,
+                c.seed,
+                c.config_hash,
+                c.numerics,
+                c.ablation,
+                c.study,
+                c.measure,
+            ]
+            for c in scope.cells
         ],
         "seeds": list(scope.seeds),
         "systems": sorted(scope.systems),
         "methods": sorted(scope.methods),
+        "studies": sorted(scope.studies),
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

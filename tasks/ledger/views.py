@@ -81,14 +81,22 @@ class CellState:
 
 
 def cell_states(records: Iterable[LedgerRecord], cells: Sequence[LedgerCell]) -> list[CellState]:
-    """Each of ``cells`` under the counting rule (module docstring)."""
-    by_cell: dict[tuple[str, str, str, int], list[LedgerRecord]] = {}
+    """Each of ``cells`` under the counting rule (module docstring). A study's cell (another
+    table of the paper) counts any record of its config hash, whichever table asked for it (a
+    study cell that is a Table 3 cell reuses that record), that has what the study measures."""
+    records = list(records)
+    by_cell: dict[tuple[str, str, str, str, int], list[LedgerRecord]] = {}
+    by_hash: dict[str, list[LedgerRecord]] = {}
     for r in records:
-        by_cell.setdefault((r.system, r.method, r.ablation, r.seed), []).append(r)
+        by_cell.setdefault((r.system, r.method, r.study, r.ablation, r.seed), []).append(r)
+        by_hash.setdefault(r.config_hash, []).append(r)
     states = []
     for c in cells:
         mine = by_cell.get(c.key, [])
-        current = [r for r in mine if r.config_hash == c.config_hash]
+        if c.study:
+            current = [r for r in by_hash.get(c.config_hash, []) if _has(r, c.measure)]
+        else:
+            current = [r for r in mine if r.config_hash == c.config_hash]
         counted = [r for r in current if r.numerics is not None]
         if counted:
             today = [r for r in counted if c.numerics is not None and r.numerics == c.numerics]
@@ -100,6 +108,10 @@ def cell_states(records: Iterable[LedgerRecord], cells: Sequence[LedgerCell]) ->
         else:
             states.append(CellState(c, "missing"))
     return states
+
+
+def _has(record: LedgerRecord, measure: str) -> bool:
+    return not measure or measure in record.measures
 
 
 @dataclass(frozen=True)
@@ -130,8 +142,8 @@ class LedgerStatus:
 
     def counted(self, ablation: bool | None = None, *, peers: bool = False) -> list[LedgerRecord]:
         """The records that count (one per recorded cell); ``ablation`` False: Table 3's, True:
-        the ablations', None: every selected cell's; ``peers``: the Laplace-domain peers' only
-        (:data:`tasks.ledger.scope.PEERS`)."""
+        the ablations', None: every selected cell's (the studies' too); ``peers``: the
+        Laplace-domain peers' only (:data:`tasks.ledger.scope.PEERS`)."""
         return [
             s.record
             for s in self.states
@@ -140,9 +152,18 @@ class LedgerStatus:
             and (
                 s.cell.peer
                 if peers
-                else ablation is None or (bool(s.cell.ablation) == ablation and not s.cell.peer)
+                else ablation is None or (s.cell.ablated if ablation else s.cell.table3)
             )
         ]
+
+    def study_states(self, study: str) -> list[CellState]:
+        """The selected cells of one study (another table of the paper), in its order."""
+        return [s for s in self.states if s.cell.study == study]
+
+    @property
+    def studies(self) -> tuple[str, ...]:
+        """The studies with selected cells, in the scope's order."""
+        return tuple(dict.fromkeys(s.cell.study for s in self.states if s.cell.study))
 
     def groups(self) -> list[StatusGroup]:
         """Per (method, ablation, system), in the selection's order; verdicts as the tables
@@ -150,7 +171,8 @@ class LedgerStatus:
         verdicts = _verdicts(self)
         order: dict[tuple[str, str, str], list[CellState]] = {}
         for s in self.states:
-            order.setdefault((s.cell.method, s.cell.ablation, s.cell.system), []).append(s)
+            if not s.cell.study:  # (a study's cells have their own line: its table's)
+                order.setdefault((s.cell.method, s.cell.ablation, s.cell.system), []).append(s)
         return [
             StatusGroup(
                 m,
@@ -172,8 +194,9 @@ def ledger_status(records: Sequence[LedgerRecord], cells: Sequence[LedgerCell]) 
 
 
 def table3_states(status: LedgerStatus) -> list[CellState]:
-    """The selected cells of Table 3: neither an ablation's nor a Laplace-domain peer's."""
-    return [s for s in status.states if not s.cell.ablation and not s.cell.peer]
+    """The selected cells of Table 3: neither an ablation's, a study's nor a Laplace-domain
+    peer's."""
+    return [s for s in status.states if s.cell.table3]
 
 
 def ledger_table(status: LedgerStatus) -> tuple[ResultsTable, Table]:
@@ -214,13 +237,13 @@ def _ablation_cells(status: LedgerStatus) -> dict[str, tuple[TableCell, TableCel
     """Per system of the selected ablation cells: (map off, map on) as table cells."""
     counted = [s for s in status.states if s.state == "recorded" and s.record is not None]
     out = {}
-    for system in dict.fromkeys(s.cell.system for s in status.states if s.cell.ablation):
+    for system in dict.fromkeys(s.cell.system for s in status.states if s.cell.ablated):
         mine = [s for s in counted if s.cell.system == system]
-        off = [s.record for s in mine if s.cell.ablation and s.record is not None]
+        off = [s.record for s in mine if s.cell.ablated and s.record is not None]
         on = [
             s.record
             for s in mine
-            if not s.cell.ablation and s.cell.method == "neural_laplace" and s.record is not None
+            if s.cell.table3 and s.cell.method == "neural_laplace" and s.record is not None
         ]
         paper_off, paper_on = PAPER_STEREOGRAPHIC.get(system, (None, None))
         out[system] = (_ablation_cell(off, paper_off), _ablation_cell(on, paper_on))
@@ -251,7 +274,7 @@ def _verdicts(status: LedgerStatus) -> dict[tuple[str, str, str], Verdict]:
     }
     off = {system: cells[0] for system, cells in _ablation_cells(status).items()}
     for s in status.states:
-        if s.cell.ablation:
+        if s.cell.ablated:
             out[(s.cell.method, s.cell.ablation, s.cell.system)] = off[s.cell.system].verdict
     return out
 

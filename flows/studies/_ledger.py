@@ -1,0 +1,196 @@
+"""The paper's other tables in the results ledger: each study's cells, planned by its own body,
+and its tables and figures drawn again from the ledger's records.
+
+A study's body is the one place that says which cells its table needs (``nllab study NAME``
+trains them through :meth:`StudyContext.run_cells`). Here the same body runs twice more without
+training anything:
+
+* **planned** (:func:`planned_cells`): its context collects the cells it asks for and hands back
+  "not trained" results, so the ledger lists exactly the cells the study would train at the
+  profile's budget (:func:`ledger_study_cells`; :class:`tasks.ledger.StudyCells` for the ledger's
+  scope);
+* **recorded** (:func:`recorded_output`): its context answers each cell with the ledger's record
+  of its config hash (a study cell that is a Table 3 cell is answered by Table 3's record) and
+  each measurement with what the record measured, so the table and figures are those the study
+  would draw, from the records.
+
+What a study measures of a trained model beyond its test RMSE (the CMI of ``Table:CMI``) is a
+*measure*: :data:`MEASURES` names it, :meth:`StudyContext.measured` computes it, and ``nllab
+ledger run`` records it with the cell (:func:`measure_cell`).
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import import_module
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from flows._study_catalog import study_entry
+from flows.studies._config import study_config
+from tasks.config import CellConfig
+from tasks.results import CellResult
+from tasks.tracking import Metrics
+
+if TYPE_CHECKING:
+    from flows.studies._core import Study, StudyContext, StudyOutput
+    from tasks.ledger import LedgerRecord
+    from tasks.ledger.scope import StudyCells
+    from tasks.tracking import Queries
+
+__all__ = [
+    "LEDGER_STUDIES",
+    "MEASURES",
+    "RecordedOutput",
+    "ledger_study_cells",
+    "measure_cell",
+    "planned_cells",
+    "recorded_output",
+    "study_cells",
+]
+
+#: The studies whose tables the ledger keeps, in the order ``ledger run`` gives each its first
+#: complete seed: the cheapest table first (``results/measurements/study_projection.json``), so
+#: that as many tables as possible have a figure early. The stereographic ablation is the
+#: ledger's own (:data:`tasks.ledger.ABLATIONS`); the measurement studies (ILT, NFE, wall clock,
+#: frequency filter) time or inspect models rather than score cells.
+LEDGER_STUDIES: tuple[str, ...] = (
+    "sample-size",
+    "solvers",
+    "latent-dim",
+    "observation-size",
+    "cmi",
+    "waveforms",
+    "noise",
+)
+
+#: A study's measure of each trained model besides its test RMSE, as records name it.
+MEASURES: Mapping[str, str] = {"cmi": "cmi_bits"}  # (flows.studies.cmi.MEASURE)
+
+_HERE = Path(__file__).resolve().parent
+
+
+def _study(name: str) -> Study:
+    """(:func:`flows.studies.get_study`, which this module's face imports it for.)"""
+    return import_module(study_entry(name).module).STUDY
+
+
+def _context(name: str, profile: str, folder: Path, kind: type[StudyContext]) -> StudyContext:
+    study = _study(name)
+    config = study_config(name, profile)
+    return kind(config, study.spec, None, f"ledger:{name}", None, folder)  # type: ignore[arg-type]
+
+
+def planned_cells(name: str, profile: str = "paper") -> list[CellConfig]:
+    """The cells study ``name`` trains at ``profile``'s budget, in its body's order, each once
+    (its body run with a context that collects the cells and trains none)."""
+    from flows.studies._core import StudyContext
+
+    @dataclass(frozen=True)
+    class Planning(StudyContext):
+        planned: list[CellConfig] = field(default_factory=list)
+
+        def run_cells(self, cells: Sequence[CellConfig]) -> list[CellResult]:
+            self.planned.extend(cells)
+            return [CellResult.failed(c, "failed", "planned, not trained") for c in cells]
+
+        def figure(self, name: str) -> Path:  # (nothing to look at yet)
+            return self.folder / f"{name}.png"
+
+    with tempfile.TemporaryDirectory(prefix="nllab-plan-") as tmp:
+        ctx = _context(name, profile, Path(tmp), Planning)
+        _study(name).body(ctx)
+        return list({c.config_hash(): c for c in ctx.planned}.values())  # type: ignore[attr-defined]
+
+
+def ledger_study_cells(profile: str) -> list[tuple[str, str, CellConfig]]:
+    """``(study, measure, cell)`` for every cell of :data:`LEDGER_STUDIES` at ``profile``'s
+    budget (``measure``: :data:`MEASURES`' name, "" for the test RMSE alone)."""
+    return [
+        (name, MEASURES.get(name, ""), cell)
+        for name in LEDGER_STUDIES
+        for cell in planned_cells(name, profile)
+    ]
+
+
+def study_cells() -> StudyCells:
+    """The ledger's view of the studies (:class:`tasks.ledger.StudyCells`): their cells and
+    the sources that define them (the studies' modules and the catalog)."""
+    from tasks.ledger.scope import StudyCells
+
+    return StudyCells(ledger_study_cells, (_HERE, _HERE.parent / "_study_catalog.py"))
+
+
+# -- drawn from the records ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class RecordedOutput:
+    """A study's tables and figures drawn from the ledger's records: ``figures`` maps each
+    figure's name to its PNG bytes; ``cells``/``recorded``: the cells its body asked for and
+    how many of them the ledger answered."""
+
+    output: StudyOutput
+    figures: Mapping[str, bytes]
+    cells: int
+    recorded: int
+
+
+def recorded_output(
+    name: str, records: Sequence[LedgerRecord], profile: str = "paper"
+) -> RecordedOutput:
+    """Study ``name``'s tables and figures at ``profile``'s budget from ``records`` (the counted
+    record of each cell's config hash; a cell without one, or without the study's measure, is
+    "not recorded yet" and shows as missing)."""
+    from flows.studies._core import StudyContext
+
+    measure = MEASURES.get(name, "")
+    by_hash: dict[str, LedgerRecord] = {}
+    for r in records:  # (the counted ones: the caller's selection; later lines win)
+        if not measure or measure in r.measures:
+            by_hash[r.config_hash] = r
+    asked: dict[str, bool] = {}
+
+    @dataclass(frozen=True)
+    class Recorded(StudyContext):
+        def run_cells(self, cells: Sequence[CellConfig]) -> list[CellResult]:
+            out = []
+            for c in cells:
+                h = c.config_hash()
+                r = by_hash.get(h)
+                asked[h] = r is not None
+                if r is None:
+                    out.append(CellResult.failed(c, "failed", "not recorded yet"))
+                else:
+                    out.append(CellResult.recorded(c, r.run_id, _metrics(r), r.test_rmse))
+            return out
+
+        def measured(self, result: CellResult, measure: str, compute: Callable[[], float]) -> float:
+            r = by_hash.get(result.config_hash or "")
+            return math.nan if r is None else float(r.measures.get(measure, math.nan))
+
+    with tempfile.TemporaryDirectory(prefix=f"nllab-ledger-{name}-") as tmp:
+        ctx = _context(name, profile, Path(tmp), Recorded)
+        output = _study(name).body(ctx)
+        figures = {p.stem: p.read_bytes() for p in sorted((Path(tmp) / "figures").glob("*.png"))}
+    return RecordedOutput(output, figures, len(asked), sum(asked.values()))
+
+
+def _metrics(record: LedgerRecord) -> dict[str, float]:
+    """A record's final metrics under the names its run logged them."""
+    named = {
+        "test_top_share": record.top_share,
+        Metrics.TEST_RMSE_WITHOUT_TOP: record.rmse_without_top,
+        Metrics.TRAIN_SECONDS: record.train_seconds,
+    }
+    return {k: v for k, v in named.items() if v is not None}
+
+
+def measure_cell(study: str, cell: CellConfig, run_id: str, queries: Queries) -> dict[str, float]:
+    """What ``study`` measures of ``cell``'s trained model (its MLflow run ``run_id``), as the
+    ledger records it (:data:`MEASURES`; empty for a study that measures nothing more)."""
+    measure, measured = MEASURES.get(study), _study(study).measure
+    if measure is None or measured is None:
+        return {}
+    return {measure: float(measured(cell, run_id, queries))}

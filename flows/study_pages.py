@@ -1,0 +1,101 @@
+"""The pages ``docs/results/studies/NAME.md``: each of the paper's other tables that the results
+ledger keeps (:data:`flows.studies.LEDGER_STUDIES`), drawn from the ledger's records by the
+study's own body (:func:`flows.studies.recorded_output`): the same table and figures ``nllab
+study NAME --profile paper`` would make, beside the paper's figures with the project's one
+verdict. ``python -m flows.docs_numbers`` writes each page's block ``study-NAME`` and, beside
+the page, its figures (PNG); the block names the digest of the tables the figures are drawn
+from, so that ``--check`` finds a figure gone stale without comparing image bytes (which
+differ between matplotlib builds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flows.studies import RecordedOutput
+    from tasks.ledger import LedgerStatus
+
+__all__ = ["FIGURES", "study_figures", "study_page"]
+
+#: Where a study's page and figures lie, under the repository's root.
+FIGURES = Path("docs") / "results" / "studies"
+
+
+def _drawn(root: Path, name: str) -> tuple[RecordedOutput, LedgerStatus]:
+    from flows.ledger.plan import selection_scope
+    from flows.studies import recorded_output
+    from tasks.ledger import ledger_status, read_ledger
+
+    scope = selection_scope({"studies": (name,)})
+    status = ledger_status(
+        read_ledger(root / "results" / "paper" / "ledger.jsonl", scope),
+        scope.select(studies=(name,)),
+    )
+    counted = [s.record for s in status.states if s.state == "recorded" and s.record]
+    return recorded_output(name, counted), status
+
+
+def _settings(status: LedgerStatus) -> str:
+    """The study's cells in words: systems, methods, seeds and epochs (from the cells)."""
+    from flows.studies import planned_cells
+
+    cells = planned_cells(status.studies[0]) if status.studies else []
+    if not cells:
+        return "no cells"
+
+    def listed(values: list) -> str:
+        return ", ".join(map(str, dict.fromkeys(values)))
+
+    epochs = Counter(c.training.epochs for c in cells)
+    return (
+        f"{len(cells)} cells: systems {listed([c.system for c in cells])}; methods "
+        f"{listed([c.method for c in cells])}; seeds {listed(sorted(c.seed for c in cells))}; "
+        f"{' or '.join(f'{e} epochs' for e in sorted(epochs))} each, the paper profile's "
+        "protocol (the reference code's) otherwise"
+    )
+
+
+def study_page(root: Path, name: str) -> str:
+    """The block ``study-NAME``: the study's cells in words, how many the ledger holds, its
+    tables from the records and its figures (files beside the page: :func:`study_figures`)."""
+    from flows.ledger.text import study_lines
+    from tasks.reports import VERDICT_RULE, Table, render_table
+
+    drawn, status = _drawn(root, name)
+    parts = [
+        f"**Cells.** {_settings(status)}. A cell that is a Table 3 cell (the same config hash) "
+        "is Table 3's record; `nllab ledger run --study "
+        f"{name}` trains the missing ones and `nllab ledger table --study {name}` prints "
+        "this table.",
+        *study_lines(status),
+    ]
+    digest = hashlib.sha256()
+    for table, frame in drawn.output.tables.items():
+        text = render_table(Table.from_frame(frame), "markdown").rstrip()
+        digest.update(text.encode())
+        parts.append(f"**{table}**\n\n{text}")
+    parts.append(
+        "The mean over the recorded seeds (value) with their sample std (ddof 1) and number n, "
+        "the paper's figure, our mean minus it (gap) and the verdict: "
+        f"{VERDICT_RULE}; – where nothing is recorded yet."
+    )
+    for figure in drawn.figures:
+        parts.append(f"![{name}: {figure}]({_figure_name(name, figure)})")
+    if drawn.figures:
+        drawn_from = digest.hexdigest()[:16]
+        parts.append(f"<!-- figures drawn from the tables above: sha256 {drawn_from} -->")
+    return "\n\n".join(parts)
+
+
+def _figure_name(study: str, figure: str) -> str:
+    return f"{study}-{figure}.png"
+
+
+def study_figures(root: Path, name: str) -> dict[Path, bytes]:
+    """The figures of study ``name``'s page from the records: path (under ``root``) -> PNG."""
+    drawn, _ = _drawn(root, name)
+    return {FIGURES / _figure_name(name, figure): data for figure, data in drawn.figures.items()}
