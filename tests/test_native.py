@@ -517,6 +517,7 @@ def _lane_wise_cases(g: torch.Generator) -> dict[str, tuple[list, tuple[int, ...
     gru_back += [r(layers, 4 * units, n_time, batch).sigmoid(), r(units, batch), z(w_ih.numel())]
     gru_back += [z(layers, 3 * units, units), z(layers, 3 * units), z(layers, 3 * units)]
     gru_back += [z(n_in, n_time, batch)]
+    tanh_back = [n * n_time, units, r(n * n_time, units), r(n * n_time, units).tanh(), r(units)]
     return {
         "nl_gru_forward": (gru, (10, 11)),
         "nl_gru_backward": (gru_back, (11, 12, 13, 14, 15)),
@@ -534,6 +535,12 @@ def _lane_wise_cases(g: torch.Generator) -> dict[str, tuple[list, tuple[int, ...
         ),
         "nl_bias_tanh": ([n * n_time, units, r(n * n_time, units, scale=3.0), r(units)], (2,)),
         "nl_sphere_out_forward": (sphere, (5, 11)),
+        # the backward steps' column sums: one column per lane, accumulated onto nonzero values
+        "nl_tanh_backward": (tanh_back, (2, 4)),
+        "nl_first_hidden_backward": (
+            [n, n_time, units, 0, *tanh_back[2:4], r(1, n_time, units), r(n, units)],
+            (4, 6, 7),
+        ),
     }
 
 

@@ -68,7 +68,7 @@ typedef long long vl __attribute__((vector_size(sizeof(vd))));
 
 /* The portable build (256-bit vectors, no FMA contraction) compiles its lane-wise kernels (each
  * element computed on its own, no sum across lanes: the GRU's forward pass, the decoder's forward
- * layers) a second time for 512-bit vectors, taken where the CPU has AVX-512F: the same
+ * layers and its tanh derivatives, whose column sums keep one column per lane) a second time for 512-bit vectors, taken where the CPU has AVX-512F: the same
  * operations lane by lane, so the same bits (the tests compare the two), in half the
  * instructions (the GRU's backward pass too, its sums along rows kept in 4 lanes). The passes
  * name them *_w4 and *_w8; the end of this file dispatches. */
@@ -79,6 +79,8 @@ typedef long long vl __attribute__((vector_size(sizeof(vd))));
 #define nl_bias_tanh nl_bias_tanh_w4
 #define nl_sphere_out_forward nl_sphere_out_forward_w4
 #define nl_gru_backward nl_gru_backward_w4
+#define nl_first_hidden_backward nl_first_hidden_backward_w4
+#define nl_tanh_backward nl_tanh_backward_w4
 #endif
 
 /* Sums along a row (the GRU's weight gradients) keep partial sums in vector lanes, whose number
@@ -277,6 +279,55 @@ static void gemm_rows(i64 m, i64 k, i64 n, const double *restrict w, i64 ldw,
  * cache. Register-blocked R x S (up to 4 x 4): R*S accumulating vectors, R+S loads per R*S FMAs;
  * every block shape is its own function so its accumulators stay in registers. */
 #define DOT_NAME(R, S) NL_CAT(dot_block_##R##_##S, NL_SUFFIX)
+#if defined(NL_WIDE_PASS)
+/* The 512-bit pass: two of a block's 4-lane sums side by side in one 512-bit register (b's rows
+ * k and k + 1 in its halves, a's row in both), so each lane does what it does in the 256-bit
+ * pass (the same fused multiply-adds in the same order), in half the instructions. */
+/* One step of columns c .. c + w - 1 (w <= SW; lanes past w load zeros) */
+#define S_LOAD_W(p, w) ((w) == SW ? S_LOAD(p) : S_LOAD_N((p), (w)))
+#define DOT_STEP_PAIRED(R, S, w)                                                               \
+    do {                                                                                       \
+        sd ah[R], bo = S_SET1(0.0);                                                            \
+        __m512d bv[PS];                                                                        \
+        for (int jj = 0; jj < R; jj++) ah[jj] = S_LOAD_W(a + jj * lda + c, w);                 \
+        for (int p = 0; p < P; p++) {                                                          \
+            const double *b0 = b + 2 * p * ldb + c;                                            \
+            bv[p] = _mm512_insertf64x4(_mm512_castpd256_pd512(S_LOAD_W(b0, w)),                \
+                                       S_LOAD_W(b0 + ldb, w), 1);                              \
+        }                                                                                      \
+        if (ODD) bo = S_LOAD_W(b + (S - 1) * ldb + c, w);                                      \
+        for (int jj = 0; jj < R; jj++) {                                                       \
+            const __m512d av = _mm512_broadcast_f64x4(ah[jj]);                                 \
+            for (int p = 0; p < P; p++) s2[jj][p] = _mm512_fmadd_pd(av, bv[p], s2[jj][p]);     \
+            if (ODD) s1[jj] = S_FMA(ah[jj], bo, s1[jj]);                                       \
+        }                                                                                      \
+    } while (0)
+#define DOT_BLOCK(R, S)                                                                        \
+    static void DOT_NAME(R, S)(i64 n, const double *restrict a, i64 lda,                      \
+                               const double *restrict b, i64 ldb, double *restrict acc,       \
+                               i64 acc_stride) {                                               \
+        enum { P = S / 2, PS = S / 2 > 0 ? S / 2 : 1, ODD = S % 2 };                           \
+        __m512d s2[R][PS];                                                                     \
+        sd s1[R];                                                                              \
+        for (int jj = 0; jj < R; jj++) {                                                       \
+            for (int p = 0; p < P; p++) s2[jj][p] = _mm512_setzero_pd();                       \
+            s1[jj] = S_SET1(0.0);                                                              \
+        }                                                                                      \
+        i64 c = 0;                                                                             \
+        for (; c + SW <= n; c += SW) DOT_STEP_PAIRED(R, S, SW);                                \
+        if (c < n) DOT_STEP_PAIRED(R, S, (int)(n - c));                                        \
+        for (int jj = 0; jj < R; jj++) {                                                       \
+            for (int p = 0; p < P; p++) {                                                      \
+                double *dst = acc + jj * acc_stride + 2 * p * SW;                              \
+                _mm512_storeu_pd(dst, _mm512_loadu_pd(dst) + s2[jj][p]);                       \
+            }                                                                                  \
+            if (ODD) {                                                                         \
+                double *dst = acc + jj * acc_stride + (S - 1) * SW;                            \
+                S_STORE(dst, S_LOAD(dst) + s1[jj]);                                            \
+            }                                                                                  \
+        }                                                                                      \
+    }
+#else
 #define DOT_BLOCK(R, S)                                                                        \
     static void DOT_NAME(R, S)(i64 n, const double *restrict a, i64 lda,                  \
                                     const double *restrict b, i64 ldb, double *restrict acc,  \
@@ -306,6 +357,7 @@ static void gemm_rows(i64 m, i64 k, i64 n, const double *restrict w, i64 ldw,
                 S_STORE(dst, S_LOAD(dst) + s[jj][kk]);                                         \
             }                                                                                  \
     }
+#endif
 #define DOT_BLOCKS(R) DOT_BLOCK(R, 1) DOT_BLOCK(R, 2) DOT_BLOCK(R, 3) DOT_BLOCK(R, 4)
 DOT_BLOCKS(1)
 DOT_BLOCKS(2)
@@ -557,7 +609,6 @@ void nl_first_hidden(i64 n, i64 n_time, i64 units, int per_row, const double *pe
         }
 }
 
-#ifndef NL_WIDE_PASS /* the 256-bit pass only (see the end of this file) */
 /* Backward of nl_first_hidden, in place on g [n][T][H] (dL/dh1 -> dL/d(pre-activation)):
  * g_traj[b] = sum_t g[b][t]; g_time[t] += sum_b g[b][t] (shared grid) or g_time[b][t] = g[b][t]. */
 void nl_first_hidden_backward(i64 n, i64 n_time, i64 units, int per_row, double *g,
@@ -585,8 +636,6 @@ void nl_first_hidden_backward(i64 n, i64 n_time, i64 units, int per_row, double 
     }
 }
 
-#endif /* NL_WIDE_PASS */
-
 /* h[r][:] = tanh(h[r][:] + bias), in place. */
 void nl_bias_tanh(i64 rows, i64 units, double *h, const double *bias) {
     for (i64 r = 0; r < rows; r++) {
@@ -597,7 +646,6 @@ void nl_bias_tanh(i64 rows, i64 units, double *h, const double *bias) {
     }
 }
 
-#ifndef NL_WIDE_PASS /* the 256-bit pass only (see the end of this file) */
 /* g *= 1 - h^2 (tanh's derivative from its output) over [rows][units]; g_bias += column sums. */
 void nl_tanh_backward(i64 rows, i64 units, double *g, const double *h, double *g_bias) {
     const vd one = V_SET1(1.0);
@@ -614,8 +662,6 @@ void nl_tanh_backward(i64 rows, i64 units, double *g, const double *h, double *g
 #undef LANES
     }
 }
-
-#endif /* NL_WIDE_PASS */
 
 /* The output map for a linear ILT, fused (forward), on the output layer laid out transposed:
  * out_t [2*D*Q][rows] holds column c = (k, d, q) of the output layer (k = 0: theta, 1: phi) for
@@ -943,10 +989,33 @@ static void mm_panels(i64 lines, i64 depth, const double *src, i64 ts, i64 ls, i
                 for (; t < full; ++t) dst[l * w + t] = s[t * ts + l * ls];
                 for (; t < w; ++t) dst[l * w + t] = 0.0;
             }
-        } else { /* each line contiguous along l: t outer */
-            for (i64 t = 0; t < full; ++t)
+        } else { /* each line contiguous along l: t outer, 4 lines by 4 indices transposed in
+                  * registers (w is a multiple of 4), the rest one by one */
+            i64 t = 0;
+            for (; t + 4 <= full; t += 4) {
+                const double *s0 = s + t * ts, *s1 = s0 + ts, *s2 = s1 + ts, *s3 = s2 + ts;
+                i64 l = 0;
+                for (; l + 4 <= depth; l += 4) {
+                    const __m256d r0 = _mm256_loadu_pd(s0 + l), r1 = _mm256_loadu_pd(s1 + l);
+                    const __m256d r2 = _mm256_loadu_pd(s2 + l), r3 = _mm256_loadu_pd(s3 + l);
+                    const __m256d u0 = _mm256_unpacklo_pd(r0, r1), u1 = _mm256_unpackhi_pd(r0, r1);
+                    const __m256d u2 = _mm256_unpacklo_pd(r2, r3), u3 = _mm256_unpackhi_pd(r2, r3);
+                    double *d = dst + l * w + t;
+                    _mm256_storeu_pd(d, _mm256_permute2f128_pd(u0, u2, 0x20));
+                    _mm256_storeu_pd(d + w, _mm256_permute2f128_pd(u1, u3, 0x20));
+                    _mm256_storeu_pd(d + 2 * w, _mm256_permute2f128_pd(u0, u2, 0x31));
+                    _mm256_storeu_pd(d + 3 * w, _mm256_permute2f128_pd(u1, u3, 0x31));
+                }
+                for (; l < depth; ++l) {
+                    dst[l * w + t] = s0[l];
+                    dst[l * w + t + 1] = s1[l];
+                    dst[l * w + t + 2] = s2[l];
+                    dst[l * w + t + 3] = s3[l];
+                }
+            }
+            for (; t < full; ++t)
                 for (i64 l = 0; l < depth; ++l) dst[l * w + t] = s[t * ts + l];
-            for (i64 t = full; t < w; ++t)
+            for (; t < w; ++t)
                 for (i64 l = 0; l < depth; ++l) dst[l * w + t] = 0.0;
         }
     }
@@ -1274,6 +1343,8 @@ int nl_unary(int op, int kind, i64 n, const void *x, void *y)
 #undef nl_bias_tanh
 #undef nl_sphere_out_forward
 #undef nl_gru_backward
+#undef nl_first_hidden_backward
+#undef nl_tanh_backward
 #define vd vd_w8
 #define vl vl_w8
 #define v_expm1_parts v_expm1_parts_w8
@@ -1305,6 +1376,8 @@ int nl_unary(int op, int kind, i64 n, const void *x, void *y)
 #define transpose transpose_w8
 #define gru_cell_backward gru_cell_backward_w8
 #define nl_gru_backward nl_gru_backward_w8
+#define nl_first_hidden_backward nl_first_hidden_backward_w8
+#define nl_tanh_backward nl_tanh_backward_w8
 #define NL_WIDE_PASS
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,prefer-vector-width=512")
@@ -1342,6 +1415,8 @@ int nl_unary(int op, int kind, i64 n, const void *x, void *y)
 #undef transpose
 #undef gru_cell_backward
 #undef nl_gru_backward
+#undef nl_first_hidden_backward
+#undef nl_tanh_backward
 
 static int nl_wide(void)
 {
@@ -1378,6 +1453,18 @@ void nl_first_hidden(i64 n, i64 n_time, i64 units, int per_row, const double *pe
 void nl_bias_tanh(i64 rows, i64 units, double *h, const double *bias)
 {
     (nl_wide() ? nl_bias_tanh_w8 : nl_bias_tanh_w4)(rows, units, h, bias);
+}
+
+void nl_tanh_backward(i64 rows, i64 units, double *g, const double *h, double *g_bias)
+{
+    (nl_wide() ? nl_tanh_backward_w8 : nl_tanh_backward_w4)(rows, units, g, h, g_bias);
+}
+
+void nl_first_hidden_backward(i64 n, i64 n_time, i64 units, int per_row, double *g,
+                              const double *h1, double *g_time, double *g_traj)
+{
+    (nl_wide() ? nl_first_hidden_backward_w8 : nl_first_hidden_backward_w4)(
+        n, n_time, units, per_row, g, h1, g_time, g_traj);
 }
 
 void nl_sphere_out_forward(i64 n, i64 n_time, i64 dims, i64 n_query, int per_row, double *out_t,
