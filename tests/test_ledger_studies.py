@@ -248,3 +248,35 @@ def test_a_measured_cell_is_recorded_with_its_models_measure(
     assert [r.study for r in read_ledger(ledger)] == ["", "cmi"]
     (state,) = cell_states(read_ledger(ledger), [cmi])
     assert state.state == "recorded" and state.record == record
+
+
+def test_a_measured_twin_is_recorded_with_the_cell_it_shares_a_run_with(
+    tmp_path, mlflow_store, prefect_server
+):
+    """``ledger run`` measures a Table 3 cell's CMI as it records the cell (its twin in the
+    CMI table), instead of retraining it later."""
+    from flows.ledger import run_ledger
+    from flows.ledger.run import LedgerRun, _Recorder
+    from flows.studies.cmi import cmi_of_run
+    from tasks.tracking import connect
+
+    config = tmp_path / "tiny.toml"
+    config.write_text(
+        'isolation = "thread"\nmax_workers = 1\ntorch_threads = 1\nprogress = false\n'
+        "[data]\nn_trajectories = 40\n[training]\nepochs = 2\nbatch_size = 8\n"
+    )
+    selection = {"config_file": config, "systems": ["integro_de"], "methods": ["node"]}
+    ledger = tmp_path / "ledger.jsonl"
+    run_ledger(ledger, selection={**selection, "seeds": [0]}, execution={}, say=print)
+    (table3,) = read_ledger(ledger)
+    (cell,) = paper_config(
+        config_file=config, seeds=[0], systems=["integro_de"], methods=["node"]
+    ).cells()
+    plain = LedgerCell(cell.system, "node", 0, table3.config_hash, table3.numerics)
+    twin = LedgerCell(cell.system, "node", 0, table3.config_hash, None, "", "cmi", "cmi_bits")
+    queries = connect(paper_config(config_file=config).tracking).queries
+    recorder = _Recorder(queries, ledger, LedgerRun(), print, selection, todo=[plain, twin])
+    recorder.record([plain])
+    (measured,) = recorder.out.appended  # (the plain cell's record was there already)
+    assert measured.study == "cmi" and twin.key in recorder.done
+    assert measured.measures["cmi_bits"] == cmi_of_run(cell, table3.run_id, queries)

@@ -167,7 +167,7 @@ def run_ledger(
     if not todo:
         return out
     queries = connect(paper_config(execution, **profile_of(selection)).tracking)
-    recorder = _Recorder(queries.queries, ledger, out, say, selection)
+    recorder = _Recorder(queries.queries, ledger, out, say, selection, todo)
     recorder.record(todo)  # cells a stopped run finished in this store meanwhile
     todo = [c for c in todo if c.key not in recorder.done]
     device = str(execution.get("device") or "auto")
@@ -185,9 +185,11 @@ def run_ledger(
                 break
             parts = _what_fits(whole, left(), ledger, selection, execution, out, say)
             for group, needed in parts:
+                cells = [c for c in todo if _in(c, group)]
+                if all(c.key in recorder.done for c in cells):
+                    continue  # (measured twins, recorded with the cells they share a run with)
                 if not _may_start(group, needed, left(), stop, out, say):
                     break
-                cells = [c for c in todo if _in(c, group)]
                 _train_group(group, cells, selection, execution, recorder, stop)
     out.stopped = stop.is_set()
     if timed_out.is_set():
@@ -282,7 +284,10 @@ def _in(cell: LedgerCell, group: LedgerGroup) -> bool:
 
 class _Recorder:
     """Appends to the ledger what the store has finished of some cells (the engine's hook),
-    with what their study measures of the trained model (:func:`flows.studies.measure_cell`)."""
+    with what their study measures of the trained model (:func:`flows.studies.measure_cell`).
+    A cell to record brings along the ``todo`` cells of studies that measure the same config's
+    model (the CMI of a Table 3 cell): measured now, from the run just made, not retrained
+    later."""
 
     def __init__(
         self,
@@ -291,10 +296,15 @@ class _Recorder:
         out: LedgerRun,
         say: Callable,
         selection: dict[str, Any] | None = None,
+        todo: Sequence[LedgerCell] = (),
     ) -> None:
         self.queries, self.ledger, self.out, self.say = queries, ledger, out, say
         self.selection = selection or {}
         self.done: set[tuple[str, str, str, str, int]] = set()
+        self.measured_twins: dict[str, list[LedgerCell]] = {}
+        for c in todo:
+            if c.measure:
+                self.measured_twins.setdefault(c.config_hash, []).append(c)
 
     def measure(self, cell: LedgerCell, run_id: str) -> dict[str, float]:
         from flows.studies import measure_cell
@@ -304,6 +314,8 @@ class _Recorder:
         return measure_cell(cell.study, config, run_id, self.queries)
 
     def record(self, cells: Sequence[LedgerCell]) -> None:
+        twins = [t for c in cells for t in self.measured_twins.get(c.config_hash, ())]
+        cells = list({c.key: c for c in [*cells, *twins] if c.key not in self.done}.values())
         for r in record_finished(self.queries, cells, self.ledger, hardware_name, self.measure):
             self.out.appended.append(r)
             self.done.add((r.system, r.method, r.study, r.ablation, r.seed))
