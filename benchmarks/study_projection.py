@@ -21,46 +21,25 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flows.studies import STUDIES, StudyContext, study_config
+from flows.studies import STUDIES, plan_study
 from tasks.config import CellConfig
 from tasks.ledger import DEFAULT_LEDGER, hardware_name, read_ledger
 from tasks.ledger.scope import ledger_cell_configs
 from tasks.reports.measurements import record_measurement
-from tasks.results import CellResult
 
 #: Training trajectories and epochs of a paper-profile cell (what the records' times are of).
 PAPER_TRAIN, PAPER_EPOCHS = 800, 1000
 
 
-@dataclass(frozen=True)
-class _Planning(StudyContext):
-    """A study's context whose cells are collected instead of trained."""
-
-    planned: list[CellConfig] = field(default_factory=list)
-
-    def run_cells(self, cells):  # (the one door a body trains through)
-        self.planned.extend(cells)
-        return [CellResult.failed(c, "failed", "planned, not trained") for c in cells]
-
-
 def planned_cells(name: str) -> tuple[list[CellConfig], str]:
     """The cells study ``name`` trains at the paper profile, and how its body ended."""
-    study = STUDIES[name]
-    config = study_config(name, "paper")
-    with tempfile.TemporaryDirectory(prefix="nllab-plan-") as tmp:
-        ctx = _Planning(config, study.spec, None, "planned", None, Path(tmp))  # type: ignore[arg-type]
-        try:
-            study.body(ctx)
-            ended = "complete"
-        except Exception as e:  # a measurement on trained models: the cells before it count
-            ended = f"cells until it measures ({type(e).__name__})"
-    return list({c.config_hash(): c for c in ctx.planned}.values()), ended
+    plan = plan_study(name, "paper")
+    ended = "complete" if plan.stopped is None else "cells until it measures"
+    return list(plan.cells), ended
 
 
 def cell_seconds(cell: CellConfig, times: dict[tuple[str, str], list[float]]) -> float | None:

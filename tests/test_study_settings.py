@@ -4,24 +4,21 @@ epochs of its table (paper ``Table:ablate``, ``Table:AdditionalNoiseResult``,
 ``nfes_analysis``, ``Table:CMI``, ``Table:toywaveforms``, ``frequencyfilter``, ``wallclocktime``),
 and its published figures are the tables' own.
 
-Each body is planned, not trained: its cells are collected by the planning context of
-``benchmarks/study_projection.py`` (the context the results ledger enumerates studies with),
-which hands back failed results, so no cell trains and no model is loaded.
+Each body is planned, not trained (:func:`flows.studies.plan_study`, as the results ledger
+and ``benchmarks/study_projection.py`` enumerate the studies): its cells are collected and
+handed back "not trained", so no cell trains and no model is loaded.
 """
 
 from __future__ import annotations
 
 import math
-import sys
-import tempfile
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from flows.studies import plan_study
 
 ALL = ("node", "anode", "latent_ode", "nf_coupling", "nf_resnet", "neural_laplace")
 FIVE = (0, 1, 2, 3, 4)
@@ -31,19 +28,9 @@ ABLATE = ("lotka_volterra_dde", "stiff_van_der_pol", "piecewise_forcing_ode", "i
 
 def _plan(name: str, profile: str = "paper") -> list:
     """The cells study ``name``'s body asks for at ``profile`` (deduplicated by config hash)."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))  # benchmarks/ is a folder of scripts
-    from benchmarks.study_projection import _Planning
-    from flows.studies import STUDIES, study_config
-
-    study = STUDIES[name]
-    with tempfile.TemporaryDirectory(prefix="nllab-plan-") as tmp:
-        ctx = _Planning(study_config(name, profile), study.spec, None, "p", None, Path(tmp))  # type: ignore[arg-type]
-        try:
-            study.body(ctx)
-        except KeyError:  # nfe: measures on trained models after planning its cells
-            assert name == "nfe"
-    return list({c.config_hash(): c for c in ctx.planned}.values())
+    plan = plan_study(name, profile)
+    assert plan.stopped is None or name == "nfe", plan.stopped  # nfe measures trained models
+    return list(plan.cells)
 
 
 def _grid(cells: list, level) -> set[tuple[Any, ...]]:

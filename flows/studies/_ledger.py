@@ -45,8 +45,10 @@ __all__ = [
     "LEDGER_STUDIES",
     "MEASURES",
     "RecordedOutput",
+    "StudyPlan",
     "ledger_study_cells",
     "measure_cell",
+    "plan_study",
     "planned_cells",
     "recorded_output",
     "study_cells",
@@ -84,9 +86,19 @@ def _context(name: str, profile: str, folder: Path, kind: type[StudyContext]) ->
     return kind(config, study.spec, None, f"ledger:{name}", None, folder)  # type: ignore[arg-type]
 
 
-def planned_cells(name: str, profile: str = "paper") -> list[CellConfig]:
-    """The cells study ``name`` trains at ``profile``'s budget, in its body's order, each once
-    (its body run with a context that collects the cells and trains none)."""
+@dataclass(frozen=True)
+class StudyPlan:
+    """The cells a study's body asks for, each once, in its order; ``stopped``: why the body
+    ended before its end (a measurement study measures trained models after asking for its
+    cells: planned, there are none), None when it ran through."""
+
+    cells: tuple[CellConfig, ...]
+    stopped: str | None = None
+
+
+def plan_study(name: str, profile: str = "paper") -> StudyPlan:
+    """Study ``name``'s cells at ``profile``'s budget: its body run with a context that collects
+    the cells it asks for and trains none (each handed back "not trained")."""
     from flows.studies._core import StudyContext
 
     @dataclass(frozen=True)
@@ -100,10 +112,24 @@ def planned_cells(name: str, profile: str = "paper") -> list[CellConfig]:
         def figure(self, name: str) -> Path:  # (nothing to look at yet)
             return self.folder / f"{name}.png"
 
+    stopped = None
     with tempfile.TemporaryDirectory(prefix="nllab-plan-") as tmp:
         ctx = _context(name, profile, Path(tmp), Planning)
-        _study(name).body(ctx)
-        return list({c.config_hash(): c for c in ctx.planned}.values())  # type: ignore[attr-defined]
+        try:
+            _study(name).body(ctx)
+        except Exception as e:  # (its cells before the measurement count)
+            stopped = f"{type(e).__name__}: {e}"
+    planned = ctx.planned  # type: ignore[attr-defined]
+    return StudyPlan(tuple({c.config_hash(): c for c in planned}.values()), stopped)
+
+
+def planned_cells(name: str, profile: str = "paper") -> list[CellConfig]:
+    """The cells study ``name`` trains at ``profile``'s budget, in its body's order, each once
+    (:func:`plan_study`); a body that cannot be planned through raises ``RuntimeError``."""
+    plan = plan_study(name, profile)
+    if plan.stopped is not None:
+        raise RuntimeError(f"study {name!r} cannot be planned through: {plan.stopped}")
+    return list(plan.cells)
 
 
 def ledger_study_cells(profile: str) -> list[tuple[str, str, CellConfig]]:
