@@ -256,7 +256,7 @@ def test_a_measured_twin_is_recorded_with_the_cell_it_shares_a_run_with(
     """``ledger run`` measures a Table 3 cell's CMI as it records the cell (its twin in the
     CMI table), instead of retraining it later."""
     from flows.ledger import run_ledger
-    from flows.ledger.run import LedgerRun, _Recorder
+    from flows.ledger.run import LedgerRun, Recorder
     from flows.studies.cmi import cmi_of_run
     from tasks.tracking import connect
 
@@ -275,7 +275,7 @@ def test_a_measured_twin_is_recorded_with_the_cell_it_shares_a_run_with(
     plain = LedgerCell(cell.system, "node", 0, table3.config_hash, table3.numerics)
     twin = LedgerCell(cell.system, "node", 0, table3.config_hash, None, "", "cmi", "cmi_bits")
     queries = connect(paper_config(config_file=config).tracking).queries
-    recorder = _Recorder(queries, ledger, LedgerRun(), print, selection, todo=[plain, twin])
+    recorder = Recorder(queries, ledger, LedgerRun(), print, selection, todo=[plain, twin])
     recorder.record([plain])
     (measured,) = recorder.out.appended  # (the plain cell's record was there already)
     assert measured.study == "cmi" and twin.key in recorder.done

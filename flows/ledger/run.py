@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "REPORT_SECONDS",
     "LedgerRun",
+    "Recorder",
     "record_finished",
     "record_store",
     "run_ledger",
@@ -128,7 +129,7 @@ def record_store(
     if not todo:
         return []
     queries = connect(paper_config(execution, **profile_of(selection)).tracking)
-    recorder = _Recorder(queries.queries, ledger, LedgerRun(), lambda _: None, selection)
+    recorder = Recorder(queries.queries, ledger, LedgerRun(), lambda _: None, selection)
     recorder.record(todo)
     return recorder.out.appended
 
@@ -149,8 +150,9 @@ def run_ledger(
 
     ``selection``: ``profile`` (``paper``, the default, or ``fair``), ``config_file`` (layered
     on it), ``systems``, ``methods``, ``seeds`` (None: all), ``ablations`` (False: Table 3
-    only, True: the ablations only, None: both) and ``peers`` (False: none, True: the peers'
-    only, None, the default: theirs too; :meth:`tasks.ledger.LedgerScope.select`).
+    only, True: the ablations only, None: both), ``peers`` (False: none, True: the peers'
+    only, None, the default: theirs too) and ``studies`` (False, the default: none, True: every
+    study's too, names: those studies' only; :meth:`tasks.ledger.LedgerScope.select`).
     ``execution``: the benchmark's execution settings (max_workers, torch_threads, device...).
     ``max_seconds``: the time limit; when it is reached the running cells stop (KILLED, not
     recorded) and no group starts after it; a group expected to take longer than the time left
@@ -167,7 +169,7 @@ def run_ledger(
     if not todo:
         return out
     queries = connect(paper_config(execution, **profile_of(selection)).tracking)
-    recorder = _Recorder(queries.queries, ledger, out, say, selection, todo)
+    recorder = Recorder(queries.queries, ledger, out, say, selection, todo)
     recorder.record(todo)  # cells a stopped run finished in this store meanwhile
     todo = [c for c in todo if c.key not in recorder.done]
     device = str(execution.get("device") or "auto")
@@ -180,21 +182,37 @@ def run_ledger(
 
     reports = ProgressReports(queries.queries, todo, say, report_seconds)
     with deadline(max_seconds, stop, timed_out), reports:
-        for whole in groups:
-            if stop.is_set():
-                break
-            parts = _what_fits(whole, left(), ledger, selection, execution, out, say)
-            for group, needed in parts:
-                cells = [c for c in todo if _in(c, group)]
-                if all(c.key in recorder.done for c in cells):
-                    continue  # (measured twins, recorded with the cells they share a run with)
-                if not _may_start(group, needed, left(), stop, out, say):
-                    break
-                _train_group(group, cells, selection, execution, recorder, stop)
+        _train_in_order(groups, todo, left, ledger, selection, execution, recorder, stop)
     out.stopped = stop.is_set()
     if timed_out.is_set():
         say(f"ledger: time limit reached after {(time.monotonic() - t0) / 60:.1f} min")
     return out
+
+
+def _train_in_order(
+    groups: Sequence[LedgerGroup],
+    todo: Sequence[LedgerCell],
+    left: Callable[[], float | None],
+    ledger: Path,
+    selection: dict[str, Any],
+    execution: dict[str, Any],
+    recorder: Recorder,
+    stop: threading.Event,
+) -> None:
+    """Each group in turn, cut to what fits the time ``left()`` (:func:`_what_fits`), until
+    ``stop``; a group whose cells were all recorded meanwhile (a study's measured twins,
+    recorded with the cells they share a run with) is passed over."""
+    out, say = recorder.out, recorder.say
+    for whole in groups:
+        if stop.is_set():
+            return
+        for group, needed in _what_fits(whole, left(), ledger, selection, execution, out, say):
+            cells = [c for c in todo if _in(c, group)]
+            if {c.key for c in cells} <= recorder.done:
+                continue
+            if not _may_start(group, needed, left(), stop, out, say):
+                break
+            _train_group(group, cells, selection, execution, recorder, stop)
 
 
 def _what_fits(
@@ -282,7 +300,7 @@ def _in(cell: LedgerCell, group: LedgerGroup) -> bool:
     )
 
 
-class _Recorder:
+class Recorder:
     """Appends to the ledger what the store has finished of some cells (the engine's hook),
     with what their study measures of the trained model (:func:`flows.studies.measure_cell`).
     A cell to record brings along the ``todo`` cells of studies that measure the same config's
@@ -327,7 +345,7 @@ def _train_group(
     cells: Sequence[LedgerCell],
     selection: dict[str, Any],
     execution: dict[str, Any],
-    recorder: _Recorder,
+    recorder: Recorder,
     stop: threading.Event,
 ) -> None:
     """One benchmark of ``group``, each pack's finished cells recorded as it ends."""
