@@ -31,20 +31,22 @@ def paper_cells() -> list[tuple[str, str, CellConfig]]:
     return ledger_study_cells("paper")
 
 
-def test_every_study_cell_is_made_again_by_the_group_that_trains_it(paper_cells):
+@pytest.mark.parametrize("profile", ["paper", "fair"])
+def test_every_study_cell_is_made_again_by_the_group_that_trains_it(profile, paper_cells):
     """The construction the ledger rests on, checked on every cell of every study (none was
     written down here): the variant that tags a cell, read back into config layers over the
     profile, makes the cell with its config hash, so ``ledger run`` trains the very cell the
     study's table needs (and refuses to train otherwise: ``_same_cells``)."""
-    assert {s for s, _, _ in paper_cells} == set(LEDGER_STUDIES)
+    planned = paper_cells if profile == "paper" else ledger_study_cells(profile)
+    assert {s for s, _, _ in planned} == set(LEDGER_STUDIES)
     bases: dict[tuple[str, str, int], CellConfig] = {}
-    for study, _, cell in paper_cells:
+    for study, _, cell in planned:
         key = (cell.system, cell.method, cell.seed)
         if key not in bases:
-            bases[key] = _base(cell)
+            bases[key] = _base(cell, profile)
         variant = variant_of(cell, bases[key])
         group = LedgerGroup(cell.method, variant, (cell.seed,), (cell.system,), study)
-        (made,) = group_config(group, {"profile": "paper"}, {}).cells()
+        (made,) = group_config(group, {"profile": profile}, {}).cells()
         assert made.config_hash() == cell.config_hash(), (study, cell.key, variant)
         # "" exactly when it is the profile's own cell
         assert (variant == "") == (cell.config_hash() == bases[key].config_hash())
