@@ -6,9 +6,13 @@ cells each table needs without training one. Each cell is then projected from th
 full-budget records on this processor (:mod:`tasks.ledger`): the median training seconds of its
 method on its system at the paper profile (else of its method on any system), scaled by its
 training trajectories and epochs against the paper profile's (N = 1000 × 80 %, 1000 epochs). A
-cell with the config hash of a Table 3 cell is already in the ledger and costs nothing. A
-measurement study (its body times or loads trained models rather than training cells) lists the
-cells it trains before it measures; what it measures beyond them is not projected.
+cell with the config hash of a Table 3 cell is Table 3's and costs nothing, except in a study
+that measures the trained model (the CMI): there a Table 3 cell that the ledger already holds
+trains again for its model (one not recorded yet is measured as Table 3 records it). The first
+seed's hours are what the ledger trains of each table early (``ledger run`` gives each table of
+:data:`flows.studies.LEDGER_STUDIES` its first seed after Table 3's first one, in that order).
+A measurement study (its body times or loads trained models rather than training cells) lists
+the cells it trains before it measures; what it measures beyond them is not projected.
 
     PYTHONPATH=. python benchmarks/study_projection.py [--record] [--studies noise cmi ...]
 
@@ -25,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flows.studies import STUDIES, plan_study
+from flows.studies import LEDGER_STUDIES, MEASURES, STUDIES, plan_study
 from tasks.config import CellConfig
 from tasks.ledger import DEFAULT_LEDGER, hardware_name, read_ledger
 from tasks.ledger.scope import ledger_cell_configs
@@ -72,22 +76,38 @@ def main() -> None:
         if key not in times or r.hardware == here:
             times.setdefault(key, []).append(float(r.train_seconds or 0))
     table3 = {c.config_hash() for c, _ in ledger_cell_configs()}
+    ledger = [r for r in read_ledger(DEFAULT_LEDGER) if r.numerics]
+    order = [s for s in LEDGER_STUDIES if s in args.studies]
+    order += [s for s in args.studies if s not in LEDGER_STUDIES]
     rows = []
-    for name in args.studies:
+    for name in order:
         cells, ended = planned_cells(name)
-        new = [c for c in cells if c.config_hash() not in table3]
+        # a measuring study's Table 3 cells that the ledger holds unmeasured train again
+        measure = MEASURES.get(name)
+        held = {r.config_hash for r in ledger} if measure else set()
+        held -= {r.config_hash for r in ledger if measure in r.measures}
+        new = [c for c in cells if c.config_hash() not in table3 or c.config_hash() in held]
         seconds = [cell_seconds(c, times) for c in new]
-        known = [s for s in seconds if s is not None]
-        hours = sum(known) / 3600
-        unknown = len(seconds) - len(known)
+        first = min((c.seed for c in cells), default=0)
+        first_seconds = [s for c, s in zip(new, seconds, strict=True) if c.seed == first]
+        hours = sum(s for s in seconds if s is not None) / 3600
+        unknown = sum(s is None for s in seconds)
+        kept = (
+            f"ledger, {LEDGER_STUDIES.index(name) + 1} of {len(LEDGER_STUDIES)}"
+            if name in LEDGER_STUDIES
+            else "ledger: Table 3's ablation"
+            if name == "stereographic"
+            else "not in the ledger"
+        )
         rows.append(
             (
                 name,
                 str(len(cells)),
-                str(len(cells) - len(new)),
+                str(len(cells) - len([c for c in cells if c.config_hash() not in table3])),
                 f"{hours:.1f}" + (f" (+{unknown} cells without a record)" if unknown else ""),
+                f"{sum(s for s in first_seconds if s is not None) / 3600:.1f}",
                 f"{hours / 2:.1f}",
-                ended,
+                kept + ("" if ended == "complete" else f"; {ended}"),
             )
         )
         print(" | ".join(rows[-1]), flush=True)
@@ -96,11 +116,19 @@ def main() -> None:
             "study_projection",
             "CPU hours each study of the paper needs at its budget here, from the ledger's records",
             "PYTHONPATH=. python benchmarks/study_projection.py --record",
-            ("study", "cells", "of them Table 3's", "CPU hours", "wall hours on 2 cores", "plan"),
+            (
+                "study",
+                "cells",
+                "of them Table 3's",
+                "CPU hours",
+                "first seed, CPU hours",
+                "wall hours on 2 cores",
+                "order",
+            ),
             rows,
             note=f"Projected from the ledger's full-budget records on {here} (median training "
             "seconds of the method on the system, scaled by training trajectories and epochs); "
-            "one cell a core.",
+            "one cell a core. Rows in the order ledger run gives each table its first seed.",
         )
         print(f"recorded {path}")
 

@@ -66,12 +66,14 @@ def study_page(root: Path, name: str) -> str:
     from tasks.reports import VERDICT_RULE, Table, render_table
 
     drawn, status = _drawn(root, name)
+    projected = _projected(root, name)
     parts = [
         f"**Cells.** {_settings(status)}. A cell that is a Table 3 cell (the same config hash) "
         "is Table 3's record; `nllab ledger run --study "
         f"{name}` trains the missing ones and `nllab ledger table --study {name}` prints "
         "this table.",
         *study_lines(status),
+        *([projected] if projected else []),
     ]
     digest = hashlib.sha256()
     for table, frame in drawn.output.tables.items():
@@ -89,6 +91,25 @@ def study_page(root: Path, name: str) -> str:
         drawn_from = digest.hexdigest()[:16]
         parts.append(f"<!-- figures drawn from the tables above: sha256 {drawn_from} -->")
     return "\n\n".join(parts)
+
+
+def _projected(root: Path, name: str) -> str:
+    """The study's row of the projection record (``benchmarks/study_projection.py``), in words."""
+    from tasks.reports import read_measurement
+
+    path = root / "results" / "measurements" / "study_projection.json"
+    if not path.is_file():
+        return ""
+    m = read_measurement(path)
+    row = next((dict(zip(m.columns, r, strict=True)) for r in m.rows if r[0] == name), None)
+    if row is None or "first seed, CPU hours" not in row:
+        return ""
+    return (
+        f"Projected before it was run, on {m.machine.split(',')[0]} at commit {m.commit[:10]}: "
+        f"{row['CPU hours']} CPU hours for the cells Table 3 does not train ("
+        f"{row['first seed, CPU hours']} for the first seed), {row['wall hours on 2 cores']} "
+        "hours on two cores (`benchmarks/study_projection.py`)."
+    )
 
 
 def _figure_name(study: str, figure: str) -> str:
