@@ -1331,6 +1331,7 @@ int nl_unary(int op, int kind, i64 n, const void *x, void *y)
 #undef FOR_VECTORS
 #undef COL_BLOCK
 #undef GEMM_BLOCK
+#undef DOT_BLOCK /* the wide pass defines its own (two sums to a register) */
 #undef SW
 #undef S_SET1
 #undef S_LOAD
