@@ -282,3 +282,34 @@ def test_a_measured_twin_is_recorded_with_the_cell_it_shares_a_run_with(
     (measured,) = recorder.out.appended  # (the plain cell's record was there already)
     assert measured.study == "cmi" and twin.key in recorder.done
     assert measured.measures["cmi_bits"] == cmi_of_run(cell, table3.run_id, queries)
+
+
+def test_a_variant_without_records_is_expected_from_its_methods_cells_by_their_training():
+    """Sample size N = 125 at 200 epochs trains about 100 × 200 of the 800 × 1000
+    trajectory-epochs of the profile's cell: expected at that share of its records' time (the
+    fixed cost of a benchmark aside)."""
+    from flows.ledger._budget import FIXED_SECONDS
+    from flows.ledger.plan import recorded_seconds
+    from tasks.ledger import hardware_name
+
+    base = paper_config(systems=["lotka_volterra_dde"], methods=["node"], seeds=[0]).cells()[0]
+    records = [
+        _record(
+            "lotka_volterra_dde",
+            "node",
+            0,
+            config_hash=base.config_hash(),
+            train_seconds=8000.0,
+            hardware=hardware_name("cpu"),
+        )
+    ]
+    variant = "data.n_trajectories=125; training.epochs=200"
+    group = LedgerGroup("node", variant, (0,), ("lotka_volterra_dde",), "sample-size")
+    config = group_config(group, {"profile": "paper"}, {"device": "cpu"})
+    expected = recorded_seconds(group, config, records)
+    n_train = config.split_sizes("lotka_volterra_dde")[0]
+    assert n_train in (99, 100)  # (80 % of 125, as the split rounds it)
+    assert expected == pytest.approx(FIXED_SECONDS + 8000.0 * (n_train * 200) / (800 * 1000))
+    table3 = LedgerGroup("node", "", (0,), ("lotka_volterra_dde",))
+    plain = group_config(table3, {"profile": "paper"}, {"device": "cpu"})
+    assert recorded_seconds(table3, plain, records) == pytest.approx(FIXED_SECONDS + 8000.0)

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flows.ledger._budget import expected_seconds
+from flows.ledger._budget import FIXED_SECONDS, expected_seconds
 from flows.ledger.groups import LedgerGroup
 from tasks.config import METHODS
 from tasks.ledger import (
@@ -44,6 +44,7 @@ __all__ = [
     "selection_profile",
     "selection_scope",
     "to_train",
+    "training_work",
 ]
 
 
@@ -226,7 +227,8 @@ def recorded_seconds(
     the ledger's ``records`` (:func:`~flows.ledger._budget.expected_seconds`: the engine's CPU
     packs of it, on its workers, at most one per core); None on a GPU, where the records do not
     tell (packs in lanes add up, and a record is one pack's time), or without records of the
-    method."""
+    method. A study's variant without records of its own is expected from the method's own
+    cells, scaled by the training it does (:func:`training_work`)."""
     import torch  # (not at import: the ledger's quick commands do without it)
 
     from tasks.engine import make_packs
@@ -235,15 +237,24 @@ def recorded_seconds(
     if ex.device != "cpu" and torch.cuda.is_available():
         return None
     packs = [[c.system for c in p] for p in make_packs(config.cells(), ex.pack)]
-    return expected_seconds(
-        packs,
-        group.method,
-        group.ablation,
-        records,
-        "cpu",
-        hardware_name("cpu"),
-        cpu_workers(config),
-    )
+    where = ("cpu", hardware_name("cpu"), cpu_workers(config))
+    seconds = expected_seconds(packs, group.method, group.ablation, records, *where)
+    if seconds is not None or not (group.study and group.ablation):
+        return seconds
+    plain = expected_seconds(packs, group.method, "", records, *where)
+    if plain is None:
+        return None
+    system = config.cells()[0].system
+    profile = paper_config(profile=config.profile, systems=[system], methods=[group.method])
+    ratio = training_work(config, system) / training_work(profile, system)
+    return FIXED_SECONDS + (plain - FIXED_SECONDS) * ratio
+
+
+def training_work(config: RunConfig, system: str) -> float:
+    """How much training a cell of ``system`` in ``config`` does, for scaling a training time:
+    its training trajectories × its epochs."""
+    cell = next(c for c in config.cells() if c.system == system)
+    return float(config.split_sizes(system)[0] * cell.training.epochs)
 
 
 def cpu_workers(config: RunConfig) -> int:
