@@ -1,6 +1,7 @@
 """On-disk cache of simulated data sets.
 
-One ``.npz`` file per fingerprint (system, N, grid, seed, noise, ``DATA_VERSION``).  Files are
+One ``.npz`` file per fingerprint (system, N, grid, seed, noise and where it is added,
+``DATA_VERSION``).  Files are
 written to a temporary file in the same folder and moved into place with ``os.replace``, so a
 crash never leaves a half-written file under the final name, and a good file is only ever
 replaced by another complete one.  Each file stores a sha256 checksum of its arrays; a file that
@@ -67,6 +68,7 @@ def _read(path: Path, fingerprint: str) -> Dataset:
         seed=int(meta["seed"]),
         noise_std=float.fromhex(meta["noise_std"]),
         fingerprint=fingerprint,
+        noise_on=meta.get("noise_on", "raw"),  # files from before the setting: raw
     )
 
 
@@ -79,6 +81,8 @@ def _write(path: Path, ds: Dataset) -> None:
         "noise_std": float(ds.noise_std).hex(),
         "checksum": _checksum(arrays),
     }
+    if ds.noise_on != "raw":
+        meta["noise_on"] = ds.noise_on
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -116,6 +120,7 @@ def load_or_simulate(
     noise_std: float = 0.0,
     cache_dir: str | Path | None = None,
     *,
+    noise_on: str = "raw",
     workers: int | None = None,
 ) -> Dataset:
     """``simulate(...)`` through the on-disk cache (default folder ``data_home() / "cache"``).
@@ -127,7 +132,7 @@ def load_or_simulate(
         ValueError: invalid arguments (as ``simulate``).
         CacheError: the cache directory cannot be created or written.
     """
-    req = make_request(system, n_trajectories, n_points, seed, noise_std)
+    req = make_request(system, n_trajectories, n_points, seed, noise_std, noise_on)
     workers = check_workers(workers)
     fingerprint = request_fingerprint(req)
     folder = Path(cache_dir).expanduser() if cache_dir is not None else data_home() / "cache"

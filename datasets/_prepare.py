@@ -3,7 +3,8 @@
 Windows: observed half = first T//2 points, predicted half = last T - T//2 points; the
 observation-size study varies only the number of observed points (those right before the
 prediction window), the sample-size study sub-samples the training split, and per-dimension
-z-scores are fitted on the training split only.
+z-scores are fitted on the training split only (or on every trajectory).  A data set simulated
+with ``noise_on="normalised"`` gets its observation noise here, after the z-score.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from datasets._simulate import Dataset, check_int, read_only
+from datasets._simulate import Dataset, check_int, noise_draws, read_only
 
 #: Where :func:`prepare` takes its normalisation statistics from.
 NORMALISE_ON: tuple[str, ...] = ("train", "all")
@@ -245,6 +246,13 @@ def prepare(
             as the paper's reference code does (``generate_data_set`` in its
             ``experiments/datasets.py``).
 
+    A data set simulated with ``noise_on="normalised"`` (noise-free values, ``ds.noise_std`` = σ)
+    is z-scored with the statistics of those noise-free values and then gets σ times the data
+    set's noise draws (:func:`datasets._simulate.noise_draws`, one per value of the whole data
+    set, drawn before the split) in normalised units, on observations and targets of every
+    split, as the reference code adds ``randn · noise_std`` to every trajectory after
+    normalising; ``target_clean`` stays noise-free.
+
     Raises:
         ValueError: bad seed, fractions, ``n_observed``, ``n_train`` or ``normalise_on``.
     """
@@ -267,8 +275,9 @@ def prepare(
         tr = tr[np.random.default_rng(sub_seq).permutation(tr.size)[:n_train]]
     tr, va, te = np.sort(tr), np.sort(va), np.sort(te)
 
-    # Statistics of the observations (noisy x, all T points) of the training split, or of all
-    # trajectories with the unbiased std as the reference code's torch ``std(0)`` computes it.
+    # Statistics of the observations (all T points; noisy where the noise is raw, noise-free
+    # where it comes after) of the training split, or of all trajectories with the unbiased std
+    # as the reference code's torch ``std(0)`` computes it.
     if normalise_on == "train":
         stat_x, ddof = ds.x[tr].reshape(-1, ds.state_dim), 0
     else:
@@ -278,14 +287,24 @@ def prepare(
 
     obs = slice(half - n_observed, half)
     query = slice(half, n_pts)
+    # Raw noise is in ds.x already (None: nothing added, the arrays' bytes as before).
+    noise = (
+        ds.noise_std * noise_draws(ds.seed, ds.x.shape)
+        if ds.noise_on == "normalised" and ds.noise_std > 0.0
+        else None
+    )
+
+    def values(idx: np.ndarray, window: slice) -> np.ndarray:
+        z = norm.transform(ds.x[idx, window])
+        return read_only(z if noise is None else z + noise[idx, window])
 
     def split(idx: np.ndarray) -> SplitData:
         idx.flags.writeable = False
         return SplitData(
             obs_t=read_only(ds.t[obs]),
-            obs_x=read_only(norm.transform(ds.x[idx, obs])),
+            obs_x=values(idx, obs),
             query_t=read_only(ds.t[query]),
-            target=read_only(norm.transform(ds.x[idx, query])),
+            target=values(idx, query),
             target_clean=read_only(norm.transform(ds.x_clean[idx, query])),
             index=idx,
             ic=read_only(ds.ic[idx]),

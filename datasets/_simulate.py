@@ -23,6 +23,13 @@ DATA_VERSION = "1"
 #: OpenBLAS picks by CPU).
 SYSTEM_REVISIONS = {"mackey_glass_dde": 2, "integro_de": 2, "stiff_van_der_pol": 2}
 
+#: Where the observation noise is added: ``"raw"``, to the simulated values in the system's
+#: physical units (the z-score's statistics then include it); ``"normalised"``, by
+#: :func:`datasets.prepare` after the z-score (statistics of the noise-free data), σ in
+#: normalised units, as the paper's reference code does (``generate_data_set`` in its
+#: ``experiments/datasets.py``: ``trajectories += randn · noise_std`` after normalising).
+NOISE_ON: tuple[str, ...] = ("raw", "normalised")
+
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
@@ -31,7 +38,9 @@ class Dataset:
     Attributes:
         system: registry name (see ``SYSTEMS``).
         t: ``[T]`` model time grid (Mackey–Glass and Van der Pol: relabelled, see ``t_physical``).
-        x: ``[N, T, D]`` observations (with Gaussian noise N(0, noise_std²) when noise_std > 0).
+        x: ``[N, T, D]`` observations: with Gaussian noise N(0, noise_std²) when noise_std > 0
+            and ``noise_on == "raw"``; noise-free with ``"normalised"`` (:func:`datasets.prepare`
+            adds the noise after the z-score).
         x_clean: ``[N, T, D]`` noise-free values (noisy_sines: the uncorrupted sin t + sin 2t).
         ic: ``[N, k]`` per-trajectory initial condition / history constant / switch point / phase;
             columns named by ``SYSTEMS[system].ic_labels``; enough to re-solve any trajectory.
@@ -39,6 +48,7 @@ class Dataset:
         seed: seed of the initial-condition draws and the noise.
         noise_std: σ of the additive observation noise.
         fingerprint: sha256 hex of everything that determines the data (the "dataset hash").
+        noise_on: where the noise is added (see ``NOISE_ON``); ``"raw"`` when noise_std is 0.
     """
 
     system: str
@@ -50,6 +60,7 @@ class Dataset:
     seed: int
     noise_std: float
     fingerprint: str
+    noise_on: str = "raw"
 
     @property
     def n_trajectories(self) -> int:
@@ -75,6 +86,7 @@ class SimRequest:
     n_points: int
     seed: int
     noise_std: float
+    noise_on: str = "raw"
 
 
 def check_int(name: str, value, minimum: int) -> int:
@@ -85,8 +97,11 @@ def check_int(name: str, value, minimum: int) -> int:
     return int(value)
 
 
-def make_request(system, n_trajectories, n_points, seed, noise_std) -> SimRequest:
-    """Validate the arguments and fill the system defaults."""
+def make_request(
+    system, n_trajectories, n_points, seed, noise_std, noise_on: str = "raw"
+) -> SimRequest:
+    """Validate the arguments and fill the system defaults (no noise is noise ``"raw"``: where
+    nothing is added is no part of the data)."""
     if system not in SYSTEMS:
         raise ValueError(f"unknown system {system!r}; valid systems: {', '.join(SYSTEMS)}")
     info = SYSTEMS[system]
@@ -98,12 +113,17 @@ def make_request(system, n_trajectories, n_points, seed, noise_std) -> SimReques
         raise ValueError(f"noise_std must be a finite number >= 0, got {noise_std!r}") from None
     if not math.isfinite(sigma) or sigma < 0.0:
         raise ValueError(f"noise_std must be a finite number >= 0, got {noise_std!r}")
+    if noise_on not in NOISE_ON:
+        raise ValueError(
+            f"noise_on must be one of {', '.join(map(repr, NOISE_ON))}, got {noise_on!r}"
+        )
     return SimRequest(
         system=system,
         n_trajectories=check_int("n_trajectories", n, 1),
         n_points=check_int("n_points", t, 4),
         seed=check_int("seed", seed, 0),
         noise_std=sigma,
+        noise_on=noise_on if sigma > 0.0 else "raw",
     )
 
 
@@ -164,6 +184,8 @@ def request_fingerprint(req: SimRequest) -> str:
         "noise_std": req.noise_std.hex(),  # exact, unlike a decimal repr
         "grid": hashlib.sha256(t.tobytes() + tp.tobytes()).hexdigest(),
     }
+    if req.noise_on != "raw":  # raw-noise data sets keep their fingerprints and cache files
+        payload["noise_on"] = req.noise_on
     if req.system in SYSTEM_REVISIONS:
         payload["revision"] = SYSTEM_REVISIONS[req.system]
     if system.fingerprint:  # a declared system: its file's digest or its simulator's source
@@ -177,19 +199,33 @@ def read_only(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def _streams(seed: int) -> list[np.random.SeedSequence]:
+    """A data set's two independent streams: its initial-condition draws and its noise (so the
+    initial conditions do not depend on noise_std, and the noise pattern for a seed is the same
+    at every σ and wherever it is added: common random numbers across the noise study)."""
+    return np.random.SeedSequence(seed).spawn(2)
+
+
+def noise_draws(seed: int, shape: tuple[int, ...]) -> np.ndarray:
+    """The standard normal draws of the observation noise of data set ``seed`` (``[N, T, D]``,
+    one per value, drawn over the whole data set before any split): σ times them is the noise,
+    added by :func:`simulate` (``noise_on == "raw"``) or :func:`datasets.prepare`
+    (``"normalised"``)."""
+    return np.random.default_rng(_streams(seed)[1]).standard_normal(shape)
+
+
 def simulate_request(req: SimRequest, workers: int | None) -> Dataset:
     check_memory(req.system, req.n_trajectories, req.n_points)
     system = SYSTEM_SPECS[req.system]
     t, tp = system.grid(req.n_points)
-    # Independent streams: the initial-condition draws do not depend on noise_std, and the noise
-    # pattern for a seed is the same at every σ (common random numbers across the noise study).
-    ic_seq, noise_seq = np.random.SeedSequence(req.seed).spawn(2)
-    raw = system.generate(req.n_trajectories, t, tp, np.random.default_rng(ic_seq), workers)
+    raw = system.generate(
+        req.n_trajectories, t, tp, np.random.default_rng(_streams(req.seed)[0]), workers
+    )
     if not (np.all(np.isfinite(raw.signal)) and np.all(np.isfinite(raw.clean))):
         raise RuntimeError(f"simulation of {req.system!r} produced non-finite values")
     x = raw.signal
-    if req.noise_std > 0.0:
-        x = x + req.noise_std * np.random.default_rng(noise_seq).standard_normal(x.shape)
+    if req.noise_std > 0.0 and req.noise_on == "raw":
+        x = x + req.noise_std * noise_draws(req.seed, x.shape)
     return Dataset(
         system=req.system,
         t=read_only(t),
@@ -200,6 +236,7 @@ def simulate_request(req: SimRequest, workers: int | None) -> Dataset:
         seed=req.seed,
         noise_std=req.noise_std,
         fingerprint=request_fingerprint(req),
+        noise_on=req.noise_on,
     )
 
 
@@ -209,6 +246,7 @@ def simulate(
     n_points: int | None = None,
     seed: int = 0,
     noise_std: float = 0.0,
+    noise_on: str = "raw",
     *,
     workers: int | None = None,
 ) -> Dataset:
@@ -217,11 +255,13 @@ def simulate(
     Systems, grids and initial conditions: ``SYSTEMS[name]`` (``datasets/_systems.py``).  Delay
     systems use the batched RK4 method of steps (``_dde``), stiff Van der Pol LSODA over
     ``workers`` processes (default: all available cores; the result does not depend on it), the
-    rest closed forms.  Deterministic for a seed.
+    rest closed forms.  Deterministic for a seed.  Observation noise N(0, noise_std²) is added to
+    the values here (``noise_on="raw"``, physical units) or, with ``noise_on="normalised"``, by
+    :func:`datasets.prepare` after the z-score, in normalised units (``NOISE_ON``).
 
     Raises:
-        ValueError: unknown system, ``n_trajectories < 1``, ``n_points < 4``, bad seed, or a
-            negative / non-finite ``noise_std``.
+        ValueError: unknown system, ``n_trajectories < 1``, ``n_points < 4``, bad seed, a
+            negative / non-finite ``noise_std`` or an unknown ``noise_on``.
     """
-    req = make_request(system, n_trajectories, n_points, seed, noise_std)
+    req = make_request(system, n_trajectories, n_points, seed, noise_std, noise_on)
     return simulate_request(req, check_workers(workers))

@@ -79,7 +79,9 @@ def simulate_data(
     """The cell's data set, simulated once and then read from the on-disk cache."""
     ensure_declared(system, data.source)  # a declared system, in a process new to it
     source = data.source.digest if data.source is not None else None
-    key = (system, source, data.n_trajectories, data.n_points, seed, data.noise_std, cache_dir)
+    noise_on = data.noise_on if data.noise_effective else "raw"  # no noise: one data set
+    sizes = (data.n_trajectories, data.n_points)
+    key = (system, source, *sizes, seed, data.noise_std, noise_on, cache_dir)
     with _DATA_LOCKS_GUARD:
         lock = _DATA_LOCKS.setdefault(key, threading.Lock())
     # Cells sharing a data set wait for one simulation instead of each running their own.
@@ -91,6 +93,7 @@ def simulate_data(
             seed=seed,
             noise_std=data.noise_std,
             cache_dir=cache_dir,
+            noise_on=noise_on,
         )
 
 

@@ -143,15 +143,24 @@ def test_a_models_canary_runs_every_python_line_its_paper_cells_run(key):
 
 def _data_cells() -> list:
     """One paper cell per system, and each with a sub-sample of its training trajectories (as
-    the sample-size study trains: ``n_train``)."""
+    the sample-size study trains: ``n_train``); one with noise after the z-score (as the noise
+    study trains at the paper's budget: ``noise_on``)."""
     cells = [c for c in _paper_cells() if c.method == "node"]
     sub = [c.model_copy(update={"data": c.data.model_copy(update={"n_train": 24})}) for c in cells]
-    return cells + sub
+    after = {"noise_std": 0.1, "noise_on": "normalised"}
+    noisy = [c.model_copy(update={"data": c.data.model_copy(update=after)}) for c in cells[:1]]
+    return cells + sub + noisy
 
 
-@pytest.mark.parametrize(
-    "cell", _data_cells(), ids=lambda c: c.system + ("" if c.data.n_train is None else "-n_train")
-)
+def _data_id(cell) -> str:
+    return (
+        cell.system
+        + ("" if cell.data.n_train is None else "-n_train")
+        + ("-noise_on" if cell.data.noise_effective else "")
+    )
+
+
+@pytest.mark.parametrize("cell", _data_cells(), ids=_data_id)
 def test_a_systems_canary_runs_every_python_line_its_paper_cells_data_run(cell):
     """The data of a cell (simulated, then split as the cell splits it; the on-disk cache
     stores simulate's arrays bitwise) and its system's canary."""
@@ -166,7 +175,7 @@ def _check_data(cell) -> None:
 
     d = cell.data
     with _lines_run(("datasets",)) as real:
-        ds = simulate(cell.system, d.n_trajectories, d.n_points, cell.seed, d.noise_std)
+        ds = simulate(cell.system, d.n_trajectories, d.n_points, cell.seed, d.noise_std, d.noise_on)
         prepare_cell(cell, ds)
     with _lines_run(("datasets",)) as canary:
         _fingerprints._system_canary(cell.system, canary_split(data_settings(cell)))

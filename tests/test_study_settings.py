@@ -90,10 +90,15 @@ def test_ablations_table5():
 
 
 def test_noise_table():
+    """σ = 0.1 added after the z-score (statistics of every noise-free trajectory), in
+    normalised units, as the reference code's ``generate_data_set`` adds it; the quick profile
+    keeps its physical-unit noise (and its hashes)."""
     cells = _plan("noise")
     systems = ("lotka_volterra_dde", "integro_de", "piecewise_forcing_ode")
     assert _grid(cells, lambda c: c.data.noise_std) == _product(systems, ALL, (0.1,), THREE)
     assert _one(cells, lambda c: (c.training.epochs, c.data.n_trajectories)) == {(1000, 1000)}
+    assert _one(cells, lambda c: (c.data.noise_on, c.data.normalise_on)) == {("normalised", "all")}
+    assert _one(_plan("noise", "quick"), lambda c: c.data.noise_on) == {"raw"}
 
 
 def test_sample_size_table():
@@ -115,6 +120,8 @@ def test_observation_size_figure():
     assert _one(cells, lambda c: (c.training.epochs, c.data.n_trajectories, c.data.noise_std)) == {
         (200, 1000, 0.01)
     }
+    assert _one(cells, lambda c: (c.data.noise_on, c.data.normalise_on)) == {("normalised", "all")}
+    assert _one(_plan("observation-size", "quick"), lambda c: c.data.noise_on) == {"raw"}
 
 
 def test_ilt_training_figure():

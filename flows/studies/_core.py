@@ -229,17 +229,26 @@ class StudyContext:
         methods: Sequence[str] | None = None,
         *,
         label: Callable[[Any], Any] | None = None,
+        data: Mapping[str, Any] | None = None,
     ) -> list[tuple[dict[str, Any], CellConfig]]:
         """``(labels, cell)`` for every system × value of the spec's :class:`Factor` × method ×
         seed, labelled ``system``, the factor's key (``label(value)``) and ``method``; the
-        methods default to the factor's."""
+        methods default to the factor's. ``data``: data settings every cell takes besides the
+        factor's (e.g. where its noise is added)."""
         factor = self.spec.factor
         if factor is None:
             raise ValueError(f"study {self.spec.name!r} declares no factor")
+
+        def setting(value: Any) -> dict[str, dict[str, Any]]:
+            out = factor.setting(value)
+            if data:
+                out["data"] = {**data, **out.get("data", {})}
+            return out
+
         return [
             (
                 {"system": s, factor.key: label(v) if label else v, "method": m},
-                self.cell(s, m, seed, **factor.setting(v)),
+                self.cell(s, m, seed, **setting(v)),
             )
             for s in systems
             for v in values

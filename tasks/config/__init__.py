@@ -151,6 +151,13 @@ class DataConfig(Frozen):
     n_trajectories: int | None = Field(None, ge=10, description="None: the system's default")
     n_points: int | None = Field(None, ge=4, description="None: the system's default (200)")
     noise_std: float = Field(0.0, ge=0.0)
+    noise_on: Literal["raw", "normalised"] = Field(
+        "raw",
+        description="where the noise_std noise is added: to the simulated values in physical "
+        "units, before the z-score ('raw'), or after it, in normalised units with the noise-free "
+        "data's statistics, as the paper's reference code does ('normalised'); no effect "
+        "without noise",
+    )
     fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
     n_observed: int | None = Field(None, ge=1, description="None: the first half")
     n_train: int | None = Field(None, ge=1, description="None: all training trajectories")
@@ -160,6 +167,12 @@ class DataConfig(Frozen):
         "before the split (std with ddof=1) as the paper's reference code does",
     )
     source: SystemSource | None = Field(None, description="a declared system's file/simulator")
+
+    @property
+    def noise_effective(self) -> bool:
+        """Whether ``noise_on`` sets this data apart: noise added after the z-score (where
+        there is none, where it would go is nothing)."""
+        return self.noise_on != "raw" and self.noise_std > 0.0
 
     @field_validator("fractions")
     @classmethod
@@ -204,6 +217,8 @@ class CellConfig(Frozen):
         dump = self.model_dump(mode="json")
         if dump["data"]["source"] is None:  # a built-in system: hashes and params as before
             del dump["data"]["source"]
+        if not self.data.noise_effective:  # raw noise, or none: hashes and params as before
+            del dump["data"]["noise_on"]
         return dump
 
     def config_hash(self) -> str:

@@ -59,8 +59,10 @@ def model_key(cell) -> tuple[str, str, int, str]:
 
 def data_settings(cell) -> dict[str, object]:
     """The keywords ``cell`` makes its data set with (its data configuration's fields but the
-    system's source, which its name stands for)."""
-    return cell.data.model_dump(exclude={"source"})
+    system's source, which its name stands for, and where the noise goes where that changes
+    nothing: raw noise, as before the setting, or no noise)."""
+    exclude = {"source"} if cell.data.noise_effective else {"source", "noise_on"}
+    return cell.data.model_dump(exclude=exclude)
 
 
 def system_key(cell) -> tuple[str, str]:

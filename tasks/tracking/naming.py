@@ -34,4 +34,6 @@ def cell_variant(cell: CellConfig) -> str:
         value = getattr(data, name)
         if value:
             parts.append(f"{name}={value}")
+    if data.noise_effective:
+        parts.append(f"noise_on={data.noise_on}")
     return ", ".join(parts)
