@@ -288,7 +288,7 @@ def test_a_variant_without_records_is_expected_from_its_methods_cells_by_their_t
     """Sample size N = 125 at 200 epochs trains about 100 × 200 of the 800 × 1000
     trajectory-epochs of the profile's cell: expected at that share of its records' time (the
     fixed cost of a benchmark aside)."""
-    from flows.ledger._budget import FIXED_SECONDS
+    from flows.ledger import FIXED_SECONDS
     from flows.ledger.plan import recorded_seconds
     from tasks.ledger import hardware_name
 
