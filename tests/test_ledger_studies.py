@@ -313,3 +313,16 @@ def test_a_variant_without_records_is_expected_from_its_methods_cells_by_their_t
     table3 = LedgerGroup("node", "", (0,), ("lotka_volterra_dde",))
     plain = group_config(table3, {"profile": "paper"}, {"device": "cpu"})
     assert recorded_seconds(table3, plain, records) == pytest.approx(FIXED_SECONDS + 8000.0)
+
+
+@pytest.mark.parametrize("study", LEDGER_STUDIES)
+def test_every_published_figure_of_a_table_has_its_row(study):
+    """Drawn with no record at all, a study's table at the paper's budget still shows every
+    figure the paper publishes for it, each on its own row: none keyed past the table."""
+    from flows.studies import get_study
+
+    spec = get_study(study).spec
+    (frame, *_) = recorded_output(study, []).output.tables.values()
+    shown = frame["paper"].map(math.isfinite)
+    assert shown.sum() == len(spec.paper)
+    assert spec.paper or study == "observation-size"  # (the paper shows it as a figure only)

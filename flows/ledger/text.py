@@ -277,10 +277,15 @@ def study_lines(status: LedgerStatus) -> list[str]:
 
 
 def study_tables(
-    status: LedgerStatus, fmt: Literal["terminal", "markdown"], *, profile: str = "paper"
+    status: LedgerStatus,
+    fmt: Literal["terminal", "markdown"],
+    *,
+    profile: str = "paper",
+    figures: Path | None = None,
 ) -> str:
     """Each study of the selection's tables, drawn from its counted records by the study's own
-    body (:func:`flows.studies.recorded_output`), with its count of recorded cells."""
+    body (:func:`flows.studies.recorded_output`), with its count of recorded cells; its figures
+    are written to the folder ``figures`` (``STUDY-NAME.png``) when given, and named."""
     from flows.studies import recorded_output
     from tasks.reports import Table, render_table
 
@@ -296,6 +301,11 @@ def study_tables(
             f"{len(counted)} of the {len(states)} selected cells of {study} recorded. "
             f"Made by: {_made_by(counted)}."
         )
+        if figures is not None:
+            figures.mkdir(parents=True, exist_ok=True)
+            for name, png in drawn.figures.items():
+                (figures / f"{study}-{name}.png").write_bytes(png)
+                parts.append(f"Figure: {figures / f'{study}-{name}.png'}")
     return "\n\n".join(parts)
 
 

@@ -83,6 +83,8 @@ class StudySpec:
     metric: str = "test RMSE"
     higher_is_better: bool = False
     factor: Factor | None = None
+    #: the table's columns that ``paper`` is keyed by (None: all the table's key columns)
+    paper_keys: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.name not in STUDY_CATALOG:
@@ -307,8 +309,13 @@ def rmse_table_and_results(
     """:func:`rmse_table` and the cells' results, in the order of ``entries``."""
     results = ctx.run_cells([c for _, c in entries])
     records = rmse_records(results, [lab for lab, _ in entries])
+    spec = ctx.spec
     table = add_paper(
-        aggregate(records, keys), keys, ctx.spec.paper, higher_is_better=ctx.spec.higher_is_better
+        aggregate(records, keys),
+        keys,
+        spec.paper,
+        higher_is_better=spec.higher_is_better,
+        paper_keys=spec.paper_keys,
     )
     return table, results
 

@@ -10,6 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import NullFormatter
 
 __all__ = ["plot_bars", "plot_lines"]
 
@@ -40,8 +41,11 @@ def plot_lines(
                 ax.plot(xs, g["paper"], "x", color=f"C{i}", ms=7)
         ax.set_xlabel(x)
         ax.set_ylabel(ylabel)
-        if logx:
+        if logx:  # the levels themselves as ticks, in plain numbers (not 1.4 × 10²)
             ax.set_xscale("log")
+            levels = sorted({float(v) for v in sub[x] if np.isfinite(float(v))})
+            ax.set_xticks(levels, [f"{v:g}" for v in levels])
+            ax.xaxis.set_minor_formatter(NullFormatter())
         if logy:
             ax.set_yscale("log")
         ax.set_title(str(pv) if pv is not None else "")

@@ -85,11 +85,14 @@ def add_paper(
     paper: Mapping[tuple[str, ...], float],
     *,
     higher_is_better: bool = False,
+    paper_keys: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """Add ``paper``, ``gap`` (ours − paper) and ``verdict`` columns (``–`` without a figure or
-    a value); ``std`` and ``n``, where the frame has them, are the spread the verdict tests."""
+    a value); ``std`` and ``n``, where the frame has them, are the spread the verdict tests.
+    ``paper`` is keyed by the columns ``paper_keys`` (None: ``keys``), as strings."""
     out = frame.copy()
-    pub = [paper.get(tuple(str(row[k]) for k in keys), math.nan) for _, row in out.iterrows()]
+    by = tuple(paper_keys or keys)
+    pub = [paper.get(tuple(str(row[k]) for k in by), math.nan) for _, row in out.iterrows()]
     out["paper"] = np.asarray(pub, dtype=float)
     out["gap"] = out["value"] - out["paper"]
     out["verdict"] = [

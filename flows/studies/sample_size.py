@@ -34,6 +34,7 @@ PAPER_EPOCHS = 200
 SPEC = StudySpec(
     name="sample-size",
     paper=paper_rows({("lotka_volterra_dde", str(n)): row for n, row in _PAPER.items()}),
+    paper_keys=("system", "N", "method"),  # (n_train is ours: how a profile splits N)
 )
 KEYS = ("system", "N", "n_train", "method")
 
