@@ -265,6 +265,8 @@ def study_lines(status: LedgerStatus) -> list[str]:
         parts = [f"{n['missing']} missing"]
         if n["predates"]:
             parts.append(f"{n['predates']} predating numerics fingerprints (not counted)")
+        if n["other_config"]:
+            parts.append(f"{n['other_config']} recorded under another config only")
         if shared:
             parts.append(f"{shared} are the profile's own cells (one record serves both)")
         if measured:
