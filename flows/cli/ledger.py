@@ -396,6 +396,11 @@ def _table(args: argparse.Namespace) -> int:
         print(f"{args.readme}: the ledger table is rewritten from {path}")
         return 0
     print(tables(status, args.format))
+    if status.studies:
+        from flows.ledger.text import study_lines
+
+        print("\nThe paper's other tables (`nllab ledger table --study NAME` draws one):")
+        print("\n".join(study_lines(status)))
     return 0
 
 
