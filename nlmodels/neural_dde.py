@@ -75,7 +75,9 @@ def _locate(
     ``h``, each ``[B, M, k]``."""
     shape = s.shape
     s = torch.maximum(s, knots[:, :1, None]).reshape(shape[0], -1)
-    j = torch.searchsorted(knots[:, 1:-1].contiguous(), s.detach(), right=True)
+    # a copy, not .contiguous(): a one-row slice counts as contiguous but keeps its row stride,
+    # which torch's bucketization still copies (and warns about)
+    j = torch.searchsorted(knots[:, 1:-1].clone(), s.detach(), right=True)
     j = torch.minimum(j.view(shape), last[:, None]).reshape(shape[0], -1)
     left, right = knots.gather(1, j), knots.gather(1, j + 1)
     h = right - left
