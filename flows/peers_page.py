@@ -81,7 +81,8 @@ def peers_markdown(
         "reference protocol (`--profile paper`); Neural Laplace's cells are the same under "
         "both. A cell shows the mean ± sample std (ddof 1) over its recorded seeds and their "
         "number n; *not recorded yet* marks a cell the ledger does not hold: `nllab ledger "
-        "run` trains the peers after Table 3 and the ablation, seed 0 first, then the rest."
+        "run` trains the peers after Table 3, the ablation and the paper's other tables, seed 0 "
+        "first, then the rest."
     )
     parts = [
         protocol,

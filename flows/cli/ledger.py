@@ -177,7 +177,7 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
         help="the Laplace-domain peers' cells only (Laplace-Net, the Laplace Neural Operator, "
         "the neural DDE: not Table 3's; one cell under both profiles; --no-peers: without "
         "them; default: theirs too, unless --ablation/--no-ablation is given; `run` trains "
-        "them last, after Table 3 and the ablation)",
+        "them last, after Table 3, the ablation and the paper's other tables)",
     )
 
 

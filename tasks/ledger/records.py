@@ -63,8 +63,9 @@ ABLATIONS: dict[str, dict[str, dict[str, Any]]] = {
     "stereographic=False": {"neural_laplace": {"stereographic": False}},
 }
 
-#: The Laplace-domain peers the ledger keeps after Table 3 and the ablations: the main table's
-#: models that are not the paper's Table 3's (``nlmodels/models.toml``), in its row order.
+#: The Laplace-domain peers the ledger keeps after Table 3, the ablations and the studies: the
+#: main table's models that are not the paper's Table 3's (``nlmodels/models.toml``), in its
+#: row order.
 PEERS: tuple[str, ...] = tuple(m for m in METHODS if m not in PAPER_METHODS)
 
 
