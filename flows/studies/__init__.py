@@ -66,19 +66,6 @@ __all__ = [
 ]
 
 _CORE = ("Factor", "Study", "StudyContext", "StudySpec", "StudySummary")
-#: The studies in the results ledger (:mod:`flows.studies._ledger`).
-_LEDGER = (
-    "LEDGER_STUDIES",
-    "MEASURES",
-    "RecordedOutput",
-    "StudyPlan",
-    "ledger_study_cells",
-    "measure_cell",
-    "plan_study",
-    "planned_cells",
-    "recorded_output",
-    "study_cells",
-)
 
 
 # The studies (Prefect flows, torch) load on first use (PEP 562): a schedules file or the
@@ -88,7 +75,7 @@ def __getattr__(name: str):
         value = MappingProxyType({n: get_study(n) for n in STUDY_CATALOG})
     elif name in _CORE:
         value = getattr(import_module("flows.studies._core"), name)
-    elif name in _LEDGER:
+    elif name in __all__:  # the rest of the face: the studies in the results ledger
         value = getattr(import_module("flows.studies._ledger"), name)
     else:
         raise AttributeError(f"module 'flows.studies' has no attribute {name!r}")
