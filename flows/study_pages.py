@@ -10,6 +10,7 @@ differ between matplotlib builds).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections import Counter
 from pathlib import Path
@@ -26,15 +27,21 @@ FIGURES = Path("docs") / "results" / "studies"
 
 
 def _drawn(root: Path, name: str) -> tuple[RecordedOutput, LedgerStatus]:
+    """The study drawn from the ledger under ``root``: once per content of the ledger, since its
+    page's block and its figures both need it."""
+    ledger = root / "results" / "paper" / "ledger.jsonl"
+    content = ledger.read_bytes() if ledger.is_file() else b""
+    return _drawn_from(ledger, name, hashlib.sha256(content).hexdigest())
+
+
+@functools.cache
+def _drawn_from(ledger: Path, name: str, _content: str) -> tuple[RecordedOutput, LedgerStatus]:
     from flows.ledger.plan import selection_scope
     from flows.studies import recorded_output
     from tasks.ledger import ledger_status, read_ledger
 
     scope = selection_scope({"studies": (name,)})
-    status = ledger_status(
-        read_ledger(root / "results" / "paper" / "ledger.jsonl", scope),
-        scope.select(studies=(name,)),
-    )
+    status = ledger_status(read_ledger(ledger, scope), scope.select(studies=(name,)))
     counted = [s.record for s in status.states if s.state == "recorded" and s.record]
     return recorded_output(name, counted), status
 
