@@ -248,24 +248,28 @@ def test_a_cell_claim_has_one_holder_until_released(mlflow_store):
 def test_a_stale_claim_is_taken_over_and_its_old_holder_learns_it(mlflow_store):
     from tasks.tracking import connect
 
+    # Staleness is judged against the caller's ``stale_after``: a claim of any age is stale for
+    # 0 s and fresh for an hour, so the outcome never depends on how loaded the machine is.
     tracker = connect()
-    assert tracker.claims.claim_cell(H, "owner-a", stale_after=0.5)
-    assert not tracker.claims.claim_cell(H, "owner-b", stale_after=0.5)
-    time.sleep(0.7)
-    assert tracker.claims.claim_cell(H, "owner-b", stale_after=0.5)
+    fresh, stale = 3600.0, 0.0
+    assert tracker.claims.claim_cell(H, "owner-a", stale_after=fresh)
+    assert not tracker.claims.claim_cell(H, "owner-b", stale_after=fresh)
+    assert tracker.claims.claim_cell(H, "owner-b", stale_after=stale)
     assert not tracker.claims.heartbeat_cell(H, "owner-a")
-    assert not tracker.claims.claim_cell(H, "owner-a", stale_after=0.5)
+    assert not tracker.claims.claim_cell(H, "owner-a", stale_after=fresh)
 
 
 def test_a_heartbeat_keeps_a_claim_from_going_stale(mlflow_store):
     from tasks.tracking import connect
 
     tracker = connect()
-    with tracker.claims.cell_claim(H, "owner-a", stale_after=1.0, interval=0.1) as mine:
+    # The claim outlives ``stale_after`` by a wide margin; the beats come twenty times as often,
+    # so a loaded machine would have to stall the beating thread for seconds to fail this.
+    with tracker.claims.cell_claim(H, "owner-a", stale_after=2.0, interval=0.1) as mine:
         assert mine
-        time.sleep(1.5)
-        assert not tracker.claims.claim_cell(H, "owner-b", stale_after=1.0)
-    assert tracker.claims.claim_cell(H, "owner-b", stale_after=1.0)  # released at the end
+        time.sleep(3.0)
+        assert not tracker.claims.claim_cell(H, "owner-b", stale_after=2.0)
+    assert tracker.claims.claim_cell(H, "owner-b", stale_after=2.0)  # released at the end
 
 
 def test_the_claim_of_a_dead_process_of_this_host_is_taken_over_at_once(mlflow_store):
