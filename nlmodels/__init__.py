@@ -13,8 +13,7 @@ CPU numerics the platform's runs use (the same bytes on every x86-64 CPU with AV
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from nlmodels.lazy import lazy_face
 
 #: The module that defines each public name.
 _WHERE = {
@@ -45,13 +44,4 @@ _ALIASES = {
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(_WHERE[name]), _ALIASES.get(name, name))
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'nlmodels' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_WHERE})
+__getattr__, __dir__ = lazy_face(__name__, _WHERE, _ALIASES)

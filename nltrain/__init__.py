@@ -20,8 +20,7 @@ command line, which imports :class:`Interrupted` through ``tasks.errors``, stays
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from nlmodels.lazy import lazy_face
 
 #: The private module that defines each public name.
 _WHERE = {
@@ -42,13 +41,4 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(f"nltrain.{_WHERE[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'nltrain' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_WHERE})
+__getattr__, __dir__ = lazy_face(__name__, _WHERE)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from nlmodels.lazy import lazy_face
 from tasks._env import configure_environment
 
 if TYPE_CHECKING:
@@ -86,14 +87,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'tasks' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_face(__name__, _LAZY)
 
 
 def load_registered_model(

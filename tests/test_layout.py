@@ -9,6 +9,7 @@ lines)."""
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,17 @@ def _own_module(dotted: str) -> str | None:
     while dotted and dotted not in MODULES:
         dotted = dotted.rpartition(".")[0]
     return dotted or None
+
+
+#: Modules every room may import: they import the standard library alone (checked below), so
+#: they make no dependency between rooms. The packages' lazy faces (PEP 562) are made there.
+PLUMBING = ("nlmodels.lazy",)
+
+
+def _room_target(dotted: str) -> str | None:
+    """The project's module ``dotted`` names, for the rooms' table: none for plumbing."""
+    target = _own_module(dotted)
+    return None if target in PLUMBING else target
 
 
 #: What each module imports, ``if TYPE_CHECKING:`` blocks included: a circle of type-only
@@ -417,7 +429,7 @@ def _room_imports(imports: dict[str, set[str]]) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for module, names in imports.items():
         mine = out.setdefault(_room(module), set())
-        mine |= {r for n in names if (t := _own_module(n)) and (r := _room(t)) != _room(module)}
+        mine |= {r for n in names if (t := _room_target(n)) and (r := _room(t)) != _room(module)}
     return out
 
 
@@ -450,7 +462,7 @@ def test_each_room_imports_only_the_rooms_the_table_names() -> None:
         f"{module} imports {target}"
         for module, names in IMPORTS.items()
         for n in names
-        if (target := _own_module(n))
+        if (target := _room_target(n))
         and _room(target) != _room(module)
         and _room(target) not in ROOM_MAY_IMPORT.get(_room(module), set())
     }
@@ -458,6 +470,16 @@ def test_each_room_imports_only_the_rooms_the_table_names() -> None:
     assert set(made) == set(ROOM_MAY_IMPORT), "every room, and only rooms, in the table"
     unused = {f"{r} -> {o}" for r, allowed in ROOM_MAY_IMPORT.items() for o in allowed - made[r]}
     assert not unused, f"table entries no longer needed: {sorted(unused)}"
+
+
+@pytest.mark.parametrize("module", PLUMBING)
+def test_plumbing_imports_the_standard_library_alone(module: str) -> None:
+    outside = {
+        n
+        for n in _imported_names(module, MODULES[module])
+        if n.split(".")[0] not in sys.stdlib_module_names and n != "__future__"
+    }
+    assert not outside, f"{module} may be imported by every room, so it imports no more"
 
 
 def test_the_rooms_import_one_another_without_a_circle() -> None:

@@ -7,8 +7,9 @@ Names load on first use (PEP 562): a schedules file is checked without loading P
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from nlmodels.lazy import lazy_face
 
 if TYPE_CHECKING:
     from flows.serve._schedules import (
@@ -42,10 +43,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_face(__name__, _LAZY)

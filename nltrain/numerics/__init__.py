@@ -14,8 +14,9 @@ use (PEP 562): importing this package loads neither torch nor numpy.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from nlmodels.lazy import lazy_face
 
 if TYPE_CHECKING:
     from nltrain.numerics._fingerprints import (
@@ -93,10 +94,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_face(__name__, _LAZY)

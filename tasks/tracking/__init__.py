@@ -21,10 +21,11 @@ Names load on first use (PEP 562): importing a light module of this package neve
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
+
+from nlmodels.lazy import lazy_face
 
 if TYPE_CHECKING:
     from tasks.tracking._claims import CLAIM_STALE_AFTER, CellClaims
@@ -107,10 +108,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_face(__name__, _LAZY)

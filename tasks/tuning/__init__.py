@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 import tasks.offline  # noqa: F401  (the platform's settings, before the libraries load)
 
+from nlmodels.lazy import lazy_face
+
 # The spec loads at once (pydantic only); the sessions, storage and runs load on first use
 # (PEP 562), so a schedules file or the command line checks a ``TuneSpec`` without loading
 # Optuna, MLflow or torch.
@@ -94,14 +96,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(f"tasks.tuning.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'tasks.tuning' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_face(__name__, _LAZY)
 
 
 def open_session(spec: TuneSpec, parent_run_id: str | None = None) -> TuneSession:
