@@ -20,6 +20,7 @@ from nltrain._packer import Packer
 from nltrain._steps import DTYPES, Readout, Tensors, read_epoch, uses_mse, validate
 
 __all__ = [
+    "ADJOINT_PACKS_ON",
     "PackedCells",
     "pack_of_one",
     "packable",
@@ -27,6 +28,14 @@ __all__ = [
     "prefers_one_by_one",
     "shared_grids",
 ]
+
+
+#: The devices where a model trained through the adjoint of an Euler solve packs (see
+#: :func:`packable`). Not the CPU: there the engine trains such cells one by one, and the
+#: numerics fingerprints' canary trains its pack of two seeds through ``train_packed``, whose
+#: bytes must stay those of the eager step the recorded cells ran (tests add the CPU to run the
+#: packed path on its CPU twin).
+ADJOINT_PACKS_ON: tuple[str, ...] = ("cuda",)
 
 
 def _probe_data(model: ForecastModel) -> tuple[torch.Tensor, ...]:
@@ -47,9 +56,16 @@ def packable(model: ForecastModel, device: torch.device) -> bool:
     whose ELBO draws each member's sample from its own stream and whose adaptive solve gives
     each member a lane of its own) are packable. Otherwise not packable: models with their own
     objective, solvers other than Euler (adaptive ones have data-dependent step control; the
-    batched Euler solve is the one that matches torchdiffeq's arithmetic), the adjoint method,
-    recurrent layers other than a plain ``nn.GRU``/``nn.GRUCell`` (replaced by the same maths in
-    plain ops), and whatever fails a vmapped forward and backward on two copies.
+    batched Euler solve is the one that matches torchdiffeq's arithmetic), the adjoint method
+    (but of an Euler solve, below), recurrent layers other than a plain ``nn.GRU`` or
+    ``nn.GRUCell`` (replaced by the same maths in plain ops), and whatever fails a vmapped
+    forward and backward on two copies.
+
+    The adjoint method of an Euler solve (the reference protocol's NODE and ANODE) packs on the
+    devices of :data:`ADJOINT_PACKS_ON` only: inside a pack it runs torchdiffeq's arithmetic in
+    batchable ops (:func:`nlmodels.baselines._euler.euler_adjoint`), so that a CUDA pack
+    trains many such cells at once, while on the CPU those cells keep the eager step they were
+    recorded with (torchdiffeq's ``odeint_adjoint``, one cell at a time).
     """
     device = torch.device(device)
     if device.type not in ("cpu", "cuda"):
@@ -57,7 +73,7 @@ def packable(model: ForecastModel, device: torch.device) -> bool:
     if not model.packs_itself() and (
         not uses_mse(model)
         or getattr(model, "solver", "euler") != "euler"
-        or getattr(model, "adjoint", False)
+        or (getattr(model, "adjoint", False) and device.type not in ADJOINT_PACKS_ON)
     ):
         return False
     if any(isinstance(m, nn.RNNBase) and not is_plain_gru(m) for m in model.modules()):

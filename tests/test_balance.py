@@ -88,7 +88,7 @@ def test_the_planning_benchmark_times_both_ways_on_stand_in_gpu_probes(monkeypat
     monkeypatch.setattr(engine, "CpuProbesAhead", engine.CpuProbesAhead)
     from benchmarks.planning_probes import main
 
-    # (the fair profile's NODE packs; the paper profile's trains through the adjoint, one by one)
+    # (the fair profile's NODE packs on either device; the paper profile's adjoint on CUDA only)
     argv = ["--fake-cuda", "--systems", "integro_de", "--methods", "node", "--seeds", "0", "1"]
     argv += ["--profile", "fair"]
     assert main([*argv, "--workers", "2", "--compare"]) == 0

@@ -786,7 +786,8 @@ TEST_INTERNALS: dict[str, str] = {
     "nlmodels.accel.native._store": "where the native kernels are built and their cache key",
     "nlmodels.baselines._dopri": "the Dormand-Prince tableau and the batched solver's lanes",
     "nlmodels.baselines._mlp": "the stacked (batched) MLP against one member's",
-    "nlmodels.baselines._solve": "the fixed-step Euler solve the packed step is compared with",
+    "nlmodels.baselines._euler": "the Euler solve the packed step is compared with, and its "
+    "adjoint twin against torchdiffeq's",
     "nltrain.numerics._fingerprints": "the fingerprint cache (folder, memo) replaced per test, and "
     "the canaries traced against the cells they stand for",
     "nltrain._evaluation": "the divergence factor and the top-error share, at their thresholds",

@@ -15,7 +15,7 @@ from datasets import SplitData
 from nlmodels import build_model
 from nlmodels.accel import plain_formulas
 from nlmodels.base import host_bool, recorded_host_bools
-from nlmodels.baselines._solve import _euler
+from nlmodels.baselines._euler import euler_steps
 from nltrain import (
     LoopOptions,
     TrainingDiverged,
@@ -411,7 +411,7 @@ def test_euler_matches_torchdiffeq_exactly():
 
     x0 = torch.randn(5, 3, dtype=torch.float64)
     times = torch.linspace(0.3, 2.0, 17, dtype=torch.float64) ** 2
-    assert torch.equal(_euler(field, x0, times), odeint(field, x0, times, method="euler"))
+    assert torch.equal(euler_steps(field, x0, times), odeint(field, x0, times, method="euler"))
 
 
 def test_host_bools_are_replayed_without_reading_tensors():

@@ -476,7 +476,7 @@ def test_a_gpu_window_is_planned_by_the_ledgers_rules_from_a_checks_timings(tmp_
     ledger = tmp_path / "ledger.jsonl"
     ledger.write_text("")
     free = 140 * 2**30
-    # the fair profile's NODE packs (the paper profile's trains through the adjoint, one by one)
+    # the fair profile's NODE packs on either device (the paper profile's adjoint on CUDA only)
     first = {m: plan_window(throughput, m, ledger, free, profile="fair")[0] for m in (1, 5, 9.5)}
     assert first[1][:3] == ("node seeds 0,1,2,3,4 on " + ", ".join(MAIN_SYSTEMS), 0, 30)
     assert first[5][1:3] == (15, 30) and first[9.5][1:3] == (30, 30)

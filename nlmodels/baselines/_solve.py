@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
 import torch
 from torch import nn
 from torchdiffeq import odeint, odeint_adjoint
 
 from nlmodels.base import batch_times, host_bool
+from nlmodels.baselines._euler import Field, euler_adjoint, euler_steps
 
 __all__ = [
     "ADAPTIVE_SOLVERS",
@@ -25,8 +24,6 @@ FIXED_SOLVERS = ("euler", "midpoint", "rk4", "explicit_adams", "implicit_adams")
 #: torchdiffeq adaptive methods (error control with rtol/atol).
 ADAPTIVE_SOLVERS = ("dopri5", "dopri8", "bosh3", "adaptive_heun", "fehlberg2")
 SOLVERS = FIXED_SOLVERS + ADAPTIVE_SOLVERS
-
-Field = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def check_solver(solver: str) -> str:
@@ -91,7 +88,7 @@ def odeint_grid(
     rtol: float,
     atol: float,
     adjoint: bool = False,
-    params: Sequence[nn.Parameter] = (),
+    owner: nn.Module | None = None,
 ) -> torch.Tensor:
     """Solve ``dx/dt = field(t, x)`` from ``x0 [B, S]`` at times ``t0 [B]``; return ``[B, T_q, S]``.
 
@@ -104,6 +101,11 @@ def odeint_grid(
     ``dx/dτ = t_b'(τ) · field(t_b(τ), x)`` — an exact change of variables, so a fixed-step solver
     takes exactly the steps it would take on each sample's own grid, and an adaptive solver is
     told that t_b'(τ) jumps at the integers (``jump_t``).
+
+    ``adjoint``: gradients by torchdiffeq's ``odeint_adjoint`` with the semi-norm, with respect
+    to ``owner``'s parameters (the module ``field`` reads). Inside a pack (``torch.func.vmap``,
+    where torchdiffeq's adjoint cannot run) an Euler solve on a shared grid takes its twin,
+    :func:`nlmodels.baselines._euler.euler_adjoint`: the same arithmetic in batchable ops.
     """
     shared = shared_grid(t0, query_t)
     options: dict = {}
@@ -130,32 +132,25 @@ def odeint_grid(
         if solver in ADAPTIVE_SOLVERS and knots.shape[1] > 2:
             options["jump_t"] = times[1:-1]
     kwargs: dict = dict(rtol=rtol, atol=atol, method=solver, options=options or None)
-    if adjoint:
+    params = () if owner is None else tuple(owner.parameters())
+    if adjoint and solver == "euler" and torch._C._functorch.is_functorch_wrapped_tensor(x0):
+        if shared is None or owner is None:
+            raise ValueError("a packed adjoint solve needs a grid shared by the batch and owner")
+        sol = euler_adjoint(func, x0, times, owner)
+    elif adjoint:
         adjoint_options = dict(norm="seminorm", **options)
         sol = odeint_adjoint(
             func,
             x0,
             times,
             adjoint_options=adjoint_options,
-            adjoint_params=tuple(params),
+            adjoint_params=params,
             **kwargs,
         )
     elif solver == "euler":
-        sol = _euler(func, x0, times)
+        sol = euler_steps(func, x0, times)
     else:
         sol = odeint(func, x0, times, **kwargs)
     if not start_at_query:
         sol = sol[1:]
     return sol.transpose(0, 1)
-
-
-def _euler(field: Field, x0: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
-    """Euler steps on the output grid: the arithmetic of torchdiffeq's ``euler`` (whose output
-    grid points are its own step ends), without its in-place writes into an unbatched solution
-    buffer, so the solve also runs under ``torch.func.vmap`` and on tensors only (no host reads).
-    """
-    xs = [x0]
-    for k in range(times.shape[0] - 1):
-        t0, t1 = times[k], times[k + 1]
-        xs.append(xs[-1] + (t1 - t0) * field(t0, xs[-1]))
-    return torch.stack(xs)

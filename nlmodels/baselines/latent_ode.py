@@ -202,7 +202,7 @@ class LatentODE(ForecastModel):
                 rtol=self.rtol,
                 atol=self.atol,
                 adjoint=self.adjoint,
-                params=tuple(self.latent_field.parameters()),
+                owner=self.latent_field,
             )
         else:
             z = self._solve_lanes(lambda z: self.latent_field(z[0]).unsqueeze(0), z0[None], grid)

@@ -96,7 +96,7 @@ class NODE(ForecastModel):
             rtol=self.rtol,
             atol=self.atol,
             adjoint=self.adjoint,
-            params=tuple(self.field.parameters()),
+            owner=self.field,
         )
         return sol[..., : self.state_dim]
 

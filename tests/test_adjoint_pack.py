@@ -1,0 +1,219 @@
+"""The reference protocol's NODE and ANODE in packs: torchdiffeq's Euler adjoint in batchable ops
+(:func:`nlmodels.baselines._euler.euler_adjoint`), packed on CUDA only.
+
+On the CPU twin (the same packed code, the CPU added to ``ADJOINT_PACKS_ON`` for the test):
+the twin's gradients are torchdiffeq's ``odeint_adjoint`` (``method="euler"``, the semi-norm)
+and the closed form of the Euler adjoint on a linear ODE; a packed member is bit for bit its
+pack of one, and within rounding its eager run through torchdiffeq. Without the test's
+switch the CPU keeps the eager step (nothing recorded there changes)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from test_pack_bitwise import _check_cross_system
+from test_packing import _assert_same, _cfg, _data, _model, _unpacked
+from torch import nn
+from torch.func import functional_call, vmap
+from torchdiffeq import odeint_adjoint
+
+import nltrain._packed_cells as packed_cells
+from nlmodels import build_model
+from nlmodels.baselines._euler import euler_adjoint, euler_steps
+from nltrain import packable, prefers_one_by_one, train, train_packed
+from tasks.config import resolve_config
+
+D64 = torch.float64
+REFERENCE = {"start": "first_query", "adjoint": True}  # the paper profile's NODE and ANODE
+
+
+@pytest.fixture
+def cpu_twin(monkeypatch):
+    """The CPU added to the devices where the adjoint packs: the packed path on the CPU."""
+    monkeypatch.setattr(packed_cells, "ADJOINT_PACKS_ON", ("cpu", "cuda"))
+
+
+class _Rate(nn.Module):
+    """``dx/dt = a·x`` (time first in the input, ignored) with the rate ``a`` a parameter."""
+
+    def __init__(self, a: float) -> None:
+        super().__init__()
+        self.a = nn.Parameter(torch.tensor(a, dtype=D64))
+
+    def forward(self, tx: torch.Tensor) -> torch.Tensor:
+        return self.a * tx[..., 1:]
+
+
+def _field(module: nn.Module):
+    def f(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        tt = t.to(x).expand(x.shape[0]).unsqueeze(-1)
+        return module(torch.cat([tt, x], dim=-1))
+
+    return f
+
+
+def test_the_twin_is_torchdiffeqs_euler_adjoint():
+    """Solution and gradients (parameters and initial state) of an MLP field against
+    ``odeint_adjoint(method="euler", adjoint_options={"norm": "seminorm"})``."""
+    torch.manual_seed(0)
+    net = build_model("node", 2, hidden=(16, 16)).double().field
+    times = torch.linspace(0.3, 2.1, 9, dtype=D64)
+    x0 = torch.randn(5, 2, dtype=D64)
+    target = torch.randn(9, 5, 2, dtype=D64)
+    params = tuple(net.parameters())
+    out = []
+    for solve in ("twin", "torchdiffeq"):
+        x = x0.clone().requires_grad_(True)
+        if solve == "twin":
+            sol = euler_adjoint(_field(net), x, times, net)
+        else:
+            sol = odeint_adjoint(
+                _field(net), x, times, method="euler", adjoint_params=params,
+                adjoint_options={"norm": "seminorm"},
+            )  # fmt: skip
+        loss = ((sol - target) ** 2).mean()
+        out.append((sol.detach(), torch.autograd.grad(loss, (x, *params))))
+    (sol_a, grads_a), (sol_b, grads_b) = out
+    assert torch.equal(sol_a, sol_b)  # the same Euler steps
+    assert torch.equal(sol_a, euler_steps(_field(net), x0, times).detach())
+    assert min(float(g.abs().max()) for g in grads_b) > 1e-4  # gradients worth comparing
+    for a, b in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("steps", [4, 40])
+def test_the_twin_on_a_linear_ode_is_the_euler_adjoints_closed_form(steps):
+    """``dx/dt = a·x``, loss ``x(T)``: the Euler adjoint's gradient is ``T·x0·(1 + a·h)^N``
+    (``N`` steps of ``h``), torchdiffeq's too, while back-propagation through the Euler solve
+    gives ``T·x0·(1 + a·h)^(N−1)``; both tend to ``T·x0·e^(aT)``. Three members with their
+    own rates under ``vmap`` (a pack) each get their own closed form."""
+    rates, x0, t_end = (-0.7, 0.3, 1.1), 1.5, 2.0
+    times = torch.linspace(0.0, t_end, steps + 1, dtype=D64)
+    h = t_end / steps
+    for a in rates:
+        expected = t_end * x0 * (1 + a * h) ** steps
+        grads = {}
+        for how in ("twin", "torchdiffeq", "backprop"):
+            rate = _Rate(a)
+            x = torch.full((1, 1), x0, dtype=D64)
+            if how == "twin":
+                sol = euler_adjoint(_field(rate), x, times, rate)
+            elif how == "torchdiffeq":
+                sol = odeint_adjoint(
+                    _field(rate), x, times, method="euler", adjoint_params=(rate.a,),
+                    adjoint_options={"norm": "seminorm"},
+                )  # fmt: skip
+            else:
+                sol = euler_steps(_field(rate), x, times)
+            (grads[how],) = torch.autograd.grad(sol[-1].sum(), rate.a)
+        assert float(grads["twin"]) == pytest.approx(expected, rel=1e-13)
+        assert float(grads["torchdiffeq"]) == pytest.approx(expected, rel=1e-13)
+        discrete = t_end * x0 * (1 + a * h) ** (steps - 1)
+        assert float(grads["backprop"]) == pytest.approx(discrete, rel=1e-13)
+        assert abs(float(grads["twin"]) - discrete) > 1e-4  # the two are told apart
+        exact = t_end * x0 * math.exp(a * t_end)
+        assert abs(float(grads["twin"]) - exact) < 3 * abs(a) * h * abs(exact) + 1e-12
+
+    class Solve(nn.Module):  # a member: its rate a parameter, swapped in by functional_call
+        def __init__(self) -> None:
+            super().__init__()
+            self.rate = _Rate(0.0)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return euler_adjoint(_field(self.rate), x, times, self.rate)[-1].sum()
+
+    solve, stacked = Solve(), {"rate.a": torch.tensor(rates, dtype=D64, requires_grad=True)}
+    xs = torch.full((3, 1, 1), x0, dtype=D64)
+    losses = vmap(lambda s, x: functional_call(solve, s, (x,)))(stacked, xs)
+    (g,) = torch.autograd.grad(losses.sum(), stacked["rate.a"])
+    for a, got in zip(rates, g.tolist(), strict=True):
+        assert got == pytest.approx(t_end * x0 * (1 + a * h) ** steps, rel=1e-13)
+
+
+def test_the_adjoint_packs_on_cuda_only():
+    """NODE/ANODE through the adjoint of an Euler solve pack on CUDA; on the CPU they keep
+    their eager step (one by one, torchdiffeq's ``odeint_adjoint``); other adjoint solves
+    never pack."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    for name in ("node", "anode"):
+        model = build_model(name, 1, **REFERENCE)
+        assert packable(model, cuda) and not packable(model, cpu)
+        assert not prefers_one_by_one(model, cuda)
+        assert not packable(build_model(name, 1, solver="dopri5", adjoint=True), cuda)
+    assert ("cpu" in packed_cells.ADJOINT_PACKS_ON) is False
+
+
+def test_the_engine_packs_the_paper_profiles_ode_cells_on_cuda_only():
+    """The paper profile's NODE cells: packs on CUDA, one cell each on the CPU (as recorded)."""
+    from tasks.engine import make_packs
+
+    cells = [c for c in resolve_config("paper").cells() if c.method == "node"]
+    assert [len(p) for p in make_packs(cells, True)] == [1] * 30
+    assert sorted(len(p) for p in make_packs(cells, True, device="cuda")) == [5] * 6
+
+
+def test_without_the_switch_a_cpu_pack_trains_one_by_one():
+    """``train_packed`` (the numerics canary's pack of two) trains the reference NODE one by
+    one on the CPU: each result is its eager run's, bit for bit."""
+    datas = [_data(s) for s in (0, 1)]
+    cfg = _cfg(epochs=2)
+    packed = [_model("node", s, **REFERENCE) for s in (0, 1)]
+    results = train_packed(packed, [d[0] for d in datas], [d[1] for d in datas], cfg, seeds=[0, 1])
+    assert all(r.packed_members == 1 for r in results)
+    for s, (model, result) in enumerate(zip(packed, results, strict=True)):
+        alone = _model("node", s, **REFERENCE)
+        mine = train(alone, datas[s][0], datas[s][1], cfg, seed=s)
+        assert [e.train_loss for e in mine.history] == [e.train_loss for e in result.history]
+        for a, b in zip(alone.state_dict().values(), model.state_dict().values(), strict=True):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.training
+@pytest.mark.parametrize("dim", [1, 2])
+@pytest.mark.parametrize("name", ["node", "anode"])
+def test_a_packed_reference_member_is_bitwise_its_pack_of_one(cpu_twin, name, dim):
+    """Members of three systems in one pack (their own grids), and in another pack: each is
+    its pack of one bit for bit (how a lone cell trains on CUDA)."""
+    _check_cross_system(name, dim, dict(resolve_config("paper").models[name]))
+
+
+@pytest.mark.training
+@pytest.mark.parametrize("name", ["node", "anode"])
+def test_a_packed_reference_member_is_its_torchdiffeq_run(cpu_twin, monkeypatch, name):
+    """A pack of three on the CPU twin against each cell's eager run through torchdiffeq's
+    ``odeint_adjoint`` (the CPU's recorded path): the same history (and evaluations counted)
+    and weights within rounding."""
+    seeds = [0, 1, 2]
+    datas = [_data(s) for s in seeds]
+    cfg = _cfg(epochs=3)
+    models = [_model(name, s, **REFERENCE) for s in seeds]
+    results = train_packed(models, [d[0] for d in datas], [d[1] for d in datas], cfg, seeds=seeds)
+    assert all(r.packed_members == 3 for r in results)
+    # the eager step, as the CPU trains these cells
+    monkeypatch.setattr(packed_cells, "ADJOINT_PACKS_ON", ("cuda",))
+    eager = _unpacked(name, seeds, cfg, datas, **REFERENCE)
+    assert all(r.packed_members == 1 for _, r in eager)
+    for e, p, d in zip(eager, zip(models, results, strict=True), datas, strict=True):
+        _assert_same(e, p, d[2])
+
+
+@pytest.mark.gpu
+@pytest.mark.training
+@pytest.mark.parametrize("name", ["node", "anode"])
+def test_a_cuda_pack_of_reference_cells_is_captured_and_is_torchdiffeqs(name):
+    """On CUDA a pack of the reference NODE/ANODE is captured into a CUDA graph and each member
+    agrees with its eager CPU run through torchdiffeq's ``odeint_adjoint``."""
+    seeds = [0, 1, 2]
+    datas = [_data(s) for s in seeds]
+    cfg = _cfg(epochs=3)
+    models = [_model(name, s, **REFERENCE) for s in seeds]
+    results = train_packed(
+        models, [d[0] for d in datas], [d[1] for d in datas], cfg, seeds=seeds, device="cuda",
+        graphs=True,
+    )  # fmt: skip
+    assert all(r.packed_members == 3 and r.graphs for r in results)
+    eager = _unpacked(name, seeds, cfg, datas, **REFERENCE)
+    for e, (m, r), d in zip(eager, zip(models, results, strict=True), datas, strict=True):
+        _assert_same(e, (m.cpu(), r), d[2])
