@@ -143,6 +143,26 @@ def test_every_table_gets_its_first_seed_before_table_3s_other_seeds():
     assert LEDGER_STUDIES.index("sample-size") < LEDGER_STUDIES.index("noise")
 
 
+def test_a_table_with_its_first_seed_whole_waits_for_the_other_tables_first_seeds():
+    """Once a row of a table has a seed on every system, its next seed is no first seed: it
+    comes after every other table's first seed, not before them as the lowest missing seed."""
+    cells = [
+        LedgerCell("integro_de", "node", seed, f"{study[0]}{seed}".ljust(64, "x"), None, "v", study)
+        for study in ("noise", "sample-size")
+        for seed in (0, 1, 2)
+    ]
+    whole = _record("integro_de", "node", 0, config_hash="s0".ljust(64, "x"), study="sample-size")
+    states = cell_states([whole], cells)
+    order = [(g.study, g.seeds) for g in ledger_groups(to_train(states), states)]
+    assert order == [
+        ("noise", (0,)),
+        ("sample-size", (1,)),  # seed by seed: the cheaper table first within a seed
+        ("noise", (1,)),
+        ("sample-size", (2,)),
+        ("noise", (2,)),
+    ]
+
+
 def test_a_study_record_reads_back_and_table_3_lines_stay_as_they_were(tmp_path):
     plain = _record()
     assert set(json.loads(plain.to_json())) == set(asdict(plain)) - {

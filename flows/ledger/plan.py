@@ -120,15 +120,21 @@ class _GroupOrder:
 
         self.tables = LEDGER_STUDIES
         self.merge_seeds = merge_seeds
-        recorded = {(s.cell.method, s.cell.system) for s in states if s.state == "recorded"}
+        done = [s.cell for s in states if s.state == "recorded"]
+        recorded = {(c.method, c.system) for c in done if not c.study}
+        # a study's row (method and variant) on a system, with a recorded seed
+        rows = {(c.study, c.method, c.ablation, c.system) for c in done if c.study}
         predates = {s.cell.key for s in states if s.state == "predates"}
         # groups of retrained predating records
         self.again = {(c.study, c.method, c.ablation, c.seed) for c in todo if c.key in predates}
         self.first: dict[str, int] = {}  # a Table 3 method's first seed with a system to fill
-        self.study_first: dict[str, int] = {}
+        # a study row's first seed with a system to fill: once every system of a row has a
+        # seed, its other seeds wait for every other table's first (phase 2.5, not 1.5)
+        self.study_first: dict[tuple[str, str, str], int] = {}
         for (study, method, ablation, seed), systems in sorted(by_seed.items()):
             if study:
-                self.study_first.setdefault(study, seed)
+                if any((study, method, ablation, s) not in rows for s in systems):
+                    self.study_first.setdefault((study, method, ablation), seed)
             elif not ablation and any((method, s) not in recorded for s in systems):
                 self.first.setdefault(method, seed)
 
@@ -136,7 +142,7 @@ class _GroupOrder:
         study, method, ablation, seed = key
         first, merge = self.first, self.merge_seeds
         if study:
-            return 1.5 if self.study_first[study] == seed or merge else 2.5
+            return 1.5 if self.study_first.get(key[:3]) == seed or merge else 2.5
         if method in PEERS and not ablation:  # after all of Table 3, its ablations and studies
             if merge:
                 return 3 if method in first else 4
