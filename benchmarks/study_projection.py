@@ -14,10 +14,16 @@ seed's hours are what the ledger trains of each table early (``ledger run`` give
 A measurement study (its body times or loads trained models rather than training cells) lists
 the cells it trains before it measures; what it measures beyond them is not projected.
 
-    PYTHONPATH=. python benchmarks/study_projection.py [--record] [--studies noise cmi ...]
+A study that trains nothing (the wall clock of Table 11, timed by
+``benchmarks/study_measurements.py``) has no cell to project.
+
+    PYTHONPATH=. python benchmarks/study_projection.py [--record [--keep]] [--studies noise ...]
 
 ``--record`` writes ``results/measurements/study_projection.json`` (rendered by
-``python -m flows.docs_numbers`` where a page holds the block).
+``python -m flows.docs_numbers`` where a page holds the block); with ``--keep``, the record's
+rows of the studies not projected now stay as they were projected (each row names the commit
+it was projected at), so that a new table is projected without projecting the others again
+(their projection was made before they were run: the ledger has grown since).
 """
 
 from __future__ import annotations
@@ -33,7 +39,12 @@ from flows.studies import LEDGER_STUDIES, MEASURES, STUDIES, plan_study
 from tasks.config import CellConfig
 from tasks.ledger import DEFAULT_LEDGER, hardware_name, read_ledger
 from tasks.ledger.scope import ledger_cell_configs
-from tasks.reports.measurements import record_measurement
+from tasks.reports.measurements import (
+    Measurement,
+    current_commit,
+    read_measurement,
+    record_measurement,
+)
 
 #: Training trajectories and epochs of a paper-profile cell (what the records' times are of).
 PAPER_TRAIN, PAPER_EPOCHS = 800, 1000
@@ -63,6 +74,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--studies", nargs="+", default=list(STUDIES), metavar="NAME")
     ap.add_argument("--record", action="store_true", help="write the measurement record")
+    ap.add_argument(
+        "--keep", action="store_true", help="with --record: keep the other studies' rows"
+    )
     args = ap.parse_args()
     here = hardware_name("cpu")
     # CPU records (the earliest name no device), this processor's first
@@ -77,6 +91,7 @@ def main() -> None:
             times.setdefault(key, []).append(float(r.train_seconds or 0))
     table3 = {c.config_hash() for c, _ in ledger_cell_configs()}
     ledger = [r for r in read_ledger(DEFAULT_LEDGER) if r.numerics]
+    commit = current_commit().split(" ")[0]
     order = [s for s in LEDGER_STUDIES if s in args.studies]
     order += [s for s in args.studies if s not in LEDGER_STUDIES]
     rows = []
@@ -85,20 +100,13 @@ def main() -> None:
         # a measuring study's Table 3 cells that the ledger holds unmeasured train again
         measure = MEASURES.get(name)
         held = {r.config_hash for r in ledger} if measure else set()
-        held -= {r.config_hash for r in ledger if measure in r.measures}
+        held -= {r.config_hash for r in ledger if r.measured.has(measure or "")}
         new = [c for c in cells if c.config_hash() not in table3 or c.config_hash() in held]
         seconds = [cell_seconds(c, times) for c in new]
         first = min((c.seed for c in cells), default=0)
         first_seconds = [s for c, s in zip(new, seconds, strict=True) if c.seed == first]
         hours = sum(s for s in seconds if s is not None) / 3600
         unknown = sum(s is None for s in seconds)
-        kept = (
-            f"ledger, {LEDGER_STUDIES.index(name) + 1} of {len(LEDGER_STUDIES)}"
-            if name in LEDGER_STUDIES
-            else "ledger: Table 3's ablation"
-            if name == "stereographic"
-            else "not in the ledger"
-        )
         rows.append(
             (
                 name,
@@ -107,30 +115,65 @@ def main() -> None:
                 f"{hours:.1f}" + (f" (+{unknown} cells without a record)" if unknown else ""),
                 f"{sum(s for s in first_seconds if s is not None) / 3600:.1f}",
                 f"{hours / 2:.1f}",
-                kept + ("" if ended == "complete" else f"; {ended}"),
+                _order(name) + ("" if ended == "complete" else f"; {ended}"),
+                commit,
             )
         )
         print(" | ".join(rows[-1]), flush=True)
     if args.record:
+        if args.keep and PATH.is_file():
+            rows = _merged(read_measurement(PATH), rows)
         path = record_measurement(
             "study_projection",
             "CPU hours each study of the paper needs at its budget here, from the ledger's records",
             "PYTHONPATH=. python benchmarks/study_projection.py --record",
-            (
-                "study",
-                "cells",
-                "of them Table 3's",
-                "CPU hours",
-                "first seed, CPU hours",
-                "wall hours on 2 cores",
-                "order",
-            ),
+            COLUMNS,
             rows,
             note=f"Projected from the ledger's full-budget records on {here} (median training "
             "seconds of the method on the system, scaled by training trajectories and epochs); "
-            "one cell a core. Rows in the order ledger run gives each table its first seed.",
+            "one cell a core. Rows in the order ledger run gives each table its first seed; "
+            "each projected at the commit it names (`--keep`: a study's row is not projected "
+            "again once its table is run).",
         )
         print(f"recorded {path}")
+
+
+COLUMNS = (
+    "study",
+    "cells",
+    "of them Table 3's",
+    "CPU hours",
+    "first seed, CPU hours",
+    "wall hours on 2 cores",
+    "order",
+    "projected at",
+)
+PATH = Path(__file__).resolve().parents[1] / "results" / "measurements" / "study_projection.json"
+
+
+def _order(name: str) -> str:
+    """Where the ledger keeps study ``name``: its place in ``ledger run``'s order of tables."""
+    if name in LEDGER_STUDIES:
+        return f"ledger, {LEDGER_STUDIES.index(name) + 1} of {len(LEDGER_STUDIES)}"
+    return "ledger: Table 3's ablation" if name == "stereographic" else "not in the ledger"
+
+
+def _merged(kept: Measurement, rows: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """``rows`` with the rows of ``kept`` (an earlier record) of the studies they lack, as they
+    were projected (a row without its commit names the record's), only their place in the order
+    told again; in the order of the studies (:data:`LEDGER_STUDIES` first)."""
+    new = {r[0]: r for r in rows}
+    out = dict(new)
+    for old in kept.rows:
+        row = dict(zip(kept.columns, old, strict=True))
+        if row["study"] in new:
+            continue
+        ended = row["order"].partition("; ")[2]
+        row["order"] = _order(row["study"]) + (f"; {ended}" if ended else "")
+        row.setdefault("projected at", kept.commit.split(" ")[0])
+        out[row["study"]] = tuple(row[c] for c in COLUMNS)
+    rank = {name: i for i, name in enumerate([*LEDGER_STUDIES, *STUDIES])}
+    return sorted(out.values(), key=lambda r: rank.get(r[0], len(rank)))
 
 
 if __name__ == "__main__":

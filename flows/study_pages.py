@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,9 +42,10 @@ def _drawn_from(ledger: Path, name: str, _content: str) -> tuple[RecordedOutput,
     from tasks.ledger import ledger_status, read_ledger
 
     scope = selection_scope({"studies": (name,)})
-    status = ledger_status(read_ledger(ledger, scope), scope.select(studies=(name,)))
+    status = ledger_status(read_ledger(ledger, scope), scope.select(studies=(name,)), (name,))
     counted = [s.record for s in status.states if s.state == "recorded" and s.record]
-    return recorded_output(name, counted), status
+    measurements = ledger.parents[1] / "measurements"
+    return recorded_output(name, counted, measurements=measurements), status
 
 
 def _settings(status: LedgerStatus) -> str:
@@ -69,17 +71,26 @@ def _settings(status: LedgerStatus) -> str:
 def study_page(root: Path, name: str) -> str:
     """The block ``study-NAME``: the study's cells in words, how many the ledger holds, its
     tables from the records and its figures (files beside the page: :func:`study_figures`)."""
-    from flows.ledger.text import study_lines
+    from flows.ledger.study_text import study_lines
     from tasks.reports import VERDICT_RULE, Table, render_table
 
     drawn, status = _drawn(root, name)
     projected = _projected(root, name)
-    parts = [
+    cells = (
         f"**Cells.** {_settings(status)}. A cell that is a Table 3 cell (the same config hash) "
         "is Table 3's record; `nllab ledger run --study "
         f"{name}` trains the missing ones and `nllab ledger table --study {name}` prints "
-        "this table.",
-        *study_lines(status),
+        "this table."
+        if status.study_states(name)
+        else "**Cells.** None: the table is timed, not trained (a timing is the machine's, "
+        "not a model's), so the ledger keeps no cell of it; it is drawn from a committed "
+        "measurement that names the hardware (`PYTHONPATH=. python benchmarks/"
+        f"study_measurements.py --record --studies {name}` measures it again), and `nllab "
+        f"ledger table --study {name}` prints it."
+    )
+    parts = [
+        cells,
+        *study_lines(status, root / "results" / "measurements"),
         *([projected] if projected else []),
     ]
     digest = hashlib.sha256()
@@ -87,6 +98,9 @@ def study_page(root: Path, name: str) -> str:
         text = render_table(Table.from_frame(frame), "markdown").rstrip()
         digest.update(text.encode())
         parts.append(f"**{table}**\n\n{text}")
+    for state in status.states:  # (what a figure draws beyond the tables: the records' curves)
+        if state.state == "recorded" and state.record is not None and state.record.curves:
+            digest.update(json.dumps(state.record.curves).encode())
     parts.append(
         "The mean over the recorded seeds (value) with their sample std (ddof 1) and number n, "
         "the paper's figure, our mean minus it (gap) and the verdict: "
@@ -111,8 +125,9 @@ def _projected(root: Path, name: str) -> str:
     row = next((dict(zip(m.columns, r, strict=True)) for r in m.rows if r[0] == name), None)
     if row is None or "first seed, CPU hours" not in row:
         return ""
+    commit = row.get("projected at") or m.commit  # (a row of its own commit: --keep)
     return (
-        f"Projected before it was run, on {m.machine.split(',')[0]} at commit {m.commit[:10]}: "
+        f"Projected before it was run, on {m.machine.split(',')[0]} at commit {commit[:10]}: "
         f"{row['CPU hours']} CPU hours for the cells Table 3 does not train ("
         f"{row['first seed, CPU hours']} for the first seed), {row['wall hours on 2 cores']} "
         "hours on two cores (`benchmarks/study_projection.py`)."

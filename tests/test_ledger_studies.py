@@ -9,6 +9,7 @@ import json
 import math
 from dataclasses import asdict
 
+import numpy as np
 import pytest
 from cells import ledger_record as _record
 
@@ -18,6 +19,7 @@ from flows.ledger.plan import group_config, ledger_groups, to_train
 from flows.studies import LEDGER_STUDIES, ledger_study_cells, planned_cells, recorded_output
 from tasks.config import CellConfig
 from tasks.ledger import LedgerCell, LedgerRecord, LedgerScope, cell_states, read_ledger
+from tasks.ledger.measured import MAX_CURVE_POINTS, Measured, downsample
 from tasks.ledger.scope import paper_config, variant_of, variant_overrides
 
 
@@ -38,7 +40,7 @@ def test_every_study_cell_is_made_again_by_the_group_that_trains_it(profile, pap
     profile, makes the cell with its config hash, so ``ledger run`` trains the very cell the
     study's table needs (and refuses to train otherwise: ``_same_cells``)."""
     planned = paper_cells if profile == "paper" else ledger_study_cells(profile)
-    assert {s for s, _, _ in planned} == set(LEDGER_STUDIES)
+    assert {s for s, _, _ in planned} == set(LEDGER_STUDIES) - {"wallclock"}  # (timed only)
     bases: dict[tuple[str, str, int], CellConfig] = {}
     for study, _, cell in planned:
         key = (cell.system, cell.method, cell.seed)
@@ -124,8 +126,8 @@ def test_every_table_gets_its_first_seed_before_table_3s_other_seeds():
         for seed in (0, 1)  # Table 3: seed 0 then 1
     ]
     cells += [
-        LedgerCell("integro_de", "node", seed, f"n{seed}".ljust(64, "x"), None, "v", study)
-        for study in ("noise", "sample-size")
+        LedgerCell("integro_de", "node", seed, f"n{seed}{study}".ljust(64, "x"), None, "v", study)
+        for study in ("nfe", "noise", "ilt", "sample-size")
         for seed in (0, 1)
     ]
     cells.append(LedgerCell("integro_de", "lno", 0, "p" * 64, None))  # a peer: last
@@ -135,9 +137,13 @@ def test_every_table_gets_its_first_seed_before_table_3s_other_seeds():
         ("", "node", (0,)),
         ("sample-size", "node", (0,)),  # LEDGER_STUDIES' order: the cheaper table first
         ("noise", "node", (0,)),
+        ("ilt", "node", (0,)),  # the paper's figures after the seven tables' first seeds
+        ("nfe", "node", (0,)),
         ("", "node", (1,)),
         ("sample-size", "node", (1,)),
         ("noise", "node", (1,)),
+        ("ilt", "node", (1,)),
+        ("nfe", "node", (1,)),
         ("", "lno", (0,)),
     ]
     assert LEDGER_STUDIES.index("sample-size") < LEDGER_STUDIES.index("noise")
@@ -169,6 +175,7 @@ def test_a_study_record_reads_back_and_table_3_lines_stay_as_they_were(tmp_path)
         "ablation",
         "study",
         "measures",
+        "curves",
     }
     mine = _record(study="cmi", measures={"cmi_bits": 3.25}, ablation="")
     path = tmp_path / "ledger.jsonl"
@@ -259,7 +266,7 @@ def test_a_measured_cell_is_recorded_with_its_models_measure(
     queries = connect(paper_config(config_file=config).tracking).queries
     assert record_finished(queries, [cmi], ledger, hardware_name) == []  # no measure: none
 
-    def measure(c: LedgerCell, run_id: str) -> dict[str, float]:
+    def measure(c: LedgerCell, run_id: str) -> Measured:
         return measure_cell(c.study, cell, run_id, queries)
 
     (record,) = record_finished(queries, [cmi], ledger, hardware_name, measure)
@@ -345,4 +352,245 @@ def test_every_published_figure_of_a_table_has_its_row(study):
     (frame, *_) = recorded_output(study, []).output.tables.values()
     shown = frame["paper"].map(math.isfinite)
     assert shown.sum() == len(spec.paper)
-    assert spec.paper or study == "observation-size"  # (the paper shows it as a figure only)
+    # (the paper shows these as figures only)
+    assert spec.paper or study in ("observation-size", "nfe", "frequency-filter")
+
+
+# -- the paper's figures: measured models, curves and timed tables ------------------------------
+def test_the_figure_studies_follow_the_seven_tables_with_the_mark_their_records_need(paper_cells):
+    """ILTcompar, frequencyfilter and nfes_analysis train ledger cells whose records must carry
+    what the figure draws of the model (the study module's ``MEASURE``); Table 11 trains none."""
+    import importlib
+    from collections import Counter
+
+    from flows.studies import MEASUREMENTS, MEASURES, get_study
+
+    assert LEDGER_STUDIES[7:] == ("ilt", "frequency-filter", "nfe", "wallclock")
+    assert Counter(s for s, _, _ in paper_cells if s in LEDGER_STUDIES[7:]) == {
+        "ilt": 6,  # Lotka–Volterra × fourier, cme × 3 seeds (the fourier ones are Table 3's)
+        "frequency-filter": 10,
+        "nfe": 15,
+    }
+    for study, mark, _ in paper_cells:
+        assert mark == MEASURES.get(study, "")
+    for study, mark in MEASURES.items():
+        module = importlib.import_module(f"flows.studies.{study.replace('-', '_')}")
+        assert module.MEASURE == mark and get_study(study).measure is not None
+    assert MEASUREMENTS == {"ilt": ("ilt_accuracy",), "wallclock": ("wallclock",)}
+
+
+def test_a_record_with_curves_round_trips_and_an_old_line_reads_as_it_was(tmp_path):
+    from tasks.ledger import DEFAULT_LEDGER
+
+    history = [(float(epoch), 1.0 / (epoch + 1)) for epoch in range(1000)]
+    curve = downsample(history)
+    assert len(curve) == MAX_CURVE_POINTS and curve[0] == (0.0, 1.0) and curve[-1][0] == 999.0
+    short = [(float(e), 0.5**e) for e in range(5)]
+    assert downsample(short) == tuple(short)  # (a short one as it is)
+    mine = _record(study="ilt", measures={"rmse_clean": 0.25}, curves={"train_loss": curve})
+    old_line = _record().to_json()
+    assert "curves" not in old_line and "measures" not in old_line
+    path = tmp_path / "ledger.jsonl"
+    path.write_text(old_line + "\n" + mine.to_json() + "\n")
+    old, new = read_ledger(path)
+    assert old.to_json() == old_line and old.curves == {} and not old.measured.has("train_loss")
+    assert new == mine and new.measured == Measured({"rmse_clean": 0.25}, {"train_loss": curve})
+    assert new.measured.has("train_loss") and new.measured.has("rmse_clean")
+    # every committed line reads and is written back byte for byte (none rewritten)
+    lines = [line for line in DEFAULT_LEDGER.read_text().splitlines() if line.strip()]
+    for line in lines:
+        assert LedgerRecord.from_mapping(json.loads(line)).to_json() == line
+    for bad, problem in (
+        ({"train_loss": [[0, 1.0]] * 2}, "its x must increase"),
+        ({"train_loss": [[e, 1.0] for e in range(MAX_CURVE_POINTS + 1)]}, "101 points"),
+        ({"train_loss": []}, "0 points"),
+        ({"train_loss": [[0, float("nan")]]}, "finite numbers"),
+        ({"train_loss": [[0, 1.0, 2.0]]}, "finite numbers"),
+        ({"train_loss": [[0, True]]}, "finite numbers"),
+        ([[0, 1.0]], "curves must map"),
+    ):
+        data = json.loads(json.dumps({**asdict(mine), "curves": bad}))
+        with pytest.raises(ValueError, match=problem):
+            LedgerRecord.from_mapping(data)
+
+
+class _Found:
+    """A FINISHED run as :meth:`tasks.tracking.Queries.finished_cells` finds it."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id, self.test_rmse = run_id, 0.5
+        self.metrics = {"test_rmse": 0.5, "epochs_run": 1000.0}
+        self.tags = {"device_used": "cpu", "numerics.model": "m", "numerics.system": "s"}
+
+
+class _Store:
+    """The queries a cell's record and its measure need, without a tracking store."""
+
+    def __init__(self, hashes: list[str]) -> None:
+        self.hashes = hashes
+
+    def finished_cells(self, by_hash):
+        return {h: _Found(f"run{i}") for i, h in enumerate(self.hashes) if h in by_hash}
+
+    def metric_history(self, run_id: str, key: str) -> list[tuple[int, float]]:
+        assert key == "train_loss"
+        return [(epoch, 2.0 / (epoch + 1)) for epoch in range(1000)]
+
+
+def test_a_measured_cell_is_recorded_with_its_curve_from_the_run_just_made(tmp_path, monkeypatch):
+    """The recording path (``record_finished``, with the study's own measure through
+    :func:`flows.studies.measure_cell`) writes the ILT cell's training-loss curve into its
+    record; read back, the cell counts as recorded and the curve is the run's, cut to 100
+    points."""
+    from flows.ledger.run import record_finished
+    from flows.studies import measure_cell
+
+    (cell, *_) = [c for c in planned_cells("ilt") if c.model.get("ilt") == "cme"]
+    mark = LedgerCell(
+        cell.system, cell.method, cell.seed, cell.config_hash(), "today", "v", "ilt", "train_loss"
+    )
+    store, ledger = _Store([cell.config_hash()]), tmp_path / "ledger.jsonl"
+
+    def measure(c: LedgerCell, run_id: str) -> Measured:
+        return measure_cell(c.study, cell, run_id, store)
+
+    (record,) = record_finished(store, [mark], ledger, lambda _: "some CPU", measure)
+    curve = record.curves["train_loss"]
+    assert len(curve) == MAX_CURVE_POINTS and curve[0] == (0.0, 2.0) and curve[-1] == (999, 0.002)
+    assert read_ledger(ledger) == [record] and record.study == "ilt"
+    (state,) = cell_states(read_ledger(ledger), [mark])
+    assert state.state == "recorded" and record.numerics == "m/s"
+    from flows.studies import MEASURES
+
+    monkeypatch.setitem(MEASURES, "ilt", "cmi_bits")  # (a mark the curve is not)
+    with pytest.raises(ValueError, match="measured no 'cmi_bits'"):
+        measure_cell("ilt", cell, "run0", store)
+
+
+def _records_of(study: str, measured, **fields) -> list[LedgerRecord]:
+    """A record of each planned cell of ``study``: ``measured(cell)`` -> (measures, curves)."""
+    out = []
+    for cell in planned_cells(study):
+        measures, curves = measured(cell)
+        out.append(
+            _record(
+                cell.system,
+                cell.method,
+                cell.seed,
+                config_hash=cell.config_hash(),
+                study=study,
+                measures=measures,
+                curves=curves,
+                **fields,
+            )
+        )
+    return out
+
+
+def test_the_ilt_figure_and_table_12_are_drawn_from_records_and_the_measurement(tmp_path):
+    """ILTcompar's curves from the records' ``train_loss``, Table 12 from the committed
+    measurement (no training, no timing): with no measurement, every algorithm's row without a
+    value, the paper's figures all the same."""
+    from flows.studies import measurement_rows
+    from tasks.reports import record_measurement
+
+    def loss(cell):
+        fast = cell.model.get("ilt") == "fourier"
+        return {}, {"train_loss": tuple((e, (1.0 if fast else 2.0) / (e + 1)) for e in range(50))}
+
+    records = _records_of("ilt", loss, test_rmse=0.2)
+    bare = recorded_output("ilt", records, measurements=tmp_path)
+    assert bare.measurements == {"ilt_accuracy": None}
+    accuracy = bare.output.tables["ilt_accuracy"]
+    assert accuracy["value"].isna().all() and accuracy["paper"].notna().sum() >= 5
+    frame = accuracy[["algorithm", "value", "std", "n", "us_per_point"]].assign(
+        value=[0.017, 7e-10, 0.44, 0.28, 0.0069, 2e-11], n=1, us_per_point=1.5
+    )
+    record_measurement("ilt_accuracy", "t", "c", *measurement_rows(frame), folder=tmp_path)
+    drawn = recorded_output("ilt", records, measurements=tmp_path)
+    assert drawn.measurements["ilt_accuracy"] is not None
+    accuracy = drawn.output.tables["ilt_accuracy"].set_index("algorithm")
+    assert accuracy.loc["fourier", "value"] == pytest.approx(0.017)
+    assert accuracy.loc["fourier", "verdict"] != "–"  # judged against the paper's 0.0171
+    training = drawn.output.tables["ilt_training"]
+    assert list(training["n"]) == [3, 3] and training["value"].tolist() == pytest.approx([0.2, 0.2])
+    assert drawn.recorded == drawn.cells == 6
+    assert set(drawn.figures) == {"ilt_accuracy", "ilt_training_loss"}
+    # without their curve, records do not count for the figure's cells
+    plain = [r.__class__(**{**asdict(r), "curves": {}}) for r in records]
+    assert recorded_output("ilt", plain, measurements=tmp_path).recorded == 0
+
+
+def test_the_nfe_figure_is_drawn_from_the_records_curves():
+    def nfe(cell):
+        scale = 1.0 if cell.method == "neural_laplace" else 100.0 + cell.seed
+        horizon = tuple((dt, scale * dt) for dt in (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0))
+        points = tuple((float(n), float(n)) for n in (1, 10, 100, 1000))
+        return {}, {"nfe_horizon": horizon, "nfe_points": points}
+
+    drawn = recorded_output("nfe", _records_of("nfe", nfe))
+    horizon = drawn.output.tables["nfe_horizon"].set_index(["method", "dt"])
+    assert horizon.loc[("neural_laplace", 100.0), "value"] == 100.0
+    assert horizon.loc[("node", 100.0), "value"] == pytest.approx(100 * 102.0)  # seeds 0-4
+    assert horizon.loc[("node", 100.0), "n"] == 5
+    assert (drawn.output.tables["nfe_points"]["n"] == 5).all()
+    assert set(drawn.figures) == {"nfe_horizon", "nfe_points"} and drawn.recorded == 15
+    empty = recorded_output("nfe", []).output.tables["nfe_horizon"]
+    assert len(empty) == 21 and (empty["n"] == 0).all()  # every row, nothing recorded
+
+
+def test_the_frequency_filter_table_and_figure_are_drawn_from_the_records():
+    t = tuple((0.1 * i, float(np.sin(0.1 * i))) for i in range(60))
+
+    def filtered(cell):
+        low = cell.model.get("max_frequency") is not None
+        measures = {
+            "rmse_clean": 0.3 if low else 0.5,
+            "rmse_corrupted": 0.6,
+            "corruption_amplitude": 0.01 if low else 0.4,
+        }
+        return measures, dict.fromkeys(("observed", "corrupted", "clean", "prediction"), t)
+
+    drawn = recorded_output("frequency-filter", _records_of("frequency-filter", filtered))
+    table = drawn.output.tables["frequency_filter"].set_index("variant")
+    assert table.loc["low-pass s≤3", "value"] == pytest.approx(0.3)
+    assert table.loc["unfiltered", "corruption_amplitude"] == pytest.approx(0.4)
+    assert (table["rmse_to_corrupted"] == 0.6).all() and (table["n"] == 5).all()
+    assert drawn.figures["frequency_filter"][:4] == b"\x89PNG"
+
+
+def test_the_wallclock_table_is_drawn_from_its_measurement_naming_the_device(tmp_path):
+    from flows.ledger.study_text import study_lines
+    from flows.studies import measurement_rows
+    from tasks.ledger import ledger_status
+    from tasks.reports import record_measurement
+
+    bare = recorded_output("wallclock", [], measurements=tmp_path)
+    assert bare.cells == 0 and bare.output.tables["wallclock"]["value"].isna().all()
+    rows = [
+        {"method": "node", "solver": "euler", "value": 2.0, "std": 0.0, "n": 1,
+         "nfe_per_batch": 1.0, "device": "CPU, 2 torch threads"},
+        {"method": "neural_laplace", "solver": "–", "value": 0.5, "std": 0.0, "n": 1,
+         "nfe_per_batch": 1.0, "device": "CPU, 2 torch threads"},
+    ]  # fmt: skip
+    import pandas as pd
+
+    frame = pd.DataFrame(rows)
+    record_measurement(
+        "wallclock",
+        "t",
+        "c",
+        *measurement_rows(frame),
+        folder=tmp_path,
+        machine="Some CPU, 2 cores",
+    )
+    table = recorded_output("wallclock", [], measurements=tmp_path).output.tables["wallclock"]
+    node = table.set_index(["method", "solver"]).loc[("node", "euler")]
+    assert node["value"] == 2.0 and node["x_neural_laplace"] == 4.0 and node["paper"] == 1.92
+    assert node["device"] == "CPU, 2 torch threads" and len(table) == 8
+    status = ledger_status([], [], tables=("wallclock",))
+    (line,) = study_lines(status, tmp_path)
+    assert line.startswith("wallclock (Table 11): no cell to train, its table is timed")
+    assert "results/measurements/wallclock.json (measured on Some CPU" in line
+    (missing,) = study_lines(status, tmp_path / "none")
+    assert "not measured yet" in missing and "--studies wallclock" in missing

@@ -29,7 +29,7 @@ ABLATE = ("lotka_volterra_dde", "stiff_van_der_pol", "piecewise_forcing_ode", "i
 def _plan(name: str, profile: str = "paper") -> list:
     """The cells study ``name``'s body asks for at ``profile`` (deduplicated by config hash)."""
     plan = plan_study(name, profile)
-    assert plan.stopped is None or name == "nfe", plan.stopped  # nfe measures trained models
+    assert plan.stopped is None, plan.stopped  # (a measured model: nothing, while planned)
     return list(plan.cells)
 
 
@@ -166,11 +166,13 @@ def test_frequency_filter():
 
 
 def test_wallclock_variants(monkeypatch):
-    """Table 11's eight rows (ANODE with dopri5 among them), 1000 Lotka–Volterra trajectories;
-    the simulation and the timing are stubbed, the calls recorded."""
+    """Table 11's eight rows (ANODE with dopri5 among them), 1000 Lotka–Volterra trajectories,
+    timed when measured (:func:`flows.studies.study_measurements`), never while planned; the
+    simulation and the timing are stubbed, the calls recorded."""
     import numpy as np
 
     import flows.studies.wallclock as wc
+    from flows.studies import study_measurements
 
     calls: list[tuple[str, str, int, int]] = []
     sizes: list[int] = []
@@ -191,7 +193,9 @@ def test_wallclock_variants(monkeypatch):
     monkeypatch.setattr(wc, "simulate_data", simulate)
     monkeypatch.setattr(wc, "epoch_seconds", timing)
     monkeypatch.setattr(wc, "plot_bars", lambda *a, **k: None)
-    assert _plan("wallclock") == []
+    assert _plan("wallclock") == [] and calls == [] and sizes == []
+    (timed,) = study_measurements("wallclock").values()
+    assert timed["device"].str.startswith("CPU, ").all()  # (the rows say where they were timed)
     assert sizes == [1000]
     assert {(m, s) for m, s, _, _ in calls} == set(wc.VARIANTS) and len(wc.VARIANTS) == 8
     assert {seed for *_, seed in calls} == set(FIVE)

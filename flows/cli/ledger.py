@@ -378,12 +378,14 @@ def _read(args: argparse.Namespace) -> tuple[LedgerStatus, Path]:
         peers=selection["peers"],
         studies=selection["studies"],
     )
-    return ledger_status(read_ledger(path, scope), cells), path
+    studies = selection["studies"]
+    tables = _ledger_studies() if studies is True else studies or ()
+    return ledger_status(read_ledger(path, scope), cells, tables), path
 
 
 def _table(args: argparse.Namespace) -> int:
     from flows.ledger import ledger_markdown, tables
-    from flows.ledger.text import study_lines, study_tables
+    from flows.ledger.study_text import study_lines, study_tables
 
     status, path = _read(args)
     if args.study:

@@ -3,12 +3,12 @@ much of it fits a time limit (:mod:`._budget`), training it through the benchmar
 recording each finished cell (:mod:`.run`, with :mod:`._progress` saying where the running
 cells stand), how long the rest would take (:mod:`.forecast`), and the ledger's text:
 ``nllab ledger status``, ``table`` and the README's and documentation's generated blocks
-(:mod:`.text`).
+(:mod:`.text`; the paper's other tables: :mod:`.study_text`).
 
 The ledger's records, cells and views are :mod:`tasks.ledger`'s. Each module imports only those
 before it: ``groups`` (:class:`LedgerGroup`, the type they share), ``_budget``, ``plan``,
-``forecast``, ``text``, ``_progress``, ``run``. Names load on first use (PEP 562), so ``nllab
-ledger status`` loads neither Prefect nor torch.
+``forecast``, ``study_text``, ``text``, ``_progress``, ``run``. Names load on first use (PEP
+562), so ``nllab ledger status`` loads neither Prefect nor torch.
 """
 
 from __future__ import annotations

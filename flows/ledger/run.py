@@ -47,6 +47,7 @@ from tasks.ledger import (
     read_ledger,
     record_of_run,
 )
+from tasks.ledger.measured import Measured
 from tasks.tracking.tags import RunTags
 
 if TYPE_CHECKING:
@@ -70,11 +71,12 @@ def record_finished(
     cells: Sequence[LedgerCell],
     ledger: Path,
     hardware: Callable[[str], str],
-    measure: Callable[[LedgerCell, str], dict[str, float]] | None = None,
+    measure: Callable[[LedgerCell, str], Measured] | None = None,
 ) -> list[LedgerRecord]:
     """Append the records of ``cells`` that have a FINISHED run in the store; returns them.
     A cell of a study that measures its model (:attr:`tasks.ledger.LedgerCell.measure`) is
-    recorded with ``measure(cell, run_id)``, and only where it is given."""
+    recorded with ``measure(cell, run_id)`` (its numbers and curves), and only where it is
+    given."""
     by_hash: dict[str, list[LedgerCell]] = {}
     for c in cells:
         if not c.measure or measure is not None:
@@ -88,7 +90,7 @@ def record_finished(
             r.tags,
             hardware=hardware(r.tags.get("device_used", "")),
             numerics=numerics_of(*(r.tags.get(k) for k in _NUMERICS_TAGS)),
-            measures=measure(c, r.run_id) if c.measure and measure is not None else None,
+            measured=measure(c, r.run_id) if c.measure and measure is not None else None,
         )
         for h, r in found.items()
         if r.test_rmse is not None
@@ -324,7 +326,7 @@ class Recorder:
             if c.measure:
                 self.measured_twins.setdefault(c.config_hash, []).append(c)
 
-    def measure(self, cell: LedgerCell, run_id: str) -> dict[str, float]:
+    def measure(self, cell: LedgerCell, run_id: str) -> Measured:
         from flows.studies import measure_cell
 
         group = LedgerGroup(cell.method, cell.ablation, (cell.seed,), (cell.system,), cell.study)

@@ -9,10 +9,12 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from flows.ledger.study_text import made_by, study_lines
+
 if TYPE_CHECKING:
     from flows.ledger.forecast import Forecast
     from flows.ledger.groups import LedgerGroup
-    from tasks.ledger import CellProgress, CellState, LedgerRecord, LedgerStatus
+    from tasks.ledger import CellProgress, CellState, LedgerStatus
 
 __all__ = [
     "count_legend",
@@ -21,8 +23,6 @@ __all__ = [
     "protocols_markdown",
     "readme_ledger",
     "status_text",
-    "study_lines",
-    "study_tables",
     "tables",
     "training_text",
 ]
@@ -250,73 +250,6 @@ def _seeds(seeds: tuple[int, ...]) -> str:
     return ",".join(map(str, seeds))
 
 
-def study_lines(status: LedgerStatus) -> list[str]:
-    """One line per study of the selection (the paper's other tables): ``<study> (<the paper's
-    table>): N of M selected cells recorded``, and how many of them are Table 3's own cells,
-    whose records serve both."""
-    from flows._study_catalog import STUDY_CATALOG
-
-    lines = []
-    for study in status.studies:
-        states = status.study_states(study)
-        n = Counter(s.state for s in states)
-        shared = sum(not s.cell.ablation and not s.cell.measure for s in states)
-        measured = {s.cell.measure for s in states if s.cell.measure}
-        parts = [f"{n['missing']} missing"]
-        if n["predates"]:
-            parts.append(f"{n['predates']} predating numerics fingerprints (not counted)")
-        if n["other_config"]:
-            parts.append(f"{n['other_config']} recorded under another config only")
-        if shared:
-            parts.append(f"{shared} are the profile's own cells (one record serves both)")
-        if measured:
-            parts.append(f"each record with its {', '.join(sorted(measured))}")
-        lines.append(
-            f"{study} ({STUDY_CATALOG[study].paper_label}): {n['recorded']} of {len(states)} "
-            f"selected cells recorded ({'; '.join(parts)})"
-        )
-    return lines
-
-
-def study_tables(
-    status: LedgerStatus,
-    fmt: Literal["terminal", "markdown"],
-    *,
-    profile: str = "paper",
-    figures: Path | None = None,
-) -> str:
-    """Each study of the selection's tables, drawn from its counted records by the study's own
-    body (:func:`flows.studies.recorded_output`), with its count of recorded cells; its figures
-    are written to the folder ``figures`` (``STUDY-NAME.png``) when given, and named."""
-    from flows.studies import recorded_output
-    from tasks.reports import Table, render_table
-
-    parts = []
-    for study in status.studies:
-        states = status.study_states(study)
-        counted = [s.record for s in states if s.state == "recorded" and s.record is not None]
-        drawn = recorded_output(study, counted, profile)
-        for name, frame in drawn.output.tables.items():
-            title = f"{study}: {name}" if name != study.replace("-", "_") else study
-            parts.append(f"{title}\n\n{render_table(Table.from_frame(frame), fmt).rstrip()}")
-        parts.append(
-            f"{len(counted)} of the {len(states)} selected cells of {study} recorded. "
-            f"Made by: {_made_by(counted)}."
-        )
-        if figures is not None:
-            figures.mkdir(parents=True, exist_ok=True)
-            for name, png in drawn.figures.items():
-                (figures / f"{study}-{name}.png").write_bytes(png)
-                parts.append(f"Figure: {figures / f'{study}-{name}.png'}")
-    return "\n\n".join(parts)
-
-
-# -- table --------------------------------------------------------------------------------------
-def _made_by(records: list[LedgerRecord]) -> str:
-    made = Counter(f"{r.device or '?'} ({r.hardware or 'unknown'})" for r in records)
-    return "; ".join(f"{n} on {what}" for what, n in sorted(made.items())) or "nothing yet"
-
-
 def tables(status: LedgerStatus, fmt: Literal["terminal", "markdown"]) -> str:
     """Table 3, the ablation and the Laplace-domain peers, each where the selection has cells
     of it."""
@@ -335,7 +268,7 @@ def tables(status: LedgerStatus, fmt: Literal["terminal", "markdown"]) -> str:
         gpu = sum(s.numerics == "gpu" for s in table3)
         parts.append(
             f"{len(counted)} of the {len(table3)} selected cells of Table 3 recorded. "
-            f"Made by: {_made_by(counted)}. {count_legend(older, gpu)}"
+            f"Made by: {made_by(counted)}. {count_legend(older, gpu)}"
         )
     ablated = [s for s in status.states if s.cell.ablated]
     if ablated:
@@ -343,12 +276,12 @@ def tables(status: LedgerStatus, fmt: Literal["terminal", "markdown"]) -> str:
         parts.append(render_table(ablation_table(status), fmt, width=width))
         parts.append(
             f"{len(counted)} of the {len(ablated)} selected ablation cells recorded. "
-            f"Made by: {_made_by(counted)}."
+            f"Made by: {made_by(counted)}."
         )
     if any(s.cell.peer for s in status.states):
         counted = status.counted(peers=True)
         parts.append(render_table(peers_table(status), fmt, width=width))
-        parts.append(f"{peers_count(status)} Made by: {_made_by(counted)}.")
+        parts.append(f"{peers_count(status)} Made by: {made_by(counted)}.")
     return "\n\n".join(parts)
 
 

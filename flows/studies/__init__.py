@@ -7,7 +7,8 @@
 flow); :func:`get_study` raises a ``ValueError`` listing the valid names for an unknown one.
 :data:`LEDGER_STUDIES` are the studies whose tables the results ledger keeps at the paper's
 budget (their cells planned, and their tables drawn from the records, by their own bodies:
-:mod:`flows.studies._ledger`).
+:mod:`flows.studies._ledger`); what they measure without training (timings, :data:`MEASUREMENTS`)
+is drawn from committed measurements instead (:func:`study_measurements` measures it).
 """
 
 from __future__ import annotations
@@ -27,15 +28,19 @@ if TYPE_CHECKING:
     from flows.studies._core import Factor, Study, StudyContext, StudySpec, StudySummary
     from flows.studies._ledger import (
         LEDGER_STUDIES,
+        MEASUREMENTS,
         MEASURES,
         RecordedOutput,
         StudyPlan,
         ledger_study_cells,
         measure_cell,
+        measurement_frame,
+        measurement_rows,
         plan_study,
         planned_cells,
         recorded_output,
         study_cells,
+        study_measurements,
     )
 
     #: Study name (as ``nllab study NAME``) -> study, in the catalog's (the paper's) order.
@@ -43,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LEDGER_STUDIES",
+    "MEASUREMENTS",
     "MEASURES",
     "STUDIES",
     "Factor",
@@ -57,12 +63,15 @@ __all__ = [
     "get_study",
     "ledger_study_cells",
     "measure_cell",
+    "measurement_frame",
+    "measurement_rows",
     "plan_study",
     "planned_cells",
     "recorded_output",
     "run_study",
     "study_cells",
     "study_config",
+    "study_measurements",
 ]
 
 _CORE = ("Factor", "Study", "StudyContext", "StudySpec", "StudySummary")

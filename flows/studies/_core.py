@@ -13,7 +13,6 @@ never retrained) or run its measurement tasks, and (3) logs the tables (CSV + Ma
 from __future__ import annotations
 
 import json
-import math
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +32,7 @@ from flows.studies._tables import add_paper, aggregate, rmse_records, to_markdow
 from tasks.cell import CellRuntime, prepare_cell, simulate_data
 from tasks.config import CellConfig, DataConfig, Profile, RunConfig, TrainConfig
 from tasks.engine import run_cells
+from tasks.ledger.measured import Measured
 from tasks.modelio import ModelSpec, load_model
 from tasks.results import CellResult, by_config_hash
 from tasks.tracking import Metrics, Queries, RunTags, connect, parent_run
@@ -125,8 +125,8 @@ class StudySummary:
 #: A study's body: what it trains or measures, given its context.
 StudyBody = Callable[["StudyContext"], StudyOutput]
 #: What a study measures of one trained cell beyond its test RMSE: the cell, its MLflow run and
-#: the store's queries -> the value (recorded in the ledger under the study's measure's name).
-StudyMeasure = Callable[[CellConfig, str, Queries], float]
+#: the store's queries -> its numbers and curves (recorded in the ledger with the cell's record).
+StudyMeasure = Callable[[CellConfig, str, Queries], Measured]
 
 
 @dataclass(frozen=True)
@@ -276,12 +276,21 @@ class StudyContext:
             raise ValueError(f"cell {result.key} has no trained model ({result.status})")
         return run_model(self.queries, result.run_id)
 
-    def measured(self, result: CellResult, name: str, compute: Callable[[], float]) -> float:
-        """What the study measures of a cell's trained model besides its test RMSE (``name``,
-        as the results ledger records it): ``compute()`` for a finished cell, NaN for one that
-        did not finish. Drawn from the ledger, the record's value instead
+    def measured(self, result: CellResult, compute: Callable[[], Measured]) -> Measured:
+        """What the study measures of a cell's trained model besides its test RMSE (numbers
+        and curves, as the results ledger records them): ``compute()`` for a finished cell,
+        nothing for one that did not finish. Drawn from the ledger, the record's instead
         (:func:`flows.studies.recorded_output`)."""
-        return compute() if result.ok else math.nan
+        return compute() if result.ok else Measured()
+
+    def measurement(self, name: str, compute: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+        """A table the study measures without training a cell: timings, or pure maths
+        (``compute()``). It is no cell's result (a timing is the machine's, not the model's),
+        so the ledger keeps no record of it: drawn from the ledger, the committed measurement
+        ``results/measurements/NAME.json`` stands in (``benchmarks/study_measurements.py
+        --record`` writes it; :func:`flows.studies.recorded_output`), and planned, nothing is
+        measured (an empty table)."""
+        return compute()
 
     def metric_history(self, run_id: str, key: str) -> list[tuple[int, float]]:
         """``(step, value)`` of a logged metric."""

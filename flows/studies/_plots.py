@@ -46,7 +46,7 @@ def plot_lines(
             levels = sorted({float(v) for v in sub[x] if np.isfinite(float(v))})
             ax.set_xticks(levels, [f"{v:g}" for v in levels])
             ax.xaxis.set_minor_formatter(NullFormatter())
-        if logy:
+        if logy and (np.asarray(sub["value"], dtype=float) > 0).any():  # (none: nothing drawn)
             ax.set_yscale("log")
         ax.set_title(str(pv) if pv is not None else "")
         ax.legend(fontsize=7)

@@ -25,6 +25,7 @@ from flows.studies._tables import add_paper, aggregate, paper_rows
 from nltrain import predict
 from tasks.cell import prepare_cell, simulate_data
 from tasks.config import PAPER_METHODS
+from tasks.ledger.measured import Measured
 
 if TYPE_CHECKING:
     from tasks.config import CellConfig
@@ -76,8 +77,15 @@ def cmi_of_run(
     return estimate_cmi.fn(np.asarray(test.target), pred, np.asarray(test.ic), cell.seed)
 
 
-def _measure(cell: CellConfig, result: CellResult, ctx: StudyContext) -> float:
-    return cmi_of_run(cell, result.run_id or "", ctx.queries, ctx.runtime.cache_dir)
+def measure_run(
+    cell: CellConfig, run_id: str, queries: Queries, cache_dir: Path | None = None
+) -> Measured:
+    """:func:`cmi_of_run` as the ledger records it: the measure :data:`MEASURE`."""
+    return Measured({MEASURE: cmi_of_run(cell, run_id, queries, cache_dir)})
+
+
+def _measure(cell: CellConfig, result: CellResult, ctx: StudyContext) -> Measured:
+    return measure_run(cell, result.run_id or "", ctx.queries, ctx.runtime.cache_dir)
 
 
 def _body(ctx: StudyContext) -> StudyOutput:
@@ -95,11 +103,11 @@ def _body(ctx: StudyContext) -> StudyOutput:
     results = ctx.run_cells(cells)
     records = []
     for lab, cell, r in zip(labels, cells, results, strict=True):
-        value = ctx.measured(r, MEASURE, functools.partial(_measure, cell, r, ctx))
-        records.append({**lab, "value": value})
+        measured = ctx.measured(r, functools.partial(_measure, cell, r, ctx))
+        records.append({**lab, "value": measured.measures.get(MEASURE, math.nan)})
     table = add_paper(aggregate(records, KEYS), KEYS, SPEC.paper, higher_is_better=True)
     plot_bars(table, "system", "method", ctx.figure("cmi"), title="CMI", ylabel="CMI (bits)")
     return StudyOutput({"cmi": table}, notes="KSG-type CMI (datasets), base 2, k = 3.")
 
 
-STUDY = Study(SPEC, _body, measure=cmi_of_run)
+STUDY = Study(SPEC, _body, measure=measure_run)

@@ -12,19 +12,29 @@ neither model reproduces the tone (amplitude 0.006 low-pass, 0.0003 unfiltered) 
 the clean signal are 0.88 against 0.92, with a seed-to-seed spread of 0.04; with 120 epochs at
 lr 0.003 both reach 0.30-0.31, tone amplitude 0.007 each. Small budgets show no filtering either
 way: the unfiltered model does not learn the 11 rad/s tone in the first place.
+
+In the results ledger each cell's record carries what :func:`filter_of_run` measures of its
+model: the three numbers of the table (``rmse_clean``, ``rmse_corrupted`` and :data:`MEASURE`)
+and, for the figure, the curves of its first test trajectory (observed, corrupted and clean
+signal, and the prediction).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 
-from datasets import SplitData
-from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec
+from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec, run_model
 from flows.studies._tables import add_paper, aggregate
 from nltrain import predict, rmse
+from tasks.cell import prepare_cell, simulate_data
+from tasks.config import CellConfig
+from tasks.ledger.measured import Curve, Measured, downsample
+from tasks.tracking import Queries
 
 SYSTEM = "noisy_sines"
 MAX_FREQUENCY = 3.0
@@ -36,6 +46,48 @@ SPEC = StudySpec(
     metric="test RMSE to the clean signal",
 )
 KEYS = ("system", "variant")
+#: What a record must have measured: the prediction's sin 11t amplitude (besides ``rmse_clean``,
+#: ``rmse_corrupted`` and the curves of :data:`CURVES`).
+MEASURE = "corruption_amplitude"
+#: The curves of the first test trajectory a record carries, as the figure draws them.
+CURVES = ("observed", "corrupted", "clean", "prediction")
+
+
+def filter_of_run(
+    cell: CellConfig, run_id: str, queries: Queries, cache_dir: Path | None = None
+) -> Measured:
+    """What the model ``cell`` trained (its MLflow run ``run_id``) makes of the test split: its
+    RMSE to the clean and to the corrupted signal, the amplitude of the corruption's tone in its
+    predictions (:func:`tone_amplitude`), and the curves of the first test trajectory
+    (``cache_dir``: the data cache, None: simulated afresh, the same data either way)."""
+    model, spec = run_model(queries, run_id)
+    test = prepare_cell(cell, simulate_data(cell.system, cell.data, cell.seed, cache_dir)).test
+    pred = np.asarray(predict(model, test, dtype=spec.dtype, batch_size=cell.training.batch_size))
+    query_t = np.asarray(test.query_t)
+
+    def curve(t: np.ndarray, x: np.ndarray) -> Curve:
+        first = t[0] if t.ndim > 1 else t  # (a grid per trajectory: the first one's)
+        return downsample(list(zip(first.tolist(), x.tolist(), strict=True)))
+
+    return Measured(
+        {
+            "rmse_clean": float(rmse(pred, test.target_clean)),
+            "rmse_corrupted": float(rmse(pred, test.target)),
+            MEASURE: tone_amplitude(pred[..., 0], query_t),
+        },
+        dict(
+            zip(
+                CURVES,
+                (
+                    curve(np.asarray(test.obs_t), np.asarray(test.obs_x)[0, :, 0]),
+                    curve(query_t, np.asarray(test.target)[0, :, 0]),
+                    curve(query_t, np.asarray(test.target_clean)[0, :, 0]),
+                    curve(query_t, pred[0, :, 0]),
+                ),
+                strict=True,
+            )
+        ),
+    )
 
 
 def _body(ctx: StudyContext) -> StudyOutput:
@@ -53,20 +105,20 @@ def _body(ctx: StudyContext) -> StudyOutput:
     ]
     results = ctx.run_cells([c for _, c in entries])
     clean, noisy, tone = [], [], []
-    curves: dict[str, tuple[SplitData, np.ndarray]] = {}  # variant -> one test split and prediction
+    curves: dict[str, Mapping[str, Curve]] = {}  # variant -> one test trajectory's curves
     for (lab, cell), r in zip(entries, results, strict=True):
-        c_val = n_val = t_val = math.nan
-        if r.ok:
-            model, spec = ctx.load_model(r)
-            test = ctx.prepared(cell).test
-            pred = predict(model, test, dtype=spec.dtype, batch_size=cell.training.batch_size)
-            c_val = float(rmse(pred, test.target_clean))
-            n_val = float(rmse(pred, test.target))
-            t_val = tone_amplitude(np.asarray(pred)[..., 0], np.asarray(test.query_t))
-            curves.setdefault(lab["variant"], (test, pred))
-        clean.append({**lab, "value": c_val})
-        noisy.append({**lab, "value": n_val})
-        tone.append({**lab, "value": t_val})
+        measured = ctx.measured(
+            r,
+            lambda c=cell, r=r: filter_of_run(
+                c, r.run_id or "", ctx.queries, ctx.runtime.cache_dir
+            ),
+        )
+        values = measured.measures
+        clean.append({**lab, "value": values.get("rmse_clean", math.nan)})
+        noisy.append({**lab, "value": values.get("rmse_corrupted", math.nan)})
+        tone.append({**lab, "value": values.get(MEASURE, math.nan)})
+        if all(name in measured.curves for name in CURVES):
+            curves.setdefault(lab["variant"], measured.curves)
     table = add_paper(aggregate(clean, KEYS), KEYS, SPEC.paper)
     table["rmse_to_corrupted"] = aggregate(noisy, KEYS)["value"].to_numpy()
     # what a low-pass filter should remove: the prediction's sin 11t component
@@ -96,23 +148,27 @@ def tone_amplitude(
     return float(np.mean(amplitudes))
 
 
-def _plot(curves: dict[str, tuple[SplitData, np.ndarray]], path) -> None:
+def _plot(curves: dict[str, Mapping[str, Curve]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.4))
+
+    def line(c: Curve, *args, **kw) -> None:
+        t, x = zip(*c, strict=True)
+        ax.plot(t, x, *args, **kw)
+
     if curves:
-        test, _ = next(iter(curves.values()))
-        ax.plot(test.obs_t, test.obs_x[0, :, 0], color="0.6", lw=1, label="observed (corrupted)")
-        ax.plot(test.query_t, test.target[0, :, 0], color="0.6", lw=1, ls=":",
-                label="corrupted")  # fmt: skip
-        ax.plot(test.query_t, test.target_clean[0, :, 0], color="k", lw=1.5, label="clean")
-        for i, (name, (t, pred)) in enumerate(curves.items()):
-            ax.plot(t.query_t, np.asarray(pred)[0, :, 0], "--", color=f"C{i + 1}", label=name)
+        first = next(iter(curves.values()))
+        line(first["observed"], color="0.6", lw=1, label="observed (corrupted)")
+        line(first["corrupted"], color="0.6", lw=1, ls=":", label="corrupted")
+        line(first["clean"], color="k", lw=1.5, label="clean")
+        for i, (name, mine) in enumerate(curves.items()):
+            line(mine["prediction"], "--", color=f"C{i + 1}", label=name)
+        ax.legend(fontsize=7, loc="upper left")
     ax.set_xlabel("t")
     ax.set_ylabel("x (normalised)")
-    ax.legend(fontsize=7, loc="upper left")
     ax.set_title("Frequency filter (Appendix C)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-STUDY = Study(SPEC, _body)
+STUDY = Study(SPEC, _body, measure=filter_of_run)

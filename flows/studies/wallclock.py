@@ -3,7 +3,12 @@
 column compares different hardware). Times the training loop a cell runs
 (:func:`nltrain.epoch_seconds`), one validation batch included. The paper averaged each model
 over a 1000-epoch training; the paper profile averages 5 epochs (an epoch's time does not
-depend on how many follow, and 1000 epochs of NODE with dopri5 on a CPU take days)."""
+depend on how many follow, and 1000 epochs of NODE with dopri5 on a CPU take days).
+
+A timing is the machine's, not a model's: the results ledger keeps this table as a committed
+measurement (``results/measurements/wallclock.json``, :meth:`StudyContext.measurement`, written
+by ``benchmarks/study_measurements.py --record --studies wallclock``) with the processor named,
+and every row says the device it was timed on (``CPU``); it trains no ledger cell."""
 
 from __future__ import annotations
 
@@ -62,15 +67,10 @@ def epoch_seconds(
     return {"method": method, "solver": solver, "value": secs, "nfe_per_batch": nfe}
 
 
-def _body(ctx: StudyContext) -> StudyOutput:
-    """Table 11: seconds per training epoch for every model."""
+def _timed(ctx: StudyContext, variants: list[tuple[str, str]], n: int, epochs: int) -> pd.DataFrame:
+    """Seconds per epoch (mean, std and n over seeds) and NFE per batch of each variant, on
+    this machine's CPU."""
     system = ctx.systems(("lotka_volterra_dde",))[0]
-    n = ctx.pick(smoke=40, quick=1000, paper=1000)
-    epochs = ctx.pick(smoke=1, quick=1, paper=5)
-    methods = ctx.config.methods
-    variants = [v for v in VARIANTS if methods is None or v[0] in methods]
-    if ctx.profile == "smoke" and methods is None:
-        variants = [("node", "euler"), ("neural_laplace", "–")]
     data = ctx.run.data.model_copy(update={"n_trajectories": n, "noise_std": 0.0})
     ds = simulate_data(system, data, ctx.seeds[0])
     x = (ds.x - ds.x.mean(axis=(0, 1))) / ds.x.std(axis=(0, 1))
@@ -79,6 +79,7 @@ def _body(ctx: StudyContext) -> StudyOutput:
     if ctx.run.execution.torch_threads:
         torch.set_num_threads(ctx.run.execution.torch_threads)
     try:
+        used = torch.get_num_threads()
         rows = [
             epoch_seconds(m, s, x, np.asarray(ds.t), config, seed)
             for m, s in variants
@@ -91,6 +92,25 @@ def _body(ctx: StudyContext) -> StudyOutput:
     table = g.agg(value=("value", "mean"), std=("value", "std"), n=("value", "size"),
                   nfe_per_batch=("nfe_per_batch", "mean")).reset_index()  # fmt: skip
     table["std"] = table["std"].fillna(0.0)
+    table["device"] = f"CPU, {used} torch thread{'s' if used > 1 else ''}"
+    return table
+
+
+def _body(ctx: StudyContext) -> StudyOutput:
+    """Table 11: seconds per training epoch for every model."""
+    n = ctx.pick(smoke=40, quick=1000, paper=1000)
+    epochs = ctx.pick(smoke=1, quick=1, paper=5)
+    methods = ctx.config.methods
+    variants = [v for v in VARIANTS if methods is None or v[0] in methods]
+    if ctx.profile == "smoke" and methods is None:
+        variants = [("node", "euler"), ("neural_laplace", "–")]
+    measured = ctx.measurement("wallclock", lambda: _timed(ctx, variants, n, epochs))
+    table = pd.DataFrame(variants, columns=list(KEYS))
+    if not measured.empty:  # (a variant not timed keeps its row, without a value)
+        table = table.merge(measured.drop(columns="n_trajectories", errors="ignore"), how="left")
+    for column in ("value", "std", "n", "nfe_per_batch", "device"):
+        if column not in table:
+            table[column] = math.nan if column != "device" else "–"
     table = add_paper(table, KEYS, SPEC.paper)
     nl = table.loc[table.method == "neural_laplace", "value"]
     table["x_neural_laplace"] = table["value"] / float(nl.iloc[0]) if len(nl) else math.nan
@@ -99,8 +119,8 @@ def _body(ctx: StudyContext) -> StudyOutput:
               "group", ctx.figure("wallclock"), title=SPEC.title, ylabel="s / epoch")  # fmt: skip
     return StudyOutput(
         {"wallclock": table},
-        notes=f"{n} trajectories, batch {ctx.run.training.batch_size}, {epochs} epoch(s), CPU, "
-        f"{ctx.run.execution.torch_threads or 'all'} torch thread(s); the paper used a V100 GPU.",
+        notes=f"{n} trajectories, batch {ctx.run.training.batch_size}, {epochs} epoch(s), on the "
+        "device each row names; the paper used a V100 GPU.",
     )
 
 

@@ -1,6 +1,8 @@
 """The results kept in the repository: the ledger of the paper's budget (one JSON line per finished
 full-budget cell, ``results/paper/ledger.jsonl``) and the quick records (``results/quick/``).
 
+- :mod:`.measured`: what a study measured of a trained model (numbers and short curves), as a
+  record keeps it;
 - :mod:`.records`: a ledger record, its file (read, append under a lock), a cell's numerics
   and hardware, and the cell types (:class:`LedgerCell`, :class:`LedgerScope`) every other
   module of the room builds on;
@@ -10,7 +12,7 @@ full-budget cell, ``results/paper/ledger.jsonl``) and the quick records (``resul
   shared by ``nllab ledger status``, ``table`` and ``run``;
 - :mod:`.quick_record`: a recorded quick (or smoke) benchmark run.
 
-The modules import one another in that order only (records, scope, views); the flows that
+The modules import one another in that order only (measured, records, scope, views); the flows that
 train and print the ledger are :mod:`flows.ledger`'s. Names load on first use (PEP 562).
 """
 

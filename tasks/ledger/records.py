@@ -14,7 +14,8 @@ at (``commit``, and ``numerics``: the model's and the data set's numerics finger
 name) and the MLflow ``run_id`` on the machine that made it. A cell of one of the paper's other
 tables (a study, :func:`flows.studies.ledger_study_cells`) also names its ``study`` and its
 ``ablation`` says how it differs from the profile's cell (``data.noise_std=0.1``); what a study
-measures beyond the test RMSE (the CMI of Table:CMI) is in ``measures``. Only the standard
+measures beyond the test RMSE (the CMI of Table:CMI) is in ``measures``, what its figure draws
+of it (a training-loss history) in ``curves`` (:mod:`tasks.ledger.measured`). Only the standard
 library loads here.
 """
 
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks.config.names import METHODS, PAPER_METHODS
+from tasks.ledger.measured import Curve, Measured, checked_curves, finite
 from tasks.tracking.tags import Metrics
 
 if TYPE_CHECKING:
@@ -70,7 +72,7 @@ PEERS: tuple[str, ...] = tuple(m for m in METHODS if m not in PAPER_METHODS)
 
 
 #: A record's fields that an older line may lack.
-_OPTIONAL = ("note", "ablation", "study", "measures")
+_OPTIONAL = ("note", "ablation", "study", "measures", "curves")
 
 
 def cell_label(system: str, method: str, seed: int, ablation: str = "", study: str = "") -> str:
@@ -126,6 +128,9 @@ class LedgerRecord:
     study: str = ""
     #: what the study measured of the trained model besides its test RMSE (name -> value)
     measures: Mapping[str, float] = field(default_factory=dict)
+    #: what the study's figure draws of it (name -> a short series: :mod:`tasks.ledger.measured`
+    #: says why a field of its own)
+    curves: Mapping[str, Curve] = field(default_factory=dict)
 
     status = "finished"
     ok = True
@@ -149,9 +154,14 @@ class LedgerRecord:
     def cell_key(self) -> str:
         return cell_label(self.system, self.method, self.seed, self.ablation, self.study)
 
+    @property
+    def measured(self) -> Measured:
+        """What its study measured of the model (:class:`Measured`)."""
+        return Measured(self.measures, self.curves)
+
     def to_json(self) -> str:
         data = asdict(self)
-        for name in ("ablation", "study", "measures"):  # Table 3's lines as they always were
+        for name in ("ablation", "study", "measures", "curves"):  # older lines as they were
             if not data[name]:
                 del data[name]
         return json.dumps(data, ensure_ascii=False)
@@ -179,13 +189,10 @@ class LedgerRecord:
                 raise ValueError(f"{name} must be a string")
         measures = data.get("measures", {})
         if not isinstance(measures, Mapping) or not all(
-            isinstance(k, str)
-            and not isinstance(v, bool)
-            and isinstance(v, int | float)
-            and math.isfinite(v)
-            for k, v in measures.items()
+            isinstance(k, str) and finite(v) for k, v in measures.items()
         ):
             raise ValueError(f"measures must map names to finite numbers, got {measures!r}")
+        curves = checked_curves(data.get("curves", {}))
         for name in ("seed", "epochs", "best_epoch"):
             v = data[name]
             if v is None and name != "seed":
@@ -203,7 +210,7 @@ class LedgerRecord:
         v = data["train_seconds"]
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v < 0):
             raise ValueError(f"train_seconds must be a non-negative number, got {v!r}")
-        return cls(**{n: data[n] for n in names if n in data})
+        return cls(**{**{n: data[n] for n in names if n in data}, "curves": curves})
 
 
 def read_ledger(
@@ -332,11 +339,11 @@ def record_of_run(
     *,
     hardware: str,
     numerics: str | None = None,
-    measures: Mapping[str, float] | None = None,
+    measured: Measured | None = None,
 ) -> LedgerRecord:
     """The ledger record of ``cell``'s finished run (its final metrics and tags as the cell
     path logs them: :func:`tasks.pipeline.cell_metrics`, :func:`tasks.pipeline.evaluate_cell`;
-    ``device_used``: ``cpu`` or ``cuda``, ``hardware``: that device's name; ``measures``: what
+    ``device_used``: ``cpu`` or ``cuda``, ``hardware``: that device's name; ``measured``: what
     the cell's study measured of its model, :attr:`LedgerCell.measure`)."""
     from tasks.tracking.tags import RunTags
 
@@ -367,7 +374,8 @@ def record_of_run(
         note="diverged: never registered" if metrics.get(Metrics.DIVERGED) else "",
         ablation=cell.ablation,
         study=cell.study,
-        measures=dict(measures or {}),
+        measures=dict(measured.measures if measured else {}),
+        curves=dict(measured.curves if measured else {}),
     )
 
 
@@ -387,7 +395,8 @@ class LedgerCell:
     ablation: str = ""
     #: "" for Table 3, its ablation and the peers, else the study whose table it is a cell of
     study: str = ""
-    #: what a record of it must have measured besides the test RMSE ("" for nothing)
+    #: what a record of it must have measured besides the test RMSE, a measure's or a curve's
+    #: name (:meth:`Measured.has`; "" for nothing)
     measure: str = ""
 
     @property

@@ -111,7 +111,7 @@ def cell_states(records: Iterable[LedgerRecord], cells: Sequence[LedgerCell]) ->
 
 
 def _has(record: LedgerRecord, measure: str) -> bool:
-    return not measure or measure in record.measures
+    return not measure or record.measured.has(measure)
 
 
 @dataclass(frozen=True)
@@ -131,10 +131,13 @@ class StatusGroup:
 
 @dataclass(frozen=True)
 class LedgerStatus:
-    """The selected cells' states and the number of lines the ledger holds."""
+    """The selected cells' states and the number of lines the ledger holds; ``tables``: the
+    studies selected, in the ledger's order, those without a cell to train too (a table that is
+    timed rather than trained: the wall clock's)."""
 
     records: int
     states: tuple[CellState, ...]
+    tables: tuple[str, ...] = ()
 
     def flagged(self, numerics: Numerics) -> list[CellState]:
         """The recorded cells whose record has ``numerics`` (``older``, ``predates``)."""
@@ -162,8 +165,10 @@ class LedgerStatus:
 
     @property
     def studies(self) -> tuple[str, ...]:
-        """The studies with selected cells, in the scope's order."""
-        return tuple(dict.fromkeys(s.cell.study for s in self.states if s.cell.study))
+        """The studies selected (:attr:`tables`), then any other with selected cells, in the
+        scope's order."""
+        cells = (s.cell.study for s in self.states if s.cell.study)
+        return tuple(dict.fromkeys((*self.tables, *cells)))
 
     def groups(self) -> list[StatusGroup]:
         """Per (method, ablation, system), in the selection's order; verdicts as the tables
@@ -188,9 +193,12 @@ class LedgerStatus:
         ]
 
 
-def ledger_status(records: Sequence[LedgerRecord], cells: Sequence[LedgerCell]) -> LedgerStatus:
-    """The status of ``cells`` (a selection of the ledger's scope) given its ``records``."""
-    return LedgerStatus(len(records), tuple(cell_states(records, cells)))
+def ledger_status(
+    records: Sequence[LedgerRecord], cells: Sequence[LedgerCell], tables: Sequence[str] = ()
+) -> LedgerStatus:
+    """The status of ``cells`` (a selection of the ledger's scope) given its ``records``;
+    ``tables``: the studies selected (:attr:`LedgerStatus.tables`)."""
+    return LedgerStatus(len(records), tuple(cell_states(records, cells)), tuple(tables))
 
 
 def table3_states(status: LedgerStatus) -> list[CellState]:

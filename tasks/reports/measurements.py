@@ -15,6 +15,7 @@ from pathlib import Path
 __all__ = [
     "FOLDER",
     "Measurement",
+    "current_commit",
     "measurement_markdown",
     "read_measurement",
     "record_measurement",
@@ -54,7 +55,9 @@ def _machine() -> str:
     return f"{name}, {os.cpu_count()} cores, load {load}"
 
 
-def _commit() -> str:
+def current_commit() -> str:
+    """This checkout's commit (10 hex digits), and ``(with uncommitted changes)`` where its tracked
+    files differ from it; ``unknown`` without git."""
     try:
         out = subprocess.run(
             ["git", "-C", str(ROOT), "rev-parse", "--short=10", "HEAD"],
@@ -92,7 +95,7 @@ def record_measurement(
         tuple(columns),
         tuple(tuple(str(c) for c in r) for r in rows),
         machine or _machine(),
-        _commit(),
+        current_commit(),
         note,
     )
     folder.mkdir(parents=True, exist_ok=True)
