@@ -85,9 +85,10 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 # Wheels of every dependency except torch (CPython 3.12, manylinux x86-64) for air-gapped GPU
-# nodes: pip install --no-index --find-links wheelhouse neural-laplace-lab (over a CUDA torch).
+# nodes: pip install --no-index --find-links wheelhouse neural-laplace-lab (over a CUDA torch);
+# with torchlaplace, the reference make gpu-check compares with (pip install ... torchlaplace).
 wheelhouse: $(STAMP)
-	$(PY) scripts/wheelhouse.py --out wheelhouse
+	$(PY) scripts/wheelhouse.py --out wheelhouse --extra reference
 
 clean-venv:
 	rm -rf $(VENV)

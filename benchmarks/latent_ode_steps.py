@@ -19,6 +19,13 @@ models on that machine (the smallest, ×5 over eager ×5 and ×30 over ×5). The
 iterations its solves need, rounded up to the host's end test every 4; the captured one runs its
 budget: twice the most the paper's solves needed here (at least 16).
 
+A folder whose table timed NODE and ANODE at their defaults (Euler, back-propagation through the
+solve) rather than as the paper profile trains them (the adjoint; ``throughput.py
+--paper-settings``) has their rows projected too (:func:`project_adjoint`): CUDA timings scaled
+by the kernels of a packed epoch with the adjoint over one without (counted on the CPU twin,
+:mod:`benchmarks.step_kernels`), CPU timings by the CPU time of the two eager epochs measured
+here.
+
     PYTHONPATH=. python benchmarks/latent_ode_steps.py --epochs 30 --record
     NLLAB_CPU_NUMERICS=native PYTHONPATH=. python benchmarks/latent_ode_steps.py --record \
         --project results/gpu/2026-11-27-h200-third
@@ -27,6 +34,7 @@ budget: twice the most the paper's solves needed here (at least 16).
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 from pathlib import Path
@@ -92,39 +100,105 @@ def count_steps(system: str, epochs: int, seed: int = 0) -> list[list[int]]:
 def step_ops(budgets: tuple[int, int] = (16, 32), members: int = 5) -> tuple[float, float, int]:
     """(operators outside the latent solve, operators per solver iteration, the iterations its
     solve needs) of one packed training step (forward and backward) of the throughput table's
-    Latent ODE (its data, 128 trajectories a batch, float64), counted at two budgets."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode  # counts dispatched kernels
+    Latent ODE (its data, 128 trajectories a batch, float64), counted at two budgets
+    (:func:`benchmarks.step_kernels.step_operators`)."""
+    from benchmarks.step_kernels import step_operators
+    from benchmarks.throughput import models
 
-    from benchmarks.throughput import models, splits
-    from nltrain import TrainConfig
-    from nltrain._packed_cells import PackedCells
-
-    class Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.n += 1
-            return func(*args, **(kwargs or {}))
-
-    tr, va = splits(128)
-    cfg = TrainConfig(epochs=1, patience=None, batch_size=128, dtype="float64")
     counts = []
     for budget in budgets:
-        ms = models("latent_ode", range(members))
-        for m in ms:
-            m.double().solve_iterations = budget
-        cells = PackedCells(
-            ms, [tr] * members, [va] * members, cfg, torch.device("cpu"),
-            list(range(members)), [str(i) for i in range(members)], False,
-        )  # fmt: skip
-        cells.begin_epoch()
-        with Count() as count:
-            cells.train_step(0, 0, 128)
-        counts.append(count.n)
+
+        def with_budget(ms, budget=budget) -> None:
+            for m in ms:
+                m.solve_iterations = budget
+
+        n, cells = step_operators(
+            lambda seed: models("latent_ode", range(seed, seed + 1))[0],
+            members=members,
+            prepare=with_budget,
+        )
+        counts.append(n)
         needed = int(cells.packer.base._flags[1])
     per = (counts[1] - counts[0]) / (budgets[1] - budgets[0])
     return counts[0] - per * budgets[0], per, needed
+
+
+def cpu_seconds_ratio(name: str, settings: dict, epochs: int = 3) -> float:
+    """CPU seconds of an eager epoch of ``name`` built with ``settings`` over one at its
+    defaults, on this CPU (one thread, the throughput table's data; the median of the epochs
+    after the first, in CPU time: a busy machine slows both alike)."""
+    import time
+
+    import torch
+
+    from benchmarks.throughput import models, splits
+    from nltrain import TrainConfig, train
+
+    torch.set_num_threads(1)
+    tr, va = splits()
+    cfg = TrainConfig(epochs=epochs, patience=None, batch_size=128, dtype="float64")
+    medians = []
+    for kw in ({}, settings):
+        (model,) = models(name, range(1), kw)
+        ticks: list[float] = []  # CPU time at each epoch's end
+
+        def tick(_record, ticks: list[float] = ticks) -> None:
+            ticks.append(time.process_time())
+
+        train(model, tr, va, cfg, seed=0, step="eager", on_epoch=tick)
+        medians.append(statistics.median(b - a for a, b in itertools.pairwise(ticks)))
+    return medians[1] / medians[0]
+
+
+def project_adjoint(rows: list) -> str:
+    """The rows of ``benchmarks.throughput.ADJOINT_MODELS`` timed at their defaults (Euler,
+    back-propagation through the solve), made the paper profile's (the adjoint, which a GPU
+    check has not timed yet): each CUDA timing (one cell, packs, graphs) × the operators of a
+    packed epoch with the adjoint over one without
+    (:func:`benchmarks.step_kernels.epoch_operators`, counted on the CPU twin: a captured
+    step's kernels), each CPU timing (the eager step) × the CPU time of an eager epoch with the
+    adjoint over one without, measured here (:func:`cpu_seconds_ratio`); marked projected.
+    Returns the sentence the record's note says it with ('' if no row was timed at its
+    defaults)."""
+    from benchmarks.step_kernels import epoch_operators
+    from benchmarks.throughput import ADJOINT_MODELS, models
+    from tasks.config import resolve_config
+
+    said = []
+    for name in ADJOINT_MODELS:
+        mine = [r for r in rows if r.model == name and not r.settings.get("adjoint")]
+        if not mine:
+            continue
+        paper = dict(resolve_config("paper").models[name])
+        ops = [
+            epoch_operators(lambda s, n=name, kw=kw: models(n, range(s, s + 1), kw)[0], members=5)
+            for kw in ({}, paper)
+        ]
+        kernels, cpu = ops[1] / ops[0], cpu_seconds_ratio(name, paper)
+        for r in mine:
+            scale = kernels if r.device == "cuda" else cpu
+            r.seconds = {m: v * scale for m, v in r.seconds.items()}
+            r.eager_packed = {m: v * scale for m, v in r.eager_packed.items()}
+            r.projected = sorted({*r.projected, *r.seconds, *r.eager_packed})
+            r.settings = paper
+        said.append(
+            f"{name} ×{kernels:.2f} on CUDA ({ops[1]} operators a packed epoch against "
+            f"{ops[0]}) and ×{cpu:.2f} on the CPU"
+        )
+    if not said:
+        return ""
+    return (
+        "The paper profile trains NODE and ANODE through the adjoint (Euler, odeint_adjoint "
+        "with the semi-norm; on CUDA packed, nlmodels.baselines._euler.euler_adjoint), which "
+        "that check timed at their defaults only (Euler, back-propagation through the solve): "
+        "their rows are projected from those timings, CUDA ones × the operators of a packed "
+        "epoch with the adjoint over one without (counted on the CPU twin: a captured step's "
+        "kernels), CPU ones (the eager step, torchdiffeq's adjoint) × the CPU time of an eager "
+        "epoch with the adjoint over one without, measured on this project's CPU: "
+        + "; ".join(said)
+        + "; not measured: a GPU check with throughput.py --paper-settings node anode "
+        "measures them."
+    )
 
 
 def project_captured(folder: Path, steps: Path, record: bool) -> None:
@@ -158,9 +232,12 @@ def project_captured(folder: Path, steps: Path, record: bool) -> None:
     latent = next(
         r for r in rows if (r.model, r.device, r.dtype) == ("latent_ode", "cuda", "float64")
     )
+    if 5 in latent.seconds:  # measured there: nothing to project
+        raise SystemExit(f"{folder}: the Latent ODE's captured packs were measured there")
     latent.seconds[5] = latent.eager_packed[5] * kernels / gain5
     latent.seconds[30] = latent.seconds[5] / gain30
     latent.projected = [5, 30]
+    adjoint = project_adjoint(rows)  # (after the gains: it scales a row's timings alike)
     p = project(rows, workers=facts["workers"], cuda=True, free_bytes=facts["free_bytes"])
     print(projection_markdown(p))
     places = {c.device for c in p.packs if c.method == "latent_ode"}
@@ -178,6 +255,7 @@ def project_captured(folder: Path, steps: Path, record: bool) -> None:
         f"{gain30:.2f}): graphs ×5 {latent.seconds[5]:.4f}, ×30 {latent.seconds[30]:.4f} "
         f"s/cell-epoch, not measured; a GPU check measures them. The plan puts the Latent "
         f"ODE's packs on: {', '.join(sorted(places))} (where they shorten the whole plan)."
+        + (f" {adjoint}" if adjoint else "")
     )
     if record:
         from tasks.reports.measurements import record_measurement

@@ -11,6 +11,10 @@ clipping at 1), it times, in seconds per cell-epoch,
   ``--members`` and ``--big-members`` cells (B = 30: every seed of one model over six systems);
 * CPU eager (with ``--device cuda``): one cell on one CPU thread, float64, for the projection;
 
+each model at its defaults, or as the paper profile builds it with ``--paper-settings MODEL...``
+(its row then says ``(paper)``: NODE and ANODE through the adjoint, as the paper profile's cells
+train);
+
 all in the same process, and prints a Markdown table. Models that are not packable train one
 by one in ``train_packed``: their packed time is eager's, shown as "not packable".
 
@@ -53,6 +57,10 @@ from tasks.config import METHODS, CellConfig, TrainConfig, resolve_config
 from tasks.machine.placement import Probe
 
 PAPER_CELLS_PER_MODEL = 6 * 5  # systems × seeds
+#: The models the paper profile trains through the adjoint (the reference protocol's NODE and
+#: ANODE: Euler, ``odeint_adjoint`` with the semi-norm), a step of another kind than their
+#: defaults' (back-propagation through the solve): ``--paper-settings`` times them so.
+ADJOINT_MODELS = ("node", "anode")
 N_TRAIN, N_VAL = 800, 100
 
 
@@ -67,11 +75,13 @@ def splits(n_train: int = N_TRAIN, n_val: int = N_VAL) -> tuple[SplitData, Split
     )
 
 
-def models(name: str, seeds: range):
+def models(name: str, seeds: range, settings: dict | None = None):
+    """Model ``name`` for the table's 2-D data, seeded with each of ``seeds``, built with
+    ``settings`` (keywords; default: the model's defaults)."""
     out = []
     for s in seeds:
         with seeded(s):
-            out.append(build_model(name, 2))
+            out.append(build_model(name, 2, **(settings or {})))
     return out
 
 
@@ -93,6 +103,9 @@ class Timing:
     bytes_per_member: dict[int, int] = field(default_factory=dict)  # CUDA peak memory
     #: pack sizes whose seconds are projected, not measured (benchmarks/latent_ode_steps.py)
     projected: list[int] = field(default_factory=list)
+    #: the keywords the model was built with (empty: its defaults; ``--paper-settings``: the
+    #: paper profile's, e.g. NODE's adjoint)
+    settings: dict = field(default_factory=dict)
 
 
 def read_timings(path: Path) -> list[Timing]:
@@ -107,17 +120,17 @@ def read_timings(path: Path) -> list[Timing]:
 
 
 def packed_seconds(
-    name, tr, va, cfg, device, members: int, graphs: bool | None
+    name, tr, va, cfg, device, members: int, graphs: bool | None, settings: dict | None = None
 ) -> tuple[float | None, int]:
     """Seconds per cell-epoch of ``members`` seeds packed (None: no graph was captured), and the
-    peak CUDA memory per member (0 on the CPU)."""
+    peak CUDA memory per member (0 on the CPU); the models built with ``settings``."""
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
     results = train_packed(
-        models(name, range(members)),
+        models(name, range(members), settings),
         [tr] * members,
         [va] * members,
         cfg,
@@ -141,37 +154,42 @@ def measure(
     big_members: int,
     n_train: int = N_TRAIN,
     cpu_eager: bool = False,
+    settings: dict[str, dict] | None = None,
     log=print,
 ) -> list[Timing]:
-    """The table's timings (see the module's docstring)."""
+    """The table's timings (see the module's docstring); ``settings``: the keywords some models
+    are built with (by name; the others at their defaults)."""
     tr, va = splits(n_train)
     out: list[Timing] = []
     for dtype in dtypes:
         cfg = TrainConfig(epochs=epochs, patience=None, batch_size=128, dtype=dtype)
         for name in names:
-            can_pack = packable(models(name, range(1))[0], device)
-            row = Timing(name, dtype, device.type, can_pack)
-            (one,) = models(name, range(1))
+            kw = (settings or {}).get(name, {})
+            can_pack = packable(models(name, range(1), kw)[0], device)
+            row = Timing(name, dtype, device.type, can_pack, settings=kw)
+            (one,) = models(name, range(1), kw)
             # one cell on the module's eager step on the CPU (what packing is measured against;
             # train's default there is a pack of one, for bitwise results)
             step = "eager" if device.type == "cpu" else "auto"
             one_run = train(one, tr, va, cfg, device=device, seed=0, step=step)
             row.seconds[1] = per_epoch(one_run.history)
             if can_pack and device.type == "cpu":
-                row.seconds[members] = packed_seconds(name, tr, va, cfg, device, members, False)[0]
+                row.seconds[members] = packed_seconds(
+                    name, tr, va, cfg, device, members, False, kw
+                )[0]
             elif can_pack:
                 row.eager_packed[members] = packed_seconds(
-                    name, tr, va, cfg, device, members, False
+                    name, tr, va, cfg, device, members, False, kw
                 )[0]
                 for m in (members, big_members):
-                    s, peak = packed_seconds(name, tr, va, cfg, device, m, None)
+                    s, peak = packed_seconds(name, tr, va, cfg, device, m, None, kw)
                     if s is not None:
                         row.seconds[m], row.bytes_per_member[m] = s, peak
             out.append(row)
             log(f"  {name} {dtype} on {device.type}: {row.seconds} s/cell-epoch", flush=True)
             if cpu_eager and device.type == "cuda" and dtype == "float64":
-                (one,) = models(name, range(1))
-                cpu = Timing(name, dtype, "cpu", can_pack)
+                (one,) = models(name, range(1), kw)
+                cpu = Timing(name, dtype, "cpu", can_pack, settings=kw)
                 cpu.seconds[1] = per_epoch(train(one, tr, va, cfg, seed=0, step="eager").history)
                 out.append(cpu)
                 log(f"  {name} {dtype} on cpu: {cpu.seconds} s/cell-epoch", flush=True)
@@ -192,6 +210,7 @@ def _fastest(a: Timing, b: Timing) -> Timing:
         low(a.seconds, b.seconds),
         low(a.eager_packed, b.eager_packed),
         {m: max(a.bytes_per_member[m], b.bytes_per_member.get(m, 0)) for m in a.bytes_per_member},
+        settings=a.settings,
     )
 
 
@@ -216,7 +235,8 @@ def table_rows(rows: Sequence[Timing], members: int, big_members: int) -> list[t
             packed, g5, g30 = r.seconds.get(members), None, None
         packed_s = _fmt(packed) if r.packable else "not packable"
         best = min(r.seconds.values())
-        out.append((r.model, r.dtype, r.device, f"{eager:.4f}", packed_s, _fmt(g5), _fmt(g30),
+        name = f"{r.model} (paper)" if r.settings else r.model  # --paper-settings
+        out.append((name, r.dtype, r.device, f"{eager:.4f}", packed_s, _fmt(g5), _fmt(g30),
                     f"{eager / best:.1f}×"))  # fmt: skip
     return out
 
@@ -417,6 +437,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     ap.add_argument("--threads", type=int, default=1, help="torch threads (per worker)")
     ap.add_argument("--models", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument(
+        "--paper-settings",
+        nargs="+",
+        default=[],
+        choices=list(METHODS),
+        metavar="MODEL",
+        help="build these models as the paper profile does (e.g. node anode: the reference "
+        "protocol's adjoint); the others at their defaults",
+    )
     ap.add_argument("--n-train", type=int, default=N_TRAIN, help="training trajectories timed")
     ap.add_argument("--json", metavar="FILE", help="also write the timings and projection")
     ap.add_argument(
@@ -444,6 +473,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             big_members=args.big_members,
             n_train=args.n_train,
             cpu_eager=device.type == "cuda",
+            settings={m: dict(resolve_config("paper").models[m]) for m in args.paper_settings},
         )
         rows = again if not rows else [_fastest(a, b) for a, b in zip(rows, again, strict=True)]
     if args.n_train != N_TRAIN:  # per cell-epoch of the paper's 800 trajectories

@@ -6,9 +6,10 @@ with 16 cores), one part after another, each with its own time cap:
 1. ``pytest -m gpu`` (the CUDA-only tests);
 2. the throughput table of ``benchmarks/throughput.py``: eager, packed ×5, CUDA graphs ×5 and
    ×30 for every model of the paper's table (the Latent ODE's captured on a fixed budget of
-   solver iterations), float64 (the paper's dtype: float32 is ``benchmarks/throughput.py
-   --dtypes float32``, left out so that the slice below has the time it needs), plus each
-   model's eager epoch on one CPU thread;
+   solver iterations; NODE and ANODE as the paper profile builds them, through the adjoint,
+   packed by ``nlmodels.baselines._euler.euler_adjoint``), float64 (the paper's dtype:
+   float32 is ``benchmarks/throughput.py --dtypes float32``, left out so that the slice below
+   has the time it needs), plus each model's eager epoch on one CPU thread;
 3. Neural Laplace beside the reference ``torchlaplace`` on the GPU (when it is importable);
 4. the slice's data simulated first, timed apart (``nllab simulate --profile paper``), then
    ``nllab benchmark --profile paper --device auto --epochs 20`` over the six systems with seed
@@ -51,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from benchmarks.throughput import (  # noqa: E402
+    ADJOINT_MODELS,
     N_TRAIN,
     PROJECTION_COLUMNS,
     Timing,
@@ -127,15 +129,18 @@ def part_throughput(cuda: bool, cap: float, out: Path, smallest: bool) -> tuple[
     if cuda:
         cmd += ["--device", "cuda", "--dtypes", "float64", "--members", "5"]
         cmd += ["--models", *PAPER_METHODS]  # the models the projection and the slice train
-        cmd += ["--big-members", "30"]
-        note = "CUDA: eager, packed ×5 (eager steps), CUDA graphs ×5 and ×30; CPU eager, 1 thread."
+        cmd += ["--big-members", "30", "--paper-settings", *ADJOINT_MODELS]
+        note = (
+            "CUDA: eager, packed ×5 (eager steps), CUDA graphs ×5 and ×30; CPU eager, 1 thread. "
+            "(paper): built as the paper profile builds it (NODE, ANODE: through the adjoint)."
+        )
     elif smallest:
         cmd += ["--device", "cpu", "--models", "node", "neural_laplace", "--n-train", "16"]
         cmd += ["--members", "2"]
         note = "CPU only, smallest: two models, 16 training trajectories (scaled to 800)."
     else:
         cmd += ["--device", "cpu", "--n-train", "128", "--members", "5"]
-        cmd += ["--models", *PAPER_METHODS]
+        cmd += ["--models", *PAPER_METHODS, "--paper-settings", *ADJOINT_MODELS]
         note = "CPU only (no CUDA): 128 training trajectories timed, scaled to 800."
     if smallest:  # in this process: seconds, no second interpreter to start
         from contextlib import redirect_stdout

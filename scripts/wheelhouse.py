@@ -7,8 +7,10 @@ over, then on the GPU node (torch with CUDA already installed)::
 
 Every dependency of ``pyproject.toml`` is downloaded as a binary wheel for the target interpreter
 and platform (default CPython 3.12, manylinux x86-64) with its own dependencies, except torch,
-which the node already has (its CUDA build must not be replaced): ``torchdiffeq`` comes without
-its dependencies, and nothing named ``torch``, ``triton`` or ``nvidia-*`` enters the folder.
+which the node already has (its CUDA build must not be replaced): ``torchdiffeq`` and
+``torchlaplace`` come without their dependencies, and nothing named ``torch``, ``triton`` or
+``nvidia-*`` enters the folder. ``make wheelhouse`` adds the ``reference`` extra (the reference
+package ``torchlaplace``, which ``make gpu-check`` times Neural Laplace beside).
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 #: Installed with torch on the GPU node; never downloaded.
 EXCLUDED = re.compile(r"^(torch|triton|nvidia[-_].*|cuda[-_].*)$", re.IGNORECASE)
-#: Needs torch only: downloaded without its dependencies.
-TORCH_ONLY = ("torchdiffeq",)
+#: Need torch (and what the project needs anyway: scipy): downloaded without their dependencies.
+TORCH_ONLY = ("torchdiffeq", "torchlaplace")
 
 
 def _name(requirement: str) -> str:
