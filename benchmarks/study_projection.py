@@ -3,8 +3,9 @@
 Every study body runs as ``nllab study NAME --profile paper`` would, with one difference: its
 cells are planned, not trained (the body is handed "not trained" results), so this lists the
 cells each table needs without training one. Each cell is then projected from the ledger's own
-full-budget records on this processor (:mod:`tasks.ledger`): the median training seconds of its
-method on its system at the paper profile (else of its method on any system), scaled by its
+full-budget records on this processor (:mod:`tasks.ledger`; Table 3's and its ablation's, not a
+study's, whose cells train other amounts): the median training seconds of its method on its
+system at the paper profile (else of its method on any system), scaled by its
 training trajectories and epochs against the paper profile's (N = 1000 × 80 %, 1000 epochs). A
 cell with the config hash of a Table 3 cell is Table 3's and costs nothing, except in a study
 that measures the trained model (the CMI): there a Table 3 cell that the ledger already holds
@@ -80,7 +81,12 @@ def main() -> None:
     args = ap.parse_args()
     here = hardware_name("cpu")
     # CPU records (the earliest name no device), this processor's first
-    records = [r for r in read_ledger(DEFAULT_LEDGER) if r.train_seconds and r.device != "cuda"]
+    # (not a study's record: its cell trains another amount, 200 epochs on N = 30, say)
+    records = [
+        r
+        for r in read_ledger(DEFAULT_LEDGER)
+        if r.train_seconds and r.device != "cuda" and not r.study
+    ]
     ordered = [r for r in records if r.hardware == here] + [
         r for r in records if r.hardware != here
     ]
@@ -172,7 +178,7 @@ def _merged(kept: Measurement, rows: list[tuple[str, ...]]) -> list[tuple[str, .
         row["order"] = _order(row["study"]) + (f"; {ended}" if ended else "")
         row.setdefault("projected at", kept.commit.split(" ")[0])
         out[row["study"]] = tuple(row[c] for c in COLUMNS)
-    rank = {name: i for i, name in enumerate([*LEDGER_STUDIES, *STUDIES])}
+    rank = {name: i for i, name in enumerate(dict.fromkeys([*LEDGER_STUDIES, *STUDIES]))}
     return sorted(out.values(), key=lambda r: rank.get(r[0], len(rank)))
 
 

@@ -123,8 +123,8 @@ def _projected(root: Path, name: str) -> str:
         return ""
     m = read_measurement(path)
     row = next((dict(zip(m.columns, r, strict=True)) for r in m.rows if r[0] == name), None)
-    if row is None or "first seed, CPU hours" not in row:
-        return ""
+    if row is None or "first seed, CPU hours" not in row or row["cells"] == "0":
+        return ""  # (nothing to project: a table timed, not trained)
     commit = row.get("projected at") or m.commit  # (a row of its own commit: --keep)
     return (
         f"Projected before it was run, on {m.machine.split(',')[0]} at commit {commit[:10]}: "

@@ -511,6 +511,7 @@ def test_the_ilt_figure_and_table_12_are_drawn_from_records_and_the_measurement(
     assert drawn.measurements["ilt_accuracy"] is not None
     accuracy = drawn.output.tables["ilt_accuracy"].set_index("algorithm")
     assert accuracy.loc["fourier", "value"] == pytest.approx(0.017)
+    assert accuracy["std"].dtype == float and accuracy["std"].isna().all()  # ("nan" read back)
     assert accuracy.loc["fourier", "verdict"] != "–"  # judged against the paper's 0.0171
     training = drawn.output.tables["ilt_training"]
     assert list(training["n"]) == [3, 3] and training["value"].tolist() == pytest.approx([0.2, 0.2])

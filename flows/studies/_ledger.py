@@ -318,7 +318,10 @@ def measurement_frame(m: Measurement) -> pd.DataFrame:
         try:
             frame[column] = pd.to_numeric(frame[column])
         except (ValueError, TypeError):
-            pass  # (a column of names)
+            try:  # ("nan" among numbers, which pandas does not parse but float does)
+                frame[column] = [float(v) for v in frame[column]]
+            except ValueError:
+                pass  # (a column of names)
     return frame
 
 

@@ -163,6 +163,8 @@ def _plot(curves: dict[str, Mapping[str, Curve]], path: Path) -> None:
         for i, (name, mine) in enumerate(curves.items()):
             line(mine["prediction"], "--", color=f"C{i + 1}", label=name)
         ax.legend(fontsize=7, loc="upper left")
+    else:  # (drawn from the ledger before a record has its curves)
+        ax.text(0.5, 0.5, "no curve recorded yet", ha="center", transform=ax.transAxes)
     ax.set_xlabel("t")
     ax.set_ylabel("x (normalised)")
     ax.set_title("Frequency filter (Appendix C)")

@@ -136,6 +136,8 @@ def _body(ctx: StudyContext) -> StudyOutput:
         if drawn:
             ax.set_yscale("log")
             ax.legend(fontsize=7)
+        else:  # (drawn from the ledger before a record has its curve)
+            ax.text(0.5, 0.5, "no curve recorded yet", ha="center", transform=ax.transAxes)
         ax.set_xlabel("epoch")
         ax.set_ylabel("training loss (MSE)")
         ax.set_title(s)
