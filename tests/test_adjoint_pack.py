@@ -217,3 +217,45 @@ def test_a_cuda_pack_of_reference_cells_is_captured_and_is_torchdiffeqs(name):
     eager = _unpacked(name, seeds, cfg, datas, **REFERENCE)
     for e, (m, r), d in zip(eager, zip(models, results, strict=True), datas, strict=True):
         _assert_same(e, (m.cpu(), r), d[2])
+
+
+def test_a_packed_adjoint_step_reads_nothing_on_the_host_once_its_checks_are_recorded():
+    """What a CUDA graph's capture needs, on the CPU twin: with the time grids' checks recorded
+    on a first step and replayed (``recorded_host_bools``, as ``nltrain._packer`` captures), a
+    step of a pack of the reference NODE reads no tensor value on the host (forward, the
+    twin's backward solve, clipping and Adam)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from nlmodels.base import recorded_host_bools
+    from nltrain import TrainConfig
+    from nltrain._packed_cells import PackedCells
+
+    reads = []
+
+    class HostReads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (
+                torch.ops.aten._local_scalar_dense.default,
+                torch.ops.aten.is_nonzero.default,
+            ):
+                reads.append(func)
+            return func(*args, **(kwargs or {}))
+
+    datas = [_data(s) for s in (0, 1)]
+    cells = PackedCells(
+        [_model("node", s, **REFERENCE).double() for s in (0, 1)], [d[0] for d in datas],
+        [d[1] for d in datas], TrainConfig(epochs=1, patience=None, batch_size=8),
+        torch.device("cpu"), [0, 1], ["0", "1"], False,
+    )  # fmt: skip
+    packer, pack = cells.packer, cells.pack
+    cells.begin_epoch()
+    idx = torch.arange(8).expand(2, -1).clone()
+    tape: list[bool] = []
+    with recorded_host_bools(tape, replay=False):
+        packer.step(pack, idx, 8, packer.adam_scalars(1))
+    assert tape  # the grids' checks were read once
+    before = [p.detach().clone() for p in pack.params.values()]
+    with recorded_host_bools(tape, replay=True), HostReads():
+        packer.step(pack, idx, 8, packer.adam_scalars(2))
+    assert reads == []
+    assert any(not torch.equal(a, b) for a, b in zip(before, pack.params.values(), strict=True))
