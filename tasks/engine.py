@@ -88,7 +88,8 @@ CPU_PACK_MEMBERS = 5
 def _packable(cell: CellConfig, device: str = "cpu") -> bool:
     """Whether the cell's model trains packed on ``device`` (else its seeds are better spread
     over workers): :func:`nltrain.packable` and not
-    :func:`nltrain.prefers_one_by_one` there (Neural Laplace packs on CUDA only)."""
+    :func:`nltrain.prefers_one_by_one` there (Neural Laplace, and NODE and ANODE through the
+    adjoint as the paper profile trains them, pack on CUDA only)."""
     from nlmodels import build_model
     from nltrain import packable, prefers_one_by_one
     from tasks.config.declarations import system_info
