@@ -595,3 +595,56 @@ def test_the_wallclock_table_is_drawn_from_its_measurement_naming_the_device(tmp
     assert "results/measurements/wallclock.json (measured on Some CPU" in line
     (missing,) = study_lines(status, tmp_path / "none")
     assert "not measured yet" in missing and "--studies wallclock" in missing
+
+
+def test_the_figure_studies_measure_a_trained_model_as_their_records_keep_it(
+    tmp_path, mlflow_store, prefect_server
+):
+    """Each figure study's measure of a real (tiny) trained run, as ``ledger run`` records it
+    (:func:`flows.studies.measure_cell`): its mark, finite numbers, curves a record accepts."""
+    from flows.ledger import run_ledger
+    from flows.studies import MEASURES, measure_cell
+    from tasks.tracking import connect
+
+    config = tmp_path / "tiny.toml"
+    config.write_text(
+        'isolation = "thread"\nmax_workers = 1\ntorch_threads = 1\nprogress = false\n'
+        "[data]\nn_trajectories = 40\n[training]\nepochs = 3\nbatch_size = 8\n"
+    )
+    ledger = tmp_path / "ledger.jsonl"
+    selection = {
+        "config_file": config,
+        "systems": ["noisy_sines", "piecewise_forcing_ode"],
+        "methods": ["neural_laplace"],
+        "seeds": [0],
+        "ablations": False,
+    }
+    assert len(run_ledger(ledger, selection=selection, execution={}, say=print).appended) == 2
+    records = {r.system: r for r in read_ledger(ledger)}
+    cells = {
+        c.system: c
+        for c in paper_config(
+            config_file=config, **{k: selection[k] for k in ("systems", "methods", "seeds")}
+        ).cells()
+    }
+    queries = connect(paper_config(config_file=config).tracking).queries
+    measured = {
+        study: measure_cell(study, cells[system], records[system].run_id, queries)
+        for study, system in (
+            ("ilt", "piecewise_forcing_ode"),
+            ("nfe", "piecewise_forcing_ode"),
+            ("frequency-filter", "noisy_sines"),
+        )
+    }
+    for study, m in measured.items():
+        assert m.has(MEASURES[study])
+        line = _record(study=study, measures=dict(m.measures), curves=dict(m.curves))
+        assert LedgerRecord.from_mapping(json.loads(line.to_json())) == line  # (as kept)
+    epochs = [e for e, _ in measured["ilt"].curves["train_loss"]]
+    assert epochs == [0.0, 1.0, 2.0]  # the run's three epochs
+    horizon = dict(measured["nfe"].curves["nfe_horizon"])
+    assert set(horizon) == {1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0}
+    assert set(horizon.values()) == {1.0}  # Neural Laplace: one evaluation of g, whatever Δt
+    ff = measured["frequency-filter"]
+    assert all(math.isfinite(v) for v in ff.measures.values()) and len(ff.measures) == 3
+    assert set(ff.curves) == {"observed", "corrupted", "clean", "prediction"}

@@ -65,8 +65,7 @@ def measurement_phrase(study: str, folder: Path | None = None) -> str:
         if path.is_file():
             m = read_measurement(path)
             parts.append(
-                f"{name} from results/measurements/{name}.json (measured on "
-                f"{m.machine.split(', load ')[0]}, "
+                f"{name} from results/measurements/{name}.json (measured on {m.machine}, "
                 f"commit {m.commit})"
             )
         else:
