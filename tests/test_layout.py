@@ -798,6 +798,7 @@ TEST_INTERNALS: dict[str, str] = {
     "nltrain._packed_gru": "the plain GRU the packs train, against torch's",
     "nltrain._packer": "the batched step, built directly",
     "nltrain._steps": "a split's tensors and the epoch readout, built directly",
+    "nltrain._training": "the allocator setting a CPU step makes, replaced to see it made",
     "tasks.machine.placement._probe_key": "the placement probe's cache key",
 }
 
