@@ -49,6 +49,7 @@ def main() -> None:
             if not args.record:
                 continue
             columns, rows = measurement_rows(frame)
+            where = "on the device each row names" if "device" in columns else "on its CPU"
             options = f" --studies {study}"
             options += f" --seeds {' '.join(map(str, args.seeds))}" if args.seeds else ""
             options += f" --torch-threads {args.torch_threads}" if args.torch_threads else ""
@@ -61,7 +62,7 @@ def main() -> None:
                 columns,
                 rows,
                 note=f"{seeds}the study's own body measured it ({seconds:.0f} s in all); "
-                "timings are this machine's, on the device each row names.",
+                f"timings are this machine's, {where}.",
             )
             print(f"recorded {path}")
 
