@@ -231,6 +231,40 @@ def test_the_tiled_products_are_the_plain_loop_bit_for_bit():
     assert {1, 3} <= codes_run  # every x86-64-v3 CPU runs these
 
 
+def test_operands_read_in_place_give_the_plain_loops_bits():
+    """Neural Laplace's decoder's products at a chunk's sizes (rows 1900 = 19 trajectories x
+    100 times, 64 units, 132 outputs), each operand as the decoder lays it out: the tiles read
+    full panels of a (rows or columns contiguous) and of b (rows contiguous) in place where they
+    are read few times, pack the rest and the partial panels; every element is the plain loop's."""
+    g = torch.Generator().manual_seed(3)
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(1, *shape, generator=g, dtype=torch.float64)
+
+    rows = 1900
+    h1, h2, g_z2, w2, w3, g_out_t = (
+        r(rows, 64),
+        r(rows, 64),
+        r(rows, 64),
+        r(64, 64),
+        r(132, 64),
+        r(132, rows),
+    )
+    products = [
+        (h1, w2.transpose(1, 2)),  # first hidden to second
+        (w3, h2.transpose(1, 2)),  # output layer, transposed
+        (g_out_t, h2),  # its weight gradient
+        (g_out_t.transpose(1, 2), w3),  # back to the second hidden layer
+        (g_z2.transpose(1, 2), h1),  # the second layer's weight gradient
+        (g_z2, w2),  # back to the first
+    ]
+    for a, b in products:
+        plain = _product_by(0, a, b)
+        for which in (1, 2):
+            tiled = _product_by(which, a, b)
+            assert tiled is None or torch.equal(tiled, plain), (which, a.stride(), b.stride())
+
+
 FUNCTIONS = {
     "exp": mpmath.exp,
     "expm1": mpmath.expm1,

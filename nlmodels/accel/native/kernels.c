@@ -768,32 +768,45 @@ void nl_vector_math(int op, i64 n, const double *x, double *y) {
  * The blocking is Goto and van de Geijn's ("Anatomy of High-Performance Matrix Multiplication",
  * ACM TOMS 34(3), 2008): a block of MM_KC inner indices of b packed in panels of NR columns (one
  * panel stays in L1 while it meets every row panel), of a in panels of MR rows (MM_MC rows stay
- * in L2), and an MR x NR register tile of accumulators per pair of panels. Narrow products
- * (n < NR / 2, m > n) are computed as c^T = b^T a^T, the same arithmetic per element. */
+ * in L2), and an MR x NR register tile of accumulators per pair of panels; a panel that is read
+ * only a few times and whose layout a tile reads as fast in place is not copied at all (small
+ * products' operands read in place are the way of libxsmm: Heinecke et al., "LIBXSMM:
+ * Accelerating Small Matrix Multiplications by Runtime Code Generation", SC 2016). Narrow
+ * products (n < NR / 2, m > n) are computed as c^T = b^T a^T, the same arithmetic per element. */
 #include <math.h>
 
 #define MM_KC 256
 #define MM_MC 96 /* a multiple of every MR */
 #define MM_NC 4096
 
-/* An MR x NR tile: c (row stride ldc) = (first ? a0 b0 : c) then + a_l b_l for the kc inner
- * indices of a packed row panel ap [kc][MR] and column panel bp [kc][NR]. */
-typedef void (*mm_tile_fn)(i64 kc, const double *restrict ap, const double *restrict bp,
-                           double *restrict c, i64 ldc, int first);
+/* An MR x NR tile: c (row stride ldc) = (first ? a0 b0 : c) then + a_l b_l for kc inner indices.
+ * Element (r, l) of a is ap[r * RS + l * LS] and row l of b is bp + l * ldb: a packed row panel
+ * [kc][MR] (RS = 1, LS = MR) and column panel [kc][NR] (ldb = NR), or either operand read in
+ * place (see mm_blocked). Each element's sum is the same whatever the strides: the same
+ * products, the same fused multiply-adds, in the same order. */
+typedef void (*mm_tile_fn)(i64 kc, const double *restrict ap, i64 ars, i64 acs,
+                           const double *restrict bp, i64 ldb, double *restrict c, i64 ldc,
+                           int first);
 
 /* R rows x V vectors of W lanes: the accumulators stay in registers (the loops over r and v
- * have constant bounds and unroll). */
-#define MM_TILE(NAME, ATTR, VEC, W, R, V, SET1, LOADU, STOREU, MUL, FMADD)                       \
-    ATTR static void NAME(i64 kc, const double *restrict ap, const double *restrict bp,         \
-                          double *restrict c, i64 ldc, int first)                                \
+ * have constant bounds and unroll). RS, LS: a's strides, one of them the literal 1, so that the
+ * broadcasts' addresses cost no more than a packed panel's; LDB: b's (both panels packed: all
+ * three constants). */
+#define MM_TILE(NAME, ATTR, VEC, W, R, V, SET1, LOADU, STOREU, MUL, FMADD, RS, LS, LDB)         \
+    ATTR static void NAME(i64 kc, const double *restrict ap, i64 ars, i64 acs,                  \
+                          const double *restrict bp, i64 ldb, double *restrict c, i64 ldc,       \
+                          int first)                                                             \
     {                                                                                            \
         VEC acc[R][V];                                                                           \
         i64 l = 0;                                                                               \
+        (void)ars;                                                                               \
+        (void)acs;                                                                               \
+        (void)ldb;                                                                               \
         if (first) {                                                                             \
             VEC bv[V];                                                                           \
             for (int v = 0; v < V; ++v) bv[v] = LOADU(bp + W * v);                               \
             for (int r = 0; r < R; ++r) {                                                        \
-                const VEC ar = SET1(ap[r]);                                                      \
+                const VEC ar = SET1(ap[r * (RS)]);                                               \
                 for (int v = 0; v < V; ++v) acc[r][v] = MUL(ar, bv[v]);                          \
             }                                                                                    \
             l = 1;                                                                               \
@@ -802,11 +815,11 @@ typedef void (*mm_tile_fn)(i64 kc, const double *restrict ap, const double *rest
                 for (int v = 0; v < V; ++v) acc[r][v] = LOADU(c + r * ldc + W * v);              \
         }                                                                                        \
         for (; l < kc; ++l) {                                                                    \
-            const double *al = ap + l * R, *bl = bp + l * (W * V);                               \
+            const double *al = ap + l * (LS), *bl = bp + l * (LDB);                              \
             VEC bv[V];                                                                           \
             for (int v = 0; v < V; ++v) bv[v] = LOADU(bl + W * v);                               \
             for (int r = 0; r < R; ++r) {                                                        \
-                const VEC ar = SET1(al[r]);                                                      \
+                const VEC ar = SET1(al[r * (RS)]);                                               \
                 for (int v = 0; v < V; ++v) acc[r][v] = FMADD(ar, bv[v], acc[r][v]);             \
             }                                                                                    \
         }                                                                                        \
@@ -814,20 +827,33 @@ typedef void (*mm_tile_fn)(i64 kc, const double *restrict ap, const double *rest
             for (int v = 0; v < V; ++v) STOREU(c + r * ldc + W * v, acc[r][v]);                  \
     }
 
-/* 6 x 8: 12 accumulators of the 16 ymm registers */
+/* 6 x 8: 12 accumulators of the 16 ymm registers: both operands packed, a's columns
+ * contiguous (or a packed panel), a's rows contiguous */
 MM_TILE(mm_tile_avx2, , __m256d, 4, 6, 2, _mm256_set1_pd, _mm256_loadu_pd, _mm256_storeu_pd,
-        _mm256_mul_pd, _mm256_fmadd_pd)
+        _mm256_mul_pd, _mm256_fmadd_pd, 1, 6, 8)
+MM_TILE(mm_tile_avx2_cols, , __m256d, 4, 6, 2, _mm256_set1_pd, _mm256_loadu_pd,
+        _mm256_storeu_pd, _mm256_mul_pd, _mm256_fmadd_pd, 1, acs, ldb)
+MM_TILE(mm_tile_avx2_rows, , __m256d, 4, 6, 2, _mm256_set1_pd, _mm256_loadu_pd,
+        _mm256_storeu_pd, _mm256_mul_pd, _mm256_fmadd_pd, ars, 1, ldb)
 /* 12 x 16: 24 accumulators of the 32 zmm registers (AVX-512F, taken where the CPU has it) */
-MM_TILE(mm_tile_avx512, __attribute__((target("avx512f"))), __m512d, 8, 12, 2, _mm512_set1_pd,
-        _mm512_loadu_pd, _mm512_storeu_pd, _mm512_mul_pd, _mm512_fmadd_pd)
+#define MM_TILE_512(NAME, RS, LS, LDB)                                                            \
+    MM_TILE(NAME, __attribute__((target("avx512f"))), __m512d, 8, 12, 2, _mm512_set1_pd,         \
+            _mm512_loadu_pd, _mm512_storeu_pd, _mm512_mul_pd, _mm512_fmadd_pd, RS, LS, LDB)
+MM_TILE_512(mm_tile_avx512, 1, 12, 16)
+MM_TILE_512(mm_tile_avx512_cols, 1, acs, ldb)
+MM_TILE_512(mm_tile_avx512_rows, ars, 1, ldb)
 
 typedef struct {
     int mr, nr;
-    mm_tile_fn tile;
+    mm_tile_fn packed, cols, rows; /* both operands packed; a's columns, rows contiguous */
 } mm_isa;
 
 enum { MM_REFERENCE = 0, MM_AVX2 = 1, MM_AVX512 = 2, MM_DIRECT = 3 };
-static const mm_isa MM_ISAS[3] = {{0, 0, NULL}, {6, 8, mm_tile_avx2}, {12, 16, mm_tile_avx512}};
+static const mm_isa MM_ISAS[3] = {
+    {0, 0, NULL, NULL, NULL},
+    {6, 8, mm_tile_avx2, mm_tile_avx2_cols, mm_tile_avx2_rows},
+    {12, 16, mm_tile_avx512, mm_tile_avx512_cols, mm_tile_avx512_rows},
+};
 
 static int mm_supported(int isa)
 {
@@ -1047,39 +1073,63 @@ static i64 mm_blocked_need(const mm_isa *isa, i64 m, i64 n, i64 k)
     return kc * (mm_round_up(nc, isa->nr) + mm_round_up(mc, isa->mr));
 }
 
-/* c [m][n] (row stride ldc) = a (strides ars, acs) times b (strides brs, bcs), k >= 1 */
+/* c [m][n] (row stride ldc) = a (strides ars, acs) times b (strides brs, bcs), k >= 1.
+ * Packing copies an operand whole, which costs as much as a fifth of the products Neural
+ * Laplace's decoder takes (an inner or outer size of 64): the full panels of an operand whose
+ * layout a tile reads as fast in place (b's rows contiguous; a's rows or columns contiguous) and
+ * that are read at most MM_IN_PLACE times each are not packed, only the others and the partial
+ * panels at the edges (zero-padded). */
+#define MM_IN_PLACE 16
 static void mm_blocked(const mm_isa *isa, i64 m, i64 n, i64 k, const double *a, i64 ars,
                        i64 acs, const double *b, i64 brs, i64 bcs, double *c, i64 ldc,
                        double *scratch)
 {
     const int mr = isa->mr, nr = isa->nr;
+    /* in place only where the panels are read few times (each of a's once per column panel,
+     * each of b's once per row panel): a panel read often is worth its packed copy */
+    const int b_direct = bcs == 1 && m <= MM_IN_PLACE * mr;
+    const int a_direct = (ars == 1 || acs == 1) && n <= MM_IN_PLACE * nr;
+    const mm_tile_fn a_tile = ars == 1 ? isa->cols : isa->rows; /* a read in place */
     double edge[12 * 16]; /* a tile that overhangs c: computed here, its part in c copied */
     for (i64 jc = 0; jc < n; jc += MM_NC) {
         const i64 nc = n - jc < MM_NC ? n - jc : MM_NC;
         const i64 kmax = k < MM_KC ? k : MM_KC; /* as mm_blocked_need */
+        const i64 b_full = b_direct ? nc - nc % nr : 0; /* columns read in place */
         double *bpack = scratch, *apack = scratch + kmax * mm_round_up(nc, nr);
         for (i64 pc = 0; pc < k; pc += MM_KC) {
             const i64 kc = k - pc < MM_KC ? k - pc : MM_KC;
             const int first = pc == 0;
-            mm_panels(nc, kc, b + pc * brs + jc * bcs, bcs, brs, nr, bpack);
+            if (b_full < nc)
+                mm_panels(nc - b_full, kc, b + pc * brs + (jc + b_full) * bcs, bcs, brs, nr,
+                          bpack + b_full * kc);
             for (i64 ic = 0; ic < m; ic += MM_MC) {
                 const i64 mc = m - ic < MM_MC ? m - ic : MM_MC;
-                mm_panels(mc, kc, a + ic * ars + pc * acs, ars, acs, mr, apack);
+                const i64 a_full = a_direct ? mc - mc % mr : 0; /* rows read in place */
+                if (a_full < mc)
+                    mm_panels(mc - a_full, kc, a + (ic + a_full) * ars + pc * acs, ars, acs, mr,
+                              apack + a_full * kc);
                 for (i64 jr = 0; jr < nc; jr += nr) {
-                    const double *bp = bpack + jr * kc;
+                    const int b_here = jr < b_full;
+                    const double *bp = b_here ? b + pc * brs + jc + jr : bpack + jr * kc;
+                    const i64 ldb = b_here ? brs : nr;
                     const i64 cols = nc - jr < nr ? nc - jr : nr;
                     for (i64 ir = 0; ir < mc; ir += mr) {
-                        const double *ap = apack + ir * kc;
+                        const int a_here = ir < a_full;
+                        const double *ap =
+                            a_here ? a + (ic + ir) * ars + pc * acs : apack + ir * kc;
+                        const mm_tile_fn tile =
+                            a_here ? a_tile : (b_here ? isa->cols : isa->packed);
+                        const i64 rs = a_here ? ars : 1, ls = a_here ? acs : mr;
                         const i64 rows = mc - ir < mr ? mc - ir : mr;
                         double *ct = c + (ic + ir) * ldc + jc + jr;
                         if (rows == mr && cols == nr) {
-                            isa->tile(kc, ap, bp, ct, ldc, first);
+                            tile(kc, ap, rs, ls, bp, ldb, ct, ldc, first);
                             continue;
                         }
                         if (!first)
                             for (i64 r = 0; r < rows; ++r)
                                 memcpy(edge + r * nr, ct + r * ldc, (size_t)cols * sizeof(double));
-                        isa->tile(kc, ap, bp, edge, nr, first);
+                        tile(kc, ap, rs, ls, bp, ldb, edge, nr, first);
                         for (i64 r = 0; r < rows; ++r)
                             memcpy(ct + r * ldc, edge + r * nr, (size_t)cols * sizeof(double));
                     }
