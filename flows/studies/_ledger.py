@@ -36,8 +36,6 @@ from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
 from flows._study_catalog import study_entry
 from flows.studies._config import study_config
 from tasks.config import CellConfig
@@ -47,6 +45,8 @@ from tasks.results import CellResult
 from tasks.tracking import Metrics
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from flows.studies._core import Study, StudyContext, StudyOutput
     from tasks.ledger import LedgerRecord
     from tasks.ledger.scope import StudyCells
@@ -151,6 +151,8 @@ def plan_study(name: str, profile: str = "paper") -> StudyPlan:
             return self.folder / f"{name}.png"
 
         def measurement(self, name: str, compute: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+            import pandas as pd  # (here: the command line's parser loads this module)
+
             return pd.DataFrame()  # (a timing is measured, not planned)
 
     stopped = None
@@ -247,7 +249,11 @@ def recorded_output(
         def measurement(self, table: str, compute: Callable[[], pd.DataFrame]) -> pd.DataFrame:
             path = measurements / f"{table}.json"
             read[table] = read_measurement(path) if path.is_file() else None
-            return pd.DataFrame() if read[table] is None else measurement_frame(read[table])
+            if read[table] is not None:
+                return measurement_frame(read[table])
+            import pandas as pd
+
+            return pd.DataFrame()
 
     with tempfile.TemporaryDirectory(prefix=f"nllab-ledger-{name}-") as tmp:
         ctx = _context(name, profile, Path(tmp), Recorded)
@@ -313,6 +319,8 @@ def study_measurements(
 def measurement_frame(m: Measurement) -> pd.DataFrame:
     """A committed measurement's table as a frame, its numbers numbers again (the record keeps
     them as text: :func:`measurement_rows`)."""
+    import pandas as pd
+
     frame = pd.DataFrame(list(m.rows), columns=list(m.columns))
     for column in frame.columns:
         try:
