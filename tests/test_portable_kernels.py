@@ -7,7 +7,9 @@ value only, whatever its position, batch or pack; autograd and vmap reach the ke
 from __future__ import annotations
 
 import cmath
+import ctypes
 import math
+import types
 from fractions import Fraction
 
 import mpmath
@@ -17,7 +19,7 @@ import torch
 from torch.func import vmap
 
 import nlmodels
-from nlmodels.accel import portable
+from nlmodels.accel import native, portable
 
 pytestmark = pytest.mark.skipif(
     not portable.installed(), reason="the portable kernels are not installed in this process"
@@ -448,3 +450,44 @@ def test_the_cpp_registration_is_used_where_a_cpp_compiler_is():
     if shutil.which(os.environ.get("CXX") or "c++") is None:
         pytest.skip("no C++ compiler")
     assert portable.dispatch() == "C++"
+
+
+class _ProductsOff:
+    """``nl_matmul_isa`` whose code ``wrong`` is one ulp off in one element: what the library's
+    self-test must refuse."""
+
+    def __init__(self, real, wrong: int) -> None:
+        self.real, self.wrong = real, wrong
+        self.restype, self.argtypes = None, None  # (the self-test declares them)
+
+    def __call__(self, which, *args):
+        status = self.real(which, *args)
+        if which == self.wrong and status == 0:
+            c = ctypes.cast(args[-1], ctypes.POINTER(ctypes.c_double))
+            c[0] = math.nextafter(c[0], math.inf)
+        return status
+
+
+def _code_runs(library, which: int) -> bool:
+    one, out = (ctypes.c_double * 1)(1.0), (ctypes.c_double * 1)()
+    a, c = ctypes.addressof(one), ctypes.addressof(out)
+    return library.nl_matmul_isa(which, 1, 1, 1, 1, a, 1, 1, 1, a, 1, 1, 1, c) != 2
+
+
+@pytest.mark.skipif(not native.usable(), reason="the native kernels do not build here")
+def test_the_librarys_self_test_holds_every_product_code_to_the_plain_loops_bits():
+    """Where the library loads it checks every product path (the narrow one the paper's cells
+    take included) against the plain loop, so a path that drifts is refused there."""
+    from nlmodels.accel.native._selftest import self_test
+
+    library = native.library()
+    assert self_test(library) is None
+    runnable = [w for w in (1, 2, 3) if _code_runs(library, w)]
+    assert runnable, "no product code besides the plain loop runs here"
+    for which in runnable:
+        off = types.SimpleNamespace(
+            **{name: getattr(library, name) for name in ("nl_vector_math", "nl_bias_tanh")}
+        )
+        off.nl_matmul_isa = _ProductsOff(library.nl_matmul_isa, which)
+        problem = self_test(off)
+        assert problem is not None and f"code {which}" in problem, problem

@@ -57,6 +57,38 @@ def self_test(library: ctypes.CDLL) -> str | None:
         expected = math.tanh(h0[k] + bias[k % units])
         if not _close(got, expected):
             return f"nl_bias_tanh element {k}: {got!r}, expected {expected!r}"
+    return _products_agree(library)
+
+
+#: Products ``[m, k] @ [k, n]`` that take each path of the product codes: the tiles' blocks with
+#: edges, and a narrow product (few columns, many rows) that the tiles compute transposed.
+_PRODUCT_SHAPES = ((13, 11, 9), (40, 2, 7), (37, 3, 130), (1, 1, 1))
+
+
+def _products_agree(library: ctypes.CDLL) -> str | None:
+    """Every product code this CPU runs gives the plain loop's bits (``nl_matmul_isa``: the
+    codes promise the same multiply-adds per element in the same order). Run wherever the
+    library loads, the numerics canaries' processes included, so every path of the products is
+    held to the plain loop's bits there, not only the paths the canaries' small sizes take."""
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    matmul = library.nl_matmul_isa
+    matmul.restype = ctypes.c_int
+    matmul.argtypes = [ctypes.c_int, i64, i64, i64, i64, ptr, i64, i64, i64]
+    matmul.argtypes += [ptr, i64, i64, i64, ptr]
+    for m, n, k in _PRODUCT_SHAPES:
+        a = _array([math.sin(0.7 * i + 0.3) for i in range(m * k)])
+        b = _array([math.cos(1.1 * i - 0.4) / (1 + i % 5) for i in range(k * n)])
+        operands = (ctypes.addressof(a), m * k, k, 1, ctypes.addressof(b), k * n, n, 1)
+        products = {}
+        for which in (0, 1, 2, 3):  # the plain loop first: the others' reference
+            c = _array([math.nan] * (m * n))
+            status = matmul(which, 1, m, n, k, *operands, ctypes.addressof(c))
+            if status == 2 and which:  # a code this CPU cannot run
+                continue
+            products[which] = list(c) if status == 0 else None
+            if products[which] != products[0] or products[0] is None:
+                shape = f"[{m}, {k}] @ [{k}, {n}]"
+                return f"nl_matmul_isa code {which} on {shape}: not the plain loop's bits"
     return None
 
 
