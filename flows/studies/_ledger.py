@@ -248,9 +248,9 @@ def recorded_output(
 
         def measurement(self, table: str, compute: Callable[[], pd.DataFrame]) -> pd.DataFrame:
             path = measurements / f"{table}.json"
-            read[table] = read_measurement(path) if path.is_file() else None
-            if read[table] is not None:
-                return measurement_frame(read[table])
+            read[table] = found = read_measurement(path) if path.is_file() else None
+            if found is not None:
+                return measurement_frame(found)
             import pandas as pd
 
             return pd.DataFrame()

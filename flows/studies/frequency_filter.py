@@ -107,12 +107,11 @@ def _body(ctx: StudyContext) -> StudyOutput:
     clean, noisy, tone = [], [], []
     curves: dict[str, Mapping[str, Curve]] = {}  # variant -> one test trajectory's curves
     for (lab, cell), r in zip(entries, results, strict=True):
-        measured = ctx.measured(
-            r,
-            lambda c=cell, r=r: filter_of_run(
-                c, r.run_id or "", ctx.queries, ctx.runtime.cache_dir
-            ),
-        )
+
+        def of_run(cell: CellConfig = cell, run_id: str = r.run_id or "") -> Measured:
+            return filter_of_run(cell, run_id, ctx.queries, ctx.runtime.cache_dir)
+
+        measured = ctx.measured(r, of_run)
         values = measured.measures
         clean.append({**lab, "value": values.get("rmse_clean", math.nan)})
         noisy.append({**lab, "value": values.get("rmse_corrupted", math.nan)})

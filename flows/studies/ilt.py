@@ -14,6 +14,7 @@ Table 3's Neural Laplace cells); each record carries its training loss per epoch
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -127,7 +128,7 @@ def _body(ctx: StudyContext) -> StudyOutput:
             for (lab, cell), r in zip(entries, results, strict=True):
                 if (lab["system"], lab["ilt"]) != (s, name):
                     continue
-                measured = ctx.measured(r, lambda c=cell, r=r: loss_curve(c, r.run_id, ctx.queries))
+                measured = ctx.measured(r, partial(loss_curve, cell, r.run_id or "", ctx.queries))
                 curve = measured.curves.get(MEASURE)
                 if curve:
                     epochs, losses = zip(*curve, strict=True)

@@ -107,12 +107,11 @@ def _body(ctx: StudyContext) -> StudyOutput:
     results: list[CellResult] = ctx.run_cells(cells)
     horizon, count = [], []
     for cell, r in zip(cells, results, strict=True):
-        measured = ctx.measured(
-            r,
-            lambda c=cell, r=r: nfe_of_run(
-                c, r.run_id or "", ctx.queries, ctx.runtime.cache_dir, dts, points
-            ),
-        )
+
+        def of_run(cell: CellConfig = cell, run_id: str = r.run_id or "") -> Measured:
+            return nfe_of_run(cell, run_id, ctx.queries, ctx.runtime.cache_dir, dts, points)
+
+        measured = ctx.measured(r, of_run)
         curves = measured.curves
         horizon += [{"method": cell.method, "dt": dt, "value": v}
                     for dt, v in curves.get(MEASURE, ()) if dt in dts]  # fmt: skip
