@@ -795,6 +795,7 @@ TEST_INTERNALS: dict[str, str] = {
     "nltrain._member_products": "per-member products against the batched ones, bit for bit",
     "nltrain._packed_cells": "a pack of one, built directly",
     "nltrain.numerics._pinned": "the check of the pinned bytes, replaced to test where it is kept",
+    "nlmodels.accel.native._selftest": "the kernels' self-test, given a library made to miscompute",
     "nltrain._packed_gru": "the plain GRU the packs train, against torch's",
     "nltrain._packer": "the batched step, built directly",
     "nltrain._steps": "a split's tensors and the epoch readout, built directly",
