@@ -65,6 +65,13 @@ def self_test(library: ctypes.CDLL) -> str | None:
 _PRODUCT_SHAPES = ((13, 11, 9), (40, 2, 7), (37, 3, 130), (1, 1, 1))
 
 
+def _product(matmul, which: int, operands: tuple[int, ...]) -> tuple[int, list[float]]:
+    """``nl_matmul_isa``'s status and product by code ``which``, one ``[m, k] @ [k, n]``."""
+    m, n = operands[:2]
+    c = _array([math.nan] * (m * n))
+    return matmul(which, 1, *operands, ctypes.addressof(c)), list(c)
+
+
 def _products_agree(library: ctypes.CDLL) -> str | None:
     """Every product code this CPU runs gives the plain loop's bits (``nl_matmul_isa``: the
     codes promise the same multiply-adds per element in the same order). Run wherever the
@@ -78,16 +85,14 @@ def _products_agree(library: ctypes.CDLL) -> str | None:
     for m, n, k in _PRODUCT_SHAPES:
         a = _array([math.sin(0.7 * i + 0.3) for i in range(m * k)])
         b = _array([math.cos(1.1 * i - 0.4) / (1 + i % 5) for i in range(k * n)])
-        operands = (ctypes.addressof(a), m * k, k, 1, ctypes.addressof(b), k * n, n, 1)
-        products = {}
-        for which in (0, 1, 2, 3):  # the plain loop first: the others' reference
-            c = _array([math.nan] * (m * n))
-            status = matmul(which, 1, m, n, k, *operands, ctypes.addressof(c))
-            if status == 2 and which:  # a code this CPU cannot run
-                continue
-            products[which] = list(c) if status == 0 else None
-            if products[which] != products[0] or products[0] is None:
-                shape = f"[{m}, {k}] @ [{k}, {n}]"
+        operands = (m, n, k, ctypes.addressof(a), m * k, k, 1, ctypes.addressof(b), k * n, n, 1)
+        shape = f"[{m}, {k}] @ [{k}, {n}]"
+        status, plain = _product(matmul, 0, operands)
+        if status:
+            return f"nl_matmul_isa's plain loop refused {shape}"
+        for which in (1, 2, 3):
+            status, got = _product(matmul, which, operands)
+            if status != 2 and (status or got != plain):  # (2: a code this CPU cannot run)
                 return f"nl_matmul_isa code {which} on {shape}: not the plain loop's bits"
     return None
 
