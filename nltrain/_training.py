@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import functools
 import platform
 import random
 import statistics
@@ -101,10 +102,7 @@ def seeded(seed: int) -> Iterator[None]:
             torch.set_default_dtype(default)
 
 
-_MEMORY_KEPT = threading.Lock()
-_memory_kept = False
-
-
+@functools.cache  # once per process (threads racing to it set the same values twice)
 def _keep_freed_memory() -> None:
     """Have glibc's allocator keep the memory a training step frees for the next step's tensors
     (once per process; nothing where the C library is not glibc).
@@ -118,21 +116,16 @@ def _keep_freed_memory() -> None:
     an epoch in the kernel, nearly all of it page faults). With the threshold fixed at 32 MiB
     and trimming only past 512 MiB, the heap keeps its peak and a step reuses it. Computes
     nothing differently: an allocator's choice of addresses moves no number."""
-    global _memory_kept
-    with _MEMORY_KEPT:
-        if _memory_kept:
-            return
-        _memory_kept = True
-        if platform.libc_ver()[0] != "glibc":
-            return
-        try:
-            mallopt = ctypes.CDLL(None).mallopt
-        except (OSError, AttributeError):
-            return
-        mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-        m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
-        mallopt(m_mmap_threshold, 32 << 20)
-        mallopt(m_trim_threshold, 512 << 20)
+    if platform.libc_ver()[0] != "glibc":
+        return
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    mallopt(m_mmap_threshold, 32 << 20)
+    mallopt(m_trim_threshold, 512 << 20)
 
 
 def select_device(name: str) -> torch.device:
