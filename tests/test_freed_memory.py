@@ -53,8 +53,10 @@ def _faults(mode: str) -> int:
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator")
 def test_kept_memory_spares_the_steps_their_page_faults():
     default, kept = _faults("default"), _faults("kept")
-    # five steps of 40 MB are some 50 000 pages: by default most of them fault again
-    assert default > 20_000, default
+    # five steps of 40 MB are some 50 000 pages: by default a large share of them fault again
+    # (how many depends on glibc's sliding mmap threshold and the kernel, so only the order of
+    # magnitude is asserted here; the claim under test is the ratio below)
+    assert default > 10_000, default
     assert kept * 4 < default, (kept, default)
 
 
