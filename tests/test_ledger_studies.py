@@ -648,3 +648,25 @@ def test_the_figure_studies_measure_a_trained_model_as_their_records_keep_it(
     ff = measured["frequency-filter"]
     assert all(math.isfinite(v) for v in ff.measures.values()) and len(ff.measures) == 3
     assert set(ff.curves) == {"observed", "corrupted", "clean", "prediction"}
+
+
+def test_a_study_line_counts_as_table_3_s_only_the_cells_on_its_systems():
+    """A study cell at the profile's own config is Table 3's cell when its system is one of
+    Table 3's: the toy waveforms' cells are at the profile's config on systems of their own."""
+    from flows.ledger.study_text import study_lines
+    from tasks.ledger import ledger_status
+
+    def cell(system, study, ablation=""):
+        return LedgerCell(system, "node", 0, f"{system}-{study}-{ablation}", None, ablation, study)
+
+    cells = [
+        cell("spiral_dde", "solvers"),
+        cell("integro_de", "solvers"),
+        cell("integro_de", "solvers", "model.solver=dopri5"),
+        cell("sine", "waveforms"),
+        cell("square", "waveforms"),
+    ]
+    status = ledger_status([], cells, tables=("solvers", "waveforms"))
+    solvers, waveforms = study_lines(status, None)
+    assert "3 missing; 2 are Table 3's own cells" in solvers
+    assert "own cells" not in waveforms and "2 missing" in waveforms

@@ -22,6 +22,7 @@ def study_lines(status: LedgerStatus, measurements: Path | None = None) -> list[
     records serve both, and the committed measurement of each table it times rather than trains
     (in the folder ``measurements``, default ``results/measurements``)."""
     from flows._study_catalog import STUDY_CATALOG
+    from tasks.config.names import MAIN_SYSTEMS
 
     lines = []
     for study in status.studies:
@@ -32,7 +33,12 @@ def study_lines(status: LedgerStatus, measurements: Path | None = None) -> list[
             lines.append(f"{study} ({label}): no cell to train, its table is timed: {timed}")
             continue
         n = Counter(s.state for s in states)
-        shared = sum(not s.cell.ablation and not s.cell.measure for s in states)
+        # a cell at the profile's own config on one of Table 3's systems is Table 3's cell (the
+        # toy waveforms' cells are at the profile's config too, on systems of their own)
+        shared = sum(
+            not s.cell.ablation and not s.cell.measure and s.cell.system in MAIN_SYSTEMS
+            for s in states
+        )
         measured = {s.cell.measure for s in states if s.cell.measure}
         parts = [f"{n['missing']} missing"]
         if n["predates"]:
@@ -40,7 +46,7 @@ def study_lines(status: LedgerStatus, measurements: Path | None = None) -> list[
         if n["other_config"]:
             parts.append(f"{n['other_config']} recorded under another config only")
         if shared:
-            parts.append(f"{shared} are the profile's own cells (one record serves both)")
+            parts.append(f"{shared} are Table 3's own cells (one record serves both)")
         if measured:
             parts.append(f"each record with its {', '.join(sorted(measured))}")
         lines.append(
