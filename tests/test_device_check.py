@@ -8,7 +8,7 @@ import json
 import os
 import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,16 +26,17 @@ ARGV = {
     "ledger": ["ledger", "run"],
 }
 
-#: Runs each command line in one fresh process; what it returned, how long it took, and
+#: Runs each command line in one fresh process; what it returned, the CPU seconds it took
+#: (unlike wall-clock seconds, not stretched by other processes on a loaded machine), and
 #: whether torch or Prefect were loaded by then.
 _RUN = """
 import json, sys, time
 from flows.cli import main
 results = {}
 for name, argv in json.loads(sys.argv[1]).items():
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     code = main([*argv, "--device", "cuda"])
-    results[name] = [code, time.perf_counter() - t0]
+    results[name] = [code, time.process_time() - t0]
 print(json.dumps({"results": results, "loaded": sorted(
     m for m in ("torch", "prefect", "mlflow") if m in sys.modules)}))
 """
@@ -80,17 +81,23 @@ def test_device_cuda_without_cuda_is_refused_at_once_by_every_command(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
 def test_ledger_run_device_cuda_exits_2_in_under_2_seconds_of_its_own(tmp_path):
     """The console command as a user types it: its own time beyond the interpreter's start and
-    the command line's imports (what `nllab --help` takes too)."""
+    the command line's imports (what `nllab --help` takes too), in CPU seconds: wall-clock
+    seconds grow with whatever else the machine runs, the command's own work does not."""
     env = {**os.environ, "NLLAB_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
 
     def timed(*argv: str) -> tuple[subprocess.CompletedProcess, float]:
-        t0 = time.perf_counter()
         command = [sys.executable, "-m", "flows.cli", *argv]
-        run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-        return run, time.perf_counter() - t0
+        with tempfile.TemporaryFile("w+") as err:
+            proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=err)
+            _, status, usage = os.wait4(proc.pid, 0)  # the child's own CPU time, as it ends
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            err.seek(0)
+            run = subprocess.CompletedProcess(command, proc.returncode, None, err.read())
+        return run, usage.ru_utime + usage.ru_stime
 
     refused, seconds = timed("ledger", "run", "--device", "cuda")
     _, baseline = timed("ledger", "run", "--device", "bogus")  # argparse's own refusal
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
     assert "CUDA is not available" in refused.stderr
-    assert seconds - baseline < 2.0, (seconds, baseline)
+    # importing torch alone takes about 1.8 CPU seconds (measured on a Xeon): past this bound
+    assert seconds - baseline < 1.0, (seconds, baseline)
