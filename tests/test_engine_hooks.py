@@ -18,7 +18,7 @@ def _wait_for_stop(seconds: float) -> bool:
 
 
 def test_a_callers_stop_event_reaches_a_running_call_in_a_worker_process():
-    from tasks.machine.workers import LINK_SECONDS, run_in_worker, worker_processes
+    from tasks.machine.workers import run_in_worker, worker_processes
 
     stop = threading.Event()
     with worker_processes(1, stop):
@@ -26,8 +26,10 @@ def test_a_callers_stop_event_reaches_a_running_call_in_a_worker_process():
         timer = threading.Timer(0.5, stop.set)
         timer.start()
         t0 = time.monotonic()
-        assert run_in_worker(_wait_for_stop, 60.0) is True
-        assert time.monotonic() - t0 < 0.5 + LINK_SECONDS + 5
+        assert run_in_worker(_wait_for_stop, 120.0) is True  # the event, not the wait's end
+        # passed on within LINK_SECONDS of the timer; the bound is against the worker's own
+        # 120 s wait, not a few seconds a loaded machine's scheduling can use up
+        assert time.monotonic() - t0 < 60
     timer.join()
 
 
