@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import sqlite3
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -183,16 +184,23 @@ def test_a_claimant_that_lost_its_claim_does_not_log_finished(
 
 
 # -- a worker's death fails its own cell ---------------------------------------------------------
-def test_a_dead_worker_fails_only_its_own_call():
+def test_a_dead_worker_fails_only_its_own_call(tmp_path):
     from tasks.machine.workers import WorkerDied, run_in_worker, worker_pids, worker_processes
 
+    # Each call holds its worker (a shell waiting for a file, two minutes at most) until the
+    # test releases it, after the kill: the victim is busy when it dies however slowly the
+    # machine runs (a fixed 3 s sleep could end first on a loaded machine, leaving an idle
+    # worker to kill and both calls succeeding).
+    release = tmp_path / "release"
+    hold = ["timeout", "120", "sh", "-c", f'while [ ! -e "{release}" ]; do sleep 0.02; done']
     with worker_processes(2), ThreadPoolExecutor(2) as ex:
-        calls = [ex.submit(run_in_worker, time.sleep, 3) for _ in range(2)]
+        calls = [ex.submit(run_in_worker, subprocess.call, hold) for _ in range(2)]
         deadline = time.monotonic() + 60
         while len(worker_pids()) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        victim = worker_pids()[0]
+        victim = worker_pids()[0]  # each worker is handed its call as it is started
         os.kill(victim, signal.SIGKILL)
+        release.touch()
         outcomes = []
         for call in calls:
             try:
@@ -200,7 +208,7 @@ def test_a_dead_worker_fails_only_its_own_call():
             except WorkerDied as e:
                 outcomes.append(e)
         died = [o for o in outcomes if isinstance(o, WorkerDied)]
-        assert len(died) == 1 and outcomes.count(None) == 1
+        assert len(died) == 1 and outcomes.count(0) == 1  # the other call's shell: exit 0
         assert died[0].pid == victim and "SIGKILL" in str(died[0])
         # the pool replaced the dead worker and goes on
         assert run_in_worker(os.getpid) not in (victim, os.getpid())
