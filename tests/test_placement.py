@@ -3,16 +3,14 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
 import subprocess
 import sys
 import textwrap
-import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -200,63 +198,57 @@ def test_split_evenly():
         split_evenly([1], 0)
 
 
-def test_gpu_lanes_run_beside_the_cpu_workers():
-    running = {"cuda": 0, "cpu": 0}
-    peak = {"cuda": 0, "all": 0, "cuda_while_cpu_waits": 0}
-    cpu_submitted = {"n": 0}
-    overlap = threading.Event()
-    lock = threading.Lock()
+def _lanes_peaks(packs: list, max_workers: int, oldest_first: bool) -> tuple[list, dict]:
+    """Run :func:`in_lanes` on futures that end when it waits for one (its oldest running pack,
+    or its newest): the packs it yields, and the most packs running at once (all of them, on
+    CUDA, on CUDA while CPU packs still wait) and whether CUDA and CPU packs ran together.
 
-    def work(device: str) -> None:
-        with lock:
-            running[device] += 1
-            peak["cuda"] = max(peak["cuda"], running["cuda"])
-            peak["all"] = max(peak["all"], running["cuda"] + running["cpu"])
-            if cpu_submitted["n"] < 6:  # (once every CPU pack is submitted, the rule is lifted)
-                key = "cuda_while_cpu_waits"
-                peak[key] = max(peak[key], running["cuda"])
-            if running["cuda"] and running["cpu"]:
-                overlap.set()
-        time.sleep(0.02)
-        with lock:
-            running[device] -= 1
+    What runs at once is what ``in_lanes`` submitted and has not seen end: counted exactly,
+    with no threads racing sleeps, whatever the machine's load."""
+    n_cpu = sum(device == "cpu" for _, device in packs)
+    devices = {id(pack): device for pack, device in packs}
+    running: dict[Future, str] = {}
+    peak = {"cuda": 0, "all": 0, "cuda_while_cpu_waits": 0, "overlap": False}
+    cpu_submitted = 0
 
+    def submit(pack: list) -> Future:
+        nonlocal cpu_submitted
+        device = devices[id(pack)]
+        cpu_submitted += device == "cpu"
+        future: Future = Future()
+        running[future] = device
+        cuda = sum(d == "cuda" for d in running.values())
+        peak["cuda"], peak["all"] = max(peak["cuda"], cuda), max(peak["all"], len(running))
+        if cpu_submitted < n_cpu:  # (once every CPU pack is submitted, the rule is lifted)
+            peak["cuda_while_cpu_waits"] = max(peak["cuda_while_cpu_waits"], cuda)
+        peak["overlap"] = peak["overlap"] or 0 < cuda < len(running)
+        return future
+
+    def first_done(futures: list[Future]) -> Future:
+        assert set(futures) == set(running)  # it waits on every pack it has running
+        future = futures[0] if oldest_first else futures[-1]
+        del running[future]
+        future.set_result(None)
+        return future
+
+    done = list(in_lanes(packs, submit, max_workers=max_workers, lanes=2, first_done=first_done))
+    return done, peak
+
+
+@pytest.mark.parametrize("oldest_first", [True, False], ids=["oldest-ends-first", "newest"])
+def test_gpu_lanes_run_beside_the_cpu_workers(oldest_first):
     packs = [([_cell(s)], "cuda") for s in range(6)] + [([_cell(s)], "cpu") for s in range(6, 12)]
-    devices = {p[0].seed: d for p, d in packs}
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        done = list(
-            in_lanes(
-                packs,
-                lambda p: pool.submit(work, devices[p[0].seed]),
-                max_workers=4,
-                lanes=2,
-                first_done=lambda fs: next(iter(wait(fs, return_when=FIRST_COMPLETED).done)),
-            )
-        )
+    done, peak = _lanes_peaks(packs, 4, oldest_first)
     assert sorted(p[0].seed for _, p in done) == list(range(12))
     assert peak["cuda"] <= 2 and peak["all"] <= 4
-    assert peak["cuda"] == 2 and overlap.is_set()  # both lanes used, CPU packs alongside
+    assert peak["cuda"] == 2 and peak["overlap"]  # both lanes used, CPU packs alongside
 
     # One worker: one pack at a time; two workers: while CPU packs wait, one of the workers is
     # theirs (in_lanes' rule; once they are all submitted, CUDA packs may take both)
-    def submit(pool: ThreadPoolExecutor, pack: list) -> Future:
-        cpu_submitted["n"] += devices[pack[0].seed] == "cpu"
-        return pool.submit(work, devices[pack[0].seed])
-
     for workers, most_gpu in ((1, 1), (2, 1)):
-        peak.update(cuda=0, all=0, cuda_while_cpu_waits=0)
-        cpu_submitted["n"] = 0
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            list(
-                in_lanes(
-                    packs,
-                    functools.partial(submit, pool),
-                    max_workers=workers,
-                    lanes=2,
-                    first_done=lambda fs: next(iter(wait(fs, return_when=FIRST_COMPLETED).done)),
-                )
-            )
-        assert peak["all"] <= workers and peak["cuda_while_cpu_waits"] <= most_gpu
+        done, peak = _lanes_peaks(packs, workers, oldest_first)
+        assert sorted(p[0].seed for _, p in done) == list(range(12))
+        assert peak["all"] == workers and peak["cuda_while_cpu_waits"] <= most_gpu
 
 
 def test_probe_times_the_packed_step_on_the_cpu():
