@@ -17,8 +17,12 @@ def test_a_silent_simulation_is_said_in_a_terminal_and_redirected(monkeypatch, c
     monkeypatch.setattr(sys.stdout, "isatty", lambda: terminal)
     monkeypatch.setattr(sys.stderr, "isatty", lambda: terminal)
     with progress.Display(True, todo=2, reused=0) as display:
-        time.sleep(0.5)  # ten silences of HEARTBEAT_SECONDS
-        said = capsys.readouterr().out
+        # until the heartbeat speaks (a silence of HEARTBEAT_SECONDS; a loaded machine may
+        # hold its thread back for long, so no fixed sleep), a minute at most
+        said, deadline = "", time.monotonic() + 60
+        while "… simulating data sets" not in said and time.monotonic() < deadline:
+            time.sleep(0.05)
+            said += capsys.readouterr().out
         assert "… simulating data sets" in said
         display.training_started()
         alive = display.heartbeat._thread.is_alive()
