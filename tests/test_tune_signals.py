@@ -10,10 +10,12 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import optuna
 import pytest
+import sqlalchemy
 import torch
 from cells import TOY, toy_tune_spec
 from optuna.trial import TrialState
@@ -120,7 +122,10 @@ def test_a_trial_with_no_owner_and_no_heartbeat_is_failed_past_its_grace_and_req
     """A trial its process left as it started (no owner recorded, no heartbeat sent) would keep
     its place for ever: once it started longer ago than the grace period, it is failed and its
     queued configuration queued again. One that sent a heartbeat is left to Optuna's check."""
-    spec = _spec(tmp_path, heartbeat_seconds=1, grace_seconds=2)
+    # A grace period of ten minutes, and the trial's start moved an hour back rather than slept
+    # past a grace of seconds: a loaded machine could take those seconds between the start and
+    # the check that it is still within them (as the claims' tests date a heartbeat back).
+    spec = _spec(tmp_path, heartbeat_seconds=60, grace_seconds=600)
     session = open_session(spec)  # the paper point is queued
     (queued,) = session.study.trials
     fixed = queued.system_attrs["fixed_params"]
@@ -130,7 +135,10 @@ def test_a_trial_with_no_owner_and_no_heartbeat_is_failed_past_its_grace_and_req
     beating = plain.create_new_trial(study_id)
     plain.record_heartbeat(beating)
     assert session.fail_dead_trials() == []  # within the grace period: it may be starting
-    time.sleep(2.5)
+    started = sqlalchemy.text("UPDATE trials SET datetime_start = :at WHERE trial_id = :trial")
+    started = started.bindparams(sqlalchemy.bindparam("at", type_=sqlalchemy.DateTime))
+    with plain.engine.begin() as db:
+        db.execute(started, {"at": datetime.now() - timedelta(hours=1), "trial": queued._trial_id})
     plain.record_heartbeat(beating)  # alive
     assert session.fail_dead_trials() == [queued.number]
     states = {t.number: t.state for t in session.study.trials}
