@@ -209,7 +209,9 @@ def test_the_docs_site_asks_nothing_outside_itself_and_reads_at_1280_pixels(docs
                 page.goto((docs_site / name).as_uri(), wait_until="networkidle")
                 facts[name] = page.evaluate(_PAGE_FACTS)
             page.fill("input.md-search__input", "reproduce")  # search, from files
-            page.wait_for_selector(".md-search-result__item", timeout=15_000)
+            # the search index is built in the page as it opens: a wait that ends once a result
+            # shows, up to a minute (a loaded machine builds it slowly), as the UI's test waits
+            page.wait_for_selector(".md-search-result__item", timeout=60_000)
         finally:
             browser.close()
     assert outside == [] and console == [], (outside, console)
