@@ -79,8 +79,10 @@ def test_a_busy_database_is_read_again_then_said_in_one_line(
         assert err.count("\n") == 1 and "Traceback" not in err
         assert f"the Prefect database {copy} is busy (a run is writing to it)" in err
 
-        # the writer lets go while the command waits: it reads
-        monkeypatch.setattr(_artifacts, "BUSY_WAITS", (0.5, 2.0))
+        # the writer lets go while the command waits: it reads (the last wait is a minute, so
+        # that a loaded machine running the writer's timer late does not leave it busy to the
+        # end; the command reads at its next try after the commit, seconds in)
+        monkeypatch.setattr(_artifacts, "BUSY_WAITS", (0.5, 2.0, 60.0))
         threading.Timer(0.2, lambda: (writer.execute("COMMIT"), writer.close())).start()
         assert main(["artifacts", "--key", KEY]) == 0
     out = capsys.readouterr().out
