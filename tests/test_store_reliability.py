@@ -263,13 +263,19 @@ def test_a_heartbeat_keeps_a_claim_from_going_stale(mlflow_store):
     from tasks.tracking import connect
 
     tracker = connect()
-    # The claim outlives ``stale_after`` by a wide margin; the beats come twenty times as often,
-    # so a loaded machine would have to stall the beating thread for seconds to fail this.
-    with tracker.claims.cell_claim(H, "owner-a", stale_after=2.0, interval=0.1) as mine:
+    # The claim's last beat is dated an hour back (stale for ten minutes' stale_after), and the
+    # beating thread must renew it: staleness is judged against minutes, not against seconds of
+    # sleep that a loaded machine could stall the thread for (as the stale-claim test does).
+    with tracker.claims.cell_claim(H, "owner-a", stale_after=600.0, interval=0.05) as mine:
         assert mine
-        time.sleep(3.0)
-        assert not tracker.claims.claim_cell(H, "owner-b", stale_after=2.0)
-    assert tracker.claims.claim_cell(H, "owner-b", stale_after=2.0)  # released at the end
+        hour_ago = time.time() - 3600
+        tracker.claims._beat(H, tracker.claims.claim_generation(H, "owner-a"), repr(hour_ago))
+        deadline = time.monotonic() + 60
+        while tracker.claims._claim_state(H).beat < hour_ago + 1800:  # until it beats again
+            assert time.monotonic() < deadline, "the claim's heartbeat stopped"
+            time.sleep(0.05)
+        assert not tracker.claims.claim_cell(H, "owner-b", stale_after=600.0)
+    assert tracker.claims.claim_cell(H, "owner-b", stale_after=600.0)  # released at the end
 
 
 def test_the_claim_of_a_dead_process_of_this_host_is_taken_over_at_once(mlflow_store):
