@@ -42,6 +42,23 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_SESSION_HOME, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def _niceness_kept():
+    """A test that lowers this process's priority (``ledger run`` called in-process) puts it
+    back: a worker left niced runs every later test of its session starved by the other one.
+    Fails such a test where the niceness could be put back (so the code could have), and puts
+    it back; where a process may not lower its niceness, nothing can be done or checked."""
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    yield
+    after = os.getpriority(os.PRIO_PROCESS, 0)
+    if after != before:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, before)
+        except OSError:
+            return
+        pytest.fail(f"the test left this process's niceness at {after} (it was {before})")
+
+
 #: A test module that imports one of these starts processes (``subprocess``,
 #: ``multiprocessing``, the engine's worker processes, the timed runs of ``benchmarks/``),
 #: drives the command line (``flows.cli``), runs Prefect flows (which start a temporary server)

@@ -40,10 +40,19 @@ class PriorityChange:
     group_before: int | None = None
     #: the autogroup file changed (None where none was)
     group_file: Path | None = None
+    #: the process's own niceness before (None: not changed by :func:`lower_priority`)
+    nice_before: int | None = None
 
     def restore(self) -> None:
-        """Put the session group's niceness back (a lower value than now is allowed where it
-        is not negative), unless somebody has changed it since; nothing where none was raised."""
+        """Put the process's niceness back where the system allows it (lowering it needs
+        privileges: a run started from Python, ``flows.cli.main``, would otherwise leave its
+        caller niced), and the session group's (a lower value than now is allowed where it is
+        not negative), unless somebody has changed it since; nothing where none was raised."""
+        if self.nice_before is not None and os.getpriority(os.PRIO_PROCESS, 0) == self.nice:
+            try:
+                os.setpriority(os.PRIO_PROCESS, 0, self.nice_before)
+            except OSError:
+                pass  # an unprivileged process cannot lower its niceness again
         if self.group_file is None or self.group_before is None:
             return
         if _group_nice(self.group_file) == self.group_nice:
@@ -136,6 +145,7 @@ def lower_session_group(nice: int, *, proc: Path = PROC, pid: int | None = None)
 def lower_priority(nice: int) -> PriorityChange:
     """Add ``nice`` to this process's niceness (its workers inherit it) and, where that alone
     would not make it yield to other sessions, to its session group's
-    (:func:`lower_session_group`)."""
+    (:func:`lower_session_group`); :meth:`PriorityChange.restore` puts both back."""
+    before = os.getpriority(os.PRIO_PROCESS, 0)
     value = os.nice(nice)
-    return dataclasses.replace(lower_session_group(nice), nice=value)
+    return dataclasses.replace(lower_session_group(nice), nice=value, nice_before=before)
