@@ -390,6 +390,7 @@ print(model_fingerprint("neural_laplace"))
 """
 
 
+@pytest.mark.slow  # three builds of the native kernels and their canaries: two minutes
 def test_a_home_shared_by_two_kernel_targets_gives_each_its_own_fingerprint(tmp_path):
     """The native mode builds the kernels for this CPU (``-march=native``) or for the target
     ``NLLAB_NATIVE_MARCH`` names: two builds whose bytes can differ (8- or 4-wide vectors). A
