@@ -827,3 +827,13 @@ def test_a_cells_numerics_are_those_of_its_model_as_the_profile_sets_it(tmp_path
     split_fp = cell_numerics(plain).split("/")[1]
     all_ = {"normalise_on": "all"}
     assert split_fp == system_fingerprint("integro_de", all_) != system_fingerprint("integro_de")
+
+
+@pytest.mark.parametrize("value", ["-1", "20", "low"])
+def test_a_niceness_outside_0_to_19_is_a_usage_error(value, capsys):
+    """A negative niceness would raise the run's priority (which needs privileges), and Linux
+    caps it at 19: both are refused in one line before anything runs."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["ledger", "run", "--nice", value])
+    assert stopped.value.code == 2
+    assert f"argument --nice: a niceness from 0 to 19, got '{value}'" in capsys.readouterr().err

@@ -31,6 +31,7 @@ __all__ = [
     "check_store_paths",
     "check_tracking_server",
     "cuda_missing",
+    "niceness",
     "parse_seeds",
     "port",
     "positive_int",
@@ -141,6 +142,12 @@ def _whole_number(text: str, low: int, high: int | None, what: str) -> int:
 def positive_int(text: str) -> int:
     """An ``argparse`` type: an integer of at least 1 (``--trials 0`` is a usage error)."""
     return _whole_number(text, 1, None, "a whole number of at least 1")
+
+
+def niceness(text: str) -> int:
+    """An ``argparse`` type: a niceness to add, 0 to 19 (a negative one would raise the
+    priority, which needs privileges; Linux caps niceness at 19)."""
+    return _whole_number(text, 0, 19, "a niceness from 0 to 19")
 
 
 def port(text: str) -> int:
