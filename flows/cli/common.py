@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,6 +38,7 @@ __all__ = [
     "positive_int",
     "split_names",
     "task_runner",
+    "whole_number",
 ]
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TRACKING, EXIT_INTERRUPTED = 1, 2, 3, 130
@@ -128,31 +130,22 @@ def parse_seeds(values: Sequence[str] | None) -> list[int] | None:
     return seeds
 
 
-def _whole_number(text: str, low: int, high: int | None, what: str) -> int:
-    """``text`` as an integer from ``low`` to ``high``, else an ``argparse`` type error."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = low - 1
-    if value < low or (high is not None and value > high):
-        raise argparse.ArgumentTypeError(f"{what}, got {text!r}")
-    return value
+def whole_number(low: int, high: int | None, what: str) -> Callable[[str], int]:
+    """An ``argparse`` type: an integer from ``low`` to ``high`` (None: unbounded), else a
+    usage error saying it must be ``what`` (``--trials 0``, ``--port 99999``, ``--nice -1``)."""
+
+    def parse(text: str) -> int:
+        value = int(text) if re.fullmatch(r"\s*[+-]?\d+\s*", text) else low - 1
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{what}, got {text!r}")
+        return value
+
+    return parse
 
 
-def positive_int(text: str) -> int:
-    """An ``argparse`` type: an integer of at least 1 (``--trials 0`` is a usage error)."""
-    return _whole_number(text, 1, None, "a whole number of at least 1")
-
-
-def niceness(text: str) -> int:
-    """An ``argparse`` type: a niceness to add, 0 to 19 (a negative one would raise the
-    priority, which needs privileges; Linux caps niceness at 19)."""
-    return _whole_number(text, 0, 19, "a niceness from 0 to 19")
-
-
-def port(text: str) -> int:
-    """An ``argparse`` type: a TCP port, 1 to 65535 (``--port 99999`` is a usage error)."""
-    return _whole_number(text, 1, 65535, "a TCP port from 1 to 65535")
+positive_int = whole_number(1, None, "a whole number of at least 1")
+port = whole_number(1, 65535, "a TCP port from 1 to 65535")
+niceness = whole_number(0, 19, "a niceness from 0 to 19")  # <0 needs privileges; Linux caps at 19
 
 
 def task_runner(args: argparse.Namespace) -> str | None:

@@ -218,9 +218,8 @@ def _add_run_options(training: _Scoped) -> None:
         type=cli.niceness,
         default=19,
         metavar="N",
-        help="CPU niceness added to this command's, 0 to 19 (default: 19; 0 keeps it); in a "
-        "session of its own (setsid) its Linux autogroup's too, so that it yields to other "
-        "sessions",
+        help="CPU niceness added, 0 to 19 (default: 19; 0 keeps it); in a session of its own "
+        "(setsid) its Linux autogroup's too, so that it yields to other sessions",
     )
 
 
