@@ -136,3 +136,24 @@ def test_prefects_exit_countdown_is_dropped_and_its_other_warnings_kept():
         check=True,
     ).stdout.split()
     assert out == ["False", "True"]
+
+
+@pytest.mark.parametrize("api_url", ["http://127.0.0.1:9/api", ""])
+def test_prefects_server_code_loads_only_in_a_process_that_starts_a_server(api_url, tmp_path):
+    """Prefect's API (``prefect.server.api.server``, seconds of CPU to import) is what a
+    temporary server runs: a command with ``PREFECT_API_URL`` set never loads it, one without
+    loads it where its flow's settings make ready to start one."""
+    probe = (
+        "import sys, flows.benchmark; before = 'prefect.server.api.server' in sys.modules; "
+        "from flows.runtime._prefect import _guard_temporary_server; _guard_temporary_server(); "
+        "print(before, 'prefect.server.api.server' in sys.modules)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NLLAB_HOME": str(tmp_path)}
+    env.pop("PREFECT_API_URL", None)
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False" if api_url else "True"]

@@ -22,8 +22,7 @@ import numpy as np
 import pytest
 from prefect.server.api.server import SubprocessASGIServer
 
-from flows.runtime import _prefect as _runtime
-from flows.runtime._prefect import serves
+from flows.runtime._temporary_server import GuardedServer, serves
 from nltrain import seeded
 from nltrain.numerics import PINNED_SETTINGS, training_digest
 
@@ -94,7 +93,7 @@ def test_the_temporary_servers_port_is_drawn_from_a_generator_of_its_own(monkeyp
     """Prefect's own choice draws from ``random`` (so its state changes, and a seeded one gives
     every process the same port)."""
     monkeypatch.setattr(SubprocessASGIServer, "_instances", {})
-    server = _runtime._GuardedServer()
+    server = GuardedServer()
     with unchanged_globals():
         ports = {server.find_available_port() for _ in range(20)}
     assert ports <= set(range(8000, 9000)) and len(ports) > 1
@@ -164,12 +163,12 @@ def test_a_server_answering_on_the_port_picked_is_not_used_another_port_is(monke
         started.append(subprocess.Popen([sys.executable, "-c", _STAND_IN, str(self.port)]))
         return started[-1]
 
-    monkeypatch.setattr(_runtime._GuardedServer, "_run_uvicorn_command", stand_in)
+    monkeypatch.setattr(GuardedServer, "_run_uvicorn_command", stand_in)
     with _foreign_server() as taken:
         free = _free_port()
         picks: Iterator[int] = iter([taken, free])
-        monkeypatch.setattr(_runtime._GuardedServer, "find_available_port", lambda s: next(picks))
-        server = _runtime._GuardedServer()
+        monkeypatch.setattr(GuardedServer, "find_available_port", lambda s: next(picks))
+        server = GuardedServer()
         try:
             server.start(timeout=60)
             assert server.port == free and server.server_process is started[-1]

@@ -777,6 +777,7 @@ TEST_INTERNALS: dict[str, str] = {
     "datasets._datafile": "the memory a file may take and the CSV chunk size, set for the test",
     "flows.runtime._dask": "the Dask task runner's checks and errors, without a cluster",
     "flows.runtime._prefect": "the servers a flow starts, stopped on interrupt",
+    "flows.runtime._temporary_server": "the temporary server's port and its start beside another",
     "flows.serve._schedules": "each key of each kind of schedule entry, read from the entry types",
     "flows._study_catalog": "the study catalogue against the studies registered",
     "flows.studies._config": "the studies' quick training protocol",
