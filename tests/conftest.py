@@ -42,6 +42,24 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_SESSION_HOME, ignore_errors=True)
 
 
+#: What MLflow's ``set_tracking_uri``/``set_registry_uri`` write into the environment (for child
+#: processes to inherit): a command run in-process leaves them set, and a later test of the same
+#: worker would find its store instead of the embedded one of its own home.
+_MLFLOW_URIS = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+
+
+@pytest.fixture(autouse=True)
+def _mlflow_uris_kept():
+    """Each test ends with the environment's MLflow URIs as it began (after its monkeypatch)."""
+    before = {var: os.environ.get(var) for var in _MLFLOW_URIS}
+    yield
+    for var, value in before.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+
+
 @pytest.fixture(autouse=True)
 def _niceness_kept():
     """A test that lowers this process's priority (``ledger run`` called in-process) puts it
