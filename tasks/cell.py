@@ -18,8 +18,8 @@ import math
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -71,6 +71,7 @@ __all__ = [
     "run_pack",
     "simulate_data",
     "stored_results",
+    "torch_threads",
 ]
 
 
@@ -190,6 +191,22 @@ class FitOutcome:
     metrics: Mapping[str, float] = field(default_factory=dict)
 
 
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's CPU threads set to ``n`` for the block and put back after it (a process-wide
+    setting: a caller training cells in threads of its own sets it once around all of them,
+    so that no cell's thread count changes while it trains: reductions split over other
+    thread counts round differently)."""
+    before = torch.get_num_threads()
+    if before != n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
 def fit_cells(
     cells: Sequence[CellConfig],
     rt: CellRuntime,
@@ -206,9 +223,17 @@ def fit_cells(
     interruption. ``evaluate_test=False`` (tuning trials) never touches the test split: no test
     metrics, plots or model artifact, and ``FitOutcome.test_rmse`` is NaN.
     """
-    threads = rt.cpu_threads()
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
+    with torch_threads(rt.cpu_threads()):
+        return _fit_cells(cells, rt, run_ids, on_epoch, evaluate_test)
+
+
+def _fit_cells(
+    cells: Sequence[CellConfig],
+    rt: CellRuntime,
+    run_ids: Sequence[str],
+    on_epoch: Callable[[int, EpochRecord], None] | None,
+    evaluate_test: bool,
+) -> list[FitOutcome | Exception]:
     pack = _Pack(cells, rt, run_ids, on_epoch)
     outcomes: dict[int, FitOutcome | Exception] = {}
     for i, (cell, run_id) in enumerate(zip(cells, run_ids, strict=True)):

@@ -45,7 +45,7 @@ from prefect import get_run_logger
 from prefect.futures import PrefectFuture, as_completed
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from tasks.cell import CellRuntime, pack_key, stored_results
+from tasks.cell import CellRuntime, pack_key, stored_results, torch_threads
 from tasks.config import CellConfig, RunConfig
 from tasks.machine.balance import GPU_LANES, PackOption, balance_devices, busy_seconds
 from tasks.machine.placement import (
@@ -239,7 +239,7 @@ def estimate_packs(
     itself, with the workers' thread count) × members × epochs. Early stopping only shortens
     it. ``measure``/``cuda_available``/``free_bytes`` as :func:`plan_packs`."""
     ex = config.execution
-    with _torch_threads(worker_threads(ex.torch_threads, ex.max_workers)):
+    with torch_threads(worker_threads(ex.torch_threads, ex.max_workers)):
         planned = plan_packs(
             config.cells(),
             pack=ex.pack,
@@ -302,16 +302,6 @@ def collect_results(future: PrefectFuture, pack: Sequence[CellConfig]) -> list[C
     return [CellResult.failed(c, "failed", str(value)) for c in pack]
 
 
-@contextmanager
-def _torch_threads(n: int) -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def run_cells(
     cells: Sequence[CellConfig],
     runtime: CellRuntime,
@@ -349,7 +339,9 @@ def run_cells(
             display.training_started()
             if no_data:
                 display.pack_finished(no_data, by_hash.values())
-            with _training(runtime):
+            # the workers' torch threads once around every pack (cells in threads of this
+            # process), and this process's own put back afterwards
+            with _training(runtime), torch_threads(runtime.cpu_threads()):
                 for fut, pack in _submitted(placed, runtime):
                     done = collect_results(fut, pack)
                     by_hash.update(by_config_hash(done))
@@ -397,7 +389,7 @@ def _plan(
     """:func:`plan_packs` of ``todo``, said in one log line (with the seconds the planning
     took where it may measure: on a fresh GPU machine its probes take minutes)."""
     t0 = time.perf_counter()
-    with _torch_threads(runtime.cpu_threads()):  # probes run with the workers' thread count
+    with torch_threads(runtime.cpu_threads()):  # probes run with the workers' thread count
         placed = plan_packs(
             todo,
             pack=runtime.pack,

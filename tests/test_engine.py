@@ -162,3 +162,30 @@ def test_workers_share_the_cores_unless_told_their_threads(monkeypatch):
     assert replace(rt, max_workers=3).cpu_threads() == 5
     assert replace(rt, max_workers=32).cpu_threads() == 1
     assert replace(rt, max_workers=4, torch_threads=7).cpu_threads() == 7
+
+
+def test_a_pack_trains_at_its_workers_threads_and_gives_the_process_its_own_back(
+    mlflow_store, monkeypatch
+):
+    """torch's thread count is the whole process's: a pack run in-process (a notebook, a
+    test) trains at the runtime's count and leaves the caller's as it found it."""
+    import tasks.pipeline as pipeline
+
+    real, seen = pipeline.build_model, []
+
+    def build(method, state_dim, **kw):
+        seen.append(torch.get_num_threads())
+        return real(method, state_dim, **kw)
+
+    monkeypatch.setattr(pipeline, "build_model", build)
+    own = torch.get_num_threads()
+    t = connect()
+    rt = CellRuntime.for_store(
+        t.store, parent_run_id=None, profile="smoke", device="cpu", torch_threads=own + 1
+    )
+    try:
+        results = run_pack([_cell(0)], rt)
+        assert [r.status for r in results] == ["finished"] and seen == [own + 1]
+        assert torch.get_num_threads() == own
+    finally:
+        torch.set_num_threads(own)

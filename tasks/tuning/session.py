@@ -11,11 +11,10 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 import optuna
-import torch
 from optuna.trial import FrozenTrial, TrialState
 
 from nltrain import select_device
-from tasks.cell import CellRuntime, simulate_data
+from tasks.cell import CellRuntime, simulate_data, torch_threads
 from tasks.stopping import release_stop
 from tasks.tracking import claim_owner, connect, owner_gone
 from tasks.tuning.search_spaces import paper_params, search_space
@@ -89,9 +88,12 @@ class TuneSession:
             return
         if self.runtime is None:
             raise TuningError("no parent run to log trials under: run them in study_parent_run")
-        threads = self.config.execution.torch_threads
-        if threads is not None and torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
+        # the trials' torch threads once around them all (Optuna's n_jobs runs trials in
+        # threads of this process), and this process's own put back afterwards
+        with torch_threads(self.runtime.cpu_threads()):
+            self._optimize(n_trials, n_jobs)
+
+    def _optimize(self, n_trials: int, n_jobs: int) -> None:
         self.fail_dead_trials()
         total = self.spec.n_trials
         counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
