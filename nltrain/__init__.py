@@ -26,13 +26,14 @@ from nlmodels.lazy import lazy_face
 _WHERE = {
     name: module
     for module, names in {
-        "_config": "MAX_BATCH MAX_EPOCHS Settings TrainConfig",
+        "_config": "Settings TrainConfig",
         "_errors": "Interrupted TrainingDiverged TrainingInterrupted",
         "_evaluation": "Evaluation divergence evaluate outlier_census rmse",
         "_loop": "EpochRecord LoopOptions StepFunction StopReason TrainResult stop_reason "
         "train_loop",
         "_packing": "packable prefers_one_by_one train_packed",
         "_steps": "DTYPES as_tensor",
+        "_threads": "torch_threads",
         "_training": "epoch_seconds predict seeded select_device step_function train",
     }.items()
     for name in names.split()

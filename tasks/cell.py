@@ -18,8 +18,8 @@ import math
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -32,6 +32,7 @@ from nltrain import (
     TrainingInterrupted,
     TrainResult,
     prefers_one_by_one,
+    torch_threads,
     train_packed,
 )
 from tasks._notify import notify_once
@@ -189,22 +190,6 @@ class FitOutcome:
     test_rmse: float
     train: TrainResult
     metrics: Mapping[str, float] = field(default_factory=dict)
-
-
-@contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """torch's CPU threads set to ``n`` for the block and put back after it (a process-wide
-    setting: a caller training cells in threads of its own sets it once around all of them,
-    so that no cell's thread count changes while it trains: reductions split over other
-    thread counts round differently)."""
-    before = torch.get_num_threads()
-    if before != n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
 
 
 def fit_cells(

@@ -45,7 +45,8 @@ from prefect import get_run_logger
 from prefect.futures import PrefectFuture, as_completed
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from tasks.cell import CellRuntime, pack_key, stored_results, torch_threads
+from nltrain import torch_threads
+from tasks.cell import CellRuntime, pack_key, stored_results
 from tasks.config import CellConfig, RunConfig
 from tasks.machine.balance import GPU_LANES, PackOption, balance_devices, busy_seconds
 from tasks.machine.placement import (

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from prefect.server.api.server import SubprocessASGIServer
 
 from flows.runtime._temporary_server import GuardedServer, serves
-from nltrain import seeded
+from nltrain import seeded, torch_threads
 from nltrain.numerics import PINNED_SETTINGS, training_digest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +55,20 @@ def test_seeded_restores_the_globals_when_the_build_fails():
     with unchanged_globals(), pytest.raises(ValueError), seeded(1):
         random.random()
         raise ValueError("a constructor's refusal")
+
+
+def test_torch_threads_sets_the_count_inside_and_puts_the_callers_back_on_an_error_too():
+    own = torch.get_num_threads()
+    other = own + 1
+    with torch_threads(other):
+        assert torch.get_num_threads() == other
+    assert torch.get_num_threads() == own
+    with pytest.raises(RuntimeError, match="inside"), torch_threads(other):
+        raise RuntimeError("inside")
+    assert torch.get_num_threads() == own
+    with pytest.raises(ValueError, match="thread count must be >= 1, got 0"), torch_threads(0):
+        pass
+    assert torch.get_num_threads() == own
 
 
 _ALONE = """

@@ -62,16 +62,11 @@ SPEC = StudySpec(
 @task(name="ilt-accuracy", cache_policy=NO_CACHE)
 def ilt_accuracy(terms: int, repeats: int) -> pd.DataFrame:
     """RMSE against cos t and µs per time point of every algorithm (one torch thread)."""
-    import torch
-
     from nlmodels import diagnostics as bench
+    from nltrain import torch_threads
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         ours = bench.ilt_accuracy(terms, repeats)
-    finally:
-        torch.set_num_threads(threads)
     first = bench.ILT_PAIRS[0][0]
     rows = [
         {

@@ -25,7 +25,7 @@ from flows.studies._core import Study, StudyContext, StudyOutput, StudySpec
 from flows.studies._plots import plot_bars
 from flows.studies._tables import add_paper
 from nltrain import epoch_seconds as loop_epoch_seconds
-from nltrain import seeded
+from nltrain import seeded, torch_threads
 from tasks.cell import simulate_data
 from tasks.config import TrainConfig
 
@@ -75,18 +75,13 @@ def _timed(ctx: StudyContext, variants: list[tuple[str, str]], n: int, epochs: i
     ds = simulate_data(system, data, ctx.seeds[0])
     x = (ds.x - ds.x.mean(axis=(0, 1))) / ds.x.std(axis=(0, 1))
     config = ctx.run.training.fixed_epochs(epochs)
-    threads = torch.get_num_threads()
-    if ctx.run.execution.torch_threads:
-        torch.set_num_threads(ctx.run.execution.torch_threads)
-    try:
-        used = torch.get_num_threads()
+    used = ctx.run.execution.torch_threads or torch.get_num_threads()
+    with torch_threads(used):
         rows = [
             epoch_seconds(m, s, x, np.asarray(ds.t), config, seed)
             for m, s in variants
             for seed in ctx.seeds
         ]
-    finally:
-        torch.set_num_threads(threads)
     frame = pd.DataFrame(rows)
     g = frame.groupby(list(KEYS), sort=False)
     table = g.agg(value=("value", "mean"), std=("value", "std"), n=("value", "size"),

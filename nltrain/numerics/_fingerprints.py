@@ -72,6 +72,7 @@ import numpy as np
 import torch
 
 from nlmodels import numerics_environment, require_numerics
+from nltrain._threads import torch_threads
 from nltrain.numerics._miniature import (
     CANARY_NOISE,
     CANARY_PROTOCOL,
@@ -277,7 +278,8 @@ def training_digest(
     computes other bytes fails naming the model."""
     h = hashlib.sha256()
     settings, protocol = model_settings(method, overrides), canary_training(training)
-    _one_thread(_train_canary, method, h, settings, state_dim, protocol)
+    with torch_threads(1):  # reductions split over threads round differently
+        _train_canary(method, h, settings, state_dim, protocol)
     return h.hexdigest()[:16]
 
 
@@ -355,7 +357,8 @@ def _fingerprint(
     if not isinstance(fp, str):
         t0 = time.perf_counter()
         try:
-            fp = _one_thread(canary)
+            with torch_threads(1):
+                fp = canary()
         except (Exception, SystemExit) as e:  # user code's sys.exit too (a real stop is not)
             # The model or simulator fails as it runs: its cells fail on their own, with their
             # error; this fingerprint matches no stored run and is neither cached nor memoised.
@@ -379,15 +382,6 @@ def _tell_once(key: str, message: str) -> None:
             return
         _TOLD.add(key)
     print(f"nllab: {message}", file=sys.stderr, flush=True)
-
-
-def _one_thread(fn, *args):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # reductions split over threads round differently
-    try:
-        return fn(*args)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _name(base: str, settings: Mapping[str, Any], mark: str = "+") -> str:

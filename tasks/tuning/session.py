@@ -13,8 +13,8 @@ from datetime import datetime, timedelta
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from nltrain import select_device
-from tasks.cell import CellRuntime, simulate_data, torch_threads
+from nltrain import select_device, torch_threads
+from tasks.cell import CellRuntime, simulate_data
 from tasks.stopping import release_stop
 from tasks.tracking import claim_owner, connect, owner_gone
 from tasks.tuning.search_spaces import paper_params, search_space
