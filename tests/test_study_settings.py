@@ -143,6 +143,23 @@ def test_solvers_and_nfe():
     ) | _product(("piecewise_forcing_ode",), ("neural_laplace",), ("–",), FIVE)
     for cells in (solvers, nfe):
         assert _one(cells, lambda c: c.training.epochs) == {1000}
+        # dopri5 at the reference's tolerances (its odeint_adjoint call leaves torchdiffeq's
+        # defaults), on the reference's NODE and ANODE; euler needs none
+        assert _one(cells, lambda c: (c.model.get("solver"), c.model.get("rtol"))) <= {
+            ("dopri5", 1e-7),
+            ("euler", None),
+            (None, None),
+        }
+        dopri5 = [c for c in cells if c.model.get("solver") == "dopri5"]
+        assert _one(dopri5, lambda c: (c.model["atol"], c.model["start"], c.model["adjoint"])) == {
+            (1e-9, "first_query", True)
+        }
+
+
+@pytest.mark.parametrize("profile", ["smoke", "quick"])
+def test_quick_looks_keep_the_models_own_solver_tolerances(profile):
+    cells = [c for c in _plan("solvers", profile) if c.model.get("solver") == "dopri5"]
+    assert cells and all("rtol" not in c.model and "atol" not in c.model for c in cells)
 
 
 @pytest.mark.parametrize(
@@ -175,6 +192,7 @@ def test_wallclock_variants(monkeypatch):
     from flows.studies import study_measurements
 
     calls: list[tuple[str, str, int, int]] = []
+    settings: dict[tuple[str, str], dict] = {}
     sizes: list[int] = []
 
     class _Data:
@@ -186,8 +204,9 @@ def test_wallclock_variants(monkeypatch):
         sizes.append(data.n_trajectories)
         return _Data()
 
-    def timing(method, solver, x, t, config, seed):
+    def timing(method, solver, model, x, t, config, seed):
         calls.append((method, solver, config.epochs, seed))
+        settings[method, solver] = dict(model)
         return {"method": method, "solver": solver, "value": 1.0, "nfe_per_batch": 1.0}
 
     monkeypatch.setattr(wc, "simulate_data", simulate)
@@ -200,6 +219,18 @@ def test_wallclock_variants(monkeypatch):
     assert {(m, s) for m, s, _, _ in calls} == set(wc.VARIANTS) and len(wc.VARIANTS) == 8
     assert {seed for *_, seed in calls} == set(FIVE)
     assert {e for _, _, e, _ in calls} == {5}
+    # each timed as the paper profile trains it: the reference's NODE and ANODE (adjoint, first
+    # query, dopri5 at its tolerances), the Latent ODE's sampled prediction
+    reference = {"start": "first_query", "adjoint": True}
+    assert settings["node", "euler"] == {**reference, "solver": "euler"}
+    assert settings["anode", "dopri5"] == {
+        **reference,
+        "solver": "dopri5",
+        "rtol": 1e-7,
+        "atol": 1e-9,
+    }
+    assert settings["latent_ode", "–"]["predict"] == "sample"
+    assert settings["neural_laplace", "–"] == {}
 
 
 def test_published_figures():

@@ -30,7 +30,14 @@ from flows.runtime import artifact_key, flow_settings, make_task_runner, publish
 from flows.studies._config import StudyConfig
 from flows.studies._tables import add_paper, aggregate, rmse_records, to_markdown
 from tasks.cell import CellRuntime, prepare_cell, simulate_data
-from tasks.config import CellConfig, DataConfig, Profile, RunConfig, TrainConfig
+from tasks.config import (
+    PAPER_BUDGET_PROFILES,
+    CellConfig,
+    DataConfig,
+    Profile,
+    RunConfig,
+    TrainConfig,
+)
 from tasks.engine import run_cells
 from tasks.ledger.measured import Measured
 from tasks.modelio import ModelSpec, load_model
@@ -187,6 +194,17 @@ class StudyContext:
     def pick(self, *, smoke: Any, quick: Any, paper: Any) -> Any:
         """The value for this profile (``fair`` trains the paper's budget: ``paper``'s)."""
         return {"smoke": smoke, "quick": quick, "paper": paper, "fair": paper}[self.profile]
+
+    def ode_solver(self, solver: str) -> dict[str, Any]:
+        """NODE's and ANODE's model settings to solve with ``solver``. At the paper's budget an
+        adaptive solver keeps the reference's tolerances (torchdiffeq's defaults, rtol 1e-7 and
+        atol 1e-9, for the solve and its adjoint: the reference's ``odeint_adjoint`` call passes
+        none); the smoke and quick profiles keep the model's own looser ones, to stay quick."""
+        from nlmodels.baselines import ADAPTIVE_SOLVERS, REFERENCE_TOLERANCES
+
+        if solver in ADAPTIVE_SOLVERS and self.profile in PAPER_BUDGET_PROFILES:
+            return {"solver": solver, **REFERENCE_TOLERANCES}
+        return {"solver": solver}
 
     def systems(self, default: Sequence[str]) -> tuple[str, ...]:
         return self.config.systems or tuple(default)

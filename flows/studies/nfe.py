@@ -100,7 +100,7 @@ def _body(ctx: StudyContext) -> StudyOutput:
     dts = ctx.pick(smoke=(1.0, 10.0, 100.0), quick=DTS, paper=DTS)
     points = ctx.pick(smoke=(1, 10, 100), quick=N_POINTS, paper=N_POINTS)
     cells = [
-        ctx.cell(system, m, seed, model={} if m == "neural_laplace" else {"solver": "dopri5"})
+        ctx.cell(system, m, seed, model={} if m == "neural_laplace" else ctx.ode_solver("dopri5"))
         for m in methods
         for seed in ctx.seeds
     ]

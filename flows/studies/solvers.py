@@ -40,7 +40,7 @@ def _body(ctx: StudyContext) -> StudyOutput:
         for seed in ctx.seeds:
             for m in baselines:
                 for solver in SOLVERS:
-                    cell = ctx.cell(s, m, seed, model={"solver": solver})
+                    cell = ctx.cell(s, m, seed, model=ctx.ode_solver(solver))
                     entries.append(({"system": s, "method": m, "solver": solver}, cell))
             nl = ctx.cell(s, "neural_laplace", seed)
             entries.append(({"system": s, "method": "neural_laplace", "solver": "–"}, nl))

@@ -13,6 +13,8 @@ and every row says the device it was timed on (``CPU``); it trains no ledger cel
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -51,20 +53,32 @@ KEYS = ("method", "solver")
 
 @task(name="epoch-seconds", cache_policy=NO_CACHE)
 def epoch_seconds(
-    method: str, solver: str, x: np.ndarray, t: np.ndarray, config: TrainConfig, seed: int
+    method: str,
+    solver: str,
+    settings: Mapping[str, Any],
+    x: np.ndarray,
+    t: np.ndarray,
+    config: TrainConfig,
+    seed: int,
 ) -> dict:
-    """Mean seconds per epoch (and NFE per batch) of one freshly built model, trained as a
-    cell is for ``config.epochs`` epochs (first half of each trajectory observed)."""
+    """Mean seconds per epoch (and NFE per batch) of one freshly built model with ``settings``
+    (its ``build_model`` keywords), trained as a cell is for ``config.epochs`` epochs (first
+    half of each trajectory observed)."""
     from nlmodels import build_model
 
-    overrides = {} if solver == "–" else {"solver": solver}
     with seeded(seed):
-        model = build_model(method, x.shape[-1], **overrides)
+        model = build_model(method, x.shape[-1], **settings)
     half = t.shape[0] // 2
     train = SplitData.from_trajectories(t, x, half)
     val = SplitData.from_trajectories(t, x[: config.batch_size], half)
     secs, nfe = loop_epoch_seconds(model, train, val, config, seed=seed)
     return {"method": method, "solver": solver, "value": secs, "nfe_per_batch": nfe}
+
+
+def _settings(ctx: StudyContext, method: str, solver: str) -> dict[str, Any]:
+    """The model's settings in this profile (at the paper's budget the reference's NODE and
+    ANODE: their start, adjoint and an adaptive solver's tolerances), with ``solver``."""
+    return {**ctx.run.models.get(method, {}), **({} if solver == "–" else ctx.ode_solver(solver))}
 
 
 def _timed(ctx: StudyContext, variants: list[tuple[str, str]], n: int, epochs: int) -> pd.DataFrame:
@@ -78,7 +92,7 @@ def _timed(ctx: StudyContext, variants: list[tuple[str, str]], n: int, epochs: i
     used = ctx.run.execution.torch_threads or torch.get_num_threads()
     with torch_threads(used):
         rows = [
-            epoch_seconds(m, s, x, np.asarray(ds.t), config, seed)
+            epoch_seconds(m, s, _settings(ctx, m, s), x, np.asarray(ds.t), config, seed)
             for m, s in variants
             for seed in ctx.seeds
         ]

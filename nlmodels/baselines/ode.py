@@ -13,7 +13,7 @@ runs one step late: ``start = "first_query"`` reproduces that.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, get_args
+from typing import Any, Final, Literal, get_args
 
 import torch
 from torch import nn
@@ -23,11 +23,16 @@ from nlmodels.baselines._mlp import mlp
 from nlmodels.baselines._solve import check_inputs, check_solver, odeint_grid
 from nlmodels.model_registry import register_model
 
-__all__ = ["ANODE", "NODE", "Start"]
+__all__ = ["ANODE", "NODE", "REFERENCE_TOLERANCES", "Start"]
 
 #: Where the solve starts: at the last observed time (the paper's text), or at the first query
 #: time with the last observation as its value (the reference code).
 Start = Literal["last_observed", "first_query"]
+
+#: The tolerances of the reference's adaptive NODE/ANODE solves: its ``odeint_adjoint`` call
+#: (``experiments/baseline_models/original_ode_models.py``) passes none, so torchdiffeq's
+#: defaults hold, for the solve and for its adjoint (which takes the solve's by default).
+REFERENCE_TOLERANCES: Final[dict[str, float]] = {"rtol": 1e-7, "atol": 1e-9}
 
 
 @register_model("node")
