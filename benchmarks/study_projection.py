@@ -6,7 +6,10 @@ cells each table needs without training one. Each cell is then projected from th
 full-budget records on this processor (:mod:`tasks.ledger`; Table 3's and its ablation's, not a
 study's, whose cells train other amounts): the median training seconds of its method on its
 system at the paper profile (else of its method on any system), scaled by its
-training trajectories and epochs against the paper profile's (N = 1000 × 80 %, 1000 epochs). A
+training trajectories and epochs against the paper profile's (N = 1000 × 80 %, 1000 epochs), and,
+for a cell solved by another solver than Table 3's Euler (the solvers and NFE studies' dopri5),
+by the ratio of that solver's epoch to Euler's in the committed wall-clock measurement of Table
+11 (``results/measurements/wallclock.json``: the same model at the paper profile's settings). A
 cell with the config hash of a Table 3 cell is Table 3's and costs nothing, except in a study
 that measures the trained model (the CMI): there a Table 3 cell that the ledger already holds
 trains again for its model (one not recorded yet is measured as Table 3 records it). The first
@@ -49,6 +52,8 @@ from tasks.reports.measurements import (
 
 #: Training trajectories and epochs of a paper-profile cell (what the records' times are of).
 PAPER_TRAIN, PAPER_EPOCHS = 800, 1000
+#: The committed wall-clock measurement of Table 11 (a solver's epoch against Euler's).
+WALLCLOCK = Path(__file__).resolve().parents[1] / "results" / "measurements" / "wallclock.json"
 
 
 def planned_cells(name: str) -> tuple[list[CellConfig], str]:
@@ -58,8 +63,13 @@ def planned_cells(name: str) -> tuple[list[CellConfig], str]:
     return list(plan.cells), ended
 
 
-def cell_seconds(cell: CellConfig, times: dict[tuple[str, str], list[float]]) -> float | None:
-    """The projected training seconds of ``cell`` from the records' ``times``."""
+def cell_seconds(
+    cell: CellConfig,
+    times: dict[tuple[str, str], list[float]],
+    solver_factor: dict[tuple[str, str], float] | None = None,
+) -> float | None:
+    """The projected training seconds of ``cell`` from the records' ``times``, times its
+    solver's ``solver_factor`` (keyed by method and solver; 1 for Euler, Table 3's)."""
     mine = times.get((cell.method, cell.system)) or [
         t for (m, _), ts in times.items() if m == cell.method for t in ts
     ]
@@ -68,7 +78,24 @@ def cell_seconds(cell: CellConfig, times: dict[tuple[str, str], list[float]]) ->
     n = cell.data.n_trajectories or 1000
     train = cell.data.n_train or int(n * cell.data.fractions[0])
     epochs = cell.training.epochs
-    return statistics.median(mine) * (train / PAPER_TRAIN) * (epochs / PAPER_EPOCHS)
+    solver = str(cell.model.get("solver", "euler"))
+    factor = 1.0 if solver == "euler" else (solver_factor or {}).get((cell.method, solver), 1.0)
+    return statistics.median(mine) * (train / PAPER_TRAIN) * (epochs / PAPER_EPOCHS) * factor
+
+
+def solver_factors(path: Path = WALLCLOCK) -> dict[tuple[str, str], float]:
+    """(method, solver) → its seconds per epoch over the same method's with Euler, from the
+    committed wall-clock measurement (empty without it)."""
+    if not path.is_file():
+        return {}
+    table = read_measurement(path)
+    at = {name: table.columns.index(name) for name in ("method", "solver", "value")}
+    seconds = {(r[at["method"]], r[at["solver"]]): float(r[at["value"]]) for r in table.rows}
+    return {
+        (method, solver): value / seconds[method, "euler"]
+        for (method, solver), value in seconds.items()
+        if solver not in ("euler", "–") and seconds.get((method, "euler"))
+    }
 
 
 def main() -> None:
@@ -96,6 +123,7 @@ def main() -> None:
         if key not in times or r.hardware == here:
             times.setdefault(key, []).append(float(r.train_seconds or 0))
     table3 = {c.config_hash() for c, _ in ledger_cell_configs()}
+    factors = solver_factors()
     ledger = [r for r in read_ledger(DEFAULT_LEDGER) if r.numerics]
     commit = current_commit().split(" ")[0]
     order = [s for s in LEDGER_STUDIES if s in args.studies]
@@ -108,7 +136,7 @@ def main() -> None:
         held = {r.config_hash for r in ledger} if measure else set()
         held -= {r.config_hash for r in ledger if r.measured.has(measure or "")}
         new = [c for c in cells if c.config_hash() not in table3 or c.config_hash() in held]
-        seconds = [cell_seconds(c, times) for c in new]
+        seconds = [cell_seconds(c, times, factors) for c in new]
         first = min((c.seed for c in cells), default=0)
         first_seconds = [s for c, s in zip(new, seconds, strict=True) if c.seed == first]
         hours = sum(s for s in seconds if s is not None) / 3600
@@ -136,7 +164,9 @@ def main() -> None:
             COLUMNS,
             rows,
             note=f"Projected from the ledger's full-budget records on {here} (median training "
-            "seconds of the method on the system, scaled by training trajectories and epochs); "
+            "seconds of the method on the system, scaled by training trajectories and epochs, and "
+            "an adaptive solver's cells by its epoch's ratio to Euler's in the wall-clock "
+            "measurement); "
             "one cell a core. Rows in the order ledger run gives each table its first seed; "
             "each projected at the commit it names (`--keep`: a study's row is not projected "
             "again once its table is run).",

@@ -27,3 +27,32 @@ def test_the_table_holds_every_cell_and_its_provenance(tmp_path):
     assert table[0] == "| model | s/epoch | note |"
     assert table[2:4] == ["| node | 1.5 | packed. |", "| neural_laplace | 0.25 | one by one |"]
     assert table[-1] == f"*a probe*: `cmd`, commit `{m.commit}`, {m.machine}."
+
+
+def test_a_projection_scales_an_adaptive_solvers_cells_by_its_measured_epoch(tmp_path):
+    """``benchmarks/study_projection.py``: a dopri5 cell costs its Euler records' time times the
+    wall-clock measurement's dopri5 / Euler ratio of the same model; an Euler cell, and a
+    solver the measurement does not time, cost the records' time."""
+    from benchmarks.study_projection import cell_seconds, solver_factors
+    from tasks.config import CellConfig
+
+    rows = (
+        ("node", "euler", "2.0"),
+        ("node", "dopri5", "30.0"),
+        ("anode", "dopri5", "5.0"),  # no Euler row of its own: no ratio
+        ("neural_laplace", "–", "1.0"),
+    )
+    path = record_measurement(
+        "wallclock", "t", "c", ("method", "solver", "value"), rows, "", tmp_path
+    )
+    factors = solver_factors(path)
+    assert factors == {("node", "dopri5"): 15.0}
+    times = {("node", "integro_de"): [100.0, 300.0, 200.0]}  # median 200 s at the paper's budget
+
+    def cell(**model) -> CellConfig:
+        return CellConfig(system="integro_de", method="node", seed=0, model=model)
+
+    assert cell_seconds(cell(), times, factors) == 200.0
+    assert cell_seconds(cell(solver="dopri5", rtol=1e-7, atol=1e-9), times, factors) == 3000.0
+    assert cell_seconds(cell(solver="bosh3"), times, factors) == 200.0
+    assert solver_factors(tmp_path / "none.json") == {}
