@@ -24,7 +24,7 @@ TORCH_ARGS := $(foreach word,$(TORCH_SPEC),'$(word)')
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup benchmark test test-fast test-slow test-cluster docs lint typecheck bench clean-venv wheelhouse gpu-check torch-asked
+.PHONY: setup benchmark test test-fast test-heavy test-slow test-cluster docs lint typecheck bench clean-venv wheelhouse gpu-check torch-asked
 
 setup: $(STAMP)
 
@@ -47,7 +47,11 @@ test: $(STAMP)
 # and train no model or simulate no system for long (`training`, `simulation`):
 # docs/development.md says what the tier holds.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not gpu and not cluster and not process and not training and not simulation"
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not gpu and not cluster and not heavy and not process and not training and not simulation"
+
+# The long end-to-end checks that `make test` leaves out to stay under ten minutes (CI runs them).
+test-heavy: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "heavy and not slow and not gpu and not cluster"
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

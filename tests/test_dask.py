@@ -26,6 +26,7 @@ def _config(runner: str):
     )
 
 
+@pytest.mark.heavy  # a Dask cluster and a Prefect server beside a benchmark
 def test_dask_runner_gives_the_same_results(tmp_path, point_mlflow_at, prefect_server):
     torch.set_num_threads(1)
     results = {}

@@ -32,7 +32,13 @@ print(json.dumps(seen))
 
 @pytest.mark.parametrize(
     "first",
-    ["tasks.tracking._store", "tasks.prefect_tasks", "flows.benchmark", "flows.runtime._prefect"],
+    [
+        "tasks.tracking._store",
+        # (the two that import the most, a fresh interpreter each: the heavy tier)
+        pytest.param("tasks.prefect_tasks", marks=pytest.mark.heavy),
+        pytest.param("flows.benchmark", marks=pytest.mark.heavy),
+        "flows.runtime._prefect",
+    ],
 )
 def test_offline_switches_are_set_before_mlflow_and_prefect_load(first, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in _OFFLINE}
@@ -71,6 +77,7 @@ _NOISE = (
 )
 
 
+@pytest.mark.heavy  # a whole smoke benchmark in a process of its own
 def test_smoke_benchmark_console_is_quiet_when_redirected(tmp_path):
     """A smoke benchmark with its output redirected: no warning or bookkeeping line, no bar
     redraws but one line per finished cell, one Prefect line per task."""

@@ -31,6 +31,9 @@ from pathlib import Path
 
 import pytest
 
+# Every test here traces real paper cells: CI runs them (`make test-heavy`), `make test` does not.
+pytestmark = pytest.mark.heavy
+
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ROOT / "nlmodels" / "accel" / "native" / "kernels.c"
 

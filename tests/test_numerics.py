@@ -318,6 +318,7 @@ def test_switching_numerics_back_and_forth_retrains_nothing_already_in_the_store
     assert retrained == ["portable", "native"]  # then 0 retrained in three switches
 
 
+@pytest.mark.heavy  # the deployment served and run
 def test_the_nightly_deployment_records_its_comparison_as_prefect_artifacts(
     mlflow_store, prefect_server
 ):

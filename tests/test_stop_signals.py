@@ -183,8 +183,16 @@ def test_user_simulators_end_their_own_data_set_and_sigterm_abandons_a_hang(tmp_
 
 @pytest.mark.parametrize(
     "isolation, group",
-    [("thread", False), ("process", True)],
-    ids=["to the command, cells in threads", "to its process group, cells in worker processes"],
+    [
+        pytest.param("thread", False, id="to the command, cells in threads"),
+        # (worker processes started and stopped: the heavy tier)
+        pytest.param(
+            "process",
+            True,
+            marks=pytest.mark.heavy,
+            id="to its process group, cells in worker processes",
+        ),
+    ],
 )
 def test_sigterm_mid_training_ends_the_running_cell_killed_and_keeps_the_finished_one(
     tmp_path, prefect_api, isolation, group

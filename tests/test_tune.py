@@ -187,6 +187,7 @@ def test_shards_given_the_parent_run_log_their_trials_under_it(tmp_path, mlflow_
     assert connect().queries.get_run_data(r.parent_run_id).status == "FINISHED"
 
 
+@pytest.mark.heavy  # trials in parallel processes
 def test_parallel_trials_on_sqlite(tmp_path, mlflow_store, caplog):
     r = run_tuning(_spec(tmp_path, n_jobs=2, n_trials=4, start_from_paper=False))
     assert r.n_complete + r.n_pruned == 4 and r.n_failed == 0

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,6 +38,7 @@ def _until_ready(proc: subprocess.Popen) -> str:
     return "".join(lines)
 
 
+@pytest.mark.heavy  # two tuning commands at once
 def test_two_processes_on_one_study_stop_at_its_total_and_never_draw_the_same_point(
     tmp_path, mlflow_store
 ):

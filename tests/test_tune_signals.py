@@ -177,8 +177,17 @@ sys.exit(main(command))
 
 @pytest.mark.parametrize(
     ("step", "nth", "signame", "code"),
-    [("created", 2, "SIGINT", 130), ("heartbeat", 2, "SIGTERM", 143)],
-    ids=["ctrl-c-as-a-trial-is-created", "sigterm-as-its-heartbeat-starts"],
+    [
+        pytest.param("created", 2, "SIGINT", 130, id="ctrl-c-as-a-trial-is-created"),
+        pytest.param(  # (the same resume after the other signal: the heavy tier)
+            "heartbeat",
+            2,
+            "SIGTERM",
+            143,
+            marks=pytest.mark.heavy,
+            id="sigterm-as-its-heartbeat-starts",
+        ),
+    ],
 )
 def test_a_tune_stopped_as_a_trial_starts_ends_it_failed_and_resumes_to_the_end(
     tmp_path, mlflow_store, prefect_api, step, nth, signame, code

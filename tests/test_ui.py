@@ -81,6 +81,7 @@ def _nllab(*args: str, env: dict) -> subprocess.Popen:
     )
 
 
+@pytest.mark.heavy  # the UI server and a benchmark behind it
 def test_ui_serves_the_benchmark_and_refuses_a_busy_port(mlflow_store, prefect_server):
     from flows.benchmark import run_benchmark
     from flows.cli.ui import port_in_use
