@@ -58,11 +58,25 @@ def home(tmp_path_factory):
     return tmp_path_factory.mktemp("home")
 
 
+def _import_what_binds_the_work_by_name() -> None:
+    """Import every module that binds a stubbed function by name (``from tasks.cell import
+    simulate_data``): one first imported while the stubs are in place would keep a stub after
+    this module's tests, for every later test in the process (the studies' modules load only
+    when a command asks for one)."""
+    from flows.studies import STUDIES
+
+    for name in STUDIES:
+        STUDIES[name]
+    for module in ("flows.reproduce", "flows.cli.simulate"):
+        importlib.import_module(module)
+
+
 @pytest.fixture
 def work_stubbed(monkeypatch, tmp_path, home):
     def reached(*args, **kwargs):
         raise _Accepted
 
+    _import_what_binds_the_work_by_name()
     for module, name in _WORK:
         monkeypatch.setattr(importlib.import_module(module), name, reached)
     import flows.cli.common as cli
