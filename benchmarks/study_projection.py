@@ -78,8 +78,7 @@ def cell_seconds(
     n = cell.data.n_trajectories or 1000
     train = cell.data.n_train or int(n * cell.data.fractions[0])
     epochs = cell.training.epochs
-    solver = str(cell.model.get("solver", "euler"))
-    factor = 1.0 if solver == "euler" else (solver_factor or {}).get((cell.method, solver), 1.0)
+    factor = (solver_factor or {}).get((cell.method, str(cell.model.get("solver", "euler"))), 1.0)
     return statistics.median(mine) * (train / PAPER_TRAIN) * (epochs / PAPER_EPOCHS) * factor
 
 
