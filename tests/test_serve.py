@@ -192,6 +192,7 @@ def test_a_serve_whose_server_stops_answering_is_told_to_stop(monkeypatch):
 # -- as a user meets it: a bad port, a dead server, a slow start, Ctrl-C ---------------------------
 def _nllab(home, *args: str, **env: str):
     import os
+    import signal
     import subprocess
     import sys
     from pathlib import Path
@@ -207,6 +208,8 @@ def _nllab(home, *args: str, **env: str):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, as a terminal's foreground job
+        # a terminal's job takes Ctrl-C, even where this test runs as a shell's `&` job
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
@@ -251,7 +254,11 @@ def test_ctrl_c_of_serve_start_server_pauses_stops_and_exits_130(tmp_path):
             break
     # as Ctrl-C in a terminal (the whole foreground group), while serving starts
     os.killpg(p.pid, signal.SIGINT)
-    out, err = p.communicate(timeout=120)
+    try:
+        out, err = p.communicate(timeout=120)
+    finally:  # never leave the command and its server running on the fixed port
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == 130, out + err
     assert "Traceback" not in err and "ConnectError" not in err
     assert "nllab serve: interrupted; paused" in err
