@@ -119,6 +119,9 @@ class ForecastModel(nn.Module):
     #: which validation score picks the weights training keeps (and early stopping watches):
     #: ``val_rmse``, or ``val_loss``, the model's own objective (a VAE's negative ELBO)
     selection_metric: Literal["val_rmse", "val_loss"] = "val_rmse"
+    #: whether the model's ``ilt`` option takes linear ILT algorithms only (one with
+    #: :meth:`~nlmodels.ilt.ILTAlgorithm.weights`): a config names only those for it
+    linear_ilt_only: bool = False
     #: evaluations counted on the device and not yet read (:meth:`count_nfe`); absent until then
     _nfe_pending: torch.Tensor | None
 

@@ -118,6 +118,8 @@ class LaplaceNet(ForecastModel):
         ilt_options: extra keyword options of the ILT algorithm.
     """
 
+    linear_ilt_only = True  # x is read through the ILT's weights w(t), linear in H(s) P(s)
+
     def __init__(
         self,
         state_dim: int,

@@ -186,13 +186,19 @@ def model_arguments(method: str) -> tuple[str, ...]:
     return tuple(model_signature(method))
 
 
-def registry_choices() -> dict[str, tuple[str, ...]]:
+def registry_choices(method: str | None = None) -> dict[str, tuple[str, ...]]:
     """Options whose valid names are a registry's keys rather than a ``Literal`` annotation:
-    the ODE solvers of the baselines and the ILT algorithms."""
+    the ODE solvers of the baselines and the ILT algorithms (for ``method``, the linear ones
+    only where its model says :attr:`~nlmodels.base.ForecastModel.linear_ilt_only`)."""
     from nlmodels.baselines._solve import SOLVERS
     from nlmodels.ilt import ILT_ALGORITHMS
 
-    return {"solver": tuple(SOLVERS), "ilt": tuple(sorted(ILT_ALGORITHMS))}
+    linear_only = False
+    if method is not None:
+        find_model(method)
+        linear_only = bool(getattr(MODELS[method], "linear_ilt_only", False))
+    ilts = sorted(n for n, c in ILT_ALGORITHMS.items() if c.is_linear or not linear_only)
+    return {"solver": tuple(SOLVERS), "ilt": tuple(ilts)}
 
 
 def _json_value(v: Any) -> Any:

@@ -247,7 +247,7 @@ def _model_variants(method: str) -> list[tuple[str, object]]:
     ILT algorithms)."""
     from nlmodels.model_registry import model_option_types, model_signature, registry_choices
 
-    choices, own, out = registry_choices(), _variant_base(method).model, []
+    choices, own, out = registry_choices(method), _variant_base(method).model, []
     for name, default in model_signature(method).items():
         value = own.get(name, default)
         if name in choices:

@@ -195,6 +195,29 @@ def test_model_overrides_with_a_fixed_set_of_values_are_checked_at_config_time()
     assert ok.models["latent_ode"]["kl_average"] == "latents"
 
 
+@pytest.mark.parametrize(
+    "method", sorted(m for m in BUILTIN_METHODS if "ilt" in model_arguments(m))
+)
+def test_every_ilt_a_config_admits_for_a_model_builds_it_and_no_other(method):
+    """An ILT a model cannot take (Laplace-Net reads x through a linear ILT's weights) is refused
+    when the config is read, naming the ones it can; every one the config admits builds."""
+    from nlmodels import build_model
+    from nlmodels.ilt import ILT_ALGORITHMS
+    from nlmodels.model_registry import registry_choices
+
+    admitted = registry_choices(method)["ilt"]
+    for name in sorted(ILT_ALGORITHMS):
+        overrides = {"methods": [method], "models": {method: {"ilt": name}}}
+        if name in admitted:
+            resolve_config("smoke", overrides=overrides)
+            build_model(method, 2, ilt=name)
+        else:
+            with pytest.raises(ConfigError, match=rf"'ilt' must be one of .*got '{name}'"):
+                resolve_config("smoke", overrides=overrides)
+            with pytest.raises(ValueError, match="linear ILT"):
+                build_model(method, 2, ilt=name)
+
+
 def test_pack_is_outside_the_cell_hash():
     on = resolve_config("smoke", overrides={"pack": True})
     off = resolve_config("smoke", overrides={"pack": False})

@@ -156,7 +156,7 @@ def option_problems(method: str, overrides: Mapping[str, Any]) -> list[str]:
         ]
     problems = []
     choices = {
-        **{k: v for k, v in models.registry_choices().items() if k in valid},
+        **{k: v for k, v in models.registry_choices(method).items() if k in valid},
         **models.model_choices(method),
     }
     hints, defaults = models.model_option_types(method), models.model_signature(method)
