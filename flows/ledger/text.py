@@ -12,9 +12,12 @@ from typing import TYPE_CHECKING, Literal
 from flows.ledger.study_text import made_by, study_lines
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from flows.ledger.forecast import Forecast
     from flows.ledger.groups import LedgerGroup
     from tasks.ledger import CellProgress, CellState, LedgerStatus
+    from tasks.ledger.views import BestOfSystem
 
 __all__ = [
     "count_legend",
@@ -384,7 +387,7 @@ def _answer(statuses, best, paper_best) -> str:
                 + (f", {', '.join(others)} on the others" if others else "")
             )
         else:
-            result = "no system has every method's seeds recorded yet"
+            result = "no system has every method's seeds recorded yet" + _interim(mine)
         verdicts = _baseline_verdicts(status)
         marks = ", ".join(
             f"{n} {_VERDICT_WORDS[v]} ({VERDICT_MARKS[v]})"
@@ -397,6 +400,28 @@ def _answer(statuses, best, paper_best) -> str:
             f"recorded): {result}{band}."
         )
     return "\n".join(parts)
+
+
+def _interim(best: Iterable[BestOfSystem]) -> str:
+    """Before any system is complete: the ranking on the seeds every method of a system has
+    recorded (the same data sets for every method), where there are such seeds."""
+    shared = [b for b in best if b.shared_best is not None]
+    if not shared:
+        return ""
+    seed_sets = {b.shared_seeds for b in shared}
+    seeds = (
+        f"seed{'s' if len(next(iter(seed_sets))) > 1 else ''} "
+        + ", ".join(map(str, next(iter(seed_sets))))
+        if len(seed_sets) == 1
+        else "the seeds they share"
+    )
+    nl = sum(b.shared_best == "neural_laplace" for b in shared)
+    others = [f"{b.shared_best} on {b.system}" for b in shared if b.shared_best != "neural_laplace"]
+    return (
+        f"; ranked on {seeds}, which every method has recorded on {len(shared)} "
+        f"system{'s' if len(shared) > 1 else ''}: Neural Laplace best on {nl} of {len(shared)}"
+        + (f" ({', '.join(others)})" if others else "")
+    )
 
 
 #: A verdict in words, beside its mark (:data:`tasks.reports.tables.VERDICT_MARKS`).

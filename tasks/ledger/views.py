@@ -304,6 +304,11 @@ class BestOfSystem:
     paired_seeds: int
     p_value: float | None
     complete: bool
+    #: the seeds every selected method of the system has recorded (empty where one has none)
+    #: and the method of lowest mean test RMSE over them: a like-for-like ranking (the same data
+    #: sets for every method) before every seed is in
+    shared_seeds: tuple[int, ...] = ()
+    shared_best: str | None = None
 
     @property
     def significant(self) -> bool:
@@ -329,6 +334,13 @@ def best_per_system(status: LedgerStatus) -> list[BestOfSystem]:
         ranked = sorted(by_method, key=lambda m: statistics.fmean(by_method[m].values()))
         best, second = ranked[0], (ranked[1] if len(ranked) > 1 else None)
         shared = sorted(set(by_method[best]) & set(by_method[second])) if second else []
+        every = [set(by_method.get(m, ())) for m in dict.fromkeys(s.cell.method for s in mine)]
+        common = tuple(sorted(set.intersection(*every)))
+        on_common = (
+            {m: statistics.fmean(v[k] for k in common) for m, v in by_method.items()}
+            if common
+            else {}
+        )
         out.append(
             BestOfSystem(
                 system,
@@ -342,6 +354,8 @@ def best_per_system(status: LedgerStatus) -> list[BestOfSystem]:
                 if second
                 else None,
                 all(s.state == "recorded" for s in mine),
+                common,
+                min(on_common, key=on_common.__getitem__) if on_common else None,
             )
         )
     return out
