@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from test_ledger_peers import _at, _scope
 
-from flows.ledger.text import _interim
+from flows.ledger.text import interim_ranking
 from tasks.ledger import best_per_system, ledger_status
 
 
@@ -37,7 +37,7 @@ def test_a_system_is_ranked_on_the_seeds_every_method_shares():
         "neural_laplace",
     )
     assert (spiral.best, spiral.shared_seeds, spiral.shared_best) == ("node", (), None)
-    assert _interim(best.values()) == (
+    assert interim_ranking(best.values()) == (
         "; ranked on seed 0, which every method has recorded on 1 system: Neural Laplace best "
         "on 1 of 1"
     )
@@ -57,8 +57,8 @@ def test_the_interim_answer_names_the_other_winners_and_mixed_seed_sets():
         ("integro_de", (0, 1), "node"),
         ("spiral_dde", (0,), "neural_laplace"),
     ]
-    assert _interim(best) == (
+    assert interim_ranking(best) == (
         "; ranked on the seeds they share, which every method has recorded on 2 systems: "
         "Neural Laplace best on 1 of 2 (node on integro_de)"
     )
-    assert _interim([]) == ""
+    assert interim_ranking([]) == ""

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "count_legend",
     "forecast_text",
+    "interim_ranking",
     "ledger_markdown",
     "protocols_markdown",
     "readme_ledger",
@@ -387,7 +388,7 @@ def _answer(statuses, best, paper_best) -> str:
                 + (f", {', '.join(others)} on the others" if others else "")
             )
         else:
-            result = "no system has every method's seeds recorded yet" + _interim(mine)
+            result = "no system has every method's seeds recorded yet" + interim_ranking(mine)
         verdicts = _baseline_verdicts(status)
         marks = ", ".join(
             f"{n} {_VERDICT_WORDS[v]} ({VERDICT_MARKS[v]})"
@@ -402,7 +403,7 @@ def _answer(statuses, best, paper_best) -> str:
     return "\n".join(parts)
 
 
-def _interim(best: Iterable[BestOfSystem]) -> str:
+def interim_ranking(best: Iterable[BestOfSystem]) -> str:
     """Before any system is complete: the ranking on the seeds every method of a system has
     recorded (the same data sets for every method), where there are such seeds."""
     shared = [b for b in best if b.shared_best is not None]
