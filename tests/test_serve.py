@@ -256,7 +256,7 @@ def test_ctrl_c_of_serve_start_server_pauses_stops_and_exits_130(tmp_path):
     os.killpg(p.pid, signal.SIGINT)
     try:
         out, err = p.communicate(timeout=120)
-    finally:  # never leave the command and its server running on the fixed port
+    finally:  # a command that ignored the Ctrl-C does not outlive the test
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == 130, out + err

@@ -409,12 +409,11 @@ def interim_ranking(best: Iterable[BestOfSystem]) -> str:
     shared = [b for b in best if b.shared_best is not None]
     if not shared:
         return ""
-    seed_sets = {b.shared_seeds for b in shared}
+    (first, *rest) = {b.shared_seeds for b in shared}
     seeds = (
-        f"seed{'s' if len(next(iter(seed_sets))) > 1 else ''} "
-        + ", ".join(map(str, next(iter(seed_sets))))
-        if len(seed_sets) == 1
-        else "the seeds they share"
+        "the seeds they share"
+        if rest
+        else f"seed{'s' if len(first) > 1 else ''} " + ", ".join(map(str, first))
     )
     nl = sum(b.shared_best == "neural_laplace" for b in shared)
     others = [f"{b.shared_best} on {b.system}" for b in shared if b.shared_best != "neural_laplace"]

@@ -336,11 +336,6 @@ def best_per_system(status: LedgerStatus) -> list[BestOfSystem]:
         shared = sorted(set(by_method[best]) & set(by_method[second])) if second else []
         every = [set(by_method.get(m, ())) for m in dict.fromkeys(s.cell.method for s in mine)]
         common = tuple(sorted(set.intersection(*every)))
-        on_common = (
-            {m: statistics.fmean(v[k] for k in common) for m, v in by_method.items()}
-            if common
-            else {}
-        )
         out.append(
             BestOfSystem(
                 system,
@@ -355,7 +350,9 @@ def best_per_system(status: LedgerStatus) -> list[BestOfSystem]:
                 else None,
                 all(s.state == "recorded" for s in mine),
                 common,
-                min(on_common, key=on_common.__getitem__) if on_common else None,
+                min(by_method, key=lambda m: statistics.fmean(by_method[m][k] for k in common))
+                if common
+                else None,
             )
         )
     return out
