@@ -26,6 +26,7 @@ from nlmodels.lazy import lazy_face
 _WHERE = {
     name: module
     for module, names in {
+        "_checkpoints": "Checkpoints",
         "_config": "Settings TrainConfig",
         "_errors": "Interrupted TrainingDiverged TrainingInterrupted",
         "_evaluation": "Evaluation divergence evaluate outlier_census rmse",

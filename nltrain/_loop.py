@@ -16,11 +16,12 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 from tqdm.auto import tqdm
 
+from nltrain._checkpoints import Checkpoints
 from nltrain._config import TrainConfig
 from nltrain._errors import TrainingDiverged, TrainingInterrupted
 from nltrain._steps import Readout
@@ -28,6 +29,7 @@ from nltrain._steps import Readout
 __all__ = [
     "EpochRecord",
     "LoopOptions",
+    "Resumable",
     "SelectionMetric",
     "StepFunction",
     "StopReason",
@@ -104,13 +106,28 @@ class StepFunction(Protocol):
         """Train only the members at positions ``keep`` from now on."""
 
 
+@runtime_checkable
+class Resumable(Protocol):
+    """A step function whose state can be checkpointed between epochs (see
+    :class:`~nltrain.Checkpoints`): the loop's checkpoints need it, and skip a step without."""
+
+    def state(self) -> dict:
+        """Everything the rest of training reads: weights, optimiser, every random stream
+        (tensors, numbers and strings only)."""
+
+    def restore(self, state: dict) -> None:
+        """Put back :meth:`state` into a step built as the saved one was, all cells training."""
+
+
 @dataclass(frozen=True)
 class LoopOptions:
     """How :func:`train_loop` runs, besides the protocol (:class:`~nltrain.TrainConfig`).
 
     ``labels``: one per cell (error messages, the bar); ``on_epoch(i, record)`` after each of
     cell ``i``'s epochs; setting ``stop`` raises :class:`TrainingInterrupted`; ``budget``: the
-    wall-clock seconds of the whole run (None: ``config.max_train_seconds``).
+    wall-clock seconds of the whole run (None: ``config.max_train_seconds``); ``checkpoints``:
+    where the run keeps its checkpoints and resumes from them (:class:`~nltrain.Checkpoints`;
+    None: none), for a :class:`Resumable` step whose labels it covers.
     """
 
     labels: tuple[str, ...] = ("train",)
@@ -118,17 +135,28 @@ class LoopOptions:
     stop: threading.Event | None = None
     progress: bool = False
     budget: float | None = None
+    checkpoints: Checkpoints | None = None
 
 
-def epoch_bar(config: TrainConfig, label: str, progress: bool, budget: float | None = None):
-    """The epochs of a training run as a tqdm bar. Under a time budget (``budget`` seconds,
-    default ``config.max_train_seconds``) the epoch ceiling is not where the run ends, so the
-    bar counts epochs and names the budget instead of showing an ETA to the ceiling."""
+def epoch_bar(
+    config: TrainConfig,
+    label: str,
+    progress: bool,
+    budget: float | None = None,
+    start: int = 0,
+):
+    """The epochs of a training run from ``start`` (a resumed run's first) as a tqdm bar.
+    Under a time budget (``budget`` seconds, default ``config.max_train_seconds``) the epoch
+    ceiling is not where the run ends, so the bar counts epochs and names the budget instead of
+    showing an ETA to the ceiling."""
     budget = config.max_train_seconds if budget is None else budget
-    epochs: Iterable[int] = range(config.epochs)
+    epochs: Iterable[int] = range(start, config.epochs)
+    total: int | None = config.epochs
     if budget is not None:
-        epochs, label = iter(epochs), f"{label} (budget {budget:.0f} s)"
-    return tqdm(epochs, desc=label, disable=not progress, leave=True, unit="ep")
+        epochs, label, total = iter(epochs), f"{label} (budget {budget:.0f} s)", None
+    return tqdm(
+        epochs, desc=label, disable=not progress, leave=True, unit="ep", initial=start, total=total
+    )
 
 
 def _best(history: Sequence[EpochRecord], metric: SelectionMetric = "val_rmse") -> EpochRecord:
@@ -199,14 +227,23 @@ def train_loop(
     """Train ``step``'s cells (one per label) for up to ``config.epochs`` epochs of
     ``step.n_train`` trajectories in batches of ``config.batch_size``; per cell its
     :class:`TrainResult`, or the :class:`TrainingDiverged` that ended it (a non-finite loss,
-    gradient norm or validation RMSE ends that cell only, at the end of its epoch)."""
+    gradient norm or validation RMSE ends that cell only, at the end of its epoch).
+
+    With ``options.checkpoints`` (and a :class:`Resumable` step), a run first resumes from its
+    checkpoint (each restored epoch passed to ``on_epoch`` again, so that a new log holds the
+    whole curve), and keeps one while it trains and once it has finished: the same results and
+    bytes as a run never interrupted (:mod:`nltrain._checkpoints`)."""
     labels, n = options.labels, len(options.labels)
     metric = selection_metric(step)
     cells = [_Cell() for _ in labels]
     budget = config.max_train_seconds if options.budget is None else options.budget
-    t_start = time.perf_counter()
+    keeper = _Keeper.of(step, options)
+    start, spent = (0, 0.0) if keeper is None else keeper.resume(step, cells, options)
+    if all(c.result is not None for c in cells):  # finished before: its results, kept
+        return [c.result for c in cells]  # type: ignore[misc]
+    t_start = time.perf_counter() - spent
     label = labels[0] if n == 1 else f"{labels[0]} (+{n - 1})"
-    bar = epoch_bar(config, label, options.progress, budget)
+    bar = epoch_bar(config, label, options.progress, budget, start)
     for epoch in bar:
         t0 = time.perf_counter()
         _train_epoch(step, config.batch_size, epoch, options)
@@ -235,10 +272,102 @@ def train_loop(
             bar.set_postfix(members=len(keep))
         if not keep:
             break
+        if keeper is not None and len(keep) == n:  # all still training: the state is whole
+            keeper.running(epoch, time.perf_counter() - t_start, step, cells)
         if len(keep) < len(step.members):
             step.drop(keep)
     bar.close()
+    if keeper is not None:
+        keeper.finished(time.perf_counter() - t_start, cells)
     return [c.result for c in cells]  # type: ignore[misc]
+
+
+class _Keeper:
+    """A loop's checkpoints (:class:`~nltrain.Checkpoints`): what is saved, when, and how it
+    is put back."""
+
+    def __init__(self, store: Checkpoints, labels: tuple[str, ...]) -> None:
+        self.store, self.labels = store, labels
+        self.last = time.monotonic()
+
+    @classmethod
+    def of(cls, step: StepFunction, options: LoopOptions) -> _Keeper | None:
+        store = options.checkpoints
+        if store is None or not isinstance(step, Resumable) or not store.covers(options.labels):
+            return None
+        return cls(store, options.labels)
+
+    def running(self, epoch: int, elapsed: float, step: Resumable, cells: list[_Cell]) -> None:
+        """After ``epoch``, with every cell training: saved if ``every_seconds`` have passed."""
+        if time.monotonic() - self.last < self.store.every_seconds:
+            return
+        state = {
+            "finished": False,
+            "epoch": epoch,
+            "seconds": elapsed,
+            "step": step.state(),
+            "cells": [_cell_state(c) for c in cells],
+        }
+        self.store.save(self.labels, state)
+        self.last = time.monotonic()
+
+    def finished(self, elapsed: float, cells: list[_Cell]) -> None:
+        """Every cell's result and best weights, until the caller has kept them."""
+        state = {"finished": True, "seconds": elapsed, "cells": [_cell_state(c) for c in cells]}
+        self.store.save(self.labels, state)
+
+    def resume(
+        self, step: Resumable, cells: list[_Cell], options: LoopOptions
+    ) -> tuple[int, float]:
+        """The run's checkpoint, if any, put back into ``step`` and ``cells`` (each restored
+        epoch passed to ``on_epoch``); the epoch to start at and the seconds already spent."""
+        saved = self.store.load(self.labels)
+        if saved is None:
+            return 0, 0.0
+        for m, (cell, kept) in enumerate(zip(cells, saved["cells"], strict=True)):
+            cell.history = [EpochRecord(*r) for r in kept["history"]]
+            cell.best_score, cell.best_state = kept["best_score"], kept["best_state"]
+            if options.on_epoch is not None:
+                for record in cell.history:
+                    options.on_epoch(m, record)
+        if saved["finished"]:
+            for j, (cell, kept) in enumerate(zip(cells, saved["cells"], strict=True)):
+                cell.result = _result_of(kept["result"], cell)
+                if isinstance(cell.result, TrainResult):
+                    step.finish(j, cell.best_state, cell.history[-1].nfe)  # type: ignore[arg-type]
+            return 0, saved["seconds"]
+        step.restore(saved["step"])
+        return saved["epoch"] + 1, saved["seconds"]
+
+
+def _cell_state(cell: _Cell) -> dict:
+    result: dict | None
+    if cell.result is None:
+        result = None
+    elif isinstance(cell.result, TrainingDiverged):
+        result = {"diverged": str(cell.result)}
+    else:
+        r = cell.result
+        result = {
+            "best_epoch": r.best_epoch,
+            "best_val_rmse": r.best_val_rmse,
+            "stopped": r.stopped,
+            "seconds": r.seconds,
+            "packed_members": r.packed_members,
+            "graphs": r.graphs,
+        }
+    return {
+        "history": [list(astuple(r)) for r in cell.history],
+        "best_score": cell.best_score,
+        "best_state": cell.best_state,
+        "result": result,
+    }
+
+
+def _result_of(kept: dict, cell: _Cell) -> TrainResult | TrainingDiverged:
+    if "diverged" in kept:
+        return TrainingDiverged(kept["diverged"])
+    return TrainResult(history=tuple(cell.history), **kept)
 
 
 def _result(

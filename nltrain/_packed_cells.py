@@ -14,6 +14,7 @@ from torch import nn
 
 from datasets import SplitData
 from nlmodels import ForecastModel
+from nltrain._checkpoints import generator_states, restore_generators
 from nltrain._config import TrainConfig
 from nltrain._packed_gru import is_plain_gru
 from nltrain._packer import Packer
@@ -287,6 +288,35 @@ class PackedCells:
     def drop(self, keep: list[int]) -> None:
         self.pack = self.packer.compact(self.pack, keep)
         self.packer.graphs.clear()  # captured for the previous pack's tensors
+
+    def state(self) -> dict:
+        return {
+            "members": list(self.pack.members),
+            "n_step": self.n_step,
+            "pack": {n: t.detach() for n, t in self.pack.named_state().items()},
+            # the members' own modules too: what they update in place outside the pack (a
+            # spectral norm's power iteration) and their buffers
+            "models": [m.state_dict() for m in self.models],
+            "shuffle": [g.get_state() for g in self.gens],
+            "streams": [generator_states(m) for m in self.models],
+        }
+
+    @torch.no_grad()
+    def restore(self, state: dict) -> None:
+        if state["members"] != self.pack.members:
+            raise ValueError(
+                f"{self.label}: the checkpoint is of members {state['members']}, "
+                f"this pack trains {self.pack.members}"
+            )
+        for model, saved in zip(self.models, state["models"], strict=True):
+            model.load_state_dict(saved)
+        for name, t in self.pack.named_state().items():
+            t.copy_(state["pack"][name])
+        self.n_step = state["n_step"]
+        for gen, saved in zip(self.gens, state["shuffle"], strict=True):
+            gen.set_state(saved)
+        for model, saved in zip(self.models, state["streams"], strict=True):
+            restore_generators(model, saved)
 
 
 def pack_of_one(

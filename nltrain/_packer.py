@@ -82,18 +82,18 @@ class Pack:
     def __post_init__(self) -> None:
         self.rows = torch.arange(len(self.members), device=self.active.device).unsqueeze(1)
 
+    def named_state(self) -> dict[str, torch.Tensor]:
+        """Every tensor a step changes, by name (a checkpoint's, in :meth:`mutable`'s order)."""
+        named = {
+            f"{group}.{n}": t
+            for group in ("params", "buffers", "exp_avg", "exp_avg_sq")
+            for n, t in getattr(self, group).items()
+        }
+        flags = ("active", "total", "div_kind", "div_value", "div_batch")
+        return named | {f: getattr(self, f) for f in flags}
+
     def mutable(self) -> list[torch.Tensor]:
-        return [
-            *self.params.values(),
-            *self.buffers.values(),
-            *self.exp_avg.values(),
-            *self.exp_avg_sq.values(),
-            self.active,
-            self.total,
-            self.div_kind,
-            self.div_value,
-            self.div_batch,
-        ]
+        return list(self.named_state().values())
 
 
 @dataclass

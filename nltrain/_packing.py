@@ -111,7 +111,7 @@ def _one_by_one(
             model, train_splits[i], val_splits[i], config, device=device, seed=seeds[i], label=label
         )
         callback = None if on_epoch is None else (lambda _j, r, i=i: on_epoch(i, r))
-        alone = LoopOptions((label,), callback, options.stop, options.progress, budget)
+        alone = replace(options, labels=(label,), on_epoch=callback, budget=budget)
         results += train_loop(step, config, alone)
     return results
 

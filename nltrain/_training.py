@@ -28,6 +28,7 @@ import torch
 from datasets import SplitData
 from nlmodels import ForecastModel, require_numerics
 from nlmodels.model_registry import INIT_LOCK
+from nltrain._checkpoints import Checkpoints, generator_states, restore_generators
 from nltrain._config import TrainConfig
 from nltrain._loop import (
     EpochRecord,
@@ -225,6 +226,20 @@ class _EagerCell:
     def drop(self, keep: list[int]) -> None:
         self.members = [self.members[j] for j in keep]
 
+    def state(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimiser": self.optimiser.state_dict(),
+            "shuffle": self.gen.get_state(),
+            "streams": generator_states(self.model),
+        }
+
+    def restore(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimiser.load_state_dict(state["optimiser"])
+        self.gen.set_state(state["shuffle"])
+        restore_generators(self.model, state["streams"])
+
 
 def train(
     model: ForecastModel,
@@ -239,6 +254,7 @@ def train(
     progress: bool = False,
     label: str = "train",
     step: Literal["auto", "eager", "packed"] = "auto",
+    checkpoints: Checkpoints | None = None,
 ) -> TrainResult:
     """Train ``model`` in place on ``train_split``; early-stop on ``val_split`` RMSE.
 
@@ -258,13 +274,16 @@ def train(
     Elsewhere it steps the module and ``torch.optim.Adam`` eagerly; ``eager`` always does the
     latter; ``packed`` always trains a pack of one (an error where the model or its splits
     cannot be packed).
+
+    ``checkpoints`` (:class:`~nltrain.Checkpoints`, with an identity for ``label``): resume from
+    the run's checkpoint there, and keep one while training (:func:`nltrain.train_loop`).
     """
     require_numerics()
     cells = step_function(
         model, train_split, val_split, config, device=device, seed=seed, label=label, step=step
     )
     callback = None if on_epoch is None else (lambda _i, r: on_epoch(r))
-    options = LoopOptions((label,), callback, stop, progress)
+    options = LoopOptions((label,), callback, stop, progress, checkpoints=checkpoints)
     (result,) = train_loop(cells, config, options)
     if isinstance(result, TrainingDiverged):
         raise result

@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from nltrain import (
+    Checkpoints,
     EpochRecord,
     LoopOptions,
+    TrainingDiverged,
     TrainingInterrupted,
     TrainResult,
     prefers_one_by_one,
@@ -103,6 +105,9 @@ class CellRuntime:
     #: where :func:`tasks.engine.run_cells` placed this pack under ``device="auto"`` (``cpu`` /
     #: ``cuda``); None: the pack is placed where it runs
     placed: str | None = None
+    #: where training keeps its checkpoints between epochs (None: none) and how often
+    checkpoints: Path | None = None
+    checkpoint_minutes: float = 5.0
 
     def cpu_threads(self) -> int:
         """torch's CPU threads in one worker: ``torch_threads`` when set, else this machine's
@@ -132,6 +137,8 @@ class CellRuntime:
             "isolation": ex.isolation,
             "task_runner": ex.task_runner,
             "reuse": ex.reuse,
+            "checkpoints": None if ex.checkpoints is None else Path(ex.checkpoints),
+            "checkpoint_minutes": ex.checkpoint_minutes,
         }
         return cls.for_store(store, **{**fields, **kw})
 
@@ -230,6 +237,8 @@ def _fit_cells(
     for i, res in zip(live, pack.train(live) if live else [], strict=True):
         if isinstance(res, Exception):  # 2. trained (one by one if the pack failed)
             outcomes[i] = pack.failed(i, res)
+            if isinstance(res, TrainingDiverged):  # its outcome, kept in its run
+                pack.discard(i)
         else:  # 3. evaluated and logged
             outcomes[i] = pack.score(i, res, evaluate_test)
     return [outcomes[i] for i in range(len(cells))]
@@ -248,6 +257,7 @@ class _Pack:
         placed = rt.placed if rt.placed != "cuda" or torch.cuda.is_available() else None
         self.device = place_pack(list(cells), placed or rt.device, cache_dir=rt.cache_dir)
         self.stop = rt.stop if rt.stop is not None else worker_stop_event()
+        self.checkpoints = checkpoints(rt, self.cells, self.device)
         #: what the caller's ``on_epoch`` raised: it ends the pack, never only a member
         self.raised: BaseException | None = None
 
@@ -286,6 +296,7 @@ class _Pack:
                         on_epoch=lambda j, r: self.log_epoch(idx[j], r),
                         stop=self.stop,
                         progress=self.rt.progress,
+                        checkpoints=self.checkpoints,
                     ),
                     # one by one where packing is slower (as planned and probed)
                     pack=not prefers_one_by_one(setups[0].model, self.device),
@@ -298,17 +309,39 @@ class _Pack:
                 return [e]
         return [r for i in idx for r in self.train([i])]
 
+    def discard(self, i: int) -> None:
+        """Member ``i``'s checkpoints removed: its training's outcome is in its run."""
+        if self.checkpoints is not None:
+            self.checkpoints.discard([self.cells[i].key])
+
     def score(self, i: int, res: TrainResult, evaluate_test: bool) -> FitOutcome | Exception:
         """Member ``i`` evaluated on its test split and logged, or the error that stopped it."""
         if not evaluate_test:
+            self.discard(i)
             return FitOutcome(math.nan, res)
         try:
             evaluated = evaluate_cell(self.setups[i], res, self.device, self.cells[i].config_hash())
             log_outcome(self.runs, self.run_ids[i], evaluated)
         except Exception as e:
-            return self.failed(i, e)
+            return self.failed(i, e)  # its checkpoint kept: a rerun scores it again at once
+        self.discard(i)
         metrics = dict(evaluated.metrics)
         return FitOutcome(metrics[Metrics.TEST_RMSE], res, metrics)
+
+
+def checkpoints(
+    rt: CellRuntime, cells: Sequence[CellConfig], device: torch.device | str
+) -> Checkpoints | None:
+    """Where ``cells`` keep their training checkpoints (None: the runtime keeps none), each
+    under its identity: its config hash, today's numerics fingerprints and the device's
+    numerics, so that a checkpoint resumes only the computation that wrote it."""
+    if rt.checkpoints is None:
+        return None
+    where = numerics.device_identity(str(device))
+    identities = {
+        c.key: " ".join((c.config_hash(), *numerics.cell_fingerprints(c), where)) for c in cells
+    }
+    return Checkpoints(rt.checkpoints, identities, rt.checkpoint_minutes * 60)
 
 
 def _set_up(cell: CellConfig, run_id: str, rt: CellRuntime, runs: RunLog) -> CellSetup:

@@ -791,6 +791,7 @@ TEST_INTERNALS: dict[str, str] = {
     "adjoint twin against torchdiffeq's",
     "nltrain.numerics._fingerprints": "the fingerprint cache (folder, memo) replaced per test, and "
     "the canaries traced against the cells they stand for",
+    "nltrain._checkpoints": "the models' random streams, found, saved and put back",
     "nltrain._evaluation": "the divergence factor and the top-error share, at their thresholds",
     "nltrain._loop": "the training loop's clock, replaced to test time budgets, and its epoch bar",
     "nltrain._member_products": "per-member products against the batched ones, bit for bit",
@@ -937,17 +938,26 @@ CLI_SHARED = {"flows.cli", "flows.cli.common", "flows.cli.__main__"}
 
 
 def _commands_importing_commands() -> set[str]:
-    commands = {m for m in MODULES if m.startswith("flows.cli.") and m not in CLI_SHARED}
-    return {
-        f"{module} imports {target}"
-        for module in commands
-        for imported in IMPORTS[module]
-        if (target := _own_module(imported)) in commands and target != module
-    }
+    """Command modules importing other commands, and private parts (``flows.cli._name``: one
+    command's, split off its module) imported by more than one command."""
+    modules = {m for m in MODULES if m.startswith("flows.cli.") and m not in CLI_SHARED}
+    commands = {m for m in modules if not m.rpartition(".")[2].startswith("_")}
+    users: dict[str, set[str]] = {}
+    found = set()
+    for module in modules:
+        for imported in IMPORTS[module]:
+            target = _own_module(imported)
+            if target in commands and target != module:
+                found.add(f"{module} imports {target}")
+            elif target in modules - commands and module in commands:
+                users.setdefault(target, set()).add(module)
+    shared = {f"{t} serves {', '.join(sorted(u))}" for t, u in users.items() if len(u) > 1}
+    return found | shared
 
 
 def test_no_command_module_imports_another() -> None:
-    """What two commands share lives in ``flows/cli/common.py`` or a flows module."""
+    """What two commands share lives in ``flows/cli/common.py`` or a flows module; a command's
+    private part (``flows/cli/_name.py``) serves that one command."""
     assert not _commands_importing_commands()
 
 
@@ -998,9 +1008,16 @@ def test_the_shape_checks_catch_what_they_forbid() -> None:
         del MODULES[name], TREES[name]
     command = "flows.cli.made_up"
     MODULES[command] = ROOT / "flows" / "cli" / "made_up.py"
-    IMPORTS[command] = {"flows.cli.compare.comparison_section", "flows.cli.common"}
+    IMPORTS[command] = {
+        "flows.cli.compare.comparison_section",
+        "flows.cli.common",
+        "flows.cli._ledger_args.positive",  # the ledger command's own part
+    }
     try:
-        assert _commands_importing_commands() == {f"{command} imports flows.cli.compare"}
+        assert _commands_importing_commands() == {
+            f"{command} imports flows.cli.compare",
+            f"flows.cli._ledger_args serves flows.cli.ledger, {command}",
+        }
     finally:
         del MODULES[command], IMPORTS[command]
 

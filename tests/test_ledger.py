@@ -785,7 +785,9 @@ def test_record_equality_survives_a_round_trip():
 def test_status_and_table_read_without_torch_mlflow_or_prefect(tmp_path):
     """Once today's cells are cached for this code state, ``status`` and ``table`` read the
     ledger with the standard library, pandas and pydantic: no torch, MLflow or Prefect."""
-    ledger_scope()  # this session's home: computed once (or read), as the command would
+    # the scopes the two commands read (Table 3's and the studies'), computed once in this
+    # session's home (or read), as a first `ledger status` of the code state would
+    assert main(["ledger", "status"]) == 0
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     probe = (
         "import sys; from flows.cli import main; "

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from cells import tiny_cell
+from terminal import takes_ctrl_c
 
 from tasks.engine import in_lanes, make_packs, plan_packs
 from tasks.machine.placement import (
@@ -593,7 +594,7 @@ def test_ctrl_c_while_waiting_for_probes_ends_them_cleanly(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=takes_ctrl_c,
     )
     assert proc.stdout.readline().strip() == "waiting for the probe"
     time.sleep(1)

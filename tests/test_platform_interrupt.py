@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from terminal import takes_ctrl_c
 
 from flows.runtime._prefect import guarded_servers
 
@@ -37,7 +38,7 @@ def _nllab(home: Path, isolation: str, *, session: bool = False) -> subprocess.P
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=session,  # its own process group, as a shell gives each command
         # Ctrl-C reaches it even when the suite runs as a background job (which ignores SIGINT)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=takes_ctrl_c,
     )  # fmt: skip
 
 

@@ -9,6 +9,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from terminal import takes_ctrl_c
 
 from flows.cli import main
 from flows.runtime.prefect_server import ServerMissing, require_server
@@ -192,7 +193,6 @@ def test_a_serve_whose_server_stops_answering_is_told_to_stop(monkeypatch):
 # -- as a user meets it: a bad port, a dead server, a slow start, Ctrl-C ---------------------------
 def _nllab(home, *args: str, **env: str):
     import os
-    import signal
     import subprocess
     import sys
     from pathlib import Path
@@ -209,7 +209,7 @@ def _nllab(home, *args: str, **env: str):
         text=True,
         start_new_session=True,  # its own process group, as a terminal's foreground job
         # a terminal's job takes Ctrl-C, even where this test runs as a shell's `&` job
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=takes_ctrl_c,
     )
 
 

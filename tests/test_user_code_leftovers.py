@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import psutil
+from terminal import takes_ctrl_c
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -130,7 +131,7 @@ def test_ctrl_c_while_the_command_exits_gives_130_not_0(tmp_path, mlflow_store, 
     proc = _nllab(
         tmp_path, prefect_api, user, "--systems", "integro_de", "--methods", "slow_exit:Last",
         # Ctrl-C reaches it even when the suite runs as a background job (which ignores SIGINT)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=takes_ctrl_c,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 400

@@ -19,6 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flows.cli import common as cli
+from flows.cli._ledger_args import (
+    add_execution_options,
+    add_run_options,
+    add_selection,
+    add_table_options,
+    ledger_studies,
+    scoped_group,
+)
 
 if TYPE_CHECKING:
     from tasks.ledger import LedgerScope, LedgerStatus
@@ -31,43 +39,6 @@ README_BEGIN = (
     "do not edit by hand -->"
 )
 README_END = "<!-- end of the generated ledger table -->"
-
-
-def _positive(unit: str, most: float, *, zero: bool = False):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = float("nan")
-        if not (0 <= value if zero else 0 < value) or not value <= most:  # NaN fails too
-            least = "0 or more" if zero else "above 0"
-            raise argparse.ArgumentTypeError(f"a number of {unit} {least}, got {text!r}")
-        return value
-
-    return parse
-
-
-class _Scoped:
-    """An argument group whose options apply to some actions only: it remembers each option it
-    adds (``add_argument`` returns the ``argparse.Action``), so that :func:`_precheck` refuses
-    every one of them given to another action, without a list kept by hand."""
-
-    def __init__(self, group, actions: tuple[str, ...], scoped: list) -> None:
-        self.group, self.actions, self.scoped = group, actions, scoped
-
-    def add_argument(self, *args, **kwargs) -> argparse.Action:
-        action = self.group.add_argument(*args, **kwargs)
-        self.scoped.append((action, self.actions))
-        return action
-
-    def add_mutually_exclusive_group(self) -> _Scoped:
-        return _Scoped(self.group.add_mutually_exclusive_group(), self.actions, self.scoped)
-
-
-def _scoped_group(p: argparse.ArgumentParser, title: str, scoped: list) -> _Scoped:
-    """The group ``title`` (``run``, ``run and record``, ...): its options apply to the actions
-    its title names."""
-    return _Scoped(p.add_argument_group(title), tuple(title.split(" and ")), scoped)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -102,9 +73,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         metavar="FILE",
         help="a config file layered on the profile (its cells are the ledger's)",
     )
-    _add_selection(p)
+    add_selection(p)
     scoped: list[tuple[argparse.Action, tuple[str, ...]]] = []
-    status = _scoped_group(p, "status", scoped)
+    status = scoped_group(p, "status", scoped)
     status.add_argument(
         "--training",
         action="store_true",
@@ -118,131 +89,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "missing cells, group by group in its order, from the ledger's records of each "
         "method's training time (this processor's where it has some)",
     )
-    _add_run_options(_scoped_group(p, "run", scoped))
-    _add_execution_options(_scoped_group(p, "run and record", scoped))
-    _add_table_options(_scoped_group(p, "table", scoped))
+    add_run_options(scoped_group(p, "run", scoped))
+    add_execution_options(scoped_group(p, "run and record", scoped))
+    add_table_options(scoped_group(p, "table", scoped))
     p.set_defaults(handler=run, precheck=_precheck, reads_only=_reads_only, scoped=scoped)
     p.set_defaults(computes=True)  # --device checked, the CPU numerics said (flows.cli.main)
     return p
-
-
-def _add_selection(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--systems", nargs="+", type=cli.names, metavar="NAME", help="systems (default: main table)"
-    )
-    p.add_argument(
-        "--methods", nargs="+", type=cli.names, metavar="NAME", help="models (default: all nine)"
-    )
-    p.add_argument(
-        "--seeds",
-        nargs="+",
-        type=cli.names,
-        metavar="N",
-        help="seeds (default: the profile's, 0-4)",
-    )
-    p.add_argument(
-        "--ablation",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="the stereographic ablation's cells only (--no-ablation: Table 3's only; default: "
-        "both; `run` trains the ablation after every Table 3 column has a seed)",
-    )
-    p.add_argument(
-        "--study",
-        nargs="+",
-        type=cli.names,
-        metavar="NAME",
-        help="the cells of these studies' tables only (the paper's other tables at its budget: "
-        f"{', '.join(_ledger_studies())}; a study cell that is a Table 3 cell shares its "
-        "record); default: every study's too, unless --ablation/--peers is given; `run` trains "
-        "each table's first seed after Table 3's first seed, the rest after Table 3's; `table "
-        "--study NAME` draws the study's table and figures from the records",
-    )
-    p.add_argument(
-        "--peers",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="the Laplace-domain peers' cells only (Laplace-Net, the Laplace Neural Operator, "
-        "the neural DDE: not Table 3's; one cell under both profiles; --no-peers: without "
-        "them; default: theirs too, unless --ablation/--no-ablation is given; `run` trains "
-        "them last, after Table 3, the ablation and the paper's other tables)",
-    )
-
-
-def _add_table_options(table: _Scoped) -> None:
-    table.add_argument(
-        "--format", choices=("terminal", "markdown"), default="terminal", help="table format"
-    )
-    table.add_argument(
-        "--readme", metavar="FILE", help="rewrite the ledger block of this page (docs/results/)"
-    )
-    table.add_argument(
-        "--figures",
-        metavar="DIR",
-        help="with --study: also write the study's figures, drawn from the records, to DIR "
-        "(STUDY-NAME.png)",
-    )
-
-
-def _add_run_options(training: _Scoped) -> None:
-    limit = training.add_mutually_exclusive_group()
-    limit.add_argument(
-        "--max-hours",
-        type=_positive("hours", 10_000),
-        metavar="H",
-        help="stop after H hours (running cells end KILLED, finished ones are kept)",
-    )
-    limit.add_argument(
-        "--max-minutes",
-        type=_positive("minutes", 600_000),
-        metavar="M",
-        help="stop after M minutes (as --max-hours); a group of cells expected to take longer "
-        "than the time left is cut to the packs that fit, or not started (expected: measured "
-        "here on a GPU or where the ledger has no record of the method on this kind of device, "
-        "else from those records); on a GPU its packs then train one after another",
-    )
-    training.add_argument(
-        "--report-minutes",
-        type=_positive("minutes", 600_000, zero=True),
-        metavar="M",
-        help="say every M minutes where the running cells stand: epoch, pace, time to go "
-        "(as `ledger status --training`; default: 10; 0: never)",
-    )
-    training.add_argument(
-        "--refresh-older",
-        action="store_true",
-        help="also retrain the cells whose records older numerics made",
-    )
-    training.add_argument(
-        "--nice",
-        type=cli.niceness,
-        default=19,
-        metavar="N",
-        help="CPU niceness added, 0 to 19 (default: 19; 0 keeps it); in a session of its own "
-        "(setsid) its Linux autogroup's too, so that it yields to other sessions",
-    )
-
-
-def _add_execution_options(execution: _Scoped) -> None:
-    from tasks.config import DEVICES
-
-    execution.add_argument(
-        "--max-workers", type=cli.positive_int, metavar="N", help="cells at once"
-    )
-    execution.add_argument(
-        "--torch-threads", type=cli.positive_int, metavar="N", help="torch threads per cell"
-    )
-    execution.add_argument("--device", choices=DEVICES, help="default: auto")
-    execution.add_argument(
-        "--no-register", action="store_true", help="leave the model registry alone"
-    )
-    cli.add_runner_options(execution)
-
-
-def _ledger_studies() -> tuple[str, ...]:
-    from flows.studies import LEDGER_STUDIES
-
-    return LEDGER_STUDIES
 
 
 def _studies(args: argparse.Namespace) -> bool | tuple[str, ...]:
@@ -250,11 +102,11 @@ def _studies(args: argparse.Namespace) -> bool | tuple[str, ...]:
     not with a choice of Table 3's, the ablation's or the peers' cells."""
     if args.study:
         names = tuple(cli.split_names(args.study) or ())
-        unknown = [n for n in names if n not in _ledger_studies()]
+        unknown = [n for n in names if n not in ledger_studies()]
         if unknown:
             raise cli.UsageError(
                 f"--study {' '.join(unknown)}: not a study of the ledger; its studies: "
-                f"{', '.join(_ledger_studies())}"
+                f"{', '.join(ledger_studies())}"
             )
         return names
     return args.ablation is None and args.peers is None
@@ -287,6 +139,9 @@ def _precheck(args: argparse.Namespace) -> None:
     if args.action in ("run", "record"):  # the default's too: before hours of training
         what = "the ledger file (one JSON line per cell)"
         cli.check_writable("--ledger", str(_ledger_path(args)), what)
+    if args.action == "run" and args.checkpoints:
+        what = "the folder of the training checkpoints"
+        cli.check_writable("--checkpoints", args.checkpoints, what, folder=True)
 
 
 def _selection(args: argparse.Namespace) -> dict:
@@ -336,6 +191,8 @@ def _status(args: argparse.Namespace) -> int:
 
     status, path = _read(args)
     print(status_text(status, path))
+    for line in _kept_runs(path):
+        print(line)
     if args.time_left:
         from flows.ledger import forecast_text
         from flows.ledger.forecast import forecast
@@ -349,6 +206,26 @@ def _status(args: argparse.Namespace) -> int:
         print()
         print(training_text(*training_now(cells, config_file=args.config)))
     return 0
+
+
+def _kept_runs(ledger: Path) -> list[str]:
+    """The line on the training runs kept mid-way beside the ledger (none: no line)."""
+    from flows.ledger import checkpoint_folder
+    from nltrain import Checkpoints
+
+    folder = checkpoint_folder(ledger)
+    kept = Checkpoints(folder).progress()
+    if not kept:
+        return []
+    where = [
+        f"{' + '.join(p.labels)} "
+        + ("finished" if p.epoch is None else f"after {p.epoch + 1} epochs")
+        for p in kept
+    ]
+    return [
+        f"{len(kept)} training runs kept in {folder} (stopped before their record; `ledger run` "
+        f"resumes them): {'; '.join(where)}"
+    ]
 
 
 def _scope(args: argparse.Namespace) -> LedgerScope:
@@ -379,7 +256,7 @@ def _read(args: argparse.Namespace) -> tuple[LedgerStatus, Path]:
         studies=selection["studies"],
     )
     studies = selection["studies"]
-    tables = _ledger_studies() if studies is True else studies or ()
+    tables = ledger_studies() if studies is True else studies or ()
     return ledger_status(read_ledger(path, scope), cells, tables), path
 
 
@@ -445,6 +322,11 @@ def _execution(args: argparse.Namespace) -> dict:
     }
     if args.no_register:
         execution["tracking"] = {"register_models": False}
+    if args.action == "run" and not args.no_checkpoints:
+        from flows.ledger import checkpoint_folder
+
+        execution["checkpoints"] = args.checkpoints or str(checkpoint_folder(_ledger_path(args)))
+        execution["checkpoint_minutes"] = args.checkpoint_minutes
     return {k: v for k, v in execution.items() if v is not None}
 
 

@@ -136,6 +136,13 @@ def record_store(
     return recorder.out.appended
 
 
+def checkpoint_folder(ledger: Path) -> Path:
+    """Where ``ledger run`` keeps its cells' training checkpoints by default: ``checkpoints/``
+    beside the ledger file (committed with it, a run stopped at a session's end resumes in the
+    next)."""
+    return ledger.resolve().parent / "checkpoints"
+
+
 def run_ledger(
     ledger: Path,
     *,

@@ -138,6 +138,15 @@ class ExecutionConfig(Frozen):
         "numerics fingerprints equal today's (numerics), any of the same config hash (config), "
         "none (never)",
     )
+    checkpoints: str | None = Field(
+        None,
+        description="folder where each training cell keeps a checkpoint between epochs, so "
+        "that a cell stopped (Ctrl-C, a time limit, a lost machine) resumes there with the "
+        "bytes it would have had; None: none",
+    )
+    checkpoint_minutes: float = Field(
+        5.0, ge=0, le=10_000, description="least minutes between two checkpoints of a cell"
+    )
 
     _scheduler_address = field_validator("dask_address")(checked_dask_address)
     _address_implies_dask = model_validator(mode="before")(address_implies_dask)
