@@ -107,7 +107,7 @@ class StepFunction(Protocol):
 
 
 @runtime_checkable
-class Resumable(Protocol):
+class Resumable(StepFunction, Protocol):
     """A step function whose state can be checkpointed between epochs (see
     :class:`~nltrain.Checkpoints`): the loop's checkpoints need it, and skip a step without."""
 
@@ -238,7 +238,7 @@ def train_loop(
     cells = [_Cell() for _ in labels]
     budget = config.max_train_seconds if options.budget is None else options.budget
     keeper = _Keeper.of(step, options)
-    start, spent = (0, 0.0) if keeper is None else keeper.resume(step, cells, options)
+    start, spent = (0, 0.0) if keeper is None else keeper.resume(cells, options)
     if all(c.result is not None for c in cells):  # finished before: its results, kept
         return [c.result for c in cells]  # type: ignore[misc]
     t_start = time.perf_counter() - spent
@@ -273,7 +273,7 @@ def train_loop(
         if not keep:
             break
         if keeper is not None and len(keep) == n:  # all still training: the state is whole
-            keeper.running(epoch, time.perf_counter() - t_start, step, cells)
+            keeper.running(epoch, time.perf_counter() - t_start, cells)
         if len(keep) < len(step.members):
             step.drop(keep)
     bar.close()
@@ -286,8 +286,8 @@ class _Keeper:
     """A loop's checkpoints (:class:`~nltrain.Checkpoints`): what is saved, when, and how it
     is put back."""
 
-    def __init__(self, store: Checkpoints, labels: tuple[str, ...]) -> None:
-        self.store, self.labels = store, labels
+    def __init__(self, store: Checkpoints, step: Resumable, labels: tuple[str, ...]) -> None:
+        self.store, self.step, self.labels = store, step, labels
         self.last = time.monotonic()
 
     @classmethod
@@ -295,9 +295,9 @@ class _Keeper:
         store = options.checkpoints
         if store is None or not isinstance(step, Resumable) or not store.covers(options.labels):
             return None
-        return cls(store, options.labels)
+        return cls(store, step, options.labels)
 
-    def running(self, epoch: int, elapsed: float, step: Resumable, cells: list[_Cell]) -> None:
+    def running(self, epoch: int, elapsed: float, cells: list[_Cell]) -> None:
         """After ``epoch``, with every cell training: saved if ``every_seconds`` have passed."""
         if time.monotonic() - self.last < self.store.every_seconds:
             return
@@ -305,7 +305,7 @@ class _Keeper:
             "finished": False,
             "epoch": epoch,
             "seconds": elapsed,
-            "step": step.state(),
+            "step": self.step.state(),
             "cells": [_cell_state(c) for c in cells],
         }
         self.store.save(self.labels, state)
@@ -316,9 +316,7 @@ class _Keeper:
         state = {"finished": True, "seconds": elapsed, "cells": [_cell_state(c) for c in cells]}
         self.store.save(self.labels, state)
 
-    def resume(
-        self, step: Resumable, cells: list[_Cell], options: LoopOptions
-    ) -> tuple[int, float]:
+    def resume(self, cells: list[_Cell], options: LoopOptions) -> tuple[int, float]:
         """The run's checkpoint, if any, put back into ``step`` and ``cells`` (each restored
         epoch passed to ``on_epoch``); the epoch to start at and the seconds already spent."""
         saved = self.store.load(self.labels)
@@ -333,10 +331,10 @@ class _Keeper:
         if saved["finished"]:
             for j, (cell, kept) in enumerate(zip(cells, saved["cells"], strict=True)):
                 cell.result = _result_of(kept["result"], cell)
-                if isinstance(cell.result, TrainResult):
-                    step.finish(j, cell.best_state, cell.history[-1].nfe)  # type: ignore[arg-type]
+                if isinstance(cell.result, TrainResult) and cell.best_state is not None:
+                    self.step.finish(j, cell.best_state, cell.history[-1].nfe)
             return 0, saved["seconds"]
-        step.restore(saved["step"])
+        self.step.restore(saved["step"])
         return saved["epoch"] + 1, saved["seconds"]
 
 
