@@ -12,6 +12,7 @@ is :func:`stop_reason`'s answer alone, a pure function of its history.
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
 import time
@@ -246,7 +247,12 @@ def train_loop(
     bar = epoch_bar(config, label, options.progress, budget, start)
     for epoch in bar:
         t0 = time.perf_counter()
-        _train_epoch(step, config.batch_size, epoch, options)
+        try:
+            _train_epoch(step, config.batch_size, epoch, options)
+        except TrainingInterrupted:
+            if keeper is not None:  # the last whole epoch's state, saved at once
+                keeper.flush()
+            raise
         out = step.end_epoch()
         seconds = time.perf_counter() - t0
         keep = []
@@ -289,6 +295,8 @@ class _Keeper:
     def __init__(self, store: Checkpoints, step: Resumable, labels: tuple[str, ...]) -> None:
         self.store, self.step, self.labels = store, step, labels
         self.last = time.monotonic()
+        #: the state after the last epoch every cell trained, until it is saved
+        self.pending: dict | None = None
 
     @classmethod
     def of(cls, step: StepFunction, options: LoopOptions) -> _Keeper | None:
@@ -298,18 +306,23 @@ class _Keeper:
         return cls(store, step, options.labels)
 
     def running(self, epoch: int, elapsed: float, cells: list[_Cell]) -> None:
-        """After ``epoch``, with every cell training: saved if ``every_seconds`` have passed."""
-        if time.monotonic() - self.last < self.store.every_seconds:
-            return
-        state = {
+        """After ``epoch``, with every cell training: its state kept (a copy: the step trains
+        on), and saved if ``every_seconds`` have passed, else when the run is interrupted."""
+        self.pending = {
             "finished": False,
             "epoch": epoch,
             "seconds": elapsed,
-            "step": self.step.state(),
+            "step": copy.deepcopy(self.step.state()),
             "cells": [_cell_state(c) for c in cells],
         }
-        self.store.save(self.labels, state)
-        self.last = time.monotonic()
+        if time.monotonic() - self.last >= self.store.every_seconds:
+            self.flush()
+
+    def flush(self) -> None:
+        """Save the state kept after the last whole epoch, if not saved yet."""
+        if self.pending is not None:
+            self.store.save(self.labels, self.pending)
+            self.pending, self.last = None, time.monotonic()
 
     def finished(self, elapsed: float, cells: list[_Cell]) -> None:
         """Every cell's result and best weights, until the caller has kept them."""
