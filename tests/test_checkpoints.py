@@ -36,7 +36,7 @@ REFERENCE = {
     },
 }
 CASES = [(name, {}) for name in model_names()] + [(n, o) for n, o in REFERENCE.items()]
-EPOCHS, STOP_AFTER = 5, 2
+EPOCHS, STOP_AFTER = 4, 1
 
 
 @pytest.fixture(scope="module")
@@ -239,7 +239,7 @@ def test_a_cell_stopped_mid_run_resumes_in_a_new_run_to_the_same_test_score(
     from tasks.tracking import connect
 
     t = connect()
-    cell = tiny_cell(0, training=TrainConfig(epochs=6, batch_size=8, patience=None))
+    cell = tiny_cell(0, training=TrainConfig(epochs=4, batch_size=8, patience=None))
     plain = CellRuntime.for_store(t.store, parent_run_id=None, profile="smoke", device="cpu")
     want = run_cell(cell, plain)
     stop = threading.Event()
@@ -261,7 +261,7 @@ def test_a_cell_stopped_mid_run_resumes_in_a_new_run_to_the_same_test_score(
     assert again.status == "finished" and again.test_rmse == want.test_rmse
     assert not list((tmp_path / "ck").glob("*"))  # kept in its run now: discarded
     history = t.store.client.get_metric_history(again.run_id, "val_rmse")
-    assert [m.step for m in history] == list(range(6))  # the whole curve in the new run
+    assert [m.step for m in history] == list(range(4))  # the whole curve in the new run
 
 
 def test_ledger_status_names_the_runs_kept_beside_the_ledger(tmp_path, capsys):
