@@ -285,3 +285,31 @@ def test_ledger_status_names_the_runs_kept_beside_the_ledger(tmp_path, capsys):
         "resumes them): a/node/seed1 after 412 epochs; b/node/seed2 finished"
     ) in out
     assert store.discard(["a/node/seed1", "b/node/seed2"]) == 2 and not store.progress()
+
+
+@pytest.mark.slow
+def test_every_model_variant_the_ledger_trains_resumes_to_its_bytes(data, tmp_path):
+    """The cases nobody listed: each distinct model setting of the ledger's cells (Table 3 by
+    both protocols, the ablation, the peers and every study), stopped and resumed as above."""
+    import json
+
+    from flows.studies import ledger_study_cells
+    from tasks.ledger import ledger_cell_configs
+
+    variants: dict[tuple[str, str], dict] = {}
+    for profile in ("paper", "fair"):
+        cells = [c for c, _ in ledger_cell_configs(profile=profile)]
+        cells += [c for _, _, c in ledger_study_cells(profile)]
+        for c in cells:
+            variants.setdefault((c.method, json.dumps(c.model, sort_keys=True)), dict(c.model))
+    assert len(variants) >= 20  # every Table 3 method, the reference's options, the studies'
+    config, differ = _cfg(), []
+    for i, ((name, _), options) in enumerate(sorted(variants.items())):
+        straight = _model(name, options)
+        expected = train(straight, data.train, data.val, config, label="cell")
+        store = Checkpoints(tmp_path / str(i), {"cell": "id"}, every_seconds=0)
+        resumed, result, _ = _interrupted_then_resumed(name, options, data, store, "auto", config)
+        same = [r.val_rmse for r in result.history] == [r.val_rmse for r in expected.history]
+        if not (same and _bytes(resumed) == _bytes(straight)):
+            differ.append(f"{name} {options}")
+    assert differ == []
