@@ -128,7 +128,9 @@ class LoopOptions:
     cell ``i``'s epochs; setting ``stop`` raises :class:`TrainingInterrupted`; ``budget``: the
     wall-clock seconds of the whole run (None: ``config.max_train_seconds``); ``checkpoints``:
     where the run keeps its checkpoints and resumes from them (:class:`~nltrain.Checkpoints`;
-    None: none), for a :class:`Resumable` step whose labels it covers.
+    None: none), for a :class:`Resumable` step whose labels it covers; ``on_resume(i, epoch)``
+    when cell ``i`` resumed from one, ``epoch`` the first it trains now (its epochs before are
+    the checkpoint's, passed to ``on_epoch`` again).
     """
 
     labels: tuple[str, ...] = ("train",)
@@ -137,6 +139,7 @@ class LoopOptions:
     progress: bool = False
     budget: float | None = None
     checkpoints: Checkpoints | None = None
+    on_resume: Callable[[int, int], None] | None = None
 
 
 def epoch_bar(
@@ -341,6 +344,9 @@ class _Keeper:
             if options.on_epoch is not None:
                 for record in cell.history:
                     options.on_epoch(m, record)
+        if options.on_resume is not None:
+            for m, cell in enumerate(cells):
+                options.on_resume(m, len(cell.history))
         if saved["finished"]:
             for j, (cell, kept) in enumerate(zip(cells, saved["cells"], strict=True)):
                 cell.result = _result_of(kept["result"], cell)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -46,7 +47,7 @@ from datasets import SplitData
 from nlmodels import ForecastModel, require_numerics
 from nlmodels.numerics import mkl_position_independent
 from nltrain._config import TrainConfig
-from nltrain._loop import EpochRecord, LoopOptions, TrainingDiverged, TrainResult, train_loop
+from nltrain._loop import LoopOptions, TrainingDiverged, TrainResult, train_loop
 from nltrain._packed_cells import (
     PackedCells,
     packable,
@@ -66,6 +67,8 @@ __all__ = [
     "train_packed",
 ]
 
+
+T = TypeVar("T")
 
 #: ``train_packed``'s options unless given: each member labelled ``train``, no callback.
 _DEFAULT = LoopOptions()
@@ -103,17 +106,27 @@ def _one_by_one(
 ) -> list[TrainResult | TrainingDiverged]:
     """Each member trained alone, as :func:`train` trains it (its own step and budget)."""
     results: list[TrainResult | TrainingDiverged] = []
-    on_epoch = options.on_epoch
     budget = _share(options.budget, 1, len(models))
     for i, model in enumerate(models):
         label = options.labels[i]
         step = step_function(
             model, train_splits[i], val_splits[i], config, device=device, seed=seeds[i], label=label
         )
-        callback = None if on_epoch is None else (lambda _j, r, i=i: on_epoch(i, r))
-        alone = replace(options, labels=(label,), on_epoch=callback, budget=budget)
+        alone = replace(
+            options,
+            labels=(label,),
+            on_epoch=_for_members(options.on_epoch, [i]),
+            on_resume=_for_members(options.on_resume, [i]),
+            budget=budget,
+        )
         results += train_loop(step, config, alone)
     return results
+
+
+def _for_members(hook: Callable[[int, T], None] | None, idx: Sequence[int]):
+    """A per-member hook of the whole call (``on_epoch``, ``on_resume``: member index first),
+    for a loop over its members ``idx``."""
+    return None if hook is None else (lambda k, value: hook(idx[k], value))
 
 
 def _share(budget: float | None, members: int, of: int) -> float | None:
@@ -228,11 +241,7 @@ def _pack_per_time_grid(
         key = (np.asarray(s.obs_t).tobytes(), np.asarray(s.query_t).tobytes())
         groups.setdefault(key, []).append(i)
     results: dict[int, TrainResult | TrainingDiverged] = {}
-    on_epoch = options.on_epoch
     for idx in groups.values():
-        group_on_epoch: Callable[[int, EpochRecord], None] | None = (
-            None if on_epoch is None else (lambda k, r, idx=idx: on_epoch(idx[k], r))
-        )
         sub = train_packed(
             [models[i] for i in idx],
             [train_splits[i] for i in idx],
@@ -243,7 +252,8 @@ def _pack_per_time_grid(
             options=replace(
                 options,
                 labels=tuple(options.labels[i] for i in idx),
-                on_epoch=group_on_epoch,
+                on_epoch=_for_members(options.on_epoch, idx),
+                on_resume=_for_members(options.on_resume, idx),
                 budget=_share(options.budget, len(idx), len(models)),
             ),
             graphs=graphs,

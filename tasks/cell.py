@@ -294,6 +294,9 @@ class _Pack:
                     options=LoopOptions(
                         labels=tuple(s.cell.key for s in setups),
                         on_epoch=lambda j, r: self.log_epoch(idx[j], r),
+                        on_resume=lambda j, epoch: self.runs.set_tags(
+                            self.run_ids[idx[j]], {RunTags.RESUMED_AT_EPOCH: epoch}
+                        ),
                         stop=self.stop,
                         progress=self.rt.progress,
                         checkpoints=self.checkpoints,

@@ -143,8 +143,13 @@ def test_a_pack_resumes_to_the_bytes_of_the_pack_never_stopped(data, tmp_path):
     def models():
         return [_model("node", {}, seed=s) for s in seeds]
 
+    resumes: list[tuple[int, int]] = []
+
     def run(ms, store=None, stop=None, on_epoch=None):
-        opts = LoopOptions(("a", "b"), on_epoch, stop, checkpoints=store)
+        opts = LoopOptions(
+            ("a", "b"), on_epoch, stop, checkpoints=store,
+            on_resume=lambda m, epoch: resumes.append((m, epoch)),
+        )  # fmt: skip
         return train_packed(ms, [data.train] * 2, [data.val] * 2, config, seeds=seeds, options=opts)
 
     straight = models()
@@ -154,7 +159,9 @@ def test_a_pack_resumes_to_the_bytes_of_the_pack_never_stopped(data, tmp_path):
     with pytest.raises(TrainingInterrupted):
         run(models(), store, stop, lambda m, r: stop.set() if r.epoch == STOP_AFTER else None)
     again = models()
+    assert resumes == []
     results = run(again, store)
+    assert resumes == [(0, STOP_AFTER + 1), (1, STOP_AFTER + 1)]
     for got, want, m_got, m_want in zip(results, expected, again, straight, strict=True):
         assert got.history[-1].val_rmse == want.history[-1].val_rmse
         assert [r.train_loss for r in got.history] == [r.train_loss for r in want.history]
@@ -262,6 +269,8 @@ def test_a_cell_stopped_mid_run_resumes_in_a_new_run_to_the_same_test_score(
     assert not list((tmp_path / "ck").glob("*"))  # kept in its run now: discarded
     history = t.store.client.get_metric_history(again.run_id, "val_rmse")
     assert [m.step for m in history] == list(range(4))  # the whole curve in the new run
+    resumed_at = t.store.client.get_run(again.run_id).data.tags["nllab.resumed_at_epoch"]
+    assert resumed_at == str(STOP_AFTER + 1)  # the first epoch it trained, for its pace
 
 
 def test_ledger_status_names_the_runs_kept_beside_the_ledger(tmp_path, capsys):
@@ -313,3 +322,30 @@ def test_every_model_variant_the_ledger_trains_resumes_to_its_bytes(data, tmp_pa
         if not (same and _bytes(resumed) == _bytes(straight)):
             differ.append(f"{name} {options}")
     assert differ == []
+
+
+def test_cells_trained_one_by_one_resume_each_under_its_own_index(data, tmp_path):
+    config, seeds = _cfg(), [0, 1]
+    resumes: list[tuple[int, int]] = []
+
+    def run(store=None, stop=None, on_epoch=None):
+        ms = [_model("node", {}, seed=s) for s in seeds]
+        opts = LoopOptions(
+            ("a", "b"), on_epoch, stop, checkpoints=store,
+            on_resume=lambda m, epoch: resumes.append((m, epoch)),
+        )  # fmt: skip
+        results = train_packed(
+            ms, [data.train] * 2, [data.val] * 2, config, seeds=seeds, options=opts, pack=False
+        )
+        return results, ms
+
+    expected, straight = run()
+    store = Checkpoints(tmp_path, {"a": "1", "b": "2"}, every_seconds=0)
+    stop = threading.Event()
+    with pytest.raises(TrainingInterrupted):  # in the second cell's run: the first is finished
+        run(store, stop, lambda m, r: stop.set() if (m, r.epoch) == (1, STOP_AFTER) else None)
+    results, again = run(store)
+    assert resumes == [(0, EPOCHS), (1, STOP_AFTER + 1)]  # the first kept whole, then the second
+    for got, want, m_got, m_want in zip(results, expected, again, straight, strict=True):
+        assert [r.val_rmse for r in got.history] == [r.val_rmse for r in want.history]
+        assert _bytes(m_got) == _bytes(m_want)

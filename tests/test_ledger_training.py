@@ -34,6 +34,18 @@ def test_the_pace_is_the_recent_epochs_and_the_time_to_go_follows_from_it():
     assert p.seconds_left == pytest.approx(935 * 30.0)
 
 
+def test_a_resumed_runs_pace_is_measured_from_its_first_epoch_trained_again():
+    # epochs 0-399 came from a checkpoint, logged again within a second; then 12 s apart
+    times = [(e, 1000.0 + e / 1000) for e in range(400)]
+    times += [(e, times[-1][1] + 12.0 * (e - 399)) for e in range(400, 405)]
+    resumed = cell_progress(CELL, "r1", PLANNED, times, resumed_at=400)
+    assert resumed.epochs_done == 405 and resumed.seconds_per_epoch == pytest.approx(12.0)
+    naive = cell_progress(CELL, "r1", PLANNED, times)  # the replayed epochs counted: too fast
+    assert naive.seconds_per_epoch < 4.0
+    just = cell_progress(CELL, "r1", PLANNED, times[:400], resumed_at=400)
+    assert just.seconds_per_epoch is None  # no epoch trained since: no pace yet
+
+
 @pytest.mark.parametrize(
     ("params", "times", "epochs", "pace", "early"),
     [

@@ -6,12 +6,12 @@ it ends, hours later), both from the tracking store's runs
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tasks.ledger import CellProgress, LedgerCell, cell_progress, paper_config
-from tasks.tracking.tags import Metrics
+from tasks.tracking.tags import Metrics, RunTags
 
 if TYPE_CHECKING:
     from tasks.tracking import Queries
@@ -29,10 +29,18 @@ def progress_of(queries: Queries, cells: Sequence[LedgerCell]) -> list[CellProgr
             run.run_id,
             dict(run.params),
             queries.metric_times(run.run_id, Metrics.TRAIN_LOSS),
+            _resumed_at(run.tags),
         )
         for h, run in queries.running_cells(by_hash).items()
     ]
     return sorted(progress, key=lambda p: order[p.cell.key])
+
+
+def _resumed_at(tags: Mapping[str, str]) -> int | None:
+    try:
+        return int(tags[RunTags.RESUMED_AT_EPOCH])
+    except (KeyError, ValueError):
+        return None
 
 
 def training_now(

@@ -408,15 +408,19 @@ def cell_progress(
     run_id: str,
     params: dict[str, str],
     epoch_times: Sequence[tuple[int, float]],
+    resumed_at: int | None = None,
 ) -> CellProgress:
     """Where the run ``run_id`` of ``cell`` stands, from its logged parameters (the training
     config: ``training.epochs``, ``training.patience``, ``training.max_train_seconds``) and
     ``epoch_times``: (epoch, seconds) of each epoch's metric as the store stamped it (epochs
-    count from 0)."""
+    count from 0). ``resumed_at``: the first epoch the run trained after resuming from a
+    checkpoint (the earlier ones were logged at once: the pace is measured from the last of
+    them on)."""
     times = sorted(epoch_times)
+    paced = [t for t in times if resumed_at is None or t[0] >= resumed_at - 1]
     pace = None
-    if len(times) >= 2:
-        (first_epoch, first), (last_epoch, last) = times[-(PACE_EPOCHS + 1) :][0], times[-1]
+    if len(paced) >= 2:
+        (first_epoch, first), (last_epoch, last) = paced[-(PACE_EPOCHS + 1) :][0], paced[-1]
         if last_epoch > first_epoch:
             pace = (last - first) / (last_epoch - first_epoch)
     early = any(

@@ -58,6 +58,9 @@ class RunTags:
     #: Why a finished cell's model never learned (it is flagged and never registered).
     DIVERGED = "diverged"
     RESUMED = "resumed"
+    #: A cell resumed from its training checkpoint: the first epoch this run trained (the
+    #: earlier ones are the checkpoint's, logged again at once).
+    RESUMED_AT_EPOCH = "nllab.resumed_at_epoch"
     SOURCE_RUN = "nllab.source_run_id"
     SOURCE_MODEL = "nllab.source_model"
     EXECUTION_PREFIX = "execution."
