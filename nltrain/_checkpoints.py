@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
+
+from nltrain._files import write_atomically
 
 if TYPE_CHECKING:  # torch loads when a checkpoint is read or written: listing them needs none
     import torch
@@ -116,9 +116,9 @@ class Checkpoints:
         stem = self._stem(labels)
         self.folder.mkdir(parents=True, exist_ok=True)
         pt = stem.with_suffix(".pt")
-        _atomic(pt, lambda f: torch.save(dict(state), f))
+        write_atomically(pt, lambda f: torch.save(dict(state), f))
         info = self._meta(labels) | {"epoch": state.get("epoch"), "finished": state["finished"]}
-        _atomic(stem.with_suffix(".json"), lambda f: f.write(json.dumps(info).encode()))
+        write_atomically(stem.with_suffix(".json"), lambda f: f.write(json.dumps(info).encode()))
         return pt
 
     def progress(self) -> list[Progress]:
@@ -152,19 +152,6 @@ class Checkpoints:
                 meta.unlink(missing_ok=True)
                 removed += 1
         return removed
-
-
-def _atomic(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _generators(model: nn.Module) -> dict[str, torch.Generator]:

@@ -250,12 +250,7 @@ def train_loop(
     bar = epoch_bar(config, label, options.progress, budget, start)
     for epoch in bar:
         t0 = time.perf_counter()
-        try:
-            _train_epoch(step, config.batch_size, epoch, options)
-        except TrainingInterrupted:
-            if keeper is not None:  # the last whole epoch's state, saved at once
-                keeper.flush()
-            raise
+        _train_epoch(step, config.batch_size, epoch, options, keeper)
         out = step.end_epoch()
         seconds = time.perf_counter() - t0
         keep = []
@@ -401,15 +396,19 @@ def _result(
     )
 
 
-def _train_epoch(step: StepFunction, bs: int, epoch: int, options: LoopOptions) -> None:
+def _train_epoch(
+    step: StepFunction, bs: int, epoch: int, options: LoopOptions, keeper: _Keeper | None
+) -> None:
     """One epoch's training steps (no host read); raises :class:`TrainingInterrupted` as soon
-    as ``options.stop`` is set."""
+    as ``options.stop`` is set, the last whole epoch's state saved first (``keeper``)."""
     step.begin_epoch()
     n_train = step.n_train
     for b_i, start in enumerate(range(0, n_train, bs)):
         if options.stop is not None and options.stop.is_set():
             # every member named: each member's KILLED run carries this message
             names = ", ".join(options.labels[m] for m in step.members)
+            if keeper is not None:
+                keeper.flush()
             raise TrainingInterrupted(f"{names}: stopped at epoch {epoch}")
         step.train_step(b_i, start, min(bs, n_train - start))
 

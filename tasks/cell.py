@@ -257,7 +257,10 @@ class _Pack:
         placed = rt.placed if rt.placed != "cuda" or torch.cuda.is_available() else None
         self.device = place_pack(list(cells), placed or rt.device, cache_dir=rt.cache_dir)
         self.stop = rt.stop if rt.stop is not None else worker_stop_event()
-        self.checkpoints = checkpoints(rt, self.cells, self.device)
+        self.checkpoints = None  # where the cells keep their training checkpoints, if anywhere
+        if rt.checkpoints is not None:
+            ids = {c.key: numerics.computation_identity(c, self.device) for c in self.cells}
+            self.checkpoints = Checkpoints(rt.checkpoints, ids, rt.checkpoint_minutes * 60)
         #: what the caller's ``on_epoch`` raised: it ends the pack, never only a member
         self.raised: BaseException | None = None
 
@@ -330,21 +333,6 @@ class _Pack:
         self.discard(i)
         metrics = dict(evaluated.metrics)
         return FitOutcome(metrics[Metrics.TEST_RMSE], res, metrics)
-
-
-def checkpoints(
-    rt: CellRuntime, cells: Sequence[CellConfig], device: torch.device | str
-) -> Checkpoints | None:
-    """Where ``cells`` keep their training checkpoints (None: the runtime keeps none), each
-    under its identity: its config hash, today's numerics fingerprints and the device's
-    numerics, so that a checkpoint resumes only the computation that wrote it."""
-    if rt.checkpoints is None:
-        return None
-    where = numerics.device_identity(str(device))
-    identities = {
-        c.key: " ".join((c.config_hash(), *numerics.cell_fingerprints(c), where)) for c in cells
-    }
-    return Checkpoints(rt.checkpoints, identities, rt.checkpoint_minutes * 60)
 
 
 def _set_up(cell: CellConfig, run_id: str, rt: CellRuntime, runs: RunLog) -> CellSetup:

@@ -61,7 +61,6 @@ import json
 import os
 import struct
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -72,6 +71,7 @@ import numpy as np
 import torch
 
 from nlmodels import numerics_environment, require_numerics
+from nltrain._files import write_atomically
 from nltrain._threads import torch_threads
 from nltrain.numerics._miniature import (
     CANARY_NOISE,
@@ -332,9 +332,7 @@ def keep_record(name: str, record: Mapping[str, object]) -> None:
     for folder in _cache_dirs():
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=folder, delete=False) as f:
-                json.dump(record, f)
-            os.replace(f.name, folder / name)
+            write_atomically(folder / name, lambda f: f.write(json.dumps(record).encode()))
             return
         except OSError as e:
             error = e

@@ -33,6 +33,7 @@ __all__ = [
     "agrees",
     "cell_fingerprints",
     "cell_tags",
+    "computation_identity",
     "data_settings",
     "device_identity",
     "earlier_fingerprints",
@@ -102,6 +103,13 @@ def device_identity(device: str) -> str:
 
     name = torch.cuda.get_device_name(torch.device(device)) if torch.cuda.is_available() else "?"
     return f"cuda: {name}; torch {torch.__version__}; CUDA {torch.version.cuda}"
+
+
+def computation_identity(cell, device) -> str:
+    """What must be equal for a stored training state of ``cell`` to be resumed on ``device``
+    (:class:`nltrain.Checkpoints`): its config hash, today's numerics fingerprints and the
+    device's numerics, so that a checkpoint resumes only the computation that wrote it."""
+    return " ".join((cell.config_hash(), *cell_fingerprints(cell), device_identity(str(device))))
 
 
 def accepted_devices(device: str) -> frozenset[str]:
