@@ -379,3 +379,38 @@ def test_every_list_option_refuses_a_value_that_names_nothing(command, option, c
             main([command, option, value])
         assert e.value.code == 2
         assert f"argument {option}: expected a name or names" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["benchmark", "study stereographic", "tune --method node --system spiral_dde --trials 2"],
+)
+def test_runner_flags_reach_each_commands_execution_config(command, tmp_path):
+    """``--reuse``, ``--no-pack`` and ``--checkpoints`` are each command's, not only the
+    benchmark's (a study once parsed ``--reuse`` and dropped it)."""
+    from flows.cli import build_parser
+    from flows.cli.common import resolve
+    from flows.cli.study import _config
+    from flows.cli.tune import spec_from_args
+
+    folder = str(tmp_path / "ck")
+    argv = [*command.split(), "--reuse", "never", "--no-pack", "--checkpoints", folder]
+    args = build_parser().parse_args(argv)
+    if command == "benchmark":
+        execution = resolve(args, "quick").execution
+    elif command.startswith("study"):
+        execution = _config(args).run.execution
+    else:
+        overrides = spec_from_args(args).overrides
+        assert {k: overrides[k] for k in ("reuse", "pack", "checkpoints")} == {
+            "reuse": "never", "pack": False, "checkpoints": folder,
+        }  # fmt: skip
+        return
+    assert (execution.reuse, execution.pack, execution.checkpoints) == ("never", False, folder)
+
+
+def test_a_checkpoints_folder_that_cannot_be_written_is_a_usage_error(tmp_path, capsys):
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    assert main(["benchmark", "--profile", "smoke", "--checkpoints", str(afile)]) == 2
+    assert f"--checkpoints {str(afile)!r} is a file" in capsys.readouterr().err

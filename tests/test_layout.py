@@ -777,6 +777,7 @@ TEST_INTERNALS: dict[str, str] = {
     "datasets._datafile": "the memory a file may take and the CSV chunk size, set for the test",
     "flows.runtime._dask": "the Dask task runner's checks and errors, without a cluster",
     "flows.runtime._prefect": "the servers a flow starts, stopped on interrupt",
+    "flows.cli.study._config": "the study command's config, from its flags",
     "flows.runtime._temporary_server": "the temporary server's port and its start beside another",
     "flows.serve._schedules": "each key of each kind of schedule entry, read from the entry types",
     "flows._study_catalog": "the study catalogue against the studies registered",
@@ -934,7 +935,7 @@ def test_only_the_tracking_package_reads_mlflow_entities() -> None:
 
 
 #: The modules of ``flows.cli`` that every command shares (the others are one command each).
-CLI_SHARED = {"flows.cli", "flows.cli.common", "flows.cli.__main__"}
+CLI_SHARED = {"flows.cli", "flows.cli.common", "flows.cli.values", "flows.cli.__main__"}
 
 
 def _commands_importing_commands() -> set[str]:

@@ -183,7 +183,7 @@ def add_execution_options(execution: Scoped) -> None:
     execution.add_argument(
         "--no-register", action="store_true", help="leave the model registry alone"
     )
-    cli.add_runner_options(execution)
+    cli.add_runner_options(execution, checkpoints=False)  # run's own, beside the ledger
 
 
 def ledger_studies() -> tuple[str, ...]:

@@ -7,12 +7,12 @@ usage errors never import torch, mlflow or prefect.
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
+
+from flows.cli.values import budget_seconds, names, niceness, port, positive_int, whole_number
 
 __all__ = [
     "EXIT_FAILED",
@@ -36,6 +36,7 @@ __all__ = [
     "parse_seeds",
     "port",
     "positive_int",
+    "runner_overrides",
     "split_names",
     "task_runner",
     "whole_number",
@@ -66,15 +67,6 @@ class Parser(argparse.ArgumentParser):
         if self.describe is not None:
             self.description, self.describe = self.describe(), None
         return super().format_help()
-
-
-def names(text: str) -> str:
-    """An argparse type: a name, or names separated by commas (an empty one names nothing)."""
-    if not any(text.split(",")):
-        raise argparse.ArgumentTypeError(
-            f"expected a name or names separated by commas, got {text!r}"
-        )
-    return text
 
 
 def check_writable(option: str, value: str, what: str, *, folder: bool = False) -> None:
@@ -128,24 +120,6 @@ def parse_seeds(values: Sequence[str] | None) -> list[int] | None:
             f"--seeds takes non-negative integers up to {MAX_SEED}, got {' '.join(values)!r}"
         ) from None
     return seeds
-
-
-def whole_number(low: int, high: int | None, what: str) -> Callable[[str], int]:
-    """An ``argparse`` type: an integer from ``low`` to ``high`` (None: unbounded), else a
-    usage error saying it must be ``what`` (``--trials 0``, ``--port 99999``, ``--nice -1``)."""
-
-    def parse(text: str) -> int:
-        value = int(text) if re.fullmatch(r"\s*[+-]?\d+\s*", text) else low - 1
-        if value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"{what}, got {text!r}")
-        return value
-
-    return parse
-
-
-positive_int = whole_number(1, None, "a whole number of at least 1")
-port = whole_number(1, 65535, "a TCP port from 1 to 65535")
-niceness = whole_number(0, 19, "a niceness from 0 to 19")  # <0 needs privileges; Linux caps at 19
 
 
 def task_runner(args: argparse.Namespace) -> str | None:
@@ -222,9 +196,12 @@ class _ArgumentAdder(Protocol):  # a parser, an argument group, or something tha
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action: ...
 
 
-def add_runner_options(p: _ArgumentAdder, default: str | None = None) -> None:
-    """``--task-runner thread|dask``, ``--dask-address``, ``--pack/--no-pack`` and ``--reuse``,
-    shared by every command that trains."""
+def add_runner_options(
+    p: _ArgumentAdder, default: str | None = None, *, checkpoints: bool = True
+) -> None:
+    """``--task-runner thread|dask``, ``--dask-address``, ``--pack/--no-pack``, ``--reuse`` and
+    (``checkpoints``) ``--checkpoints DIR``, shared by every command that trains; read back by
+    :func:`runner_overrides`."""
     p.add_argument(
         "--task-runner",
         choices=("thread", "dask"),
@@ -247,6 +224,26 @@ def add_runner_options(p: _ArgumentAdder, default: str | None = None) -> None:
         "(numerics, default), of the same config hash whatever code trained them (config), "
         "none (never)",
     )
+    if checkpoints:
+        p.add_argument(
+            "--checkpoints",
+            metavar="DIR",
+            help="keep each training cell's checkpoint in DIR between epochs, so that a cell "
+            "stopped (Ctrl-C, a lost machine) resumes there on the next run, to the bytes of a "
+            "run never stopped (default: none; a config file's `checkpoints`)",
+        )
+
+
+def runner_overrides(args: argparse.Namespace) -> dict:
+    """The execution overrides of :func:`add_runner_options` that were given (``--pack``,
+    ``--reuse``, ``--checkpoints``), after checking that ``--checkpoints`` names a folder that
+    can be written."""
+    o = {
+        k: v for k in ("pack", "reuse", "checkpoints") if (v := getattr(args, k, None)) is not None
+    }
+    if "checkpoints" in o:
+        check_writable("--checkpoints", o["checkpoints"], "the checkpoints' folder", folder=True)
+    return o
 
 
 def add_selection(
@@ -282,23 +279,11 @@ def add_training_options(
     p.add_argument("--epochs", type=int, metavar="N", help="override the profile's epochs")
     p.add_argument(
         "--budget",
-        type=_budget,
+        type=budget_seconds,
         metavar="SECONDS",
         help="training seconds each cell gets at most (default: "
         f"{budget_default}; 'none': no time limit)",
     )
-
-
-def _budget(text: str) -> float | str:
-    if text.strip().lower() == "none":
-        return "none"
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not (0 < seconds < math.inf):  # said here, not as the setting it sets (max_train_seconds)
-        raise argparse.ArgumentTypeError(f"a number of seconds above 0 or 'none', got {text!r}")
-    return seconds
 
 
 def training_overrides(args: argparse.Namespace) -> dict:
@@ -322,8 +307,7 @@ def overrides(args: argparse.Namespace) -> dict:
         "max_workers": getattr(args, "max_workers", None),
         "task_runner": task_runner(args),
         "dask_address": getattr(args, "dask_address", None),
-        "pack": getattr(args, "pack", None),
-        "reuse": getattr(args, "reuse", None),
+        **runner_overrides(args),
     }
     if training := training_overrides(args):
         o["training"] = training

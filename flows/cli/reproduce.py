@@ -29,7 +29,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="factor to vary: stereographic, latent-dim, ilt, noise, … (a wrong name lists all)",
     )
     p.add_argument("--max-workers", type=cli.positive_int, default=2, metavar="N")
-    cli.add_runner_options(p, default="thread")
+    cli.add_runner_options(p, default="thread", checkpoints=False)
     p.add_argument(
         "--fresh-data", action="store_true", help="re-simulate instead of reading the data cache"
     )

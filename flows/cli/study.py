@@ -116,9 +116,10 @@ def _config(args: argparse.Namespace):
     overrides: dict = {}
     if training := cli.training_overrides(args):
         overrides["training"] = training
-    for key in ("max_workers", "task_runner", "dask_address", "pack"):
+    for key in ("max_workers", "task_runner", "dask_address"):
         if getattr(args, key, None) is not None:
             overrides[key] = getattr(args, key)
+    overrides |= cli.runner_overrides(args)
     config = study_config(
         args.name,
         args.profile,

@@ -63,11 +63,7 @@ def spec_from_args(args: argparse.Namespace):
     """The :class:`~tasks.tuning.TuneSpec` of the parsed arguments (pydantic validates it)."""
     from tasks.tuning import TuneSpec
 
-    overrides: dict[str, Any] = {"progress": False}
-    if args.pack is not None:
-        overrides["pack"] = args.pack
-    if args.reuse is not None:
-        overrides["reuse"] = args.reuse
+    overrides: dict[str, Any] = {"progress": False, **cli.runner_overrides(args)}
     if training := cli.training_overrides(args):
         overrides["training"] = training
     return TuneSpec(
