@@ -137,7 +137,8 @@ class CellRuntime:
             "isolation": ex.isolation,
             "task_runner": ex.task_runner,
             "reuse": ex.reuse,
-            "checkpoints": None if ex.checkpoints is None else Path(ex.checkpoints),
+            # absolute: a worker process may start elsewhere
+            "checkpoints": None if ex.checkpoints is None else Path(ex.checkpoints).absolute(),
             "checkpoint_minutes": ex.checkpoint_minutes,
         }
         return cls.for_store(store, **{**fields, **kw})
