@@ -4,14 +4,14 @@ uninterrupted.
 
 A checkpoint holds everything the rest of a run reads: the step function's state (the weights,
 Adam's moments and step counts, the shuffling streams, every ``torch.Generator`` a model keeps
-for its own draws: :func:`generator_states`), and the loop's (each cell's epochs so far, its best
-score and weights, the seconds spent). :func:`nltrain.train_loop` writes one at the end of an
-epoch every ``every_seconds`` while all its cells still train, and one when they have all
-finished (their results and best weights: a caller that dies before recording them loses no
-training). It is read back before the first epoch, only by a loop over the same cells under the
-same identities (the caller's: a cell's config hash and numerics fingerprints, so that a
-checkpoint is never resumed by other numerics), and removed by :meth:`Checkpoints.discard` once
-the caller has kept the results.
+for its own draws: :func:`generator_states`), and the loop's (each cell's epochs so far, its
+best score and weights, the seconds spent). :func:`nltrain.train_loop` writes one at the end of
+an epoch every ``every_seconds`` (the cells that stopped with their results), and one when they
+have all finished (their results and best weights: a caller that dies before recording them
+loses no training). It is read back before the first epoch, only by a loop over the same cells
+under the same identities (the caller's: a cell's config hash and numerics fingerprints, so that
+a checkpoint is never resumed by other numerics), and removed by :meth:`Checkpoints.discard`
+once the caller has kept the results.
 
 Files: ``<name>.pt`` (:func:`torch.save`, read back with ``weights_only=True``: tensors, numbers
 and strings only) and its ``<name>.json`` (the labels and identities, read without torch), each

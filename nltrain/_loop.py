@@ -117,7 +117,8 @@ class Resumable(StepFunction, Protocol):
         (tensors, numbers and strings only)."""
 
     def restore(self, state: dict) -> None:
-        """Put back :meth:`state` into a step built as the saved one was, all cells training."""
+        """Put back :meth:`state` into a step built as the saved one was, its stopped cells
+        dropped as they were."""
 
 
 @dataclass(frozen=True)
@@ -276,10 +277,10 @@ def train_loop(
             bar.set_postfix(members=len(keep))
         if not keep:
             break
-        if keeper is not None and len(keep) == n:  # all still training: the state is whole
-            keeper.running(epoch, time.perf_counter() - t_start, cells)
         if len(keep) < len(step.members):
             step.drop(keep)
+        if keeper is not None:
+            keeper.running(epoch, time.perf_counter() - t_start, cells)
     bar.close()
     if keeper is not None:
         keeper.finished(time.perf_counter() - t_start, cells)
@@ -293,7 +294,7 @@ class _Keeper:
     def __init__(self, store: Checkpoints, step: Resumable, labels: tuple[str, ...]) -> None:
         self.store, self.step, self.labels = store, step, labels
         self.last = time.monotonic()
-        #: the state after the last epoch every cell trained, until it is saved
+        #: the state after the last whole epoch, until it is saved
         self.pending: dict | None = None
 
     @classmethod
@@ -304,8 +305,9 @@ class _Keeper:
         return cls(store, step, options.labels)
 
     def running(self, epoch: int, elapsed: float, cells: list[_Cell]) -> None:
-        """After ``epoch``, with every cell training: its state kept (a copy: the step trains
-        on), and saved if ``every_seconds`` have passed, else when the run is interrupted."""
+        """After ``epoch`` (the cells that stopped dropped from the step, their results in
+        ``cells``): its state kept (a copy: the step trains on), and saved if ``every_seconds``
+        have passed, else when the run is interrupted."""
         self.pending = {
             "finished": False,
             "epoch": epoch,
@@ -342,12 +344,18 @@ class _Keeper:
         if options.on_resume is not None:
             for m, cell in enumerate(cells):
                 options.on_resume(m, len(cell.history))
+        live = []  # the cells the checkpoint had training; the others get their results back
+        for j, (cell, kept) in enumerate(zip(cells, saved["cells"], strict=True)):
+            if kept["result"] is None:
+                live.append(j)
+                continue
+            cell.result = _result_of(kept["result"], cell)
+            if isinstance(cell.result, TrainResult) and cell.best_state is not None:
+                self.step.finish(j, cell.best_state, cell.history[-1].nfe)
         if saved["finished"]:
-            for j, (cell, kept) in enumerate(zip(cells, saved["cells"], strict=True)):
-                cell.result = _result_of(kept["result"], cell)
-                if isinstance(cell.result, TrainResult) and cell.best_state is not None:
-                    self.step.finish(j, cell.best_state, cell.history[-1].nfe)
             return 0, saved["seconds"]
+        if len(live) < len(cells):
+            self.step.drop(live)
         self.step.restore(saved["step"])
         return saved["epoch"] + 1, saved["seconds"]
 

@@ -349,3 +349,31 @@ def test_cells_trained_one_by_one_resume_each_under_its_own_index(data, tmp_path
     for got, want, m_got, m_want in zip(results, expected, again, straight, strict=True):
         assert [r.val_rmse for r in got.history] == [r.val_rmse for r in want.history]
         assert _bytes(m_got) == _bytes(m_want)
+
+
+def test_a_pack_resumes_after_one_of_its_cells_stopped_early(data, tmp_path):
+    """Patience ends the members at different epochs (6, 8 and 10 epochs here): a checkpoint
+    taken after the first stopped holds its result and the pack without it."""
+    config, seeds = _cfg(epochs=12, patience=2, lr=0.1), [0, 1, 2]
+
+    def run(store=None, stop=None, on_epoch=None):
+        ms = [_model("node", {}, seed=s) for s in seeds]
+        opts = LoopOptions(("a", "b", "c"), on_epoch, stop, checkpoints=store)
+        results = train_packed(ms, [data.train] * 3, [data.val] * 3, config, seeds=seeds,
+                               options=opts)  # fmt: skip
+        return results, ms
+
+    expected, straight = run()
+    lengths = [len(r.history) for r in expected]
+    assert lengths[0] < lengths[1] - 1 and expected[0].packed_members == 3  # stops apart
+    store = Checkpoints(tmp_path, {"a": "1", "b": "2", "c": "3"}, every_seconds=1e9)
+    stop = threading.Event()
+    after = lengths[0]  # the epoch after the first cell's last: it has stopped, two train on
+    with pytest.raises(TrainingInterrupted):
+        run(store, stop, lambda m, r: stop.set() if (m, r.epoch) == (2, after) else None)
+    assert [p.epoch for p in store.progress()] == [after]  # not the last epoch all three trained
+    results, again = run(store)
+    for got, want, m_got, m_want in zip(results, expected, again, straight, strict=True):
+        assert [r.val_rmse for r in got.history] == [r.val_rmse for r in want.history]
+        assert (got.best_epoch, got.stopped) == (want.best_epoch, want.stopped)
+        assert _bytes(m_got) == _bytes(m_want)
