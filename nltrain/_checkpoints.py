@@ -121,16 +121,27 @@ class Checkpoints:
         write_atomically(stem.with_suffix(".json"), lambda f: f.write(json.dumps(info).encode()))
         return pt
 
+    def _sidecars(self) -> list[tuple[Path, dict[str, Any]]]:
+        """Each ``.json`` file here with what it says (files that cannot be read left out)."""
+        found = []
+        for meta in sorted(self.folder.glob("*.json")) if self.folder.is_dir() else []:
+            try:
+                info = json.loads(meta.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(info, dict):
+                found.append((meta, info))
+        return found
+
     def progress(self) -> list[Progress]:
         """The runs kept here, from their ``.json`` files (no torch), in the order of their
         labels; files that cannot be read are left out."""
         found = []
-        for meta in self.folder.glob("*.json") if self.folder.is_dir() else []:
+        for meta, info in self._sidecars():
             try:
-                info = json.loads(meta.read_text())
                 labels, finished = tuple(map(str, info["labels"])), bool(info["finished"])
                 epoch = None if finished else int(info["epoch"])
-            except (OSError, ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError):
                 continue
             if meta.with_suffix(".pt").exists():
                 found.append(Progress(labels, epoch))
@@ -141,11 +152,10 @@ class Checkpoints:
         identities (the caller has kept those cells' results); how many were removed."""
         wanted = {(label, self.identities.get(label)) for label in labels}
         removed = 0
-        for meta in sorted(self.folder.glob("*.json")) if self.folder.is_dir() else []:
+        for meta, info in self._sidecars():
             try:
-                info = json.loads(meta.read_text())
                 pairs = set(zip(info["labels"], info["identities"], strict=True))
-            except (OSError, ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError):
                 continue
             if pairs & wanted:
                 meta.with_suffix(".pt").unlink(missing_ok=True)
