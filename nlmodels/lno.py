@@ -22,6 +22,10 @@ paper (no code of the reference is used):
 * The input function is the observed prefix, lifted by P, on its own grid (which must be uniform:
   the FFT of the method); t is measured from the first observed time. Each grid may be shared
   (``[T]``) or per trajectory (``[B, T]``, each with its own Δt).
+* The discrete Fourier transform is a product with the DFT matrix (:func:`dft`), not an FFT:
+  an FFT library picks its code by CPU (MKL's by vendor), the matrix products of the portable
+  numerics (:mod:`nlmodels.numerics`) give the same bits on every CPU; at the N of an observed
+  prefix (about 100 points) the N² products cost nothing beside the layer's other sums.
 * The output function is evaluated at the query times through the two closed-form sums above
   (the paper's reconstruction at arbitrary locations), not by an inverse FFT on the input's grid:
   the prediction window lies after the input's. Beyond the window the steady-state part repeats
@@ -50,10 +54,20 @@ from nlmodels.base import ForecastModel, batch_times, host_bool
 from nlmodels.baselines._solve import check_obs
 from nlmodels.model_registry import register_model
 
-__all__ = ["LNO", "PoleResidue"]
+__all__ = ["LNO", "PoleResidue", "dft"]
 
 #: relative spread of an observed grid's steps still taken as uniform
 UNIFORM_TOLERANCE = 1e-3
+
+
+def dft(u: torch.Tensor) -> torch.Tensor:
+    """The discrete Fourier transform of real ``u`` along its last dimension, Σ_k u_k e^{−2πi kl/N}
+    (``torch.fft.fft``'s convention), as two real products with the DFT matrix's cosines and sines;
+    the angles are reduced exactly (kl mod N) before they are scaled."""
+    n = u.shape[-1]
+    k = torch.arange(n, device=u.device)
+    theta = (2.0 * math.pi / n) * ((k[:, None] * k[None, :]) % n).to(u.dtype)  # [N, N]
+    return torch.complex(u @ torch.cos(theta), -(u @ torch.sin(theta)))
 
 
 class PoleResidue(nn.Module):
@@ -74,7 +88,7 @@ class PoleResidue(nn.Module):
     def forward(self, u: torch.Tensor, dt: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         mu, beta = self.pole_residue()
         n = u.shape[-1]
-        alpha = torch.fft.fft(u, dim=-1) / n  # residues of the input's poles, [B, I, N]
+        alpha = dft(u) / n  # residues of the input's poles, [B, I, N]
         freq = torch.fft.fftfreq(n, dtype=u.dtype, device=u.device)  # cycles per step
         lam = (2j * math.pi) * freq / dt.unsqueeze(-1)  # input poles λ_l, [G, N]
         lam_ = lam[:, None, None, None, :]  # [G, 1, 1, 1, N]

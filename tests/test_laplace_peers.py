@@ -14,7 +14,7 @@ from torch.func import functional_call
 from nlmodels import build_model
 from nlmodels.ilt import get_ilt
 from nlmodels.laplace_net import LaplaceNet
-from nlmodels.lno import LNO, PoleResidue
+from nlmodels.lno import LNO, PoleResidue, dft
 
 #: x'' + A x' + B x = 0: H(s) = 1/(s² + A s + B), P(s) = x(0) s + A x(0) + x'(0)
 A, B = 0.4, 4.0
@@ -105,6 +105,13 @@ def test_lno_laplace_layer_is_the_exact_response_of_its_pole_residue_system(kind
         early = t <= n * dt
         inverted = get_ilt("euler", terms=33).invert(transform, t[early])
         torch.testing.assert_close(inverted, expected[early], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [1, 7, 32, 101])
+def test_lno_dft_is_the_fourier_transform(n):
+    """The DFT matrix's products against an FFT (an independent algorithm), even and odd N."""
+    u = torch.randn(3, 2, n, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
+    torch.testing.assert_close(dft(u), torch.fft.fft(u, dim=-1), rtol=0, atol=1e-12 * n)
 
 
 def test_lno_per_sample_grids_give_the_shared_grids_answer():

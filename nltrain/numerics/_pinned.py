@@ -16,8 +16,10 @@ element-wise arithmetic (LSODA's bytes followed the kernels OpenBLAS picks per C
 training digest when products and elementary functions left MKL (the earlier pins held on AMD
 CPUs only: MKL runs other code on Intel ones); every training digest when the canary grew to
 the sizes that reach every branch of the native kernels (45 training trajectories in batches
-of 37). Added, not revised: the reference protocol's NODE, ANODE (first-query start, adjoint)
-and Latent ODE (sampled prediction, ELBO selection), pinned with the same builds.
+of 37); the Laplace Neural Operator's when its Fourier transform left the FFT (MKL's, which
+picks its code by CPU vendor) for products with the DFT matrix. Added, not revised: the
+reference protocol's NODE, ANODE (first-query start, adjoint) and Latent ODE (sampled
+prediction, ELBO selection), pinned with the same builds.
 """
 
 from __future__ import annotations
@@ -79,8 +81,8 @@ PINNED = {
         "node 1-D": "9ad706faa5cfc52c",
         "laplace_net": "822777c8c9bb2202",
         "laplace_net 1-D": "3ad6a9e13df3c3d2",
-        "lno": "5d8a99e6474270d0",
-        "lno 1-D": "b2e6ea4f0440166d",
+        "lno": "fd216e0bb8d301b0",
+        "lno 1-D": "1b04d25ef0d1d713",
         "neural_dde": "7978072a9f994e35",
         "neural_dde 1-D": "9d0792451b7b3e17",
     },
