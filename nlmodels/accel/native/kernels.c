@@ -108,97 +108,118 @@ typedef vd sd;
 #define NL_SUFFIX
 #endif
 
+/* The elementwise maths below take n <= ILP independent vectors at once (n a constant where they
+ * are inlined) and do each step for all of them before the next: one vector's polynomial is a
+ * chain of dependent multiply-adds that leaves the FP pipes idle, and out-of-order execution
+ * cannot reach far enough ahead to fill them from the next vector. Each lane's operations are
+ * the same in the same order, whatever n. */
+#define ILP 4
+#define FOR_U(n) for (int u = 0; u < (n); ++u)
+#define NL_MATH static inline __attribute__((always_inline))
+
 /* e^x - 1 for |x| <= 708 (clamped beyond): x = k ln2 + r with |r| <= ln2/2 (Cody-Waite split
  * of ln2), q = e^r - 1 by its Taylor polynomial to degree 12 (truncation < 2e-16 relative,
- * and accurate for tiny x because the leading 1 is never added), and *twok = 2^k. Inline and
- * branch-free (cheaper than a call into glibc's libmvec); the GRU needs 3 of these per unit and
- * step. */
-static inline vd v_expm1_parts(vd x, vd *twok) {
+ * and accurate for tiny x because the leading 1 is never added), and twok = 2^k; x is replaced
+ * by q. Inline and branch-free (cheaper than a call into glibc's libmvec); the GRU needs 3 of
+ * these per unit and step. */
+NL_MATH void v_expm1_parts(int n, vd *x, vd *twok) {
     const vd magic = V_SET1(6755399441055744.0); /* 1.5 * 2^52: adding it rounds to an integer */
-    x = V_MIN(V_SET1(708.0), V_MAX(V_SET1(-708.0), x)); /* operand order keeps NaN */
-    const vd kd = (x * V_SET1(1.4426950408889634) + magic) - magic;
-    const vd r = V_FMA(-kd, V_SET1(1.90821492927058770002e-10),
-                       V_FMA(-kd, V_SET1(0.693147180369123816490), x));
-    vd p = V_SET1(1.0 / 479001600.0);
-    p = p * r + V_SET1(1.0 / 39916800.0);
-    p = p * r + V_SET1(1.0 / 3628800.0);
-    p = p * r + V_SET1(1.0 / 362880.0);
-    p = p * r + V_SET1(1.0 / 40320.0);
-    p = p * r + V_SET1(1.0 / 5040.0);
-    p = p * r + V_SET1(1.0 / 720.0);
-    p = p * r + V_SET1(1.0 / 120.0);
-    p = p * r + V_SET1(1.0 / 24.0);
-    p = p * r + V_SET1(1.0 / 6.0);
-    p = p * r + V_SET1(0.5);
-    const vl k = (vl)(kd + magic) - (vl)magic; /* the integer k, from the low mantissa bits */
-    *twok = (vd)((k + 1023) << 52);
-    return V_FMA(r * r, p, r);
+    vd kd[ILP], r[ILP], p[ILP];
+    FOR_U(n) x[u] = V_MIN(V_SET1(708.0), V_MAX(V_SET1(-708.0), x[u])); /* keeps NaN */
+    FOR_U(n) kd[u] = (x[u] * V_SET1(1.4426950408889634) + magic) - magic;
+    FOR_U(n) r[u] = V_FMA(-kd[u], V_SET1(1.90821492927058770002e-10),
+                          V_FMA(-kd[u], V_SET1(0.693147180369123816490), x[u]));
+    FOR_U(n) p[u] = V_SET1(1.0 / 479001600.0);
+    FOR_U(n) p[u] = p[u] * r[u] + V_SET1(1.0 / 39916800.0);
+    FOR_U(n) p[u] = p[u] * r[u] + V_SET1(1.0 / 3628800.0);
+    FOR_U(n) p[u] = p[u] * r[u] + V_SET1(1.0 / 362880.0);
+    FOR_U(n) p[u] = p[u] * r[u] + V_SET1(1.0 / 40320.0);
+    FOR_U(n) p[u] = p[u] * r[u] + V_SET1(1.0 / 5040.0);
+    FOR_U(n) p[u] = p[u] * r[u] + V_SET1(1.0 / 720.0);
+    FOR_U(n) p[u] = p[u] * r[u] + V_SET1(1.0 / 120.0);
+    FOR_U(n) p[u] = p[u] * r[u] + V_SET1(1.0 / 24.0);
+    FOR_U(n) p[u] = p[u] * r[u] + V_SET1(1.0 / 6.0);
+    FOR_U(n) p[u] = p[u] * r[u] + V_SET1(0.5);
+    FOR_U(n) {
+        const vl k = (vl)(kd[u] + magic) - (vl)magic; /* the integer k, from the low mantissa bits */
+        twok[u] = (vd)((k + 1023) << 52);
+        x[u] = V_FMA(r[u] * r[u], p[u], r[u]);
+    }
 }
 
-static inline vd v_exp(vd x) {
-    vd twok;
-    const vd q = v_expm1_parts(x, &twok);
-    return V_FMA(q, twok, twok);
+/* e^x, in place */
+NL_MATH void v_exp(int n, vd *x) {
+    vd twok[ILP];
+    v_expm1_parts(n, x, twok);
+    FOR_U(n) x[u] = V_FMA(x[u], twok[u], twok[u]);
 }
 
-/* 1/(1 + e^{-a}) */
-static inline vd v_sigmoid(vd a) { return V_RECIP(V_SET1(1.0) + v_exp(-a)); }
+/* 1/(1 + e^{-a}), in place */
+NL_MATH void v_sigmoid(int n, vd *a) {
+    FOR_U(n) a[u] = -a[u];
+    v_exp(n, a);
+    FOR_U(n) a[u] = V_RECIP(V_SET1(1.0) + a[u]);
+}
 
-/* tanh a = e/(e + 2) with e = e^{2a} - 1: relative accuracy near 0, no overflow. */
-static inline vd v_tanh_fast(vd a) {
-    vd twok;
-    const vd q = v_expm1_parts(a + a, &twok);
-    const vd e = V_FMA(q, twok, twok - V_SET1(1.0));
-    return e * V_RECIP(e + V_SET1(2.0));
+/* tanh a = e/(e + 2) with e = e^{2a} - 1: relative accuracy near 0, no overflow; in place. */
+NL_MATH void v_tanh_fast(int n, vd *a) {
+    vd twok[ILP];
+    FOR_U(n) a[u] = a[u] + a[u];
+    v_expm1_parts(n, a, twok);
+    FOR_U(n) a[u] = V_FMA(a[u], twok[u], twok[u] - V_SET1(1.0));
+    FOR_U(n) a[u] = a[u] * V_RECIP(a[u] + V_SET1(2.0));
 }
 
 /* sin r and cos r for |r| <= pi/4: Taylor polynomials to degree 15 and 16 (truncation
  * < 1e-16). */
-static inline void v_sincos_reduced(vd r, vd *sin_out, vd *cos_out) {
-    const vd r2 = r * r;
-    vd s = V_SET1(-1.0 / 1307674368000.0);
-    s = s * r2 + V_SET1(1.0 / 6227020800.0);
-    s = s * r2 + V_SET1(-1.0 / 39916800.0);
-    s = s * r2 + V_SET1(1.0 / 362880.0);
-    s = s * r2 + V_SET1(-1.0 / 5040.0);
-    s = s * r2 + V_SET1(1.0 / 120.0);
-    s = s * r2 + V_SET1(-1.0 / 6.0);
-    *sin_out = V_FMA(r * r2, s, r);
-    vd c = V_SET1(1.0 / 20922789888000.0);
-    c = c * r2 + V_SET1(-1.0 / 87178291200.0);
-    c = c * r2 + V_SET1(1.0 / 479001600.0);
-    c = c * r2 + V_SET1(-1.0 / 3628800.0);
-    c = c * r2 + V_SET1(1.0 / 40320.0);
-    c = c * r2 + V_SET1(-1.0 / 720.0);
-    c = c * r2 + V_SET1(1.0 / 24.0);
-    c = c * r2 + V_SET1(-0.5);
-    *cos_out = V_FMA(r2, c, V_SET1(1.0));
+NL_MATH void v_sincos_reduced(int n, const vd *r, vd *sin_out, vd *cos_out) {
+    vd r2[ILP], s[ILP], c[ILP];
+    FOR_U(n) r2[u] = r[u] * r[u];
+    FOR_U(n) s[u] = V_SET1(-1.0 / 1307674368000.0);
+    FOR_U(n) s[u] = s[u] * r2[u] + V_SET1(1.0 / 6227020800.0);
+    FOR_U(n) s[u] = s[u] * r2[u] + V_SET1(-1.0 / 39916800.0);
+    FOR_U(n) s[u] = s[u] * r2[u] + V_SET1(1.0 / 362880.0);
+    FOR_U(n) s[u] = s[u] * r2[u] + V_SET1(-1.0 / 5040.0);
+    FOR_U(n) s[u] = s[u] * r2[u] + V_SET1(1.0 / 120.0);
+    FOR_U(n) s[u] = s[u] * r2[u] + V_SET1(-1.0 / 6.0);
+    FOR_U(n) sin_out[u] = V_FMA(r[u] * r2[u], s[u], r[u]);
+    FOR_U(n) c[u] = V_SET1(1.0 / 20922789888000.0);
+    FOR_U(n) c[u] = c[u] * r2[u] + V_SET1(-1.0 / 87178291200.0);
+    FOR_U(n) c[u] = c[u] * r2[u] + V_SET1(1.0 / 479001600.0);
+    FOR_U(n) c[u] = c[u] * r2[u] + V_SET1(-1.0 / 3628800.0);
+    FOR_U(n) c[u] = c[u] * r2[u] + V_SET1(1.0 / 40320.0);
+    FOR_U(n) c[u] = c[u] * r2[u] + V_SET1(-1.0 / 720.0);
+    FOR_U(n) c[u] = c[u] * r2[u] + V_SET1(1.0 / 24.0);
+    FOR_U(n) c[u] = c[u] * r2[u] + V_SET1(-0.5);
+    FOR_U(n) cos_out[u] = V_FMA(r2[u], c[u], V_SET1(1.0));
 }
 
 /* sin x and cos x for |x| < ~1e5: x = k pi/2 + r with |r| <= pi/4 (pi/2 split in two for FMA
  * reduction), then the quadrant k mod 4 swaps and negates. One reduction serves both. */
-static inline void v_sincos(vd x, vd *sin_out, vd *cos_out) {
+NL_MATH void v_sincos(int n, const vd *x, vd *sin_out, vd *cos_out) {
     const vd magic = V_SET1(6755399441055744.0);
-    const vd kd = (x * V_SET1(0.63661977236758134308) + magic) - magic;
-    vd r = V_FMA(-kd, V_SET1(1.57079632679489655800), x);
-    r = V_FMA(-kd, V_SET1(6.12323399573676603587e-17), r);
-    vd s, c;
-    v_sincos_reduced(r, &s, &c);
-    const vl k = (vl)(kd + magic) - (vl)magic;
-    const vl swap = (k & 1) != 0; /* odd quadrant: sin <-> cos */
-    const vl vs = (vl)s, vc = (vl)c;
-    const vl sin_bits = (vc & swap) | (vs & ~swap), cos_bits = (vs & swap) | (vc & ~swap);
-    const vl sign = (vl)V_SET1(-0.0);
-    *sin_out = (vd)(sin_bits ^ ((k << 62) & sign));       /* negative in quadrants 2, 3 */
-    *cos_out = (vd)(cos_bits ^ (((k + 1) << 62) & sign)); /* negative in quadrants 1, 2 */
+    vd kd[ILP], r[ILP], s[ILP], c[ILP];
+    FOR_U(n) kd[u] = (x[u] * V_SET1(0.63661977236758134308) + magic) - magic;
+    FOR_U(n) r[u] = V_FMA(-kd[u], V_SET1(1.57079632679489655800), x[u]);
+    FOR_U(n) r[u] = V_FMA(-kd[u], V_SET1(6.12323399573676603587e-17), r[u]);
+    v_sincos_reduced(n, r, s, c);
+    FOR_U(n) {
+        const vl k = (vl)(kd[u] + magic) - (vl)magic;
+        const vl swap = (k & 1) != 0; /* odd quadrant: sin <-> cos */
+        const vl vs = (vl)s[u], vc = (vl)c[u];
+        const vl sin_bits = (vc & swap) | (vs & ~swap), cos_bits = (vs & swap) | (vc & ~swap);
+        const vl sign = (vl)V_SET1(-0.0);
+        sin_out[u] = (vd)(sin_bits ^ ((k << 62) & sign));       /* negative in quadrants 2, 3 */
+        cos_out[u] = (vd)(cos_bits ^ (((k + 1) << 62) & sign)); /* negative in quadrants 1, 2 */
+    }
 }
 
 /* tan(pi/4 + v) = (cos v + sin v)/(cos v - sin v) for |v| <= pi/4: the stereographic radius
- * tan(phi/2 + pi/4) with v = phi/2, phi in [-pi/2, pi/2]; no range reduction needed. */
-static inline vd v_tan_quarter_plus(vd v) {
-    vd s, c;
-    v_sincos_reduced(v, &s, &c);
-    return (c + s) * V_RECIP(c - s);
+ * tan(phi/2 + pi/4) with v = phi/2, phi in [-pi/2, pi/2]; no range reduction needed. In place. */
+NL_MATH void v_tan_quarter_plus(int n, vd *v) {
+    vd s[ILP], c[ILP];
+    v_sincos_reduced(n, v, s, c);
+    FOR_U(n) v[u] = (c[u] + s[u]) * V_RECIP(c[u] - s[u]);
 }
 
 /* Load/store m <= VW lanes; m == VW (a constant at full-vector call sites) is a plain access. */
@@ -211,35 +232,53 @@ static inline vd v_tan_quarter_plus(vd v) {
         for (; i_ + VW <= (n); i_ += VW) BODY(i_, VW);        \
         if (i_ < (n)) BODY(i_, (int)((n) - i_));              \
     } while (0)
+/* Run BODY(i, nv, m) over [0, n): nv vectors from i, all full but the last, which has m lanes;
+ * ILP full vectors at a time (see ILP), then one at a time, the partial tail last. */
+#define FOR_VECTOR_GROUPS(n, BODY)                                      \
+    do {                                                                \
+        i64 i_ = 0;                                                     \
+        for (; i_ + ILP * VW <= (n); i_ += ILP * VW) BODY(i_, ILP, VW); \
+        for (; i_ + VW <= (n); i_ += VW) BODY(i_, 1, VW);               \
+        if (i_ < (n)) BODY(i_, 1, (int)((n) - i_));                     \
+    } while (0)
+/* Vector u of a group of nv from i: its first element and its lanes */
+#define AT(i, u) ((i) + (u) * VW)
+#define WIDTH(u, nv, m) ((u) == (nv) - 1 ? (m) : VW)
 
-#define COL_BLOCK 32
+/* Vectors per register block of gemm_rows: R rows x GEMM_VECTORS vectors of accumulators stay in
+ * registers (4 x 2 of the 16 ymm registers: a wider block spills them to the stack). */
+#define GEMM_VECTORS 2
+#define GEMM_COLUMNS (GEMM_VECTORS * VW)
 
-/* A register block of R rows x COL_BLOCK columns of gemm_rows (R accumulating rows of
- * COL_BLOCK/VW vectors stay in registers; each loaded input vector feeds R FMAs). */
+/* A register block of R rows x GEMM_COLUMNS columns of gemm_rows: each element starts at its
+ * row's bias (or 0) and adds w[j][kk] in[kk][c] for kk = 0 .. k-1 in order, as the scalar column
+ * tail does, so its bits do not depend on the blocking; each loaded input vector feeds R
+ * multiply-adds. */
 #define GEMM_BLOCK(R)                                                                          \
     static inline void gemm_block_##R(i64 k, const double *restrict w, i64 ldw,               \
                                       const double *restrict bias, int accumulate,            \
                                       const double *restrict in, i64 in_stride,               \
                                       double *restrict out, i64 out_stride) {                 \
-        double acc[R][COL_BLOCK];                                                              \
+        vd acc[R][GEMM_VECTORS];                                                               \
         for (int jj = 0; jj < R; jj++) {                                                       \
-            const double init = bias ? bias[jj] : 0.0;                                         \
-            for (int cc = 0; cc < COL_BLOCK; cc++) acc[jj][cc] = init;                         \
+            const vd init = V_SET1(bias ? bias[jj] : 0.0);                                     \
+            for (int v = 0; v < GEMM_VECTORS; v++) acc[jj][v] = init;                          \
         }                                                                                      \
         for (i64 kk = 0; kk < k; kk++) {                                                       \
             const double *restrict src = in + kk * in_stride;                                  \
+            vd sv[GEMM_VECTORS];                                                               \
+            for (int v = 0; v < GEMM_VECTORS; v++) sv[v] = V_LOAD(src + v * VW);               \
             for (int jj = 0; jj < R; jj++) {                                                   \
-                const double wv = w[jj * ldw + kk];                                            \
-                for (int cc = 0; cc < COL_BLOCK; cc++) acc[jj][cc] += wv * src[cc];            \
+                const vd wv = V_SET1(w[jj * ldw + kk]);                                        \
+                for (int v = 0; v < GEMM_VECTORS; v++) acc[jj][v] = acc[jj][v] + wv * sv[v];   \
             }                                                                                  \
         }                                                                                      \
-        for (int jj = 0; jj < R; jj++) {                                                       \
-            double *restrict dst = out + jj * out_stride;                                      \
-            if (accumulate)                                                                    \
-                for (int cc = 0; cc < COL_BLOCK; cc++) dst[cc] += acc[jj][cc];                 \
-            else                                                                               \
-                for (int cc = 0; cc < COL_BLOCK; cc++) dst[cc] = acc[jj][cc];                  \
-        }                                                                                      \
+        for (int jj = 0; jj < R; jj++)                                                         \
+            for (int v = 0; v < GEMM_VECTORS; v++) {                                           \
+                double *dst = out + jj * out_stride + v * VW;                                  \
+                if (accumulate) acc[jj][v] = V_LOAD(dst) + acc[jj][v];                         \
+                V_STORE(dst, acc[jj][v]);                                                      \
+            }                                                                                  \
     }
 GEMM_BLOCK(4)
 GEMM_BLOCK(2)
@@ -247,12 +286,12 @@ GEMM_BLOCK(1)
 
 /* out[j][c] (=|+=) bias[j] + sum_k w[j][k] in[k][c] for j < m, c < n (bias may be NULL).
  * w is m x k with row stride ldw; in and out rows are strided (in_stride, out_stride doubles).
- * Register-blocked: 4, then 2, then 1 rows at a time, 32 columns at a time. */
+ * Register-blocked: 4, then 2, then 1 rows at a time, GEMM_COLUMNS columns at a time. */
 static void gemm_rows(i64 m, i64 k, i64 n, const double *restrict w, i64 ldw,
                       const double *restrict bias, int accumulate, const double *restrict in,
                       i64 in_stride, double *restrict out, i64 out_stride) {
     i64 c0 = 0;
-    for (; c0 + COL_BLOCK <= n; c0 += COL_BLOCK) {
+    for (; c0 + GEMM_COLUMNS <= n; c0 += GEMM_COLUMNS) {
         i64 j = 0;
         for (; j + 4 <= m; j += 4)
             gemm_block_4(k, w + j * ldw, ldw, bias ? bias + j : NULL, accumulate, in + c0,
@@ -264,7 +303,7 @@ static void gemm_rows(i64 m, i64 k, i64 n, const double *restrict w, i64 ldw,
             gemm_block_1(k, w + j * ldw, ldw, bias ? bias + j : NULL, accumulate, in + c0,
                          in_stride, out + j * out_stride + c0, out_stride);
     }
-    for (; c0 < n; c0++) /* column tail (n not a multiple of COL_BLOCK) */
+    for (; c0 < n; c0++) /* column tail (n not a multiple of GEMM_COLUMNS) */
         for (i64 j = 0; j < m; j++) {
             double s = bias ? bias[j] : 0.0;
             for (i64 kk = 0; kk < k; kk++) s += w[j * ldw + kk] * in[kk * in_stride + c0];
@@ -423,21 +462,33 @@ static inline i64 w_ih_offset(i64 layer, i64 n_inputs, i64 units) {
     return layer ? 3 * units * n_inputs + (layer - 1) * 3 * units * units : 0;
 }
 
-/* One GRU cell update on lanes [i, i+m): r, z = sigma(.), n = tanh(n_in + r n_hid),
- * h' = n + z (h - n). */
-static inline void gru_cell_forward(i64 i, int m, const double *ir, const double *iz,
-                                    const double *in_, const double *hr, const double *hz,
-                                    const double *hn, const double *hp, double *hnew,
-                                    double *r_out, double *z_out, double *n_out, double *hn_out) {
-    const vd h_n = LD(hn + i, m);
-    const vd r = v_sigmoid(LD(ir + i, m) + LD(hr + i, m));
-    const vd z = v_sigmoid(LD(iz + i, m) + LD(hz + i, m));
-    const vd n = v_tanh_fast(LD(in_ + i, m) + r * h_n);
-    ST(hnew + i, n + z * (LD(hp + i, m) - n), m);
-    ST(r_out + i, r, m);
-    ST(z_out + i, z, m);
-    ST(n_out + i, n, m);
-    ST(hn_out + i, h_n, m);
+/* One GRU cell update on the nv vectors from lane i (FOR_VECTOR_GROUPS): r, z = sigma(.),
+ * n = tanh(n_in + r n_hid), h' = n + z (h - n). */
+NL_MATH void gru_cell_forward(i64 i, int nv, int m, const double *ir, const double *iz,
+                              const double *in_, const double *hr, const double *hz,
+                              const double *hn, const double *hp, double *hnew, double *r_out,
+                              double *z_out, double *n_out, double *hn_out) {
+    vd h_n[ILP], r[ILP], z[ILP], n[ILP];
+    FOR_U(nv) {
+        const i64 o = AT(i, u);
+        const int w = WIDTH(u, nv, m);
+        h_n[u] = LD(hn + o, w);
+        r[u] = LD(ir + o, w) + LD(hr + o, w);
+        z[u] = LD(iz + o, w) + LD(hz + o, w);
+    }
+    v_sigmoid(nv, r);
+    v_sigmoid(nv, z);
+    FOR_U(nv) n[u] = LD(in_ + AT(i, u), WIDTH(u, nv, m)) + r[u] * h_n[u];
+    v_tanh_fast(nv, n);
+    FOR_U(nv) {
+        const i64 o = AT(i, u);
+        const int w = WIDTH(u, nv, m);
+        ST(hnew + o, n[u] + z[u] * (LD(hp + o, w) - n[u]), w);
+        ST(r_out + o, r[u], w);
+        ST(z_out + o, z[u], w);
+        ST(n_out + o, n[u], w);
+        ST(hn_out + o, h_n[u], w);
+    }
 }
 
 /* Stacked GRU forward (PyTorch's convention), zero initial state.
@@ -477,8 +528,9 @@ int nl_gru_forward(i64 n_time, i64 batch, i64 n_inputs, i64 units, i64 n_layers,
                 double *r_out = gt + j * tb + t * batch, *z_out = gt + (h + j) * tb + t * batch;
                 double *n_out = gt + (2 * h + j) * tb + t * batch;
                 double *hn_out = gt + (3 * h + j) * tb + t * batch;
-#define CELL(i, m) gru_cell_forward(i, m, ir, iz, in_, hr, hz, hn, hp, hnew, r_out, z_out, n_out, hn_out)
-                FOR_VECTORS(batch, CELL);
+#define CELL(i, nv, m) \
+    gru_cell_forward(i, nv, m, ir, iz, in_, hr, hz, hn, hp, hnew, r_out, z_out, n_out, hn_out)
+                FOR_VECTOR_GROUPS(batch, CELL);
 #undef CELL
             }
         }
@@ -595,6 +647,14 @@ int nl_gru_backward(i64 n_time, i64 batch, i64 n_inputs, i64 units, i64 n_layers
 
 /* ---- Neural Laplace's decoder g (see nlmodels/accel/decoder.py) ---- */
 
+/* dst = tanh(a + b) on the nv vectors from lane i (FOR_VECTOR_GROUPS); dst may be a. */
+NL_MATH void tanh_of_sum(i64 i, int nv, int m, const double *a, const double *b, double *dst) {
+    vd v[ILP];
+    FOR_U(nv) v[u] = LD(a + AT(i, u), WIDTH(u, nv, m)) + LD(b + AT(i, u), WIDTH(u, nv, m));
+    v_tanh_fast(nv, v);
+    FOR_U(nv) ST(dst + AT(i, u), v[u], WIDTH(u, nv, m));
+}
+
 /* First hidden layer: h1[b][t][:] = tanh(per_time[(b,) t][:] + per_traj[b][:]). */
 void nl_first_hidden(i64 n, i64 n_time, i64 units, int per_row, const double *per_time,
                      const double *per_traj, double *h1) {
@@ -603,8 +663,8 @@ void nl_first_hidden(i64 n, i64 n_time, i64 units, int per_row, const double *pe
             const double *pt = per_time + ((per_row ? b * n_time : 0) + t) * units;
             const double *pp = per_traj + b * units;
             double *dst = h1 + (b * n_time + t) * units;
-#define LANES(i, m) ST(dst + i, v_tanh_fast(LD(pt + i, m) + LD(pp + i, m)), m)
-            FOR_VECTORS(units, LANES);
+#define LANES(i, nv, m) tanh_of_sum(i, nv, m, pt, pp, dst)
+            FOR_VECTOR_GROUPS(units, LANES);
 #undef LANES
         }
 }
@@ -640,8 +700,8 @@ void nl_first_hidden_backward(i64 n, i64 n_time, i64 units, int per_row, double 
 void nl_bias_tanh(i64 rows, i64 units, double *h, const double *bias) {
     for (i64 r = 0; r < rows; r++) {
         double *hr = h + r * units;
-#define LANES(i, m) ST(hr + i, v_tanh_fast(LD(hr + i, m) + LD(bias + i, m)), m)
-        FOR_VECTORS(units, LANES);
+#define LANES(i, nv, m) tanh_of_sum(i, nv, m, hr, bias, hr)
+        FOR_VECTOR_GROUPS(units, LANES);
 #undef LANES
     }
 }
@@ -671,20 +731,30 @@ void nl_tanh_backward(i64 rows, i64 units, double *g, const double *h, double *g
  *   x[row][d] = sum_q r |w_q| cos(theta + arg w_q)
  * and out_t is overwritten with dx/d(out). The ILT weights are w_abs/w_arg [Q][T] (one grid for
  * all trajectories) or [n][Q][T] (per_row). acc is scratch of T doubles. */
-static inline void sphere_out_lanes(i64 i, int m, double *oa, double *oc, double ba, double bc,
-                                    const double *wa, const double *wg, double phi_scale,
-                                    double phi_centre, double *acc) {
+NL_MATH void sphere_out_lanes(i64 i, int nv, int m, double *oa, double *oc, double ba,
+                              double bc, const double *wa, const double *wg, double phi_scale,
+                              double phi_centre, double *acc) {
     const double pi_s = 3.14159265358979323846;
     const vd pi = V_SET1(pi_s), one = V_SET1(1.0), scale = V_SET1(phi_scale);
-    const vd ta = v_tanh_fast(LD(oa + i, m) + V_SET1(ba));
-    const vd tc = v_tanh_fast(LD(oc + i, m) + V_SET1(bc));
-    vd sn, cs;
-    v_sincos(LD(wg + i, m) + pi * ta, &sn, &cs);
-    const vd radius = v_tan_quarter_plus(scale * tc + V_SET1(phi_centre - 0.25 * pi_s));
-    const vd amp = LD(wa + i, m), scaled = radius * amp;
-    ST(acc + i, V_FMA(scaled, cs, LD(acc + i, m)), m);
-    ST(oa + i, pi * (ta * ta - one) * sn * scaled, m);
-    ST(oc + i, scale * (one - tc * tc) * cs * amp * (one + radius * radius), m);
+    vd ta[ILP], tc[ILP], angle[ILP], sn[ILP], cs[ILP], radius[ILP];
+    FOR_U(nv) {
+        ta[u] = LD(oa + AT(i, u), WIDTH(u, nv, m)) + V_SET1(ba);
+        tc[u] = LD(oc + AT(i, u), WIDTH(u, nv, m)) + V_SET1(bc);
+    }
+    v_tanh_fast(nv, ta);
+    v_tanh_fast(nv, tc);
+    FOR_U(nv) angle[u] = LD(wg + AT(i, u), WIDTH(u, nv, m)) + pi * ta[u];
+    v_sincos(nv, angle, sn, cs);
+    FOR_U(nv) radius[u] = scale * tc[u] + V_SET1(phi_centre - 0.25 * pi_s);
+    v_tan_quarter_plus(nv, radius);
+    FOR_U(nv) {
+        const i64 o = AT(i, u);
+        const int w = WIDTH(u, nv, m);
+        const vd amp = LD(wa + o, w), scaled = radius[u] * amp;
+        ST(acc + o, V_FMA(scaled, cs[u], LD(acc + o, w)), w);
+        ST(oa + o, pi * (ta[u] * ta[u] - one) * sn[u] * scaled, w);
+        ST(oc + o, scale * (one - tc[u] * tc[u]) * cs[u] * amp * (one + radius[u] * radius[u]), w);
+    }
 }
 
 void nl_sphere_out_forward(i64 n, i64 n_time, i64 dims, i64 n_query, int per_row, double *out_t,
@@ -700,9 +770,9 @@ void nl_sphere_out_forward(i64 n, i64 n_time, i64 dims, i64 n_query, int per_row
                 const i64 ca = d * n_query + q, cc = dq + ca;
                 double *oa = out_t + ca * rows + b * n_time, *oc = out_t + cc * rows + b * n_time;
                 const double *wa = wa_b + q * n_time, *wg = wg_b + q * n_time;
-#define LANES(i, m) \
-    sphere_out_lanes(i, m, oa, oc, bias[ca], bias[cc], wa, wg, phi_scale, phi_centre, acc)
-                FOR_VECTORS(n_time, LANES);
+#define LANES(i, nv, m) \
+    sphere_out_lanes(i, nv, m, oa, oc, bias[ca], bias[cc], wa, wg, phi_scale, phi_centre, acc)
+                FOR_VECTOR_GROUPS(n_time, LANES);
 #undef LANES
             }
             for (i64 t = 0; t < n_time; t++) x[(b * n_time + t) * dims + d] = acc[t];
@@ -735,20 +805,27 @@ void nl_sphere_out_backward(i64 rows, i64 dims, i64 n_query, const double *d_out
 
 /* The vector maths above, elementwise over n values, for the tests: op 0 e^x, 1 sigmoid,
  * 2 tanh, 3 sin, 4 cos. */
-static inline vd math_op(int op, vd x) {
-    vd s, c;
+NL_MATH void math_op(int op, int nv, vd *x) {
+    vd s[ILP], c[ILP];
     switch (op) {
-    case 0: return v_exp(x);
-    case 1: return v_sigmoid(x);
-    case 2: return v_tanh_fast(x);
-    case 3: v_sincos(x, &s, &c); return s;
-    default: v_sincos(x, &s, &c); return c;
+    case 0: v_exp(nv, x); return;
+    case 1: v_sigmoid(nv, x); return;
+    case 2: v_tanh_fast(nv, x); return;
+    default:
+        v_sincos(nv, x, s, c);
+        FOR_U(nv) x[u] = op == 3 ? s[u] : c[u];
     }
 }
 
 void nl_vector_math(int op, i64 n, const double *x, double *y) {
-#define LANES(i, m) ST(y + i, math_op(op, LD(x + i, m)), m)
-    FOR_VECTORS(n, LANES);
+#define LANES(i, nv, m)                                                        \
+    do {                                                                       \
+        vd v_[ILP];                                                            \
+        FOR_U(nv) v_[u] = LD(x + AT(i, u), WIDTH(u, nv, m));                   \
+        math_op(op, nv, v_);                                                   \
+        FOR_U(nv) ST(y + AT(i, u), v_[u], WIDTH(u, nv, m));                    \
+    } while (0)
+    FOR_VECTOR_GROUPS(n, LANES);
 #undef LANES
 }
 
@@ -1379,7 +1456,14 @@ int nl_unary(int op, int kind, i64 n, const void *x, void *y)
 #undef LD
 #undef ST
 #undef FOR_VECTORS
-#undef COL_BLOCK
+#undef FOR_VECTOR_GROUPS
+#undef AT
+#undef WIDTH
+#undef ILP
+#undef FOR_U
+#undef NL_MATH
+#undef GEMM_VECTORS
+#undef GEMM_COLUMNS
 #undef GEMM_BLOCK
 #undef DOT_BLOCK /* the wide pass defines its own (two sums to a register) */
 #undef SW
@@ -1414,6 +1498,7 @@ int nl_unary(int op, int kind, i64 n, const void *x, void *y)
 #define w_ih_offset w_ih_offset_w8
 #define gru_cell_forward gru_cell_forward_w8
 #define sphere_out_lanes sphere_out_lanes_w8
+#define tanh_of_sum tanh_of_sum_w8
 #define nl_gru_forward nl_gru_forward_w8
 #define nl_first_hidden nl_first_hidden_w8
 #define nl_bias_tanh nl_bias_tanh_w8
@@ -1453,6 +1538,7 @@ int nl_unary(int op, int kind, i64 n, const void *x, void *y)
 #undef w_ih_offset
 #undef gru_cell_forward
 #undef sphere_out_lanes
+#undef tanh_of_sum
 #undef nl_gru_forward
 #undef nl_first_hidden
 #undef nl_bias_tanh
