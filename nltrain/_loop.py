@@ -23,7 +23,6 @@ from typing import Literal, Protocol, runtime_checkable
 from tqdm.auto import tqdm
 
 from nltrain._checkpoints import Checkpoints
-from nltrain._collector import collector_frozen
 from nltrain._config import TrainConfig
 from nltrain._errors import TrainingDiverged, TrainingInterrupted
 from nltrain._steps import Readout
@@ -238,18 +237,7 @@ def train_loop(
     With ``options.checkpoints`` (and a :class:`Resumable` step), a run first resumes from its
     checkpoint (each restored epoch passed to ``on_epoch`` again, so that a new log holds the
     whole curve), and keeps one while it trains and once it has finished: the same results and
-    bytes as a run never interrupted (:mod:`nltrain._checkpoints`).
-
-    The process's objects from before the run are kept out of Python's cyclic collector while it
-    trains (:func:`~nltrain._collector.collector_frozen`: walking them is no small part of a
-    small model's epoch)."""
-    with collector_frozen():
-        return _train_cells(step, config, options)
-
-
-def _train_cells(
-    step: StepFunction, config: TrainConfig, options: LoopOptions
-) -> list[TrainResult | TrainingDiverged]:
+    bytes as a run never interrupted (:mod:`nltrain._checkpoints`)."""
     labels, n = options.labels, len(options.labels)
     metric = selection_metric(step)
     cells = [_Cell() for _ in labels]

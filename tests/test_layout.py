@@ -793,10 +793,8 @@ TEST_INTERNALS: dict[str, str] = {
     "nltrain.numerics._fingerprints": "the fingerprint cache (folder, memo) replaced per test, and "
     "the canaries traced against the cells they stand for",
     "nltrain._checkpoints": "the models' random streams, found, saved and put back",
-    "nltrain._collector": "the collector's freeze, nested, concurrent and after another's",
     "nltrain._evaluation": "the divergence factor and the top-error share, at their thresholds",
-    "nltrain._loop": "the training loop's clock, replaced to test time budgets, its epoch bar and "
-    "its cells' loop, replaced to see the collector frozen around it",
+    "nltrain._loop": "the training loop's clock, replaced to test time budgets, and its epoch bar",
     "nltrain._member_products": "per-member products against the batched ones, bit for bit",
     "nltrain._packed_cells": "a pack of one, built directly",
     "nltrain.numerics._pinned": "the check of the pinned bytes, replaced to test where it is kept",
