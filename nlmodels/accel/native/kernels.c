@@ -410,12 +410,20 @@ static const dot_block_fn DOT_BLOCK_TABLE[4][4] = {
     {DOT_NAME(4, 1), DOT_NAME(4, 2), DOT_NAME(4, 3), DOT_NAME(4, 4)},
 };
 
+/* Block columns: 4 x 4 blocks hold 16 accumulators and 8 operands, which 32 zmm registers take
+ * and 16 ymm registers do not (the 256-bit pass spilled them): 4 x 3 there. Each (j, k) sum is
+ * the same whatever the block. */
+#if defined(NL_WIDE_PASS)
+#define DOT_COLS 4
+#else
+#define DOT_COLS 3
+#endif
 static void dot_accumulate(i64 m, i64 nk, i64 n, const double *restrict a, i64 lda,
                            const double *restrict b, i64 ldb, double *restrict acc) {
     for (i64 j0 = 0; j0 < m; j0 += 4) {
         const i64 rows = m - j0 < 4 ? m - j0 : 4;
-        for (i64 k0 = 0; k0 < nk; k0 += 4) {
-            const i64 cols = nk - k0 < 4 ? nk - k0 : 4;
+        for (i64 k0 = 0; k0 < nk; k0 += DOT_COLS) {
+            const i64 cols = nk - k0 < DOT_COLS ? nk - k0 : DOT_COLS;
             DOT_BLOCK_TABLE[rows - 1][cols - 1](n, a + j0 * lda, lda, b + k0 * ldb, ldb,
                                                 acc + (j0 * nk + k0) * SW, nk * SW);
         }
@@ -1466,6 +1474,7 @@ int nl_unary(int op, int kind, i64 n, const void *x, void *y)
 #undef GEMM_COLUMNS
 #undef GEMM_BLOCK
 #undef DOT_BLOCK /* the wide pass defines its own (two sums to a register) */
+#undef DOT_COLS
 #undef SW
 #undef S_SET1
 #undef S_LOAD
