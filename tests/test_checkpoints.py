@@ -377,3 +377,68 @@ def test_a_pack_resumes_after_one_of_its_cells_stopped_early(data, tmp_path):
         assert [r.val_rmse for r in got.history] == [r.val_rmse for r in want.history]
         assert (got.best_epoch, got.stopped) == (want.best_epoch, want.stopped)
         assert _bytes(m_got) == _bytes(m_want)
+
+
+_KILLED_CHILD = """
+import sys
+from pathlib import Path
+
+from datasets import load_or_simulate, prepare
+from nlmodels import build_model
+from nltrain import Checkpoints, seeded, train
+from tasks.config import TrainConfig
+
+data = prepare(load_or_simulate("integro_de", n_trajectories=40, seed=0), seed=0)
+with seeded(3):
+    model = build_model("neural_laplace", 1)
+config = TrainConfig(epochs=int(sys.argv[2]), patience=None, batch_size=16, lr=1e-2)
+store = Checkpoints(Path(sys.argv[1]), {"cell": "id"}, every_seconds=0)
+train(model, data.train, data.val, config, label="cell", checkpoints=store)
+"""
+
+
+def test_a_run_killed_at_random_moments_resumes_to_the_bytes_of_the_run_never_stopped(
+    data, tmp_path
+):
+    """SIGKILL (no handler, no last save) at moments drawn at random, a checkpoint written
+    every epoch: the files left are whole (written aside, then renamed), and the run resumed in
+    another process ends with the bytes of the run never stopped."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    epochs = 40
+    config = _cfg(epochs=epochs)
+    straight = _model("neural_laplace", {})
+    expected = train(straight, data.train, data.val, config, label="cell")
+    draw = random.Random(os.getpid())  # moments nobody chose
+    kept: list = []  # the epoch kept after each child
+    for _ in range(2):
+        before = Checkpoints(tmp_path).progress()
+        child = subprocess.Popen(
+            [sys.executable, "-c", _KILLED_CHILD, str(tmp_path), str(epochs)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 120
+        while child.poll() is None and Checkpoints(tmp_path).progress() == before:
+            assert time.monotonic() < deadline, "the child kept no checkpoint"
+            time.sleep(0.01)  # until it trains: a checkpoint of its own
+        time.sleep(draw.uniform(0.0, 0.3))
+        if child.poll() is None:
+            child.send_signal(signal.SIGKILL)
+        child.wait(60)
+        assert child.returncode in (0, -signal.SIGKILL), child.stderr.read().decode()[-2000:]
+        kept += [p.epoch for p in Checkpoints(tmp_path).progress()]
+    store = Checkpoints(tmp_path, {"cell": "id"}, every_seconds=0)
+    resumed = _model("neural_laplace", {})
+    result = train(resumed, data.train, data.val, config, label="cell", checkpoints=store)
+    assert [(r.train_loss, r.val_rmse) for r in result.history] == [
+        (r.train_loss, r.val_rmse) for r in expected.history
+    ]
+    assert _bytes(resumed) == _bytes(straight)
+    assert kept[0] is not None, "the first child finished before its kill"
+    assert kept == sorted(kept, key=lambda e: epochs if e is None else e)  # each went further
