@@ -109,6 +109,18 @@ def test_vector_maths_against_mpmath_near_zero_and_at_the_extremes(build):
 
 
 @needs_native
+@pytest.mark.parametrize("op", range(5))
+def test_vector_maths_gives_each_element_the_same_bits_on_every_path(op, build):
+    """The maths takes several vectors at once, then single vectors, then a partial one: an
+    element's bits must not depend on which of them computed it (each alone is the partial path)."""
+    torch.manual_seed(op)
+    x = torch.empty(16 * 3 + 4 + 3, dtype=torch.float64).uniform_(-30.0, 30.0)
+    together = _math(op, x)
+    alone = torch.cat([_math(op, x[i : i + 1]) for i in range(x.numel())])
+    assert together.numpy().tobytes() == alone.numpy().tobytes()
+
+
+@needs_native
 def test_vector_maths_propagates_nan(build):
     x = torch.tensor([float("nan"), 1.0, float("nan")], dtype=torch.float64)
     for op in range(5):
