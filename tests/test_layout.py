@@ -1012,7 +1012,7 @@ def test_the_shape_checks_catch_what_they_forbid() -> None:
     IMPORTS[command] = {
         "flows.cli.compare.comparison_section",
         "flows.cli.common",
-        "flows.cli._ledger_args.positive",  # the ledger command's own part
+        "flows.cli._ledger_args.add_selection",  # the ledger command's own part
     }
     try:
         assert _commands_importing_commands() == {

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from flows.cli import common as cli
+from flows.cli.values import positive_number
 
 __all__ = [
     "Scoped",
@@ -14,23 +15,8 @@ __all__ = [
     "add_selection",
     "add_table_options",
     "ledger_studies",
-    "positive",
     "scoped_group",
 ]
-
-
-def positive(unit: str, most: float, *, zero: bool = False):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = float("nan")
-        if not (0 <= value if zero else 0 < value) or not value <= most:  # NaN fails too
-            least = "0 or more" if zero else "above 0"
-            raise argparse.ArgumentTypeError(f"a number of {unit} {least}, got {text!r}")
-        return value
-
-    return parse
 
 
 class Scoped:
@@ -118,13 +104,13 @@ def add_run_options(training: Scoped) -> None:
     limit = training.add_mutually_exclusive_group()
     limit.add_argument(
         "--max-hours",
-        type=positive("hours", 10_000),
+        type=positive_number("hours", 10_000),
         metavar="H",
         help="stop after H hours (running cells end KILLED, finished ones are kept)",
     )
     limit.add_argument(
         "--max-minutes",
-        type=positive("minutes", 600_000),
+        type=positive_number("minutes", 600_000),
         metavar="M",
         help="stop after M minutes (as --max-hours); a group of cells expected to take longer "
         "than the time left is cut to the packs that fit, or not started (expected: measured "
@@ -133,7 +119,7 @@ def add_run_options(training: Scoped) -> None:
     )
     training.add_argument(
         "--report-minutes",
-        type=positive("minutes", 600_000, zero=True),
+        type=positive_number("minutes", 600_000, zero=True),
         metavar="M",
         help="say every M minutes where the running cells stand: epoch, pace, time to go "
         "(as `ledger status --training`; default: 10; 0: never)",
@@ -151,7 +137,7 @@ def add_run_options(training: Scoped) -> None:
     )
     training.add_argument(
         "--checkpoint-minutes",
-        type=positive("minutes", 10_000, zero=True),
+        type=positive_number("minutes", 10_000, zero=True),
         metavar="M",
         help="least minutes between two checkpoints of a cell (default: 5; 0: every epoch)",
     )

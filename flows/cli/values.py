@@ -8,7 +8,15 @@ import math
 import re
 from collections.abc import Callable
 
-__all__ = ["budget_seconds", "names", "niceness", "port", "positive_int", "whole_number"]
+__all__ = [
+    "budget_seconds",
+    "names",
+    "niceness",
+    "port",
+    "positive_int",
+    "positive_number",
+    "whole_number",
+]
 
 
 def names(text: str) -> str:
@@ -36,6 +44,23 @@ def whole_number(low: int, high: int | None, what: str) -> Callable[[str], int]:
 positive_int = whole_number(1, None, "a whole number of at least 1")
 port = whole_number(1, 65535, "a TCP port from 1 to 65535")
 niceness = whole_number(0, 19, "a niceness from 0 to 19")  # <0 needs privileges; Linux caps at 19
+
+
+def positive_number(unit: str, most: float, *, zero: bool = False) -> Callable[[str], float]:
+    """An argparse type: a number of ``unit`` above 0 (``zero``: 0 or more) and at most
+    ``most``, else a usage error naming the unit (``--max-hours -1``, ``--max-minutes nan``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (0 <= value if zero else 0 < value) or not value <= most:  # NaN fails too
+            least = "0 or more" if zero else "above 0"
+            raise argparse.ArgumentTypeError(f"a number of {unit} {least}, got {text!r}")
+        return value
+
+    return parse
 
 
 def budget_seconds(text: str) -> float | str:
