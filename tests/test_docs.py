@@ -242,6 +242,13 @@ def test_quick_record_round_trip_and_the_generated_table(tmp_path):
     loaded = dataclasses.replace(quick, load="3.1, 4.0, 4.2")
     write_quick_run(tmp_path / "results" / "quick" / "quick.json", loaded)
     assert "on a CPU, at load 3.1, 4.0, 4.2 (2 cells" in rendered(page.read_text(), tmp_path)
+    again = dataclasses.replace(cells[1], commit="fedcba9876543210", hardware="another CPU")
+    mixed = dataclasses.replace(quick, cells=(cells[0], again))
+    write_quick_run(tmp_path / "results" / "quick" / "quick.json", mixed)
+    assert (
+        "2 cells trained (1 at commit `0123456789` on some CPU; 1 at commit `fedcba9876` on "
+        "another CPU), the command on a CPU"
+    ) in rendered(page.read_text(), tmp_path)
 
 
 def test_the_suite_time_is_the_latest_timed_runs_tests_with_the_range_of_its_runs(tmp_path):
