@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,23 +90,8 @@ def _minutes(seconds: float) -> str:
 
 
 def _provenance(run, path: str) -> str:
-    """Where the cells were trained: at which commit on which machine, and, where some cells
-    were trained again elsewhere (a model's cells replaced after its code changed), each
-    commit and processor with its count of cells."""
-    from tasks.ledger.quick_record import commits
-
-    where = Counter((c.commit, c.hardware) for c in run.cells)
-    if len(where) > 1:
-        parts = [
-            f"{n} at commit `{(commit or 'unknown')[:10]}` on {hardware or 'an unknown processor'}"
-            for (commit, hardware), n in where.items()
-        ]
-        made = f"{len(run.cells)} cells trained ({'; '.join(parts)}), the command on {run.machine}"
-    else:
-        at = ", ".join(f"`{c[:10]}`" for c in commits(run.cells)) or "an unknown commit"
-        made = f"{len(run.cells)} cells trained at commit {at} on {run.machine}"
     return (
-        f"`{path}`: {made}, recorded {run.date}; {run.cells_trained} trained and "
+        f"`{path}`: {run.trained_where()}, recorded {run.date}; {run.cells_trained} trained and "
         f"{run.cells_reused} reused by the recorded command, {_minutes(run.wall_seconds)} from "
         "command to prompt"
     )

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import platform
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -94,6 +95,21 @@ class QuickRun:
     #: the machine's 1, 5 and 15-minute load averages as the run ended (the 15-minute one spans
     #: most of a quick run): how busy the machine was; None in records made before it was kept
     load: str | None = None
+
+    def trained_where(self) -> str:
+        """``54 cells trained at commit `…` on <machine>``; where some cells were trained again
+        elsewhere (a model's cells replaced after its code changed), each commit and processor
+        with its count of cells."""
+        where = Counter((c.commit, c.hardware) for c in self.cells)
+        if len(where) <= 1:
+            at = ", ".join(f"`{c[:10]}`" for c in commits(self.cells)) or "an unknown commit"
+            return f"{len(self.cells)} cells trained at commit {at} on {self.machine}"
+        parts = [
+            f"{n} at commit `{(commit or 'unknown')[:10]}` on {hardware or 'an unknown processor'}"
+            for (commit, hardware), n in where.items()
+        ]
+        where_text = "; ".join(parts)
+        return f"{len(self.cells)} cells trained ({where_text}), the command on {self.machine}"
 
     def to_json(self) -> str:
         """The file's text: the run's fields, then one line per cell (diffs stay readable)."""
