@@ -391,7 +391,7 @@ from tasks.config import TrainConfig
 data = prepare(load_or_simulate("integro_de", n_trajectories=40, seed=0), seed=0)
 with seeded(3):
     model = build_model("neural_laplace", 1)
-config = TrainConfig(epochs=int(sys.argv[2]), patience=None, batch_size=16, lr=1e-2)
+config = TrainConfig.model_validate_json(sys.argv[2])  # the test's own
 store = Checkpoints(Path(sys.argv[1]), {"cell": "id"}, every_seconds=0)
 train(model, data.train, data.val, config, label="cell", checkpoints=store)
 """
@@ -419,7 +419,7 @@ def test_a_run_killed_at_random_moments_resumes_to_the_bytes_of_the_run_never_st
     for _ in range(2):
         before = Checkpoints(tmp_path).progress()
         child = subprocess.Popen(
-            [sys.executable, "-c", _KILLED_CHILD, str(tmp_path), str(epochs)],
+            [sys.executable, "-c", _KILLED_CHILD, str(tmp_path), config.model_dump_json()],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
