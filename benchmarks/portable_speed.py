@@ -11,7 +11,8 @@ portable / native per model, then where Neural Laplace's epoch goes in each mode
 instrumented epoch: the instruments cost time of their own, so its shares, not its total, are
 the point):
 
-* ``fused kernels``: the native kernels of its encoder and decoder (:mod:`nlmodels.accel.native`);
+* ``fused kernels``: the native kernels of its encoder and decoder (:mod:`nlmodels.accel.native`;
+  in the portable mode the decoder's products run inside them, ``nl_decoder_forward/backward``);
 * ``products (C)`` and ``elementary functions (C)``: time inside the portable mode's C kernels
   (``nl_matmul``, ``nl_unary``, :mod:`nlmodels.accel.portable`) called from Python;
 * ``portable operators, Python``: the rest of the replaced operators' time: Python dispatch,

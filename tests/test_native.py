@@ -210,6 +210,58 @@ def test_native_decoder_equals_torch_decoder(
 
 
 @needs_native
+@pytest.mark.parametrize("per_sample", [False, True])
+@pytest.mark.parametrize(("state_dim", "n_query", "terms"), [(2, 100, 33), (1, 9, 7), (3, 13, 3)])
+def test_the_sliced_decoder_gives_the_chunk_steps_bits_whatever_the_slice(
+    monkeypatch, per_sample, state_dim, n_query, terms
+):
+    """Under the portable products, one kernel call per chunk that takes it slice by slice
+    (nl_decoder_forward/backward) against the chunk's steps one by one (kernels and torch
+    products): the prediction and every gradient bit for bit, for slices of one row's worth up to
+    the whole chunk, several chunks and a partial last chunk and slice."""
+    from nlmodels.accel import portable
+
+    if not portable.installed():
+        pytest.skip("the sliced kernels are the portable mode's")
+    monkeypatch.setenv("NLLAB_NATIVE", "1")
+    monkeypatch.setattr(decoder_module, "_CHUNK_ELEMENTS", 2 * n_query * state_dim * terms * 9)
+    torch.manual_seed(n_query)
+    model = NeuralLaplace(state_dim, terms=terms).double()
+    batch, obs_t = 23, torch.linspace(0.1, 3.0, 12, dtype=torch.float64)
+    obs_x = torch.randn(batch, 12, state_dim, dtype=torch.float64)
+    if per_sample:
+        query_t = 3.0 + torch.rand(batch, n_query, dtype=torch.float64).sort(-1).values * 4
+    else:
+        query_t = torch.linspace(3.1, 8.0, n_query, dtype=torch.float64)
+    calls, call = [], _native.call
+    monkeypatch.setattr(decoder_module.native, "call", lambda *a: calls.append(a[0]) or call(*a))
+    with monkeypatch.context() as steps:
+        steps.setattr(decoder_module, "portable", type("Off", (), {"installed": lambda: False}))
+        y_steps, g_steps = _run_model(model, obs_t, obs_x, query_t)
+    assert "nl_decoder_forward" not in calls
+    for rows in (1, 2 * n_query + 1, 8 * n_query, 10**6):
+        monkeypatch.setattr(decoder_module, "_SLICE_ROWS", rows)
+        calls.clear()
+        y, g = _run_model(model, obs_t, obs_x, query_t)
+        assert calls.count("nl_decoder_forward") == calls.count("nl_decoder_backward") > 1
+        assert torch.equal(y, y_steps)
+        for got, want in zip(g, g_steps, strict=True):
+            assert torch.equal(got, want)
+
+
+@needs_native
+def test_a_slice_the_lanes_cannot_take_is_refused():
+    # 3 trajectories of 7 times: 21 rows, not a whole number of vectors of output-bias sums
+    args = _sliced_decoder_args(n=5, n_time=7, slice=3)
+    assert _native.call("nl_decoder_forward", *args) == 2
+    assert _native.call("nl_decoder_forward", *_sliced_decoder_args(n=5, n_time=7, slice=8)) == 0
+    for n_time in range(1, 1200, 7):  # what the decoder picks: whole vectors, about 512 rows
+        slice = decoder_module.slice_trajectories(n_time, 512)
+        assert slice >= 1 and slice * n_time % 8 == 0
+        assert slice * n_time <= 512 or slice * n_time <= 8 * n_time
+
+
+@needs_native
 def test_native_decoder_gradcheck(monkeypatch):
     monkeypatch.setenv("NLLAB_NATIVE", "1")
     torch.manual_seed(3)
@@ -327,10 +379,32 @@ def _decoder_forward_args(n=2, n_time=7, dims=2, n_query=3, per_row=0):
     ]  # fmt: skip
 
 
+def _sliced_decoder_args(n=2, n_time=7, units=5, dims=2, n_query=3, slice=8, per_row=0):
+    outputs, rows, per = 2 * dims * n_query, n * n_time, n if per_row else 1
+    return [
+        n, n_time, units, dims, n_query, slice, per_row, _f64(per, n_time, units), _f64(n, units),
+        _f64(units, units), _f64(units), _f64(outputs, units), _f64(outputs), per_row,
+        _f64(per, n_query, n_time), _f64(per, n_query, n_time), 0.5, 0.1, _f64(rows, units),
+        _f64(rows, units), _f64(rows * outputs), _f64(n, n_time, dims), _f64(n_time),
+    ]  # fmt: skip
+
+
+def _sliced_decoder_backward_args(n=2, n_time=7, units=5, dims=2, n_query=3, per_row=1):
+    outputs, rows, per = 2 * dims * n_query, n * n_time, n if per_row else 1
+    return [
+        n, n_time, units, dims, n_query, 8, per_row, _f64(units, units), _f64(outputs, units),
+        _f64(rows, units), _f64(rows, units), _f64(rows * outputs), _f64(n, n_time, dims),
+        _f64(per, n_time, units), _f64(n, units), _f64(units, units), _f64(units),
+        _f64(outputs, units), _f64(outputs),
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("name", "args"),
     [("nl_gru_forward", _gru_forward_args()), ("nl_sphere_out_forward", _decoder_forward_args()),
-     ("nl_sphere_out_forward", _decoder_forward_args(per_row=1))],
+     ("nl_sphere_out_forward", _decoder_forward_args(per_row=1)),
+     ("nl_decoder_forward", _sliced_decoder_args(per_row=1)),
+     ("nl_decoder_backward", _sliced_decoder_backward_args())],
 )  # fmt: skip
 def test_a_tensor_of_the_wrong_size_raises_before_the_call(name, args):
     _native._checked(name, tuple(args))  # the right sizes pass the check

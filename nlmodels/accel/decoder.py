@@ -6,7 +6,11 @@ sum) is fused with g's last two layers into one autograd function whose backward
 hand-written back-propagation in real arithmetic, from per-element derivatives saved by the
 forward. The batch is processed in chunks of trajectories so temporaries stay cache-sized.
 Elementwise steps run in the C kernels of :mod:`nlmodels.accel.native` (float64 on the CPU) or
-as their torch twins here; the dense products are torch GEMMs on both paths.
+as their torch twins here; the dense products are torch GEMMs on both paths. Under the portable
+CPU numerics (:mod:`nlmodels.accel.portable`, whose products are the kernels' own), a chunk runs
+as one kernel call each way (``nl_decoder_forward``/``nl_decoder_backward``) that takes it in
+slices of a few trajectories, so that each step's output is still in cache for the next: the
+same operations, element by element in the same order, so the same bits.
 """
 
 from __future__ import annotations
@@ -16,13 +20,25 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from nlmodels.accel import native
+from nlmodels.accel import native, portable
 from nlmodels.accel._select import select
 
 __all__ = ["fused_sphere_decode"]
 
 # Output elements per chunk of the fused decoder (~1 MB of float64): temporaries stay cache-sized.
 _CHUNK_ELEMENTS = 1 << 17
+# Rows (trajectory × time) per slice of a chunk in the sliced kernels: a slice's layers (~3 KB a
+# row) stay in a core's L2 cache between steps. Each slice but the last holds a multiple of
+# _SLICE_LANES rows (its output bias's column sums are kept in vector lanes across slices).
+_SLICE_ROWS = 512
+_SLICE_LANES = 8
+
+
+def slice_trajectories(n_time: int, rows: int = _SLICE_ROWS) -> int:
+    """Trajectories per slice of the sliced decoder kernels for ``n_time`` times: about ``rows``
+    rows, a whole multiple of the lanes (the slicing never changes a bit, only the speed)."""
+    step = _SLICE_LANES // math.gcd(n_time, _SLICE_LANES)
+    return max(step, rows // n_time // step * step)
 
 
 def _rows(t: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
@@ -67,10 +83,17 @@ class _FusedSphereDecoder(torch.autograd.Function):
         chunk = max(1, _CHUNK_ELEMENTS // (n_time * state_dim * w_abs.shape[-1]))
         x = per_traj.new_empty(batch, n_time, state_dim)
         ctx.native = select(per_time, per_traj, w2, b2, w3, b3, w_abs, w_arg) == "native"
+        ctx.sliced = ctx.native and portable.installed()
         if ctx.native:  # the kernels take the ILT weights as [(B,) Q, T]
             w_abs, w_arg = (w[:, :, 0].transpose(1, 2).contiguous() for w in (w_abs, w_arg))
         args = (per_time, per_traj, w2, b2, w3, b3, w_abs, w_arg, state_dim, phi_span, phi_centre)
-        chunk_forward = _native_chunk_forward if ctx.native else _torch_chunk_forward
+        chunk_forward = (
+            _sliced_chunk_forward
+            if ctx.sliced
+            else _native_chunk_forward
+            if ctx.native
+            else _torch_chunk_forward
+        )
         ctx.saved_chunks = [
             chunk_forward(lo, min(lo + chunk, batch), x, *args) for lo in range(0, batch, chunk)
         ]
@@ -91,6 +114,10 @@ class _FusedSphereDecoder(torch.autograd.Function):
         for i, (h1, h2, d_out) in enumerate(ctx.saved_chunks):
             lo = i * ctx.chunk
             hi = lo + h1.shape[0] // per_time.shape[1]
+            if ctx.sliced:
+                grads = (g_time, g_traj, g_w2, g_b2, g_w3, g_b3)
+                _sliced_chunk_backward(lo, hi, per_time, w2, w3, h1, h2, d_out, grad_x, *grads)
+                continue
             g_out = chunk_backward.output(d_out, grad_x[lo:hi], g_b3)  # [n·T, 2DQ]
             g_w3.addmm_(g_out.T, h2)
             g_z2 = chunk_backward.tanh(g_out @ w3, h2, g_b2)
@@ -148,6 +175,49 @@ def _native_chunk_forward(
         phi_centre, x[lo:hi], x.new_empty(n_time),
     )  # fmt: skip
     return h1, h2, out_t
+
+
+def _sliced_chunk_forward(
+    lo, hi, x, per_time, per_traj, w2, b2, w3, b3, w_abs, w_arg, state_dim, phi_span, phi_centre
+):
+    """:func:`_native_chunk_forward` in one kernel call, slice by slice (the same bits); ∂x/∂o
+    is returned laid out by slice (see ``nl_decoder_forward``)."""
+    n, n_time, units = hi - lo, per_time.shape[1], w2.shape[0]
+    h1, h2 = (per_traj.new_empty(n * n_time, units) for _ in range(2))
+    out_t = per_traj.new_empty(n * n_time * w3.shape[0])
+    status = native.call(
+        "nl_decoder_forward", n, n_time, units, state_dim, w_abs.shape[1],
+        slice_trajectories(n_time), int(per_time.shape[0] != 1),
+        _rows(per_time, lo, hi).contiguous(), per_traj[lo:hi].contiguous(), w2.contiguous(),
+        b2.contiguous(), w3.contiguous(), b3.contiguous(), int(w_abs.shape[0] != 1),
+        _rows(w_abs, lo, hi), _rows(w_arg, lo, hi), 0.25 * phi_span, phi_centre, h1, h2, out_t,
+        x[lo:hi], x.new_empty(n_time),
+    )  # fmt: skip
+    _check_status("nl_decoder_forward", status)
+    return h1, h2, out_t
+
+
+def _sliced_chunk_backward(
+    lo, hi, per_time, w2, w3, h1, h2, d_out, grad_x, g_time, g_traj, g_w2, g_b2, g_w3, g_b3
+):
+    """The backward of trajectories lo:hi (:func:`_sliced_chunk_forward`) in one kernel call,
+    its gradients accumulated as the chunk steps below accumulate them (the same bits)."""
+    n_time, units, state_dim = per_time.shape[1], w2.shape[0], grad_x.shape[-1]
+    per_row = per_time.shape[0] != 1
+    status = native.call(
+        "nl_decoder_backward", hi - lo, n_time, units, state_dim,
+        w3.shape[0] // (2 * state_dim), slice_trajectories(n_time), int(per_row),
+        w2.contiguous(), w3.contiguous(), h1, h2, d_out, grad_x[lo:hi],
+        g_time[lo:hi] if per_row else g_time, g_traj[lo:hi], g_w2, g_b2, g_w3, g_b3,
+    )  # fmt: skip
+    _check_status("nl_decoder_backward", status)
+
+
+def _check_status(name: str, status: int | None) -> None:
+    if status == 1:
+        raise MemoryError(f"{name}: no memory for its scratch")
+    if status:
+        raise ValueError(f"{name}: a slice size the kernel cannot take (status {status})")
 
 
 class _TorchChunkBackward:

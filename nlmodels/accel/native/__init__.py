@@ -149,6 +149,40 @@ def _sphere_backward_shapes(a: SimpleNamespace) -> dict[str, Shape]:
     }
 
 
+_DECODER_SIZES = "n:i64 n_time:i64 units:i64 dims:i64 n_query:i64 slice:i64"
+
+
+def _decoder_shapes(a: SimpleNamespace) -> dict[str, Shape]:
+    """nl_decoder_forward/backward: one chunk of the fused decoder, out_t laid out by slice."""
+    outputs, rows = 2 * a.dims * a.n_query, a.n * a.n_time
+    per_time = (a.n if getattr(a, "per_row_time", 0) else 1, a.n_time, a.units)
+    weights = (a.n if getattr(a, "per_row_w", 0) else 1, a.n_query, a.n_time)
+    hidden, square = (rows, a.units), (a.units, a.units)
+    return {
+        "per_time": per_time,
+        "per_traj": (a.n, a.units),
+        "w2": square,
+        "b2": (a.units,),
+        "w3": (outputs, a.units),
+        "b3": (outputs,),
+        "w_abs": weights,
+        "w_arg": weights,
+        "h1": hidden,
+        "h2": hidden,
+        "out_t": (rows * outputs,),
+        "d_out_t": (rows * outputs,),
+        "x": (a.n, a.n_time, a.dims),
+        "grad_x": (a.n, a.n_time, a.dims),
+        "acc": (a.n_time,),
+        "g_time": per_time,
+        "g_traj": (a.n, a.units),
+        "g_w2": square,
+        "g_b2": (a.units,),
+        "g_w3": (outputs, a.units),
+        "g_b3": (outputs,),
+    }
+
+
 _GRU_SIZES = "n_time:i64 batch:i64 n_inputs:i64 units:i64 n_layers:i64"
 _MATMUL = (
     "batch:i64 m:i64 n:i64 k:i64 a:ptr a_batch:i64 a_row:i64 a_col:i64 b:ptr b_batch:i64 "
@@ -203,6 +237,25 @@ _KERNELS = {
         ),
         _sphere_backward_shapes,
     ),
+    "nl_decoder_forward": _Kernel(
+        _p(
+            f"{_DECODER_SIZES} per_row_time:int per_time:tensor per_traj:tensor w2:tensor "
+            "b2:tensor w3:tensor b3:tensor per_row_w:int w_abs:tensor w_arg:tensor "
+            "phi_scale:double phi_centre:double h1:tensor h2:tensor out_t:tensor x:tensor "
+            "acc:tensor"
+        ),
+        _decoder_shapes,
+        returns_status=True,
+    ),
+    "nl_decoder_backward": _Kernel(
+        _p(
+            f"{_DECODER_SIZES} per_row_time:int w2:tensor w3:tensor h1:tensor h2:tensor "
+            "d_out_t:tensor grad_x:tensor g_time:tensor g_traj:tensor g_w2:tensor g_b2:tensor "
+            "g_w3:tensor g_b3:tensor"
+        ),
+        _decoder_shapes,
+        returns_status=True,
+    ),
     # raw operands: called only by nlmodels.accel.portable, which passes each tensor's own
     # strides and a fresh contiguous output (see there); `call` is not its path
     "nl_matmul": _Kernel(_p(_MATMUL), _matmul_shapes, returns_status=True),
@@ -215,7 +268,12 @@ _KERNELS = {
     ),
 }
 #: Integer arguments with a fixed set of values (flags and selectors).
-_CHOICES = {"per_row": (0, 1), "op": (0, 1, 2, 3, 4)}
+_CHOICES = {
+    "per_row": (0, 1),
+    "per_row_time": (0, 1),
+    "per_row_w": (0, 1),
+    "op": (0, 1, 2, 3, 4),
+}
 _CTYPES = {
     "i64": ctypes.c_int64,
     "int": ctypes.c_int,

@@ -791,24 +791,50 @@ void nl_sphere_out_forward(i64 n, i64 n_time, i64 dims, i64 n_query, int per_row
 #ifndef NL_WIDE_PASS /* the 256-bit pass only (see the end of this file) */
 /* Backward entry: g_t[c][row] = d_out_t[c][row] * grad_x[row][d(c)] for c = (k, d, q); g_bias[c]
  * += sum over rows. gx_t is scratch of D*rows doubles. */
-void nl_sphere_out_backward(i64 rows, i64 dims, i64 n_query, const double *d_out_t,
-                            const double *grad_x, double *g_t, double *g_bias, double *gx_t) {
-    for (i64 r = 0; r < rows; r++)
-        for (i64 d = 0; d < dims; d++) gx_t[d * rows + r] = grad_x[r * dims + d];
-    for (i64 c = 0; c < 2 * dims * n_query; c++) {
-        const double *src = d_out_t + c * rows, *mul = gx_t + ((c / n_query) % dims) * rows;
-        double *dst = g_t + c * rows;
-        vd sum = V_SET1(0.0);
+/* One column c of it: dst = src * mul over rows, each product added to the lane of its row
+ * (the row's index modulo VW) of sum, which is returned. Rows split into parts whose starts are
+ * multiples of VW, each part's sum going on from the last's, give the lanes of one pass. */
+static inline vd sphere_out_backward_column(i64 rows, const double *src, const double *mul,
+                                            double *dst, vd sum) {
 #define LANES(i, m)                                      \
     do {                                                 \
         const vd v = LD(src + i, m) * LD(mul + i, m);    \
         ST(dst + i, v, m);                               \
         sum = sum + v;                                   \
     } while (0)
-        FOR_VECTORS(rows, LANES);
+    FOR_VECTORS(rows, LANES);
 #undef LANES
-        g_bias[c] += V_SUM(sum);
+    return sum;
+}
+
+void nl_sphere_out_backward(i64 rows, i64 dims, i64 n_query, const double *d_out_t,
+                            const double *grad_x, double *g_t, double *g_bias, double *gx_t) {
+    transpose(rows, dims, grad_x, gx_t);
+    for (i64 c = 0; c < 2 * dims * n_query; c++) {
+        const double *mul = gx_t + ((c / n_query) % dims) * rows;
+        g_bias[c] += V_SUM(sphere_out_backward_column(rows, d_out_t + c * rows, mul,
+                                                      g_t + c * rows, V_SET1(0.0)));
     }
+}
+
+/* nl_sphere_out_backward over rows split into parts (each a start that is a multiple of VW but
+ * the last), for nl_decoder_backward: each part's column sums go on in lanes [2*D*Q][VW] (zeros
+ * before the first part), which sphere_out_lanes_done adds to g_bias as the whole pass would. */
+enum { SPHERE_LANES = VW };
+static void sphere_out_backward_part(i64 rows, i64 dims, i64 n_query, const double *d_out_t,
+                                     const double *grad_x, double *g_t, double *lanes,
+                                     double *gx_t) {
+    transpose(rows, dims, grad_x, gx_t);
+    for (i64 c = 0; c < 2 * dims * n_query; c++) {
+        const double *mul = gx_t + ((c / n_query) % dims) * rows;
+        const vd sum = V_LOAD(lanes + c * VW);
+        V_STORE(lanes + c * VW,
+                sphere_out_backward_column(rows, d_out_t + c * rows, mul, g_t + c * rows, sum));
+    }
+}
+
+static void sphere_out_lanes_done(i64 outputs, const double *lanes, double *g_bias) {
+    for (i64 c = 0; c < outputs; c++) g_bias[c] += V_SUM(V_LOAD(lanes + c * VW));
 }
 
 /* The vector maths above, elementwise over n values, for the tests: op 0 e^x, 1 sigmoid,
@@ -1158,7 +1184,9 @@ static i64 mm_blocked_need(const mm_isa *isa, i64 m, i64 n, i64 k)
     return kc * (mm_round_up(nc, isa->nr) + mm_round_up(mc, isa->mr));
 }
 
-/* c [m][n] (row stride ldc) = a (strides ars, acs) times b (strides brs, bcs), k >= 1.
+/* c [m][n] (row stride ldc) = a (strides ars, acs) times b (strides brs, bcs), k >= 1; with
+ * resume, c + a b, each element's sum going on from c's value by the same multiply-adds (a product
+ * over k split into parts, each resuming the last, has the bits of the whole one).
  * Packing copies an operand whole, which costs as much as a fifth of the products Neural
  * Laplace's decoder takes (an inner or outer size of 64): the full panels of an operand whose
  * layout a tile reads as fast in place (b's rows contiguous; a's rows or columns contiguous) and
@@ -1167,7 +1195,7 @@ static i64 mm_blocked_need(const mm_isa *isa, i64 m, i64 n, i64 k)
 #define MM_IN_PLACE 16
 static void mm_blocked(const mm_isa *isa, i64 m, i64 n, i64 k, const double *a, i64 ars,
                        i64 acs, const double *b, i64 brs, i64 bcs, double *c, i64 ldc,
-                       double *scratch)
+                       double *scratch, int resume)
 {
     const int mr = isa->mr, nr = isa->nr;
     /* in place only where the panels are read few times (each of a's once per column panel,
@@ -1183,7 +1211,7 @@ static void mm_blocked(const mm_isa *isa, i64 m, i64 n, i64 k, const double *a, 
         double *bpack = scratch, *apack = scratch + kmax * mm_round_up(nc, nr);
         for (i64 pc = 0; pc < k; pc += MM_KC) {
             const i64 kc = k - pc < MM_KC ? k - pc : MM_KC;
-            const int first = pc == 0;
+            const int first = pc == 0 && !resume; /* resume: each sum goes on from c */
             if (b_full < nc)
                 mm_panels(nc - b_full, kc, b + pc * brs + (jc + b_full) * bcs, bcs, brs, nr,
                           bpack + b_full * kc);
@@ -1287,10 +1315,10 @@ int nl_matmul_isa(int which, i64 batch, i64 m, i64 n, i64 k, const double *a, i6
             mm_direct(m, n, k, ap, ars, acs, bp, brs, bcs, cp, scratch);
         } else if (narrow) { /* c^T [n][m] = b^T a^T: each element b_l a_l = a_l b_l */
             double *ct = scratch + (need - m * n);
-            mm_blocked(isa, n, m, k, bp, bcs, brs, ap, acs, ars, ct, m, scratch);
+            mm_blocked(isa, n, m, k, bp, bcs, brs, ap, acs, ars, ct, m, scratch, 0);
             mm_pack(m, n, ct, 1, m, cp);
         } else {
-            mm_blocked(isa, m, n, k, ap, ars, acs, bp, brs, bcs, cp, n, scratch);
+            mm_blocked(isa, m, n, k, ap, ars, acs, bp, brs, bcs, cp, n, scratch, 0);
         }
     }
     return 0;
@@ -1299,12 +1327,17 @@ int nl_matmul_isa(int which, i64 batch, i64 m, i64 n, i64 k, const double *a, i6
 /* c = a b by the fastest code for its size on this CPU (the bits are every code's: see above):
  * packing pays from about MM_SMALL multiply-adds per matrix (measured on 256- and 512-bit tiles) */
 #define MM_SMALL (1 << 18)
-int nl_matmul(i64 batch, i64 m, i64 n, i64 k, const double *a, i64 abs_, i64 ars, i64 acs,
-              const double *b, i64 bbs, i64 brs, i64 bcs, double *c)
+static int mm_best(void)
 {
     static int best = -1;
     if (best < 0) best = mm_supported(MM_AVX512) ? MM_AVX512 : MM_AVX2;
-    const int which = m * n * k <= MM_SMALL ? MM_DIRECT : best;
+    return best;
+}
+
+int nl_matmul(i64 batch, i64 m, i64 n, i64 k, const double *a, i64 abs_, i64 ars, i64 acs,
+              const double *b, i64 bbs, i64 brs, i64 bcs, double *c)
+{
+    const int which = m * n * k <= MM_SMALL ? MM_DIRECT : mm_best();
     return nl_matmul_isa(which, batch, m, n, k, a, abs_, ars, acs, b, bbs, brs, bcs, c);
 }
 
@@ -1622,4 +1655,103 @@ void nl_sphere_out_forward(i64 n, i64 n_time, i64 dims, i64 n_query, int per_row
         acc);
 }
 #endif
+
+/* ---- Neural Laplace's fused decoder, a chunk at a time in slices (nlmodels/accel/decoder.py) --
+ * The decoder's chunk steps there (g's first-layer tanh and last two layers, the sphere map and
+ * the linear ILT, then their backward pass) as the portable mode runs them, the same kernels
+ * and nl_matmul products with the same operands, element by element in the same order, but
+ * slice by slice of `slice` trajectories, so that what one step writes is still in cache when
+ * the next reads it, rather than the whole chunk streamed through memory at every step. Over the
+ * chunk, the backward's weight gradients are sums over its rows: each slice's product resumes
+ * the last slice's sums (mm_blocked), and the output bias's lane sums go on from slice to slice
+ * (sphere_out_backward_part), so that the bits are the whole chunk's, whatever `slice`; only the
+ * lanes ask that each slice but the last hold a multiple of SPHERE_LANES rows.
+ * out_t is laid out by slice: the slice of rows r0.. (n_s of them) is [2*D*Q][n_s] from
+ * out_t + r0 * 2*D*Q. Both return 1 when out of memory, 2 for a slice of the wrong size. */
+static int decoder_slice_bad(i64 n, i64 n_time, i64 slice)
+{
+    return slice < 1 || (slice < n && (slice * n_time) % SPHERE_LANES != 0);
+}
+
+int nl_decoder_forward(i64 n, i64 n_time, i64 units, i64 dims, i64 n_query, i64 slice,
+                       int per_row_time, const double *per_time, const double *per_traj,
+                       const double *w2, const double *b2, const double *w3, const double *b3,
+                       int per_row_w, const double *w_abs, const double *w_arg, double phi_scale,
+                       double phi_centre, double *h1, double *h2, double *out_t, double *x,
+                       double *acc)
+{
+    const i64 outputs = 2 * dims * n_query;
+    if (decoder_slice_bad(n, n_time, slice)) return 2;
+    for (i64 b0 = 0; b0 < n; b0 += slice) {
+        const i64 s = n - b0 < slice ? n - b0 : slice, r0 = b0 * n_time, rows = s * n_time;
+        const i64 w0 = per_row_w ? b0 * n_query * n_time : 0;
+        double *h1s = h1 + r0 * units, *h2s = h2 + r0 * units, *os = out_t + r0 * outputs;
+        nl_first_hidden(s, n_time, units, per_row_time,
+                        per_time + (per_row_time ? r0 * units : 0), per_traj + b0 * units, h1s);
+        /* h2 = tanh(h1 w2^T + b2), then out^T = w3 h2^T */
+        if (nl_matmul(1, rows, units, units, h1s, 0, units, 1, w2, 0, 1, units, h2s)) return 1;
+        nl_bias_tanh(rows, units, h2s, b2);
+        if (nl_matmul(1, outputs, rows, units, w3, 0, units, 1, h2s, 0, 1, units, os)) return 1;
+        nl_sphere_out_forward(s, n_time, dims, n_query, per_row_w, os, b3, w_abs + w0,
+                              w_arg + w0, phi_scale, phi_centre, x + r0 * dims, acc);
+    }
+    return 0;
+}
+
+/* c [m][n] = a b (resume 0), or c + a b with each sum going on from c (see mm_blocked) */
+static int mm_resumed(i64 m, i64 n, i64 k, const double *a, i64 ars, i64 acs, const double *b,
+                      i64 brs, i64 bcs, double *c, int resume)
+{
+    if (!resume) return nl_matmul(1, m, n, k, a, 0, ars, acs, b, 0, brs, bcs, c);
+    const mm_isa *isa = &MM_ISAS[mm_best()];
+    double *scratch = mm_scratch_of(mm_blocked_need(isa, m, n, k));
+    if (scratch == NULL) return 1;
+    mm_blocked(isa, m, n, k, a, ars, acs, b, brs, bcs, c, n, scratch, 1);
+    return 0;
+}
+
+int nl_decoder_backward(i64 n, i64 n_time, i64 units, i64 dims, i64 n_query, i64 slice,
+                        int per_row_time, const double *w2, const double *w3, const double *h1,
+                        const double *h2, const double *d_out_t, const double *grad_x,
+                        double *g_time, double *g_traj, double *g_w2, double *g_b2,
+                        double *g_w3, double *g_b3)
+{
+    const i64 outputs = 2 * dims * n_query;
+    if (decoder_slice_bad(n, n_time, slice)) return 2;
+    const i64 most = (slice < n ? slice : n) * n_time; /* rows of the largest slice */
+    /* the chunk's sums (g_w3's, g_w2's, g_b3's lanes); a slice's dL/d(out)^T, dL/dh2 (then its
+     * pre-activation's), dL/dh1 and grad_x^T */
+    double *p3 = calloc((size_t)(outputs * units + units * units + outputs * SPHERE_LANES +
+                                 most * (outputs + 2 * units + dims)),
+                        sizeof(double));
+    if (p3 == NULL) return 1;
+    double *p2 = p3 + outputs * units, *lanes = p2 + units * units;
+    double *g_out = lanes + outputs * SPHERE_LANES, *g_z2 = g_out + outputs * most;
+    double *g_h1 = g_z2 + most * units, *gx_t = g_h1 + most * units;
+    int status = 0;
+    for (i64 b0 = 0; b0 < n && !status; b0 += slice) {
+        const i64 s = n - b0 < slice ? n - b0 : slice, r0 = b0 * n_time, rows = s * n_time;
+        const double *h1s = h1 + r0 * units, *h2s = h2 + r0 * units;
+        sphere_out_backward_part(rows, dims, n_query, d_out_t + r0 * outputs,
+                                 grad_x + r0 * dims, g_out, lanes, gx_t);
+        /* g_out is dL/d(out) [rows][2DQ] held transposed: g_w3 += g_out^T h2, g_z2 = g_out w3 */
+        status = mm_resumed(outputs, units, rows, g_out, rows, 1, h2s, units, 1, p3, b0 > 0) ||
+                 nl_matmul(1, rows, units, outputs, g_out, 0, 1, rows, w3, 0, units, 1, g_z2);
+        if (status) break;
+        nl_tanh_backward(rows, units, g_z2, h2s, g_b2);
+        /* g_w2 += g_z2^T h1, dL/dh1 = g_z2 w2 */
+        status = mm_resumed(units, units, rows, g_z2, 1, units, h1s, units, 1, p2, b0 > 0) ||
+                 nl_matmul(1, rows, units, units, g_z2, 0, units, 1, w2, 0, units, 1, g_h1);
+        if (status) break;
+        nl_first_hidden_backward(s, n_time, units, per_row_time, g_h1, h1s,
+                                 g_time + (per_row_time ? r0 * units : 0), g_traj + b0 * units);
+    }
+    if (!status) { /* the chunk's sums into the gradients, as addmm_ adds its product */
+        sphere_out_lanes_done(outputs, lanes, g_b3);
+        for (i64 i = 0; i < outputs * units; i++) g_w3[i] += p3[i];
+        for (i64 i = 0; i < units * units; i++) g_w2[i] += p2[i];
+    }
+    free(p3);
+    return status;
+}
 #endif /* NL_WIDE_PASS */
