@@ -3,7 +3,16 @@ cell of every row (what the docs' generator puts on the pages)."""
 
 from __future__ import annotations
 
-from tasks.reports.measurements import measurement_markdown, read_measurement, record_measurement
+import subprocess
+
+import pytest
+
+from tasks.reports.measurements import (
+    current_commit,
+    measurement_markdown,
+    read_measurement,
+    record_measurement,
+)
 
 COLUMNS = ("model", "s/epoch", "note")
 ROWS = (("node", "1.5", "packed."), ("neural_laplace", "0.25", "one by one"))
@@ -56,3 +65,24 @@ def test_a_projection_scales_an_adaptive_solvers_cells_by_its_measured_epoch(tmp
     assert cell_seconds(cell(solver="dopri5", rtol=1e-7, atol=1e-9), times, factors) == 3000.0
     assert cell_seconds(cell(solver="bosh3"), times, factors) == 200.0
     assert solver_factors(tmp_path / "none.json") == {}
+
+
+def test_a_records_commit_says_when_code_differs_from_it_not_when_records_do(tmp_path):
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    try:
+        git("init", "-q")
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("no git here")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "ledger.jsonl").write_text("{}\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c")
+    clean = current_commit(tmp_path)
+    assert len(clean) == 10 and "uncommitted" not in clean
+    (tmp_path / "results" / "ledger.jsonl").write_text("{}\n{}\n")  # a record written
+    assert current_commit(tmp_path) == clean
+    (tmp_path / "code.py").write_text("x = 2\n")  # the code measured changed
+    assert current_commit(tmp_path) == f"{clean} (with uncommitted changes)"

@@ -55,18 +55,20 @@ def _machine() -> str:
     return f"{name}, {os.cpu_count()} cores, load {load}"
 
 
-def current_commit() -> str:
+def current_commit(root: Path = ROOT) -> str:
     """This checkout's commit (10 hex digits), and ``(with uncommitted changes)`` where its tracked
-    files differ from it; ``unknown`` without git."""
+    files differ from it, records aside (``results/``: the ledger's records and checkpoints,
+    written while it trains, change nothing that is measured); ``unknown`` without git."""
     try:
         out = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short=10", "HEAD"],
+            ["git", "-C", str(root), "rev-parse", "--short=10", "HEAD"],
             capture_output=True,
             text=True,
             check=True,
         )
+        status = ["status", "--porcelain", "--untracked-files=no", "--", ":(top,exclude)results"]
         dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+            ["git", "-C", str(root), *status],
             capture_output=True,
             text=True,
             check=True,
