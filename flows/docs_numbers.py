@@ -27,6 +27,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from flows.docs_measured import minutes as _minutes
+from flows.docs_measured import speed_claim, suite_time
+
 __all__ = [
     "BLOCKS",
     "ROOT",
@@ -83,10 +86,6 @@ def _run(root: Path, profile: str):
 
     path = root / "results" / "quick" / f"{profile}.json"
     return read_quick_run(path) if path.exists() else None
-
-
-def _minutes(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min ({seconds:.0f} s)"
 
 
 def _provenance(run, path: str) -> str:
@@ -149,39 +148,6 @@ def quick_time(root: Path) -> str:
         f"{run.machine}, {load} ({run.cells_trained} cells trained, recorded {run.date}); the "
         "time depends on the machine and its load (a busier machine takes longer), the table "
         "does not."
-    )
-
-
-def _seconds(wall: str) -> float:
-    """The seconds of a recorded wall time, ``6 min 1 s (361 s)``."""
-    found = re.search(r"\((\d+(?:\.\d+)?) s\)", wall)
-    return float(found.group(1)) if found else float("nan")
-
-
-def suite_time(root: Path) -> str:
-    """``make test``'s wall time from its timed runs (``benchmarks/suite_time.py --record``):
-    the latest run's tests and time, with the range of times and loads of every kept run."""
-    from tasks.reports import read_measurement
-
-    path = root / "results" / "measurements" / "suite_time.json"
-    if not path.is_file():
-        return "`make test` is not timed yet (`benchmarks/suite_time.py --record` times it)."
-    m = read_measurement(path)
-    command, _, tests = m.rows[0][:3]
-    commit = m.rows[0][5] if len(m.rows[0]) > 5 else m.commit
-    times = sorted(_seconds(r[1]) for r in m.rows)
-    loads = sorted(float(x) for r in m.rows for x in (*r[3].split(","), *r[4].split(",")))
-    machine = m.machine.split(", load ")[0]
-    span = (
-        f"{_minutes(times[0])} to {_minutes(times[-1])} over its last {len(m.rows)} timed runs"
-        if len(times) > 1 and times[-1] > times[0]
-        else f"{_minutes(times[0])} in its one timed run"
-    )
-    return (
-        f"`make test` ({command}) took {span}, on {machine} at load {loads[0]:.1f} to "
-        f"{loads[-1]:.1f} (1, 5 and 15-minute averages, before and after each run); the latest, "
-        f"at commit `{commit}`: {tests}. The time is a wall time: it grows with the load "
-        f"beside the suite. Timed by `{m.command}`."
     )
 
 
@@ -340,6 +306,12 @@ BLOCKS: dict[str, Block] = {
             suite_time,
             "`results/measurements/suite_time.json`",
             "`benchmarks/suite_time.py --record`",
+        ),
+        Block(
+            "speed",
+            speed_claim,
+            "`results/measurements/portable_speed.json`",
+            "`benchmarks/portable_speed.py --record`",
         ),
         Block("quick-cells", quick_cells, _QUICK, _QUICK_BY),
         Block("quick-epochs", quick_epochs, "`tasks/profiles/quick.yaml`", "by hand (a profile)"),

@@ -349,7 +349,9 @@ ROOM_MAY_IMPORT: dict[str, set[str]] = {
         "tasks.tracking",
     },
     "flows.study_pages": {"flows.ledger", "flows.studies", "tasks.ledger", "tasks.reports"},
+    "flows.docs_measured": {"tasks.reports"},
     "flows.docs_numbers": {
+        "flows.docs_measured",
         "flows.ledger",
         "flows.peers_page",
         "flows.study_pages",
