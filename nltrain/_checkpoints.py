@@ -46,10 +46,12 @@ FORMAT = 1
 
 
 class Progress(NamedTuple):
-    """Where a kept run stands: its cells' labels, the last epoch saved (None: finished)."""
+    """Where a kept run stands: its cells' labels, the last epoch saved (None: finished), and
+    the identities it resumes under (one per label)."""
 
     labels: tuple[str, ...]
     epoch: int | None
+    identities: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -141,10 +143,11 @@ class Checkpoints:
             try:
                 labels, finished = tuple(map(str, info["labels"])), bool(info["finished"])
                 epoch = None if finished else int(info["epoch"])
+                identities = tuple(map(str, info.get("identities") or ()))
             except (ValueError, KeyError, TypeError):
                 continue
             if meta.with_suffix(".pt").exists():
-                found.append(Progress(labels, epoch))
+                found.append(Progress(labels, epoch, identities))
         return sorted(found, key=lambda p: p.labels)
 
     def discard(self, labels: Sequence[str]) -> int:

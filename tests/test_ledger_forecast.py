@@ -3,6 +3,8 @@ speed, and ``nllab ledger status --time-left``."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from cells import ledger_record
 
@@ -90,6 +92,26 @@ def test_time_left_lists_the_groups_run_trains_with_their_estimates(tmp_path, ca
     ]
     assert " ".join(rows[1][5:]) == "about 7 min (other processors' records)"
     assert round((FIXED_SECONDS + 400) / 60) == 7
+    # node's seed 1 on spiral_dde kept after its first of 2 epochs (a run stopped mid-way): a
+    # quarter of the group's epochs trained, so three quarters of its training time left
+    kept = tmp_path / "checkpoints"
+    kept.mkdir()
+    (cell,) = scope.select(methods=["node"], seeds=[1], systems=["spiral_dde"])
+    meta = {"format": 1, "labels": ["spiral_dde/node/seed1"], "epoch": 0, "finished": False}
+    meta["identities"] = [f"{cell.config_hash} fingerprints cpu"]
+    (kept / "run.json").write_text(json.dumps(meta))
+    (kept / "run.pt").write_bytes(b"")
+    assert main([*base, *selection, "--time-left"]) == 0
+    out = capsys.readouterr().out.split("Time left: ", 1)[1].splitlines()
+    left = FIXED_SECONDS + 400 * 0.75
+    assert out[2].split("about", 1)[1].split() == [
+        f"{round(left / 60)}", "min", "(other", "processors'", "records;", "25%", "of", "its",
+        "epochs", "trained", "by", "kept", "runs,", "resumed)",
+    ]  # fmt: skip
+    meta["identities"] = ["0123abcd fingerprints cpu"]  # another config's run: not resumed
+    (kept / "run.json").write_text(json.dumps(meta))
+    assert main([*base, *selection, "--time-left"]) == 0
+    assert "kept runs" not in capsys.readouterr().out
     assert "no record of the method on the CPU" in " ".join(rows[0])
     # no record of the selected method: not guessed
     assert main([*base, *selection[:3], "--methods", "anode", "--time-left"]) == 0

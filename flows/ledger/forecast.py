@@ -4,7 +4,9 @@ The groups ``nllab ledger run`` would train, in its order (:func:`flows.ledger.l
 each with the time its time limit expects of it on this machine's CPU
 (:func:`flows.ledger.recorded_seconds`: the ledger's records of the method, this processor's
 where it has some, over the engine's CPU packs of the group on its workers, at most one per
-core), so that the time left comes from the records, not from a reckoning by hand.
+core), so that the time left comes from the records, not from a reckoning by hand. A group
+whose cells have training runs kept beside the ledger (:class:`nltrain.Checkpoints`: stopped
+mid-way, resumed by the next run) is expected to train only the epochs those runs have left.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flows.ledger._budget import speed_ratios
+from flows.ledger._budget import FIXED_SECONDS, speed_ratios
 from flows.ledger.groups import LedgerGroup
 from flows.ledger.plan import (
     cpu_workers,
@@ -37,6 +39,8 @@ class GroupForecast:
     seconds: float | None
     #: whether the estimate rests on records of this processor (else of other processors)
     here: bool
+    #: of the group's cells' planned epochs, those its kept runs have trained (they resume)
+    kept_share: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -77,8 +81,31 @@ def forecast(
     ours = {(r.method, r.ablation) for r in records if r.hardware == hardware}
     out: list[GroupForecast] = []
     workers = cpu_workers(paper_config(execution, config_file=selection.get("config_file")))
+    kept = _kept_epochs(ledger)
     for group in ledger_groups(to_train(states), states):
         config = group_config(group, selection, execution)
         seconds = recorded_seconds(group, config, records)
-        out.append(GroupForecast(group, seconds, (group.method, group.ablation) in ours))
+        cells = config.cells()
+        planned = sum(c.training.epochs for c in cells)
+        trained = sum(min(kept.get((c.key, c.config_hash()), 0), c.training.epochs) for c in cells)
+        share = trained / planned if planned else 0.0
+        if seconds is not None and share:  # the fixed cost stays: a resumed run pays it too
+            seconds = FIXED_SECONDS + max(seconds - FIXED_SECONDS, 0.0) * (1.0 - share)
+        here = (group.method, group.ablation) in ours
+        out.append(GroupForecast(group, seconds, here, share))
     return Forecast(tuple(out), hardware, workers, speed_ratios(records, hardware, "cpu"))
+
+
+def _kept_epochs(ledger: Path) -> dict[tuple[str, str], int]:
+    """The epochs trained by the runs kept beside the ledger, by cell label and config hash
+    (the first word of the identity a run resumes under); a finished run counts as trained in
+    full (its record is all it lacks)."""
+    from flows.ledger.run import checkpoint_folder
+    from nltrain import Checkpoints
+
+    trained: dict[tuple[str, str], int] = {}
+    for run in Checkpoints(checkpoint_folder(ledger)).progress():
+        epochs = 1 << 30 if run.epoch is None else run.epoch + 1
+        for label, identity in zip(run.labels, run.identities, strict=False):
+            trained[(label, identity.split(" ", 1)[0])] = epochs
+    return trained

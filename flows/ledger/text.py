@@ -134,6 +134,8 @@ def forecast_text(forecast: Forecast) -> str:
             what = "no record of the method on the CPU: `ledger run` measures it when it starts"
         else:
             basis = "this processor's records" if g.here else "other processors' records"
+            if g.kept_share:
+                basis += f"; {g.kept_share:.0%} of its epochs trained by kept runs, resumed"
             what = f"about {_span(g.seconds):>12}  ({basis})"
         lines.append(f"  {label:<{width}}  {what}")
     return "\n".join(lines)
