@@ -157,30 +157,14 @@ def _decoder_shapes(a: SimpleNamespace) -> dict[str, Shape]:
     outputs, rows = 2 * a.dims * a.n_query, a.n * a.n_time
     per_time = (a.n if getattr(a, "per_row_time", 0) else 1, a.n_time, a.units)
     weights = (a.n if getattr(a, "per_row_w", 0) else 1, a.n_query, a.n_time)
-    hidden, square = (rows, a.units), (a.units, a.units)
-    return {
-        "per_time": per_time,
-        "per_traj": (a.n, a.units),
-        "w2": square,
-        "b2": (a.units,),
-        "w3": (outputs, a.units),
-        "b3": (outputs,),
-        "w_abs": weights,
-        "w_arg": weights,
-        "h1": hidden,
-        "h2": hidden,
-        "out_t": (rows * outputs,),
-        "d_out_t": (rows * outputs,),
-        "x": (a.n, a.n_time, a.dims),
-        "grad_x": (a.n, a.n_time, a.dims),
-        "acc": (a.n_time,),
-        "g_time": per_time,
-        "g_traj": (a.n, a.units),
-        "g_w2": square,
-        "g_b2": (a.units,),
-        "g_w3": (outputs, a.units),
-        "g_b3": (outputs,),
-    }
+    hidden, per_traj = (rows, a.units), (a.n, a.units)
+    layers = {"w2": (a.units, a.units), "b2": (a.units,), "w3": (outputs, a.units)}
+    inputs = {"per_time": per_time, "per_traj": per_traj, **layers, "b3": (outputs,)}
+    saved = {"h1": hidden, "h2": hidden, "out_t": (rows * outputs,), "d_out_t": (rows * outputs,)}
+    state = {"x": (a.n, a.n_time, a.dims), "grad_x": (a.n, a.n_time, a.dims), "acc": (a.n_time,)}
+    # each gradient has its input's shape
+    grads = {f"g_{name.removeprefix('per_')}": shape for name, shape in inputs.items()}
+    return {**inputs, "w_abs": weights, "w_arg": weights, **saved, **state, **grads}
 
 
 _GRU_SIZES = "n_time:i64 batch:i64 n_inputs:i64 units:i64 n_layers:i64"
