@@ -220,6 +220,8 @@ class NeuralLaplace(ForecastModel):
         """
         if query_t.dim() not in (1, 2):
             raise ValueError(f"query_t must be [T] or [B, T], got shape {tuple(query_t.shape)}")
+        if query_t.shape[-1] < 1:  # as every model refuses it (no grid to reconstruct on)
+            raise ValueError("query_t must hold at least one time")
         t = query_t.to(dtype=torch.float64, device=p.device)
         if t.dim() == 2 and t.shape[0] == 1:
             t = t[0]

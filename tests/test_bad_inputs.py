@@ -328,3 +328,19 @@ def test_every_model_a_shipped_profile_trains_is_accepted_by_its_constructor(pro
     from tasks.machine.model_memory import check_models_build
 
     check_models_build(resolve_config(profile, None, {"systems": list(SYSTEM_NAMES)}).cells())
+
+
+def test_every_model_refuses_an_empty_query_grid_in_one_line():
+    """No time to predict at is a ValueError naming query_t for every registered model (the
+    fused decoder once divided by the number of times instead)."""
+    import torch
+
+    from nlmodels import build_model
+    from nlmodels.model_registry import model_names
+
+    t = torch.linspace(0.1, 1.0, 5, dtype=torch.float64)
+    x = torch.randn(3, 5, 2, dtype=torch.float64)
+    for method in model_names():
+        model = build_model(method, 2).double()
+        with pytest.raises(ValueError, match="query_t"):
+            model(t, x, t[:0])
