@@ -8,9 +8,9 @@ forward. The batch is processed in chunks of trajectories so temporaries stay ca
 Elementwise steps run in the C kernels of :mod:`nlmodels.accel.native` (float64 on the CPU) or
 as their torch twins here; the dense products are torch GEMMs on both paths. Under the portable
 CPU numerics (:mod:`nlmodels.accel.portable`, whose products are the kernels' own), a chunk runs
-as one kernel call each way (``nl_decoder_forward``/``nl_decoder_backward``) that takes it in
-slices of a few trajectories, so that each step's output is still in cache for the next: the
-same operations, element by element in the same order, so the same bits.
+as one kernel call each way (``nl_decoder_forward``/``nl_decoder_backward``: no Python between
+its steps) that takes it in slices of a few trajectories, so that a step's output can still be in
+cache for the next: the same operations, element by element in the same order, so the same bits.
 """
 
 from __future__ import annotations

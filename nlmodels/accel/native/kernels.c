@@ -1659,9 +1659,9 @@ void nl_sphere_out_forward(i64 n, i64 n_time, i64 dims, i64 n_query, int per_row
 /* ---- Neural Laplace's fused decoder, a chunk at a time in slices (nlmodels/accel/decoder.py) --
  * The decoder's chunk steps there (g's first-layer tanh and last two layers, the sphere map and
  * the linear ILT, then their backward pass) as the portable mode runs them, the same kernels
- * and nl_matmul products with the same operands, element by element in the same order, but
- * slice by slice of `slice` trajectories, so that what one step writes is still in cache when
- * the next reads it, rather than the whole chunk streamed through memory at every step. Over the
+ * and nl_matmul products with the same operands, element by element in the same order, but in
+ * one call (no Python, dispatch or allocation between the steps) and slice by slice of `slice`
+ * trajectories, so that what one step writes can still be in cache when the next reads it. Over the
  * chunk, the backward's weight gradients are sums over its rows: each slice's product resumes
  * the last slice's sums (mm_blocked), and the output bias's lane sums go on from slice to slice
  * (sphere_out_backward_part), so that the bits are the whole chunk's, whatever `slice`; only the
