@@ -198,7 +198,7 @@ def _status(args: argparse.Namespace) -> int:
         from flows.ledger.forecast import forecast
 
         print()
-        print(forecast_text(forecast(path, selection=_selection(args))))
+        print(forecast_text(forecast(path, selection=_selection(args), kept=_kept_epochs(path))))
     if args.training:
         from flows.ledger import training_now
 
@@ -206,6 +206,21 @@ def _status(args: argparse.Namespace) -> int:
         print()
         print(training_text(*training_now(cells, config_file=args.config)))
     return 0
+
+
+def _kept_epochs(ledger: Path) -> dict[tuple[str, str], int]:
+    """The epochs trained by the runs kept beside the ledger, by cell label and config hash
+    (the first word of the identity a run resumes under); a finished run counts as trained in
+    full (its record is all it lacks)."""
+    from flows.ledger import checkpoint_folder
+    from nltrain import Checkpoints
+
+    trained: dict[tuple[str, str], int] = {}
+    for run in Checkpoints(checkpoint_folder(ledger)).progress():
+        epochs = 1 << 30 if run.epoch is None else run.epoch + 1
+        for label, identity in zip(run.labels, run.identities, strict=False):
+            trained[(label, identity.split(" ", 1)[0])] = epochs
+    return trained
 
 
 def _kept_runs(ledger: Path) -> list[str]:

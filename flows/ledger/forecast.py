@@ -11,6 +11,7 @@ mid-way, resumed by the next run) is expected to train only the epochs those run
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,11 +70,17 @@ class Forecast:
 
 
 def forecast(
-    ledger: Path, *, selection: dict[str, Any], execution: dict[str, Any] | None = None
+    ledger: Path,
+    *,
+    selection: dict[str, Any],
+    execution: dict[str, Any] | None = None,
+    kept: Mapping[tuple[str, str], int] | None = None,
 ) -> Forecast:
     """The selected cells that have no record at today's config, as the groups ``ledger run``
     trains them in (its order; ``selection`` and ``execution`` as
-    :func:`flows.ledger.run_ledger`'s), each with its expected seconds on this machine's CPU."""
+    :func:`flows.ledger.run_ledger`'s), each with its expected seconds on this machine's CPU;
+    ``kept``: the epochs trained by the runs kept beside the ledger, by cell label and config
+    hash (they resume)."""
     execution = {**(execution or {}), "device": "cpu"}
     states = ledger_states(ledger, selection)
     records = read_ledger(ledger)
@@ -81,7 +88,7 @@ def forecast(
     ours = {(r.method, r.ablation) for r in records if r.hardware == hardware}
     out: list[GroupForecast] = []
     workers = cpu_workers(paper_config(execution, config_file=selection.get("config_file")))
-    kept = _kept_epochs(ledger)
+    kept = kept or {}
     for group in ledger_groups(to_train(states), states):
         config = group_config(group, selection, execution)
         seconds = recorded_seconds(group, config, records)
@@ -94,18 +101,3 @@ def forecast(
         here = (group.method, group.ablation) in ours
         out.append(GroupForecast(group, seconds, here, share))
     return Forecast(tuple(out), hardware, workers, speed_ratios(records, hardware, "cpu"))
-
-
-def _kept_epochs(ledger: Path) -> dict[tuple[str, str], int]:
-    """The epochs trained by the runs kept beside the ledger, by cell label and config hash
-    (the first word of the identity a run resumes under); a finished run counts as trained in
-    full (its record is all it lacks)."""
-    from flows.ledger.run import checkpoint_folder
-    from nltrain import Checkpoints
-
-    trained: dict[tuple[str, str], int] = {}
-    for run in Checkpoints(checkpoint_folder(ledger)).progress():
-        epochs = 1 << 30 if run.epoch is None else run.epoch + 1
-        for label, identity in zip(run.labels, run.identities, strict=False):
-            trained[(label, identity.split(" ", 1)[0])] = epochs
-    return trained
