@@ -87,7 +87,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         action="store_true",
         help="also how long `ledger run` is expected to take here to train the selected "
         "missing cells, group by group in its order, from the ledger's records of each "
-        "method's training time (this processor's where it has some)",
+        "method's training time (this processor's where it has some), less the epochs of the "
+        "training runs kept beside the ledger, which `ledger run` resumes",
     )
     add_run_options(scoped_group(p, "run", scoped))
     add_execution_options(scoped_group(p, "run and record", scoped))
