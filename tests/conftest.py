@@ -19,8 +19,15 @@ _SESSION_HOME = Path(tempfile.mkdtemp(prefix="nllab-test-home-"))
 os.environ["NLLAB_HOME"] = str(_SESSION_HOME)
 os.environ["PREFECT_HOME"] = str(_SESSION_HOME / "prefect")
 # the installation's numerics cache too: a fingerprint computed under a test's patched code
-# must not outlive the session (child processes that set a home of their own inherit it)
-os.environ["NLLAB_INSTALL_CACHE"] = str(_SESSION_HOME / "installation")
+# must not outlive the run (child processes that set a home of their own inherit it). One per
+# run, made by its first process (pytest, or pytest-xdist's controller, whose environment its
+# workers inherit) and shared by the workers: each would otherwise compute the numerics
+# canaries of the ledger's scope, a minute or more, for itself. Its maker removes it.
+_RUN_INSTALLATION_VAR = "NLLAB_TEST_RUN_INSTALLATION"
+_MADE_HERE = _RUN_INSTALLATION_VAR not in os.environ
+if _MADE_HERE:
+    os.environ[_RUN_INSTALLATION_VAR] = str(_SESSION_HOME / "installation")
+os.environ["NLLAB_INSTALL_CACHE"] = os.environ[_RUN_INSTALLATION_VAR]
 for _var in ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT", "NLLAB_EXPERIMENT", "PREFECT_API_URL"):
     os.environ.pop(_var, None)
 os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"

@@ -129,6 +129,7 @@ def test_a_read_only_home_fails_fast_with_a_message(tmp_path, command):
     assert not any(home.iterdir())
 
 
+@pytest.mark.heavy  # every check of doctor in a process
 def test_doctor_reports_a_read_only_home_as_a_failed_check(tmp_path):
     """doctor runs in a home it cannot write and says so among its findings: exit 1, as a
     failed check, not the refusal (3) of a command that would write there."""

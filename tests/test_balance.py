@@ -78,6 +78,7 @@ def test_auto_planning_given_the_workers_places_the_plan_not_the_pack(tmp_path):
     assert [(len(p), d) for p, d in one] == [(6, "cuda")]
 
 
+@pytest.mark.heavy  # the planning benchmark timed
 @pytest.mark.skipif(torch.cuda.is_available(), reason="--fake-cuda is for machines without CUDA")
 def test_the_planning_benchmark_times_both_ways_on_stand_in_gpu_probes(monkeypatch, capsys):
     import tasks.engine as engine

@@ -98,7 +98,17 @@ def _interrupted_then_resumed(name, options, data, store, step, config):
 
 
 @pytest.mark.parametrize(
-    ("name", "options"), CASES, ids=[f"{n}{'-ref' if o else ''}" for n, o in CASES]
+    ("name", "options"),
+    [
+        pytest.param(
+            n,
+            o,
+            id=f"{n}{'-ref' if o else ''}",
+            # the two that train longest: the heavy tier
+            marks=[pytest.mark.heavy] if not o and n in ("neural_dde", "nf_coupling") else [],
+        )
+        for n, o in CASES
+    ],
 )
 def test_a_resumed_run_has_the_bytes_of_the_run_never_stopped(name, options, data, tmp_path):
     config = _cfg()
@@ -397,6 +407,7 @@ train(model, data.train, data.val, config, label="cell", checkpoints=store)
 """
 
 
+@pytest.mark.heavy  # runs killed at many moments
 def test_a_run_killed_at_random_moments_resumes_to_the_bytes_of_the_run_never_stopped(
     data, tmp_path
 ):

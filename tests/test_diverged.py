@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from nltrain import EpochRecord, divergence
 from nltrain._evaluation import DIVERGED_RMSE_FACTOR
@@ -53,6 +54,7 @@ def _benchmark(home: Path, config: str, method: str, api: str) -> subprocess.Com
     )
 
 
+@pytest.mark.heavy  # a benchmark command in a process of its own
 def test_a_benchmark_that_diverges_registers_nothing(tmp_path, prefect_api):
     home = tmp_path / "home"
     config = 'profile = "smoke"\n[training]\nlr = 1000.0\nepochs = 3\n'
@@ -72,6 +74,7 @@ def test_a_benchmark_that_diverges_registers_nothing(tmp_path, prefect_api):
     assert metric == [(1.0,)]
 
 
+@pytest.mark.heavy  # a benchmark command in a process of its own
 def test_a_failed_cell_is_one_line_and_its_error_stays_in_its_run(tmp_path, prefect_api):
     home = tmp_path / "home"
     config = 'profile = "smoke"\nisolation = "process"\n[training]\nlr = 1e300\nepochs = 1\n'

@@ -15,6 +15,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from nlmodels import build_model
 from nltrain import seeded
 from tasks.cell import CellRuntime, run_pack
@@ -215,6 +217,7 @@ def test_a_dead_worker_fails_only_its_own_call(tmp_path):
     assert worker_pids() == []
 
 
+@pytest.mark.heavy  # a worker process killed -9
 def test_kill_9_of_one_worker_fails_only_its_cell(mlflow_store):
     from tasks.machine.workers import worker_processes
     from tasks.prefect_tasks import PackFailed, pack_task

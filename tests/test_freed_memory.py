@@ -50,6 +50,7 @@ def _faults(mode: str) -> int:
     return int(out.stdout.strip())
 
 
+@pytest.mark.heavy  # counts page faults over many steps
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator")
 def test_kept_memory_spares_the_steps_their_page_faults():
     default, kept = _faults("default"), _faults("kept")

@@ -88,6 +88,7 @@ print("unchanged")
 """
 
 
+@pytest.mark.heavy  # a cell through the worker's whole path
 def test_a_smoke_cell_trained_as_a_worker_does_leaves_the_globals_unchanged(tmp_path):
     """In a process of its own, as a worker trains (in this one, threads other tests left
     behind, Prefect's or MLflow's, may draw from ``random`` meanwhile)."""

@@ -137,7 +137,15 @@ def _exactly_equal(a, b) -> None:
 
 
 @pytest.mark.training
-@pytest.mark.parametrize("settings", [{}, {"z0_time": "first_query", "kl_average": "latents"}])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        pytest.param(  # the reference settings: the heavy tier
+            {"z0_time": "first_query", "kl_average": "latents"}, marks=pytest.mark.heavy
+        ),
+    ],
+)
 def test_the_latent_ode_on_a_budget_trains_as_without_it_packed_or_alone(settings):
     """Bit for bit: members packed under a fixed budget equal each trained alone under it (a
     pack of one, ``step="packed"``: the engine's contract, the same batched kernels; the

@@ -314,6 +314,49 @@ def test_the_ledger_pages_block_is_generated_from_the_committed_ledger():
     assert block == ledger_markdown(status).strip()
 
 
+def test_callers_at_once_compute_a_new_scope_once_and_all_get_it(tmp_path, monkeypatch):
+    """Four callers released together on a code state with no cached scope: one computes it
+    (the others wait for its lock, then read it), and every caller gets the same scope; a
+    later caller reads it too. Threads open the lock file each on their own, so ``flock``
+    excludes them as it does processes."""
+    import threading
+
+    import tasks.ledger.scope as scope_module
+
+    monkeypatch.setenv("NLLAB_INSTALL_CACHE", str(tmp_path / "installation"))
+    computed: list[int] = []
+    real = scope_module.scope_of
+
+    def slow_scope(*args, **kwargs):
+        computed.append(threading.get_ident())
+        time.sleep(0.5)  # long enough for every caller to reach the lock
+        return real(*args, **{**kwargs, "numerics": lambda cell: f"fp-{cell.system}"})
+
+    monkeypatch.setattr(scope_module, "scope_of", slow_scope)
+    start_together = threading.Barrier(4)
+    got: list[LedgerScope] = []
+
+    def call() -> None:
+        start_together.wait()
+        got.append(ledger_scope(None, ["integro_de"], ["node"]))
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(computed) == 1 and len(got) == 4
+    assert all(g == got[0] for g in got) and got[0].cells
+    assert {c.numerics for c in got[0].cells} == {f"fp-{c.system}" for c in got[0].cells}
+    assert ledger_scope(None, ["integro_de"], ["node"]) == got[0]
+    assert len(computed) == 1
+    # where no folder can hold the lock (nor the scope), each caller computes alone: no hang
+    monkeypatch.setenv("NLLAB_INSTALL_CACHE", "/proc/nllab-cannot-be-made")
+    monkeypatch.setenv("NLLAB_HOME", "/proc/nllab-cannot-be-made")
+    assert ledger_scope(None, ["integro_de"], ["node"]) == got[0]
+    assert len(computed) == 2
+
+
 def test_run_records_each_finished_cell_and_not_a_failed_one(
     tmp_path, mlflow_store, prefect_server, monkeypatch
 ):
@@ -720,6 +763,7 @@ def _nllab(*args: str, env: dict, **kw) -> subprocess.Popen:
     )
 
 
+@pytest.mark.heavy  # a ledger run killed -9 mid-cell (the time limit's stop stays)
 def test_kill9_mid_run_keeps_the_finished_records(tmp_path, prefect_api):
     """``ledger run`` killed while its second cell trains: the first cell's record is in the
     ledger, nothing of the second, and ``status`` says which one is missing."""

@@ -231,6 +231,7 @@ def test_an_unknown_study_is_named_with_the_valid_ones(capsys):
     assert "--study nosie: not a study of the ledger" in err and "noise" in err
 
 
+@pytest.mark.heavy  # a ledger run of a study cell
 def test_a_measured_cell_is_recorded_with_its_models_measure(
     tmp_path, mlflow_store, prefect_server
 ):

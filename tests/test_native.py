@@ -329,6 +329,7 @@ def test_only_float64_cpu_tensors_are_native(monkeypatch):
         _native.call("nl_tanh_backward", 1, 1, torch.zeros(2)[::2], torch.zeros(1), torch.zeros(1))
 
 
+@pytest.mark.heavy  # compiles the kernels in racing processes
 @needs_native
 def test_concurrent_first_builds_are_safe(tmp_path):
     # the quick profile's worker processes may all find the cache empty at once

@@ -212,6 +212,7 @@ def test_a_query_before_the_last_observation_is_refused():
         model(t[:4], torch.zeros(2, 4, 1, dtype=F64), t[2:])
 
 
+@pytest.mark.heavy  # trains packs and members alone (test_pack_bitwise covers packing)
 @pytest.mark.training
 def test_packed_members_train_bitwise_as_alone():
     """Members of three systems' grids in one pack (``torch.func.vmap``) give each member's

@@ -211,6 +211,7 @@ def test_a_setting_s_own_arithmetic_moves_its_fingerprint_and_retrains_its_cells
     assert f"{TOY} changed since commit" in capsys.readouterr().err
 
 
+@pytest.mark.heavy  # a benchmark command twice
 def test_runs_stored_without_fingerprints_are_retrained_once_said(mlflow_store, capsys):
     from tasks.cell import CellRuntime, run_cell
 

@@ -169,6 +169,7 @@ def _fresh_process(specs) -> dict:
     return dict(zip(specs, json.loads(out.stdout.splitlines()[-1]), strict=True))
 
 
+@pytest.mark.heavy  # cells again in a fresh process (threads stay)
 def test_a_fresh_process_gives_the_same_bytes(alone):
     specs = [_CELLS[1], _CELLS[3]]  # last in the process here, first there
     assert _fresh_process(specs) == {s: alone[s] for s in specs}

@@ -35,6 +35,10 @@ MODELS = ("node", "anode", "nf_coupling", "nf_resnet", "latent_ode", "neural_lap
 # there is their eager step, which agrees with the pack's arithmetic to rounding only; they are
 # compared with their pack of one (how a single cell of them trains where they pack: CUDA).
 ONE_BY_ONE_ON_CPU = ("latent_ode", "neural_laplace")
+# The Neural Flows' cross-system packs train longest: theirs run in the heavy tier.
+_LONGEST_IN_HEAVY = [
+    pytest.param(m, marks=pytest.mark.heavy) if m.startswith("nf_") else m for m in MODELS
+]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -113,7 +117,7 @@ def _check_cross_system(name: str, dim: int, options: dict | None = None) -> Non
         _same_bytes(full[0], pair[0])
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", _LONGEST_IN_HEAVY)
 def test_a_cross_system_member_is_bitwise_its_unpacked_run(name):
     """Members of three systems (three time grids) in one pack: each is its own run alone,
     bit for bit, and a member's bytes are the same in another pack (other mates, order, size;
@@ -124,7 +128,7 @@ def test_a_cross_system_member_is_bitwise_its_unpacked_run(name):
     _check_cross_system(name, 2)
 
 
-@pytest.mark.parametrize("dim", [1, 2])
+@pytest.mark.parametrize("dim", [1, pytest.param(2, marks=pytest.mark.heavy)])  # 2-D: heavy
 @pytest.mark.parametrize("name", ["nf_coupling", "nf_resnet"])
 def test_the_paper_profiles_flows_pack_bitwise(name, dim):
     """The paper profile's Neural Flows (the reference's linear time functions) too, on 1-D

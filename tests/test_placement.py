@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _cell = tiny_cell
 
 
+@pytest.mark.heavy  # concurrent prober processes
 def test_the_cache_keeps_every_entry_under_concurrent_writers(tmp_path):
     # Each process probes its own kinds of pack (slowly, so that the writes overlap); with a
     # read-modify-write that is not locked and merged, processes overwrite each other's entries.
@@ -317,6 +318,7 @@ def test_gpu_check_slice_stopped_at_its_cap_keeps_its_log_and_says_how_far_it_go
     assert "Stopped at the part's cap of 100 s with 3 of 180 cells finished" in part.body
 
 
+@pytest.mark.heavy  # a whole gpu-check run
 def test_gpu_check_smallest_writes_its_summary(tmp_path):
     import re
 
@@ -458,6 +460,7 @@ def test_the_cuda_probe_runs_the_graphed_pack_and_measures_its_memory(tmp_path):
         assert place_pack(pack, "auto", cache_dir=tmp_path).type == device
 
 
+@pytest.mark.heavy  # plans a whole GPU window
 def test_a_gpu_window_is_planned_by_the_ledgers_rules_from_a_checks_timings(tmp_path):
     """From the H200 check's committed timings and an empty ledger: node's 30 cells are two
     packs of 15 on CUDA (each about two minutes); 5 minutes record one pack, 9.5 minutes
@@ -488,6 +491,7 @@ def _never_on_the_cpu(real=None):
     return measure
 
 
+@pytest.mark.heavy  # probe processes
 def test_cpu_probes_measured_ahead_in_other_processes_join_the_cache(tmp_path):
     cells = [_cell(0), _cell(0, method="anode")]
     with CpuProbesAhead(tmp_path, processes=2) as ahead:
@@ -577,6 +581,7 @@ _PROBING_WHEN_STOPPED = textwrap.dedent(
 )
 
 
+@pytest.mark.heavy  # Ctrl-C to probe processes
 def test_ctrl_c_while_waiting_for_probes_ends_them_cleanly(tmp_path):
     """The probe processes end on the planning's Ctrl-C, releasing what they hold: no semaphore
     reported leaked by the resource tracker at exit.

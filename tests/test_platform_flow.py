@@ -232,6 +232,7 @@ def test_same_config_and_seed_same_run(mlflow_store):
     assert hist[0] == hist[1]
 
 
+@pytest.mark.heavy  # the flow again in spawned worker processes
 def test_worker_processes_give_the_same_results(first):
     # Cells trained in spawned worker processes (the quick/paper default) match in-thread ones.
     cfg = _config(seeds=[0], isolation="process", tracking={"experiment": "isolated"})
@@ -242,6 +243,7 @@ def test_worker_processes_give_the_same_results(first):
         assert r.test_rmse == pytest.approx(ref[r.key], rel=1e-9, abs=1e-12)
 
 
+@pytest.mark.heavy  # the flow again unpacked (test_pack_bitwise checks each model)
 def test_packing_does_not_change_any_result(first):
     # The same cells trained one by one (--no-pack) give every cell the packed run's result.
     summary = run_benchmark(_config(pack=False, tracking={"experiment": "unpacked"}))

@@ -255,6 +255,7 @@ def recipes(tmp_path_factory) -> tuple[dict, dict[str, list[str]]]:
     return json.loads(r.stdout.strip().splitlines()[-1]), touched
 
 
+@pytest.mark.heavy  # a benchmark of a model added by the recipe
 def test_a_model_for_the_main_table_is_its_module_and_one_registration(recipes):
     got, touched = recipes
     assert touched["model"] == ["nlmodels/toy_mean.py", "nlmodels/models.toml"]

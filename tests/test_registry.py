@@ -42,6 +42,7 @@ def _use_home(monkeypatch, home):
         monkeypatch.delenv(var, raising=False)
 
 
+@pytest.mark.heavy  # a benchmark, a moved home and a pyfunc load
 def test_pyfunc_champion_after_moving_the_home(tmp_path, monkeypatch, prefect_server):
     _use_home(monkeypatch, tmp_path / "home")
     config = resolve_config(

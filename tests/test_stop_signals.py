@@ -136,6 +136,7 @@ def _config(tmp_path: Path, body: str) -> Path:
     return path
 
 
+@pytest.mark.heavy  # a hung simulator waited out
 def test_user_simulators_end_their_own_data_set_and_sigterm_abandons_a_hang(tmp_path, prefect_api):
     (tmp_path / "usersims.py").write_text(SIMULATORS)
     env = _env(tmp_path, prefect_api)

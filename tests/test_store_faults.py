@@ -132,6 +132,7 @@ def test_a_benchmark_against_a_held_store_is_one_line_and_exit_3(tmp_path):
     assert len((out.stdout + out.stderr).splitlines()) < 15
 
 
+@pytest.mark.heavy  # waits out Prefect's start timeout
 def test_a_missed_prefect_start_is_one_line_naming_the_timeout(tmp_path, monkeypatch):
     monkeypatch.setenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "1")
     out = _cli(tmp_path / "home", "benchmark", "--profile", "smoke", "--methods", "node")

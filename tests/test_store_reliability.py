@@ -55,6 +55,7 @@ def _store_ok(home: Path) -> None:
     assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr
 
 
+@pytest.mark.heavy  # processes racing to create one store
 def test_processes_creating_a_fresh_store_at_once_all_succeed(tmp_path):
     home = tmp_path / "home"
     go = tmp_path / "go"

@@ -299,6 +299,7 @@ def test_champion_moves_only_when_beaten(mlflow_store, tmp_path):
         t.registry.download_model("models:/no-such-model@champion", tmp_path / "dl2")
 
 
+@pytest.mark.heavy  # processes writing one store at once
 def test_concurrent_writers_keep_sqlite_intact(mlflow_store):
     shared = connect()
     n_threads, n_steps = 6, 40

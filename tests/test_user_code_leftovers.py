@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from terminal import takes_ctrl_c
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,6 +100,7 @@ def _sleeps(token: str) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.heavy  # a benchmark command with a plugin's leftovers
 def test_a_plugins_thread_and_a_simulators_children_do_not_outlive_the_command(
     tmp_path, mlflow_store, prefect_api
 ):
@@ -125,6 +127,7 @@ def test_a_plugins_thread_and_a_simulators_children_do_not_outlive_the_command(
             p.kill()
 
 
+@pytest.mark.heavy  # a command in a terminal, Ctrl-C as it exits
 def test_ctrl_c_while_the_command_exits_gives_130_not_0(tmp_path, mlflow_store, prefect_api):
     marker = tmp_path / "exiting"
     user = _user_code(tmp_path, slow_exit=_SLOW_EXIT.format(marker=str(marker)))

@@ -28,6 +28,7 @@ never cached.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -35,7 +36,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -256,7 +257,8 @@ def ledger_scope(
     """:func:`scope_of` (of ``profile``, with the ``studies``' cells if given) with today's
     numerics, read from the installation's
     cache (else ``$NLLAB_HOME/ledger``) when computed before at this code state (standard
-    library only), else computed once and cached; ``say`` is told when it computes. Selections
+    library only), else computed once (by one process at a time: others wait, then read it) and
+    cached; ``say`` is told when it computes. Selections
     within the profile's own systems and methods share its scope (one cache file;
     :meth:`LedgerScope.select` narrows it)."""
     from tasks.config.names import MAIN_SYSTEMS
@@ -277,19 +279,45 @@ def ledger_scope(
     name = f"scope-{key[:24]}.json" if key else ""
     # nothing in the key is the home's: the installation's folder, then the home's
     folders = cache_folders("ledger") if name else []
-    for folder in folders:
-        if (cached := _read(folder / name)) is not None:
-            return cached
+    if (cached := _cached(folders, name)) is not None:
+        return cached
     if say is not None:
         say(
             "ledger: computing today's config hashes and numerics fingerprints (once per code "
             "state; cached beside the installation)"
         )
-    scope = scope_of(
-        config_file, systems, methods, numerics=cell_numerics, profile=profile, studies=studies
-    )
-    any(_write(folder / name, scope) for folder in folders)  # the first that takes it
+    with _computing_alone(folders, name):
+        # a process that waited for the lock finds what the one before it computed
+        if (cached := _cached(folders, name)) is not None:
+            return cached
+        scope = scope_of(
+            config_file, systems, methods, numerics=cell_numerics, profile=profile, studies=studies
+        )
+        any(_write(folder / name, scope) for folder in folders)  # the first that takes it
     return scope
+
+
+def _cached(folders: Sequence[Path], name: str) -> LedgerScope | None:
+    """The scope ``name`` from the first of ``folders`` that holds it."""
+    return next((s for f in folders if (s := _read(f / name)) is not None), None)
+
+
+@contextlib.contextmanager
+def _computing_alone(folders: Sequence[Path], name: str) -> Iterator[None]:
+    """One process at a time computes the scope ``name``: an exclusive lock beside it, in the
+    first of ``folders`` that can be made (two ledger commands started together on a new code
+    state would otherwise both spend a minute of canaries on it); unlocked where none can."""
+    from tasks.machine import exclusive
+
+    for folder in folders:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        with exclusive(folder / f"{name}.lock"):
+            yield
+        return
+    yield
 
 
 @functools.cache
