@@ -145,11 +145,8 @@ def test_prefects_exit_countdown_is_dropped_and_its_other_warnings_kept():
     assert out == ["False", "True"]
 
 
-@pytest.mark.parametrize(
-    "api_url",
-    # (with PREFECT_API_URL set: the heavy tier)
-    [pytest.param("http://127.0.0.1:9/api", marks=pytest.mark.heavy), ""],
-)
+@pytest.mark.heavy  # a command's imports traced in processes of their own
+@pytest.mark.parametrize("api_url", ["http://127.0.0.1:9/api", ""])
 def test_prefects_server_code_loads_only_in_a_process_that_starts_a_server(api_url, tmp_path):
     """Prefect's API (``prefect.server.api.server``, seconds of CPU to import) is what a
     temporary server runs: a command with ``PREFECT_API_URL`` set never loads it, one without

@@ -391,6 +391,7 @@ def test_run_records_each_finished_cell_and_not_a_failed_one(
     assert sum(line.startswith("ledger: recorded ") for line in said) == 4
 
 
+@pytest.mark.heavy  # a ledger run stopped by its time limit
 def test_time_limit_stops_the_running_cell_and_keeps_the_finished_one(
     tmp_path, mlflow_store, prefect_server, monkeypatch
 ):
@@ -609,6 +610,7 @@ def test_without_records_a_time_limited_group_trains_the_packs_this_machine_meas
     assert "ledger: training node seed 0 on integro_de (about 3 min expected)" in said
 
 
+@pytest.mark.heavy  # packs probed in processes
 @pytest.mark.parametrize(("cores", "skipped"), [(1, ["1 of the 2 cells of {group}"]), (2, [])])
 def test_measured_packs_count_the_workers_this_machine_has_cores_for(
     tmp_path, mlflow_store, prefect_server, monkeypatch, cores, skipped

@@ -376,6 +376,7 @@ def test_gpu_check_smallest_writes_its_summary(tmp_path):
         assert stopped.value.code == 2
 
 
+@pytest.mark.heavy  # a benchmark of planned packs
 def test_the_engine_runs_gpu_planned_packs_in_lanes(mlflow_store, prefect_server, monkeypatch):
     # The engine's lane path end to end through Prefect's thread runner: packs planned "cuda"
     # (here by a stand-in planner: no GPU on this machine) go through ``in_lanes``; on a machine
@@ -513,6 +514,7 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.heavy  # probe processes
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a core besides the planning's")
 def test_auto_planning_measures_the_cpu_side_of_every_pack_ahead(
     tmp_path, monkeypatch, one_torch_thread

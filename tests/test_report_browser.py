@@ -13,9 +13,13 @@ import numpy as np
 import pytest
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-pytestmark = pytest.mark.skipif(
-    not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (.ci/run installs it)"
-)
+pytestmark = [
+    pytest.mark.heavy,  # a browser driven over a report and the docs site
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(),
+        reason="Debian's chromium is not installed (.ci/run installs it)",
+    ),
+]
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 
 SYSTEMS = ("spiral_dde", "integro_de")

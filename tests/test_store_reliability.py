@@ -279,6 +279,7 @@ def test_a_heartbeat_keeps_a_claim_from_going_stale(mlflow_store):
     assert tracker.claims.claim_cell(H, "owner-b", stale_after=600.0)  # released at the end
 
 
+@pytest.mark.heavy  # a claiming process killed
 def test_the_claim_of_a_dead_process_of_this_host_is_taken_over_at_once(mlflow_store):
     from tasks.tracking import connect
 

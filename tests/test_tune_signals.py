@@ -178,8 +178,15 @@ sys.exit(main(command))
 @pytest.mark.parametrize(
     ("step", "nth", "signame", "code"),
     [
-        pytest.param("created", 2, "SIGINT", 130, id="ctrl-c-as-a-trial-is-created"),
-        pytest.param(  # (the same resume after the other signal: the heavy tier)
+        pytest.param(
+            "created",
+            2,
+            "SIGINT",
+            130,
+            marks=pytest.mark.heavy,  # a tune command stopped and resumed in processes
+            id="ctrl-c-as-a-trial-is-created",
+        ),
+        pytest.param(
             "heartbeat",
             2,
             "SIGTERM",
