@@ -69,11 +69,11 @@ def run_suite(command: list[str]) -> tuple[float, int, str]:
     return time.monotonic() - t0, code, last
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--record", action="store_true", help="write results/measurements/")
     parser.add_argument("--note", default="", help="what else ran on the machine beside it")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     command = make_test_command()
     before = _load()
     seconds, code, last = run_suite(command)
@@ -86,6 +86,11 @@ def main() -> int:
     row = (f"`{shown}`", _minutes(seconds), tests, before, after, git_commit()[:10])
     for name, value in zip(COLUMNS, row, strict=True):
         print(f"{name}: {value}")
+    if args.record and code != 0:
+        # the time of a suite that failed (a test, the collection, an interruption) is not the
+        # suite's: the record keeps passing runs only
+        print(f"not recorded: the suite did not pass (exit code {code})", file=sys.stderr)
+        return code
     if args.record:
         from tasks.reports.measurements import record_measurement
 

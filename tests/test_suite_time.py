@@ -53,3 +53,27 @@ def test_a_record_keeps_the_newest_timed_runs_first(suite_time, tmp_path):
     record_measurement("suite_time", "t", "c", suite_time.COLUMNS, many, "", tmp_path)
     kept = suite_time.with_history(("new",) * 6, record)
     assert kept == [("new",) * 6, *many[: suite_time.KEEP - 1]]
+
+
+def test_a_failed_suite_is_timed_but_never_recorded(suite_time, monkeypatch, tmp_path, capsys):
+    """A run that did not pass (exit code 1: a test failed) prints its time and is kept out of
+    the record, which says how long the passing suite takes; a passing run is recorded."""
+    recorded: list[tuple] = []
+    monkeypatch.setattr(suite_time, "RECORD", tmp_path / "suite_time.json")
+    import tasks.reports.measurements as measurements
+
+    monkeypatch.setattr(
+        measurements, "record_measurement", lambda *a, **k: recorded.append(a) or tmp_path
+    )
+    last = "1 failed, 1637 passed, 5 skipped, 2 warnings in 812.09s (0:13:32)\n"
+    monkeypatch.setattr(suite_time, "run_suite", lambda command: (812.0, 1, last))
+    assert suite_time.main(["--record"]) == 1
+    out = capsys.readouterr()
+    assert "tests: 1 failed, 1637 passed, 5 skipped" in out.out
+    assert "not recorded: the suite did not pass (exit code 1)" in out.err
+    assert recorded == []
+    passed = "1638 passed, 5 skipped in 825.58s (0:13:45)\n"
+    monkeypatch.setattr(suite_time, "run_suite", lambda command: (836.0, 0, passed))
+    assert suite_time.main(["--record"]) == 0
+    (args,) = recorded
+    assert args[4][0][1:3] == ("13 min 56 s (836 s)", "1638 passed, 5 skipped")
