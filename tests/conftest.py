@@ -24,9 +24,7 @@ os.environ["PREFECT_HOME"] = str(_SESSION_HOME / "prefect")
 # workers inherit) and shared by the workers: each would otherwise compute the numerics
 # canaries of the ledger's scope, a minute or more, for itself. Its maker removes it.
 _RUN_INSTALLATION_VAR = "NLLAB_TEST_RUN_INSTALLATION"
-_MADE_HERE = _RUN_INSTALLATION_VAR not in os.environ
-if _MADE_HERE:
-    os.environ[_RUN_INSTALLATION_VAR] = str(_SESSION_HOME / "installation")
+os.environ.setdefault(_RUN_INSTALLATION_VAR, str(_SESSION_HOME / "installation"))
 os.environ["NLLAB_INSTALL_CACHE"] = os.environ[_RUN_INSTALLATION_VAR]
 for _var in ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT", "NLLAB_EXPERIMENT", "PREFECT_API_URL"):
     os.environ.pop(_var, None)

@@ -192,14 +192,15 @@ def _status(args: argparse.Namespace) -> int:
 
     status, path = _read(args)
     print(status_text(status, path))
-    for line in _kept_runs(path):
+    kept_line, kept_epochs = _kept(path)
+    for line in kept_line:
         print(line)
     if args.time_left:
         from flows.ledger import forecast_text
         from flows.ledger.forecast import forecast
 
         print()
-        print(forecast_text(forecast(path, selection=_selection(args), kept=_kept_epochs(path))))
+        print(forecast_text(forecast(path, selection=_selection(args), kept=kept_epochs)))
     if args.training:
         from flows.ledger import training_now
 
@@ -209,39 +210,33 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _kept_epochs(ledger: Path) -> dict[tuple[str, str], int]:
-    """The epochs trained by the runs kept beside the ledger, by cell label and config hash
-    (the first word of the identity a run resumes under); a finished run counts as trained in
-    full (its record is all it lacks)."""
-    from flows.ledger import checkpoint_folder
-    from nltrain import Checkpoints
-
-    trained: dict[tuple[str, str], int] = {}
-    for run in Checkpoints(checkpoint_folder(ledger)).progress():
-        epochs = 1 << 30 if run.epoch is None else run.epoch + 1
-        for label, identity in zip(run.labels, run.identities, strict=False):
-            trained[(label, identity.split(" ", 1)[0])] = epochs
-    return trained
-
-
-def _kept_runs(ledger: Path) -> list[str]:
-    """The line on the training runs kept mid-way beside the ledger (none: no line)."""
+def _kept(ledger: Path) -> tuple[list[str], dict[tuple[str, str], int]]:
+    """The training runs kept mid-way beside the ledger, read once: the line that names them
+    (none: no line), and the epochs they trained by cell label and config hash (the first word
+    of the identity a run resumes under; a finished run counts as trained in full, its record
+    is all it lacks)."""
     from flows.ledger import checkpoint_folder
     from nltrain import Checkpoints
 
     folder = checkpoint_folder(ledger)
-    kept = Checkpoints(folder).progress()
-    if not kept:
-        return []
+    runs = Checkpoints(folder).progress()
+    trained: dict[tuple[str, str], int] = {}
+    for run in runs:
+        epochs = 1 << 30 if run.epoch is None else run.epoch + 1
+        for label, identity in zip(run.labels, run.identities, strict=False):
+            trained[(label, identity.split(" ", 1)[0])] = epochs
+    if not runs:
+        return [], trained
     where = [
         f"{' + '.join(p.labels)} "
         + ("finished" if p.epoch is None else f"after {p.epoch + 1} epochs")
-        for p in kept
+        for p in runs
     ]
-    return [
-        f"{len(kept)} training runs kept in {folder} (stopped before their record; `ledger run` "
+    line = (
+        f"{len(runs)} training runs kept in {folder} (stopped before their record; `ledger run` "
         f"resumes them): {'; '.join(where)}"
-    ]
+    )
+    return [line], trained
 
 
 def _scope(args: argparse.Namespace) -> LedgerScope:

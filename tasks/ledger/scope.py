@@ -305,8 +305,9 @@ def _cached(folders: Sequence[Path], name: str) -> LedgerScope | None:
 @contextlib.contextmanager
 def _computing_alone(folders: Sequence[Path], name: str) -> Iterator[None]:
     """One process at a time computes the scope ``name``: an exclusive lock beside it, in the
-    first of ``folders`` that can be made (two ledger commands started together on a new code
-    state would otherwise both spend a minute of canaries on it); unlocked where none can."""
+    first of ``folders`` that can be made and written (two ledger commands started together on
+    a new code state would otherwise both spend a minute of canaries on it); unlocked where
+    none can."""
     from tasks.machine import exclusive
 
     for folder in folders:
@@ -314,6 +315,8 @@ def _computing_alone(folders: Sequence[Path], name: str) -> Iterator[None]:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError:
             continue
+        if not os.access(folder, os.W_OK | os.X_OK):
+            continue  # (an installation's folder made read-only: the home's holds the lock)
         with exclusive(folder / f"{name}.lock"):
             yield
         return
