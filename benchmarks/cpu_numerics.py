@@ -91,20 +91,24 @@ def mkl_amd_shim(folder: Path) -> Path:
     return library
 
 
-def _child_env(mode: str, extra: dict[str, str]) -> dict[str, str]:
+def _child_env(mode: str, extra: dict[str, str], scratch: Path) -> dict[str, str]:
     drop = ("ATEN_", "MKL_CBWR", "OPENBLAS_CORETYPE", "LD_PRELOAD")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     if extra.get("LD_PRELOAD") == "@mkl-amd":
-        extra = {**extra, "LD_PRELOAD": str(mkl_amd_shim(Path(tempfile.mkdtemp())))}
+        extra = {**extra, "LD_PRELOAD": str(mkl_amd_shim(scratch))}
     env.update(PYTHONPATH=str(_ROOT), NLLAB_CPU_NUMERICS=mode, **extra)
-    env.setdefault("NLLAB_HOME", tempfile.mkdtemp(prefix="nllab-cpu-numerics-"))
+    env.setdefault("NLLAB_HOME", str(scratch / "home"))
     return env
 
 
-def _run_child(args: list[str], env: dict[str, str]) -> dict:
-    out = subprocess.run(
-        [sys.executable, __file__, *args], env=env, capture_output=True, text=True, check=False
-    )
+def _run_child(args: list[str], mode: str, extra: dict[str, str]) -> dict:
+    """Run this script with ``args`` in a child of CPU numerics ``mode`` and environment
+    ``extra``, in a scratch home (unless ``NLLAB_HOME`` is set) removed after it."""
+    with tempfile.TemporaryDirectory(prefix="nllab-cpu-numerics-") as scratch:
+        env = _child_env(mode, extra, Path(scratch))
+        out = subprocess.run(
+            [sys.executable, __file__, *args], env=env, capture_output=True, text=True, check=False
+        )
     if out.returncode != 0:
         raise RuntimeError(f"child {args} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -183,7 +187,7 @@ def findings(modes: tuple[str, ...] = MODES, record: bool = False) -> None:
     for mode in modes:
         rows[mode] = {}
         for label, extra in SETTINGS:
-            rows[mode][label] = _run_child(["--child-digests"], _child_env(mode, extra))
+            rows[mode][label] = _run_child(["--child-digests"], mode, extra)
             print(f"# {mode} {label}: {rows[mode][label]['numerics']}", file=sys.stderr)
     components = [
         k for k in rows[modes[0]]["reference"] if k.startswith(("data:", "split:", "model:"))
@@ -220,7 +224,7 @@ def cost(repeats: int, epochs: int, record: bool = False) -> None:
     times: dict[str, dict[str, list[float]]] = {m: {} for m in MODES}
     for _ in range(repeats):
         for mode in MODES:  # alternating, so a change in the machine's load hits both modes
-            got = _run_child(["--child-cost", str(epochs)], _child_env(mode, {}))
+            got = _run_child(["--child-cost", str(epochs)], mode, {})
             for method, s in got.items():
                 times[mode].setdefault(method, []).append(s)
     print(

@@ -178,14 +178,19 @@ def reference_available() -> bool:
 
 # -- parent -------------------------------------------------------------------------------------
 def _run_child(root: Path, mode: str, args: list[str]) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(root), "NLLAB_CPU_NUMERICS": mode}
-    env.setdefault("NLLAB_HOME", tempfile.mkdtemp(prefix="nllab-portable-speed-"))
     script = root / "benchmarks" / Path(__file__).name
     if not script.exists():  # an older checkout: this tree's script on that tree's code
         script = Path(__file__)
-    out = subprocess.run(
-        [sys.executable, str(script), *args], env=env, capture_output=True, text=True, check=False
-    )
+    with tempfile.TemporaryDirectory(prefix="nllab-portable-speed-") as scratch:
+        env = {**os.environ, "PYTHONPATH": str(root), "NLLAB_CPU_NUMERICS": mode}
+        env.setdefault("NLLAB_HOME", scratch)
+        out = subprocess.run(
+            [sys.executable, str(script), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     if out.returncode != 0:
         raise RuntimeError(f"{mode} child in {root} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -103,10 +103,16 @@ def test_too_little_free_space_refuses_to_start(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("NLLAB_HOME", str(home))
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(faults.shutil, "disk_usage", lambda _: usage(10**9, 10**9, 2_400_000))
+    # no home is made, so the log goes to the temporary folder: this test's, not the machine's
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(faults.tempfile, "tempdir", str(scratch))
     assert main(["simulate", "--profile", "smoke", "--systems", "integro_de"]) == 3
     (line,) = _errors(capfd.readouterr().err)
     assert f"only 2.3 MB free on the disk of '{home}' (at least 50 MB needed" in line
     assert not (home / "mlflow").exists()
+    (log,) = scratch.glob("nllab-simulate-*.log")
+    assert "EnvironmentFault: only 2.3 MB free" in log.read_text()
 
 
 def test_dask_address_implies_dask_and_an_unreachable_scheduler_fails_in_seconds(

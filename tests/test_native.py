@@ -565,6 +565,35 @@ def test_a_cache_owned_by_another_user_is_refused(quick_build, monkeypatch):
     assert _store._private_dir is not None and list(_store._private_dir.glob("nlkernels-*.so"))
 
 
+def test_the_private_cache_is_removed_when_the_process_that_made_it_exits(tmp_path, monkeypatch):
+    """The fallback cache of a process whose every cache folder is refused is its own
+    temporary folder: removed at its exit, and not by a forked child's."""
+    import atexit
+    import os
+    import tempfile
+
+    refused = tmp_path / "a-file"
+    refused.write_text("")
+    monkeypatch.setenv("NLLAB_NATIVE_CACHE", str(refused))
+    monkeypatch.setattr(_store, "_default_dir", lambda: refused)
+    monkeypatch.setattr(_store, "_home_dir", lambda: refused)
+    monkeypatch.setattr(_store, "_private_dir", None)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    at_exit = []
+    monkeypatch.setattr(atexit, "register", lambda f, *args: at_exit.append((f, args)))
+    with pytest.warns(RuntimeWarning, match="not a directory"):
+        private = _store.cache_dir()
+    with pytest.warns(RuntimeWarning):
+        assert _store.cache_dir() == private  # one per process, registered once
+    assert private.parent == tmp_path and private.is_dir()
+    ((remove, (folder, maker)),) = at_exit
+    (private / "nlkernels-0.so").write_bytes(b"")
+    remove(folder, maker + 1)  # a forked child exiting
+    assert private.is_dir()
+    remove(folder, os.getpid())
+    assert not private.exists()
+
+
 def test_a_build_that_times_out_is_retried_with_a_longer_limit():
     """A compiler slowed down by load: the first limit passes, the retry's longer one does not;
     past the last limit the timeout is raised (and the kernels fall back)."""

@@ -33,8 +33,11 @@ print("connected", t.experiment_id, flush=True)
 """
 
 
-def _env(home: Path) -> dict[str, str]:
+def _env(home: Path, install: Path | None = None) -> dict[str, str]:
+    """A process on ``home`` (and the installation cache ``install``, else the tests')."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NLLAB_HOME": str(home)}
+    if install is not None:
+        env["NLLAB_INSTALL_CACHE"] = str(install)
     for var in ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT", "PREFECT_API_URL"):
         env.pop(var, None)
     return env
@@ -102,12 +105,83 @@ def test_a_fresh_store_is_an_ordinary_sqlite_file_and_later_connections_sync(poi
     assert not list(folder.glob(".*.tmp"))
 
 
+def test_a_new_store_is_this_mlflows_template_with_its_own_default_experiment(
+    tmp_path, monkeypatch
+):
+    """The first store is built by MLflow's migrations and kept, without its experiments, as
+    the template of the next ones: those are copies that MLflow accepts as its own schema, each
+    with a Default experiment at its own artifact root. A damaged template, or one of another
+    MLflow's schema, is built again; where no template can be kept, every store is built."""
+    import contextlib
+    import sqlite3
+
+    import mlflow.store.db.utils as db_utils
+    from mlflow import MlflowClient
+
+    from tasks.tracking._store import _create_embedded_store, _schema_templates
+
+    monkeypatch.setenv("NLLAB_INSTALL_CACHE", str(tmp_path / "install"))
+    monkeypatch.setenv("NLLAB_HOME", str(tmp_path / "home"))
+    built = []
+    migrate = db_utils._initialize_tables
+    monkeypatch.setattr(db_utils, "_initialize_tables", lambda e: built.append(1) or migrate(e))
+
+    def rows(db_file: Path, sql: str) -> list[tuple]:
+        with contextlib.closing(sqlite3.connect(db_file)) as db:
+            return db.execute(sql).fetchall()
+
+    def new_store(name: str) -> Path:
+        db_file = tmp_path / name / "mlflow.db"
+        db_file.parent.mkdir()
+        _create_embedded_store(db_file, str(tmp_path / f"{name}-artifacts"))
+        assert rows(db_file, "select experiment_id, name, artifact_location from experiments") == [
+            (0, "Default", str(tmp_path / f"{name}-artifacts" / "0"))
+        ]
+        client = MlflowClient(tracking_uri=f"sqlite:///{db_file}")  # a working store
+        run = client.create_run(client.create_experiment("probe"))
+        client.log_metric(run.info.run_id, "x", 1.0)
+        assert client.get_run(run.info.run_id).data.metrics == {"x": 1.0}
+        return db_file
+
+    tables = "select name from sqlite_master where type = 'table' order by name"
+    head = "select version_num from alembic_version"
+    first = new_store("first")
+    template = _schema_templates()[0]
+    assert template.is_relative_to(tmp_path / "install") and len(built) == 1
+    assert rows(template, "select count(*) from experiments") == [(0,)]
+    assert rows(template, head) == rows(first, head)
+    assert rows(template, tables) == rows(first, tables)
+    second = new_store("second")
+    assert len(built) == 1  # a copy, not built again
+    assert rows(second, tables) == rows(first, tables) and rows(second, head) == rows(first, head)
+
+    template.write_bytes(b"not a database")
+    new_store("after-damage")
+    assert len(built) == 2 and rows(template, head) == rows(first, head)  # kept again
+    with contextlib.closing(sqlite3.connect(template)) as db, db:
+        db.execute("update alembic_version set version_num = 'another-mlflows'")
+    assert rows(new_store("after-another-mlflow"), head) == rows(first, head)
+    assert len(built) == 3 and rows(template, head) == rows(first, head)
+
+    template.unlink()
+    monkeypatch.setenv("NLLAB_INSTALL_CACHE", str(tmp_path / "a-file"))
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "mlflow-schema").write_text("")  # nowhere to keep a template
+    new_store("uncached-1")
+    new_store("uncached-2")
+    assert len(built) == 5
+    assert not [p for p in tmp_path.rglob("*.tmp")]
+
+
 @pytest.mark.slow
 def test_kill_while_the_store_is_created_leaves_a_usable_store(tmp_path):
     home = tmp_path / "home"
     go = tmp_path / "go"
     go.touch()
-    proc = subprocess.Popen([sys.executable, "-c", _CONNECT, str(go)], env=_env(home))
+    # no schema template: the store is built by migrations, the long creation to kill
+    env = _env(home, tmp_path / "install")
+    proc = subprocess.Popen([sys.executable, "-c", _CONNECT, str(go)], env=env)
     folder = home / "mlflow"
     deadline = time.monotonic() + 120
     # kill -9 as soon as the database file (or its build copy) appears: mid-creation.

@@ -19,6 +19,7 @@ loads a library that this user built and that nobody else could have replaced:
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import fcntl
 import hashlib
@@ -129,6 +130,7 @@ def cache_dir() -> Path:
         with _private_lock:
             if _private_dir is None:
                 _private_dir = Path(tempfile.mkdtemp(prefix="nllab-native-"))
+                atexit.register(_remove_private_dir, _private_dir, os.getpid())
             chosen = _private_dir
     if refused:
         warnings.warn(
@@ -140,6 +142,13 @@ def cache_dir() -> Path:
             stacklevel=4,
         )
     return chosen
+
+
+def _remove_private_dir(folder: Path, maker: int) -> None:
+    """Remove the private cache ``folder`` at the exit of the process that made it (a forked
+    child leaves it to its parent, which may still load from it)."""
+    if os.getpid() == maker:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def target(directory: Path) -> Path:
