@@ -106,7 +106,7 @@ def test_a_fresh_store_is_an_ordinary_sqlite_file_and_later_connections_sync(poi
 
 
 def test_a_new_store_is_this_mlflows_template_with_its_own_default_experiment(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, point_mlflow_at
 ):
     """The first store is built by MLflow's migrations and kept, without its experiments, as
     the template of the next ones: those are copies that MLflow accepts as its own schema, each
@@ -116,9 +116,8 @@ def test_a_new_store_is_this_mlflows_template_with_its_own_default_experiment(
     import sqlite3
 
     import mlflow.store.db.utils as db_utils
-    from mlflow import MlflowClient
 
-    from tasks.tracking._store import _create_embedded_store, _schema_templates
+    from tasks.tracking import connect
 
     monkeypatch.setenv("NLLAB_INSTALL_CACHE", str(tmp_path / "install"))
     monkeypatch.setenv("NLLAB_HOME", str(tmp_path / "home"))
@@ -131,23 +130,21 @@ def test_a_new_store_is_this_mlflows_template_with_its_own_default_experiment(
             return db.execute(sql).fetchall()
 
     def new_store(name: str) -> Path:
-        db_file = tmp_path / name / "mlflow.db"
-        db_file.parent.mkdir()
-        _create_embedded_store(db_file, str(tmp_path / f"{name}-artifacts"))
-        assert rows(db_file, "select experiment_id, name, artifact_location from experiments") == [
-            (0, "Default", str(tmp_path / f"{name}-artifacts" / "0"))
-        ]
-        client = MlflowClient(tracking_uri=f"sqlite:///{db_file}")  # a working store
-        run = client.create_run(client.create_experiment("probe"))
-        client.log_metric(run.info.run_id, "x", 1.0)
-        assert client.get_run(run.info.run_id).data.metrics == {"x": 1.0}
-        return db_file
+        folder = point_mlflow_at(tmp_path / name)
+        tracker = connect()
+        with tracker.runs.run("probe", {"nllab.kind": "probe"}) as run:  # a working store
+            tracker.runs.log_metrics(run, {"x": 1.0})
+        default = "select experiment_id, name, artifact_location from experiments where name = ?"
+        with contextlib.closing(sqlite3.connect(folder / "mlflow.db")) as db:
+            found = db.execute(default, ("Default",)).fetchall()
+        assert found == [(0, "Default", str(folder / "artifacts" / "0"))]
+        return folder / "mlflow.db"
 
     tables = "select name from sqlite_master where type = 'table' order by name"
     head = "select version_num from alembic_version"
     first = new_store("first")
-    template = _schema_templates()[0]
-    assert template.is_relative_to(tmp_path / "install") and len(built) == 1
+    (template,) = (tmp_path / "install").glob("mlflow-schema/*.db")
+    assert len(built) == 1
     assert rows(template, "select count(*) from experiments") == [(0,)]
     assert rows(template, head) == rows(first, head)
     assert rows(template, tables) == rows(first, tables)
@@ -166,12 +163,12 @@ def test_a_new_store_is_this_mlflows_template_with_its_own_default_experiment(
     template.unlink()
     monkeypatch.setenv("NLLAB_INSTALL_CACHE", str(tmp_path / "a-file"))
     (tmp_path / "a-file").write_text("")
-    (tmp_path / "home").mkdir()
+    (tmp_path / "home").mkdir(exist_ok=True)
     (tmp_path / "home" / "mlflow-schema").write_text("")  # nowhere to keep a template
     new_store("uncached-1")
     new_store("uncached-2")
     assert len(built) == 5
-    assert not [p for p in tmp_path.rglob("*.tmp")]
+    assert not list(tmp_path.rglob("*.tmp"))
 
 
 @pytest.mark.slow
