@@ -153,7 +153,13 @@ def test_a_new_store_is_this_mlflows_template_with_its_own_default_experiment(
     assert rows(second, tables) == rows(first, tables) and rows(second, head) == rows(first, head)
 
     template.write_bytes(b"not a database")
+    killed, live = (template.with_name(f".{template.name}.{pid}.tmp") for pid in (1, 2))
+    for part in (killed, live):
+        part.write_bytes(b"a copy cut short")
+    os.utime(killed, (time.time() - 3600,) * 2)
     new_store("after-damage")
+    assert not killed.exists() and live.exists()  # a killed copy's leftover goes, a young one not
+    live.unlink()
     assert len(built) == 2 and rows(template, head) == rows(first, head)  # kept again
     with contextlib.closing(sqlite3.connect(template)) as db, db:
         db.execute("update alembic_version set version_num = 'another-mlflows'")

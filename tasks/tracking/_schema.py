@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -105,6 +106,7 @@ def _keep_template(store: Path, templates: list[Path]) -> None:
         part = template.with_name(f".{template.name}.{os.getpid()}.tmp")
         try:
             template.parent.mkdir(parents=True, exist_ok=True)
+            _remove_stale_parts(template)
             shutil.copyfile(store, part)
             with contextlib.closing(sqlite3.connect(str(part))) as db, db:
                 db.execute("delete from experiment_tags")
@@ -114,6 +116,21 @@ def _keep_template(store: Path, templates: list[Path]) -> None:
         except (OSError, sqlite3.Error):
             with contextlib.suppress(OSError):
                 part.unlink(missing_ok=True)
+
+
+#: A template's partial copy older than this was left by a killed process (a copy takes
+#: milliseconds).
+_STALE_PART_SECONDS = 10 * 60
+
+
+def _remove_stale_parts(template: Path) -> None:
+    """Delete the partial copies of ``template`` that killed processes left (a live one, young,
+    is kept)."""
+    cutoff = time.time() - _STALE_PART_SECONDS
+    for part in template.parent.glob(f".{template.name}.*.tmp"):
+        with contextlib.suppress(OSError):  # removed meanwhile by another process
+            if part.stat().st_mtime < cutoff:
+                part.unlink()
 
 
 @contextmanager
