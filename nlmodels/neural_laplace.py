@@ -35,6 +35,12 @@ from nlmodels.ilt import get_ilt
 from nlmodels.model_registry import register_model
 from nlmodels.stereographic import from_sphere, max_modulus_phi, to_sphere
 
+#: ``torch.compiler.disable`` in the lazy form torch gives its own modules (``torch/_compile.py``):
+#: TorchDynamo, which the public decorator imports as the class is defined (3 s), is imported at
+#: the first call instead, so a process that only reads the models' settings never loads it.
+#: The public decorator where a torch lacks the lazy one.
+_eager_under_compile = getattr(torch, "_disable_dynamo", torch.compiler.disable)
+
 __all__ = ["LaplaceRepresentation", "NeuralLaplace", "ReverseGRUEncoder"]
 
 
@@ -239,13 +245,13 @@ class NeuralLaplace(ForecastModel):
     ) -> torch.Tensor:
         return self.decode(self.encode(obs_t, obs_x), query_t)
 
-    @torch.compiler.disable
+    @_eager_under_compile
     def _count_evaluation(self) -> None:
         """One evaluation of g, counted eagerly: under ``torch.compile`` a traced counter would
         be a constant of the graph, recompiled at every call."""
         self.count_nfe()
 
-    @torch.compiler.disable
+    @_eager_under_compile
     def _grid_terms(
         self, t: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor | None]:

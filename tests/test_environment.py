@@ -150,11 +150,13 @@ def test_prefects_exit_countdown_is_dropped_and_its_other_warnings_kept():
 def test_prefects_server_code_loads_only_in_a_process_that_starts_a_server(api_url, tmp_path):
     """Prefect's API (``prefect.server.api.server``, seconds of CPU to import) is what a
     temporary server runs: a command with ``PREFECT_API_URL`` set never loads it, one without
-    loads it where its flow's settings make ready to start one."""
+    loads it where its flow's settings make ready to start one. Nor does importing the models
+    load TorchDynamo (3 s): a model's first call does, where it may run under ``torch.compile``."""
     probe = (
         "import sys, flows.benchmark; before = 'prefect.server.api.server' in sys.modules; "
         "from flows.runtime._prefect import _guard_temporary_server; _guard_temporary_server(); "
-        "print(before, 'prefect.server.api.server' in sys.modules)"
+        "from nlmodels import MODELS; assert 'neural_laplace' in MODELS; "
+        "print(before, 'prefect.server.api.server' in sys.modules, 'torch._dynamo' in sys.modules)"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NLLAB_HOME": str(tmp_path)}
     env.pop("PREFECT_API_URL", None)
@@ -164,4 +166,5 @@ def test_prefects_server_code_loads_only_in_a_process_that_starts_a_server(api_u
         [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", "False" if api_url else "True"]
+    # nor does importing the models load TorchDynamo (seconds too): their first call does
+    assert out.stdout.split() == ["False", "False" if api_url else "True", "False"]

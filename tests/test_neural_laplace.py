@@ -92,9 +92,19 @@ def test_torch_compile_trains_the_same_model():
     model = NeuralLaplace(2, terms=9, laplace_units=8, encoder_units=4).double()
     obs_t, obs_x, query_t = _data(batch=4)
     eager = _values_and_grads(model, obs_t, obs_x, query_t)
-    compiled = _values_and_grads(torch.compile(model), obs_t, obs_x, query_t)
+    compiled_model = torch.compile(model)
+    compiled = _values_and_grads(compiled_model, obs_t, obs_x, query_t)
     for a, b in zip(eager, compiled):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    # the evaluation counter and the grid cache stay eager: counted at every call, and the
+    # graph is not compiled again for each new count
+    from torch._dynamo.utils import counters
+
+    graphs = counters["stats"]["unique_graphs"]
+    model.reset_nfe()
+    for _ in range(3):
+        compiled_model(obs_t, obs_x, query_t)
+    assert model.nfe == 3 and counters["stats"]["unique_graphs"] == graphs
 
 
 @pytest.mark.parametrize("per_sample", [False, True])
