@@ -26,7 +26,7 @@ def create_embedded_store(db_path: Path, artifact_root: str | None) -> None:
     no kill ever leaves) a half-migrated store under the real name. Call under the store's lock
     (:class:`tasks.tracking.Store` takes it).
 
-    The schema is copied from a template of this MLflow's (:func:`_schema_template`) where one
+    The schema is copied from a template of this MLflow's (:func:`_schema_templates`) where one
     is kept, else built by MLflow's migrations and kept as the template for the next store.
     """
     for leftover in db_path.parent.glob(f".{db_path.name}.*.tmp"):
