@@ -15,6 +15,10 @@
 
 PYTHON ?= python3
 VENV ?= .venv
+# Python keeps compiled modules (and pytest its rewritten test modules) in __pycache__, as it
+# does by default: where the environment turns that off, every process the suite starts would
+# compile the project again (benchmarks/suite_time.py times make test in the same environment).
+unexport PYTHONDONTWRITEBYTECODE
 # The torch installed into $(VENV), as pip's arguments (a requirement, then any pip options).
 # By default a torch already in $(VENV) is kept; named on the command line (or in the
 # environment), TORCH_SPEC is installed even over one (a CPU torch replaced by a CUDA build).

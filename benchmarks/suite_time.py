@@ -1,8 +1,8 @@
 """The default test suite's wall time: the command of ``make test`` (read from the Makefile, run
-with this interpreter), timed once from start to exit, with its test counts, the load average
-before and after, and the machine. ``--record`` writes ``results/measurements/suite_time.json``
-(:mod:`tasks.reports.measurements`); ``python -m flows.docs_numbers`` renders it in
-docs/development.md.
+with this interpreter in the environment make gives it), timed once from start to exit, with
+its test counts, the load average before and after, and the machine. ``--record`` writes
+``results/measurements/suite_time.json`` (:mod:`tasks.reports.measurements`); ``python -m
+flows.docs_numbers`` renders it in docs/development.md.
 
 The load says how busy the machine was: the figure is a wall time, so run it when the machine
 is as quiet as it gets (``uptime``), and say what else ran beside it with ``--note``.
@@ -37,6 +37,18 @@ def make_test_command(makefile: Path = ROOT / "Makefile") -> list[str]:
     return shlex.split(recipe.replace("$(PY)", shlex.quote(sys.executable)))
 
 
+def make_environment(makefile: Path = ROOT / "Makefile") -> dict[str, str]:
+    """This process's environment as make's recipes get it: without the variables the
+    Makefile ``unexport``s."""
+    dropped = {
+        name
+        for line in makefile.read_text().splitlines()
+        if line.startswith("unexport ")
+        for name in line.split()[1:]
+    }
+    return {k: v for k, v in os.environ.items() if k not in dropped}
+
+
 def counts(summary: str) -> dict[str, int]:
     """``{"passed": 1036, "skipped": 3, ...}`` from pytest's last line (warnings left out)."""
     found = _SUMMARY.search(summary.strip().splitlines()[-1] if summary.strip() else "")
@@ -54,12 +66,12 @@ def _minutes(seconds: float) -> str:
     return f"{int(seconds // 60)} min {seconds % 60:.0f} s ({seconds:.0f} s)"
 
 
-def run_suite(command: list[str]) -> tuple[float, int, str]:
-    """Run ``command`` in the repository, its output passed through; wall seconds, exit code
-    and the last line it printed."""
+def run_suite(command: list[str], env: dict[str, str] | None = None) -> tuple[float, int, str]:
+    """Run ``command`` in the repository (in ``env``, default this process's environment), its
+    output passed through; wall seconds, exit code and the last line it printed."""
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     last = ""
     for line in proc.stdout:
@@ -76,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = make_test_command()
     before = _load()
-    seconds, code, last = run_suite(command)
+    seconds, code, last = run_suite(command, make_environment())
     after = _load()
     found = counts(last)
     tests = ", ".join(f"{n} {word}" for word, n in found.items()) or f"exit code {code}"

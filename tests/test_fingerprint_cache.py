@@ -56,6 +56,32 @@ def test_a_fresh_home_takes_the_installations_fingerprints_without_running_a_can
     assert _both() == computed
 
 
+def test_canaries_that_only_split_one_data_set_otherwise_simulate_it_once(homes, monkeypatch):
+    import datasets
+    from nltrain.numerics import canary_split
+
+    homes("first")
+    monkeypatch.setattr(fingerprints, "_SIMULATED", {})
+    simulated = []
+    simulate = datasets.simulate
+
+    def counted(system, *args, **kwargs):
+        simulated.append(system)
+        return simulate(system, *args, **kwargs)
+
+    monkeypatch.setattr(datasets, "simulate", counted)
+    splits = [{"n_observed": 5}, {"n_observed": 10}]  # a split keyword: one data set, split twice
+    split_twice = [nltrain.numerics.system_fingerprint("integro_de", s) for s in splits]
+    assert simulated == ["integro_de"] and len(set(split_twice)) == 2
+    nltrain.numerics.system_fingerprint("integro_de", {"noise_std": 0.05})  # simulated otherwise
+    assert simulated == ["integro_de"] * 2
+    # each the fingerprint of a canary that simulates its data set itself
+    assert split_twice == [
+        fingerprints._system_canary("integro_de", canary_split(s)) for s in splits
+    ]
+    assert simulated == ["integro_de"] * 4
+
+
 @pytest.mark.parametrize("change", ["machine", "environment"])
 def test_another_machine_or_environment_does_not_take_them(change, homes, monkeypatch):
     """The canary is faked (its bytes are not the point): the key is."""

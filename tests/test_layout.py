@@ -56,10 +56,13 @@ def _source_module(name: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join([*base, *([node.module] if node.module else [])])
 
 
-def _imported_names(name: str, path: Path, type_checking: bool = True) -> set[str]:
+def _imported_names(
+    name: str, path: Path, type_checking: bool = True, tree: ast.Module | None = None
+) -> set[str]:
     """Dotted names of everything ``name`` imports (a ``from pkg import sub`` counts as
     ``pkg.sub`` when ``sub`` is a module); ``type_checking`` False leaves out the imports of
-    ``if TYPE_CHECKING:`` blocks (they name types, loading nothing)."""
+    ``if TYPE_CHECKING:`` blocks (they name types, loading nothing); ``tree``: the module's
+    parsed source, when already parsed."""
     is_package = path.name == "__init__.py"
     out: set[str] = set()
 
@@ -77,7 +80,7 @@ def _imported_names(name: str, path: Path, type_checking: bool = True) -> set[st
             else:
                 visit(child)
 
-    visit(ast.parse(path.read_text()))
+    visit(tree if tree is not None else ast.parse(path.read_text()))
     return out
 
 
@@ -98,11 +101,16 @@ def _room_target(dotted: str) -> str | None:
     return None if target in PLUMBING else target
 
 
+#: Each module's parsed source, read once for every check below.
+TREES = {name: ast.parse(path.read_text()) for name, path in MODULES.items()}
 #: What each module imports, ``if TYPE_CHECKING:`` blocks included: a circle of type-only
 #: imports is a circle of the design all the same.
-IMPORTS = {name: _imported_names(name, path) for name, path in MODULES.items()}
+IMPORTS = {name: _imported_names(name, path, tree=TREES[name]) for name, path in MODULES.items()}
 #: What each module loads when it runs (``if TYPE_CHECKING:`` blocks left out).
-LOADS = {name: _imported_names(name, path, type_checking=False) for name, path in MODULES.items()}
+LOADS = {
+    name: _imported_names(name, path, type_checking=False, tree=TREES[name])
+    for name, path in MODULES.items()
+}
 
 
 def _cycles() -> list[list[str]]:
@@ -617,13 +625,6 @@ MAX_FUNCTION_LINES = 60
 SHORT_FUNCTION_FLOORS = ("nltrain", "tasks", "flows")
 #: ``importer: imported private name`` -> why it may cross a module boundary.
 PRIVATE_IMPORTS_ALLOWED: dict[str, str] = {}
-
-
-def _trees() -> dict[str, ast.Module]:
-    return {name: ast.parse(path.read_text()) for name, path in MODULES.items()}
-
-
-TREES = _trees()
 
 
 def _long_functions(floors: tuple[str, ...], limit: int) -> dict[str, int]:

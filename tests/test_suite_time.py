@@ -31,6 +31,20 @@ def test_the_timed_command_is_make_tests_recipe(suite_time, tmp_path):
     assert real[:3] == [sys.executable, "-m", "pytest"]  # the repository's own, runnable here
 
 
+def test_the_suite_runs_in_the_environment_make_gives_its_recipes(
+    suite_time, tmp_path, monkeypatch
+):
+    makefile = tmp_path / "Makefile"
+    makefile.write_text("VENV ?= .venv\nunexport NLLAB_A NLLAB_B\n\ntest: $(STAMP)\n")
+    for name in ("NLLAB_A", "NLLAB_B", "NLLAB_C"):
+        monkeypatch.setenv(name, "1")
+    env = suite_time.make_environment(makefile)
+    assert "NLLAB_A" not in env and "NLLAB_B" not in env and env["NLLAB_C"] == "1"
+    # the repository's: Python keeps its compiled modules, whatever this environment says
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    assert "PYTHONDONTWRITEBYTECODE" not in suite_time.make_environment()
+
+
 def test_counts_are_pytests_last_line(suite_time):
     last = "3 failed, 1033 passed, 3 skipped, 70 deselected, 2 warnings, 2 errors in 9.28s"
     assert suite_time.counts(last) == {
@@ -66,14 +80,14 @@ def test_a_failed_suite_is_timed_but_never_recorded(suite_time, monkeypatch, tmp
         measurements, "record_measurement", lambda *a, **k: recorded.append(a) or tmp_path
     )
     last = "1 failed, 1637 passed, 5 skipped, 2 warnings in 812.09s (0:13:32)\n"
-    monkeypatch.setattr(suite_time, "run_suite", lambda command: (812.0, 1, last))
+    monkeypatch.setattr(suite_time, "run_suite", lambda command, env: (812.0, 1, last))
     assert suite_time.main(["--record"]) == 1
     out = capsys.readouterr()
     assert "tests: 1 failed, 1637 passed, 5 skipped" in out.out
     assert "not recorded: the suite did not pass (exit code 1)" in out.err
     assert recorded == []
     passed = "1638 passed, 5 skipped in 825.58s (0:13:45)\n"
-    monkeypatch.setattr(suite_time, "run_suite", lambda command: (836.0, 0, passed))
+    monkeypatch.setattr(suite_time, "run_suite", lambda command, env: (836.0, 0, passed))
     assert suite_time.main(["--record"]) == 0
     (args,) = recorded
     assert args[4][0][1:3] == ("13 min 56 s (836 s)", "1638 passed, 5 skipped")

@@ -108,6 +108,11 @@ FINGERPRINT_FORMAT = "3"
 _MEMO: dict[tuple[str, str, str], str] = {}
 _MEMO_LOCK = threading.Lock()
 _TOLD: set[str] = set()
+#: The system canaries' data sets simulated in this process (the newest few), by source state,
+#: system, size and simulation keywords: canaries that differ only in how one data set is split
+#: (the observation-size study's cells) simulate it once. Data sets are frozen and read-only.
+_SIMULATED: dict[tuple[str, str, int, str], Any] = {}
+_SIMULATED_KEPT = 4
 #: :func:`source_key`'s last key per method, with what it hashed besides the files and the
 #: stamps of the files it read (where each lies, its inode, size, modified and changed times):
 #: files whose stamps are unchanged are not read again. Kept only when every file was last
@@ -283,13 +288,12 @@ def training_digest(
     return h.hexdigest()[:16]
 
 
-def _system_canary(system: str, split: Mapping[str, Any]) -> str:
-    from datasets import prepare, simulate
+def _system_canary(system: str, split: Mapping[str, Any], key: str | None = None) -> str:
+    from datasets import prepare
 
     simulated, _ = data_keywords()
     made = {"noise_std": CANARY_NOISE, **{k: v for k, v in split.items() if k in simulated}}
-    n = canary_trajectories(split.get("fractions"))
-    ds = simulate(system, n_trajectories=n, seed=0, workers=1, **made)
+    ds = _canary_data(system, canary_trajectories(split.get("fractions")), made, key)
     p = prepare(ds, seed=0, **{k: v for k, v in split.items() if k not in simulated})
     h = hashlib.sha256(f"{_SYSTEM_FORMAT}; {_versions()}; {system}".encode())
     if split:
@@ -299,6 +303,25 @@ def _system_canary(system: str, split: Mapping[str, Any]) -> str:
         _digest(h, s.obs_t, s.obs_x, s.query_t, s.target, s.target_clean, s.index, s.ic)
     _digest(h, p.normaliser.mean, p.normaliser.std)
     return h.hexdigest()[:16]
+
+
+def _canary_data(system: str, n: int, made: Mapping[str, Any], key: str | None):
+    """:func:`datasets.simulate` of the system canary: ``n`` trajectories of ``system`` made with
+    ``made``, at source state ``key``, simulated once per process (:data:`_SIMULATED`); with
+    no ``key``, simulated afresh and not kept."""
+    from datasets import simulate
+
+    memo = None if key is None else (key, system, n, settings_text(made))
+    with _MEMO_LOCK:
+        ds = _SIMULATED.get(memo) if memo else None
+    if ds is None:
+        ds = simulate(system, n_trajectories=n, seed=0, workers=1, **made)
+        if memo:
+            with _MEMO_LOCK:
+                _SIMULATED[memo] = ds
+                while len(_SIMULATED) > _SIMULATED_KEPT:
+                    _SIMULATED.pop(next(iter(_SIMULATED)))
+    return ds
 
 
 # -- the cache ----------------------------------------------------------------------------------
@@ -420,7 +443,7 @@ def system_fingerprint(system: str, data: Mapping[str, Any] | None = None) -> st
     (the keywords the cell passes :func:`datasets.simulate` and :func:`datasets.prepare`, e.g.
     ``{"normalise_on": "all"}``; those at their default count as absent:
     :func:`canary_split`) (16 hex digits; cached per source state and split)."""
-    split = canary_split(data)
+    split, key = canary_split(data), source_key()
     return _fingerprint(
-        "system", _name(system, split), source_key(), lambda: _system_canary(system, split)
+        "system", _name(system, split), key, lambda: _system_canary(system, split, key)
     )

@@ -18,6 +18,7 @@ __all__ = ["plot_extrapolation", "plot_loss_curves"]
 
 # pyplot and mathtext are not thread-safe: concurrent cells draw one figure at a time.
 _PLOT_LOCK = threading.RLock()
+_DPI = 110
 
 
 def _times(t: np.ndarray, i: int) -> np.ndarray:
@@ -45,7 +46,7 @@ def _plot_extrapolation(split, pred, normaliser, path, title: str, n_trajectorie
     prd = np.asarray(normaliser.inverse_transform(pred))
     n = min(n_trajectories, obs.shape[0])
     dims = obs.shape[-1]
-    fig, axes = plt.subplots(dims, n, figsize=(3.2 * n, 2.4 * dims), squeeze=False)
+    fig, axes = plt.subplots(dims, n, figsize=(3.2 * n, 2.4 * dims), squeeze=False, dpi=_DPI)
     for j in range(n):
         for d in range(dims):
             ax = axes[d][j]
@@ -84,7 +85,7 @@ def _plot_loss_curves(history: Sequence[EpochRecord], path: str | Path, title: s
     from matplotlib.ticker import MaxNLocator
 
     epochs = [r.epoch for r in history]
-    fig, (loss_ax, rmse_ax) = plt.subplots(1, 2, figsize=(8, 3.2))
+    fig, (loss_ax, rmse_ax) = plt.subplots(1, 2, figsize=(8, 3.2), dpi=_DPI)
     for name, colour in (("train_loss", "C0"), ("val_loss", "C1")):
         values = np.array([getattr(r, name) for r in history])
         loss_ax.plot(epochs, values, color=colour, label=name.replace("_", " "))
@@ -110,6 +111,6 @@ def _plot_loss_curves(history: Sequence[EpochRecord], path: str | Path, title: s
 def _save(fig, path: str | Path) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(p, dpi=110)
+    fig.savefig(p, dpi=_DPI)
     plt.close(fig)
     return p
