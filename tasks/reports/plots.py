@@ -35,7 +35,8 @@ def plot_extrapolation(
     title: str = "",
     n_trajectories: int = 4,
 ) -> Path:
-    """Observed prefix, truth and prediction of a few test trajectories (physical units)."""
+    """Observed prefix, truth and prediction of a few test trajectories (physical units): one
+    column per trajectory, one row per state dimension on one scale across the row."""
     with _PLOT_LOCK:
         return _plot_extrapolation(split, pred, normaliser, path, title, n_trajectories)
 
@@ -46,7 +47,9 @@ def _plot_extrapolation(split, pred, normaliser, path, title: str, n_trajectorie
     prd = np.asarray(normaliser.inverse_transform(pred))
     n = min(n_trajectories, obs.shape[0])
     dims = obs.shape[-1]
-    fig, axes = plt.subplots(dims, n, figsize=(3.2 * n, 2.4 * dims), squeeze=False, dpi=_DPI)
+    fig, axes = plt.subplots(
+        dims, n, figsize=(3.2 * n, 2.4 * dims), squeeze=False, dpi=_DPI, sharex="col", sharey="row"
+    )
     for j in range(n):
         for d in range(dims):
             ax = axes[d][j]
