@@ -7,6 +7,7 @@ schedule records each night's comparison as Prefect artifacts."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -74,9 +75,11 @@ def toy(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
 
     def write(offset: float, body: str = BODY) -> None:
-        (tmp_path / "toy_numerics.py").write_text(
-            textwrap.dedent(SOURCE).format(offset=offset, body=body)
-        )
+        module = tmp_path / "toy_numerics.py"
+        module.write_text(textwrap.dedent(SOURCE).format(offset=offset, body=body))
+        # Python's bytecode cache knows a source by its size and whole-second time: one
+        # rewritten within the second at the same size (0.0 -> 5.0) would import as it was
+        Path(importlib.util.cache_from_source(str(module))).unlink(missing_ok=True)
         MODELS.pop(TOY, None)
         importlib.invalidate_caches()
         if "toy_numerics" in sys.modules:
