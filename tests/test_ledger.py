@@ -316,9 +316,10 @@ def test_the_ledger_pages_block_is_generated_from_the_committed_ledger():
 
 def test_callers_at_once_compute_a_new_scope_once_and_all_get_it(tmp_path, monkeypatch):
     """Four callers released together on a code state with no cached scope: one computes it
-    (the others wait for its lock, then read it), and every caller gets the same scope; a
-    later caller reads it too. Threads open the lock file each on their own, so ``flock``
-    excludes them as it does processes."""
+    (the others, finding its lock held, compute the cells' numerics from the scope's end into
+    the cache they share, then wait for the lock and read the scope), and every caller gets the
+    same scope; a later caller reads it too. Threads open the lock file each on their own, so
+    ``flock`` excludes them as it does processes."""
     import threading
 
     import tasks.ledger.scope as scope_module
@@ -333,6 +334,12 @@ def test_callers_at_once_compute_a_new_scope_once_and_all_get_it(tmp_path, monke
         return real(*args, **{**kwargs, "numerics": lambda cell: f"fp-{cell.system}"})
 
     monkeypatch.setattr(scope_module, "scope_of", slow_scope)
+    helped: list[tuple[int, str]] = []
+    monkeypatch.setattr(
+        scope_module,
+        "cell_numerics",
+        lambda cell: helped.append((threading.get_ident(), cell.key)) or "",
+    )
     start_together = threading.Barrier(4)
     got: list[LedgerScope] = []
 
@@ -348,8 +355,12 @@ def test_callers_at_once_compute_a_new_scope_once_and_all_get_it(tmp_path, monke
     assert len(computed) == 1 and len(got) == 4
     assert all(g == got[0] for g in got) and got[0].cells
     assert {c.numerics for c in got[0].cells} == {f"fp-{c.system}" for c in got[0].cells}
+    helpers = {t for t, _ in helped}
+    assert len(helpers) == 3 and computed[0] not in helpers
+    from_the_end = [c.key for c, *_ in scope_module._scope_rows(None, None, None, "paper", None)]
+    assert all([k for t, k in helped if t == h] == from_the_end[::-1] for h in helpers)
     assert ledger_scope(None, ["integro_de"], ["node"]) == got[0]
-    assert len(computed) == 1
+    assert len(computed) == 1 and len(helped) == 3 * len(from_the_end)  # the lock was free
     # where no folder can hold the lock (nor the scope), each caller computes alone: no hang
     monkeypatch.setenv("NLLAB_INSTALL_CACHE", "/proc/nllab-cannot-be-made")
     monkeypatch.setenv("NLLAB_HOME", "/proc/nllab-cannot-be-made")

@@ -155,11 +155,7 @@ def scope_of(
     from tasks.config.names import SYSTEM_NAMES, plugin_systems
 
     base = paper_config(config_file=config_file, systems=systems, methods=methods, profile=profile)
-    tagged = ledger_cell_configs(config_file, systems=systems, methods=methods, profile=profile)
-    rows: list[tuple[CellConfig, str, str, str]] = [(c, key, "", "") for c, key in tagged]
-    if studies is not None and config_file is None:
-        bases = _ProfileCells(profile)
-        rows += [(c, variant_of(c, bases.of(c)), s, m) for s, m, c in studies.cells(profile)]
+    rows = _scope_rows(config_file, systems, methods, profile, studies)
     cells = tuple(
         LedgerCell(
             c.system,
@@ -181,6 +177,23 @@ def scope_of(
         frozenset(_known_methods() | set(base.methods)),
         frozenset(c.study for c in cells if c.study),
     )
+
+
+def _scope_rows(
+    config_file: str | Path | None,
+    systems: Sequence[str] | None,
+    methods: Sequence[str] | None,
+    profile: str,
+    studies: StudyCells | None,
+) -> list[tuple[CellConfig, str, str, str]]:
+    """The scope's cells in its order, each with its ablation or variant key, study and
+    measure (:func:`scope_of`)."""
+    tagged = ledger_cell_configs(config_file, systems=systems, methods=methods, profile=profile)
+    rows: list[tuple[CellConfig, str, str, str]] = [(c, key, "", "") for c, key in tagged]
+    if studies is not None and config_file is None:
+        bases = _ProfileCells(profile)
+        rows += [(c, variant_of(c, bases.of(c)), s, m) for s, m, c in studies.cells(profile)]
+    return rows
 
 
 class _ProfileCells:
@@ -255,11 +268,11 @@ def ledger_scope(
     studies: StudyCells | None = None,
 ) -> LedgerScope:
     """:func:`scope_of` (of ``profile``, with the ``studies``' cells if given) with today's
-    numerics, read from the installation's
-    cache (else ``$NLLAB_HOME/ledger``) when computed before at this code state (standard
-    library only), else computed once (by one process at a time: others wait, then read it) and
-    cached; ``say`` is told when it computes. Selections
-    within the profile's own systems and methods share its scope (one cache file;
+    numerics, read from the installation's cache (else ``$NLLAB_HOME/ledger``) when computed
+    before at this code state (standard library only), else computed once (by one process at a
+    time: another that asks meanwhile computes the canaries from the scope's other end, then
+    waits and reads it) and cached; ``say`` is told when it computes. Selections within the
+    profile's own systems and methods share its scope (one cache file;
     :meth:`LedgerScope.select` narrows it)."""
     from tasks.config.names import MAIN_SYSTEMS
 
@@ -286,7 +299,11 @@ def ledger_scope(
             "ledger: computing today's config hashes and numerics fingerprints (once per code "
             "state; cached beside the installation)"
         )
-    with _computing_alone(folders, name):
+
+    help_the_holder = functools.partial(
+        _numerics_from_the_end, config_file, systems, methods, profile, studies
+    )
+    with _computing_alone(folders, name, help_the_holder):
         # a process that waited for the lock finds what the one before it computed
         if (cached := _cached(folders, name)) is not None:
             return cached
@@ -297,17 +314,36 @@ def ledger_scope(
     return scope
 
 
+def _numerics_from_the_end(
+    config_file: str | Path | None,
+    systems: Sequence[str] | None,
+    methods: Sequence[str] | None,
+    profile: str,
+    studies: StudyCells | None,
+) -> None:
+    """While another process computes this scope, its canaries in the scope's order, compute
+    them from the other end: each is kept in the numerics cache the two share, where the other
+    finds it, so that they meet in the middle."""
+    try:
+        for cell, *_ in reversed(_scope_rows(config_file, systems, methods, profile, studies)):
+            cell_numerics(cell)
+    except Exception:  # (only a help: the holder's own computation says what fails)
+        pass
+
+
 def _cached(folders: Sequence[Path], name: str) -> LedgerScope | None:
     """The scope ``name`` from the first of ``folders`` that holds it."""
     return next((s for f in folders if (s := _read(f / name)) is not None), None)
 
 
 @contextlib.contextmanager
-def _computing_alone(folders: Sequence[Path], name: str) -> Iterator[None]:
+def _computing_alone(
+    folders: Sequence[Path], name: str, while_waiting: Callable[[], object] | None = None
+) -> Iterator[None]:
     """One process at a time computes the scope ``name``: an exclusive lock beside it, in the
     first of ``folders`` that can be made and written (two ledger commands started together on
-    a new code state would otherwise both spend a minute of canaries on it); unlocked where
-    none can."""
+    a new code state would otherwise both spend a minute of canaries on it; the one that waits
+    runs ``while_waiting`` first); unlocked where none can."""
     from tasks.machine import exclusive
 
     for folder in folders:
@@ -317,7 +353,7 @@ def _computing_alone(folders: Sequence[Path], name: str) -> Iterator[None]:
             continue
         if not os.access(folder, os.W_OK | os.X_OK):
             continue  # (an installation's folder made read-only: the home's holds the lock)
-        with exclusive(folder / f"{name}.lock"):
+        with exclusive(folder / f"{name}.lock", while_waiting=while_waiting):
             yield
         return
     yield
