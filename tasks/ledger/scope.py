@@ -300,9 +300,8 @@ def ledger_scope(
             "state; cached beside the installation)"
         )
 
-    help_the_holder = functools.partial(
-        _numerics_from_the_end, config_file, systems, methods, profile, studies
-    )
+    rows = functools.partial(_scope_rows, config_file, systems, methods, profile, studies)
+    help_the_holder = functools.partial(_numerics_from_the_end, rows)
     with _computing_alone(folders, name, help_the_holder):
         # a process that waited for the lock finds what the one before it computed
         if (cached := _cached(folders, name)) is not None:
@@ -314,18 +313,12 @@ def ledger_scope(
     return scope
 
 
-def _numerics_from_the_end(
-    config_file: str | Path | None,
-    systems: Sequence[str] | None,
-    methods: Sequence[str] | None,
-    profile: str,
-    studies: StudyCells | None,
-) -> None:
-    """While another process computes this scope, its canaries in the scope's order, compute
-    them from the other end: each is kept in the numerics cache the two share, where the other
-    finds it, so that they meet in the middle."""
+def _numerics_from_the_end(rows: Callable[[], Sequence[tuple[CellConfig, str, str, str]]]) -> None:
+    """While another process computes a scope, its canaries in the order of its ``rows``
+    (:func:`_scope_rows`), compute them from the other end: each is kept in the numerics cache
+    the two share, where the other finds it, so that they meet in the middle."""
     try:
-        for cell, *_ in reversed(_scope_rows(config_file, systems, methods, profile, studies)):
+        for cell, *_ in reversed(rows()):
             cell_numerics(cell)
     except Exception:  # (only a help: the holder's own computation says what fails)
         pass
