@@ -86,9 +86,13 @@ def test_stale_temporary_cache_files_are_removed_and_nothing_else(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.suffix == ".tmp" and p not in (live, user)]
 
 
+#: What points a command at a store or server other than its home's own.
+_ELSEWHERE = ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT", "PREFECT_API_URL")
+
+
 def _cli(home: Path, *args: str, wrap: list[str] | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NLLAB_HOME": str(home)}
-    for var in ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT", "PREFECT_HOME", "PREFECT_API_URL"):
+    for var in (*_ELSEWHERE, "PREFECT_HOME"):
         env.pop(var, None)
     cmd = [sys.executable, "-m", "flows.cli", *args]
     return subprocess.run(
@@ -212,7 +216,7 @@ def test_absurd_sizes_are_refused_when_the_config_is_read(
         from flows.cli import main
 
         monkeypatch.setenv("NLLAB_HOME", str(home))
-        for var in ("MLFLOW_TRACKING_URI", "NLLAB_ARTIFACT_ROOT", "PREFECT_API_URL"):
+        for var in _ELSEWHERE:
             monkeypatch.delenv(var, raising=False)
         try:
             code = main(args)
