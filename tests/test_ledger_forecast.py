@@ -120,3 +120,54 @@ def test_time_left_lists_the_groups_run_trains_with_their_estimates(tmp_path, ca
     done = ["--systems", "integro_de", "--methods", "node", "--seeds", "0"]
     assert main([*base, *done, "--time-left"]) == 0
     assert "Time left: none, every selected cell is recorded" in capsys.readouterr().out
+
+
+def test_records_of_the_cells_own_settings_come_before_the_methods_other_records():
+    """node under two protocols: its ``alike`` records (2000 s on spiral_dde) serve spiral_dde
+    and, for want of its own, integro_de too, over the other protocol's 500 s there; a method
+    with no alike record at all is expected from its records as before."""
+    records = [
+        ledger_record("integro_de", "node", 0, config_hash="fair-i0", train_seconds=500.0),
+        ledger_record("spiral_dde", "node", 0, config_hash="fair-s0", train_seconds=400.0),
+        ledger_record("spiral_dde", "node", 0, config_hash="ref-s0", train_seconds=2000.0),
+        ledger_record("spiral_dde", "node", 1, config_hash="ref-s1", train_seconds=2200.0),
+    ]
+
+    def expected(system: str, alike: set[str]) -> float | None:
+        seconds = expected_seconds([[system]], "node", "", records, "cpu", "x", alike=alike)
+        return None if seconds is None else seconds - FIXED_SECONDS
+
+    reference, fair = {"ref-s0", "ref-s1"}, {"fair-i0", "fair-s0"}
+    assert expected("spiral_dde", reference) == pytest.approx(2100.0)
+    assert expected("integro_de", reference) == pytest.approx(2100.0)
+    assert expected("spiral_dde", fair) == pytest.approx(400.0)
+    assert expected("integro_de", fair) == pytest.approx(500.0)
+    assert expected("integro_de", set()) == pytest.approx(500.0)  # (its system's records)
+
+
+def test_a_reference_protocol_cell_is_expected_from_the_reference_protocols_records():
+    """The paper profile's node (the reference code's adjoint) and the fair profile's keep
+    records of one system side by side; each profile's missing seed is expected from its own
+    profile's records, found by their config hashes (:func:`flows.ledger.plan.same_settings`)."""
+    from flows.ledger.groups import LedgerGroup
+    from flows.ledger.plan import group_config, recorded_seconds, same_settings
+    from tasks.ledger import paper_config
+
+    system, here = "integro_de", hardware_name("cpu")
+    took = {"paper": 7000.0, "fair": 1500.0}
+    seed0 = {
+        p: paper_config(profile=p, systems=[system], methods=["node"]).cells()[0] for p in took
+    }
+    records = [
+        ledger_record(
+            system, "node", 0, config_hash=seed0[p].config_hash(), train_seconds=t, hardware=here
+        )
+        for p, t in took.items()
+    ]
+    group = LedgerGroup("node", "", (1,), (system,))
+    for profile, seconds in took.items():
+        config = group_config(group, {"profile": profile}, {"device": "cpu"})
+        assert same_settings(config, records) & {r.config_hash for r in records} == {
+            records[list(took).index(profile)].config_hash
+        }
+        assert recorded_seconds(group, config, records) == pytest.approx(FIXED_SECONDS + seconds)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -107,6 +107,8 @@ def expected_seconds(
     device: str,
     hardware: str | None = None,
     workers: int = 1,
+    *,
+    alike: Collection[str] = (),
 ) -> float | None:
     """The seconds a benchmark of ``method`` (and ``ablation``) is expected to take on this
     kind of device, from the ledger's records, given the packs the engine trains it in (the
@@ -121,16 +123,28 @@ def expected_seconds(
     ``hardware`` (the processor's name: two CPUs of one kind can differ twofold), else of every
     system on it, else of its system on any processor, else of every system; another
     processor's records count at this one's speed where both recorded some cells
-    (:func:`speed_ratios`)."""
+    (:func:`speed_ratios`).
+
+    The records whose config hash is in ``alike`` (the cell's own settings at other seeds and
+    systems, :func:`flows.ledger.plan.same_settings`) come first, in that order, and the
+    method's other records only for a cell they leave without an estimate: one method trains
+    several times slower under one protocol than under another (an adjoint's backward solves),
+    and the ledger keeps both."""
     from tasks.machine import busy_seconds
 
     kind = "cuda" if device.startswith("cuda") else "cpu"
     ratio = speed_ratios(records, hardware, kind)  # (this processor's own records: not in it)
     mine = [r for r in _timed(records, kind) if r.method == method and r.ablation == ablation]
     timed = [(r, r.train_seconds) for r in mine if r.train_seconds is not None]
-    usable = [(r.system, t * ratio.get(r.hardware or "", 1.0)) for r, t in timed]
-    here = [(r.system, t) for r, t in timed if r.hardware == hardware]
-    estimated = {s: _cell_seconds(s, here, usable) for pack in packs for s in pack}
+
+    def estimates(pool: Sequence[tuple[LedgerRecord, float]]) -> dict[str, float | None]:
+        usable = [(r.system, t * ratio.get(r.hardware or "", 1.0)) for r, t in pool]
+        here = [(r.system, t) for r, t in pool if r.hardware == hardware]
+        return {s: _cell_seconds(s, here, usable) for pack in packs for s in pack}
+
+    first = estimates([(r, t) for r, t in timed if r.config_hash in alike])
+    rest = estimates(timed) if None in first.values() else first
+    estimated = {s: t if t is not None else rest[s] for s, t in first.items()}
     cells = {s: t for s, t in estimated.items() if t is not None}
     if not packs or len(cells) < len(estimated):
         return None

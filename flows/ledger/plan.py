@@ -40,6 +40,7 @@ __all__ = [
     "ledger_states",
     "profile_of",
     "recorded_seconds",
+    "same_settings",
     "selected_states",
     "selection_profile",
     "selection_scope",
@@ -244,16 +245,38 @@ def recorded_seconds(
         return None
     packs = [[c.system for c in p] for p in make_packs(config.cells(), ex.pack)]
     where = ("cpu", hardware_name("cpu"), cpu_workers(config))
-    seconds = expected_seconds(packs, group.method, group.ablation, records, *where)
+    alike = same_settings(config, records)
+    seconds = expected_seconds(packs, group.method, group.ablation, records, *where, alike=alike)
     if seconds is not None or not (group.study and group.ablation):
         return seconds
-    plain = expected_seconds(packs, group.method, "", records, *where)
-    if plain is None:
-        return None
     system = config.cells()[0].system
     profile = paper_config(profile=config.profile, systems=[system], methods=[group.method])
+    alike = same_settings(profile, records)
+    plain = expected_seconds(packs, group.method, "", records, *where, alike=alike)
+    if plain is None:
+        return None
     ratio = training_work(config, system) / training_work(profile, system)
     return FIXED_SECONDS + (plain - FIXED_SECONDS) * ratio
+
+
+def same_settings(config: RunConfig, records: Sequence[LedgerRecord]) -> frozenset[str]:
+    """The config hashes ``config`` gives its methods' cells on every system and seed that
+    ``records`` hold of them: the records made with its settings (its protocol, ablation or
+    variant) whatever their seed or system, apart from the same methods' records of other
+    settings (another protocol's, which the ledger keeps too)."""
+    from tasks.config import SYSTEM_NAMES
+
+    known = {*SYSTEM_NAMES, *config.define_systems}
+    mine = [r for r in records if r.method in config.methods and r.system in known]
+    if not mine:
+        return frozenset()
+    wider = config.model_copy(
+        update={
+            "systems": tuple(sorted({r.system for r in mine})),
+            "seeds": tuple(sorted({r.seed for r in mine})),
+        }
+    )
+    return frozenset(c.config_hash() for c in wider.cells())
 
 
 def training_work(config: RunConfig, system: str) -> float:
