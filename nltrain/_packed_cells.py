@@ -66,7 +66,8 @@ def packable(model: ForecastModel, device: torch.device) -> bool:
     devices of :data:`ADJOINT_PACKS_ON` only: inside a pack it runs torchdiffeq's arithmetic in
     batchable ops (:func:`nlmodels.baselines._euler.euler_adjoint`), so that a CUDA pack
     trains many such cells at once, while on the CPU those cells keep the eager step they were
-    recorded with (torchdiffeq's ``odeint_adjoint``, one cell at a time).
+    recorded with, one cell at a time (torchdiffeq's ``odeint_adjoint``, whose bytes
+    :func:`nlmodels.baselines._euler.euler_adjoint_eager` computes with less work).
     """
     device = torch.device(device)
     if device.type not in ("cpu", "cuda"):

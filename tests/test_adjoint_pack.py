@@ -1,5 +1,6 @@
 """The reference protocol's NODE and ANODE in packs: torchdiffeq's Euler adjoint in batchable ops
-(:func:`nlmodels.baselines._euler.euler_adjoint`), packed on CUDA only.
+(:func:`nlmodels.baselines._euler.euler_adjoint`), packed on CUDA only; and one cell's eager
+twin (:func:`nlmodels.baselines._euler.euler_adjoint_eager`), torchdiffeq's bytes with less work.
 
 On the CPU twin (the same packed code, the CPU added to ``ADJOINT_PACKS_ON`` for the test):
 the twin's gradients are torchdiffeq's ``odeint_adjoint`` (``method="euler"``, the semi-norm)
@@ -21,7 +22,7 @@ from torchdiffeq import odeint_adjoint
 
 import nltrain._packed_cells as packed_cells
 from nlmodels import build_model
-from nlmodels.baselines._euler import euler_adjoint, euler_steps
+from nlmodels.baselines._euler import euler_adjoint, euler_adjoint_eager, euler_steps
 from nltrain import packable, prefers_one_by_one, train, train_packed
 from tasks.config import resolve_config
 
@@ -83,6 +84,92 @@ def test_the_twin_is_torchdiffeqs_euler_adjoint():
         torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-15)
 
 
+def _torchdiffeq(field, x0: torch.Tensor, times: torch.Tensor, owner: nn.Module) -> torch.Tensor:
+    """The reference code's solve: ``odeint_adjoint`` with Euler and the semi-norm."""
+    return odeint_adjoint(
+        field, x0, times, method="euler", adjoint_params=tuple(owner.parameters()),
+        adjoint_options={"norm": "seminorm"},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["node", "anode"])
+@pytest.mark.parametrize("shared", [True, False], ids=["shared grid", "per-sample grids"])
+def test_the_eager_twin_is_torchdiffeqs_euler_adjoint_bit_for_bit(monkeypatch, name, shared):
+    """A reference-protocol model's loss and gradients (weights and the observed values), and
+    its count of field evaluations, through the eager twin and through ``odeint_adjoint``: the
+    same bytes, on uneven grids shared by the batch or each sample's own (the change of
+    variables of :func:`~nlmodels.baselines._solve.odeint_grid`)."""
+    from nlmodels.baselines import _solve
+
+    gen = torch.Generator().manual_seed(3)
+    steps = torch.rand(6, 13, generator=gen, dtype=D64) + 0.05
+    grid = torch.cumsum(steps if not shared else steps[:1].expand(6, -1), dim=1)
+    obs_t, query_t = grid[:, :5], grid[:, 5:]
+    obs_x = torch.randn(6, 5, 2, generator=gen, dtype=D64)
+    target = torch.randn(6, 8, 2, generator=gen, dtype=D64)
+    out = {}
+    for how in ("eager", "torchdiffeq"):
+        if how == "torchdiffeq":
+            monkeypatch.setattr(_solve, "euler_adjoint_eager", lambda f, x, t, o, count: (
+                _torchdiffeq(f, x, t, o)
+            ))  # fmt: skip
+        model = _model(name, 0, **REFERENCE).double()
+        x = obs_x.clone().requires_grad_(True)
+        model.reset_nfe()
+        loss = ((model(obs_t, x, query_t) - target) ** 2).mean()
+        grads = torch.autograd.grad(loss, (x, *model.parameters()))
+        out[how] = (loss.detach(), grads, model.nfe)
+    (loss_a, grads_a, nfe_a), (loss_b, grads_b, nfe_b) = out["eager"], out["torchdiffeq"]
+    # one evaluation per interval forwards and one backwards; the shared grid starts at the
+    # first query time itself, the index grid of per-sample ones has an empty first interval
+    assert torch.equal(loss_a, loss_b) and nfe_a == nfe_b == 2 * (7 if shared else 8)
+    assert min(float(g.abs().max()) for g in grads_b) > 1e-6  # gradients worth comparing
+    assert all(torch.equal(a, b) for a, b in zip(grads_a, grads_b, strict=True))
+
+
+def test_the_eager_twin_without_gradients_is_the_plain_euler_solve():
+    """Under ``no_grad`` (validation, forecasts) or with nothing to differentiate, the eager
+    twin is Euler's solve and keeps no graph; a time grid that wants a gradient is refused."""
+    torch.manual_seed(0)
+    net = build_model("node", 2, hidden=(8,)).double().field
+    times, x0 = torch.linspace(0.0, 1.0, 6, dtype=D64), torch.randn(3, 2, dtype=D64)
+    plain = euler_steps(_field(net), x0, times).detach()
+    with torch.no_grad():
+        sol = euler_adjoint_eager(_field(net), x0, times, net)
+    assert torch.equal(sol, plain) and not sol.requires_grad
+    net.requires_grad_(False)
+    sol = euler_adjoint_eager(_field(net), x0, times, net)
+    assert torch.equal(sol, plain) and sol.grad_fn is None
+    with pytest.raises(ValueError, match="time grid"):
+        euler_adjoint_eager(_field(net), x0, times.clone().requires_grad_(True), net)
+
+
+@pytest.mark.parametrize("name", ["node", "anode"])
+@pytest.mark.training
+def test_a_reference_cell_trains_to_the_same_bytes_through_either_adjoint(monkeypatch, name):
+    """Three epochs of a reference-protocol cell (clipping, Adam, validation, best weights)
+    through the eager twin and through ``odeint_adjoint``: the same history, evaluations
+    counted and weights, bit for bit, so the cells recorded through torchdiffeq count as
+    they are."""
+    from nlmodels.baselines import _solve
+
+    data, cfg = _data(0), _cfg(epochs=3)
+    runs = {}
+    for how in ("eager", "torchdiffeq"):
+        if how == "torchdiffeq":
+            monkeypatch.setattr(_solve, "euler_adjoint_eager", lambda f, x, t, o, count: (
+                _torchdiffeq(f, x, t, o)
+            ))  # fmt: skip
+        model = _model(name, 0, **REFERENCE)
+        result = train(model, data[0], data[1], cfg, seed=0)
+        history = [(r.epoch, r.train_loss, r.val_loss, r.val_rmse, r.nfe) for r in result.history]
+        runs[how] = (model.state_dict(), history)
+    (weights_a, history_a), (weights_b, history_b) = runs["eager"], runs["torchdiffeq"]
+    assert history_a == history_b
+    assert weights_a.keys() == weights_b.keys()
+    assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
+
+
 @pytest.mark.parametrize("steps", [4, 40])
 def test_the_twin_on_a_linear_ode_is_the_euler_adjoints_closed_form(steps):
     """``dx/dt = a·x``, loss ``x(T)``: the Euler adjoint's gradient is ``T·x0·(1 + a·h)^N``
@@ -95,11 +182,13 @@ def test_the_twin_on_a_linear_ode_is_the_euler_adjoints_closed_form(steps):
     for a in rates:
         expected = t_end * x0 * (1 + a * h) ** steps
         grads = {}
-        for how in ("twin", "torchdiffeq", "backprop"):
+        for how in ("twin", "eager twin", "torchdiffeq", "backprop"):
             rate = _Rate(a)
             x = torch.full((1, 1), x0, dtype=D64)
             if how == "twin":
                 sol = euler_adjoint(_field(rate), x, times, rate)
+            elif how == "eager twin":
+                sol = euler_adjoint_eager(_field(rate), x, times, rate)
             elif how == "torchdiffeq":
                 sol = odeint_adjoint(
                     _field(rate), x, times, method="euler", adjoint_params=(rate.a,),
@@ -109,6 +198,7 @@ def test_the_twin_on_a_linear_ode_is_the_euler_adjoints_closed_form(steps):
                 sol = euler_steps(_field(rate), x, times)
             (grads[how],) = torch.autograd.grad(sol[-1].sum(), rate.a)
         assert float(grads["twin"]) == pytest.approx(expected, rel=1e-13)
+        assert float(grads["eager twin"]) == pytest.approx(expected, rel=1e-13)
         assert float(grads["torchdiffeq"]) == pytest.approx(expected, rel=1e-13)
         discrete = t_end * x0 * (1 + a * h) ** (steps - 1)
         assert float(grads["backprop"]) == pytest.approx(discrete, rel=1e-13)

@@ -28,6 +28,15 @@ The backward is an ``autograd.Function`` with ``generate_vmap_rule``: under ``vm
 member's vector–Jacobian products are its own (``torch.func.vjp``), so a member's gradient is
 what its pack of one computes. Its arithmetic is torchdiffeq's, operation for operation; the
 tests compare the two on the CPU.
+
+One model outside a pack takes :func:`euler_adjoint_eager`: the same numbers by the same
+operations, with less work. torchdiffeq's backward calls ``odeint`` once per interval on a
+flattened augmented state (``[t, x, a, g]``, concatenated and split again at every step, the
+state ``x`` stepped backwards only to be replaced by the forward's), and evaluates ``f(t_i,
+x_i)`` again to differentiate it; the eager twin keeps the graph of each forward evaluation
+``f(t_k, x_k)``, which for ``k ≥ 1`` is exactly the evaluation the backward needs at ``t_i =
+t_k`` (the same inputs: the forward's state, the grid's time), and differentiates it with
+``torch.autograd.grad``, as torchdiffeq's augmented dynamics do.
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vjp
 
-__all__ = ["Field", "euler_adjoint", "euler_steps"]
+__all__ = ["Field", "euler_adjoint", "euler_adjoint_eager", "euler_steps"]
 
 #: ``field(t, x)``: ``t`` a 0-d time (or ``[B]``), ``x [B, S]`` → ``dx/dt [B, S]``.
 Field = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -101,12 +110,28 @@ class _EulerAdjoint(torch.autograd.Function):
 
             pullback = vjp(f, sol[i], *params)[1]
             vjp_x, *vjp_params = pullback(-adj)
-            # torchdiffeq's step on the reversed grid: dt = (−t_{i−1}) − (−t_i), the field ×(−1)
-            h = times[i] - times[i - 1]
-            adj = adj + h * (-1.0 * vjp_x)
-            adj_params = [a + h * (-1.0 * v) for a, v in zip(adj_params, vjp_params, strict=True)]
-            adj = adj + grad_sol[i - 1]
+            adj, adj_params = _adjoint_step(times, i, adj, adj_params, vjp_x, vjp_params, grad_sol)
         return None, None, adj, None, *adj_params
+
+
+def _adjoint_step(
+    times: torch.Tensor,
+    i: int,
+    adj: torch.Tensor,
+    adj_params: Sequence[torch.Tensor],
+    vjp_x: torch.Tensor,
+    vjp_params: Sequence[torch.Tensor],
+    grad_sol: torch.Tensor,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """torchdiffeq's Euler step of the augmented system from ``t_i`` back to ``t_{i−1}``, given
+    the vector–Jacobian products of ``f(t_i, x_i)`` with ``−a``; then the loss's gradient at
+    ``t_{i−1}`` added to the adjoint."""
+    # its step on the reversed grid: dt = (−t_{i−1}) − (−t_i), exactly t_i − t_{i−1};
+    # the field ×(−1)
+    h = times[i] - times[i - 1]
+    adj = adj + h * (-1.0 * vjp_x)
+    adj_params = [a + h * (-1.0 * v) for a, v in zip(adj_params, vjp_params, strict=True)]
+    return adj + grad_sol[i - 1], adj_params
 
 
 def euler_adjoint(
@@ -121,3 +146,74 @@ def euler_adjoint(
     names = tuple(f"owner.{n}" for n, _ in named)
     bound = _Bound(owner, field)
     return _EulerAdjoint.apply(bound, names, x0, times, *(p for _, p in named))
+
+
+class _EagerEulerAdjoint(torch.autograd.Function):
+    """Euler forward keeping each step's graph, torchdiffeq's Euler adjoint backward through
+    those graphs (see the module's docstring); one model, not under ``vmap``."""
+
+    @staticmethod
+    def forward(
+        ctx, field: Field, count: Callable[[], None] | None, x0: torch.Tensor, times, *params
+    ) -> torch.Tensor:
+        xs = [x0.detach()]
+        graphs: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+        with torch.enable_grad():
+            for k in range(times.shape[0] - 1):
+                x = xs[-1].requires_grad_(True)  # (a tensor of this solve's own, no history)
+                f = field(times[k], x)
+                graphs.append((x, f))
+                xs.append(x.detach() + (times[k + 1] - times[k]) * f.detach())
+        ctx.field, ctx.count, ctx.graphs = field, count, graphs
+        sol = torch.stack([x.detach() for x in xs])
+        ctx.save_for_backward(times, sol, *params)
+        return sol
+
+    @staticmethod
+    def backward(ctx, grad_sol: torch.Tensor):
+        times, sol, *params = ctx.saved_tensors
+        graphs, ctx.graphs = ctx.graphs, None
+        last = times.shape[0] - 1
+        adj = grad_sol[-1]
+        adj_params = [torch.zeros_like(p) for p in params]
+        for i in range(last, 0, -1):
+            if i == last:  # the one point the forward did not evaluate the field at
+                with torch.enable_grad():
+                    x = sol[i].detach().requires_grad_(True)
+                    f = ctx.field(times[i], x)
+            else:
+                x, f = graphs[i]
+                graphs[i] = None  # (freed as the backward passes it)
+                if ctx.count is not None:
+                    ctx.count()
+            vjp_x, *vjp_params = torch.autograd.grad(f, (x, *params), -adj, allow_unused=True)
+            vjp_x = torch.zeros_like(x) if vjp_x is None else vjp_x
+            vjp_params = [
+                torch.zeros_like(p) if v is None else v for p, v in zip(params, vjp_params)
+            ]
+            adj, adj_params = _adjoint_step(times, i, adj, adj_params, vjp_x, vjp_params, grad_sol)
+        return None, None, adj, None, *adj_params
+
+
+def euler_adjoint_eager(
+    field: Field,
+    x0: torch.Tensor,
+    times: torch.Tensor,
+    owner: nn.Module | None,
+    *,
+    count: Callable[[], None] | None = None,
+) -> torch.Tensor:
+    """``[T, B, S]``: what :func:`euler_adjoint` computes, bit for bit what torchdiffeq's
+    ``odeint_adjoint(field, x0, times, method="euler", adjoint_params=owner.parameters(),
+    adjoint_options={"norm": "seminorm"})`` computes, for one model outside ``vmap``, with
+    less work (the module's docstring). ``count()`` is called for each evaluation of ``field``
+    that the backward takes from the forward instead of making it again (torchdiffeq makes
+    it), so that a model's count of evaluations stays torchdiffeq's. Without gradients to
+    compute, the plain Euler solve (:func:`euler_steps`)."""
+    if times.requires_grad:
+        raise ValueError("the Euler adjoint does not differentiate the time grid")
+    params = () if owner is None else tuple(owner.parameters())
+    wanted = x0.requires_grad or any(p.requires_grad for p in params)
+    if not (torch.is_grad_enabled() and wanted):
+        return euler_steps(field, x0, times)
+    return _EagerEulerAdjoint.apply(field, count, x0, times, *params)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torchdiffeq import odeint, odeint_adjoint
 
 from nlmodels.base import batch_times, host_bool
-from nlmodels.baselines._euler import Field, euler_adjoint, euler_steps
+from nlmodels.baselines._euler import Field, euler_adjoint, euler_adjoint_eager, euler_steps
 
 __all__ = [
     "ADAPTIVE_SOLVERS",
@@ -89,6 +91,7 @@ def odeint_grid(
     atol: float,
     adjoint: bool = False,
     owner: nn.Module | None = None,
+    count_nfe: Callable[[], None] | None = None,
 ) -> torch.Tensor:
     """Solve ``dx/dt = field(t, x)`` from ``x0 [B, S]`` at times ``t0 [B]``; return ``[B, T_q, S]``.
 
@@ -105,7 +108,10 @@ def odeint_grid(
     ``adjoint``: gradients by torchdiffeq's ``odeint_adjoint`` with the semi-norm, with respect
     to ``owner``'s parameters (the module ``field`` reads). Inside a pack (``torch.func.vmap``,
     where torchdiffeq's adjoint cannot run) an Euler solve on a shared grid takes its twin,
-    :func:`nlmodels.baselines._euler.euler_adjoint`: the same arithmetic in batchable ops.
+    :func:`nlmodels.baselines._euler.euler_adjoint`: the same arithmetic in batchable ops;
+    outside a pack, an Euler solve takes :func:`~nlmodels.baselines._euler.euler_adjoint_eager`:
+    torchdiffeq's bytes with less work (``count_nfe``: called for each evaluation of ``field``
+    it reuses rather than makes again, so that the count is torchdiffeq's).
     """
     shared = shared_grid(t0, query_t)
     options: dict = {}
@@ -137,6 +143,8 @@ def odeint_grid(
         if shared is None or owner is None:
             raise ValueError("a packed adjoint solve needs a grid shared by the batch and owner")
         sol = euler_adjoint(func, x0, times, owner)
+    elif adjoint and solver == "euler":
+        sol = euler_adjoint_eager(func, x0, times, owner, count=count_nfe)
     elif adjoint:
         adjoint_options = dict(norm="seminorm", **options)
         sol = odeint_adjoint(

@@ -102,6 +102,7 @@ class NODE(ForecastModel):
             atol=self.atol,
             adjoint=self.adjoint,
             owner=self.field,
+            count_nfe=self.count_nfe,
         )
         return sol[..., : self.state_dim]
 
