@@ -94,26 +94,30 @@ def _torchdiffeq(field, x0: torch.Tensor, times: torch.Tensor, owner: nn.Module)
 
 @pytest.mark.parametrize("name", ["node", "anode"])
 @pytest.mark.parametrize("shared", [True, False], ids=["shared grid", "per-sample grids"])
-def test_the_eager_twin_is_torchdiffeqs_euler_adjoint_bit_for_bit(monkeypatch, name, shared):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_eager_twin_is_torchdiffeqs_euler_adjoint_bit_for_bit(
+    monkeypatch, name, shared, device
+):
     """A reference-protocol model's loss and gradients (weights and the observed values), and
     its count of field evaluations, through the eager twin and through ``odeint_adjoint``: the
     same bytes, on uneven grids shared by the batch or each sample's own (the change of
-    variables of :func:`~nlmodels.baselines._solve.odeint_grid`)."""
+    variables of :func:`~nlmodels.baselines._solve.odeint_grid`), on the CPU and on CUDA (a
+    cell that does not pack there)."""
     from nlmodels.baselines import _solve
 
     gen = torch.Generator().manual_seed(3)
     steps = torch.rand(6, 13, generator=gen, dtype=D64) + 0.05
-    grid = torch.cumsum(steps if not shared else steps[:1].expand(6, -1), dim=1)
+    grid = torch.cumsum(steps if not shared else steps[:1].expand(6, -1), dim=1).to(device)
     obs_t, query_t = grid[:, :5], grid[:, 5:]
-    obs_x = torch.randn(6, 5, 2, generator=gen, dtype=D64)
-    target = torch.randn(6, 8, 2, generator=gen, dtype=D64)
+    obs_x = torch.randn(6, 5, 2, generator=gen, dtype=D64).to(device)
+    target = torch.randn(6, 8, 2, generator=gen, dtype=D64).to(device)
     out = {}
     for how in ("eager", "torchdiffeq"):
         if how == "torchdiffeq":
             monkeypatch.setattr(_solve, "euler_adjoint_eager", lambda f, x, t, o, count: (
                 _torchdiffeq(f, x, t, o)
             ))  # fmt: skip
-        model = _model(name, 0, **REFERENCE).double()
+        model = _model(name, 0, **REFERENCE).double().to(device)
         x = obs_x.clone().requires_grad_(True)
         model.reset_nfe()
         loss = ((model(obs_t, x, query_t) - target) ** 2).mean()
