@@ -793,6 +793,8 @@ TEST_INTERNALS: dict[str, str] = {
     "nlmodels.baselines._mlp": "the stacked (batched) MLP against one member's",
     "nlmodels.baselines._euler": "the Euler solve the packed step is compared with, and its "
     "adjoint twin against torchdiffeq's",
+    "nlmodels.baselines._solve": "the eager adjoint swapped for torchdiffeq's, so that a model "
+    "and a cell's training are compared through each",
     "nltrain.numerics._fingerprints": "the fingerprint cache (folder, memo) replaced per test, and "
     "the canaries traced against the cells they stand for",
     "nltrain._checkpoints": "the models' random streams, found, saved and put back",
