@@ -29,6 +29,7 @@ It must be called inside a Prefect flow (it submits tasks to the flow's task run
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -74,6 +75,7 @@ __all__ = [
     "estimate_packs",
     "in_lanes",
     "make_packs",
+    "packability_memo",
     "plan_packs",
     "run_cells",
     "stored_results",
@@ -87,10 +89,9 @@ CPU_PACK_MEMBERS = 5
 
 
 def _packable(cell: CellConfig, device: str = "cpu") -> bool:
-    """Whether the cell's model trains packed on ``device`` (else its seeds are better spread
-    over workers): :func:`nltrain.packable` and not
-    :func:`nltrain.prefers_one_by_one` there (Neural Laplace, and NODE and ANODE through the
-    adjoint as the paper profile trains them, pack on CUDA only)."""
+    """Whether the cell's model trains packed on ``device`` (else its seeds spread over the
+    workers): :func:`nltrain.packable` and not :func:`nltrain.prefers_one_by_one` there (Neural
+    Laplace, and the paper profile's NODE and ANODE through the adjoint, pack on CUDA only)."""
     from nlmodels import build_model
     from nltrain import packable, prefers_one_by_one
     from tasks.config.declarations import system_info
@@ -98,12 +99,29 @@ def _packable(cell: CellConfig, device: str = "cpu") -> bool:
     dev = torch.device(device)
     try:
         with contained():  # a plugin's sys.exit, too: the cell fails on its own when it runs
-            model = build_model(
-                cell.method, system_info(cell.system, cell.data).state_dim, **cell.model
-            )
+            dim = system_info(cell.system, cell.data).state_dim
+            model = build_model(cell.method, dim, **cell.model)
             return packable(model, dev) and not prefers_one_by_one(model, dev)
     except Exception:
         return False  # the cell fails on its own, with its error, when it runs
+
+
+def packability_memo(device: str = "cpu") -> Callable[[CellConfig], bool]:
+    """:func:`_packable` on ``device`` remembered by what it depends on (method, state dimension,
+    model settings), for planning many groups at once: each answer builds and probes a model."""
+    from tasks.config.declarations import system_info
+
+    answers: dict[tuple[str, int, str], bool] = {}
+
+    def packable(cell: CellConfig) -> bool:
+        try:
+            dim = system_info(cell.system, cell.data).state_dim
+        except Exception:
+            return False  # (as _packable says: the cell fails on its own when it runs)
+        key = (cell.method, dim, json.dumps(cell.model, sort_keys=True))
+        return answers[key] if key in answers else answers.setdefault(key, _packable(cell, device))
+
+    return packable
 
 
 def make_packs(
@@ -112,10 +130,12 @@ def make_packs(
     *,
     pack_size: Callable[[list[CellConfig]], int] | None = None,
     device: str = "cpu",
+    packable: Callable[[CellConfig], bool] | None = None,
 ) -> list[list[CellConfig]]:
     """Cells grouped by :func:`~tasks.cell.pack_key` (first-appearance order) where their model
-    trains packed on ``device`` (:func:`_packable`); one cell per pack otherwise, or when
-    ``pack`` is off, so that cells that would train one by one spread over the workers instead.
+    trains packed on ``device`` (:func:`_packable`, or ``packable``: a :func:`packability_memo`);
+    one cell per pack otherwise, or when ``pack`` is off, so that cells that would train one by
+    one spread over the workers instead.
 
     ``pack_size(group)``: the most cells one pack of that group may hold (default
     :data:`CPU_PACK_MEMBERS`); the group is then split into the fewest packs of near-equal size
@@ -123,12 +143,13 @@ def make_packs(
     """
     if not pack:
         return [[c] for c in cells]
+    trains_packed = packable or (lambda cell: _packable(cell, device))
     groups: dict[str, list[CellConfig]] = {}
     for c in cells:
         groups.setdefault(pack_key(c), []).append(c)
     packs: list[list[CellConfig]] = []
     for group in groups.values():
-        if len(group) > 1 and _packable(group[0], device):
+        if len(group) > 1 and trains_packed(group[0]):
             most = CPU_PACK_MEMBERS if pack_size is None else pack_size(group)
             packs += split_evenly(group, most)
         else:

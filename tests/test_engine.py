@@ -51,6 +51,35 @@ def test_cpu_packs_are_capped_by_a_constant_not_by_the_machine():
     assert [c for p in packs for c in p] == cells
 
 
+def test_a_packability_memo_probes_each_model_and_settings_once(monkeypatch):
+    """Planning every system's seeds one group at a time (as ``ledger status --time-left``
+    does): the memo gives the packs of :func:`make_packs` alone, with one probe per method and
+    state dimension instead of one per group."""
+    import nltrain
+    from tasks.config.declarations import system_info
+    from tasks.engine import packability_memo
+    from tasks.ledger import paper_config
+
+    probes: list[str] = []
+    probe = nltrain.packable
+
+    def counted(model, device):
+        probes.append(model.registry_name)
+        return probe(model, device)
+
+    monkeypatch.setattr(nltrain, "packable", counted)
+    config = paper_config(methods=["nf_coupling", "neural_laplace"], seeds=[0, 1])
+    groups = [[c for c in config.cells() if c.system == s] for s in config.systems]
+    alone = [make_packs(g, True) for g in groups]
+    assert len(probes) == 2 * len(groups)
+    probes.clear()
+    memo = packability_memo()
+    assert [make_packs(g, True, packable=memo) for g in groups] == alone
+    kinds = {(c.method, system_info(c.system, c.data).state_dim) for g in groups for c in g}
+    assert len(probes) == len(kinds) < 2 * len(groups)
+    assert any(len(p) > 1 for packs in alone for p in packs)  # (some packs to compare)
+
+
 def test_auto_placement_follows_the_measurement(tmp_path):
     calls: list[str] = []
 

@@ -89,9 +89,12 @@ def forecast(
     out: list[GroupForecast] = []
     workers = cpu_workers(paper_config(execution, config_file=selection.get("config_file")))
     kept = kept or {}
+    from tasks.engine import packability_memo
+
+    packable = packability_memo("cpu")  # (one probe per model and settings, not per group)
     for group in ledger_groups(to_train(states), states):
         config = group_config(group, selection, execution)
-        seconds = recorded_seconds(group, config, records)
+        seconds = recorded_seconds(group, config, records, packable=packable)
         cells = config.cells()
         planned = sum(c.training.epochs for c in cells)
         trained = sum(min(kept.get((c.key, c.config_hash()), 0), c.training.epochs) for c in cells)

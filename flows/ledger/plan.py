@@ -30,7 +30,7 @@ from tasks.ledger import (
 from tasks.ledger.scope import variant_overrides
 
 if TYPE_CHECKING:
-    from tasks.config import RunConfig
+    from tasks.config import CellConfig, RunConfig
     from tasks.ledger import LedgerRecord
 
 __all__ = [
@@ -228,14 +228,19 @@ def group_config(
 
 
 def recorded_seconds(
-    group: LedgerGroup, config: RunConfig, records: Sequence[LedgerRecord]
+    group: LedgerGroup,
+    config: RunConfig,
+    records: Sequence[LedgerRecord],
+    *,
+    packable: Callable[[CellConfig], bool] | None = None,
 ) -> float | None:
     """The seconds the benchmark ``config`` of ``group`` is expected to take on the CPU, from
     the ledger's ``records`` (:func:`~flows.ledger._budget.expected_seconds`: the engine's CPU
     packs of it, on its workers, at most one per core); None on a GPU, where the records do not
     tell (packs in lanes add up, and a record is one pack's time), or without records of the
     method. A study's variant without records of its own is expected from the method's own
-    cells, scaled by the training it does (:func:`training_work`)."""
+    cells, scaled by the training it does (:func:`training_work`). ``packable``: as
+    :func:`tasks.engine.make_packs` takes it (a memo, for many groups)."""
     import torch  # (not at import: the ledger's quick commands do without it)
 
     from tasks.engine import make_packs
@@ -243,7 +248,7 @@ def recorded_seconds(
     ex = config.execution
     if ex.device != "cpu" and torch.cuda.is_available():
         return None
-    packs = [[c.system for c in p] for p in make_packs(config.cells(), ex.pack)]
+    packs = [[c.system for c in p] for p in make_packs(config.cells(), ex.pack, packable=packable)]
     where = ("cpu", hardware_name("cpu"), cpu_workers(config))
     alike = same_settings(config, records)
     seconds = expected_seconds(packs, group.method, group.ablation, records, *where, alike=alike)
