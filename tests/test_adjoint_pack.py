@@ -11,6 +11,7 @@ switch the CPU keeps the eager step (nothing recorded there changes)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -92,6 +93,18 @@ def _torchdiffeq(field, x0: torch.Tensor, times: torch.Tensor, owner: nn.Module)
     )  # fmt: skip
 
 
+def _each_adjoint(monkeypatch) -> Iterator[str]:
+    """``eager``, then ``torchdiffeq``: the eager twin swapped for ``odeint_adjoint`` where the
+    models' solve calls it."""
+    from nlmodels.baselines import _solve
+
+    yield "eager"
+    monkeypatch.setattr(_solve, "euler_adjoint_eager", lambda f, x, t, o, count: (
+        _torchdiffeq(f, x, t, o)
+    ))  # fmt: skip
+    yield "torchdiffeq"
+
+
 @pytest.mark.parametrize("name", ["node", "anode"])
 @pytest.mark.parametrize("shared", [True, False], ids=["shared grid", "per-sample grids"])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -103,8 +116,6 @@ def test_the_eager_twin_is_torchdiffeqs_euler_adjoint_bit_for_bit(
     same bytes, on uneven grids shared by the batch or each sample's own (the change of
     variables of :func:`~nlmodels.baselines._solve.odeint_grid`), on the CPU and on CUDA (a
     cell that does not pack there)."""
-    from nlmodels.baselines import _solve
-
     gen = torch.Generator().manual_seed(3)
     steps = torch.rand(6, 13, generator=gen, dtype=D64) + 0.05
     grid = torch.cumsum(steps if not shared else steps[:1].expand(6, -1), dim=1).to(device)
@@ -112,11 +123,7 @@ def test_the_eager_twin_is_torchdiffeqs_euler_adjoint_bit_for_bit(
     obs_x = torch.randn(6, 5, 2, generator=gen, dtype=D64).to(device)
     target = torch.randn(6, 8, 2, generator=gen, dtype=D64).to(device)
     out = {}
-    for how in ("eager", "torchdiffeq"):
-        if how == "torchdiffeq":
-            monkeypatch.setattr(_solve, "euler_adjoint_eager", lambda f, x, t, o, count: (
-                _torchdiffeq(f, x, t, o)
-            ))  # fmt: skip
+    for how in _each_adjoint(monkeypatch):
         model = _model(name, 0, **REFERENCE).double().to(device)
         x = obs_x.clone().requires_grad_(True)
         model.reset_nfe()
@@ -155,15 +162,9 @@ def test_a_reference_cell_trains_to_the_same_bytes_through_either_adjoint(monkey
     through the eager twin and through ``odeint_adjoint``: the same history, evaluations
     counted and weights, bit for bit, so the cells recorded through torchdiffeq count as
     they are."""
-    from nlmodels.baselines import _solve
-
     data, cfg = _data(0), _cfg(epochs=3)
     runs = {}
-    for how in ("eager", "torchdiffeq"):
-        if how == "torchdiffeq":
-            monkeypatch.setattr(_solve, "euler_adjoint_eager", lambda f, x, t, o, count: (
-                _torchdiffeq(f, x, t, o)
-            ))  # fmt: skip
+    for how in _each_adjoint(monkeypatch):
         model = _model(name, 0, **REFERENCE)
         result = train(model, data[0], data[1], cfg, seed=0)
         history = [(r.epoch, r.train_loss, r.val_loss, r.val_rmse, r.nfe) for r in result.history]
