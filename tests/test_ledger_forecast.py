@@ -171,3 +171,22 @@ def test_a_reference_protocol_cell_is_expected_from_the_reference_protocols_reco
             records[list(took).index(profile)].config_hash
         }
         assert recorded_seconds(group, config, records) == pytest.approx(FIXED_SECONDS + seconds)
+
+
+def test_a_cell_is_expected_from_the_newest_records_of_its_kind():
+    """Eight records of one cell's settings, the older slower (code since made faster): the
+    estimate is the median of the newest :data:`RECENT_RECORDS`, here and from another
+    processor alike; with fewer records, all of them."""
+    from flows.ledger import RECENT_RECORDS
+
+    took = [6000.0, 6100.0, 5900.0, 2000.0, 2100.0, 1900.0, 2050.0, 1950.0]
+    assert RECENT_RECORDS == 5 and len(took) > RECENT_RECORDS
+    for hardware in ("x", "elsewhere"):
+        records = [
+            ledger_record("integro_de", "node", k, train_seconds=t, hardware=hardware)
+            for k, t in enumerate(took)
+        ]
+        seconds = expected_seconds([["integro_de"]], "node", "", records, "cpu", "x")
+        assert seconds == pytest.approx(FIXED_SECONDS + 2000.0)  # the newest 5: 2000 … 1950
+        few = expected_seconds([["integro_de"]], "node", "", records[:3], "cpu", "x")
+        assert few == pytest.approx(FIXED_SECONDS + 6000.0)

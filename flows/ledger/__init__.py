@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from flows.ledger._budget import (
         ESTIMATE_MARGIN,
         FIXED_SECONDS,
+        RECENT_RECORDS,
         expected_seconds,
         fitting_parts,
         speed_ratios,
@@ -71,6 +72,7 @@ _LAZY = {
     "protocols_markdown": "text",
     "FIXED_SECONDS": "_budget",
     "ESTIMATE_MARGIN": "_budget",
+    "RECENT_RECORDS": "_budget",
     "expected_seconds": "_budget",
     "speed_ratios": "_budget",
     "fitting_parts": "_budget",
@@ -79,6 +81,7 @@ _LAZY = {
 __all__ = [
     "ESTIMATE_MARGIN",
     "FIXED_SECONDS",
+    "RECENT_RECORDS",
     "REPORT_SECONDS",
     "Forecast",
     "LedgerGroup",

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ESTIMATE_MARGIN",
     "FIXED_SECONDS",
+    "RECENT_RECORDS",
     "deadline",
     "expected_seconds",
     "fitting_parts",
@@ -30,6 +31,10 @@ __all__ = [
 FIXED_SECONDS = 45.0
 #: A measured estimate is trusted to this factor (probes time two epochs of one batch).
 ESTIMATE_MARGIN = 1.2
+#: How many of the newest records of a kind a cell's estimate takes the median of: the ledger
+#: file is appended as cells finish, so the newest say how fast today's code trains (a faster
+#: step, :func:`nlmodels.baselines._euler.euler_adjoint_eager`, leaves slower records behind).
+RECENT_RECORDS = 5
 
 
 def fitting_parts(
@@ -119,9 +124,10 @@ def expected_seconds(
     (:data:`FIXED_SECONDS`). None where some cell has no estimate (no record of the method on
     this kind of device).
 
-    A cell's estimate is the median training time of the records of its system on
-    ``hardware`` (the processor's name: two CPUs of one kind can differ twofold), else of every
-    system on it, else of its system on any processor, else of every system; another
+    A cell's estimate is the median training time of the newest :data:`RECENT_RECORDS`
+    records of its system on ``hardware`` (the processor's name: two CPUs of one kind can
+    differ twofold), else of every system on it, else of its system on any processor, else of
+    every system; another
     processor's records count at this one's speed where both recorded some cells
     (:func:`speed_ratios`).
 
@@ -184,8 +190,10 @@ def speed_ratios(
 def _cell_seconds(
     system: str, here: Sequence[tuple[str, float]], anywhere: Sequence[tuple[str, float]]
 ) -> float | None:
+    """The median of the newest :data:`RECENT_RECORDS` times of ``system`` in the first pool
+    that has some, else of the pool's newest whatever their system (pools in ledger order)."""
     for pool in (here, anywhere):
         same = [t for s, t in pool if s == system]
         if same or pool:
-            return statistics.median(same or [t for _, t in pool])
+            return statistics.median((same or [t for _, t in pool])[-RECENT_RECORDS:])
     return None
