@@ -138,6 +138,24 @@ def test_the_eager_twin_is_torchdiffeqs_euler_adjoint_bit_for_bit(
     assert all(torch.equal(a, b) for a, b in zip(grads_a, grads_b, strict=True))
 
 
+def test_a_second_backward_through_the_eager_twin_is_torchdiffeqs_too():
+    """Two losses of one solve, back-propagated one after the other (``retain_graph`` on the
+    first): the second backward, whose forward graphs the first has used, evaluates the field
+    afresh, as torchdiffeq always does; the gradients accumulated are its, bit for bit."""
+    torch.manual_seed(1)
+    net = build_model("node", 2, hidden=(16, 16)).double().field
+    times, x0 = torch.linspace(0.2, 1.4, 7, dtype=D64), torch.randn(4, 2, dtype=D64)
+    grads = {}
+    for how in ("eager", "torchdiffeq"):
+        net.zero_grad()
+        solve = euler_adjoint_eager if how == "eager" else _torchdiffeq
+        sol = solve(_field(net), x0, times, net)
+        (sol**2).mean().backward(retain_graph=True)
+        sol[-1].sum().backward()
+        grads[how] = [p.grad.clone() for p in net.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(grads["eager"], grads["torchdiffeq"], strict=True))
+
+
 def test_the_eager_twin_without_gradients_is_the_plain_euler_solve():
     """Under ``no_grad`` (validation, forecasts) or with nothing to differentiate, the eager
     twin is Euler's solve and keeps no graph; a time grid that wants a gradient is refused."""

@@ -177,7 +177,9 @@ class _EagerEulerAdjoint(torch.autograd.Function):
         adj = grad_sol[-1]
         adj_params = [torch.zeros_like(p) for p in params]
         for i in range(last, 0, -1):
-            if i == last:  # the one point the forward did not evaluate the field at
+            # the one point the forward did not evaluate the field at; every point on a second
+            # backward through the same solve (``retain_graph``), the first having used them
+            if i == last or graphs is None:
                 with torch.enable_grad():
                     x = sol[i].detach().requires_grad_(True)
                     f = ctx.field(times[i], x)
