@@ -138,6 +138,24 @@ def test_the_eager_twin_is_torchdiffeqs_euler_adjoint_bit_for_bit(
     assert all(torch.equal(a, b) for a, b in zip(grads_a, grads_b, strict=True))
 
 
+def test_a_frozen_layer_is_left_out_of_the_eager_twins_adjoint_as_torchdiffeq_leaves_it():
+    """The field's first layer frozen (``requires_grad`` off): the other layers' gradients
+    and the initial state's are torchdiffeq's, bit for bit, and the frozen layer gets none."""
+    torch.manual_seed(2)
+    net = build_model("node", 2, hidden=(16, 16)).double().field
+    frozen = next(net.parameters())
+    frozen.requires_grad_(False)
+    times, x0 = torch.linspace(0.0, 1.0, 6, dtype=D64), torch.randn(4, 2, dtype=D64)
+    grads = {}
+    for how in ("eager", "torchdiffeq"):
+        solve = euler_adjoint_eager if how == "eager" else _torchdiffeq
+        x = x0.clone().requires_grad_(True)
+        live = [p for p in net.parameters() if p.requires_grad]
+        grads[how] = torch.autograd.grad(solve(_field(net), x, times, net).sum(), (x, *live))
+    assert all(torch.equal(a, b) for a, b in zip(grads["eager"], grads["torchdiffeq"], strict=True))
+    assert frozen.grad is None
+
+
 def test_a_second_backward_through_the_eager_twin_is_torchdiffeqs_too():
     """Two losses of one solve, back-propagated one after the other (``retain_graph`` on the
     first): the second backward, whose forward graphs the first has used, evaluates the field

@@ -214,8 +214,8 @@ def euler_adjoint_eager(
     compute, the plain Euler solve (:func:`euler_steps`)."""
     if times.requires_grad:
         raise ValueError("the Euler adjoint does not differentiate the time grid")
-    params = () if owner is None else tuple(owner.parameters())
-    wanted = x0.requires_grad or any(p.requires_grad for p in params)
-    if not (torch.is_grad_enabled() and wanted):
+    # as torchdiffeq does: frozen parameters are left out of the adjoint
+    params = () if owner is None else tuple(p for p in owner.parameters() if p.requires_grad)
+    if not (torch.is_grad_enabled() and (x0.requires_grad or params)):
         return euler_steps(field, x0, times)
     return _EagerEulerAdjoint.apply(field, count, x0, times, *params)
