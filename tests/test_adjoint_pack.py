@@ -138,6 +138,44 @@ def test_the_eager_twin_is_torchdiffeqs_euler_adjoint_bit_for_bit(
     assert all(torch.equal(a, b) for a, b in zip(grads_a, grads_b, strict=True))
 
 
+@pytest.mark.parametrize("case", range(6))
+def test_the_eager_twin_is_torchdiffeqs_on_drawn_sizes_and_grids(case):
+    """Sizes nobody chose: a batch of 1 to 4, a state of 1 to 3, one to six intervals of drawn
+    lengths from a drawn start, one or two hidden layers, a drawn loss: solution, gradients
+    and evaluations counted equal torchdiffeq's, bit for bit."""
+    gen = torch.Generator().manual_seed(100 + case)
+
+    def draw(low: int, high: int) -> int:
+        return int(torch.randint(low, high + 1, (1,), generator=gen))
+
+    batch, state, points = draw(1, 4), draw(1, 3), draw(2, 7)
+    hidden = (8,) * draw(1, 2)
+    times = torch.randn(1, generator=gen, dtype=D64) + torch.cumsum(
+        torch.rand(points, generator=gen, dtype=D64) + 0.01, 0
+    )
+    x0 = torch.randn(batch, state, generator=gen, dtype=D64)
+    weights = torch.randn(points, batch, state, generator=gen, dtype=D64)
+    torch.manual_seed(case)
+    net = build_model("node", state, hidden=hidden).double().field
+    out, calls = {}, []
+
+    def field(t, x):
+        calls.append(1)
+        return _field(net)(t, x)
+
+    for how in ("eager", "torchdiffeq"):
+        calls.clear()
+        solve = euler_adjoint_eager if how == "eager" else _torchdiffeq
+        count = {"count": lambda: calls.append(1)} if how == "eager" else {}
+        x = x0.clone().requires_grad_(True)
+        sol = solve(field, x, times, net, **count)
+        grads = torch.autograd.grad((weights * sol.tanh()).sum(), (x, *net.parameters()))
+        out[how] = (sol.detach(), grads, len(calls))
+    (sol_a, grads_a, n_a), (sol_b, grads_b, n_b) = out["eager"], out["torchdiffeq"]
+    assert torch.equal(sol_a, sol_b) and n_a == n_b == 2 * (points - 1)
+    assert all(torch.equal(a, b) for a, b in zip(grads_a, grads_b, strict=True))
+
+
 def test_a_frozen_layer_is_left_out_of_the_eager_twins_adjoint_as_torchdiffeq_leaves_it():
     """The field's first layer frozen (``requires_grad`` off): the other layers' gradients
     and the initial state's are torchdiffeq's, bit for bit, and the frozen layer gets none."""
