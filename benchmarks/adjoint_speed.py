@@ -25,6 +25,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SOLVES = ("odeint_adjoint", "eager twin")
+#: The models the paper profile trains through the Euler adjoint.
+ADJOINT_MODELS = ("node", "anode")
 
 
 def _through_torchdiffeq(field, x0, times, owner, count=None):
@@ -66,8 +68,14 @@ def _train(method: str, system: str, epochs: int, solve: str) -> tuple[float, tu
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--system", default="spiral_dde", help="whose data and grid")
-    parser.add_argument("--methods", nargs="+", default=["node", "anode"])
+    from tasks.config import SYSTEM_NAMES
+
+    parser.add_argument(
+        "--system", default="spiral_dde", choices=SYSTEM_NAMES, help="whose data and grid"
+    )
+    parser.add_argument(
+        "--methods", nargs="+", default=list(ADJOINT_MODELS), choices=ADJOINT_MODELS
+    )
     parser.add_argument("--epochs", type=int, default=3, help="epochs per timed training")
     parser.add_argument("--repeats", type=int, default=3, help="timed trainings each way")
     parser.add_argument("--record", action="store_true", help="write results/measurements/")

@@ -127,9 +127,8 @@ def expected_seconds(
     A cell's estimate is the median training time of the newest :data:`RECENT_RECORDS`
     records of its system on ``hardware`` (the processor's name: two CPUs of one kind can
     differ twofold), else of every system on it, else of its system on any processor, else of
-    every system; another
-    processor's records count at this one's speed where both recorded some cells
-    (:func:`speed_ratios`).
+    every system; another processor's records count at this one's speed where both recorded
+    some cells (:func:`speed_ratios`).
 
     The records whose config hash is in ``alike`` (the cell's own settings at other seeds and
     systems, :func:`flows.ledger.plan.same_settings`) come first, in that order, and the
