@@ -441,7 +441,7 @@ def test_time_limit_stops_the_running_cell_and_keeps_the_finished_one(
     slow = '[cell_overrides."spiral_dde/node".training]\nepochs = 100000\n'
     ledger, selection = _two_systems(tmp_path, [0], slow)
     # the records are said to expect a second of the group: both cells start
-    monkeypatch.setattr(flows.ledger.plan, "expected_seconds", lambda *args: 1.0)
+    monkeypatch.setattr(flows.ledger.plan, "expected_seconds", lambda *args, **kwargs: 1.0)
     limit, ready, ended = 2.0, threading.Event(), threading.Event()
     asked: list[float | None] = []
     armed: list[float] = []
