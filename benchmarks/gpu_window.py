@@ -27,8 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.throughput import read_timings, table_measure
 from flows.ledger import fitting_parts, group_config, ledger_groups, to_train
 from tasks.engine import estimate_packs
-from tasks.ledger import DEFAULT_LEDGER, read_ledger
-from tasks.ledger.scope import ledger_scope
+from tasks.ledger import DEFAULT_LEDGER, ledger_scope, read_ledger
 from tasks.ledger.views import cell_states
 
 
@@ -45,7 +44,7 @@ def plan_window(
     in order, on a machine with ``workers`` workers (``--device`` ``device``), of the ledger's
     ``profile``."""
     rows = read_timings(throughput)
-    scope = ledger_scope(profile=profile)
+    scope = ledger_scope(profile=profile, ledger=ledger)
     states = cell_states(read_ledger(ledger, scope), scope.select())
     execution = {"device": device, "max_workers": workers}
     left, planned = minutes * 60, []

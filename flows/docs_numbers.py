@@ -200,8 +200,9 @@ def ledger_seeds(root: Path) -> str:
     from tasks.ledger import ledger_scope, ledger_status, read_ledger
     from tasks.reports import TOP_SHARE_FLAG, Table, TableCell, number, render_table
 
-    scope = ledger_scope(None, None, None)
-    records = read_ledger(root / "results" / "paper" / "ledger.jsonl", scope)
+    path = root / "results" / "paper" / "ledger.jsonl"
+    scope = ledger_scope(ledger=path)
+    records = read_ledger(path, scope)
     current = ledger_status(records, scope.select(ablations=None)).counted()
     seeds = sorted({r.seed for r in current})
     # keyed by the ablation too: the ablation's cells are rows of their own, never Table 3's

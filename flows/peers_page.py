@@ -102,8 +102,9 @@ def laplace_peers(root: Path) -> str:
     record (the page ``docs/results/laplace_peers.md``)."""
     from tasks.ledger import ledger_scope, read_ledger, read_quick_run
 
-    scope = ledger_scope(None, None, None)
-    records = read_ledger(root / "results" / "paper" / "ledger.jsonl", scope)
+    ledger = root / "results" / "paper" / "ledger.jsonl"
+    scope = ledger_scope(ledger=ledger)
+    records = read_ledger(ledger, scope)
     path = root / "results" / "quick" / "quick.json"
     quick = read_quick_run(path) if path.is_file() else None
     return peers_markdown(records, scope, quick, _budget())

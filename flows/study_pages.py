@@ -41,7 +41,7 @@ def _drawn_from(ledger: Path, name: str, _content: str) -> tuple[RecordedOutput,
     from flows.studies import recorded_output
     from tasks.ledger import ledger_status, read_ledger
 
-    scope = selection_scope({"studies": (name,)})
+    scope = selection_scope({"studies": (name,)}, ledger=ledger)
     status = ledger_status(read_ledger(ledger, scope), scope.select(studies=(name,)), (name,))
     counted = [s.record for s in status.states if s.state == "recorded" and s.record]
     measurements = ledger.parents[1] / "measurements"

@@ -20,7 +20,8 @@ from flows.studies import LEDGER_STUDIES, ledger_study_cells, planned_cells, rec
 from tasks.config import CellConfig
 from tasks.ledger import LedgerCell, LedgerRecord, LedgerScope, cell_states, read_ledger
 from tasks.ledger.measured import MAX_CURVE_POINTS, Measured, downsample
-from tasks.ledger.scope import paper_config, variant_of, variant_overrides
+from tasks.ledger.scope import paper_config
+from tasks.ledger.variants import variant_of, variant_overrides
 
 
 def _base(cell: CellConfig, profile: str = "paper") -> CellConfig:

@@ -239,11 +239,15 @@ def _kept(ledger: Path) -> tuple[list[str], dict[tuple[str, str], int]]:
     return [line], trained
 
 
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def _scope(args: argparse.Namespace) -> LedgerScope:
     from flows.ledger.plan import selection_scope
 
     selection = _selection(args)
-    scope = selection_scope(selection, lambda line: print(line, file=sys.stderr, flush=True))
+    scope = selection_scope(selection, _say, ledger=_ledger_path(args))
     outside = sorted(set(selection["seeds"] or ()) - set(scope.seeds))
     if outside:
         raise cli.UsageError(

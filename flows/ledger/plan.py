@@ -27,7 +27,7 @@ from tasks.ledger import (
     paper_config,
     read_ledger,
 )
-from tasks.ledger.scope import variant_overrides
+from tasks.ledger.variants import variant_overrides
 
 if TYPE_CHECKING:
     from tasks.config import CellConfig, RunConfig
@@ -182,19 +182,26 @@ def selected_states(
 
 def ledger_states(ledger: Path, selection: dict[str, Any]) -> list[CellState]:
     """The states of the selected cells in ``ledger`` (``selection`` as :func:`run_ledger`'s)."""
-    return selected_states(ledger, selection_scope(selection), selection)[1]
+    return selected_states(ledger, selection_scope(selection, ledger=ledger), selection)[1]
 
 
 def selection_scope(
-    selection: dict[str, Any], say: Callable[[str], None] | None = None
+    selection: dict[str, Any],
+    say: Callable[[str], None] | None = None,
+    *,
+    ledger: Path | None = None,
 ) -> LedgerScope:
+    """The ledger's scope of ``selection`` (:func:`tasks.ledger.ledger_scope`; with the
+    studies' cells when it asks for any), with today's numerics for the cells ``ledger`` holds
+    records of (None: for every cell)."""
     where = (selection.get("config_file"), selection.get("systems"), selection.get("methods"))
     studies = None
     if selection.get("studies", False) is not False:
         from flows.studies import study_cells
 
         studies = study_cells()
-    return ledger_scope(*where, say=say, profile=selection_profile(selection), studies=studies)
+    profile = selection_profile(selection)
+    return ledger_scope(*where, say=say, profile=profile, studies=studies, ledger=ledger)
 
 
 def selection_profile(selection: dict[str, Any]) -> str:
@@ -211,7 +218,7 @@ def group_config(
 ) -> RunConfig:
     """The benchmark config of ``group``: the ledger's profile on its systems, method and
     seeds, with its ablation's model settings or its study variant's settings
-    (:func:`tasks.ledger.scope.variant_overrides`)."""
+    (:func:`tasks.ledger.variants.variant_overrides`)."""
     layers = (
         variant_overrides(group.method, group.ablation)
         if group.study

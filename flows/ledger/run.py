@@ -126,7 +126,7 @@ def record_store(
     killed); trains nothing."""
     from tasks.tracking import connect
 
-    _, states = selected_states(ledger, selection_scope(selection), selection)
+    _, states = selected_states(ledger, selection_scope(selection, ledger=ledger), selection)
     todo = to_train(states)
     if not todo:
         return []
@@ -171,7 +171,7 @@ def run_ledger(
     running cells stand (None: never). The CPU priority is the caller's (``--nice``)."""
     from tasks.tracking import connect
 
-    scope = selection_scope(selection, say)
+    scope = selection_scope(selection, say, ledger=ledger)
     _, states = selected_states(ledger, scope, selection)
     todo = to_train(states, refresh_older=refresh_older)
     out = LedgerRun(todo=len(todo))

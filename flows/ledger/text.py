@@ -302,9 +302,8 @@ def readme_ledger(path: Path) -> str:
     ledger ``path`` (what ``nllab ledger table --readme`` writes)."""
     from tasks.ledger import ledger_scope, ledger_status, read_ledger
 
-    scope = ledger_scope(None, None, None)
-    cells = scope.select(ablations=None)
-    return ledger_markdown(ledger_status(read_ledger(path, scope), cells))
+    scope = ledger_scope(ledger=path)
+    return ledger_markdown(ledger_status(read_ledger(path, scope), scope.select(ablations=None)))
 
 
 # -- the two protocols side by side (the fidelity page) ------------------------------------------
@@ -324,7 +323,7 @@ def protocols_markdown(path: Path, floors: dict[str, str] | None = None) -> str:
 
     statuses = {}
     for profile in PROTOCOLS:
-        scope = ledger_scope(None, None, None, profile=profile)
+        scope = ledger_scope(profile=profile, ledger=path)
         statuses[profile] = ledger_status(read_ledger(path, scope), scope.select(ablations=False))
     best = {p: {b.system: b for b in best_per_system(s)} for p, s in statuses.items()}
     paper_best: dict[str, tuple[str, float]] = {}

@@ -44,7 +44,15 @@ from typing import TYPE_CHECKING, Any
 from datasets import cache_folders
 from nlmodels import numerics_environment
 from tasks.config.names import METHODS
-from tasks.ledger.records import ABLATIONS, PEERS, LedgerCell, LedgerScope, cell_numerics
+from tasks.ledger.records import (
+    ABLATIONS,
+    PEERS,
+    LedgerCell,
+    LedgerScope,
+    cell_numerics,
+    read_ledger,
+)
+from tasks.ledger.variants import variant_of
 
 if TYPE_CHECKING:
     from tasks.config import CellConfig, RunConfig
@@ -57,8 +65,6 @@ __all__ = [
     "ledger_scope",
     "paper_config",
     "scope_of",
-    "variant_of",
-    "variant_overrides",
 ]
 
 #: The profiles whose cells the ledger keeps (:data:`tasks.config.PAPER_BUDGET_PROFILES`), the
@@ -150,8 +156,8 @@ def scope_of(
     """The scope computed now: ``profile``'s cells (``config_file`` layered on it, the
     ``systems``/``methods`` asked for, None: its own), those of each ablation and the peers',
     then, given ``studies`` and no config file, the studies' cells (each tagged with how it
-    differs from the profile's cell: :func:`variant_of`), with ``numerics(cell)`` (today's
-    fingerprints) if given. Loads the models (torch)."""
+    differs from the profile's cell: :func:`~tasks.ledger.variants.variant_of`), with
+    ``numerics(cell)`` (today's fingerprints) if given. Loads the models (torch)."""
     from tasks.config.names import SYSTEM_NAMES, plugin_systems
 
     base = paper_config(config_file=config_file, systems=systems, methods=methods, profile=profile)
@@ -214,43 +220,6 @@ class _ProfileCells:
         return self._built[key].get(cell.seed)
 
 
-def variant_of(cell: CellConfig, base: CellConfig | None) -> str:
-    """How ``cell`` differs from ``base`` (the profile's cell of its system, method and seed):
-    ``section.key=value`` (JSON values) for each setting of its data, training and model that
-    differs, sorted, ``; ``-joined; "" when it is that cell (the same config hash).
-    :func:`variant_overrides` reads it back."""
-    if base is None or cell.config_hash() == base.config_hash():
-        return ""
-    from tasks.config import non_default_overrides
-
-    mine, theirs = cell.model_dump(mode="json"), base.model_dump(mode="json")
-    for dump, c in ((mine, cell), (theirs, base)):
-        dump["model"] = non_default_overrides(c.method, dump["model"])
-    parts = []
-    for section in ("data", "training", "model"):
-        a, b = mine[section], theirs[section]
-        for key in sorted(set(a) | set(b)):
-            if a.get(key) != b.get(key):
-                parts.append(f"{section}.{key}={json.dumps(a.get(key), sort_keys=True)}")
-    return "; ".join(parts)
-
-
-def variant_overrides(method: str, variant: str) -> dict[str, Any]:
-    """A variant (:func:`variant_of`) as config layers: ``{"data": {...}, "training": {...},
-    "models": {method: {...}}}`` (sections it does not name left out)."""
-    layers: dict[str, dict[str, Any]] = {}
-    for part in filter(None, variant.split("; ")):
-        name, _, value = part.partition("=")
-        section, _, key = name.partition(".")
-        if section not in ("data", "training", "model") or not key or not value:
-            raise ValueError(f"not a ledger variant: {variant!r}")
-        layers.setdefault(section, {})[key] = json.loads(value)
-    out: dict[str, Any] = {k: v for k, v in layers.items() if k != "model"}
-    if "model" in layers:
-        out["models"] = {method: layers["model"]}
-    return out
-
-
 def _known_methods() -> set[str]:
     """The built-in models and the plugins' (entry-point metadata: no plugin is imported)."""
     from importlib.metadata import entry_points
@@ -266,6 +235,7 @@ def ledger_scope(
     say: Callable[[str], None] | None = None,
     profile: str = "paper",
     studies: StudyCells | None = None,
+    ledger: str | Path | None = None,
 ) -> LedgerScope:
     """:func:`scope_of` (of ``profile``, with the ``studies``' cells if given) with today's
     numerics, read from the installation's cache (else ``$NLLAB_HOME/ledger``) when computed
@@ -273,7 +243,13 @@ def ledger_scope(
     time: another that asks meanwhile computes the canaries from the scope's other end, then
     waits and reads it) and cached; ``say`` is told when it computes. Selections within the
     profile's own systems and methods share its scope (one cache file;
-    :meth:`LedgerScope.select` narrows it)."""
+    :meth:`LedgerScope.select` narrows it).
+
+    ``ledger``: the ledger file whose records it will judge (None: any). Only the cells it
+    holds records of need today's numerics (one without is missing whatever they are), so only
+    theirs are computed, the others keep None until a record asks: the studies' and the peers'
+    canaries, most of a new code state's cost, wait until their cells train. The cache keeps
+    what was computed; a later call computes what it lacks."""
     from tasks.config.names import MAIN_SYSTEMS
 
     if (
@@ -292,34 +268,63 @@ def ledger_scope(
     name = f"scope-{key[:24]}.json" if key else ""
     # nothing in the key is the home's: the installation's folder, then the home's
     folders = cache_folders("ledger") if name else []
-    if (cached := _cached(folders, name)) is not None:
+    wanted = None if ledger is None else frozenset(r.config_hash for r in read_ledger(ledger))
+    if (cached := _cached(folders, name)) is not None and not _lacking(cached, wanted):
         return cached
     if say is not None:
         say(
             "ledger: computing today's config hashes and numerics fingerprints (once per code "
             "state; cached beside the installation)"
         )
-
     rows = functools.partial(_scope_rows, config_file, systems, methods, profile, studies)
-    help_the_holder = functools.partial(_numerics_from_the_end, rows)
-    with _computing_alone(folders, name, help_the_holder):
+    with _computing_alone(folders, name, functools.partial(_numerics_from_the_end, rows, wanted)):
         # a process that waited for the lock finds what the one before it computed
-        if (cached := _cached(folders, name)) is not None:
+        if (cached := _cached(folders, name)) is not None and not _lacking(cached, wanted):
             return cached
+        numerics = _NumericsOf(wanted, cached)
         scope = scope_of(
-            config_file, systems, methods, numerics=cell_numerics, profile=profile, studies=studies
+            config_file, systems, methods, numerics=numerics, profile=profile, studies=studies
         )
         any(_write(folder / name, scope) for folder in folders)  # the first that takes it
     return scope
 
 
-def _numerics_from_the_end(rows: Callable[[], Sequence[tuple[CellConfig, str, str, str]]]) -> None:
+class _NumericsOf:
+    """Today's numerics of a cell whose config hash is ``wanted`` (None: any), computed once
+    per config hash (the cells of one hash are one config), else what ``cached`` (a scope
+    computed before) holds of it: None where nothing was computed."""
+
+    def __init__(self, wanted: frozenset[str] | None, cached: LedgerScope | None) -> None:
+        self.wanted = wanted
+        self.known = {} if cached is None else {c.config_hash: c.numerics for c in cached.cells}
+
+    def __call__(self, cell: CellConfig) -> str | None:
+        h = cell.config_hash()
+        if self.known.get(h) is None and (self.wanted is None or h in self.wanted):
+            self.known[h] = cell_numerics(cell)
+        return self.known.get(h)
+
+
+def _lacking(scope: LedgerScope, wanted: frozenset[str] | None) -> bool:
+    """Whether a cell of ``scope`` whose config hash is ``wanted`` (None: any) has no numerics
+    computed yet."""
+    return any(
+        c.numerics is None and (wanted is None or c.config_hash in wanted) for c in scope.cells
+    )
+
+
+def _numerics_from_the_end(
+    rows: Callable[[], Sequence[tuple[CellConfig, str, str, str]]],
+    wanted: frozenset[str] | None = None,
+) -> None:
     """While another process computes a scope, its canaries in the order of its ``rows``
-    (:func:`_scope_rows`), compute them from the other end: each is kept in the numerics cache
-    the two share, where the other finds it, so that they meet in the middle."""
+    (:func:`_scope_rows`), compute them from the other end (those of the ``wanted`` config
+    hashes; None: all): each is kept in the numerics cache the two share, where the other finds
+    it, so that they meet in the middle."""
     try:
         for cell, *_ in reversed(rows()):
-            cell_numerics(cell)
+            if wanted is None or cell.config_hash() in wanted:
+                cell_numerics(cell)
     except Exception:  # (only a help: the holder's own computation says what fails)
         pass
 
