@@ -341,7 +341,8 @@ def test_without_the_switch_a_cpu_pack_trains_one_by_one():
 
 @pytest.mark.training
 @pytest.mark.parametrize("dim", [1, pytest.param(2, marks=pytest.mark.heavy)])  # 2-D: heavy
-@pytest.mark.parametrize("name", ["node", "anode"])
+# (ANODE is NODE's pack with its state augmented: the heavy tier checks it)
+@pytest.mark.parametrize("name", ["node", pytest.param("anode", marks=pytest.mark.heavy)])
 def test_a_packed_reference_member_is_bitwise_its_pack_of_one(cpu_twin, name, dim):
     """Members of three systems in one pack (their own grids), and in another pack: each is
     its pack of one bit for bit (how a lone cell trains on CUDA)."""

@@ -129,7 +129,10 @@ def test_a_cross_system_member_is_bitwise_its_unpacked_run(name):
 
 
 @pytest.mark.parametrize("dim", [1, pytest.param(2, marks=pytest.mark.heavy)])  # 2-D: heavy
-@pytest.mark.parametrize("name", ["nf_coupling", "nf_resnet"])
+# (the two flows share the linear time functions: the heavy tier checks the ResNet flow's)
+@pytest.mark.parametrize(
+    "name", ["nf_coupling", pytest.param("nf_resnet", marks=pytest.mark.heavy)]
+)
 def test_the_paper_profiles_flows_pack_bitwise(name, dim):
     """The paper profile's Neural Flows (the reference's linear time functions) too, on 1-D
     and 2-D systems."""
