@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import os
 import shutil
 import tempfile
@@ -141,11 +142,46 @@ def starts_processes(item: pytest.Item) -> bool:
     )
 
 
+#: Each test module's seconds in a timed run (``scripts/module_seconds.py`` writes it from the
+#: run's JUnit report). The modules are handed out longest first, so that the last module a
+#: pytest-xdist worker takes is a short one and the two finish together (the
+#: longest-processing-time rule; xdist's own order, most tests first, left a long module last).
+_MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config.option, "loadscopereorder"):  # (pytest-xdist's, in its controller)
+        config.option.loadscopereorder = False  # the collection's order: ours, below
+
+
+@functools.cache
+def _module_seconds() -> dict[str, float]:
+    try:
+        return json.loads(_MODULE_SECONDS.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _longest_first(items: list[pytest.Item]) -> None:
+    """Sort ``items`` by their module's recorded seconds, longest first (a module not recorded,
+    a new one, first of all), keeping each module's own order."""
+    seconds = _module_seconds()
+    root = Path(__file__).resolve().parent.parent
+
+    def key(item: pytest.Item) -> float:
+        module = Path(item.path).resolve()
+        name = module.relative_to(root).as_posix() if module.is_relative_to(root) else str(module)
+        return -seconds.get(name, float("inf"))
+
+    items.sort(key=key)
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by marker (-m)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if starts_processes(item):
             item.add_marker(pytest.mark.process)
+    _longest_first(items)
 
 
 def _point_mlflow_at(mp: pytest.MonkeyPatch, folder: Path) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -91,3 +92,38 @@ def test_a_failed_suite_is_timed_but_never_recorded(suite_time, monkeypatch, tmp
     assert suite_time.main(["--record"]) == 0
     (args,) = recorded
     assert args[4][0][1:3] == ("13 min 56 s (836 s)", "1638 passed, 5 skipped")
+
+
+def test_modules_are_handed_out_longest_first_from_a_runs_report(tmp_path, monkeypatch):
+    """``scripts/module_seconds.py`` adds a JUnit report's times up per module (a class's tests
+    to their module; the largest figure of a module in several reports), and the suite's
+    collection puts the modules in that order, longest first, an unrecorded one before all."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    import conftest
+
+    import scripts.module_seconds as durations
+
+    report = tmp_path / "run.xml"
+    report.write_text(
+        "<testsuites><testsuite>"
+        '<testcase classname="tests.test_a" name="x" time="1.5"/>'
+        '<testcase classname="tests.test_a.TestGroup" name="y" time="2.0"/>'
+        '<testcase classname="tests.test_b" name="z" time="9.0"/>'
+        "</testsuite></testsuites>"
+    )
+    assert durations.module_seconds(report) == {"tests/test_a.py": 3.5, "tests/test_b.py": 9.0}
+    out = tmp_path / "module_seconds.json"
+    monkeypatch.setattr(durations, "OUT", out)
+    durations.main([str(report)])
+    seconds = json.loads(out.read_text())
+    assert list(seconds) == ["tests/test_b.py", "tests/test_a.py"]
+
+    class Item:
+        def __init__(self, name: str, test: str) -> None:
+            self.path, self.test = ROOT / "tests" / name, test
+
+    items = [Item("test_a.py", "1"), Item("test_a.py", "2"), Item("test_b.py", "3")]
+    items.append(Item("test_new.py", "4"))
+    monkeypatch.setattr(conftest, "_module_seconds", lambda: seconds)
+    conftest._longest_first(items)
+    assert [i.test for i in items] == ["4", "3", "1", "2"]
