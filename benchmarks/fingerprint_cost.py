@@ -114,18 +114,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"({len(rows)} model canaries and {systems} system canaries): {cold:.1f} s with an empty "
         f"cache, {warm:.2f} s read from it."
     )
-    print(f"| {' | '.join(COLUMNS)} |\n|{'|'.join('---' for _ in COLUMNS)}|")
-    for row in rows:
-        print(f"| {' | '.join(row)} |")
-    print(f"\n{note}")
-    if args.record:
-        from tasks.reports.measurements import record_measurement
+    from tasks.reports.measurements import show_measurement
 
-        script = "PYTHONPATH=. python benchmarks/fingerprint_cost.py"
-        command = f"{script} --repeats {args.repeats} --record"
-        title = "what the numerics canaries cost"
-        path = record_measurement("fingerprint_cost", title, command, COLUMNS, rows, note)
-        print(f"recorded {path}")
+    script = "PYTHONPATH=. python benchmarks/fingerprint_cost.py"
+    command = f"{script} --repeats {args.repeats} --record"
+    title = "what the numerics canaries cost"
+    record = ("fingerprint_cost", title, command) if args.record else None
+    show_measurement(COLUMNS, rows, note, record=record)
 
 
 if __name__ == "__main__":

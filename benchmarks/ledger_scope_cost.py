@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 COLUMNS = ("today's numerics for", "cells", "configs given numerics", "seconds", "ratio")
+TITLE = "a new code state's first ledger status"
 #: One computation of the status command's scope, in a process of its own.
 _CHILD = """
 import json, sys
@@ -81,6 +82,7 @@ def measure(ledger: Path, repeats: int) -> list[tuple[str, ...]]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     from tasks.ledger import DEFAULT_LEDGER
+    from tasks.reports.measurements import show_measurement
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=2, help="cold computations of each way")
@@ -92,25 +94,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args.ledger.is_file():
         ap.error(f"--ledger {args.ledger}: no such file")
     rows = measure(args.ledger, args.repeats)
-    note = (
+    command = (
+        f"PYTHONPATH=. python benchmarks/ledger_scope_cost.py --repeats {args.repeats} --record"
+    )
+    show_measurement(
+        COLUMNS,
+        rows,
         f"The scope of `nllab ledger status` (Table 3, the ablation, the peers and the studies, "
         f"under the paper profile), each computed cold in a fresh process: median of "
         f"{args.repeats}, the two alternating; wall seconds from the process's start (imports "
-        f"included)."
+        f"included).",
+        record=("ledger_scope_cost", TITLE, command) if args.record else None,
     )
-    print(f"| {' | '.join(COLUMNS)} |\n|{'|'.join('---' for _ in COLUMNS)}|")
-    for row in rows:
-        print(f"| {' | '.join(row)} |")
-    print(f"\n{note}")
-    if args.record:
-        from tasks.reports.measurements import record_measurement
-
-        command = f"PYTHONPATH=. python benchmarks/ledger_scope_cost.py --repeats {args.repeats}"
-        title = "a new code state's first ledger status"
-        path = record_measurement(
-            "ledger_scope_cost", title, f"{command} --record", COLUMNS, rows, note
-        )
-        print(f"recorded {path}")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from tasks.reports.measurements import (
     measurement_markdown,
     read_measurement,
     record_measurement,
+    show_measurement,
 )
 
 COLUMNS = ("model", "s/epoch", "note")
@@ -86,3 +87,21 @@ def test_a_records_commit_says_when_code_differs_from_it_not_when_records_do(tmp
     assert current_commit(tmp_path) == clean
     (tmp_path / "code.py").write_text("x = 2\n")  # the code measured changed
     assert current_commit(tmp_path) == f"{clean} (with uncommitted changes)"
+
+
+def test_a_benchmark_shows_its_table_and_records_it_only_when_asked(tmp_path, capsys):
+    assert show_measurement(COLUMNS, ROWS, "Quiet.", folder=tmp_path) is None
+    shown = capsys.readouterr().out
+    assert shown.splitlines()[:4] == [
+        "| model | s/epoch | note |",
+        "|---|---|---|",
+        "| node | 1.5 | packed. |",
+        "| neural_laplace | 0.25 | one by one |",
+    ]
+    assert shown.rstrip().endswith("Quiet.") and not list(tmp_path.iterdir())
+    path = show_measurement(
+        COLUMNS, ROWS, record=("probe", "a probe", "p --record"), folder=tmp_path
+    )
+    assert path == tmp_path / "probe.json" and f"recorded {path}" in capsys.readouterr().out
+    m = read_measurement(path)
+    assert (m.name, m.title, m.command, m.rows) == ("probe", "a probe", "p --record", ROWS)

@@ -19,6 +19,7 @@ __all__ = [
     "measurement_markdown",
     "read_measurement",
     "record_measurement",
+    "show_measurement",
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,6 +104,29 @@ def record_measurement(
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.json"
     path.write_text(json.dumps(asdict(m), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def show_measurement(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    note: str = "",
+    *,
+    record: tuple[str, str, str] | None = None,
+    folder: Path = FOLDER,
+) -> Path | None:
+    """Print a benchmark's table (Markdown) and ``note``; given ``record`` (its name, title and
+    command line, ``--record`` included), also write it into ``folder``
+    (:func:`record_measurement`) and say where. The path written, or None."""
+    print(f"| {' | '.join(columns)} |\n|{'|'.join('---' for _ in columns)}|")
+    for row in rows:
+        print(f"| {' | '.join(map(str, row))} |")
+    if note:
+        print(f"\n{note}")
+    if record is None:
+        return None
+    path = record_measurement(*record, columns, rows, note, folder)
+    print(f"recorded {path}")
     return path
 
 
