@@ -266,20 +266,32 @@ def prefect_api(prefect_server) -> str:
     return PREFECT_API_URL.value()
 
 
+def _declared_systems_forgotten() -> Iterator[None]:
+    """The process's registry of systems as it was before, once the caller is done (a
+    config's ``define_systems`` and a plugin simulator named in it declare theirs there)."""
+    from datasets import _systems
+    from tasks.config import declarations as _declarations
+
+    tables = (_systems.SYSTEM_SPECS, _systems._INFOS, _declarations._DECLARED)
+    before = [dict(table) for table in tables]
+    yield
+    for table, saved in zip(tables, before, strict=True):
+        table.clear()
+        table.update(saved)
+
+
 @pytest.fixture
 def forget_declared_systems():
     """Systems a test declares leave the process's registry afterwards (other tests list the
     built-in ones)."""
-    from datasets import _systems
-    from tasks.config import declarations as _declarations
+    yield from _declared_systems_forgotten()
 
-    before = dict(_systems.SYSTEM_SPECS), dict(_systems._INFOS), dict(_declarations._DECLARED)
-    yield
-    for table, saved in zip(
-        (_systems.SYSTEM_SPECS, _systems._INFOS, _declarations._DECLARED), before, strict=True
-    ):
-        table.clear()
-        table.update(saved)
+
+@pytest.fixture(scope="module", autouse=True)
+def _declared_systems_stay_in_their_module():
+    """Whatever a module's tests declare leaves with the module: the modules run in any order,
+    and a later one may list the built-in systems."""
+    yield from _declared_systems_forgotten()
 
 
 def _fake_distribution(site: Path, package: str, group: str, entries: dict[str, str]) -> Path:
