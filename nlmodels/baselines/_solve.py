@@ -9,6 +9,7 @@ from torch import nn
 from torchdiffeq import odeint, odeint_adjoint
 
 from nlmodels.base import batch_times, host_bool
+from nlmodels.baselines._dopri_adjoint import dopri5_adjoint_eager
 from nlmodels.baselines._euler import Field, euler_adjoint, euler_adjoint_eager, euler_steps
 
 __all__ = [
@@ -111,7 +112,9 @@ def odeint_grid(
     :func:`nlmodels.baselines._euler.euler_adjoint`: the same arithmetic in batchable ops;
     outside a pack, an Euler solve takes :func:`~nlmodels.baselines._euler.euler_adjoint_eager`:
     torchdiffeq's bytes with less work (``count_nfe``: called for each evaluation of ``field``
-    it reuses rather than makes again, so that the count is torchdiffeq's).
+    it reuses rather than makes again, so that the count is torchdiffeq's); a ``dopri5`` solve
+    on a shared grid takes :func:`~nlmodels.baselines._dopri_adjoint.dopri5_adjoint_eager`,
+    torchdiffeq's bytes with less work too.
     """
     shared = shared_grid(t0, query_t)
     options: dict = {}
@@ -145,6 +148,8 @@ def odeint_grid(
         sol = euler_adjoint(func, x0, times, owner)
     elif adjoint and solver == "euler":
         sol = euler_adjoint_eager(func, x0, times, owner, count=count_nfe)
+    elif adjoint and solver == "dopri5" and not options:
+        sol = dopri5_adjoint_eager(func, x0, times, owner, rtol=rtol, atol=atol)
     elif adjoint:
         adjoint_options = dict(norm="seminorm", **options)
         sol = odeint_adjoint(
