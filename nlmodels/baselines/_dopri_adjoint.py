@@ -195,11 +195,9 @@ class _AdjointSolver:
             assert torch.isfinite(y0).all() and torch.isfinite(g0).all(), "non-finite state"
             y1, f1, err, k, kg = self._step(y0, f0, fg0, step_start, dt, t_end)
             ratio = _error_ratio(err, self.rtol, self.atol, y0, y1, self._norm)
-            accept = ratio <= 1
-            if dt > self.max_step:
-                accept = False
-            if dt <= self.min_step:
-                accept = True
+            # the error test, overruled outside the step bounds (as torchdiffeq's, in its order)
+            within = not bool(dt > self.max_step)
+            accept = (bool(ratio <= 1) and within) or bool(dt <= self.min_step)
             if accept:
                 g1 = g0 + torch.sum(kg[..., :6] * (self.tab.beta[5] * dt.to(self.dtype)), dim=-1)
                 last = (y0, y1, k, g0, g1, kg, dt)
