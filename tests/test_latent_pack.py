@@ -11,7 +11,7 @@ from torchdiffeq._impl.dopri5 import _DORMAND_PRINCE_SHAMPINE_TABLEAU, DPS_C_MID
 
 from nlmodels import build_model
 from nlmodels.baselines import LatentODE
-from nlmodels.baselines._dopri import _tableau, dopri5_lanes
+from nlmodels.baselines._dopri import dopri5_lanes, tableau
 from nlmodels.baselines._mlp import stacked_linear, stacked_mlp
 from nltrain import TrainingDiverged, packable, seeded, train
 
@@ -58,7 +58,7 @@ def _torchdiffeq(field: _Field, y0, times, rtol, atol):
 
 
 def test_tableau_is_torchdiffeqs():
-    tab = _tableau(torch.float64, torch.device("cpu"))
+    tab = tableau(torch.float64, torch.device("cpu"))
     ref = _DORMAND_PRINCE_SHAMPINE_TABLEAU
     assert torch.equal(tab.alpha, ref.alpha) and torch.equal(tab.c_error, ref.c_error)
     assert all(torch.equal(a, b) for a, b in zip(tab.beta, ref.beta, strict=True))

@@ -790,6 +790,8 @@ TEST_INTERNALS: dict[str, str] = {
     "nlmodels.accel.gru._WavefrontGRU": "the wavefront GRU kernel against torch's formula",
     "nlmodels.accel.native._store": "where the native kernels are built and their cache key",
     "nlmodels.baselines._dopri": "the Dormand-Prince tableau and the batched solver's lanes",
+    "nlmodels.baselines._dopri_adjoint": "the dopri5 adjoint twin against torchdiffeq's, its "
+    "step control's error ratios watched",
     "nlmodels.baselines._mlp": "the stacked (batched) MLP against one member's",
     "nlmodels.baselines._euler": "the Euler solve the packed step is compared with, and its "
     "adjoint twin against torchdiffeq's",

@@ -41,7 +41,7 @@ from functools import lru_cache
 
 import torch
 
-__all__ = ["LaneSolution", "dopri5_lanes"]
+__all__ = ["ORDER", "LaneSolution", "dopri5_lanes", "interp_fit", "tableau"]
 
 #: ``field(t, y)``: ``t [L]`` (in y's dtype), ``y [L, *S]`` → ``dy/dt [L, *S]``.
 LaneField = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -74,7 +74,7 @@ _C_MID = (
     -1776094331 / 19743644256 / 2,
     11237099 / 235043384 / 2,
 )
-_ORDER = 5
+ORDER = 5
 _SAFETY, _IFACTOR, _DFACTOR = 0.9, 10.0, 0.2
 
 
@@ -91,7 +91,7 @@ class _Tableau:
 
 
 @lru_cache(maxsize=16)
-def _tableau(dtype: torch.dtype, device: torch.device) -> _Tableau:
+def tableau(dtype: torch.dtype, device: torch.device) -> _Tableau:
     def t(values, dt=dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.float64).to(device=device, dtype=dt)
 
@@ -104,7 +104,7 @@ def _tableau(dtype: torch.dtype, device: torch.device) -> _Tableau:
         safety=t(_SAFETY, f64),
         ifactor=t(_IFACTOR, f64),
         dfactor=t(_DFACTOR, f64),
-        exponent=torch.tensor(_ORDER, dtype=f64, device=device).reciprocal(),
+        exponent=torch.tensor(ORDER, dtype=f64, device=device).reciprocal(),
     )
 
 
@@ -166,7 +166,7 @@ def _initial_step(field, t0, y0, f0, rtol, atol) -> torch.Tensor:
         second, torch.abs(_rms_on((f1 - f0) / scale, second) / h0), _rms_on(f0 / scale, first)
     )
     h1_flat = torch.maximum(torch.full_like(h0, 1e-6), h0 * 1e-3)
-    h1_step = (0.01 / largest) ** (1.0 / float(_ORDER))
+    h1_step = (0.01 / largest) ** (1.0 / float(ORDER))
     h1 = torch.where(flat, h1_flat, h1_step).abs()
     return torch.minimum(100 * h0, h1).to(t0.dtype)
 
@@ -182,7 +182,7 @@ def _lanes(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return v.view(v.shape[0], *extra, *v.shape[1:])
 
 
-def _interp_fit(y0, y1, k, dt, mid) -> list[torch.Tensor]:
+def interp_fit(y0, y1, k, dt, mid) -> list[torch.Tensor]:
     """torchdiffeq's ``_interp_fit`` (4th-order dense output through Shampine's midpoint)."""
     dt_l = _lanes(dt, y0)
     y_mid = y0 + torch.sum(k * _lanes(dt.unsqueeze(1) * mid, y0), dim=-1)
@@ -230,7 +230,7 @@ def dopri5_lanes(
     n_lanes, n_out = t_out.shape
     ydt, device = y0.dtype, y0.device
     tdt = torch.promote_types(torch.float64, ydt)
-    tab = _tableau(ydt, device)
+    tab = tableau(ydt, device)
     every = check_every or (1 if device.type == "cpu" else 4)
     if iterations is not None and iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
@@ -305,14 +305,14 @@ def dopri5_lanes(
         attempts = attempts + active
         if on_host:
             if bool(accept):
-                coeffs, left, right = _interp_fit(y, y1, k, h, tab.mid), t, t1
+                coeffs, left, right = interp_fit(y, y1, k, h, tab.mid), t, t1
                 y, f, t = y1, f1, t1
                 accepted = accepted + 1
             dt = dt_next
             continue
         take = active & accept
         lane_take = _lanes(take, y)
-        fit = _interp_fit(y, y1, k, h, tab.mid)
+        fit = interp_fit(y, y1, k, h, tab.mid)
         coeffs = [torch.where(lane_take, new, old) for new, old in zip(fit, coeffs)]
         left = torch.where(take, t, left)
         right = torch.where(take, t1, right)

@@ -43,7 +43,7 @@ import torch
 from torch import nn
 from torchdiffeq import odeint
 
-from nlmodels.baselines._dopri import _DFACTOR, _IFACTOR, _ORDER, _SAFETY, _interp_fit, _tableau
+from nlmodels.baselines._dopri import ORDER, interp_fit, tableau
 from nlmodels.baselines._euler import Field
 
 __all__ = ["dopri5_adjoint_eager"]
@@ -124,12 +124,7 @@ class _AdjointSolver:
 
         self.rtol, self.atol = scalar(rtol), scalar(atol)
         self.min_step, self.max_step = scalar(0), scalar(float("inf"))
-        self.safety, self.ifactor, self.dfactor = (
-            scalar(_SAFETY),
-            scalar(_IFACTOR),
-            scalar(_DFACTOR),
-        )
-        self.tab = _tableau(self.dtype, device)
+        self.tab = tableau(self.dtype, device)  # (its step control's factors in float64)
 
     # -- the augmented dynamics, reversed in time ---------------------------------------------
 
@@ -205,7 +200,7 @@ class _AdjointSolver:
                 y0, f0, g0, fg0 = y1, f1, g1, kg[..., -1]
             else:
                 t0, t1 = step_start, step_start
-            dt = _optimal_step_size(dt, ratio, self.safety, self.ifactor, self.dfactor)
+            dt = _optimal_step_size(dt, ratio, self.tab.safety, self.tab.ifactor, self.tab.dfactor)
             dt = dt.clamp(self.min_step, self.max_step)
         assert last is not None
         ys, ye, k, gs, ge, kg, step = last
@@ -229,7 +224,7 @@ class _AdjointSolver:
         if d1 <= 1e-15 and d2 <= 1e-15:
             h1 = torch.max(torch.tensor(1e-6, dtype=y0.dtype, device=y0.device), h0 * 1e-3)
         else:
-            h1 = (0.01 / max(d1, d2)) ** (1.0 / float(_ORDER))
+            h1 = (0.01 / max(d1, d2)) ** (1.0 / float(ORDER))
         h1 = h1.abs()
         return torch.min(100 * h0, h1).to(self.t_dtype)
 
@@ -255,7 +250,7 @@ class _AdjointSolver:
     def _fit(self, y0, y1, k, dt) -> list[torch.Tensor]:
         """``RKAdaptiveStepsizeODESolver._interp_fit``: dense output of one step."""
         dt = dt.type_as(y0)
-        return [c[0] for c in _interp_fit(y0[None], y1[None], k[None], dt.reshape(1), self.tab.mid)]
+        return [c[0] for c in interp_fit(y0[None], y1[None], k[None], dt.reshape(1), self.tab.mid)]
 
 
 def _rms(x: torch.Tensor) -> torch.Tensor:
@@ -276,7 +271,7 @@ def _optimal_step_size(last_step, error_ratio, safety, ifactor, dfactor) -> torc
     if error_ratio < 1:
         dfactor = torch.ones((), dtype=last_step.dtype, device=last_step.device)
     error_ratio = error_ratio.type_as(last_step)
-    exponent = torch.tensor(_ORDER, dtype=last_step.dtype, device=last_step.device).reciprocal()
+    exponent = torch.tensor(ORDER, dtype=last_step.dtype, device=last_step.device).reciprocal()
     return last_step * torch.min(ifactor, torch.max(safety / error_ratio**exponent, dfactor))
 
 
