@@ -311,7 +311,11 @@ def study_measurements(
             measured[table] = compute()
             return measured[table]
 
-    with tempfile.TemporaryDirectory(prefix=f"nllab-measure-{name}-") as tmp:
+    from prefect.settings import PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW, temporary_settings
+
+    # The body's Prefect tasks run here without a flow: their log lines stay local, unwarned.
+    quiet = temporary_settings({PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW: "ignore"})
+    with quiet, tempfile.TemporaryDirectory(prefix=f"nllab-measure-{name}-") as tmp:
         ctx = _context(name, profile, Path(tmp), Measuring, seeds=seeds, overrides=overrides)
         _study(name).body(ctx)
     return measured
