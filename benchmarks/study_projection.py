@@ -39,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from flows.ledger import solver_factors
 from flows.studies import LEDGER_STUDIES, MEASURES, STUDIES, plan_study
 from tasks.config import CellConfig
 from tasks.ledger import DEFAULT_LEDGER, hardware_name, read_ledger
@@ -52,8 +53,6 @@ from tasks.reports.measurements import (
 
 #: Training trajectories and epochs of a paper-profile cell (what the records' times are of).
 PAPER_TRAIN, PAPER_EPOCHS = 800, 1000
-#: The committed wall-clock measurement of Table 11 (a solver's epoch against Euler's).
-WALLCLOCK = Path(__file__).resolve().parents[1] / "results" / "measurements" / "wallclock.json"
 
 
 def planned_cells(name: str) -> tuple[list[CellConfig], str]:
@@ -80,21 +79,6 @@ def cell_seconds(
     epochs = cell.training.epochs
     factor = (solver_factor or {}).get((cell.method, str(cell.model.get("solver", "euler"))), 1.0)
     return statistics.median(mine) * (train / PAPER_TRAIN) * (epochs / PAPER_EPOCHS) * factor
-
-
-def solver_factors(path: Path = WALLCLOCK) -> dict[tuple[str, str], float]:
-    """(method, solver) → its seconds per epoch over the same method's with Euler, from the
-    committed wall-clock measurement (empty without it)."""
-    if not path.is_file():
-        return {}
-    table = read_measurement(path)
-    at = {name: table.columns.index(name) for name in ("method", "solver", "value")}
-    seconds = {(r[at["method"]], r[at["solver"]]): float(r[at["value"]]) for r in table.rows}
-    return {
-        (method, solver): value / seconds[method, "euler"]
-        for (method, solver), value in seconds.items()
-        if solver not in ("euler", "–") and seconds.get((method, "euler"))
-    }
 
 
 def main() -> None:

@@ -313,25 +313,32 @@ def test_a_measured_twin_is_recorded_with_the_cell_it_shares_a_run_with(
     assert measured.measures["cmi_bits"] == cmi_of_run(cell, table3.run_id, queries)
 
 
+def _paper_nodes_record(system: str, seconds: float) -> list:
+    """The paper profile's NODE cell of ``system`` at seed 0, recorded on this processor in
+    ``seconds``."""
+    from tasks.ledger import hardware_name
+
+    base = paper_config(systems=[system], methods=["node"], seeds=[0]).cells()[0]
+    return [
+        _record(
+            system,
+            "node",
+            0,
+            config_hash=base.config_hash(),
+            train_seconds=seconds,
+            hardware=hardware_name("cpu"),
+        )
+    ]
+
+
 def test_a_variant_without_records_is_expected_from_its_methods_cells_by_their_training():
     """Sample size N = 125 at 200 epochs trains about 100 × 200 of the 800 × 1000
     trajectory-epochs of the profile's cell: expected at that share of its records' time (the
     fixed cost of a benchmark aside)."""
     from flows.ledger import FIXED_SECONDS
     from flows.ledger.plan import recorded_seconds
-    from tasks.ledger import hardware_name
 
-    base = paper_config(systems=["lotka_volterra_dde"], methods=["node"], seeds=[0]).cells()[0]
-    records = [
-        _record(
-            "lotka_volterra_dde",
-            "node",
-            0,
-            config_hash=base.config_hash(),
-            train_seconds=8000.0,
-            hardware=hardware_name("cpu"),
-        )
-    ]
+    records = _paper_nodes_record("lotka_volterra_dde", 8000.0)
     variant = "data.n_trajectories=125; training.epochs=200"
     group = LedgerGroup("node", variant, (0,), ("lotka_volterra_dde",), "sample-size")
     config = group_config(group, {"profile": "paper"}, {"device": "cpu"})
@@ -342,6 +349,23 @@ def test_a_variant_without_records_is_expected_from_its_methods_cells_by_their_t
     table3 = LedgerGroup("node", "", (0,), ("lotka_volterra_dde",))
     plain = group_config(table3, {"profile": "paper"}, {"device": "cpu"})
     assert recorded_seconds(table3, plain, records) == pytest.approx(FIXED_SECONDS + 8000.0)
+
+
+def test_an_adaptive_solvers_variant_is_expected_at_its_measured_epoch_against_eulers(monkeypatch):
+    """The solvers study's NODE with dopri5 (Table 10), without records of its own: expected
+    from the method's Euler cells times the wall-clock measurement's dopri5 / Euler ratio of
+    the same model (:func:`flows.ledger.solver_factors`), not at an Euler cell's time."""
+    import flows.ledger.plan as plan
+    from flows.ledger import FIXED_SECONDS
+
+    records = _paper_nodes_record("piecewise_forcing_ode", 1000.0)
+    monkeypatch.setattr(plan, "solver_factors", lambda: {("node", "dopri5"): 13.5})
+    variant = 'model.atol=1e-09; model.rtol=1e-07; model.solver="dopri5"'
+    group = LedgerGroup("node", variant, (0,), ("piecewise_forcing_ode",), "solvers")
+    config = group_config(group, {"profile": "paper"}, {"device": "cpu"})
+    assert config.cells()[0].model["solver"] == "dopri5"
+    expected = plan.recorded_seconds(group, config, records)
+    assert expected == pytest.approx(FIXED_SECONDS + 1000.0 * 13.5)
 
 
 @pytest.mark.parametrize("study", LEDGER_STUDIES)

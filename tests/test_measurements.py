@@ -43,7 +43,8 @@ def test_a_projection_scales_an_adaptive_solvers_cells_by_its_measured_epoch(tmp
     """``benchmarks/study_projection.py``: a dopri5 cell costs its Euler records' time times the
     wall-clock measurement's dopri5 / Euler ratio of the same model; an Euler cell, and a
     solver the measurement does not time, cost the records' time."""
-    from benchmarks.study_projection import cell_seconds, solver_factors
+    from benchmarks.study_projection import cell_seconds
+    from flows.ledger import solver_factors
     from tasks.config import CellConfig
 
     rows = (

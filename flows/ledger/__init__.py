@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         ledger_groups,
         ledger_states,
         recorded_seconds,
+        solver_factors,
         to_train,
     )
     from flows.ledger.run import REPORT_SECONDS, LedgerRun, record_store, run_ledger
@@ -60,6 +61,7 @@ _LAZY = {
     "ledger_states": "plan",
     "group_config": "plan",
     "recorded_seconds": "plan",
+    "solver_factors": "plan",
     "cpu_workers": "plan",
     "Forecast": "forecast",
     "checkpoint_folder": "run",
@@ -100,6 +102,7 @@ __all__ = [
     "record_store",
     "recorded_seconds",
     "run_ledger",
+    "solver_factors",
     "speed_ratios",
     "status_text",
     "tables",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -246,8 +247,10 @@ def recorded_seconds(
     packs of it, on its workers, at most one per core); None on a GPU, where the records do not
     tell (packs in lanes add up, and a record is one pack's time), or without records of the
     method. A study's variant without records of its own is expected from the method's own
-    cells, scaled by the training it does (:func:`training_work`). ``packable``: as
-    :func:`tasks.engine.make_packs` takes it (a memo, for many groups)."""
+    cells, scaled by the training it does (:func:`training_work`) and, where it solves with
+    another ODE solver than they do, by that solver's epoch against theirs
+    (:func:`solver_factors`: an adaptive solve through the adjoint costs many Euler steps).
+    ``packable``: as :func:`tasks.engine.make_packs` takes it (a memo, for many groups)."""
     import torch  # (not at import: the ledger's quick commands do without it)
 
     from tasks.engine import make_packs
@@ -268,6 +271,7 @@ def recorded_seconds(
     if plain is None:
         return None
     ratio = training_work(config, system) / training_work(profile, system)
+    ratio *= solver_cost(config, system) / solver_cost(profile, system)
     return FIXED_SECONDS + (plain - FIXED_SECONDS) * ratio
 
 
@@ -289,6 +293,43 @@ def same_settings(config: RunConfig, records: Sequence[LedgerRecord]) -> frozens
         }
     )
     return frozenset(c.config_hash() for c in wider.cells())
+
+
+def solver_factors(path: Path | None = None) -> dict[tuple[str, str], float]:
+    """(method, solver) → its seconds per epoch over the same method's with Euler, from the
+    committed wall-clock measurement of the paper's Table 11 (``path``, default
+    ``results/measurements/wallclock.json``: each model at the paper profile's settings); empty
+    without it. Read once per file state."""
+    from tasks.reports.measurements import FOLDER
+
+    path = FOLDER / "wallclock.json" if path is None else path
+    try:
+        stamp = path.stat().st_mtime_ns
+    except OSError:
+        return {}
+    return dict(_solver_factors(path, stamp))
+
+
+@lru_cache(maxsize=4)
+def _solver_factors(path: Path, stamp: int) -> tuple[tuple[tuple[str, str], float], ...]:
+    from tasks.reports.measurements import read_measurement
+
+    table = read_measurement(path)
+    at = {name: table.columns.index(name) for name in ("method", "solver", "value")}
+    seconds = {(r[at["method"]], r[at["solver"]]): float(r[at["value"]]) for r in table.rows}
+    return tuple(
+        ((method, solver), value / seconds[method, "euler"])
+        for (method, solver), value in seconds.items()
+        if solver not in ("euler", "–") and seconds.get((method, "euler"))
+    )
+
+
+def solver_cost(config: RunConfig, system: str) -> float:
+    """An epoch's cost of ``config``'s cell of ``system`` for its ODE solver alone, against the
+    same model's with Euler (:func:`solver_factors`; 1 for Euler and for a model without one)."""
+    cell = next(c for c in config.cells() if c.system == system)
+    solver = str(cell.model.get("solver", "euler"))
+    return solver_factors().get((cell.method, solver), 1.0)
 
 
 def training_work(config: RunConfig, system: str) -> float:
