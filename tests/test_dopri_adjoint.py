@@ -7,6 +7,8 @@ paper's Table 10), on the CPU and on CUDA."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -149,6 +151,36 @@ def test_a_frozen_layer_is_left_out_as_torchdiffeq_leaves_it():
     (_, grads_a, _), (_, grads_b, _) = _both(net, x0, times, weights, rtol=1e-6, atol=1e-8)
     assert all(torch.equal(a, b) for a, b in zip(grads_a, grads_b, strict=True))
     assert frozen.grad is None
+
+
+def test_a_field_without_parameters_is_torchdiffeqs_and_the_exact_gradient():
+    """``dx/dt = a·x`` with no parameters to differentiate (no owner): the initial state's
+    gradient is torchdiffeq's bit for bit, and that of ``Σ x(T)`` is ``e^{a (T − t0)}`` to
+    the tolerances."""
+    rate = -1.3
+    x0 = torch.randn(3, 2, dtype=D64)
+    times = torch.linspace(0.5, 2.5, 5, dtype=D64)
+
+    def field(t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return rate * y
+
+    def twin(x):
+        return dopri5_adjoint_eager(field, x, times, None, rtol=1e-8, atol=1e-10)
+
+    def reference(x):
+        return odeint_adjoint(
+            field, x, times, rtol=1e-8, atol=1e-10, method="dopri5", adjoint_params=(),
+            adjoint_options={"norm": "seminorm"},
+        )  # fmt: skip
+
+    grads = []
+    for solve in (twin, reference):
+        x = x0.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(solve(x)[-1].sum(), x)
+        grads.append(g)
+    assert torch.equal(grads[0], grads[1])
+    exact = torch.full_like(x0, math.exp(rate * 2.0))
+    torch.testing.assert_close(grads[0], exact, rtol=1e-6, atol=0)
 
 
 def test_the_twin_refuses_a_time_grid_that_needs_a_gradient():

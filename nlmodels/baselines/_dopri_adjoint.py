@@ -87,7 +87,7 @@ class _EagerDopri5Adjoint(torch.autograd.Function):
             solver = _AdjointSolver(ctx.field, tuple(params), sol, ctx.rtol, ctx.atol)
             adj_t = torch.zeros((), dtype=sol.dtype, device=sol.device)
             adj = grad_sol[-1]
-            adj_params = torch.cat([torch.zeros_like(p).reshape(-1) for p in params])
+            adj_params = _flat([torch.zeros_like(p) for p in params], sol)
             for i in range(times.shape[0] - 1, 0, -1):
                 adj_t, adj, adj_params = solver.interval(
                     times[i], times[i - 1], adj_t, sol[i], adj, adj_params
@@ -148,7 +148,7 @@ class _AdjointSolver:
         if not with_params:
             return out, None
         vjp_g = [torch.zeros_like(p) if g is None else g for p, g in zip(self.params, grads[2:])]
-        return out, -1.0 * torch.cat([g.reshape(-1) for g in vjp_g])
+        return out, -1.0 * _flat(vjp_g, out)
 
     def _split(self, control: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = self.size
@@ -251,6 +251,14 @@ class _AdjointSolver:
         """``RKAdaptiveStepsizeODESolver._interp_fit``: dense output of one step."""
         dt = dt.type_as(y0)
         return [c[0] for c in interp_fit(y0[None], y1[None], k[None], dt.reshape(1), self.tab.mid)]
+
+
+def _flat(tensors: Sequence[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """``tensors`` flattened into one vector, as ``_TupleFunc`` concatenates them (empty: a
+    field without parameters)."""
+    if not tensors:
+        return like.new_zeros(0)
+    return torch.cat([t.reshape(-1) for t in tensors])
 
 
 def _rms(x: torch.Tensor) -> torch.Tensor:
