@@ -183,6 +183,27 @@ def test_a_field_without_parameters_is_torchdiffeqs_and_the_exact_gradient():
     torch.testing.assert_close(grads[0], exact, rtol=1e-6, atol=0)
 
 
+def test_a_second_backward_through_one_solve_is_torchdiffeqs_too():
+    """Two losses of one solve, back-propagated one after the other (``retain_graph`` on the
+    first), and a grid of one point: the gradients accumulated are torchdiffeq's."""
+    torch.manual_seed(3)
+    net = build_model("node", 2, hidden=(8,)).double().field
+    x0 = torch.randn(2, 2, dtype=D64)
+    for times in (torch.linspace(0.0, 1.2, 4, dtype=D64), torch.zeros(1, dtype=D64)):
+        grads = {}
+        for how, solve in (("twin", dopri5_adjoint_eager), ("torchdiffeq", _torchdiffeq)):
+            net.zero_grad()
+            x = x0.clone().requires_grad_(True)
+            sol = solve(_field(net), x, times, net, rtol=1e-6, atol=1e-8)
+            sol.pow(2).sum().backward(retain_graph=True)
+            sol.sin().sum().backward()
+            grads[how] = [x.grad, *(p.grad for p in net.parameters())]
+        assert all(
+            (a is None and b is None) or torch.equal(a, b)
+            for a, b in zip(grads["twin"], grads["torchdiffeq"], strict=True)
+        )
+
+
 def test_the_twin_refuses_a_time_grid_that_needs_a_gradient():
     net = build_model("node", 1, hidden=(4,)).double().field
     times = torch.linspace(0.0, 1.0, 3, dtype=D64, requires_grad=True)
