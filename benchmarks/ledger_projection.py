@@ -1,5 +1,6 @@
-"""Projected hours per column of the results ledger (the paper's Table 3 at full budget) on this
-CPU, from a few measured paper-profile epochs of each model.
+"""Projected hours per column of the results ledger (the paper's Table 3 at full budget, and the
+Laplace-domain peers' columns beside it) on this CPU, from a few measured paper-profile epochs
+of each model.
 
 ``nllab ledger run`` trains a column one seed at a time: one benchmark of a method on the six
 systems, whose cells the engine packs (:func:`tasks.engine.make_packs`, the CPU plan: cells of
@@ -44,10 +45,12 @@ import torch
 from nltrain import LoopOptions, TrainResult, prefers_one_by_one, train_packed
 from tasks.config import CellConfig
 from tasks.engine import make_packs
+from tasks.ledger import PEERS
 from tasks.ledger.scope import paper_config
 from tasks.pipeline import build_cell_model, prepare_cell, simulate_data
 
-METHODS = ("node", "anode", "latent_ode", "nf_coupling", "nf_resnet", "neural_laplace")
+#: Table 3's columns, then the Laplace-domain and delay peers' (the ledger's other columns)
+METHODS = ("node", "anode", "latent_ode", "nf_coupling", "nf_resnet", "neural_laplace", *PEERS)
 SEEDS = 5
 
 
