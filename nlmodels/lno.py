@@ -158,9 +158,13 @@ class LNO(ForecastModel):
         ot = check_obs(obs_t, obs_x, self.state_dim)  # [B, T_o]
         if ot.shape[1] < 2:
             raise ValueError("lno needs at least two observations (the input grid's step)")
-        shared = obs_t.dim() == 1 and query_t.dim() == 1
         if query_t.dim() not in (1, 2) or query_t.shape[-1] < 1:
             raise ValueError(f"query_t must be [T] or [B, T], got shape {tuple(query_t.shape)}")
+        qt = batch_times(query_t, obs_x.shape[0]).to(obs_x)  # [B, T_q]
+        # one grid for all when every trajectory has the same times ([T], or [B, T] of equal
+        # rows): the layer's [G, W, W, M, N] terms once rather than once per trajectory
+        shared = obs_t.dim() == 1 and query_t.dim() == 1
+        shared = shared or host_bool((ot == ot[:1]).all() & (qt == qt[:1]).all())
         grid = ot[:1] if shared else ot  # [G, T_o]
         steps = grid.diff(dim=-1)
         dt = steps.mean(-1)  # [G]
@@ -169,8 +173,7 @@ class LNO(ForecastModel):
             raise ValueError(
                 "lno needs an increasing, uniform observation grid (the FFT of its input function)"
             )
-        qt = query_t.to(obs_x).unsqueeze(0) if shared else batch_times(query_t, obs_x.shape[0])
-        t = qt.to(obs_x) - grid[:, :1]  # [G, T_q], from the input grid's first time
+        t = (qt[:1] if shared else qt) - grid[:, :1]  # [G, T_q], from the input grid's first time
         self.count_nfe()
         u = self.lift(obs_x)  # [B, T_o, W]
         v = self.laplace(u.transpose(1, 2), dt, t).transpose(1, 2)  # [B, T_q, W]

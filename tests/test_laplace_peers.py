@@ -115,17 +115,23 @@ def test_lno_dft_is_the_fourier_transform(n):
 
 
 def test_lno_per_sample_grids_give_the_shared_grids_answer():
+    """Equal rows of ``[B, T]`` times are the one grid they repeat, bit for bit (its terms
+    computed once); rows of their own (one trajectory on a grid of twice the step) are each
+    answered on its own grid, to rounding."""
     torch.manual_seed(0)
     model = LNO(2, width=3, modes=2, hidden=8).double()
     t = torch.linspace(0.1, 4.0, 20, dtype=torch.float64)
     x = torch.randn(4, 10, 2, dtype=torch.float64)
     shared = model(t[:10], x, t[10:])
-    own = model(t[:10].expand(4, -1), x, t[10:].expand(4, -1))
-    torch.testing.assert_close(own, shared, rtol=1e-12, atol=1e-12)
-    # one trajectory on a grid of twice the step is the first model on that grid
-    slow = model(2 * t[:10].expand(4, -1), x, 2 * t[10:].expand(4, -1))
-    torch.testing.assert_close(slow[1], model(2 * t[:10], x[1:2], 2 * t[10:])[0])
-    assert not torch.allclose(slow, shared)
+    assert torch.equal(model(t[:10].expand(4, -1), x, t[10:].expand(4, -1)), shared)
+    obs, query = t[:10].repeat(4, 1), t[10:].repeat(4, 1)
+    obs[1], query[1] = 2 * obs[1], 2 * query[1]
+    mixed = model(obs, x, query)
+    alone = model(2 * t[:10], x[1:2], 2 * t[10:])[0]
+    torch.testing.assert_close(mixed[1], alone, rtol=1e-12, atol=1e-12)
+    others = [0, 2, 3]
+    torch.testing.assert_close(mixed[others], shared[others], rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(mixed[1], shared[1])
 
 
 TINY = {
