@@ -41,7 +41,7 @@ from functools import lru_cache
 
 import torch
 
-__all__ = ["ORDER", "LaneSolution", "dopri5_lanes", "interp_fit", "tableau"]
+__all__ = ["ORDER", "LaneSolution", "dopri5_lanes", "interp_evaluate", "interp_fit", "tableau"]
 
 #: ``field(t, y)``: ``t [L]`` (in y's dtype), ``y [L, *S]`` → ``dy/dt [L, *S]``.
 LaneField = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -194,6 +194,17 @@ def interp_fit(y0, y1, k, dt, mid) -> list[torch.Tensor]:
     return [y0, d, c, b, a]
 
 
+def interp_evaluate(coefficients: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """torchdiffeq's ``_interp_evaluate``: the dense output ``coefficients`` (of
+    :func:`interp_fit`) at the fraction ``x`` of the step, in its order of operations."""
+    total = coefficients[0] + x * coefficients[1]
+    power = x
+    for c in coefficients[2:]:
+        power = power * x
+        total = total + power * c
+    return total
+
+
 def dopri5_lanes(
     field: LaneField,
     y0: torch.Tensor,
@@ -329,12 +340,7 @@ def dopri5_lanes(
     lo = torch.stack([h[1] for h in history])[at, rows]
     hi = torch.stack([h[2] for h in history])[at, rows]
     lane_out = (n_lanes, n_out) + (1,) * (y0.dim() - 1)
-    x = ((t_out - lo) / (hi - lo)).to(ydt).view(lane_out)
-    total = cs[0] + x * cs[1]
-    power = x
-    for c in cs[2:]:
-        power = power * x
-        total = total + power * c
+    total = interp_evaluate(cs, ((t_out - lo) / (hi - lo)).to(ydt).view(lane_out))
     reached = (assigned >= 0).view(lane_out)
     out = torch.where(reached, total, torch.full_like(total, float("nan")))
     return LaneSolution(

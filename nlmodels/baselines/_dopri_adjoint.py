@@ -43,7 +43,7 @@ import torch
 from torch import nn
 from torchdiffeq import odeint
 
-from nlmodels.baselines._dopri import ORDER, interp_fit, tableau
+from nlmodels.baselines._dopri import ORDER, interp_evaluate, interp_fit, tableau
 from nlmodels.baselines._euler import Field
 
 __all__ = ["dopri5_adjoint_eager"]
@@ -178,8 +178,8 @@ class _AdjointSolver:
         end = (-t_to).to(self.t_dtype)
         f0, fg0 = self._eval(start, y0, False)
         dt = self._initial_step(start, y0, f0)
-        t0 = t1 = start
-        last = None  # the last accepted step: (y0, y1, k, g0, g1, kg, dt)
+        t1 = start
+        last = None  # the last accepted step: (its start, y0, y1, k, g0, g1, kg, dt)
         while end > t1:
             step_start = t1
             if not torch.isfinite(dt):
@@ -195,15 +195,13 @@ class _AdjointSolver:
             accept = (bool(ratio <= 1) and within) or bool(dt <= self.min_step)
             if accept:
                 g1 = g0 + torch.sum(kg[..., :6] * (self.tab.beta[5] * dt.to(self.dtype)), dim=-1)
-                last = (y0, y1, k, g0, g1, kg, dt)
-                t0, t1 = step_start, t_end
+                last = (step_start, y0, y1, k, g0, g1, kg, dt)
+                t1 = t_end
                 y0, f0, g0, fg0 = y1, f1, g1, kg[..., -1]
-            else:
-                t0, t1 = step_start, step_start
             dt = _optimal_step_size(dt, ratio, self.tab.safety, self.tab.ifactor, self.tab.dfactor)
             dt = dt.clamp(self.min_step, self.max_step)
         assert last is not None
-        ys, ye, k, gs, ge, kg, step = last
+        t0, ys, ye, k, gs, ge, kg, step = last  # (the loop ends on an accepted step, at t1)
         y_out = _evaluate(self._fit(ys, ye, k, step), t0, t1, end)
         g_out = _evaluate(self._fit(gs, ge, kg, step), t0, t1, end)
         _, a_out = self._split(y_out)
@@ -284,11 +282,5 @@ def _optimal_step_size(last_step, error_ratio, safety, ifactor, dfactor) -> torc
 
 
 def _evaluate(coefficients, t0, t1, t) -> torch.Tensor:
-    """torchdiffeq's ``_interp_evaluate``."""
-    x = ((t - t0) / (t1 - t0)).to(coefficients[0].dtype)
-    total = coefficients[0] + x * coefficients[1]
-    power = x
-    for c in coefficients[2:]:
-        power = power * x
-        total = total + power * c
-    return total
+    """torchdiffeq's ``_interp_evaluate`` at time ``t`` of the step from ``t0`` to ``t1``."""
+    return interp_evaluate(coefficients, ((t - t0) / (t1 - t0)).to(coefficients[0].dtype))
