@@ -11,8 +11,9 @@ from cells import ledger_record
 from flows.cli import main
 from flows.ledger import FIXED_SECONDS, expected_seconds, speed_ratios
 from tasks.ledger import append_records, hardware_name
-from tasks.ledger.scope import ledger_scope
+from tasks.ledger.scope import ledger_scope, paper_config
 from tasks.machine import usable_cores
+from tasks.reports import measurements
 
 RECORDS = [
     ledger_record("integro_de", "node", 0, train_seconds=500.0, hardware="EPYC"),
@@ -57,12 +58,13 @@ epochs = 2
 """
 
 
-def test_time_left_lists_the_groups_run_trains_with_their_estimates(tmp_path, capsys):
+def test_time_left_lists_the_groups_run_trains_with_their_estimates(tmp_path, capsys, monkeypatch):
     """node's seed 0 is recorded (100 s on integro_de, 300 s on spiral_dde, another
     processor's records): its seed 1 trains as two packs (one per system: their shapes differ)
-    on the config's one worker, 400 s and the fixed cost; anode has no record, so its groups
-    have no estimate; anode's seed 0 comes first (`ledger run` gives each column a seed
-    first)."""
+    on the config's one worker, 400 s and the fixed cost; anode has no record and no projection
+    of its column, so its groups have no estimate; anode's seed 0 comes first (`ledger run`
+    gives each column a seed first)."""
+    monkeypatch.setattr(measurements, "FOLDER", tmp_path / "no measurements")
     config = tmp_path / "tiny.toml"
     config.write_text(TINY)
     systems, methods = ["integro_de", "spiral_dde"], ["node", "anode"]
@@ -190,3 +192,62 @@ def test_a_cell_is_expected_from_the_newest_records_of_its_kind():
         assert seconds == pytest.approx(FIXED_SECONDS + 2000.0)  # the newest 5: 2000 … 1950
         few = expected_seconds([["integro_de"]], "node", "", records[:3], "cpu", "x")
         assert few == pytest.approx(FIXED_SECONDS + 6000.0)
+
+
+def test_a_method_without_records_is_expected_from_the_projection_of_its_column(
+    tmp_path, capsys, monkeypatch
+):
+    """No record of anode: its groups are expected from the committed projection of its column
+    (``benchmarks/ledger_projection.py``: CPU hours for 5 seeds × 6 systems at the paper's 1000
+    epochs), scaled to the cells' training (trajectories × epochs) and to this processor's
+    speed where the ledger relates the two processors, and the line says what it rests on."""
+    from flows.ledger import projected_cell_seconds
+    from flows.ledger.plan import training_work
+
+    folder = tmp_path / "measurements"
+    monkeypatch.setattr(measurements, "FOLDER", folder)
+    assert projected_cell_seconds("anode") is None  # no record: no projection
+    columns = ["method", "packs of seed 0 (members: s/epoch)", "CPU h per column"]
+    rows = [["anode", "1 one by one: 1.00", "30000"], ["node", "1 one by one: 1.00", "3.0"]]
+    machine = "Zen 9, 2 cores, load 0.0"
+    path = measurements.record_measurement(
+        "ledger_projection", "t", "c", columns, rows, folder=folder, machine=machine
+    )
+    assert projected_cell_seconds("anode") == (30000 * 3600 / 30, "Zen 9")
+    assert projected_cell_seconds("anode", path) == (3.6e6, "Zen 9")
+    assert projected_cell_seconds("lno") is None  # not in the projection
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY)
+    systems = ["integro_de", "spiral_dde"]
+    ledger = tmp_path / "ledger.jsonl"
+    base = ["ledger", "status", "--ledger", str(ledger), "--config", str(config), "--no-ablation"]
+    selection = ["--systems", *systems, "--methods", "anode", "--seeds", "0"]
+    assert main([*base, *selection, "--time-left"]) == 0
+    out = capsys.readouterr().out.split("Time left: ", 1)[1].splitlines()
+    tiny = paper_config(config_file=config, systems=systems, methods=["anode"])
+    paper = paper_config(systems=systems, methods=["anode"])
+    work = sum(training_work(tiny, s) / training_work(paper, s) for s in systems)
+    assert 0 < work < 0.01  # the tiny profile trains far less than the paper's
+    seconds = FIXED_SECONDS + 3.6e6 * work  # two packs, one worker: one after the other
+    assert out[0].endswith(
+        f"about {round(seconds / 60)} min, by the ledger's records (1 group by the projection "
+        "of its column)"
+    )
+    assert out[1].split("about", 1)[1].split() == [
+        f"{round(seconds / 60)}", "min", "(no", "record", "yet:", "the", "projection", "of",
+        "its", "column", "on", "Zen", "9,", "training", "epochs", "only)",
+    ]  # fmt: skip
+    # Zen 9 took half this processor's time on a cell both recorded (any seed): counted at ×2
+    here, there = hardware_name("cpu"), "Zen 9"
+    append_records(
+        ledger,
+        [
+            ledger_record("stiff_van_der_pol", "node", seed, train_seconds=t, hardware=h)
+            for seed, t, h in ((0, 200.0, here), (1, 100.0, there))
+        ],
+    )
+    assert main([*base, *selection, "--time-left"]) == 0
+    out = capsys.readouterr().out.split("Time left: ", 1)[1].splitlines()
+    assert "(Zen 9's records count at ×2.00" in out[1]
+    doubled = FIXED_SECONDS + 2 * 3.6e6 * work
+    assert out[2].split("about", 1)[1].split()[0] == f"{round(doubled / 60)}"

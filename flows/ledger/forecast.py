@@ -7,6 +7,9 @@ where it has some, over the engine's CPU packs of the group on its workers, at m
 core), so that the time left comes from the records, not from a reckoning by hand. A group
 whose cells have training runs kept beside the ledger (:class:`nltrain.Checkpoints`: stopped
 mid-way, resumed by the next run) is expected to train only the epochs those runs have left.
+A method the ledger has no CPU record of yet (a new column) is expected from the committed
+projection of its column (:func:`flows.ledger.projected_cell_seconds`, training epochs only),
+and says so.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from flows.ledger.plan import (
     group_config,
     ledger_groups,
     ledger_states,
+    projected_cell_seconds,
     recorded_seconds,
     to_train,
+    training_work,
 )
 from tasks.ledger import hardware_name, paper_config, read_ledger
 
@@ -42,6 +47,9 @@ class GroupForecast:
     here: bool
     #: of the group's cells' planned epochs, those its kept runs have trained (they resume)
     kept_share: float = 0.0
+    #: where the estimate is the projection benchmark's, not the records': the processor that
+    #: measured it (:func:`flows.ledger.projected_cell_seconds`)
+    projected: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +100,7 @@ def forecast(
     from tasks.engine import packability_memo
 
     packable = packability_memo("cpu")  # (one probe per model and settings, not per group)
+    ratios = speed_ratios(records, hardware, "cpu")
     for group in ledger_groups(to_train(states), states):
         config = group_config(group, selection, execution)
         seconds = recorded_seconds(group, config, records, packable=packable)
@@ -102,5 +111,36 @@ def forecast(
         if seconds is not None and share:  # the fixed cost stays: a resumed run pays it too
             seconds = FIXED_SECONDS + max(seconds - FIXED_SECONDS, 0.0) * (1.0 - share)
         here = (group.method, group.ablation) in ours
-        out.append(GroupForecast(group, seconds, here, share))
-    return Forecast(tuple(out), hardware, workers, speed_ratios(records, hardware, "cpu"))
+        projected = None
+        if seconds is None and not group.ablation:
+            estimate = _projected_seconds(config, ratios, workers, packable)
+            if estimate is not None:
+                seconds, projected = estimate
+                seconds = FIXED_SECONDS + seconds * (1.0 - share)
+        out.append(GroupForecast(group, seconds, here, share, projected))
+    return Forecast(tuple(out), hardware, workers, ratios)
+
+
+def _projected_seconds(
+    config: Any, ratios: Mapping[str, float], workers: int, packable: Any
+) -> tuple[float, str] | None:
+    """The training seconds of ``config``'s cells (one method) by the committed projection of
+    its column, at this processor's speed where the ledger relates the two processors
+    (``ratios``), its packs spread over ``workers`` (at most one per pack), and the processor
+    that measured it; None without a projection of the method."""
+    from tasks.engine import make_packs
+    from tasks.ledger import paper_config
+
+    cells = config.cells()
+    projection = projected_cell_seconds(cells[0].method)
+    if projection is None:
+        return None
+    per_cell, processor = projection
+    per_cell *= ratios.get(processor, 1.0)
+    seconds = 0.0
+    for cell in cells:
+        # the projection is of the paper profile's cells: scaled by the training each one does
+        paper = paper_config(systems=[cell.system], methods=[cell.method])
+        seconds += per_cell * training_work(config, cell.system) / training_work(paper, cell.system)
+    packs = make_packs(cells, config.execution.pack, packable=packable)
+    return seconds / max(1, min(workers, len(packs))), processor

@@ -33,6 +33,7 @@ from tasks.ledger.variants import variant_overrides
 if TYPE_CHECKING:
     from tasks.config import CellConfig, RunConfig
     from tasks.ledger import LedgerRecord
+    from tasks.reports.measurements import Measurement
 
 __all__ = [
     "cpu_workers",
@@ -40,6 +41,7 @@ __all__ = [
     "ledger_groups",
     "ledger_states",
     "profile_of",
+    "projected_cell_seconds",
     "recorded_seconds",
     "same_settings",
     "selected_states",
@@ -300,28 +302,61 @@ def solver_factors(path: Path | None = None) -> dict[tuple[str, str], float]:
     committed wall-clock measurement of the paper's Table 11 (``path``, default
     ``results/measurements/wallclock.json``: each model at the paper profile's settings); empty
     without it. Read once per file state."""
+    table = _measurement("wallclock.json", path)
+    if table is None:
+        return {}
+    at = {name: table.columns.index(name) for name in ("method", "solver", "value")}
+    seconds = {(r[at["method"]], r[at["solver"]]): float(r[at["value"]]) for r in table.rows}
+    return {
+        (method, solver): value / seconds[method, "euler"]
+        for (method, solver), value in seconds.items()
+        if solver not in ("euler", "–") and seconds.get((method, "euler"))
+    }
+
+
+#: the columns (methods) × systems × seeds a ledger projection's column holds
+#: (``benchmarks/ledger_projection.py``: 5 seeds of the six systems, at the paper's 1000 epochs)
+PROJECTED_CELLS = 5 * 6
+PROJECTED_EPOCHS = 1000
+
+
+def projected_cell_seconds(method: str, path: Path | None = None) -> tuple[float, str] | None:
+    """A paper-profile cell of ``method`` (1000 epochs) in CPU seconds on one thread, and the
+    processor that measured it, from the committed projection of the ledger's columns
+    (``path``, default ``results/measurements/ledger_projection.json``, written by
+    ``benchmarks/ledger_projection.py --record``: a column's CPU hours over its
+    :data:`PROJECTED_CELLS` cells); None without that record or without the method in it.
+    Training epochs only (no simulation, tracking or evaluation): an estimate for a method the
+    ledger has no record of yet, not a record."""
+    table = _measurement("ledger_projection.json", path)
+    if table is None:
+        return None
+    at = {name: table.columns.index(name) for name in ("method", "CPU h per column")}
+    hours = {r[at["method"]]: float(r[at["CPU h per column"]]) for r in table.rows}
+    if method not in hours:
+        return None
+    processor = table.machine.split(", ", 1)[0]  # (record_measurement: "NAME, N cores, load …")
+    return hours[method] * 3600.0 / PROJECTED_CELLS, processor
+
+
+def _measurement(name: str, path: Path | None) -> Measurement | None:
+    """The committed measurement ``results/measurements/NAME`` (or ``path``), read once per
+    file state; None where it is absent."""
     from tasks.reports.measurements import FOLDER
 
-    path = FOLDER / "wallclock.json" if path is None else path
+    path = FOLDER / name if path is None else path
     try:
         stamp = path.stat().st_mtime_ns
     except OSError:
-        return {}
-    return dict(_solver_factors(path, stamp))
+        return None
+    return _read_measurement(path, stamp)
 
 
-@lru_cache(maxsize=4)
-def _solver_factors(path: Path, stamp: int) -> tuple[tuple[tuple[str, str], float], ...]:
+@lru_cache(maxsize=8)
+def _read_measurement(path: Path, stamp: int) -> Measurement:
     from tasks.reports.measurements import read_measurement
 
-    table = read_measurement(path)
-    at = {name: table.columns.index(name) for name in ("method", "solver", "value")}
-    seconds = {(r[at["method"]], r[at["solver"]]): float(r[at["value"]]) for r in table.rows}
-    return tuple(
-        ((method, solver), value / seconds[method, "euler"])
-        for (method, solver), value in seconds.items()
-        if solver not in ("euler", "–") and seconds.get((method, "euler"))
-    )
+    return read_measurement(path)
 
 
 def solver_cost(config: RunConfig, system: str) -> float:

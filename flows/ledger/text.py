@@ -116,7 +116,12 @@ def forecast_text(forecast: Forecast) -> str:
         total = "not known: the ledger has no record of these methods on the CPU"
     else:
         rest = f" (and {plural(unknown, 'group')} without an estimate)" if unknown else ""
-        total = f"about {_span(forecast.known_seconds)}{rest}, by the ledger's records"
+        projected = sum(g.projected is not None for g in forecast.groups)
+        basis = "the ledger's records"
+        if projected:
+            whose = "its column" if projected == 1 else "their columns"
+            basis += f" ({plural(projected, 'group')} by the projection of {whose})"
+        total = f"about {_span(forecast.known_seconds)}{rest}, by {basis}"
     lines = [
         f"Time left: {plural(forecast.cells, 'missing cell')} in {plural(n, 'group')}, as "
         f"`ledger run` trains them here one group after another ({forecast.hardware}, "
@@ -133,7 +138,13 @@ def forecast_text(forecast: Forecast) -> str:
         if g.seconds is None:
             what = "no record of the method on the CPU: `ledger run` measures it when it starts"
         else:
-            basis = "this processor's records" if g.here else "other processors' records"
+            if g.projected is not None:
+                basis = (
+                    f"no record yet: the projection of its column on {g.projected}, "
+                    "training epochs only"
+                )
+            else:
+                basis = "this processor's records" if g.here else "other processors' records"
             if g.kept_share:
                 basis += f"; {g.kept_share:.0%} of its epochs trained by kept runs, resumed"
             what = f"about {_span(g.seconds):>12}  ({basis})"
