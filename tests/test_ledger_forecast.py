@@ -251,3 +251,45 @@ def test_a_method_without_records_is_expected_from_the_projection_of_its_column(
     assert "(Zen 9's records count at ×2.00" in out[1]
     doubled = FIXED_SECONDS + 2 * 3.6e6 * work
     assert out[2].split("about", 1)[1].split()[0] == f"{round(doubled / 60)}"
+
+
+def test_a_cell_an_earlier_group_trains_is_not_counted_again(tmp_path, monkeypatch):
+    """The NFE figure's dopri5 NODE cell of piecewise forcing is the solvers study's dopri5
+    cell (one config), measured from the run that group makes (``ledger run``'s measured
+    twins): its group expects only a benchmark's fixed cost, not a second training. The solvers
+    study's Euler cell is Table 3's (the same config, nothing more to measure): left to Table
+    3's group, no group of its own."""
+    import flows.ledger.forecast as forecast_module
+    import flows.ledger.plan as plan
+    from flows.ledger.forecast import forecast
+    from tasks.ledger import LedgerCell, cell_states
+
+    system, variant = (
+        "piecewise_forcing_ode",
+        'model.atol=1e-09; model.rtol=1e-07; model.solver="dopri5"',
+    )
+    euler = paper_config(systems=[system], methods=["node"], seeds=[0]).cells()[0]
+    ehash, dhash = euler.config_hash(), "d" * 64
+    cells = [
+        LedgerCell(system, "node", 0, ehash, "today"),
+        LedgerCell(system, "node", 0, ehash, "today", "", "solvers"),
+        LedgerCell(system, "node", 0, dhash, "today", variant, "solvers"),
+        LedgerCell(system, "node", 0, dhash, "today", variant, "nfe", "nfe_horizon"),
+    ]
+    ledger = tmp_path / "ledger.jsonl"
+    here = hardware_name("cpu")
+    append_records(
+        ledger,
+        [ledger_record(system, "node", 1, config_hash=ehash, train_seconds=1000.0, hardware=here)],
+    )
+    monkeypatch.setattr(
+        forecast_module, "ledger_states", lambda path, selection: cell_states([], cells)
+    )
+    monkeypatch.setattr(plan, "solver_factors", lambda: {("node", "dopri5"): 10.0})
+    got = forecast(ledger, selection={"profile": "paper"}, execution={"max_workers": 1})
+    rows = [(g.group.study, g.group.ablation, g.twins, g.seconds) for g in got.groups]
+    assert rows == [
+        ("", "", 0.0, pytest.approx(FIXED_SECONDS + 1000.0)),
+        ("solvers", variant, 0.0, pytest.approx(FIXED_SECONDS + 10000.0)),
+        ("nfe", variant, 1.0, FIXED_SECONDS),
+    ]

@@ -463,6 +463,76 @@ class _Store:
         return [(epoch, 2.0 / (epoch + 1)) for epoch in range(1000)]
 
 
+def test_a_run_of_table_3_alone_finds_the_study_twins_it_must_measure(tmp_path):
+    """The CMI table measures Table 3's own cells (Mackey–Glass, Lotka–Volterra, stiff Van der
+    Pol): a ``ledger run`` of Table 3 alone, no study selected, still finds the CMI twins of
+    the cells it trains, to measure from the runs it makes; not of a system the CMI table
+    leaves out, nor a twin the ledger holds already."""
+    from flows.ledger.plan import measured_twins, selected_states, selection_scope
+
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text("")
+    selection = {
+        "profile": "paper",
+        "systems": ["lotka_volterra_dde", "integro_de"],
+        "methods": ["node"],
+        "seeds": [0],
+        "ablations": False,
+        "peers": False,
+        "studies": False,
+    }
+    _, states = selected_states(ledger, selection_scope(selection, ledger=ledger), selection)
+    todo = to_train(states)
+    assert sorted(c.system for c in todo) == ["integro_de", "lotka_volterra_dde"]
+    assert not any(c.study for c in todo)
+    (twin,) = measured_twins(ledger, selection, todo)
+    (lv,) = [c for c in todo if c.system == "lotka_volterra_dde"]
+    assert (twin.study, twin.measure, twin.config_hash) == ("cmi", "cmi_bits", lv.config_hash)
+    assert (twin.system, twin.method, twin.seed) == (lv.system, lv.method, lv.seed)
+    measured = _record(
+        lv.system, "node", 0, config_hash=lv.config_hash, study="cmi", measures={"cmi_bits": 2.5}
+    )
+    ledger.write_text(measured.to_json() + "\n")
+    assert measured_twins(ledger, selection, todo) == []
+    assert measured_twins(ledger, selection, []) == []
+
+
+@pytest.mark.heavy  # a ledger run
+def test_a_run_records_the_twins_it_is_handed_with_the_cells_it_trains(
+    tmp_path, mlflow_store, prefect_server, monkeypatch
+):
+    """``ledger run`` hands the twins :func:`flows.ledger.plan.measured_twins` finds to its
+    recorder: a run of Table 3 alone records the CMI twin, measured from the run just made."""
+    import flows.ledger.run as run
+    from flows.studies.cmi import cmi_of_run
+    from tasks.tracking import connect
+
+    config = tmp_path / "tiny.toml"
+    config.write_text(
+        'isolation = "thread"\nmax_workers = 1\ntorch_threads = 1\nprogress = false\n'
+        "[data]\nn_trajectories = 40\n[training]\nepochs = 2\nbatch_size = 8\n"
+    )
+    where = {"systems": ["lotka_volterra_dde"], "methods": ["node"], "seeds": [0]}
+    (cell,) = paper_config(config_file=config, **where).cells()
+    twin = LedgerCell(cell.system, "node", 0, cell.config_hash(), None, "", "cmi", "cmi_bits")
+    handed: list = []
+
+    def twins(ledger, selection, todo, say=None):
+        handed.append([c.config_hash for c in todo])
+        return [twin]
+
+    monkeypatch.setattr(run, "measured_twins", twins)
+    ledger = tmp_path / "ledger.jsonl"
+    out = run.run_ledger(ledger, selection={"config_file": config, **where}, execution={})
+    assert handed == [[cell.config_hash()]]
+    table3, measured = out.appended
+    assert (table3.study, measured.study) == ("", "cmi")
+    assert measured.run_id == table3.run_id and measured.test_rmse == table3.test_rmse
+    queries = connect(paper_config(config_file=config).tracking).queries
+    assert measured.measures["cmi_bits"] == cmi_of_run(cell, table3.run_id, queries)
+    assert [r.study for r in read_ledger(ledger)] == ["", "cmi"]
+
+
 def test_a_measured_cell_is_recorded_with_its_curve_from_the_run_just_made(tmp_path, monkeypatch):
     """The recording path (``record_finished``, with the study's own measure through
     :func:`flows.studies.measure_cell`) writes the ILT cell's training-loss curve into its

@@ -9,7 +9,9 @@ whose cells have training runs kept beside the ledger (:class:`nltrain.Checkpoin
 mid-way, resumed by the next run) is expected to train only the epochs those runs have left.
 A method the ledger has no CPU record of yet (a new column) is expected from the committed
 projection of its column (:func:`flows.ledger.projected_cell_seconds`, training epochs only),
-and says so.
+and says so. A cell an earlier group trains (the same config: a study's cell that is a Table 3
+cell, or another study's whose run it measures) is not counted twice: ``ledger run`` records
+it with that group's run, or reuses the run.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ class GroupForecast:
     #: where the estimate is the projection benchmark's, not the records': the processor that
     #: measured it (:func:`flows.ledger.projected_cell_seconds`)
     projected: str | None = None
+    #: the share of its cells an earlier group trains (the same config: a study's cell that
+    #: is a Table 3 cell, or another study's it measures): recorded with that group's runs
+    twins: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -101,8 +106,13 @@ def forecast(
 
     packable = packability_memo("cpu")  # (one probe per model and settings, not per group)
     ratios = speed_ratios(records, hardware, "cpu")
-    for group in ledger_groups(to_train(states), states):
+    todo = to_train(states)
+    earlier: set[str] = set()  # the configs an earlier group trains
+    for group in ledger_groups(todo, states):
         config = group_config(group, selection, execution)
+        hashes = [c.config_hash for c in todo if group.holds(c)]
+        twins = sum(h in earlier for h in hashes) / len(hashes) if hashes else 0.0
+        earlier.update(hashes)
         seconds = recorded_seconds(group, config, records, packable=packable)
         cells = config.cells()
         planned = sum(c.training.epochs for c in cells)
@@ -117,7 +127,9 @@ def forecast(
             if estimate is not None:
                 seconds, projected = estimate
                 seconds = FIXED_SECONDS + seconds * (1.0 - share)
-        out.append(GroupForecast(group, seconds, here, share, projected))
+        if seconds is not None and twins:  # (the engine reuses their runs: no training)
+            seconds = FIXED_SECONDS + max(seconds - FIXED_SECONDS, 0.0) * (1.0 - twins)
+        out.append(GroupForecast(group, seconds, here, share, projected, twins))
     return Forecast(tuple(out), hardware, workers, ratios)
 
 

@@ -5,8 +5,12 @@ shares, so that none of them imports another for it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from tasks.ledger.records import row_label
+
+if TYPE_CHECKING:
+    from tasks.ledger import LedgerCell
 
 __all__ = ["LedgerGroup"]
 
@@ -40,6 +44,16 @@ class LedgerGroup:
     def size(self) -> int:
         """Its cells: systems × seeds."""
         return len(self.systems) * len(self.seeds)
+
+    def holds(self, cell: LedgerCell) -> bool:
+        """Whether ``cell`` is one of this group's."""
+        return (
+            cell.method == self.method
+            and cell.study == self.study
+            and cell.ablation == self.ablation
+            and cell.seed in self.seeds
+            and cell.system in self.systems
+        )
 
     def largest_part(self, cells: set[tuple[str, int]]) -> LedgerGroup | None:
         """The largest ``systems × seeds`` of this group (its first seeds) whose cells are all

@@ -40,6 +40,7 @@ __all__ = [
     "group_config",
     "ledger_groups",
     "ledger_states",
+    "measured_twins",
     "profile_of",
     "projected_cell_seconds",
     "recorded_seconds",
@@ -181,6 +182,29 @@ def selected_states(
         studies=selection.get("studies", False),
     )
     return cells, cell_states(read_ledger(ledger, scope), cells)
+
+
+def measured_twins(
+    ledger: Path,
+    selection: dict[str, Any],
+    todo: Sequence[LedgerCell],
+    say: Callable[[str], None] | None = None,
+) -> list[LedgerCell]:
+    """The cells of the studies that measure a trained model (the CMI of a Table 3 cell, the
+    NFEs of a solvers cell) whose config is one of ``todo``'s and whose record the ledger lacks,
+    whether ``selection`` asks for the studies or not: ``ledger run`` measures them from the run
+    it makes for that config (:class:`flows.ledger.run.Recorder`). Left for later, they would be
+    trained again: the store that holds the run does not outlive its machine."""
+    if not todo:
+        return []
+    hashes = {c.config_hash for c in todo}
+    wider = {**selection, "studies": True}
+    _, states = selected_states(ledger, selection_scope(wider, say, ledger=ledger), wider)
+    return [
+        s.cell
+        for s in states
+        if s.cell.measure and s.state != "recorded" and s.cell.config_hash in hashes
+    ]
 
 
 def ledger_states(ledger: Path, selection: dict[str, Any]) -> list[CellState]:

@@ -31,6 +31,7 @@ from flows.ledger.plan import (
     cpu_workers,
     group_config,
     ledger_groups,
+    measured_twins,
     profile_of,
     recorded_seconds,
     selected_states,
@@ -131,7 +132,10 @@ def record_store(
     if not todo:
         return []
     queries = connect(paper_config(execution, **profile_of(selection)).tracking)
-    recorder = Recorder(queries.queries, ledger, LedgerRun(), lambda _: None, selection)
+    twins = measured_twins(ledger, selection, todo)
+    recorder = Recorder(
+        queries.queries, ledger, LedgerRun(), lambda _: None, selection, [*todo, *twins]
+    )
     recorder.record(todo)
     return recorder.out.appended
 
@@ -178,7 +182,8 @@ def run_ledger(
     if not todo:
         return out
     queries = connect(paper_config(execution, **profile_of(selection)).tracking)
-    recorder = Recorder(queries.queries, ledger, out, say, selection, todo)
+    twins = measured_twins(ledger, selection, todo, say)
+    recorder = Recorder(queries.queries, ledger, out, say, selection, [*todo, *twins])
     recorder.record(todo)  # cells a stopped run finished in this store meanwhile
     todo = [c for c in todo if c.key not in recorder.done]
     device = str(execution.get("device") or "auto")
@@ -216,7 +221,7 @@ def _train_in_order(
         if stop.is_set():
             return
         for group, needed in _what_fits(whole, left(), ledger, selection, execution, out, say):
-            cells = [c for c in todo if _in(c, group)]
+            cells = [c for c in todo if group.holds(c)]
             if {c.key for c in cells} <= recorder.done:
                 continue
             if not _may_start(group, needed, left(), stop, out, say):
@@ -297,16 +302,6 @@ def _may_start(
 def _skip(group: LedgerGroup, why: str, out: LedgerRun, say: Callable[[str], None]) -> None:
     out.skipped.append(group.label)
     say(f"ledger: not starting {group.label}: {why}")
-
-
-def _in(cell: LedgerCell, group: LedgerGroup) -> bool:
-    return (
-        cell.method == group.method
-        and cell.study == group.study
-        and cell.ablation == group.ablation
-        and cell.seed in group.seeds
-        and cell.system in group.systems
-    )
 
 
 class Recorder:

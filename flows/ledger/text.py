@@ -147,6 +147,8 @@ def forecast_text(forecast: Forecast) -> str:
                 basis = "this processor's records" if g.here else "other processors' records"
             if g.kept_share:
                 basis += f"; {g.kept_share:.0%} of its epochs trained by kept runs, resumed"
+            if g.twins:
+                basis += f"; {g.twins:.0%} of its cells trained by an earlier group"
             what = f"about {_span(g.seconds):>12}  ({basis})"
         lines.append(f"  {label:<{width}}  {what}")
     return "\n".join(lines)
