@@ -69,6 +69,29 @@ def test_a_projection_scales_an_adaptive_solvers_cells_by_its_measured_epoch(tmp
     assert solver_factors(tmp_path / "none.json") == {}
 
 
+def test_a_projection_counts_a_cell_an_earlier_table_trains_once():
+    """``benchmarks/study_projection.py``: the NFE figure's dopri5 NODE and ANODE cells are the
+    solvers table's (one config each, measured from that table's runs), so the NFE figure
+    trains none of them; its Neural Laplace cells are Table 3's, free unless their records lack
+    the NFEs; the solvers table's Euler cells are Table 3's."""
+    from benchmarks.study_projection import planned_cells, split_cells
+    from tasks.ledger.scope import ledger_cell_configs
+
+    table3 = {c.config_hash() for c, _ in ledger_cell_configs()}
+    solvers, _ = planned_cells("solvers")
+    nfe, _ = planned_cells("nfe")
+    shared, trained = split_cells(solvers, table3, set(), set())
+    assert {c.model.get("solver", "euler") for c in trained} == {"dopri5"}
+    assert len(shared) == len(solvers) - len(trained) == 30  # Euler NODE/ANODE and NL
+    earlier = {c.config_hash() for c in trained}
+    dopri5 = [c for c in nfe if c.method != "neural_laplace"]
+    assert len(dopri5) == 10 and {c.config_hash() for c in dopri5} <= earlier
+    assert split_cells(nfe, table3, set(), earlier) == (nfe, [])
+    nl = {c.config_hash() for c in nfe if c.method == "neural_laplace"}
+    assert split_cells(nfe, table3, nl, earlier)[1] == [c for c in nfe if c.config_hash() in nl]
+    assert split_cells(nfe, table3, set(), set())[1] == dopri5  # (alone, it trains them)
+
+
 def test_a_records_commit_says_when_code_differs_from_it_not_when_records_do(tmp_path):
     def git(*args: str) -> None:
         subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
