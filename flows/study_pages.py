@@ -128,7 +128,7 @@ def _projected(root: Path, name: str) -> str:
     commit = row.get("projected at") or m.commit  # (a row of its own commit: --keep)
     return (
         f"Projected before it was run, on {m.machine.split(',')[0]} at commit {commit[:10]}: "
-        f"{row['CPU hours']} CPU hours for the cells Table 3 does not train ("
+        f"{row['CPU hours']} CPU hours for the cells no earlier table trains ("
         f"{row['first seed, CPU hours']} for the first seed), {row['wall hours on 2 cores']} "
         "hours on two cores (`benchmarks/study_projection.py`)."
     )
