@@ -293,3 +293,30 @@ def test_a_cell_an_earlier_group_trains_is_not_counted_again(tmp_path, monkeypat
         ("solvers", variant, 0.0, pytest.approx(FIXED_SECONDS + 10000.0)),
         ("nfe", variant, 1.0, FIXED_SECONDS),
     ]
+
+
+def test_a_projection_without_its_columns_is_named_with_the_command_that_writes_it(tmp_path):
+    from flows.ledger import projected_cell_seconds, solver_factors
+
+    columns = ["method", "CPU hours"]
+    path = measurements.record_measurement(
+        "ledger_projection", "t", "python make_it.py", columns, [["anode", "3"]], folder=tmp_path
+    )
+    with pytest.raises(ValueError, match=r"no column 'CPU h per column'.*python make_it\.py"):
+        projected_cell_seconds("anode", path)
+    columns = ["method", "CPU h per column"]
+    path = measurements.record_measurement(
+        "ledger_projection",
+        "t",
+        "python make_it.py",
+        columns,
+        [["anode", "?"]],
+        folder=tmp_path / "b",
+    )
+    with pytest.raises(ValueError, match=r"holds '\?' where a number belongs"):
+        projected_cell_seconds("anode", path)
+    path = measurements.record_measurement(
+        "wallclock", "t", "c", ["method", "value"], [["node", "2"]], folder=tmp_path
+    )
+    with pytest.raises(ValueError, match="no column 'solver'"):
+        solver_factors(path)

@@ -329,8 +329,8 @@ def solver_factors(path: Path | None = None) -> dict[tuple[str, str], float]:
     table = _measurement("wallclock.json", path)
     if table is None:
         return {}
-    at = {name: table.columns.index(name) for name in ("method", "solver", "value")}
-    seconds = {(r[at["method"]], r[at["solver"]]): float(r[at["value"]]) for r in table.rows}
+    rows = _columns(table, "method", "solver", "value")
+    seconds = {(method, solver): _number(table, v) for method, solver, v in rows}
     return {
         (method, solver): value / seconds[method, "euler"]
         for (method, solver), value in seconds.items()
@@ -355,12 +355,11 @@ def projected_cell_seconds(method: str, path: Path | None = None) -> tuple[float
     table = _measurement("ledger_projection.json", path)
     if table is None:
         return None
-    at = {name: table.columns.index(name) for name in ("method", "CPU h per column")}
-    hours = {r[at["method"]]: float(r[at["CPU h per column"]]) for r in table.rows}
+    hours = {m: h for m, h in _columns(table, "method", "CPU h per column")}
     if method not in hours:
         return None
     processor = table.machine.split(", ", 1)[0]  # (record_measurement: "NAME, N cores, load …")
-    return hours[method] * 3600.0 / PROJECTED_CELLS, processor
+    return _number(table, hours[method]) * 3600.0 / PROJECTED_CELLS, processor
 
 
 def _measurement(name: str, path: Path | None) -> Measurement | None:
@@ -370,14 +369,37 @@ def _measurement(name: str, path: Path | None) -> Measurement | None:
 
     path = FOLDER / name if path is None else path
     try:
-        stamp = path.stat().st_mtime_ns
+        stat = path.stat()
     except OSError:
         return None
-    return _read_measurement(path, stamp)
+    return _read_measurement(path, (stat.st_mtime_ns, stat.st_size))
+
+
+def _columns(table: Measurement, *names: str) -> list[tuple[str, ...]]:
+    """The rows of ``table`` cut to its columns ``names``, in that order; a ``ValueError``
+    naming the record and the command that writes it where one is missing."""
+    missing = [n for n in names if n not in table.columns]
+    if missing:
+        raise ValueError(
+            f"the measurement {table.name!r} has no column {', '.join(map(repr, missing))} "
+            f"(its columns: {', '.join(table.columns)}); write it again: {table.command}"
+        )
+    at = [table.columns.index(n) for n in names]
+    return [tuple(row[i] for i in at) for row in table.rows]
+
+
+def _number(table: Measurement, value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(
+            f"the measurement {table.name!r} holds {value!r} where a number belongs; write it "
+            f"again: {table.command}"
+        ) from None
 
 
 @lru_cache(maxsize=8)
-def _read_measurement(path: Path, stamp: int) -> Measurement:
+def _read_measurement(path: Path, stamp: tuple[int, int]) -> Measurement:
     from tasks.reports.measurements import read_measurement
 
     return read_measurement(path)
