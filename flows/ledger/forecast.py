@@ -16,10 +16,10 @@ it with that group's run, or reuses the run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flows.ledger._budget import FIXED_SECONDS, speed_ratios
 from flows.ledger.groups import LedgerGroup
@@ -34,6 +34,9 @@ from flows.ledger.plan import (
     training_work,
 )
 from tasks.ledger import hardware_name, paper_config, read_ledger
+
+if TYPE_CHECKING:
+    from tasks.config import CellConfig, RunConfig
 
 __all__ = ["Forecast", "GroupForecast", "forecast"]
 
@@ -134,14 +137,16 @@ def forecast(
 
 
 def _projected_seconds(
-    config: Any, ratios: Mapping[str, float], workers: int, packable: Any
+    config: RunConfig,
+    ratios: Mapping[str, float],
+    workers: int,
+    packable: Callable[[CellConfig], bool],
 ) -> tuple[float, str] | None:
     """The training seconds of ``config``'s cells (one method) by the committed projection of
     its column, at this processor's speed where the ledger relates the two processors
     (``ratios``), its packs spread over ``workers`` (at most one per pack), and the processor
     that measured it; None without a projection of the method."""
     from tasks.engine import make_packs
-    from tasks.ledger import paper_config
 
     cells = config.cells()
     projection = projected_cell_seconds(cells[0].method)
