@@ -70,7 +70,9 @@ def add_selection(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="the cells of these studies' tables only (the paper's other tables at its budget: "
         f"{', '.join(ledger_studies())}; a study cell that is a Table 3 cell shares its "
-        "record); default: every study's too, unless --ablation/--peers is given; `run` trains "
+        "record, and `run` measures what a study measures of a model it trains, such as a "
+        "Table 3 cell's CMI, whatever is selected); default: every study's too, unless "
+        "--ablation/--peers is given; `run` trains "
         "each table's first seed after Table 3's first seed, the rest after Table 3's; `table "
         "--study NAME` draws the study's table and figures from the records",
     )
