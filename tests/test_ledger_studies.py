@@ -502,7 +502,8 @@ def test_a_run_records_the_twins_it_is_handed_with_the_cells_it_trains(
     tmp_path, mlflow_store, prefect_server, monkeypatch
 ):
     """``ledger run`` hands the twins :func:`flows.ledger.plan.measured_twins` finds to its
-    recorder: a run of Table 3 alone records the CMI twin, measured from the run just made."""
+    recorder: a run of Table 3 alone records the CMI twin, measured from the run just made;
+    ``ledger record`` records it too from the store's run."""
     import flows.ledger.run as run
     from flows.studies.cmi import cmi_of_run
     from tasks.tracking import connect
@@ -531,6 +532,11 @@ def test_a_run_records_the_twins_it_is_handed_with_the_cells_it_trains(
     queries = connect(paper_config(config_file=config).tracking).queries
     assert measured.measures["cmi_bits"] == cmi_of_run(cell, table3.run_id, queries)
     assert [r.study for r in read_ledger(ledger)] == ["", "cmi"]
+    # `ledger record` (the store's finished runs into another ledger file) does the same
+    again = tmp_path / "again.jsonl"
+    recorded = run.record_store(again, selection={"config_file": config, **where}, execution={})
+    assert [(r.study, r.run_id) for r in recorded] == [("", table3.run_id), ("cmi", table3.run_id)]
+    assert recorded[1].measures == measured.measures and len(handed) == 2
 
 
 def test_a_measured_cell_is_recorded_with_its_curve_from_the_run_just_made(tmp_path, monkeypatch):
