@@ -320,3 +320,36 @@ def test_a_projection_without_its_columns_is_named_with_the_command_that_writes_
     )
     with pytest.raises(ValueError, match="no column 'solver'"):
         solver_factors(path)
+
+
+def test_time_left_sums_each_table_where_the_groups_belong_to_several():
+    """``--time-left`` over several tables gives each table's time (its groups' sum) in the
+    order its first group trains, with its groups that have no estimate; over one table, none."""
+    from flows.ledger import Forecast, LedgerGroup, forecast_text
+    from flows.ledger.forecast import GroupForecast
+
+    def group(method: str, seconds: float | None, study: str = "", ablation: str = ""):
+        g = LedgerGroup(method, ablation, (0,), ("integro_de",), study)
+        return GroupForecast(g, seconds, True)
+
+    groups = (
+        group("node", 3600.0),
+        group("node", 600.0, "cmi"),
+        group("lno", None),
+        group("anode", 1800.0),
+        group("anode", None),
+        group("anode", 60.0, "cmi"),
+        group("neural_laplace", 120.0, ablation="stereographic_off"),
+    )
+    text = forecast_text(Forecast(groups, "CPU", 1, {})).splitlines()
+    at = text.index("  Per table (its groups below, summed):")
+    summary = [" ".join(line.split()) for line in text[at + 1 : at + 5]]
+    assert summary == [
+        "Table 3 about 1 h 30 min (and 1 group without an estimate)",
+        "cmi about 11 min",
+        "the Laplace-domain peers (not Table 3's) not known (1 group without an estimate)",
+        "the stereographic ablation (Table 5) about 2 min",
+    ]
+    assert text[at + 5].split()[:3] == ["node", "seed", "0,"]  # then the groups
+    one = forecast_text(Forecast(groups[:1] + groups[3:4], "CPU", 1, {}))
+    assert "Per table" not in one

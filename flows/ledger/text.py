@@ -132,6 +132,7 @@ def forecast_text(forecast: Forecast) -> str:
             f"  ({other}'s records count at ×{ratio:.2f}: this processor's time on the cells "
             "both recorded)"
         )
+    lines += _per_table(forecast)
     labels = [_group_label(g.group) for g in forecast.groups]
     width = max(map(len, labels))
     for label, g in zip(labels, forecast.groups, strict=True):
@@ -152,6 +153,41 @@ def forecast_text(forecast: Forecast) -> str:
             what = f"about {_span(g.seconds):>12}  ({basis})"
         lines.append(f"  {label:<{width}}  {what}")
     return "\n".join(lines)
+
+
+def _per_table(forecast: Forecast) -> list[str]:
+    """Where the groups belong to more than one table: each table's expected time (its
+    groups' sum), in the order its first group trains, and its groups without an estimate."""
+    from tasks.ledger import PEERS
+
+    def table(group: LedgerGroup) -> str:
+        if group.study:
+            return group.study
+        key = "peers" if group.method in PEERS else "ablation" if group.ablation else "table3"
+        return _PARTS[key]
+
+    from tasks.reports import plural
+
+    known: dict[str, list[float]] = {}
+    unknown: dict[str, int] = {}
+    for g in forecast.groups:
+        name = table(g.group)
+        known.setdefault(name, [])
+        unknown[name] = unknown.get(name, 0) + (g.seconds is None)
+        if g.seconds is not None:
+            known[name].append(g.seconds)
+    if len(known) < 2:
+        return []
+    width = max(map(len, known))
+    lines = ["  Per table (its groups below, summed):"]
+    for name, times in known.items():
+        groups = plural(unknown[name], "group")
+        if not times:
+            lines.append(f"    {name:<{width}}  not known ({groups} without an estimate)")
+            continue
+        rest = f" (and {groups} without an estimate)" if unknown[name] else ""
+        lines.append(f"    {name:<{width}}  about {_span(sum(times)):>12}{rest}")
+    return lines
 
 
 def _group_label(group: LedgerGroup) -> str:
