@@ -353,3 +353,24 @@ def test_time_left_sums_each_table_where_the_groups_belong_to_several():
     assert text[at + 5].split()[:3] == ["node", "seed", "0,"]  # then the groups
     one = forecast_text(Forecast(groups[:1] + groups[3:4], "CPU", 1, {}))
     assert "Per table" not in one
+
+
+def test_run_says_how_many_of_its_cells_it_recorded_and_the_twins_apart(
+    tmp_path, capsys, monkeypatch
+):
+    """``ledger run``'s last line counts the cells it was to train apart from the study cells
+    it measured from their runs (not "4 of 3")."""
+    import flows.ledger as ledger_face
+    from flows.ledger import LedgerRun
+
+    records = [ledger_record("integro_de", "node", seed) for seed in range(4)]
+    done = LedgerRun(todo=3, appended=records, twins=1)
+    monkeypatch.setattr(ledger_face, "run_ledger", lambda *a, **k: done)
+    ledger = tmp_path / "ledger.jsonl"
+    args = ["ledger", "run", "--ledger", str(ledger), "--nice", "0", "--no-ablation"]
+    assert main([*args, "--methods", "node", "--systems", "integro_de"]) == 0
+    out = capsys.readouterr().out
+    assert f"ledger: 3 of 3 cells to train recorded in {ledger}, with 1 study cell measured" in out
+    done.appended, done.twins = records[:3], 0
+    assert main([*args, "--methods", "node", "--systems", "integro_de"]) == 0
+    assert f"ledger: 3 of 3 cells to train recorded in {ledger}\n" in capsys.readouterr().out

@@ -527,6 +527,7 @@ def test_a_run_records_the_twins_it_is_handed_with_the_cells_it_trains(
     out = run.run_ledger(ledger, selection={"config_file": config, **where}, execution={})
     assert handed == [[cell.config_hash()]]
     table3, measured = out.appended
+    assert (out.todo, out.twins) == (1, 1)  # one cell to train, and its twin measured
     assert (table3.study, measured.study) == ("", "cmi")
     assert measured.run_id == table3.run_id and measured.test_rmse == table3.test_rmse
     queries = connect(paper_config(config_file=config).tracking).queries

@@ -370,6 +370,7 @@ def _report_seconds(minutes: float | None) -> float | None:
 
 def _train_cells(args: argparse.Namespace) -> int:
     from flows.ledger import run_ledger
+    from tasks.reports import plural
 
     path = _ledger_path(args)
     _scope(args)  # a --seeds outside the profile's: a usage error before anything starts
@@ -388,7 +389,11 @@ def _train_cells(args: argparse.Namespace) -> int:
         print(f"{path}: every selected cell is recorded; nothing to run")
         return 0
     stopped = "; stopped at the time limit, run again to go on" if out.stopped else ""
-    print(f"ledger: {len(out.appended)} of {out.todo} cells to train recorded in {path}{stopped}")
+    trained = len(out.appended) - out.twins
+    twins = ""
+    if out.twins:
+        twins = f", with {plural(out.twins, 'study cell')} measured from the same runs"
+    print(f"ledger: {trained} of {out.todo} cells to train recorded in {path}{twins}{stopped}")
     if out.skipped:
         print(f"ledger: not started for lack of time: {'; '.join(out.skipped)}")
     if out.failed:

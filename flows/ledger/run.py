@@ -117,6 +117,9 @@ class LedgerRun:
     failed: list[str] = field(default_factory=list)
     #: groups left out because their expected time exceeded what was left
     skipped: list[str] = field(default_factory=list)
+    #: of ``appended``, the records of study cells outside ``todo`` measured from the runs of
+    #: the cells they share a config with (:func:`flows.ledger.plan.measured_twins`)
+    twins: int = 0
 
 
 def record_store(
@@ -182,7 +185,8 @@ def run_ledger(
     if not todo:
         return out
     queries = connect(paper_config(execution, **profile_of(selection)).tracking)
-    twins = measured_twins(ledger, selection, todo, say)
+    selected = {c.key for c in todo}
+    twins = [t for t in measured_twins(ledger, selection, todo, say) if t.key not in selected]
     recorder = Recorder(queries.queries, ledger, out, say, selection, [*todo, *twins])
     recorder.record(todo)  # cells a stopped run finished in this store meanwhile
     todo = [c for c in todo if c.key not in recorder.done]
@@ -198,6 +202,7 @@ def run_ledger(
     with deadline(max_seconds, stop, timed_out), reports:
         _train_in_order(groups, todo, left, ledger, selection, execution, recorder, stop)
     out.stopped = stop.is_set()
+    out.twins = sum(t.key in recorder.done for t in twins)
     if timed_out.is_set():
         say(f"ledger: time limit reached after {(time.monotonic() - t0) / 60:.1f} min")
     return out
