@@ -338,10 +338,9 @@ def solver_factors(path: Path | None = None) -> dict[tuple[str, str], float]:
     }
 
 
-#: the columns (methods) × systems × seeds a ledger projection's column holds
+#: the cells (systems × seeds) a ledger projection's column holds
 #: (``benchmarks/ledger_projection.py``: 5 seeds of the six systems, at the paper's 1000 epochs)
 PROJECTED_CELLS = 5 * 6
-PROJECTED_EPOCHS = 1000
 
 
 def projected_cell_seconds(method: str, path: Path | None = None) -> tuple[float, str] | None:
