@@ -109,7 +109,7 @@ def main() -> None:
     records = [
         r
         for r in read_ledger(DEFAULT_LEDGER)
-        if r.train_seconds and r.device != "cuda" and not r.study
+        if r.timed_seconds and r.device != "cuda" and not r.study
     ]
     ordered = [r for r in records if r.hardware == here] + [
         r for r in records if r.hardware != here
@@ -118,7 +118,7 @@ def main() -> None:
     for r in ordered:
         key = (r.method, r.system)
         if key not in times or r.hardware == here:
-            times.setdefault(key, []).append(float(r.train_seconds or 0))
+            times.setdefault(key, []).append(float(r.timed_seconds or 0))
     table3 = {c.config_hash() for c, _ in ledger_cell_configs()}
     factors = solver_factors()
     ledger = [r for r in read_ledger(DEFAULT_LEDGER) if r.numerics]

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import astuple, dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
 from tqdm.auto import tqdm
 
@@ -70,6 +70,10 @@ class TrainResult:
     packed_members: int = 1
     #: whether the training steps were replayed from a captured CUDA graph
     graphs: bool = False
+    #: the process's CPU seconds over the same span as ``seconds`` (``time.process_time``: with
+    #: one torch thread, the wall time less what other work on the machine took from the run);
+    #: None where a checkpoint it resumed from did not keep them
+    cpu_seconds: float | None = None
 
 
 @runtime_checkable
@@ -226,6 +230,32 @@ class _Cell:
     result: TrainResult | TrainingDiverged | None = None
 
 
+class _Spent(NamedTuple):
+    """Seconds a run has spent: wall-clock, and its process's CPU time (None: not known, for a
+    run resumed from a checkpoint that did not keep it)."""
+
+    wall: float = 0.0
+    cpu: float | None = 0.0
+
+
+class _Clock:
+    """A run's :class:`_Spent`, counting on from what a checkpoint had spent. The CPU time is
+    the process's (``time.process_time``, every thread's): with one torch thread it is the
+    wall time less what other work on the machine took from the run, a time that does not
+    depend on the load; with several it exceeds the wall time."""
+
+    def __init__(self, spent: _Spent) -> None:
+        self.wall0 = time.perf_counter() - spent.wall
+        self.cpu0 = None if spent.cpu is None else time.process_time() - spent.cpu
+
+    def wall(self) -> float:
+        return time.perf_counter() - self.wall0
+
+    def read(self) -> _Spent:
+        cpu = None if self.cpu0 is None else time.process_time() - self.cpu0
+        return _Spent(self.wall(), cpu)
+
+
 def train_loop(
     step: StepFunction, config: TrainConfig, options: LoopOptions = LoopOptions()
 ) -> list[TrainResult | TrainingDiverged]:
@@ -243,10 +273,10 @@ def train_loop(
     cells = [_Cell() for _ in labels]
     budget = config.max_train_seconds if options.budget is None else options.budget
     keeper = _Keeper.of(step, options)
-    start, spent = (0, 0.0) if keeper is None else keeper.resume(cells, options)
+    start, spent = (0, _Spent()) if keeper is None else keeper.resume(cells, options)
     if all(c.result is not None for c in cells):  # finished before: its results, kept
         return [c.result for c in cells]  # type: ignore[misc]
-    t_start = time.perf_counter() - spent
+    clock = _Clock(spent)
     label = labels[0] if n == 1 else f"{labels[0]} (+{n - 1})"
     bar = epoch_bar(config, label, options.progress, budget, start)
     for epoch in bar:
@@ -263,16 +293,14 @@ def train_loop(
                 bar.set_postfix(loss=f"{record.train_loss:.4g}", val_rmse=f"{record.val_rmse:.4g}")
             if options.on_epoch is not None:
                 options.on_epoch(m, record)
-            elapsed = time.perf_counter() - t_start
             stopped = stop_reason(
-                cells[m].history, config, elapsed=elapsed, budget=budget, metric=metric
+                cells[m].history, config, elapsed=clock.wall(), budget=budget, metric=metric
             )
             if stopped is None:
                 keep.append(j)
                 continue
             step.finish(j, cells[m].best_state, out.nfe[j])  # type: ignore[arg-type]
-            seconds_all = time.perf_counter() - t_start
-            cells[m].result = _result(cells[m], stopped, seconds_all, n, step, metric)
+            cells[m].result = _result(cells[m], stopped, clock.read(), n, step, metric)
         if n > 1:
             bar.set_postfix(members=len(keep))
         if not keep:
@@ -280,10 +308,10 @@ def train_loop(
         if len(keep) < len(step.members):
             step.drop(keep)
         if keeper is not None:
-            keeper.running(epoch, time.perf_counter() - t_start, cells)
+            keeper.running(epoch, clock.read(), cells)
     bar.close()
     if keeper is not None:
-        keeper.finished(time.perf_counter() - t_start, cells)
+        keeper.finished(clock.read(), cells)
     return [c.result for c in cells]  # type: ignore[misc]
 
 
@@ -304,14 +332,15 @@ class _Keeper:
             return None
         return cls(store, step, options.labels)
 
-    def running(self, epoch: int, elapsed: float, cells: list[_Cell]) -> None:
+    def running(self, epoch: int, elapsed: _Spent, cells: list[_Cell]) -> None:
         """After ``epoch`` (the cells that stopped dropped from the step, their results in
         ``cells``): its state kept (a copy: the step trains on), and saved if ``every_seconds``
         have passed, else when the run is interrupted."""
         self.pending = {
             "finished": False,
             "epoch": epoch,
-            "seconds": elapsed,
+            "seconds": elapsed.wall,
+            "cpu_seconds": elapsed.cpu,
             "step": copy.deepcopy(self.step.state()),
             "cells": [_cell_state(c) for c in cells],
         }
@@ -324,17 +353,22 @@ class _Keeper:
             self.store.save(self.labels, self.pending)
             self.pending, self.last = None, time.monotonic()
 
-    def finished(self, elapsed: float, cells: list[_Cell]) -> None:
+    def finished(self, elapsed: _Spent, cells: list[_Cell]) -> None:
         """Every cell's result and best weights, until the caller has kept them."""
-        state = {"finished": True, "seconds": elapsed, "cells": [_cell_state(c) for c in cells]}
+        state = {
+            "finished": True,
+            "seconds": elapsed.wall,
+            "cpu_seconds": elapsed.cpu,
+            "cells": [_cell_state(c) for c in cells],
+        }
         self.store.save(self.labels, state)
 
-    def resume(self, cells: list[_Cell], options: LoopOptions) -> tuple[int, float]:
+    def resume(self, cells: list[_Cell], options: LoopOptions) -> tuple[int, _Spent]:
         """The run's checkpoint, if any, put back into ``step`` and ``cells`` (each restored
         epoch passed to ``on_epoch``); the epoch to start at and the seconds already spent."""
         saved = self.store.load(self.labels)
         if saved is None:
-            return 0, 0.0
+            return 0, _Spent()
         for m, (cell, kept) in enumerate(zip(cells, saved["cells"], strict=True)):
             cell.history = [EpochRecord(*r) for r in kept["history"]]
             cell.best_score, cell.best_state = kept["best_score"], kept["best_state"]
@@ -352,12 +386,14 @@ class _Keeper:
             cell.result = _result_of(kept["result"], cell)
             if isinstance(cell.result, TrainResult) and cell.best_state is not None:
                 self.step.finish(j, cell.best_state, cell.history[-1].nfe)
+        # (a checkpoint written before the CPU seconds were kept: they are unknown)
+        spent = _Spent(saved["seconds"], saved.get("cpu_seconds"))
         if saved["finished"]:
-            return 0, saved["seconds"]
+            return 0, spent
         if len(live) < len(cells):
             self.step.drop(live)
         self.step.restore(saved["step"])
-        return saved["epoch"] + 1, saved["seconds"]
+        return saved["epoch"] + 1, spent
 
 
 def _cell_state(cell: _Cell) -> dict:
@@ -375,6 +411,7 @@ def _cell_state(cell: _Cell) -> dict:
             "seconds": r.seconds,
             "packed_members": r.packed_members,
             "graphs": r.graphs,
+            "cpu_seconds": r.cpu_seconds,
         }
     return {
         "history": [list(astuple(r)) for r in cell.history],
@@ -393,14 +430,21 @@ def _result_of(kept: dict, cell: _Cell) -> TrainResult | TrainingDiverged:
 def _result(
     cell: _Cell,
     stopped: StopReason,
-    seconds: float,
+    spent: _Spent,
     n: int,
     step: StepFunction,
     metric: SelectionMetric,
 ) -> TrainResult:
     best = _best(cell.history, metric)
     return TrainResult(
-        tuple(cell.history), best.epoch, best.val_rmse, stopped, seconds, n, step.graphs_used
+        tuple(cell.history),
+        best.epoch,
+        best.val_rmse,
+        stopped,
+        spent.wall,
+        n,
+        step.graphs_used,
+        spent.cpu,
     )
 
 

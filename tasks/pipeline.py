@@ -249,6 +249,7 @@ def cell_metrics(ev: Evaluation, result: TrainResult, diverged: bool = False) ->
         Metrics.BEST_VAL_RMSE: result.best_val_rmse,
         Metrics.EPOCHS_RUN: len(result.history),
         Metrics.TRAIN_SECONDS: result.seconds,
+        **({} if result.cpu_seconds is None else {Metrics.TRAIN_CPU_SECONDS: result.cpu_seconds}),
         Metrics.DIVERGED: float(diverged),
     }
 

@@ -199,6 +199,51 @@ def test_a_finished_run_is_kept_until_discarded_and_then_trains_again(data, tmp_
     assert store.discard(["cell"]) == 0
 
 
+def _spin(seconds: float):
+    """An ``on_epoch`` that computes for ``seconds`` of CPU time."""
+    import time
+
+    def on_epoch(record) -> None:
+        start = time.process_time()
+        while time.process_time() - start < seconds:
+            pass
+
+    return on_epoch
+
+
+def test_a_resumed_run_counts_the_seconds_spent_before_it_stopped(data, tmp_path):
+    """Wall and CPU seconds go on from the checkpoint's: its first part computes more than
+    the second takes in all, and the result holds both parts; a checkpoint written before the
+    CPU time was kept resumes with that time unknown, its wall time still counted."""
+    import time
+
+    store = Checkpoints(tmp_path, {"cell": "id"}, every_seconds=0)
+    busy, stop = _spin(0.5), threading.Event()
+
+    def first_part(record) -> None:
+        busy(record)
+        _stop_after(STOP_AFTER, stop)(record)
+
+    with pytest.raises(TrainingInterrupted):
+        train(_model("node", {}), data.train, data.val, _cfg(), label="cell", stop=stop,
+              on_epoch=first_part, checkpoints=store)  # fmt: skip
+    saved = store.load(["cell"])
+    assert saved["cpu_seconds"] >= 1.0 and saved["seconds"] >= 1.0  # two epochs' spins
+    start = time.process_time()
+    result = train(_model("node", {}), data.train, data.val, _cfg(), label="cell",
+                   checkpoints=store)  # fmt: skip
+    second = time.process_time() - start
+    assert second < saved["cpu_seconds"]  # (without it the test could not tell)
+    assert saved["cpu_seconds"] <= result.cpu_seconds <= saved["cpu_seconds"] + second
+    assert result.seconds >= saved["seconds"]
+    # the interrupted state again, as a checkpoint written before the CPU time was kept
+    store.save(["cell"], {k: v for k, v in saved.items() if k != "cpu_seconds"})
+    again = train(_model("node", {}), data.train, data.val, _cfg(), label="cell",
+                  checkpoints=store)  # fmt: skip
+    assert again.cpu_seconds is None and again.seconds >= saved["seconds"]
+    assert [r.val_rmse for r in again.history] == [r.val_rmse for r in result.history]
+
+
 def test_a_checkpoint_of_other_numerics_or_a_torn_file_is_not_resumed(data, tmp_path):
     config = _cfg(epochs=3)
     old = Checkpoints(tmp_path, {"cell": "numerics A"}, every_seconds=0)

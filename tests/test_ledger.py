@@ -85,6 +85,10 @@ def _line(**kw) -> str:
         (_line(top_share=1.5), "top_share out of range"),
         (_line(colour="red"), "unknown field(s) colour"),
         (_line(system=""), "system must be a non-empty string"),
+        (_line(train_cpu_seconds=-1.0), "train_cpu_seconds must be a non-negative number"),
+        (_line(train_cpu_seconds=True), "train_cpu_seconds must be a non-negative number"),
+        (_line(train_cpu_seconds="9"), "train_cpu_seconds must be a non-negative number"),
+        (_line(train_seconds=float("inf")), "train_seconds must be a non-negative number"),
         ("[1, 2]", "a record is a JSON object"),
     ],
 )
@@ -395,6 +399,8 @@ def test_run_records_each_finished_cell_and_not_a_failed_one(
     for r in records:
         assert r.config_hash == cells[r.seed].config_hash() and r.epochs == 2
         assert r.run_id and r.device == "cpu" and r.hardware and r.commit is not None
+        assert r.train_seconds is not None and r.train_cpu_seconds is not None
+        assert 0 < r.train_cpu_seconds and r.timed_seconds <= r.train_seconds
     # again: the finished cells are recorded, so only the failed ones are tried
     monkeypatch.setattr(tasks.cell, "build_cell_model", real)
     again = run_ledger(ledger, selection=selection, execution={}, say=said.append)
@@ -837,6 +843,36 @@ def test_every_option_of_an_action_is_refused_by_the_others(capsys):
 def test_record_equality_survives_a_round_trip():
     r = _record(note="n")
     assert LedgerRecord.from_mapping(json.loads(r.to_json())) == r == replace(r)
+    timed = replace(r, train_seconds=900.0, train_cpu_seconds=450.5)
+    assert LedgerRecord.from_mapping(json.loads(timed.to_json())) == timed
+
+
+def test_the_cpu_seconds_follow_the_wall_seconds_and_older_lines_stay_as_they_were():
+    """A line without CPU seconds is written as before the field existed; with them, they
+    follow the wall time they qualify."""
+    old = _record(train_seconds=900.0)
+    assert "train_cpu_seconds" not in json.loads(old.to_json())
+    assert LedgerRecord.from_mapping(json.loads(old.to_json())).train_cpu_seconds is None
+    keys = list(json.loads(replace(old, train_cpu_seconds=450.0).to_json()))
+    assert keys[keys.index("train_seconds") + 1] == "train_cpu_seconds"
+    assert [k for k in keys if k != "train_cpu_seconds"] == list(json.loads(old.to_json()))
+
+
+@pytest.mark.parametrize(
+    ("wall", "cpu", "device", "timed"),
+    [
+        (900.0, 450.0, "cpu", 450.0),  # one thread under load: what the run itself took
+        (900.0, 1700.0, "cpu", 900.0),  # several threads: their CPU time adds up past the wall
+        (900.0, None, "cpu", 900.0),  # an older record: the wall time
+        (900.0, 450.0, "cuda", 900.0),  # a GPU's host thread waits on the device
+        (None, 450.0, "cpu", None),
+    ],
+)
+def test_a_records_planning_time_is_the_lesser_of_its_wall_and_cpu_seconds_on_the_cpu(
+    wall, cpu, device, timed
+):
+    r = replace(_record(), train_seconds=wall, train_cpu_seconds=cpu, device=device)
+    assert r.timed_seconds == timed
 
 
 def test_status_and_table_read_without_torch_mlflow_or_prefect(tmp_path):

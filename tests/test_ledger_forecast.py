@@ -194,6 +194,22 @@ def test_a_cell_is_expected_from_the_newest_records_of_its_kind():
         assert few == pytest.approx(FIXED_SECONDS + 6000.0)
 
 
+def test_a_record_trained_under_load_counts_its_cpu_seconds_not_its_wall_time():
+    """Two processors' records of the same cells, one of them made while other work held the
+    machine (its wall time thrice its CPU time): the estimate and the processors' ratio are
+    those of the time the runs themselves took, as if the machine had been quiet."""
+    quiet = ledger_record("integro_de", "node", 0, train_seconds=1000.0, hardware="x")
+    loaded = ledger_record(
+        "integro_de", "node", 1, train_seconds=3000.0, train_cpu_seconds=1000.0, hardware="x"
+    )
+    elsewhere = ledger_record("integro_de", "node", 0, train_seconds=500.0, hardware="y")
+    seconds = expected_seconds([["integro_de"]], "node", "", [quiet, loaded], "cpu", "x")
+    assert seconds == pytest.approx(FIXED_SECONDS + 1000.0)  # the wall times' median: 2000
+    assert speed_ratios([loaded, elsewhere], "x") == {"y": pytest.approx(2.0)}  # not ×6
+    on_y = expected_seconds([["integro_de"]], "node", "", [loaded, elsewhere], "cpu", "y")
+    assert on_y == pytest.approx(FIXED_SECONDS + 500.0)
+
+
 def test_a_method_without_records_is_expected_from_the_projection_of_its_column(
     tmp_path, capsys, monkeypatch
 ):

@@ -177,6 +177,7 @@ def test_a_study_record_reads_back_and_table_3_lines_stay_as_they_were(tmp_path)
         "study",
         "measures",
         "curves",
+        "train_cpu_seconds",
     }
     mine = _record(study="cmi", measures={"cmi_bits": 3.25}, ablation="")
     path = tmp_path / "ledger.jsonl"

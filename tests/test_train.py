@@ -113,6 +113,18 @@ def test_stop_event_interrupts(data):
         train(Linear(1), data.train, data.val, _cfg(), stop=stop)
 
 
+def test_the_cpu_seconds_leave_out_the_time_the_run_was_not_computing(data):
+    """A run that waits 0.2 s after each of its 4 epochs, as when other work holds the core:
+    the wall time counts the waits, the process's CPU time does not (what ``ledger status
+    --time-left`` plans from, whatever the load a record was made under)."""
+    import time
+
+    torch.manual_seed(0)
+    r = train(Linear(1), data.train, data.val, _cfg(epochs=4), on_epoch=lambda _: time.sleep(0.2))
+    assert r.seconds >= 0.8
+    assert r.cpu_seconds is not None and 0 < r.cpu_seconds < r.seconds - 0.7
+
+
 def test_time_budget_stops_training(data):
     r = train(Linear(1), data.train, data.val, _cfg(epochs=500, max_train_seconds=1e-6))
     assert r.stopped == "time_budget" and len(r.history) == 1
@@ -130,6 +142,10 @@ def test_a_budget_stopped_run_is_replayed_by_its_epoch_count(data, monkeypatch):
         def perf_counter(cls) -> float:
             cls.now += 1.0
             return cls.now
+
+        @staticmethod
+        def process_time() -> float:
+            return 0.0
 
     def run(cfg):
         with seeded(4):

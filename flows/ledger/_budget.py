@@ -124,11 +124,12 @@ def expected_seconds(
     (:data:`FIXED_SECONDS`). None where some cell has no estimate (no record of the method on
     this kind of device).
 
-    A cell's estimate is the median training time of the newest :data:`RECENT_RECORDS`
-    records of its system on ``hardware`` (the processor's name: two CPUs of one kind can
-    differ twofold), else of every system on it, else of its system on any processor, else of
-    every system; another processor's records count at this one's speed where both recorded
-    some cells (:func:`speed_ratios`).
+    A cell's estimate is the median training time (:attr:`~tasks.ledger.LedgerRecord.
+    timed_seconds`: on the CPU, what other work took from a run left out where its record says) of
+    the newest :data:`RECENT_RECORDS` records of its system on ``hardware`` (the processor's name:
+    two CPUs of one kind can differ twofold), else of every system on it, else of its system on any
+    processor, else of every system; another processor's records count at this one's speed where
+    both recorded some cells (:func:`speed_ratios`).
 
     The records whose config hash is in ``alike`` (the cell's own settings at other seeds and
     systems, :func:`flows.ledger.plan.same_settings`) come first, in that order, and the
@@ -140,7 +141,7 @@ def expected_seconds(
     kind = "cuda" if device.startswith("cuda") else "cpu"
     ratio = speed_ratios(records, hardware, kind)  # (this processor's own records: not in it)
     mine = [r for r in _timed(records, kind) if r.method == method and r.ablation == ablation]
-    timed = [(r, r.train_seconds) for r in mine if r.train_seconds is not None]
+    timed = [(r, r.timed_seconds) for r in mine if r.timed_seconds is not None]
 
     def estimates(pool: Sequence[tuple[LedgerRecord, float]]) -> dict[str, float | None]:
         usable = [(r.system, t * ratio.get(r.hardware or "", 1.0)) for r, t in pool]
@@ -158,9 +159,10 @@ def expected_seconds(
 
 
 def _timed(records: Sequence[LedgerRecord], kind: str) -> list[LedgerRecord]:
-    """The records with a training time made on ``kind`` of device (``cpu``, ``cuda``)."""
+    """The records with a training time (:attr:`~tasks.ledger.LedgerRecord.timed_seconds`)
+    made on ``kind`` of device (``cpu``, ``cuda``)."""
     return [
-        r for r in records if r.train_seconds is not None and (r.device or "cpu").startswith(kind)
+        r for r in records if r.timed_seconds is not None and (r.device or "cpu").startswith(kind)
     ]
 
 
@@ -174,7 +176,7 @@ def speed_ratios(
     times: dict[str | None, dict[tuple[str, str, str], list[float]]] = {}
     for r in _timed(records, kind):
         key = (r.method, r.ablation, r.system)
-        times.setdefault(r.hardware, {}).setdefault(key, []).append(r.train_seconds)  # type: ignore[arg-type]
+        times.setdefault(r.hardware, {}).setdefault(key, []).append(r.timed_seconds)  # type: ignore[arg-type]
     ours = times.get(hardware, {}) if hardware is not None else {}
     out: dict[str, float] = {}
     for other, theirs in times.items():

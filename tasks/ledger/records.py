@@ -5,18 +5,18 @@ methods × six systems × five seeds, Table 3 of the paper) take far longer than
 stretch on any one machine. The ledger is what accumulates instead: plain text, reviewed like
 code, appended to by ``nllab ledger run`` as each cell finishes, on whatever hardware is at hand.
 
-A record names its cell (``system``, ``method``, ``seed``, ``config_hash``, and its
-``ablation`` for the cells beside Table 3: :data:`tasks.ledger.scope.ABLATIONS`), the code it ran
-at (``commit``, and ``numerics``: the model's and the data set's numerics fingerprints,
-``None`` on records that predate them), its scores (``test_rmse``, ``best_val_rmse``,
-``rmse_without_top``, ``top_share``), how it trained (``epochs``, ``best_epoch``,
-``train_seconds``), where (``device``: ``cpu``/``cuda``, ``hardware``: the processor's or GPU's
-name) and the MLflow ``run_id`` on the machine that made it. A cell of one of the paper's other
-tables (a study, :func:`flows.studies.ledger_study_cells`) also names its ``study`` and its
-``ablation`` says how it differs from the profile's cell (``data.noise_std=0.1``); what a study
-measures beyond the test RMSE (the CMI of Table:CMI) is in ``measures``, what its figure draws
-of it (a training-loss history) in ``curves`` (:mod:`tasks.ledger.measured`). Only the standard
-library loads here.
+A record names its cell (``system``, ``method``, ``seed``, ``config_hash``, and its ``ablation`` for
+the cells beside Table 3: :data:`tasks.ledger.scope.ABLATIONS`), the code it ran at (``commit``, and
+``numerics``: the model's and the data set's numerics fingerprints, ``None`` on records that predate
+them), its scores (``test_rmse``, ``best_val_rmse``, ``rmse_without_top``, ``top_share``), how it
+trained (``epochs``, ``best_epoch``, ``train_seconds``, and ``train_cpu_seconds``: its process's CPU
+time, which other work on the machine does not inflate), where (``device``: ``cpu``/``cuda``,
+``hardware``: the processor's or GPU's name) and the MLflow ``run_id`` on the machine that made it.
+A cell of one of the paper's other tables (a study, :func:`flows.studies.ledger_study_cells`) also
+names its ``study`` and its ``ablation`` says how it differs from the profile's cell
+(``data.noise_std=0.1``); what a study measures beyond the test RMSE (the CMI of Table:CMI) is in
+``measures``, what its figure draws of it (a training-loss history) in ``curves``
+(:mod:`tasks.ledger.measured`). Only the standard library loads here.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ PEERS: tuple[str, ...] = tuple(m for m in METHODS if m not in PAPER_METHODS)
 
 
 #: A record's fields that an older line may lack.
-_OPTIONAL = ("note", "ablation", "study", "measures", "curves")
+_OPTIONAL = ("note", "ablation", "study", "measures", "curves", "train_cpu_seconds")
 
 
 def cell_label(system: str, method: str, seed: int, ablation: str = "", study: str = "") -> str:
@@ -131,6 +131,10 @@ class LedgerRecord:
     #: what the study's figure draws of it (name -> a short series: :mod:`tasks.ledger.measured`
     #: says why a field of its own)
     curves: Mapping[str, Curve] = field(default_factory=dict)
+    #: the training's CPU seconds in its process (:attr:`nltrain.TrainResult.cpu_seconds`: with
+    #: one torch thread, ``train_seconds`` less what other work on the machine took from it);
+    #: None on records made before it was kept, and where a checkpoint resumed from lacked it
+    train_cpu_seconds: float | None = None
 
     status = "finished"
     ok = True
@@ -155,6 +159,17 @@ class LedgerRecord:
         return cell_label(self.system, self.method, self.seed, self.ablation, self.study)
 
     @property
+    def timed_seconds(self) -> float | None:
+        """How long its training took for planning another: on the CPU the lesser of its wall
+        and CPU seconds (with one torch thread the CPU time leaves out what other work on the
+        machine took from the run; with several it exceeds the wall time), on a GPU the wall
+        time (its host thread waits on the device)."""
+        wall, cpu = self.train_seconds, self.train_cpu_seconds
+        if wall is None or cpu is None or not (self.device or "cpu").startswith("cpu"):
+            return wall
+        return min(wall, cpu)
+
+    @property
     def measured(self) -> Measured:
         """What its study measured of the model (:class:`Measured`)."""
         return Measured(self.measures, self.curves)
@@ -164,6 +179,9 @@ class LedgerRecord:
         for name in ("ablation", "study", "measures", "curves"):  # older lines as they were
             if not data[name]:
                 del data[name]
+        cpu = data.pop("train_cpu_seconds")
+        if cpu is not None:  # beside the wall time it qualifies
+            data = {k: v for key, value in data.items() for k, v in _after(key, value, cpu)}
         return json.dumps(data, ensure_ascii=False)
 
     @classmethod
@@ -207,10 +225,18 @@ class LedgerRecord:
                 raise ValueError(f"{name} must be a finite number, got {v!r}")
             if v < 0 or (name == "top_share" and v > 1):  # a negative RMSE too
                 raise ValueError(f"{name} out of range: {v!r}")
-        v = data["train_seconds"]
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v < 0):
-            raise ValueError(f"train_seconds must be a non-negative number, got {v!r}")
+        for name in ("train_seconds", "train_cpu_seconds"):
+            v = data.get(name)
+            if v is not None and (
+                isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < math.inf
+            ):
+                raise ValueError(f"{name} must be a non-negative number, got {v!r}")
         return cls(**{**{n: data[n] for n in names if n in data}, "curves": curves})
+
+
+def _after(key: str, value: Any, cpu: float) -> list[tuple[str, Any]]:
+    """A record's JSON item, followed by its CPU seconds where it is the wall time."""
+    return [(key, value), ("train_cpu_seconds", cpu)] if key == "train_seconds" else [(key, value)]
 
 
 def read_ledger(
@@ -368,6 +394,7 @@ def record_of_run(
         epochs=_int(metrics.get(Metrics.EPOCHS_RUN)),
         best_epoch=_int(metrics.get(Metrics.BEST_EPOCH)),
         train_seconds=metric(Metrics.TRAIN_SECONDS),
+        train_cpu_seconds=metric(Metrics.TRAIN_CPU_SECONDS),
         device=tags.get("device_used") or None,
         hardware=hardware,
         run_id=run_id,

@@ -108,6 +108,8 @@ class Metrics:
     BEST_EPOCH = "best_epoch"
     EPOCHS_RUN = "epochs_run"
     TRAIN_SECONDS = "train_seconds"
+    #: the training's CPU seconds in its process (:attr:`nltrain.TrainResult.cpu_seconds`)
+    TRAIN_CPU_SECONDS = "train_cpu_seconds"
     N_TRIALS = "n_trials"
     REGRESSIONS = "regressions"
     STUDY_SECONDS = "study_seconds"
