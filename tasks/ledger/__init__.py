@@ -3,17 +3,19 @@ full-budget cell, ``results/paper/ledger.jsonl``) and the quick records (``resul
 
 - :mod:`.measured`: what a study measured of a trained model (numbers and short curves), as a
   record keeps it;
-- :mod:`.records`: a ledger record, its file (read, append under a lock), a cell's numerics
-  and hardware, and the cell types (:class:`LedgerCell`, :class:`LedgerScope`) every other
-  module of the room builds on;
+- :mod:`.provenance`: where and under which numerics a record was made (the processor's name,
+  the model's and data set's numerics fingerprints);
+- :mod:`.records`: a ledger record, its file (read, append under a lock) and the cell types
+  (:class:`LedgerCell`, :class:`LedgerScope`) every other module of the room builds on;
 - :mod:`.scope`: which cells the ledger holds under today's code (Table 3 and its ablations),
   cached per code state;
 - :mod:`.views`: what the records say about those cells (one counting rule, one verdict),
   shared by ``nllab ledger status``, ``table`` and ``run``;
 - :mod:`.quick_record`: a recorded quick (or smoke) benchmark run.
 
-The modules import one another in that order only (measured, records, scope, views); the flows that
-train and print the ledger are :mod:`flows.ledger`'s. Names load on first use (PEP 562).
+The modules import one another in that order only (measured, provenance, records, scope,
+views); the flows that train and print the ledger are :mod:`flows.ledger`'s. Names load on first
+use (PEP 562).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tasks.ledger.provenance import cell_numerics, computed_on_gpu, hardware_name, numerics_of
     from tasks.ledger.quick_record import read_quick_run, record_benchmark
     from tasks.ledger.records import (
         ABLATIONS,
@@ -32,10 +35,6 @@ if TYPE_CHECKING:
         LedgerRecord,
         LedgerScope,
         append_records,
-        cell_numerics,
-        computed_on_gpu,
-        hardware_name,
-        numerics_of,
         read_ledger,
         record_of_run,
     )
@@ -64,10 +63,10 @@ _LAZY = {
     "LedgerError": "records",
     "LedgerRecord": "records",
     "append_records": "records",
-    "cell_numerics": "records",
-    "computed_on_gpu": "records",
-    "hardware_name": "records",
-    "numerics_of": "records",
+    "cell_numerics": "provenance",
+    "computed_on_gpu": "provenance",
+    "hardware_name": "provenance",
+    "numerics_of": "provenance",
     "read_ledger": "records",
     "record_of_run": "records",
     "ABLATIONS": "records",

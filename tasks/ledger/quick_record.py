@@ -162,7 +162,7 @@ def write_quick_run(path: str | Path, run: QuickRun) -> Path:
 
 def machine_name() -> str:
     """The processor model and the number of cores this process may use."""
-    from tasks.ledger.records import hardware_name
+    from tasks.ledger.provenance import hardware_name
     from tasks.machine import usable_cores
 
     cores = usable_cores()
@@ -176,7 +176,7 @@ def _finite(metrics: Mapping[str, float], name: str) -> float | None:
 
 def quick_cell(cell: CellConfig, record: RunRecord) -> QuickCell:
     """The record of ``cell`` from its finished run in the store."""
-    from tasks.ledger.records import hardware_name, numerics_of
+    from tasks.ledger.provenance import hardware_name, numerics_of
 
     m, tags = record.metrics, record.tags
     test = _finite(m, Metrics.TEST_RMSE)

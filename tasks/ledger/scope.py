@@ -44,12 +44,12 @@ from typing import TYPE_CHECKING, Any
 from datasets import cache_folders
 from nlmodels import numerics_environment
 from tasks.config.names import METHODS
+from tasks.ledger.provenance import cell_numerics
 from tasks.ledger.records import (
     ABLATIONS,
     PEERS,
     LedgerCell,
     LedgerScope,
-    cell_numerics,
     read_ledger,
 )
 from tasks.ledger.variants import variant_of

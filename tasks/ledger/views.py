@@ -22,7 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from tasks.ledger.records import LedgerRecord, computed_on_gpu
+from tasks.ledger.provenance import computed_on_gpu
+from tasks.ledger.records import LedgerRecord
 from tasks.ledger.scope import LedgerCell
 from tasks.reports import (
     PAPER_STEREOGRAPHIC,
