@@ -148,3 +148,39 @@ def test_the_command_prints_them_after_the_status(tmp_path, mlflow_store, capsys
         main(["ledger", "run", "--report-minutes", "-1"])
     assert refused.value.code == 2
     assert "--report-minutes: a number of minutes 0 or more, got '-1'" in capsys.readouterr().err
+
+
+def test_a_run_leaves_a_group_another_process_is_training_until_no_other_is_free(
+    tmp_path, mlflow_store, monkeypatch
+):
+    """Seed 0's cell is being trained by another live process: ``ledger run`` trains seed 1
+    first (said), then seed 0 (every group left has a running cell: the engine waits on the
+    other's claim and reuses its result); with nothing running elsewhere, the ledger's order."""
+    import flows.ledger.run as ledger_run
+    from flows.ledger import run_ledger
+
+    config = tmp_path / "tiny.toml"
+    config.write_text("[training]\nepochs = 10\n")
+    cells = ledger_scope(config, ["integro_de"], ["node"]).select(seeds=[0, 1, 2])
+    experiment = connect().store.experiment_id
+    trained: list[tuple[int, ...]] = []
+    monkeypatch.setattr(ledger_run, "_train_group", lambda group, *_: trained.append(group.seeds))
+    selection = {
+        "config_file": config,
+        "systems": ["integro_de"],
+        "methods": ["node"],
+        "seeds": [0, 1, 2],
+    }
+    said: list[str] = []
+    run_ledger(tmp_path / "ledger.jsonl", selection=selection, execution={}, say=said.append)
+    assert trained == [(0,), (1,), (2,)]
+
+    other = {RunTags.HOST: host_id(), RunTags.PROCESS: process_token(os.getpid())}
+    client = mlflow.MlflowClient()
+    for seed in (0, 2):
+        _cell_run(client, experiment, cells[seed].config_hash, "RUNNING", **other)
+    trained.clear()
+    run_ledger(tmp_path / "ledger.jsonl", selection=selection, execution={}, say=said.append)
+    assert trained == [(1,), (0,), (2,)]
+    later = [line for line in said if "later: another run is training" in line]
+    assert len(later) == 1 and "node seed 0 on integro_de later" in later[0]  # said once

@@ -50,7 +50,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "ablation's (Table 5), then the Laplace-domain peers' (not Table 3's), under the paper "
         "profile (the reference code's protocol) or the fair one (--profile fair). 'status': "
         "which of its cells are recorded; 'run': train the missing ones (tracked in MLflow, low "
-        "CPU priority), recording each as it finishes; 'record': record the cells this machine's "
+        "CPU priority), recording each as it finishes (several runs on one tracking store share "
+        "the work: one per core with --max-workers 1 --torch-threads 1); 'record': record the "
+        "cells this machine's "
         "tracking store finished (a plain `nllab benchmark --profile paper`, a killed run), "
         "training nothing; 'table': Table 3, the ablation and the peers from the records.",
     )

@@ -220,11 +220,23 @@ def _train_in_order(
 ) -> None:
     """Each group in turn, cut to what fits the time ``left()`` (:func:`_what_fits`), until
     ``stop``; a group whose cells were all recorded meanwhile (a study's measured twins,
-    recorded with the cells they share a run with) is passed over."""
+    recorded with the cells they share a run with) is passed over.
+
+    A group with a cell that another process is training in the same tracking store (another
+    ``ledger run``: one per core with ``--max-workers 1``, or on another machine) waits until no
+    other group is free: the runs share the ledger's order instead of one waiting on the
+    other's claims (:func:`_next_free`)."""
     out, say = recorder.out, recorder.say
-    for whole in groups:
+    queue, later = list(groups), set()
+    while queue:
         if stop.is_set():
             return
+        i, passed = _next_free(queue, todo, recorder.queries)
+        for g in passed:
+            if g.label not in later:
+                later.add(g.label)
+                say(f"ledger: {g.label} later: another run is training some of its cells")
+        whole = queue.pop(i)
         for group, needed in _what_fits(whole, left(), ledger, selection, execution, out, say):
             cells = [c for c in todo if group.holds(c)]
             if {c.key for c in cells} <= recorder.done:
@@ -232,6 +244,20 @@ def _train_in_order(
             if not _may_start(group, needed, left(), stop, out, say):
                 break
             _train_group(group, cells, selection, execution, recorder, stop)
+
+
+def _next_free(
+    queue: Sequence[LedgerGroup], todo: Sequence[LedgerCell], queries: Queries
+) -> tuple[int, Sequence[LedgerGroup]]:
+    """The index in ``queue`` of the first group none of whose cells has a RUNNING run in the
+    store (another process training it), and the groups before it; 0 when every group has one
+    (the engine then waits on that process's claims, and reuses what it finishes)."""
+    running = queries.running_cells({c.config_hash for c in todo})
+    held = [c for c in todo if c.config_hash in running]
+    for i, group in enumerate(queue):
+        if not any(group.holds(c) for c in held):
+            return i, queue[:i]
+    return 0, ()
 
 
 def _what_fits(
