@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from dataclasses import replace
 import sys
 
 import mlflow
@@ -13,6 +14,7 @@ from mlflow.entities import Metric
 
 from flows.cli import main
 from flows.ledger import training_now, training_text
+from tasks.ledger import append_records, read_ledger
 from tasks.ledger.scope import LedgerCell, ledger_scope
 from tasks.ledger.views import PACE_EPOCHS, cell_progress
 from tasks.tracking import connect
@@ -177,10 +179,49 @@ def test_a_run_leaves_a_group_another_process_is_training_until_no_other_is_free
 
     other = {RunTags.HOST: host_id(), RunTags.PROCESS: process_token(os.getpid())}
     client = mlflow.MlflowClient()
-    for seed in (0, 2):
-        _cell_run(client, experiment, cells[seed].config_hash, "RUNNING", **other)
+    for seed in (0, 2):  # with the numerics a run of today's code tags
+        model, system = cells[seed].numerics.split("/")
+        numerics = {RunTags.NUMERICS_MODEL: model, RunTags.NUMERICS_SYSTEM: system}
+        _cell_run(client, experiment, cells[seed].config_hash, "RUNNING", **other, **numerics)
     trained.clear()
     run_ledger(tmp_path / "ledger.jsonl", selection=selection, execution={}, say=said.append)
     assert trained == [(1,), (0,), (2,)]
     later = [line for line in said if "later: another run is training" in line]
     assert len(later) == 1 and "node seed 0 on integro_de later" in later[0]  # said once
+
+    # the other run finishes seed 0 while this one trains seed 1: recorded, not trained again
+    def finish_seed_0(group, *_) -> None:
+        trained.append(group.seeds)
+        for run in client.search_runs([experiment], "attributes.status = 'RUNNING'"):
+            if run.data.tags[RunTags.CONFIG_HASH] == cells[0].config_hash:
+                client.log_metric(run.info.run_id, Metrics.TEST_RMSE, 0.25)
+                client.set_terminated(run.info.run_id, "FINISHED")
+
+    monkeypatch.setattr(ledger_run, "_train_group", finish_seed_0)
+    trained.clear()
+    ledger = tmp_path / "second.jsonl"
+    run_ledger(ledger, selection=selection, execution={}, say=said.append)
+    assert trained == [(1,), (2,)]  # seed 2 still running elsewhere: the engine waits on it
+    assert [(r.seed, r.test_rmse) for r in read_ledger(ledger)] == [(0, 0.25)]
+
+    # the other run finishes seed 2 and records it itself while this one trains seed 1
+    (seed_0,) = read_ledger(ledger)
+    third = tmp_path / "third.jsonl"
+
+    def finish_and_record_seed_2(group, *_) -> None:
+        trained.append(group.seeds)
+        for run in client.search_runs([experiment], "attributes.status = 'RUNNING'"):
+            client.log_metric(run.info.run_id, Metrics.TEST_RMSE, 0.5)
+            client.set_terminated(run.info.run_id, "FINISHED")
+        c = cells[2]
+        append_records(
+            third, [replace(seed_0, seed=2, config_hash=c.config_hash, numerics=c.numerics)]
+        )
+
+    monkeypatch.setattr(ledger_run, "_train_group", finish_and_record_seed_2)
+    trained.clear()
+    said.clear()
+    run_ledger(third, selection=selection, execution={}, say=said.append)
+    assert trained == [(1,)]  # seed 0 from the store at the start, seed 2 the other run's
+    assert sorted(r.seed for r in read_ledger(third)) == [0, 2]
+    assert not any("seed 2" in line for line in said if line.startswith("ledger: training"))

@@ -239,6 +239,9 @@ def _train_in_order(
         whole = queue.pop(i)
         for group, needed in _what_fits(whole, left(), ledger, selection, execution, out, say):
             cells = [c for c in todo if group.holds(c)]
+            # what another run finished of it meanwhile is recorded (or was), not trained again
+            recorder.record(cells)
+            recorder.done |= recorder.held(cells)
             if {c.key for c in cells} <= recorder.done:
                 continue
             if not _may_start(group, needed, left(), stop, out, say):
@@ -365,6 +368,17 @@ class Recorder:
         group = LedgerGroup(cell.method, cell.ablation, (cell.seed,), (cell.system,), cell.study)
         (config,) = group_config(group, self.selection, {}).cells()
         return measure_cell(cell.study, config, run_id, self.queries)
+
+    def held(self, cells: Sequence[LedgerCell]) -> set[tuple[str, str, str, str, int]]:
+        """The keys of ``cells`` whose record the ledger file holds (another run appended it):
+        the same cell at the same config and numerics, with what its study measures."""
+        records = {r.key: r.measured for r in read_ledger(self.ledger)}
+        return {
+            c.key
+            for c in cells
+            if (m := records.get((*c.key, c.config_hash, c.numerics))) is not None
+            and (not c.measure or m.has(c.measure))
+        }
 
     def record(self, cells: Sequence[LedgerCell]) -> None:
         twins = [t for c in cells for t in self.measured_twins.get(c.config_hash, ())]
