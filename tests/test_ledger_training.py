@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-from dataclasses import replace
 import sys
+from dataclasses import replace
 
 import mlflow
 import pytest
+from cells import ledger_record
 from mlflow.entities import Metric
 
 from flows.cli import main
@@ -18,7 +19,7 @@ from tasks.ledger import append_records, read_ledger
 from tasks.ledger.scope import LedgerCell, ledger_scope
 from tasks.ledger.views import PACE_EPOCHS, cell_progress
 from tasks.tracking import connect
-from tasks.tracking.processes import host_id, process_token
+from tasks.tracking.processes import claim_owner, host_id, process_token
 from tasks.tracking.tags import Metrics, RunTags
 
 CELL = LedgerCell("integro_de", "node", 0, "a" * 64, None)
@@ -177,6 +178,21 @@ def test_a_run_leaves_a_group_another_process_is_training_until_no_other_is_free
     run_ledger(tmp_path / "ledger.jsonl", selection=selection, execution={}, say=said.append)
     assert trained == [(0,), (1,), (2,)]
 
+    # another run has claimed seed 1's group but not started its cells yet: seed 2 first
+    tracking = connect()
+    other_run = claim_owner()
+    group_1 = ledger_run.group_claim([cells[1].config_hash])
+    assert tracking.claims.claim_cell(group_1, other_run)
+    trained.clear()
+    run_ledger(tmp_path / "claimed.jsonl", selection=selection, execution={}, say=said.append)
+    assert trained == [(0,), (2,), (1,)]
+    assert any("node seed 1 on integro_de later" in line for line in said)
+    assert tracking.claims.claim_holder(group_1) is not None  # still the other run's
+    tracking.claims.release_cell(group_1, other_run)
+    # this run's own group claims are released as each group ends
+    assert tracking.claims.claim_holder(ledger_run.group_claim([cells[2].config_hash])) is None
+    said.clear()
+
     other = {RunTags.HOST: host_id(), RunTags.PROCESS: process_token(os.getpid())}
     client = mlflow.MlflowClient()
     for seed in (0, 2):  # with the numerics a run of today's code tags
@@ -225,3 +241,33 @@ def test_a_run_leaves_a_group_another_process_is_training_until_no_other_is_free
     assert trained == [(1,)]  # seed 0 from the store at the start, seed 2 the other run's
     assert sorted(r.seed for r in read_ledger(third)) == [0, 2]
     assert not any("seed 2" in line for line in said if line.startswith("ledger: training"))
+
+
+def test_a_cell_is_held_by_a_record_another_run_appended_at_its_config(tmp_path):
+    """What a ledger run counts as recorded by another run meanwhile: the same cell at the
+    same config hash with numerics fingerprints (equal to the cell's where this run computed
+    them), and with what its study measures."""
+    from flows.ledger.run import LedgerRun, Recorder
+
+    base = ledger_record("integro_de", "node", 0, config_hash="a" * 64, numerics="m/s")
+    ledger = tmp_path / "ledger.jsonl"
+    append_records(ledger, [base, replace(base, seed=1, numerics=None)])
+    append_records(ledger, [replace(base, seed=2, study="cmi", measures={"cmi_bits": 1.0})])
+    recorder = Recorder(None, ledger, LedgerRun(todo=0), print)  # type: ignore[arg-type]
+
+    def cell(seed: int, numerics: str | None, **kw) -> LedgerCell:
+        return LedgerCell("integro_de", "node", seed, "a" * 64, numerics, **kw)
+
+    held = recorder.held(
+        [
+            cell(0, None),  # numerics not computed by this run: any fingerprinted record
+            cell(1, None),  # its record predates fingerprints: trained again
+            cell(2, "m/s", study="cmi", measure="cmi_bits"),
+            cell(3, None),  # no record
+        ]
+    )
+    assert held == {("integro_de", "node", "", "", 0), ("integro_de", "node", "cmi", "", 2)}
+    assert not recorder.held([cell(0, "other/numerics")])
+    other = replace(base, seed=4, study="cmi")  # recorded without what its study measures
+    append_records(ledger, [other])
+    assert not recorder.held([cell(4, "m/s", study="cmi", measure="cmi_bits")])

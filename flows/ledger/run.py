@@ -12,10 +12,12 @@ ones stay, and no group starts after it.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,7 +56,7 @@ from tasks.tracking.tags import RunTags
 if TYPE_CHECKING:
     from tasks.config import CellConfig
     from tasks.results import CellResult
-    from tasks.tracking import Queries
+    from tasks.tracking import CellClaims, Queries
 
 __all__ = [
     "REPORT_SECONDS",
@@ -200,7 +202,9 @@ def run_ledger(
 
     reports = ProgressReports(queries.queries, todo, say, report_seconds)
     with deadline(max_seconds, stop, timed_out), reports:
-        _train_in_order(groups, todo, left, ledger, selection, execution, recorder, stop)
+        _train_in_order(
+            groups, todo, left, ledger, selection, execution, recorder, stop, queries.claims
+        )
     out.stopped = stop.is_set()
     out.twins = sum(t.key in recorder.done for t in twins)
     if timed_out.is_set():
@@ -217,50 +221,72 @@ def _train_in_order(
     execution: dict[str, Any],
     recorder: Recorder,
     stop: threading.Event,
+    claims: CellClaims,
 ) -> None:
     """Each group in turn, cut to what fits the time ``left()`` (:func:`_what_fits`), until
     ``stop``; a group whose cells were all recorded meanwhile (a study's measured twins,
     recorded with the cells they share a run with) is passed over.
 
-    A group with a cell that another process is training in the same tracking store (another
-    ``ledger run``: one per core with ``--max-workers 1``, or on another machine) waits until no
-    other group is free: the runs share the ledger's order instead of one waiting on the
-    other's claims (:func:`_next_free`)."""
+    Several runs on one tracking store (one per core with ``--max-workers 1``, or on other
+    machines) share the ledger's order: each claims a group in the store before it trains it
+    (:func:`_next_free`), and a group another run holds or is training cells of waits until no
+    other group is free, instead of one run waiting on the other's cell claims."""
     out, say = recorder.out, recorder.say
     queue, later = list(groups), set()
     while queue:
         if stop.is_set():
             return
-        i, passed = _next_free(queue, todo, recorder.queries)
-        for g in passed:
-            if g.label not in later:
-                later.add(g.label)
-                say(f"ledger: {g.label} later: another run is training some of its cells")
-        whole = queue.pop(i)
-        for group, needed in _what_fits(whole, left(), ledger, selection, execution, out, say):
-            cells = [c for c in todo if group.holds(c)]
-            # what another run finished of it meanwhile is recorded (or was), not trained again
-            recorder.record(cells)
-            recorder.done |= recorder.held(cells)
-            if {c.key for c in cells} <= recorder.done:
-                continue
-            if not _may_start(group, needed, left(), stop, out, say):
-                break
-            _train_group(group, cells, selection, execution, recorder, stop)
+        with ExitStack() as claim:
+            i, passed = _next_free(queue, todo, recorder.queries, claims, claim)
+            for g in passed:
+                if g.label not in later:
+                    later.add(g.label)
+                    say(f"ledger: {g.label} later: another run is training it")
+            whole = queue.pop(i)
+            for group, needed in _what_fits(whole, left(), ledger, selection, execution, out, say):
+                cells = [c for c in todo if group.holds(c)]
+                # what another run finished of it meanwhile is recorded (or was), not trained
+                recorder.record(cells)
+                recorder.done |= recorder.held(cells)
+                if {c.key for c in cells} <= recorder.done:
+                    continue
+                if not _may_start(group, needed, left(), stop, out, say):
+                    break
+                _train_group(group, cells, selection, execution, recorder, stop)
 
 
 def _next_free(
-    queue: Sequence[LedgerGroup], todo: Sequence[LedgerCell], queries: Queries
+    queue: Sequence[LedgerGroup],
+    todo: Sequence[LedgerCell],
+    queries: Queries,
+    claims: CellClaims,
+    claim: ExitStack,
 ) -> tuple[int, Sequence[LedgerGroup]]:
     """The index in ``queue`` of the first group none of whose cells has a RUNNING run in the
-    store (another process training it), and the groups before it; 0 when every group has one
-    (the engine then waits on that process's claims, and reuses what it finishes)."""
+    store (another process training it) and whose claim this process gets (held in ``claim``,
+    with its heartbeat, until the caller leaves it), and the groups before it; 0, unclaimed,
+    when there is none (the engine then waits on the other processes' cell claims and reuses
+    what they finish). A group's claim is a cell claim (:class:`~tasks.tracking.CellClaims`:
+    one owner wins, whoever else tries at the same moment) on the hash of its cells' config
+    hashes: the cells' own runs appear only once the benchmark has started."""
+    from tasks.tracking.processes import claim_owner
+
     running = queries.running_cells({c.config_hash for c in todo})
     held = [c for c in todo if c.config_hash in running]
+    owner = claim_owner()
     for i, group in enumerate(queue):
-        if not any(group.holds(c) for c in held):
+        mine = [c.config_hash for c in todo if group.holds(c)]
+        if any(group.holds(c) for c in held):
+            continue
+        if claim.enter_context(claims.cell_claim(group_claim(mine), owner)):
             return i, queue[:i]
     return 0, ()
+
+
+def group_claim(config_hashes: Iterable[str]) -> str:
+    """The key a ledger run claims a group of cells under (:func:`_next_free`): one for the
+    same cells whatever their order, apart from every cell's own claim."""
+    return "ledger-" + hashlib.sha256(",".join(sorted(config_hashes)).encode()).hexdigest()[:40]
 
 
 def _what_fits(
@@ -371,13 +397,19 @@ class Recorder:
 
     def held(self, cells: Sequence[LedgerCell]) -> set[tuple[str, str, str, str, int]]:
         """The keys of ``cells`` whose record the ledger file holds (another run appended it):
-        the same cell at the same config and numerics, with what its study measures."""
-        records = {r.key: r.measured for r in read_ledger(self.ledger)}
+        the same cell at the same config, with numerics fingerprints (this run's own, where it
+        computed them: a cell without a record when it started has none yet) and with what its
+        study measures."""
+        records: dict[tuple, list[LedgerRecord]] = {}
+        for r in read_ledger(self.ledger):
+            records.setdefault((*r.key[:5], r.config_hash), []).append(r)
         return {
             c.key
             for c in cells
-            if (m := records.get((*c.key, c.config_hash, c.numerics))) is not None
-            and (not c.measure or m.has(c.measure))
+            for r in records.get((*c.key, c.config_hash), ())
+            if r.numerics is not None
+            and c.numerics in (None, r.numerics)
+            and (not c.measure or r.measured.has(c.measure))
         }
 
     def record(self, cells: Sequence[LedgerCell]) -> None:
