@@ -244,30 +244,36 @@ def test_a_run_leaves_a_group_another_process_is_training_until_no_other_is_free
 
 
 def test_a_cell_is_held_by_a_record_another_run_appended_at_its_config(tmp_path):
-    """What a ledger run counts as recorded by another run meanwhile: the same cell at the
-    same config hash with numerics fingerprints (equal to the cell's where this run computed
-    them), and with what its study measures."""
+    """What a ledger run counts as recorded by another run meanwhile: what the counting rule
+    counts (the same cell at the same config hash, with numerics fingerprints, and with what its
+    study measures), as the run chose its cells at its start: a record by other numerics
+    holds a cell unless the run retrains those (``refresh_older``)."""
     from flows.ledger.run import LedgerRun, Recorder
 
-    base = ledger_record("integro_de", "node", 0, config_hash="a" * 64, numerics="m/s")
+    def h(seed: int) -> str:
+        return str(seed) * 64
+
+    base = ledger_record("integro_de", "node", 0, config_hash=h(0), numerics="m/s")
     ledger = tmp_path / "ledger.jsonl"
-    append_records(ledger, [base, replace(base, seed=1, numerics=None)])
-    append_records(ledger, [replace(base, seed=2, study="cmi", measures={"cmi_bits": 1.0})])
-    recorder = Recorder(None, ledger, LedgerRun(todo=0), print)  # type: ignore[arg-type]
+    append_records(ledger, [base, replace(base, seed=1, config_hash=h(1), numerics=None)])
+    cmi = replace(base, seed=2, config_hash=h(2), study="cmi", measures={"cmi_bits": 1.0})
+    append_records(ledger, [cmi, replace(base, seed=4, config_hash=h(4), study="cmi")])
 
     def cell(seed: int, numerics: str | None, **kw) -> LedgerCell:
-        return LedgerCell("integro_de", "node", seed, "a" * 64, numerics, **kw)
+        return LedgerCell("integro_de", "node", seed, h(seed), numerics, **kw)
 
-    held = recorder.held(
+    def held(cells: list[LedgerCell], refresh_older: bool = False) -> set:
+        recorder = Recorder(None, ledger, LedgerRun(), print, refresh_older=refresh_older)  # type: ignore[arg-type]
+        return recorder.held(cells)
+
+    assert held(
         [
             cell(0, None),  # numerics not computed by this run: any fingerprinted record
             cell(1, None),  # its record predates fingerprints: trained again
             cell(2, "m/s", study="cmi", measure="cmi_bits"),
             cell(3, None),  # no record
+            cell(4, "m/s", study="cmi", measure="cmi_bits"),  # recorded without its measure
         ]
-    )
-    assert held == {("integro_de", "node", "", "", 0), ("integro_de", "node", "cmi", "", 2)}
-    assert not recorder.held([cell(0, "other/numerics")])
-    other = replace(base, seed=4, study="cmi")  # recorded without what its study measures
-    append_records(ledger, [other])
-    assert not recorder.held([cell(4, "m/s", study="cmi", measure="cmi_bits")])
+    ) == {("integro_de", "node", "", "", 0), ("integro_de", "node", "cmi", "", 2)}
+    assert held([cell(0, "other/numerics")]) == {("integro_de", "node", "", "", 0)}
+    assert not held([cell(0, "other/numerics")], refresh_older=True)

@@ -44,6 +44,7 @@ from tasks.ledger import (
     LedgerCell,
     LedgerRecord,
     append_records,
+    cell_states,
     hardware_name,
     numerics_of,
     paper_config,
@@ -189,7 +190,9 @@ def run_ledger(
     queries = connect(paper_config(execution, **profile_of(selection)).tracking)
     selected = {c.key for c in todo}
     twins = [t for t in measured_twins(ledger, selection, todo, say) if t.key not in selected]
-    recorder = Recorder(queries.queries, ledger, out, say, selection, [*todo, *twins])
+    recorder = Recorder(
+        queries.queries, ledger, out, say, selection, [*todo, *twins], refresh_older
+    )
     recorder.record(todo)  # cells a stopped run finished in this store meanwhile
     todo = [c for c in todo if c.key not in recorder.done]
     device = str(execution.get("device") or "auto")
@@ -275,9 +278,9 @@ def _next_free(
     held = [c for c in todo if c.config_hash in running]
     owner = claim_owner()
     for i, group in enumerate(queue):
-        mine = [c.config_hash for c in todo if group.holds(c)]
         if any(group.holds(c) for c in held):
             continue
+        mine = [c.config_hash for c in todo if group.holds(c)]
         if claim.enter_context(claims.cell_claim(group_claim(mine), owner)):
             return i, queue[:i]
     return 0, ()
@@ -379,9 +382,10 @@ class Recorder:
         say: Callable,
         selection: dict[str, Any] | None = None,
         todo: Sequence[LedgerCell] = (),
+        refresh_older: bool = False,
     ) -> None:
         self.queries, self.ledger, self.out, self.say = queries, ledger, out, say
-        self.selection = selection or {}
+        self.selection, self.refresh_older = selection or {}, refresh_older
         self.done: set[tuple[str, str, str, str, int]] = set()
         self.measured_twins: dict[str, list[LedgerCell]] = {}
         for c in todo:
@@ -396,21 +400,13 @@ class Recorder:
         return measure_cell(cell.study, config, run_id, self.queries)
 
     def held(self, cells: Sequence[LedgerCell]) -> set[tuple[str, str, str, str, int]]:
-        """The keys of ``cells`` whose record the ledger file holds (another run appended it):
-        the same cell at the same config, with numerics fingerprints (this run's own, where it
-        computed them: a cell without a record when it started has none yet) and with what its
-        study measures."""
-        records: dict[tuple, list[LedgerRecord]] = {}
-        for r in read_ledger(self.ledger):
-            records.setdefault((*r.key[:5], r.config_hash), []).append(r)
-        return {
-            c.key
-            for c in cells
-            for r in records.get((*c.key, c.config_hash), ())
-            if r.numerics is not None
-            and c.numerics in (None, r.numerics)
-            and (not c.measure or r.measured.has(c.measure))
-        }
+        """The keys of ``cells`` the ledger file counts now (another run recorded them
+        meanwhile): those :func:`~flows.ledger.plan.to_train` no longer gives under the
+        counting rule (:func:`tasks.ledger.cell_states`), as this run chose its cells at its
+        start (``refresh_older``)."""
+        states = cell_states(read_ledger(self.ledger), cells)
+        left = {c.key for c in to_train(states, refresh_older=self.refresh_older)}
+        return {c.key for c in cells} - left
 
     def record(self, cells: Sequence[LedgerCell]) -> None:
         twins = [t for c in cells for t in self.measured_twins.get(c.config_hash, ())]

@@ -172,7 +172,9 @@ class LedgerRecord:
                 del data[name]
         cpu = data.pop("train_cpu_seconds")
         if cpu is not None:  # beside the wall time it qualifies
-            data = {k: v for key, value in data.items() for k, v in _after(key, value, cpu)}
+            items = list(data.items())
+            items.insert(list(data).index("train_seconds") + 1, ("train_cpu_seconds", cpu))
+            data = dict(items)
         return json.dumps(data, ensure_ascii=False)
 
     @classmethod
@@ -223,11 +225,6 @@ class LedgerRecord:
             ):
                 raise ValueError(f"{name} must be a non-negative number, got {v!r}")
         return cls(**{**{n: data[n] for n in names if n in data}, "curves": curves})
-
-
-def _after(key: str, value: Any, cpu: float) -> list[tuple[str, Any]]:
-    """A record's JSON item, followed by its CPU seconds where it is the wall time."""
-    return [(key, value), ("train_cpu_seconds", cpu)] if key == "train_seconds" else [(key, value)]
 
 
 def read_ledger(
